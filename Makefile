@@ -1,0 +1,34 @@
+# Everything runs from a project virtual environment, created on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install run test bench clean
+
+$(STAMP): pyproject.toml
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## make run: the SGD-MF job on a local embedded cluster (2 servers, 2 workers)
+run: $(STAMP)
+	$(VENV)/bin/bosen launch configs/mf.yaml
+
+## make test: fresh virtual environment, install, run the whole test suite
+test:
+	rm -rf $(VENV)
+	$(MAKE) $(STAMP)
+	$(PY) -m pytest -q
+
+## make bench: every benchmark in quick mode (JSON lines on stdout)
+bench: $(STAMP)
+	$(PY) bench/throughput.py --quick
+	$(PY) bench/apps.py --quick
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

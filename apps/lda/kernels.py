@@ -1,0 +1,409 @@
+"""Numba kernels for collapsed Gibbs LDA: an exact dense sampler, a LightLDA MH sampler, log p(w, z).
+
+Two samplers share one state layout (``ndk`` doc-topic counts of the worker's documents, ``nwk``
+working copies of the word-topic rows it needs, ``nk`` the topic summary) and both update the counts
+token by token, so the worker sees its own writes at once (Bösen's read-my-writes):
+
+* :func:`sample_dense` is plain collapsed Gibbs, O(K) per token, exact. With divisions hoisted out of
+  the inner loop it is the fastest choice for small K (about K < 64).
+* :func:`sample_mh` is the LightLDA sampler (Yuan et al., WWW 2015): Metropolis–Hastings that
+  alternates a *word proposal* ``q_w(k) ∝ (n_wk + β)/(n_k + Vβ)`` drawn in O(1) from alias tables built
+  once per clock from the (stale) rows fetched from the PS, and a *doc proposal*
+  ``q_d(k) ∝ n_dk + α`` drawn in O(1) by picking a random token of the document. Acceptance uses
+  the fresh local counts, so the chain targets the exact collapsed conditional; cost per token is
+  O(mh_steps), independent of K. The word proposal is split as LightLDA does: a sparse alias per
+  word over its non-zero topics (mass ``Σ n_wk/(n_k+Vβ)``) plus one dense alias shared by all words
+  (mass ``Σ β/(n_k+Vβ)``), so building costs O(nnz) per word, not O(K).
+
+Counts read from the PS may be negative under bounded staleness (another worker's decrement seen
+before the increment it undoes, or our own writes racing a stale row): every probability clamps
+counts at 0, and the log-likelihood treats negative counts as 0.
+
+Random numbers come from an inline splitmix64 stream seeded per call, so runs are reproducible and
+the kernels release the GIL (``nogil``) for the client's communication thread.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+_S11 = np.uint64(11)
+_INV53 = 1.0 / 9007199254740992.0
+
+
+@njit(inline="always")
+def _rand(state):
+    """splitmix64: returns (new state, uniform in [0, 1))."""
+    state = state + _GOLDEN
+    x = state
+    x = (x ^ (x >> _S30)) * _MIX1
+    x = (x ^ (x >> _S27)) * _MIX2
+    x = x ^ (x >> _S31)
+    return state, float(x >> _S11) * _INV53
+
+
+@njit(inline="always")
+def _pos(c):
+    return c if c > 0 else 0
+
+
+@njit(nogil=True, cache=True)
+def seed_state(seed: int) -> np.uint64:
+    """A well-mixed splitmix64 state from an integer seed."""
+    s = np.uint64(seed & 0x7FFFFFFFFFFFFFFF)
+    s, _ = _rand(s)
+    s, _ = _rand(s)
+    return s
+
+
+# ----------------------------------------------------------------------------------------------
+# initialization
+
+
+@njit(nogil=True, cache=True)
+def random_init(z, K, seed):
+    """Uniform random topics for every token (z is filled in place)."""
+    s = seed_state(seed)
+    for i in range(z.size):
+        s, u = _rand(s)
+        t = int(u * K)
+        z[i] = t if t < K else K - 1
+
+
+@njit(nogil=True, cache=True)
+def doc_topic_counts(doc_ptr, z, K):
+    """ndk[d, k] = number of tokens of document d assigned topic k."""
+    D = doc_ptr.size - 1
+    ndk = np.zeros((D, K), dtype=np.int32)
+    for d in range(D):
+        for i in range(doc_ptr[d], doc_ptr[d + 1]):
+            ndk[d, z[i]] += 1
+    return ndk
+
+
+# ----------------------------------------------------------------------------------------------
+# exact dense collapsed Gibbs
+
+
+@njit(nogil=True, cache=True)
+def sample_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, doc_lo, doc_hi, seed):
+    """One collapsed-Gibbs sweep over documents [doc_lo, doc_hi): O(K) per token, exact.
+
+    ``words`` are row indices into ``nwk`` (the worker's local copy of word-topic rows); ``nk`` is
+    its copy of the topic summary. All three count arrays are updated in place. Returns the number of
+    tokens whose topic changed.
+    """
+    K = nk.shape[0]
+    inv = np.empty(K)
+    cdf = np.empty(K)
+    for k in range(K):
+        inv[k] = 1.0 / (_pos(nk[k]) + vbeta)
+    s = seed_state(seed)
+    changed = 0
+    for d in range(doc_lo, doc_hi):
+        for i in range(doc_ptr[d], doc_ptr[d + 1]):
+            w = words[i]
+            old = z[i]
+            ndk[d, old] -= 1
+            nwk[w, old] -= 1
+            nk[old] -= 1
+            inv[old] = 1.0 / (_pos(nk[old]) + vbeta)
+            total = 0.0
+            for k in range(K):
+                total += (ndk[d, k] + alpha) * (_pos(nwk[w, k]) + beta) * inv[k]
+                cdf[k] = total
+            s, u = _rand(s)
+            u *= total
+            t = 0
+            while t < K - 1 and cdf[t] <= u:
+                t += 1
+            z[i] = t
+            ndk[d, t] += 1
+            nwk[w, t] += 1
+            nk[t] += 1
+            inv[t] = 1.0 / (_pos(nk[t]) + vbeta)
+            if t != old:
+                changed += 1
+    return changed
+
+
+# ----------------------------------------------------------------------------------------------
+# alias tables (Walker / Vose)
+
+
+@njit(nogil=True, cache=True)
+def _vose(weights, n, total, prob, alias, topics, small, large):
+    """Fill prob[0:n], alias[0:n] (alias holds topic ids, via ``topics``) for ``weights[0:n]``."""
+    ns = 0
+    nl = 0
+    for j in range(n):
+        x = weights[j] * n / total
+        weights[j] = x
+        if x < 1.0:
+            small[ns] = j
+            ns += 1
+        else:
+            large[nl] = j
+            nl += 1
+    while ns > 0 and nl > 0:
+        ns -= 1
+        a = small[ns]
+        g = large[nl - 1]
+        prob[a] = weights[a]
+        alias[a] = topics[g]
+        weights[g] = (weights[g] + weights[a]) - 1.0
+        if weights[g] < 1.0:
+            nl -= 1
+            small[ns] = g
+            ns += 1
+    while nl > 0:
+        nl -= 1
+        prob[large[nl]] = 1.0
+        alias[large[nl]] = topics[large[nl]]
+    while ns > 0:  # numerical leftovers
+        ns -= 1
+        prob[small[ns]] = 1.0
+        alias[small[ns]] = topics[small[ns]]
+
+
+@njit(nogil=True, cache=True)
+def build_word_alias(stale_nwk, stale_nk, beta, vbeta, need):
+    """Alias tables of the word proposal, from the rows as fetched at the start of the clock.
+
+    Returns ``(ptr, topic, prob, alias, mass, b_prob, b_alias, b_mass)``: for row r with need[r],
+    entries ``ptr[r]:ptr[r+1]`` sample its non-zero topics with weights ``n_rk/(n_k+Vβ)`` (total
+    ``mass[r]``); the dense table ``b_*`` samples k with weight ``β/(n_k+Vβ)`` (total ``b_mass``).
+    """
+    R, K = stale_nwk.shape
+    inv = np.empty(K)
+    for k in range(K):
+        inv[k] = 1.0 / (_pos(stale_nk[k]) + vbeta)
+    ptr = np.zeros(R + 1, dtype=np.int64)
+    for r in range(R):
+        c = 0
+        if need[r]:
+            for k in range(K):
+                if stale_nwk[r, k] > 0:
+                    c += 1
+        ptr[r + 1] = ptr[r] + c
+    nnz = ptr[R]
+    topic = np.empty(nnz, dtype=np.int32)
+    prob = np.empty(nnz, dtype=np.float64)
+    alias = np.empty(nnz, dtype=np.int32)
+    mass = np.zeros(R, dtype=np.float64)
+    wts = np.empty(K, dtype=np.float64)
+    tps = np.empty(K, dtype=np.int32)
+    small = np.empty(K, dtype=np.int64)
+    large = np.empty(K, dtype=np.int64)
+    for r in range(R):
+        a = ptr[r]
+        n = ptr[r + 1] - a
+        if n == 0:
+            continue
+        j = 0
+        tot = 0.0
+        for k in range(K):
+            c = stale_nwk[r, k]
+            if c > 0:
+                wts[j] = c * inv[k]
+                tps[j] = k
+                tot += wts[j]
+                j += 1
+        mass[r] = tot
+        for j in range(n):
+            topic[a + j] = tps[j]
+        _vose(wts, n, tot, prob[a:a + n], alias[a:a + n], tps, small, large)
+    b_prob = np.empty(K, dtype=np.float64)
+    b_alias = np.empty(K, dtype=np.int32)
+    btot = 0.0
+    for k in range(K):
+        wts[k] = beta * inv[k]
+        tps[k] = k
+        btot += wts[k]
+    _vose(wts, K, btot, b_prob, b_alias, tps, small, large)
+    return ptr, topic, prob, alias, mass, b_prob, b_alias, btot
+
+
+# ----------------------------------------------------------------------------------------------
+# LightLDA Metropolis-Hastings
+
+
+@njit(nogil=True, cache=True)
+def sample_mh(doc_ptr, words, z, ndk, nwk, nk, stale_nwk, stale_nk,
+              a_ptr, a_topic, a_prob, a_alias, a_mass, b_prob, b_alias, b_mass,
+              alpha, beta, vbeta, mh_steps, doc_lo, doc_hi, seed):
+    """One MH sweep over documents [doc_lo, doc_hi): O(mh_steps) per token, independent of K.
+
+    Steps alternate word proposal (even) and doc proposal (odd). The word proposal's own density is
+    evaluated from ``stale_nwk``/``stale_nk`` (what its alias tables were built from), the target
+    from the fresh local counts ``ndk``/``nwk``/``nk``, which are updated in place.
+    Returns (accepted, proposed) counts of proposals with t != s.
+    """
+    K = nk.shape[0]
+    Kalpha = K * alpha
+    st = seed_state(seed)
+    accepted = 0
+    proposed = 0
+    for d in range(doc_lo, doc_hi):
+        p0 = doc_ptr[d]
+        nd = doc_ptr[d + 1] - p0
+        for i in range(p0, p0 + nd):
+            w = words[i]
+            s = z[i]
+            ndk[d, s] -= 1
+            nwk[w, s] -= 1
+            nk[s] -= 1
+            am = a_mass[w]
+            ab = am + b_mass
+            aptr = a_ptr[w]
+            an = a_ptr[w + 1] - aptr
+            for step in range(mh_steps):
+                st, u = _rand(st)
+                if step % 2 == 0:
+                    # word proposal from the alias tables
+                    x = u * ab
+                    if x < am:
+                        y = x / am * an
+                        j = int(y)
+                        if j >= an:
+                            j = an - 1
+                        if (y - j) < a_prob[aptr + j]:
+                            t = a_topic[aptr + j]
+                        else:
+                            t = a_alias[aptr + j]
+                    else:
+                        y = (x - am) / b_mass * K
+                        j = int(y)
+                        if j >= K:
+                            j = K - 1
+                        if (y - j) < b_prob[j]:
+                            t = j
+                        else:
+                            t = b_alias[j]
+                    if t == s:
+                        continue
+                    proposed += 1
+                    # target p(k) ∝ (n_dk+α)(n_wk+β)/(n_k+Vβ); proposal q(k) from stale counts
+                    pt = (ndk[d, t] + alpha) * (_pos(nwk[w, t]) + beta) / (_pos(nk[t]) + vbeta)
+                    ps = (ndk[d, s] + alpha) * (_pos(nwk[w, s]) + beta) / (_pos(nk[s]) + vbeta)
+                    qt = (_pos(stale_nwk[w, t]) + beta) / (_pos(stale_nk[t]) + vbeta)
+                    qs = (_pos(stale_nwk[w, s]) + beta) / (_pos(stale_nk[s]) + vbeta)
+                    st, v = _rand(st)
+                    if v * ps * qt < pt * qs:
+                        s = t
+                        z[i] = t
+                        accepted += 1
+                else:
+                    # doc proposal: q(k) ∝ n_dk(current state) + α, by picking a random token
+                    x = u * (nd + Kalpha)
+                    if x < nd:
+                        j = int(x)
+                        if j >= nd:
+                            j = nd - 1
+                        t = z[p0 + j]
+                    else:
+                        t = int((x - nd) / alpha)
+                        if t >= K:
+                            t = K - 1
+                    if t == s:
+                        continue
+                    proposed += 1
+                    # the doc factors cancel against the proposal: ratio of word factors only
+                    num = (_pos(nwk[w, t]) + beta) * (_pos(nk[s]) + vbeta)
+                    den = (_pos(nwk[w, s]) + beta) * (_pos(nk[t]) + vbeta)
+                    st, v = _rand(st)
+                    if v * den < num:
+                        s = t
+                        z[i] = t
+                        accepted += 1
+            z[i] = s
+            ndk[d, s] += 1
+            nwk[w, s] += 1
+            nk[s] += 1
+    return accepted, proposed
+
+
+# ----------------------------------------------------------------------------------------------
+# complete-data log-likelihood log p(w, z) (Griffiths & Steyvers), split into additive parts
+
+
+@njit(nogil=True, cache=True)
+def _lgamma_table(x, n):
+    """t[i] = lgamma(x + i) - lgamma(x) for i < n."""
+    t = np.empty(n)
+    base = math.lgamma(x)
+    for i in range(n):
+        t[i] = math.lgamma(x + i) - base
+    return t
+
+
+@njit(nogil=True, cache=True)
+def _sum_lgamma_counts(counts, x, mask):
+    """Σ over rows r with mask[r], entries c > 0 of lgamma(c + x) - lgamma(x)."""
+    R, K = counts.shape
+    mx = 0
+    for r in range(R):
+        if mask[r]:
+            for k in range(K):
+                if counts[r, k] > mx:
+                    mx = counts[r, k]
+    cap = min(mx + 1, 1 << 16)
+    tab = _lgamma_table(x, cap)
+    base = math.lgamma(x)
+    ll = 0.0
+    for r in range(R):
+        if mask[r]:
+            for k in range(K):
+                c = counts[r, k]
+                if c > 0:
+                    ll += tab[c] if c < cap else math.lgamma(c + x) - base
+    return ll
+
+
+@njit(nogil=True, cache=True)
+def loglik_docs(ndk, alpha):
+    """Doc part of log p(z): Σ_d [lgamma(Kα) - lgamma(N_d + Kα) + Σ_k lgamma(n_dk+α) - lgamma(α)]."""
+    D, K = ndk.shape
+    mask = np.ones(D, dtype=np.bool_)
+    ll = _sum_lgamma_counts(ndk, alpha, mask)
+    ka = K * alpha
+    lka = math.lgamma(ka)
+    for d in range(D):
+        nd = 0
+        for k in range(K):
+            nd += ndk[d, k]
+        ll += lka - math.lgamma(nd + ka)
+    return ll
+
+
+@njit(nogil=True, cache=True)
+def loglik_words(nwk, beta, mask):
+    """Word part of log p(w|z) over rows with mask: Σ_{w,k} lgamma(n_wk+β) - lgamma(β)."""
+    return _sum_lgamma_counts(nwk, beta, mask)
+
+
+@njit(nogil=True, cache=True)
+def loglik_summary(nk, n_vocab, beta):
+    """Topic part of log p(w|z): Σ_k lgamma(Vβ) - lgamma(n_k + Vβ)."""
+    vb = n_vocab * beta
+    lvb = math.lgamma(vb)
+    ll = 0.0
+    for k in range(nk.size):
+        ll += lvb - math.lgamma(_pos(nk[k]) + vb)
+    return ll
+
+
+def loglikelihood(ndk: np.ndarray, nwk: np.ndarray, nk: np.ndarray, alpha: float, beta: float) -> float:
+    """Complete-data log p(w, z) of a whole model (the formula the ``lda`` package reports)."""
+    mask = np.ones(nwk.shape[0], dtype=np.bool_)
+    return float(loglik_docs(ndk, alpha) + loglik_words(nwk, beta, mask)
+                 + loglik_summary(nk, nwk.shape[0], beta))

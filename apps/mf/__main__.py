@@ -1,0 +1,7 @@
+"""``python -m bosen.apps.mf``: one MF worker process (started by ``bosen launch``)."""
+
+from bosen.apps.mf.worker import train
+from bosen.apps.runner import run_app
+
+if __name__ == "__main__":
+    run_app(train)

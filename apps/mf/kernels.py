@@ -1,0 +1,63 @@
+"""Numba kernels for SGD matrix factorization on a worker's local copies of the L and R rows.
+
+``u_idx``/``i_idx`` index rows of the local blocks ``L`` (the worker's users) and ``R`` (its
+items), not global ids: the worker fetches exactly the rows it needs with one get_rows per table,
+runs these kernels in place, and sends back ``new - old``. ``nogil`` lets the client's
+communication thread run while a pass computes.
+
+Model: ``r ≈ L_u · R_i``; loss per rating ``(r - L_u·R_i)²`` (the thesis' nonzero squared loss).
+The step is ``lr`` times the negative gradient of ``½(r - L_u·R_i)² + ½·reg·(‖L_u‖² + ‖R_i‖²)``:
+the Funk/Surprise convention, where the squared loss' factor 2 is folded into ``lr``. Both updates
+use the pre-update rows (as in the thesis' own code, App. A.1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def sgd_pass(u_idx: np.ndarray, i_idx: np.ndarray, r: np.ndarray, L: np.ndarray, R: np.ndarray,
+             lr: float, reg: float, order: np.ndarray) -> float:
+    """One in-place SGD pass over ratings ``order[0], order[1], ...``; returns Σ error² seen.
+
+    Each error is measured just before its own update, so the sum is a free running estimate of
+    the training loss during the pass (the exact loss needs squared_loss).
+    """
+    k = L.shape[1]
+    sse = 0.0
+    b = np.float32(1.0 - lr * reg)
+    for t in range(order.shape[0]):
+        j = order[t]
+        u = u_idx[j]
+        i = i_idx[j]
+        pred = np.float32(0.0)
+        for f in range(k):
+            pred += L[u, f] * R[i, f]
+        e = r[j] - pred
+        sse += np.float64(e) * np.float64(e)
+        a = np.float32(lr) * e
+        for f in range(k):
+            lu = L[u, f]
+            ri = R[i, f]
+            L[u, f] = b * lu + a * ri
+            R[i, f] = b * ri + a * lu
+    return sse
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def squared_loss(u_idx: np.ndarray, i_idx: np.ndarray, r: np.ndarray, L: np.ndarray,
+                 R: np.ndarray) -> float:
+    """Exact training loss Σ (r - L_u·R_i)² (float64 accumulation) at the given L and R."""
+    k = L.shape[1]
+    sse = 0.0
+    for j in range(r.shape[0]):
+        u = u_idx[j]
+        i = i_idx[j]
+        pred = np.float32(0.0)
+        for f in range(k):
+            pred += L[u, f] * R[i, f]
+        e = np.float64(r[j]) - np.float64(pred)
+        sse += e * e
+    return sse

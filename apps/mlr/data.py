@@ -1,0 +1,428 @@
+"""Data for MLR: a libsvm/svmlight reader, a synthetic generator, and sklearn's digits.
+
+Every loader returns a :class:`Dataset`: CSR sparse features (``indptr``, ``indices``, ``values``)
+plus integer class labels in ``[0, classes)``. CSR is the one layout the kernels take, so dense data
+(digits) is converted once at load time rather than giving the kernels a second code path.
+
+The libsvm reader parses the whole file in one numba pass over its bytes (no per-line Python), then
+turns an error code into a :class:`DataError` that names the file and the 1-based line, because a
+bad line in a million-line file is otherwise impossible to find.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+__all__ = [
+    "DataError", "Dataset", "read_libsvm", "write_libsvm", "synthetic", "digits", "split_holdout",
+    "partition",
+]
+
+
+class DataError(ValueError):
+    """An input file is missing, truncated or malformed; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Samples as CSR rows (feature ids 0-based) and labels 0..classes-1."""
+
+    indptr: np.ndarray  # int64, len n+1
+    indices: np.ndarray  # int32, feature ids, ascending within a row
+    values: np.ndarray  # float32
+    labels: np.ndarray  # int32
+    features: int
+    classes: int
+
+    @property
+    def n(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indices.shape[0])
+
+    def take(self, rows: np.ndarray) -> "Dataset":
+        """Sub-dataset of the given sample ids (vectorized CSR row gather)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        starts, stops = self.indptr[rows], self.indptr[rows + 1]
+        lens = stops - starts
+        indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lens, out=indptr[1:])
+        # position of every kept nonzero in the source arrays
+        src = np.repeat(starts - indptr[:-1], lens) + np.arange(indptr[-1], dtype=np.int64)
+        return Dataset(indptr, self.indices[src], self.values[src], self.labels[rows],
+                       self.features, self.classes)
+
+    def dense(self) -> np.ndarray:
+        """(n, features) float32 matrix; for tests and dense baselines."""
+        out = np.zeros((self.n, self.features), dtype=np.float32)
+        row = np.repeat(np.arange(self.n), np.diff(self.indptr))
+        out[row, self.indices] = self.values
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# libsvm / svmlight reader
+
+_OK = 0
+_E_LABEL = 1
+_E_TOKEN = 2
+_E_INDEX = 3
+_E_VALUE = 4
+_E_ORDER = 5
+_E_TRUNC = 6
+_E_NOLABEL_INT = 7
+_E_RANGE = 8
+_E_BASE = 9
+
+
+@njit(cache=True, nogil=True)
+def _parse_number(buf: np.ndarray, i: int, end: int) -> tuple[float, bool]:
+    """Decimal float in buf[i:end] (sign, digits, '.', exponent). Returns (value, ok)."""
+    if i >= end:
+        return 0.0, False
+    neg = False
+    c = buf[i]
+    if c == 43 or c == 45:  # + -
+        neg = c == 45
+        i += 1
+    mant = 0.0
+    digits = 0
+    frac_digits = 0
+    while i < end and 48 <= buf[i] <= 57:
+        mant = mant * 10.0 + (buf[i] - 48)
+        i += 1
+        digits += 1
+    if i < end and buf[i] == 46:  # .
+        i += 1
+        while i < end and 48 <= buf[i] <= 57:
+            mant = mant * 10.0 + (buf[i] - 48)
+            i += 1
+            digits += 1
+            frac_digits += 1
+    if digits == 0:
+        return 0.0, False
+    exp = 0
+    if i < end and (buf[i] == 101 or buf[i] == 69):  # e E
+        i += 1
+        eneg = False
+        if i < end and (buf[i] == 43 or buf[i] == 45):
+            eneg = buf[i] == 45
+            i += 1
+        edigits = 0
+        while i < end and 48 <= buf[i] <= 57:
+            if exp < 10000:
+                exp = exp * 10 + (buf[i] - 48)
+            i += 1
+            edigits += 1
+        if edigits == 0:
+            return 0.0, False
+        if eneg:
+            exp = -exp
+    if i != end:
+        return 0.0, False
+    e = exp - frac_digits
+    v = mant * 10.0 ** e if e >= -300 else (mant * 10.0 ** (e + 300)) * 1e-300
+    return (-v if neg else v), True
+
+
+@njit(cache=True, nogil=True)
+def _parse_int(buf: np.ndarray, i: int, end: int) -> tuple[int, bool]:
+    if i >= end or end - i > 12:
+        return 0, False
+    v = 0
+    while i < end:
+        c = buf[i]
+        if c < 48 or c > 57:
+            return 0, False
+        v = v * 10 + (c - 48)
+        i += 1
+    return v, True
+
+
+@njit(cache=True, nogil=True)
+def _parse_libsvm(buf: np.ndarray, min_index: int, max_index: int):  # pragma: no cover - numba
+    """Parse libsvm text. Returns (err, err_line, err_pos, n, labels, indptr, indices, values, lines).
+
+    Feature ids are returned as written (base not yet applied). Blank and comment-only lines are
+    skipped; ``#`` starts a comment; ``qid:`` tokens are ignored. ``max_index`` < 0: no upper bound.
+    """
+    size = buf.shape[0]
+    nlines = 0
+    ncolon = 0
+    for i in range(size):
+        if buf[i] == 10:
+            nlines += 1
+        elif buf[i] == 58:
+            ncolon += 1
+    cap = nlines + 1
+    labels = np.empty(cap, np.float64)
+    indptr = np.zeros(cap + 1, np.int64)
+    indices = np.empty(ncolon, np.int64)
+    values = np.empty(ncolon, np.float32)
+    lines = np.empty(cap, np.int64)
+    n = 0
+    nnz = 0
+    line = 0
+    pos = 0
+    while pos < size:
+        line += 1
+        eol = pos
+        while eol < size and buf[eol] != 10:
+            eol += 1
+        if eol == size:  # the last line has no newline: the file was cut short
+            # an all-blank tail is fine
+            blank = True
+            for q in range(pos, eol):
+                if buf[q] != 32 and buf[q] != 9 and buf[q] != 13:
+                    blank = False
+                    break
+            if not blank:
+                return _E_TRUNC, line, pos, n, labels, indptr, indices, values, lines
+        stop = eol
+        for q in range(pos, eol):
+            if buf[q] == 35:  # '#'
+                stop = q
+                break
+        # tokens separated by blanks
+        i = pos
+        first = True
+        prev = -1
+        row_start = nnz
+        while True:
+            while i < stop and (buf[i] == 32 or buf[i] == 9 or buf[i] == 13):
+                i += 1
+            if i >= stop:
+                break
+            j = i
+            while j < stop and buf[j] != 32 and buf[j] != 9 and buf[j] != 13:
+                j += 1
+            if first:
+                v, ok = _parse_number(buf, i, j)
+                if not ok:
+                    return _E_LABEL, line, i, n, labels, indptr, indices, values, lines
+                if v != np.floor(v) or abs(v) > 2.0 ** 31:
+                    return _E_NOLABEL_INT, line, i, n, labels, indptr, indices, values, lines
+                labels[n] = v
+                lines[n] = line
+                first = False
+            else:
+                colon = -1
+                for q in range(i, j):
+                    if buf[q] == 58:
+                        colon = q
+                        break
+                if colon < 0:
+                    return _E_TOKEN, line, i, n, labels, indptr, indices, values, lines
+                if colon - i == 3 and buf[i] == 113 and buf[i + 1] == 105 and buf[i + 2] == 100:
+                    i = j  # qid:N, ranking data; irrelevant for classification
+                    continue
+                idx, ok = _parse_int(buf, i, colon)
+                if not ok:
+                    return _E_INDEX, line, i, n, labels, indptr, indices, values, lines
+                v, ok = _parse_number(buf, colon + 1, j)
+                if not ok or not np.isfinite(v):
+                    return _E_VALUE, line, colon + 1, n, labels, indptr, indices, values, lines
+                if idx <= prev:
+                    return _E_ORDER, line, i, n, labels, indptr, indices, values, lines
+                if idx < min_index:
+                    return _E_BASE, line, i, n, labels, indptr, indices, values, lines
+                if max_index >= 0 and idx > max_index:
+                    return _E_RANGE, line, i, n, labels, indptr, indices, values, lines
+                prev = idx
+                indices[nnz] = idx
+                values[nnz] = v
+                nnz += 1
+            i = j
+        if not first:
+            n += 1
+            indptr[n] = nnz
+        elif nnz != row_start:  # pragma: no cover - cannot happen
+            return _E_TOKEN, line, pos, n, labels, indptr, indices, values, lines
+        pos = eol + 1
+    return _OK, 0, 0, n, labels, indptr, indices, values, lines
+
+
+@njit(cache=True, nogil=True)
+def _has_zero_id(buf: np.ndarray) -> bool:  # pragma: no cover - numba
+    """Whether some token outside comments reads ``0:`` (a 0 feature id: the file is 0-based)."""
+    comment = False
+    for i in range(buf.shape[0] - 1):
+        c = buf[i]
+        if c == 10:
+            comment = False
+        elif c == 35:
+            comment = True
+        elif c == 48 and not comment and buf[i + 1] == 58:
+            if i == 0 or buf[i - 1] == 32 or buf[i - 1] == 9:
+                return True
+    return False
+
+
+_MESSAGES = {
+    _E_LABEL: "label is not a number",
+    _E_NOLABEL_INT: "class label must be an integer",
+    _E_TOKEN: "bad token, expected INDEX:VALUE",
+    _E_INDEX: "feature id is not a non-negative integer",
+    _E_VALUE: "feature value is not a finite number",
+    _E_ORDER: "feature ids must be strictly increasing within a line",
+    _E_TRUNC: "truncated last line (no newline at end of file)",
+    _E_RANGE: "feature id exceeds the model's feature count",
+    _E_BASE: "feature id 0 in a 1-based file (set zero_based: true or 'auto')",
+}
+
+
+def _line_text(buf: bytes, line: int) -> str:
+    start = 0
+    for _ in range(line - 1):
+        start = buf.index(b"\n", start) + 1
+    end = buf.find(b"\n", start)
+    text = buf[start:end if end >= 0 else len(buf)].decode("utf-8", "replace").rstrip("\r")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _token_at(buf: bytes, pos: int) -> str:
+    end = pos
+    while end < len(buf) and buf[end:end + 1] not in (b" ", b"\t", b"\r", b"\n", b"#"):
+        end += 1
+    return buf[pos:end].decode("utf-8", "replace")
+
+
+def read_libsvm(path: str | os.PathLike, features: int | None = None, zero_based: bool | str = "auto",
+                label_map: np.ndarray | None = None) -> tuple[Dataset, np.ndarray]:
+    """Read a libsvm/svmlight file: ``LABEL [INDEX:VALUE ...] [# comment]`` per line.
+
+    ``zero_based``: "auto" treats ids as 1-based (the libsvm convention) unless an id 0 occurs.
+    ``features``: the model's feature count; a larger id is an error naming its line. None: the
+    largest id + 1. Labels are integers mapped to 0..K-1 in sorted order; pass the ``label_map``
+    returned for a training file when reading its test file so both use the same classes.
+    Returns (dataset, label_map) where ``label_map[k]`` is the file label of class k.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{p}: data file not found") from None
+    except OSError as e:
+        raise DataError(f"{p}: cannot read data file: {e.strerror}") from None
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    if zero_based not in (True, False, "auto"):
+        raise ValueError(f"zero_based: expected true, false or 'auto', got {zero_based!r}")
+    # pass 1 settles the id base when "auto": libsvm is 1-based, a 0 id means the file is 0-based
+    if zero_based == "auto":
+        has_zero = bool(_has_zero_id(buf))
+        base = 0 if has_zero else 1
+    else:
+        base = 0 if zero_based else 1
+    max_index = -1 if features is None else features - 1 + base
+    err, line, pos, n, labels, indptr, indices, values, lines = _parse_libsvm(buf, base, max_index)
+    if err != _OK:
+        what = _MESSAGES[err]
+        if err == _E_RANGE:
+            what += f" (features={features}, ids {base}-based)"
+        if err == _E_TRUNC:
+            raise DataError(f"{p}:{line}: {what}: {_line_text(raw, line)!r}")
+        raise DataError(f"{p}:{line}: {what}: {_token_at(raw, pos)!r} in {_line_text(raw, line)!r}")
+    if n == 0:
+        raise DataError(f"{p}: no samples (empty file or only comments)")
+    labels = labels[:n]
+    lines = lines[:n]
+    indptr = indptr[: n + 1].copy()
+    nnz = int(indptr[-1])
+    indices = (indices[:nnz] - base).astype(np.int32)
+    values = values[:nnz].copy()
+    nfeat = features if features is not None else (int(indices.max()) + 1 if nnz else 1)
+    ilabels = labels.astype(np.int64)
+    if label_map is None:
+        label_map = np.unique(ilabels)
+    pos_in = np.minimum(np.searchsorted(label_map, ilabels), len(label_map) - 1)
+    bad = np.nonzero(label_map[pos_in] != ilabels)[0]
+    if len(bad):
+        b = int(bad[0])
+        raise DataError(f"{p}:{int(lines[b])}: label {int(ilabels[b])} is not one of the training "
+                        f"classes {label_map.tolist()}")
+    ds = Dataset(indptr, indices, values, pos_in.astype(np.int32), nfeat, len(label_map))
+    return ds, label_map
+
+
+def write_libsvm(path: str | os.PathLike, ds: Dataset, one_based: bool = True) -> None:
+    """Write a dataset in libsvm format (used by tests and to export the synthetic set)."""
+    base = 1 if one_based else 0
+    with open(path, "w") as f:
+        for i in range(ds.n):  # export only; not a training path
+            a, b = ds.indptr[i], ds.indptr[i + 1]
+            toks = " ".join(f"{j + base}:{v:.7g}" for j, v in zip(ds.indices[a:b], ds.values[a:b]))
+            f.write(f"{int(ds.labels[i])} {toks}\n" if toks else f"{int(ds.labels[i])}\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# generated and packaged data
+
+
+def synthetic(n: int, features: int, classes: int, nnz: int = 20, seed: int = 0,
+              temperature: float = 0.3) -> Dataset:
+    """Sparse softmax-regression data with a known generating model.
+
+    Each sample has about ``nnz`` distinct active features with values in (0, 1]; its label is drawn
+    from softmax(W* x / temperature) for a random W*, so a softmax model can fit it but not perfectly
+    (lower temperature = cleaner labels; with the defaults' shape the Bayes accuracy is about 0.7).
+    Deterministic in ``seed``.
+    """
+    if n < 1 or features < 1 or classes < 2 or nnz < 1:
+        raise ValueError("synthetic: needs n >= 1, features >= 1, classes >= 2, nnz >= 1")
+    rng = np.random.default_rng(seed)
+    m = min(nnz, features)
+    ids = np.sort(rng.integers(0, features, size=(n, m), dtype=np.int64), axis=1)
+    keep = np.ones_like(ids, dtype=bool)
+    keep[:, 1:] = ids[:, 1:] != ids[:, :-1]  # drop repeated ids within a row
+    lens = keep.sum(axis=1)
+    indptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lens, out=indptr[1:])
+    indices = ids[keep].astype(np.int32)
+    values = rng.uniform(0.1, 1.0, size=indices.shape[0]).astype(np.float32)
+    wstar = rng.normal(0.0, 3.0 / np.sqrt(m), size=(features, classes)).astype(np.float32)
+    from .kernels import logits as _logits  # numba; avoids an (n x K) scatter in numpy
+
+    z = _logits(indptr, indices, values, wstar, np.zeros(classes, np.float32)).astype(np.float64)
+    z /= max(temperature, 1e-6)
+    z -= z.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    np.cumsum(z, axis=1, out=z)
+    u = rng.random(n) * z[:, -1]
+    labels = (z < u[:, None]).sum(axis=1).clip(0, classes - 1).astype(np.int32)
+    return Dataset(indptr, indices, values, labels, features, classes)
+
+
+def digits() -> Dataset:
+    """sklearn's handwritten digits (1797 8x8 images, 10 classes): a real data set shipped with
+    scikit-learn, so tests need no download. Pixels are scaled from 0..16 to [0, 1]."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = (d.data / 16.0).astype(np.float32)
+    mask = x != 0
+    indptr = np.zeros(x.shape[0] + 1, dtype=np.int64)
+    np.cumsum(mask.sum(axis=1), out=indptr[1:])
+    indices = np.nonzero(mask)[1].astype(np.int32)
+    return Dataset(indptr, indices, x[mask], d.target.astype(np.int32), x.shape[1], 10)
+
+
+def split_holdout(ds: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:
+    """Shuffle once (seeded, so every worker agrees) and cut off a held-out tail."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"holdout: {fraction} is not in [0, 1)")
+    perm = np.random.default_rng(seed).permutation(ds.n)
+    k = int(round(ds.n * fraction))
+    return ds.take(perm[k:]), ds.take(perm[:k])
+
+
+def partition(n: int, rank: int, workers: int) -> np.ndarray:
+    """Sample ids of one worker's share: contiguous, sizes differ by at most one."""
+    bounds = np.linspace(0, n, workers + 1).round().astype(np.int64)
+    return np.arange(bounds[rank], bounds[rank + 1], dtype=np.int64)

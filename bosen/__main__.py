@@ -1,0 +1,3 @@
+from bosen.cli import main
+
+raise SystemExit(main())

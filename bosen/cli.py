@@ -1,0 +1,66 @@
+"""The ``bosen`` command: ``bosen launch CONFIG`` and ``bosen status CONFIG``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from bosen import config as config_mod
+from bosen import status as status_mod
+from bosen.errors import BosenError
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from bosen.launch import Launcher
+
+    launcher = Launcher(args.config, workers=args.workers, overrides=args.set, run_dir=args.run_dir,
+                        timeout=args.timeout, quiet=args.quiet, plot=not args.no_plot)
+    return launcher.run()
+
+
+def _status(args: argparse.Namespace) -> int:
+    cfg = config_mod.load(args.config, args.set)
+    stats: list = []
+    failed = False
+    for addr in cfg.cluster.servers:
+        try:
+            stats.append(status_mod.query(addr, timeout=args.timeout))
+        except BosenError as e:
+            stats.append(f"   -  {addr:<22} DOWN: {e}")
+            failed = True
+    if args.json:
+        print(json.dumps([s for s in stats if isinstance(s, dict)], indent=1))
+    else:
+        print(status_mod.format_table(stats))
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bosen", description="Bösen parameter server tools.")
+    sub = p.add_subparsers(dest="command", required=True)
+    lp = sub.add_parser("launch", help="run a job locally: servers plus worker processes")
+    lp.add_argument("config")
+    lp.add_argument("--workers", type=int, default=None, help="worker processes (default: cluster.workers)")
+    lp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    lp.add_argument("--run-dir", default=None, help="where logs and metrics go (default: runs/APP-TIME)")
+    lp.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
+    lp.add_argument("--quiet", action="store_true", help="no progress lines")
+    lp.add_argument("--no-plot", action="store_true", help="skip objective.png")
+    lp.set_defaults(fn=_launch)
+    sp = sub.add_parser("status", help="print each server's clocks, rows and traffic")
+    sp.add_argument("config")
+    sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    sp.add_argument("--timeout", type=float, default=3.0)
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(fn=_status)
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except BosenError as e:
+        print(f"bosen {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,393 @@
+"""Job configuration: YAML in, validated frozen objects out.
+
+The dataclasses below are the single source of truth for every knob and its default. The loader
+walks them generically, so an unknown key, a wrong type or an impossible value is reported with the
+dotted key and the file it came from, before any process starts work.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+import yaml
+
+from bosen.errors import ConfigError
+
+DTYPES = ("float32", "float64", "int32", "int64")
+PRIORITIES = ("random", "round_robin", "absolute", "relative")
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Where the servers listen and how many worker processes make up the job."""
+
+    servers: tuple[str, ...]
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        _check(len(self.servers) >= 1, "servers: at least one server address is required")
+        for i, s in enumerate(self.servers):
+            host, sep, port = s.rpartition(":")
+            _check(bool(sep) and bool(host) and port.isdigit() and int(port) < 65536,
+                   f"servers[{i}]: {s!r} is not HOST:PORT")
+        fixed = [s for s in self.servers if not s.endswith(":0")]  # port 0: the launcher picks one
+        _check(len(set(fixed)) == len(fixed), "servers: duplicate address")
+        _check(self.workers >= 1, "workers: must be >= 1")
+
+
+@dataclass(frozen=True)
+class ConsistencyConfig:
+    """Bounded staleness (SSP) defaults for all tables."""
+
+    staleness: int = 2
+    read_timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        _check(self.staleness >= 0, "staleness: must be >= 0 (0 = BSP)")
+        _check(self.read_timeout_s > 0, "read_timeout_s: must be > 0")
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    """Managed communication. A job without a ``comm:`` section runs plain bounded staleness ("BS")."""
+
+    enabled: bool = True
+    client_bandwidth_mbps: float = 200.0
+    server_bandwidth_mbps: float = 200.0
+    client_send_rows: int = 100
+    server_push_rows: int = 100
+    priority: Literal["random", "round_robin", "absolute", "relative"] = "relative"
+    wire_dtype: Literal["float32", "float16"] = "float32"
+    max_unacked: int = 200
+    idle_ms: float = 2.0
+
+    def __post_init__(self) -> None:
+        _check(self.client_bandwidth_mbps > 0, "client_bandwidth_mbps: must be > 0")
+        _check(self.server_bandwidth_mbps > 0, "server_bandwidth_mbps: must be > 0")
+        _check(self.client_send_rows >= 1, "client_send_rows: must be >= 1")
+        _check(self.server_push_rows >= 1, "server_push_rows: must be >= 1")
+        _check(self.max_unacked >= 1, "max_unacked: must be >= 1")
+        _check(self.idle_ms > 0, "idle_ms: must be > 0")
+
+
+@dataclass(frozen=True)
+class InitConfig:
+    """How a table's rows start: exactly one of zeros / constant / normal (std) / uniform ([lo, hi])."""
+
+    zeros: bool = False
+    constant: float | None = None
+    normal: float | None = None
+    uniform: tuple[float, float] | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        chosen = [k for k in ("constant", "normal", "uniform") if getattr(self, k) is not None]
+        _check(len(chosen) <= 1 and not (chosen and self.zeros),
+               "init: choose one of zeros, constant, normal, uniform")
+        if self.normal is not None:
+            _check(self.normal >= 0, "init.normal: the standard deviation must be >= 0")
+        if self.uniform is not None:
+            _check(self.uniform[0] <= self.uniform[1], "init.uniform: needs [low, high] with low <= high")
+
+    @property
+    def kind(self) -> str:
+        for k in ("constant", "normal", "uniform"):
+            if getattr(self, k) is not None:
+                return k
+        return "zeros"
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One shared table: a dense matrix of ``rows`` x ``cols`` values, partitioned by row."""
+
+    name: str
+    rows: int
+    cols: int
+    dtype: Literal["float32", "float64", "int32", "int64"] = "float32"
+    staleness: int | None = None  # None: consistency.staleness
+    update: str = "add"  # stored procedure: built-in name or "package.module:Class"
+    update_args: Mapping[str, Any] = field(default_factory=dict)
+    init: InitConfig = field(default_factory=InitConfig)
+    read_my_writes: bool | None = None  # None: the stored procedure decides (add: on)
+
+    def __post_init__(self) -> None:
+        _check(self.rows >= 1, "rows: must be >= 1")
+        _check(self.cols >= 1, "cols: must be >= 1")
+        if self.staleness is not None:
+            _check(self.staleness >= 0, "staleness: must be >= 0")
+        if self.dtype.startswith("int") and self.init.kind in ("normal", "uniform"):
+            raise ValueError(f"init: {self.init.kind} init needs a float dtype, table is {self.dtype}")
+
+    @property
+    def shows_own_writes(self) -> bool:
+        """Read-my-writes: on by default only for plain addition, whose effect the client can mirror."""
+        return self.update == "add" if self.read_my_writes is None else self.read_my_writes
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """The worker program ``bosen launch`` runs: ``python -m MODULE`` with ``args`` in its config."""
+
+    module: str = ""
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+_NO_COMM = CommConfig(enabled=False)
+
+
+@dataclass(frozen=True)
+class Config:
+    cluster: ClusterConfig
+    tables: tuple[TableConfig, ...]
+    consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
+    comm: CommConfig = _NO_COMM
+    app: AppConfig = field(default_factory=AppConfig)
+    source: str = "<dict>"
+
+    def table(self, name: str) -> TableConfig:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(f"no table {name!r} in {self.source}; tables: {', '.join(t.name for t in self.tables)}")
+
+    def table_index(self, name: str) -> int:
+        return [t.name for t in self.tables].index(self.table(name).name)
+
+    def staleness_of(self, t: TableConfig) -> int:
+        return self.consistency.staleness if t.staleness is None else t.staleness
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data that load() turns back into an equal Config (used for run directories)."""
+        d = _plain(self)
+        d.pop("source")
+        d["tables"] = {t.pop("name"): t for t in d["tables"]}
+        if not self.comm.enabled:
+            d["comm"] = {"enabled": False}
+        return d
+
+    def fingerprint(self) -> str:
+        """Hash of what server and client must agree on, checked when a client joins."""
+        d = self.to_dict()
+        core = {"servers": d["cluster"]["servers"], "workers": d["cluster"]["workers"], "tables": d["tables"]}
+        return hashlib.sha1(json.dumps(core, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (tuple, list)):
+        return [_plain(x) for x in obj]
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+# ----------------------------------------------------------------------------------------------
+# generic validation
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(tp: Any, value: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; return the frozen, typed value."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _convert(a, value, key)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(errors[0] if len(errors) == 1 else f"{key}: {value!r} does not fit {_type_name(tp)}")
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{key}: {value!r} is not one of {', '.join(map(str, args))}")
+        return value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, key)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ValueError(f"{key}: expected a list of {len(args)} items, got {len(value)}")
+        return tuple(_convert(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+    if origin in (collections.abc.Mapping, dict) or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
+        return types.MappingProxyType(dict(value))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{key}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{key}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{key}: expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} for {key}")
+
+
+def from_dict(cls: type, data: Any, where: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and missing required ones.
+
+    ``where`` is the dotted prefix used in messages (e.g. ``app.args``). Raises ValueError; load()
+    turns that into a ConfigError naming the file. Apps use this for their own ``app.args``.
+    """
+    prefix = f"{where}." if where else ""
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where or 'config'}: expected a mapping, got {type(data).__name__} {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        known = ", ".join(sorted(k for k in fields if k != "name"))
+        raise ValueError(f"{prefix}{unknown[0]}: unknown key (known: {known})")
+    kwargs = {}
+    for name, f in fields.items():
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], prefix + name)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ValueError(f"{prefix}{name}: required key is missing")
+    try:
+        return cls(**kwargs)
+    except ValueError as e:
+        raise ValueError(f"{prefix}{e}") from None
+
+
+def _init_from(value: Any, key: str) -> InitConfig:
+    if value is None or value == "zeros":
+        return InitConfig(zeros=True)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return InitConfig(constant=float(value))
+    return from_dict(InitConfig, value, key)
+
+
+def _table_from(name: str, value: Any) -> TableConfig:
+    key = f"tables.{name}"
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key}: expected a mapping with rows and cols, got {value!r}")
+    value = dict(value)
+    init = _init_from(value.pop("init", None), f"{key}.init")
+    t = from_dict(TableConfig, {**value, "name": name}, key) if "name" not in value else None
+    if t is None:
+        raise ValueError(f"{key}.name: unknown key (the table's name is its key)")
+    try:
+        return dataclasses.replace(t, init=init)
+    except ValueError as e:
+        raise ValueError(f"{key}.{e}") from None
+
+
+def set_dotted(data: dict, key: str, value: Any) -> None:
+    """Apply one ``--set a.b.c=value`` override to raw config data."""
+    parts = key.split(".")
+    node = data
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if nxt is None:
+            nxt = node[p] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--set {key}: {p} is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. comm.priority=random")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {text!r}: value is not valid YAML: {e}") from None
+    return key, value
+
+
+def build(data: Mapping[str, Any], source: str = "<dict>", overrides: Any = ()) -> Config:
+    """Validate raw config data (already parsed YAML) into a Config."""
+    data = json.loads(json.dumps(data)) if data is not None else {}  # deep copy, plain types
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping")
+    for item in overrides:
+        key, value = parse_override(item) if isinstance(item, str) else item
+        set_dotted(data, key, value)
+    try:
+        allowed = {"cluster", "consistency", "comm", "tables", "app"}
+        unknown = sorted(set(data) - allowed)
+        if unknown:
+            raise ValueError(f"{unknown[0]}: unknown key (known: {', '.join(sorted(allowed))})")
+        if "cluster" not in data:
+            raise ValueError("cluster: required section is missing")
+        tables = data.get("tables")
+        if not tables:
+            raise ValueError("tables: at least one table is required")
+        if not isinstance(tables, Mapping):
+            raise ValueError("tables: expected a mapping of table name to its settings")
+        comm = data.get("comm")
+        return Config(
+            cluster=from_dict(ClusterConfig, data["cluster"], "cluster"),
+            consistency=from_dict(ConsistencyConfig, data.get("consistency"), "consistency"),
+            comm=_NO_COMM if comm is None else from_dict(CommConfig, comm, "comm"),
+            tables=tuple(_table_from(str(n), v) for n, v in tables.items()),
+            app=from_dict(AppConfig, data.get("app"), "app"),
+            source=source,
+        )
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def load(path_or_data: str | Path | Mapping[str, Any] | Config, overrides: Any = ()) -> Config:
+    """Load a YAML file (or plain mapping) and apply ``key=value`` overrides."""
+    if isinstance(path_or_data, Config):
+        if overrides:
+            return build(path_or_data.to_dict(), path_or_data.source, overrides)
+        return path_or_data
+    if isinstance(path_or_data, Mapping):
+        return build(path_or_data, "<dict>", overrides)
+    path = Path(path_or_data)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    return build(data, str(path), overrides)
+
+
+def dump(config: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -1,0 +1,29 @@
+"""Exception types shared by server, client and tools.
+
+Every error a user can trigger derives from BosenError, so one ``except`` catches them all, while the
+subclasses say which layer complained.
+"""
+
+
+class BosenError(Exception):
+    """Base class of every error raised by bosen."""
+
+
+class ConfigError(BosenError, ValueError):
+    """A configuration file or override is invalid; the message names the key and the file."""
+
+
+class ProtocolError(BosenError):
+    """A wire message is malformed or inconsistent with the job's tables."""
+
+
+class ServerError(BosenError):
+    """A server rejected one of our messages; carries the server's explanation."""
+
+
+class ReadTimeout(BosenError, TimeoutError):
+    """A read could not be satisfied by a fresh enough row in time (names table, row and clocks)."""
+
+
+class ClientClosed(BosenError):
+    """The client was used after close()."""

@@ -1,0 +1,134 @@
+"""Row kernels shared by server and client: scatter-adds, gathers and deterministic init.
+
+numba loops instead of ``np.add.at``: they handle duplicate row ids correctly, run without the GIL,
+and avoid the temporaries that fancy indexing creates. All kernels are generic over the value dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_JIT = dict(nogil=True, cache=True)
+
+
+@njit(**_JIT)
+def scatter_add(dst, rows, src):  # pragma: no cover - compiled
+    """dst[rows[i], :] += src[i, :] for every i (duplicates accumulate)."""
+    ncols = dst.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(ncols):
+            dst[r, j] += src[i, j]
+
+
+@njit(**_JIT)
+def scatter_add_csr(dst, rows, indptr, cols, vals):  # pragma: no cover - compiled
+    """dst[rows[i], cols[k]] += vals[k] for k in indptr[i]:indptr[i+1]."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for k in range(indptr[i], indptr[i + 1]):
+            dst[r, cols[k]] += vals[k]
+
+
+@njit(**_JIT)
+def scatter_add_coo(dst, rows, cols, vals):  # pragma: no cover - compiled
+    for k in range(rows.shape[0]):
+        dst[rows[k], cols[k]] += vals[k]
+
+
+@njit(**_JIT)
+def add_rows_from(dst, src, rows):  # pragma: no cover - compiled
+    """dst[rows[i]] += src[rows[i]]: re-apply buffered local updates on top of fresh rows."""
+    ncols = dst.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(ncols):
+            dst[r, j] += src[r, j]
+
+
+@njit(**_JIT)
+def take_and_clear(src, rows):  # pragma: no cover - compiled
+    """Return src[rows] and zero those rows of src in one pass (flushing an update buffer)."""
+    ncols = src.shape[1]
+    out = np.empty((rows.shape[0], ncols), dtype=src.dtype)
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(ncols):
+            out[i, j] = src[r, j]
+            src[r, j] = 0
+    return out
+
+
+@njit(**_JIT)
+def to_csr(block):  # pragma: no cover - compiled
+    """Non-zeros of a dense block as (indptr, cols, vals)."""
+    n, m = block.shape
+    nnz = 0
+    for i in range(n):
+        for j in range(m):
+            if block[i, j] != 0:
+                nnz += 1
+    indptr = np.empty(n + 1, dtype=np.int64)
+    cols = np.empty(nnz, dtype=np.int32)
+    vals = np.empty(nnz, dtype=block.dtype)
+    k = 0
+    indptr[0] = 0
+    for i in range(n):
+        for j in range(m):
+            if block[i, j] != 0:
+                cols[k] = j
+                vals[k] = block[i, j]
+                k += 1
+        indptr[i + 1] = k
+    return indptr, cols, vals
+
+
+@njit(**_JIT)
+def count_nonzero(block):  # pragma: no cover - compiled
+    nnz = 0
+    for v in block.ravel():
+        if v != 0:
+            nnz += 1
+    return nnz
+
+
+@njit(**_JIT)
+def _mix(x):  # pragma: no cover - compiled
+    # splitmix64 finaliser: a counter-based hash, so any server can produce any row on its own
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(**_JIT)
+def _fill_random(out, global_rows, ncols_total, seed, normal, a, b):  # pragma: no cover - compiled
+    two53 = 9007199254740992.0
+    base = _mix(np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(1))
+    for i in range(global_rows.shape[0]):
+        for j in range(out.shape[1]):
+            key = np.uint64(global_rows[i]) * np.uint64(ncols_total) + np.uint64(j)
+            h1 = _mix(base ^ (key * np.uint64(2) + np.uint64(1)))
+            u1 = ((h1 >> np.uint64(11)) + 0.5) / two53
+            if normal:
+                h2 = _mix(base ^ (key * np.uint64(2) + np.uint64(2)))
+                u2 = ((h2 >> np.uint64(11)) + 0.5) / two53
+                out[i, j] = a * np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+            else:
+                out[i, j] = a + (b - a) * u1
+
+
+def init_rows(init, global_rows: np.ndarray, ncols: int, dtype: np.dtype, table_seed: int) -> np.ndarray:
+    """Initial values of the given global rows. Deterministic per (seed, row, col), so the result
+    does not depend on how many servers share the table."""
+    out = np.zeros((global_rows.shape[0], ncols), dtype=dtype)
+    kind = init.kind
+    if kind == "constant":
+        out[:] = init.constant
+    elif kind == "normal" and init.normal > 0:
+        _fill_random(out, global_rows.astype(np.int64), ncols, init.seed * 1000003 + table_seed, True,
+                     init.normal, 0.0)
+    elif kind == "uniform":
+        lo, hi = init.uniform
+        _fill_random(out, global_rows.astype(np.int64), ncols, init.seed * 1000003 + table_seed, False, lo, hi)
+    return out

@@ -1,0 +1,169 @@
+"""The wire format: a msgpack header frame followed by raw numpy buffers.
+
+Both sides build and check messages here, so there is exactly one definition of what a valid message
+is. Headers are small maps with short keys; arrays travel as separate frames with no copy on the
+sending side and ``np.frombuffer`` on the receiving side. Nothing here can execute data: msgpack only
+yields plain values, and every field is checked (type, range, frame count, byte length) before use.
+
+Keys: ``t`` type, ``s`` sender sequence number, ``tb`` table index, ``c`` clock, ``n`` row count,
+``dt`` dtype name, ``sp`` sparse flag, ``a`` last update sequence the server has applied for the
+receiving client, ``rq`` request sequence a reply answers, ``m`` text, ``rank``, ``fp`` fingerprint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, Sequence
+
+import msgpack
+import numpy as np
+
+from bosen.errors import ProtocolError
+
+ROW_DTYPE = np.dtype(np.int64)
+COL_DTYPE = np.dtype(np.int32)
+PTR_DTYPE = np.dtype(np.int64)
+VALUE_DTYPES = {name: np.dtype(name) for name in ("float16", "float32", "float64", "int32", "int64")}
+MAX_HEADER_BYTES = 4096
+
+
+class Msg(IntEnum):
+    # client -> server
+    HELLO = 1
+    INC = 2
+    READ = 3
+    CLOCK = 4
+    BYE = 5
+    STATUS = 6
+    # server -> client
+    WELCOME = 20
+    ROWS = 21
+    SCLOCK = 22
+    ACK = 23
+    ERROR = 24
+    BYE_OK = 25
+    STATUS_REPLY = 26
+
+
+# Required header fields per type (beyond "t"), with their Python types. Optional fields are
+# validated where they are read.
+_INT = int
+_SCHEMA: dict[Msg, dict[str, type]] = {
+    Msg.HELLO: {"s": _INT, "rank": _INT, "fp": str},
+    Msg.INC: {"s": _INT, "tb": _INT, "n": _INT, "dt": str, "sp": bool},
+    Msg.READ: {"s": _INT, "tb": _INT, "n": _INT, "c": _INT},
+    Msg.CLOCK: {"s": _INT, "c": _INT},
+    Msg.BYE: {"s": _INT},
+    Msg.STATUS: {"s": _INT},
+    Msg.WELCOME: {"rq": _INT, "rank": _INT, "c": _INT},
+    Msg.ROWS: {"tb": _INT, "n": _INT, "c": _INT, "a": _INT, "rq": _INT, "dt": str},
+    Msg.SCLOCK: {"c": _INT, "a": _INT},
+    Msg.ACK: {"rq": _INT},
+    Msg.ERROR: {"rq": _INT, "m": str},
+    Msg.BYE_OK: {"rq": _INT},
+    Msg.STATUS_REPLY: {"rq": _INT, "stats": dict},
+}
+# Number of array frames after the header; INC depends on the sparse flag.
+_FRAMES = {Msg.READ: 1, Msg.ROWS: 2}
+
+
+def encode(header: dict[str, Any], *arrays: np.ndarray) -> list[Any]:
+    """Header frame plus one frame per array (contiguous, sent without copying)."""
+    frames: list[Any] = [msgpack.packb(header, use_bin_type=True)]
+    for a in arrays:
+        frames.append(np.ascontiguousarray(a).data)
+    return frames
+
+
+def decode_header(frame: Any) -> dict[str, Any]:
+    """Parse and check one header frame; raises ProtocolError naming what is wrong."""
+    buf = frame.buffer if hasattr(frame, "buffer") else frame
+    if len(buf) > MAX_HEADER_BYTES:
+        raise ProtocolError(f"header of {len(buf)} bytes exceeds {MAX_HEADER_BYTES}")
+    try:
+        h = msgpack.unpackb(buf, raw=False, strict_map_key=True, max_str_len=MAX_HEADER_BYTES,
+                            max_bin_len=0, max_array_len=64, max_map_len=64, max_ext_len=0)
+    except Exception as e:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"header is not valid msgpack ({type(e).__name__})") from None
+    if not isinstance(h, dict):
+        raise ProtocolError(f"header must be a map, got {type(h).__name__}")
+    t = h.get("t")
+    try:
+        h["t"] = Msg(t)
+    except ValueError:
+        raise ProtocolError(f"unknown message type {t!r}") from None
+    for key, typ in _SCHEMA[h["t"]].items():
+        v = h.get(key)
+        if typ is bool:
+            ok = isinstance(v, bool)
+        else:
+            ok = isinstance(v, typ) and not isinstance(v, bool)
+        if not ok:
+            raise ProtocolError(f"{h['t'].name}: field {key!r} must be {typ.__name__}, got {v!r}")
+    return h
+
+
+def expected_frames(h: dict[str, Any]) -> int:
+    if h["t"] == Msg.INC:
+        return 4 if h["sp"] else 2
+    return _FRAMES.get(h["t"], 0)
+
+
+def array(frame: Any, dtype: np.dtype, count: int, what: str) -> np.ndarray:
+    """View a frame as ``count`` items of ``dtype``; the byte length must match exactly."""
+    buf = frame.buffer if hasattr(frame, "buffer") else frame
+    nbytes = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
+    if nbytes != count * dtype.itemsize:
+        raise ProtocolError(f"{what}: frame has {nbytes} bytes, expected {count} x {dtype.name}")
+    return np.frombuffer(buf, dtype=dtype, count=count)
+
+
+def value_dtype(name: str) -> np.dtype:
+    try:
+        return VALUE_DTYPES[name]
+    except KeyError:
+        raise ProtocolError(f"unknown dtype {name!r}") from None
+
+
+@dataclass
+class UpdateBatch:
+    """Increments for some rows of one table: dense ``values[n, cols]`` or CSR (indptr, cols, values)."""
+
+    rows: np.ndarray
+    values: np.ndarray
+    indptr: np.ndarray | None = None
+    cols: np.ndarray | None = None
+
+    @property
+    def sparse(self) -> bool:
+        return self.indptr is not None
+
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        if self.sparse:
+            return (self.rows, self.indptr, self.cols, self.values)
+        return (self.rows, self.values)
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays())
+
+
+def decode_update(h: dict[str, Any], frames: Sequence[Any], ncols: int, dtype: np.dtype) -> UpdateBatch:
+    """Arrays of an INC message, checked against the table's geometry (rows are range-checked later)."""
+    n = h["n"]
+    if n < 0:
+        raise ProtocolError(f"INC: negative row count {n}")
+    wire_dt = value_dtype(h["dt"])
+    if wire_dt != dtype and not (wire_dt == np.float16 and dtype.kind == "f"):
+        raise ProtocolError(f"INC: dtype {h['dt']} does not match the table's {dtype.name}")
+    rows = array(frames[0], ROW_DTYPE, n, "INC rows")
+    if not h["sp"]:
+        return UpdateBatch(rows, array(frames[1], wire_dt, n * ncols, "INC values").reshape(n, ncols))
+    indptr = array(frames[1], PTR_DTYPE, n + 1, "INC indptr")
+    if indptr[0] != 0 or np.any(np.diff(indptr) < 0):
+        raise ProtocolError("INC: indptr must start at 0 and never decrease")
+    nnz = int(indptr[-1])
+    cols = array(frames[2], COL_DTYPE, nnz, "INC cols")
+    if nnz and (cols.min() < 0 or cols.max() >= ncols):
+        raise ProtocolError(f"INC: column index out of range [0, {ncols})")
+    return UpdateBatch(rows, array(frames[3], wire_dt, nnz, "INC values"), indptr, cols)

@@ -1,0 +1,240 @@
+"""``Client``: one per worker process; joins the job, owns the cache and the communication thread."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from bosen import config as config_mod
+from bosen.config import Config
+from bosen.errors import BosenError, ClientClosed, ReadTimeout
+from bosen.client.comm import CommThread
+from bosen.client.table import Table, TableState
+from bosen.client.workers import WorkerClocks
+
+JOIN_TIMEOUT_S = 30.0
+LEAVE_TIMEOUT_S = 30.0
+
+
+class Worker:
+    """One worker thread's identity: its tick and its table handles (``with client.worker() as w``)."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self.id, self.tick = client._clocks.join()
+        self._tables: dict[str, Table] = {}
+
+    def table(self, name: str) -> Table:
+        t = self._tables.get(name)
+        if t is None:
+            t = self._tables[name] = Table(self._client, self._client._state(name), self)
+        return t
+
+    def clock(self) -> None:
+        """End of this worker's tick: tick c becomes c + 1."""
+        self._client._check()
+        self.tick = self._client._clocks.tick(self.id)
+
+
+class Client:
+    """A worker process's connection to the parameter servers.
+
+    Create it with ``Client.connect(config)``. The calling thread is the process's main worker
+    (``client.table``, ``client.clock``); more worker threads come from ``client.worker()``.
+    """
+
+    def __init__(self, config: Config, rank: int | None = None, main_worker: bool = True,
+                 join_timeout: float = JOIN_TIMEOUT_S) -> None:
+        self.config = config
+        servers = len(config.cluster.servers)
+        self._tables = [TableState(i, t, config.staleness_of(t), servers) for i, t in enumerate(config.tables)]
+        self._by_name = {st.name: st for st in self._tables}
+        self._fresh = threading.Condition()
+        self._closed = False
+        self._comm = CommThread(config, self._tables, self._notify)
+        self._clocks = WorkerClocks(self._on_process_clock)
+        self._blocked_s = 0.0
+        self._blocked_reads = 0
+        self._updates = 0
+        self._started = time.time()
+        self.reports: list[dict[str, Any]] = []
+        self._report_file = None
+        self._comm.start()
+        want = rank if rank is not None else int(os.environ.get("BOSEN_RANK", -1))
+        try:
+            self.rank: int = self._comm.call(self._comm.join(want, config.fingerprint(), join_timeout),
+                                             join_timeout + 5)
+        except BaseException:
+            self._comm.stop()
+            raise
+        self.num_workers: int = config.cluster.workers
+        self._main = Worker(self) if main_worker else None
+        run_dir = os.environ.get("BOSEN_RUN_DIR")
+        if run_dir:
+            path = Path(run_dir) / "workers" / f"{self.rank}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._report_file = path.open("a", buffering=1)
+
+    @classmethod
+    def connect(cls, config: str | os.PathLike | Mapping[str, Any] | Config, *, rank: int | None = None,
+                main_worker: bool = True, overrides: Any = (), join_timeout: float = JOIN_TIMEOUT_S) -> Client:
+        """Join the job described by ``config`` (a YAML path, a mapping or a Config).
+
+        ``rank`` (or the BOSEN_RANK environment variable) fixes this process's worker rank;
+        otherwise server 0 assigns the lowest free one.
+        """
+        return cls(config_mod.load(config, overrides), rank=rank, main_worker=main_worker,
+                   join_timeout=join_timeout)
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def table(self, name: str) -> Table:
+        return self._main_worker().table(name)
+
+    def clock(self) -> None:
+        self._main_worker().clock()
+
+    @property
+    def tick(self) -> int:
+        return self._main_worker().tick
+
+    @contextlib.contextmanager
+    def worker(self) -> Iterator[Worker]:
+        """An extra worker for the calling thread; it starts at the process clock and leaves on exit."""
+        self._check()
+        w = Worker(self)
+        try:
+            yield w
+        finally:
+            self._clocks.leave(w.id)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: traffic, rows, blocked time and how stale cached rows are."""
+        s: dict[str, Any] = dict(self._comm.counters)
+        s.update(rank=self.rank, clock=self._clocks.clock, blocked_s=round(self._blocked_s, 6),
+                 blocked_reads=self._blocked_reads, updates_buffered=self._updates,
+                 server_clocks=list(self._comm.server_clock), uptime_s=round(time.time() - self._started, 3))
+        tables = {}
+        for st in self._tables:
+            with st.lock:
+                cached = st.cache.clock[st.cache.clock >= 0]
+            stale = self._clocks.clock - cached if cached.size else np.zeros(1, dtype=np.int64)
+            tables[st.name] = {"cached_rows": int(cached.size), "staleness_mean": float(stale.mean()),
+                               "staleness_max": int(stale.max())}
+        s["tables"] = tables
+        return s
+
+    def report(self, **fields: Any) -> dict[str, Any]:
+        """Record metrics for the current tick (written to $BOSEN_RUN_DIR/workers/RANK.jsonl)."""
+        rec = {"rank": self.rank, "clock": self.tick if self._main else self._clocks.clock,
+               "time": round(time.time() - self._started, 6), **fields}
+        self.reports.append(rec)
+        if self._report_file is not None:
+            self._report_file.write(json.dumps(rec, default=float) + "\n")
+        return rec
+
+    def server_status(self, timeout: float = 10.0) -> list[dict[str, Any]]:
+        self._check()
+        return self._comm.call(self._comm.status(timeout), timeout + 5)
+
+    def close(self) -> None:
+        """Send every buffered update, leave the job, stop the communication thread."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._comm.call(self._comm.leave(LEAVE_TIMEOUT_S), LEAVE_TIMEOUT_S + 5)
+        finally:
+            self._comm.stop()
+            if self._report_file is not None:
+                self._report_file.close()
+
+    def abort(self) -> None:
+        """Stop communicating without leaving the job (after an unrecoverable error)."""
+        self._closed = True
+        self._comm.stop()
+        if self._report_file is not None:
+            self._report_file.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- internals used by Table and Worker ----------------------------------------------------
+
+    def _main_worker(self) -> Worker:
+        if self._main is None:
+            raise BosenError("this client was created with main_worker=False: use client.worker()")
+        return self._main
+
+    def _state(self, name: str) -> TableState:
+        st = self._by_name.get(name)
+        if st is None:
+            raise KeyError(f"no table {name!r} in {self.config.source}; tables: {', '.join(self._by_name)}")
+        return st
+
+    def _check(self) -> None:
+        if self._closed:
+            raise ClientClosed("client is closed")
+        err = self._comm.error
+        if err is not None:
+            self._comm.error = None
+            raise err
+
+    def _notify(self) -> None:
+        with self._fresh:
+            self._fresh.notify_all()
+
+    def _on_process_clock(self, clock: int) -> None:
+        self._comm.submit(self._comm.flush, clock)
+
+    def _updates_buffered(self, n: int) -> None:
+        self._updates += n
+
+    def _wait_fresh(self, st: TableState, rows: np.ndarray, tick: int) -> None:
+        """Block until every row's cached clock satisfies the SSP rule for ``tick``."""
+        need = max(tick - st.staleness, 0)
+        clock = st.cache.clock
+        if rows.shape[0] == 0 or clock[rows].min() >= need:
+            return
+        with st.lock:
+            missing = rows[(clock[rows] < 0) & ~st.cache.requested[rows]]
+            missing = np.unique(missing)
+            st.cache.requested[missing] = True
+        if missing.shape[0]:
+            self._comm.submit(self._comm.request_rows, st, missing, need)
+        start = time.monotonic()
+        deadline = start + self.config.consistency.read_timeout_s
+        self._blocked_reads += 1
+        try:
+            with self._fresh:
+                while True:
+                    self._check()
+                    if clock[rows].min() >= need:
+                        return
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise self._timeout(st, rows, tick, need)
+                    self._fresh.wait(min(left, 1.0))
+        finally:
+            self._blocked_s += time.monotonic() - start
+
+    def _timeout(self, st: TableState, rows: np.ndarray, tick: int, need: int) -> ReadTimeout:
+        r = int(rows[np.argmin(st.cache.clock[rows])])
+        j = r % len(self.config.cluster.servers)
+        have = int(st.cache.clock[r])
+        return ReadTimeout(
+            f"read of table {st.name!r} row {r} timed out after {self.config.consistency.read_timeout_s:g}s: "
+            f"worker tick {tick} needs row clock >= {need} (staleness {st.staleness}), cached row clock "
+            f"{'none (never received)' if have < 0 else have}; server {j} ({self.config.cluster.servers[j]}) "
+            f"last reported clock {self._comm.server_clock[j]}. A worker process may have stopped clocking "
+            f"or a server may be down.")

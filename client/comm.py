@@ -1,0 +1,288 @@
+"""The client's communication thread: its own event loop, one DEALER socket per server.
+
+It is the only thread that touches ZeroMQ. Worker threads hand it work with ``submit`` (fire and
+forget) or ``call`` (wait for a coroutine's result). Incoming rows and clocks are written into the
+shared table state under each table's lock, then ``notify`` wakes blocked readers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from typing import Any, Callable, Coroutine
+
+import numpy as np
+import uvloop
+import zmq
+import zmq.asyncio
+
+from bosen import rowmath, wire
+from bosen.config import Config
+from bosen.errors import BosenError, ProtocolError, ServerError
+from bosen.partition import Partition
+from bosen.wire import Msg, UpdateBatch
+from bosen.client.table import TableState
+
+log = logging.getLogger("bosen.client")
+
+
+class CommThread:
+    def __init__(self, config: Config, tables: list[TableState], notify: Callable[[], None]) -> None:
+        self.config = config
+        self.addresses = list(config.cluster.servers)
+        self.n = len(self.addresses)
+        self.partition = Partition(self.n)
+        self.tables = tables
+        self.notify = notify
+        self.seq = [0] * self.n
+        self.server_clock = [0] * self.n
+        self.pending: dict[tuple[int, int], asyncio.Future] = {}
+        self.error: BosenError | None = None
+        self.counters = dict(bytes_sent=0, bytes_received=0, msgs_sent=0, msgs_received=0, rows_sent=0,
+                             rows_received=0, rows_pushed_to_us=0, update_batches=0, sparse_batches=0,
+                             acks=0, server_errors=0)
+        self._handlers: dict[Msg, Callable[[int, dict[str, Any], list[Any]], None]] = {
+            Msg.ROWS: self._on_rows,
+            Msg.SCLOCK: self._on_sclock,
+            Msg.ACK: self._on_ack,
+            Msg.ERROR: self._on_error,
+            Msg.WELCOME: self._on_reply,
+            Msg.BYE_OK: self._on_reply,
+            Msg.STATUS_REPLY: self._on_reply,
+        }
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._ctx: zmq.asyncio.Context | None = None
+        self._socks: list[zmq.asyncio.Socket] = []
+        self._tasks: list[asyncio.Task] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="bosen-comm", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    def _run(self) -> None:
+        loop = uvloop.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self.loop = loop
+        self._ctx = zmq.asyncio.Context()
+        for j, addr in enumerate(self.addresses):
+            s = self._ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.SNDHWM, 0)
+            s.setsockopt(zmq.RCVHWM, 0)
+            s.setsockopt(zmq.LINGER, 2000)
+            s.setsockopt(zmq.IDENTITY, f"c{os.getpid()}-{id(self) & 0xFFFF:x}-{j}".encode())
+            s.connect(f"tcp://{addr}")
+            self._socks.append(s)
+        self._tasks = [loop.create_task(self._recv_loop(j)) for j in range(self.n)]
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            for t in self._tasks:
+                t.cancel()
+            loop.run_until_complete(asyncio.gather(*self._tasks, return_exceptions=True))
+            for s in self._socks:
+                s.close()
+            self._ctx.term()
+            loop.close()
+
+    def stop(self) -> None:
+        if self.loop is not None and self._thread is not None and self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the communication thread, soon."""
+        self.loop.call_soon_threadsafe(self._guard, fn, args)
+
+    def call(self, coro: Coroutine[Any, Any, Any], timeout: float) -> Any:
+        """Run a coroutine on the communication thread and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def _guard(self, fn: Callable[..., None], args: tuple) -> None:
+        try:
+            fn(*args)
+        except BosenError as e:
+            self._fail(e)
+        except Exception as e:
+            log.exception("communication thread error")
+            self._fail(BosenError(f"communication thread error: {e!r}"))
+
+    def _fail(self, err: BosenError) -> None:
+        if self.error is None:
+            self.error = err
+        self.notify()
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def _send(self, j: int, header: dict[str, Any], *arrays: np.ndarray) -> int:
+        self.seq[j] += 1
+        header["s"] = self.seq[j]
+        frames = wire.encode(header, *arrays)
+        # Always through the asyncio socket: it re-checks ZMQ_EVENTS after each operation, which
+        # edge-triggered ZeroMQ notifications require (a side socket would lose wake-ups).
+        self._socks[j].send_multipart(frames, copy=False)
+        self.counters["msgs_sent"] += 1
+        self.counters["bytes_sent"] += sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+        return self.seq[j]
+
+    async def _request(self, j: int, header: dict[str, Any], timeout: float) -> dict[str, Any]:
+        fut = self.loop.create_future()
+        seq = self.seq[j] + 1
+        self.pending[(j, seq)] = fut
+        self._send(j, header)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise BosenError(f"no answer to {Msg(header['t']).name} from server {j} at {self.addresses[j]} "
+                             f"within {timeout:g}s (is it running?)") from None
+        finally:
+            self.pending.pop((j, seq), None)
+
+    async def join(self, rank: int, fingerprint: str, timeout: float) -> int:
+        """HELLO to server 0 (which assigns a rank if ``rank`` is -1), then to the others."""
+        h = await self._request(0, {"t": Msg.HELLO, "rank": rank, "fp": fingerprint}, timeout)
+        rank = h["rank"]
+        await asyncio.gather(*(self._request(j, {"t": Msg.HELLO, "rank": rank, "fp": fingerprint}, timeout)
+                               for j in range(1, self.n)))
+        return rank
+
+    async def leave(self, timeout: float) -> None:
+        """Flush everything, say BYE, and wait until every server has processed it."""
+        self.flush(None)
+        await asyncio.gather(*(self._request(j, {"t": Msg.BYE}, timeout) for j in range(self.n)))
+
+    async def status(self, timeout: float) -> list[dict[str, Any]]:
+        replies = await asyncio.gather(*(self._request(j, {"t": Msg.STATUS}, timeout) for j in range(self.n)))
+        return [r["stats"] for r in replies]
+
+    def flush(self, clock: int | None) -> None:
+        """Send every buffered update; then, if ``clock`` is given, CLOCK(clock) to every server."""
+        for st in self.tables:
+            with st.lock:
+                rows = st.oplog.dirty_rows()
+                if rows.shape[0] == 0:
+                    continue
+                batches = []
+                for j, pos in enumerate(self.partition.split(rows)):
+                    if pos.shape[0] == 0:
+                        continue
+                    rj = rows[pos]
+                    block = st.oplog.take(rj)
+                    seq = self.seq[j] + 1
+                    if st.read_my_writes:
+                        st.inflight[j].add(seq, rj, block)
+                    batches.append((j, self._update_batch(rj, block)))
+            for j, batch in batches:
+                self._send_update(j, st, batch)
+        if clock is not None:
+            for j in range(self.n):
+                self._send(j, {"t": Msg.CLOCK, "c": clock})
+
+    def _update_batch(self, rows: np.ndarray, block: np.ndarray) -> UpdateBatch:
+        """Dense rows, or CSR when that is smaller (sparse updates such as topic-count changes)."""
+        dense_bytes = block.nbytes
+        nnz = rowmath.count_nonzero(block)
+        if 8 * (rows.shape[0] + 1) + nnz * (4 + block.itemsize) < dense_bytes // 2:
+            indptr, cols, vals = rowmath.to_csr(block)
+            return UpdateBatch(rows, vals, indptr, cols)
+        return UpdateBatch(rows, block)
+
+    def _send_update(self, j: int, st: TableState, batch: UpdateBatch) -> None:
+        h = {"t": Msg.INC, "tb": st.index, "n": int(batch.rows.shape[0]), "dt": batch.values.dtype.name,
+             "sp": batch.sparse}
+        self._send(j, h, *batch.arrays())
+        self.counters["update_batches"] += 1
+        self.counters["sparse_batches"] += batch.sparse
+        self.counters["rows_sent"] += batch.rows.shape[0]
+
+    def request_rows(self, st: TableState, rows: np.ndarray, min_clock: int) -> None:
+        for j, pos in enumerate(self.partition.split(rows)):
+            if pos.shape[0]:
+                self._send(j, {"t": Msg.READ, "tb": st.index, "n": int(pos.shape[0]), "c": min_clock},
+                           rows[pos])
+
+    # -- receiving -----------------------------------------------------------------------------
+
+    async def _recv_loop(self, j: int) -> None:
+        sock = self._socks[j]
+        while True:
+            self._dispatch(j, await sock.recv_multipart(copy=False))
+            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                self.notify()  # wake readers once the queue is drained, not per message
+
+    def _dispatch(self, j: int, frames: list[Any]) -> None:
+        self.counters["msgs_received"] += 1
+        self.counters["bytes_received"] += sum(len(f) for f in frames)
+        try:
+            h = wire.decode_header(frames[0])
+            handler = self._handlers.get(h["t"])
+            if handler is None:
+                raise ProtocolError(f"{h['t'].name} is not a message a client accepts")
+            want = wire.expected_frames(h)
+            if len(frames) - 1 != want:
+                raise ProtocolError(f"{h['t'].name}: expected {want} array frames, got {len(frames) - 1}")
+            handler(j, h, frames[1:])
+        except BosenError as e:
+            log.error("bad message from server %d: %s", j, e)
+            self._fail(e if isinstance(e, ServerError) else ProtocolError(f"server {j}: {e}"))
+        except Exception as e:
+            log.exception("error handling a message from server %d", j)
+            self._fail(BosenError(f"error handling a message from server {j}: {e!r}"))
+
+    def _on_rows(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
+        tb = h["tb"]
+        if not 0 <= tb < len(self.tables):
+            raise ProtocolError(f"ROWS for unknown table {tb}")
+        st = self.tables[tb]
+        n = h["n"]
+        rows = wire.array(frames[0], wire.ROW_DTYPE, n, "ROWS rows")
+        vals = wire.array(frames[1], wire.value_dtype(h["dt"]), n * st.cols, "ROWS values").reshape(n, st.cols)
+        with st.lock:
+            cache = st.cache
+            cache.values[rows] = vals
+            if st.read_my_writes:
+                log_j = st.inflight[j]
+                log_j.settle(h["a"])
+                rowmath.add_rows_from(cache.values, st.oplog.delta, rows)
+                log_j.reapply(cache.values, rows)
+            cache.clock[rows] = np.maximum(cache.clock[rows], h["c"])
+            cache.requested[rows] = False
+        self.counters["rows_received"] += n
+        if h["rq"] < 0:
+            self.counters["rows_pushed_to_us"] += n
+
+    def _on_sclock(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
+        c = h["c"]
+        self.server_clock[j] = c
+        for st in self.tables:
+            with st.lock:
+                st.inflight[j].settle(h["a"])
+                st.cache.raise_clock(j, self.n, c)
+
+    def _on_ack(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
+        self.counters["acks"] += 1
+        for st in self.tables:
+            if st.read_my_writes and st.inflight[j].entries:
+                with st.lock:
+                    st.inflight[j].settle(h["rq"])
+
+    def _on_error(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
+        self.counters["server_errors"] += 1
+        err = ServerError(f"server {j} ({self.addresses[j]}) rejected message {h['rq']}: {h['m']}")
+        fut = self.pending.get((j, h["rq"]))
+        if fut is not None and not fut.done():
+            fut.set_exception(err)
+        else:
+            raise err
+
+    def _on_reply(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
+        fut = self.pending.get((j, h["rq"]))
+        if fut is not None and not fut.done():
+            fut.set_result(h)

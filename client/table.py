@@ -1,0 +1,151 @@
+"""Tables as workers see them: a handle bound to one worker over state shared by the process."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bosen.config import TableConfig
+from bosen.client.cache import RowCache
+from bosen.client.oplog import InflightLog, UpdateBuffer
+
+if TYPE_CHECKING:
+    from bosen.client.client import Client, Worker
+
+
+class TableState:
+    """Everything the process keeps for one table; ``lock`` guards cache, buffer and in-flight log."""
+
+    def __init__(self, index: int, cfg: TableConfig, staleness: int, num_servers: int) -> None:
+        self.index = index
+        self.cfg = cfg
+        self.name = cfg.name
+        self.rows = cfg.rows
+        self.cols = cfg.cols
+        self.dtype = np.dtype(cfg.dtype)
+        self.staleness = staleness
+        self.read_my_writes = cfg.shows_own_writes
+        self.lock = threading.Lock()
+        self.cache = RowCache(cfg.rows, cfg.cols, self.dtype)
+        self.oplog = UpdateBuffer(cfg.rows, cfg.cols, self.dtype)
+        self.inflight = [InflightLog() for _ in range(num_servers)]
+
+
+class Table:
+    """A worker's handle on a shared table (``client.table(name)`` or ``worker.table(name)``).
+
+    Reads follow the SSP rule for this worker's tick; increments are buffered and, for tables with
+    read-my-writes, visible to this process's reads at once.
+    """
+
+    def __init__(self, client: Client, state: TableState, worker: Worker) -> None:
+        self._client = client
+        self._st = state
+        self._worker = worker
+        self._values = state.cache.values
+        self._clock = state.cache.clock
+        self.name = state.name
+        self.rows = state.rows
+        self.cols = state.cols
+        self.dtype = state.dtype
+        self.staleness = state.staleness
+
+    def __repr__(self) -> str:
+        return f"<Table {self.name!r} {self.rows}x{self.cols} {self.dtype.name} staleness={self.staleness}>"
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def get_row(self, row: int) -> np.ndarray:
+        """A copy of one row, at least as fresh as the SSP rule requires (blocks until it is)."""
+        need = self._worker.tick - self.staleness
+        if 0 <= row < self.rows and self._clock[row] >= (need if need > 0 else 0):
+            with self._st.lock:
+                return self._values[row].copy()
+        return self.get_rows(np.array([self._row(row)], dtype=np.int64))[0]
+
+    def get(self, row: int, col: int) -> Any:
+        if not 0 <= col < self.cols:
+            raise IndexError(f"table {self.name!r}: column {col} out of range [0, {self.cols})")
+        return self.get_row(row)[col]
+
+    def get_rows(self, rows: Any) -> np.ndarray:
+        """Copies of many rows as a 2-D array (one request per server for those not fresh)."""
+        rows = self._rows(rows)
+        self._client._wait_fresh(self._st, rows, self._worker.tick)
+        with self._st.lock:
+            return self._values[rows]
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def inc(self, row: int, col: int, delta: Any) -> None:
+        if not 0 <= col < self.cols:
+            raise IndexError(f"table {self.name!r}: column {col} out of range [0, {self.cols})")
+        self.inc_rows(np.array([self._row(row)]), np.array([delta]), cols=np.array([col]))
+
+    def inc_row(self, row: int, deltas: Any) -> None:
+        self.inc_rows(np.array([self._row(row)], dtype=np.int64), np.asarray(deltas).reshape(1, -1))
+
+    def inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:
+        """Add ``deltas`` to ``rows``: dense ``(len(rows), cols)``, or COO triples when ``cols`` is given."""
+        rows = self._rows(rows)
+        deltas = self._deltas(deltas)
+        st = self._st
+        if cols is None:
+            if deltas.shape != (rows.shape[0], self.cols):
+                raise ValueError(f"table {self.name!r}: deltas have shape {deltas.shape}, expected "
+                                 f"({rows.shape[0]}, {self.cols}) for {rows.shape[0]} rows")
+            with st.lock:
+                st.oplog.add_dense(rows, deltas)
+                if st.read_my_writes:
+                    from bosen import rowmath
+                    rowmath.scatter_add(st.cache.values, rows, deltas)
+        else:
+            cols = np.asarray(cols)
+            if cols.dtype.kind not in "iu" or cols.shape != rows.shape or deltas.shape != rows.shape:
+                raise ValueError(f"table {self.name!r}: sparse increments need 1-D integer cols and deltas "
+                                 f"of the same length as rows ({rows.shape[0]}); got cols {cols.shape} "
+                                 f"{cols.dtype}, deltas {deltas.shape}")
+            cols = cols.astype(np.int64, copy=False)
+            if cols.shape[0] and (cols.min() < 0 or cols.max() >= self.cols):
+                bad = int(cols.min()) if cols.min() < 0 else int(cols.max())
+                raise IndexError(f"table {self.name!r}: column {bad} out of range [0, {self.cols})")
+            with st.lock:
+                st.oplog.add_coo(rows, cols, deltas)
+                if st.read_my_writes:
+                    from bosen import rowmath
+                    rowmath.scatter_add_coo(st.cache.values, rows, cols, deltas)
+        self._client._updates_buffered(rows.shape[0])
+
+    # -- argument checks -----------------------------------------------------------------------
+
+    def _row(self, row: Any) -> int:
+        if isinstance(row, (bool, np.bool_)) or not isinstance(row, (int, np.integer)):
+            raise TypeError(f"table {self.name!r}: row must be an integer, got {type(row).__name__}")
+        if not 0 <= row < self.rows:
+            raise IndexError(f"table {self.name!r}: row {row} out of range [0, {self.rows})")
+        return int(row)
+
+    def _rows(self, rows: Any) -> np.ndarray:
+        self._client._check()
+        rows = np.asarray(rows)
+        if rows.ndim != 1 or (rows.dtype.kind not in "iu" and rows.size):
+            raise TypeError(f"table {self.name!r}: rows must be a 1-D integer array, got "
+                            f"{rows.dtype} with shape {rows.shape}")
+        rows = rows.astype(np.int64, copy=False)
+        if rows.shape[0]:
+            lo, hi = rows.min(), rows.max()
+            if lo < 0 or hi >= self.rows:
+                raise IndexError(f"table {self.name!r}: row {lo if lo < 0 else hi} out of range "
+                                 f"[0, {self.rows})")
+        return rows
+
+    def _deltas(self, deltas: Any) -> np.ndarray:
+        deltas = np.asarray(deltas)
+        if not np.can_cast(deltas.dtype, self.dtype, "same_kind"):
+            raise TypeError(f"table {self.name!r} holds {self.dtype.name}; cannot add {deltas.dtype} deltas")
+        deltas = deltas.astype(self.dtype, copy=False)
+        if self.dtype.kind == "f" and not np.isfinite(deltas).all():
+            raise ValueError(f"table {self.name!r}: deltas contain NaN or infinity")
+        return deltas

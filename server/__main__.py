@@ -1,0 +1,61 @@
+"""``bosen-server --config CONFIG --rank N``: run one server daemon until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+import uvloop
+
+from bosen import config as config_mod
+from bosen.errors import BosenError
+from bosen.server.daemon import Server
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bosen-server", description="Run one Bösen parameter server daemon.")
+    p.add_argument("--config", required=True, help="job YAML (the same file every process uses)")
+    p.add_argument("--rank", type=int, required=True, help="index of this server in cluster.servers")
+    p.add_argument("--bind", default=None, help="host/interface to bind (default: the host in the config)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+async def _run(server: Server) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, server.stop)
+    await server.start()
+    try:
+        await server.serve()
+    finally:
+        server.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format=f"%(asctime)s server{args.rank} %(levelname)s %(message)s")
+    try:
+        cfg = config_mod.load(args.config, args.set)
+        server = Server(cfg, args.rank, bind=args.bind)
+    except (BosenError, ValueError) as e:
+        print(f"bosen-server: {e}", file=sys.stderr)
+        return 2
+    try:
+        uvloop.run(_run(server))
+    except OSError as e:
+        print(f"bosen-server: cannot serve on {server.bind_address}: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # zmq.ZMQError on bind, etc.
+        print(f"bosen-server: {type(e).__name__}: {e} (address {server.bind_address})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,310 @@
+"""The server daemon: one ROUTER socket, one event loop, a table of message handlers.
+
+Lifecycle follows setup / serve / stop: ``start()`` binds, ``serve()`` runs until ``stop()`` (or a
+signal) and ``close()`` releases the socket. Handlers are plain functions keyed by message type; a
+handler that raises ProtocolError produces an ERROR reply to the sender and one log line, and the
+loop goes on. All state lives in this object: no globals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from bosen import wire
+from bosen.config import Config
+from bosen.errors import ProtocolError
+from bosen.partition import Partition
+from bosen.wire import Msg
+from bosen.server import procedures
+from bosen.server.shard import TableShard
+
+log = logging.getLogger("bosen.server")
+
+GONE = np.iinfo(np.int64).max  # clock of a client that left: it holds nobody back
+
+
+@dataclass
+class Peer:
+    """A joined client process."""
+
+    ident: bytes
+    rank: int
+    last_seq: int
+    applied: int = -1  # sequence number of the last INC applied
+    gone: bool = False
+
+
+class Server:
+    def __init__(self, config: Config, rank: int, bind: str | None = None) -> None:
+        if not 0 <= rank < len(config.cluster.servers):
+            raise ValueError(f"--rank {rank}: the config lists {len(config.cluster.servers)} servers "
+                             f"(ranks 0..{len(config.cluster.servers) - 1}) in {config.source}")
+        self.config = config
+        self.rank = rank
+        self.address = config.cluster.servers[rank]
+        port = self.address.rpartition(":")[2]
+        self.bind_address = f"tcp://{bind or self.address.rpartition(':')[0]}:{port}"
+        self.num_clients = config.cluster.workers
+        self.partition = Partition(len(config.cluster.servers))
+        self.fingerprint = config.fingerprint()
+        self.shards = [
+            TableShard(i, t, self.partition, rank, self.num_clients, procedures.load(t, config.source))
+            for i, t in enumerate(config.tables)
+        ]
+        self.clock = 0
+        self.client_clock = np.zeros(self.num_clients, dtype=np.int64)
+        self.peers: dict[bytes, Peer] = {}
+        self.by_rank: dict[int, Peer] = {}
+        self.parked: dict[int, list[tuple[Peer, int, TableShard, np.ndarray]]] = {}
+        self.counters = dict(bytes_in=0, bytes_out=0, msgs_in=0, msgs_out=0, rows_applied=0,
+                             rows_pushed=0, rows_read=0, reads_parked=0, errors=0, clock_advances=0)
+        self.started = time.time()
+        self.handlers: dict[Msg, Callable[[bytes, dict[str, Any], list[Any]], None]] = {
+            Msg.HELLO: self.on_hello,
+            Msg.INC: self.on_inc,
+            Msg.READ: self.on_read,
+            Msg.CLOCK: self.on_clock,
+            Msg.BYE: self.on_bye,
+            Msg.STATUS: self.on_status,
+        }
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._stopped = asyncio.Event()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.SNDHWM, 0)  # never drop: flow control is the clients' unacked window
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer is an error, not a silent drop
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.bind(self.bind_address)
+        self._sock = sock
+        rows = sum(s.global_rows.shape[0] for s in self.shards)
+        log.info("server %d listening on %s: %d tables, %d rows, %d clients expected", self.rank,
+                 self.bind_address, len(self.shards), rows, self.num_clients)
+
+    async def serve(self) -> None:
+        assert self._sock is not None, "start() first"
+        receiver = asyncio.ensure_future(self._receive())
+        stopper = asyncio.ensure_future(self._stopped.wait())
+        try:
+            done, _ = await asyncio.wait({receiver, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if receiver in done:
+                receiver.result()  # re-raise what killed it
+        finally:
+            receiver.cancel()
+            stopper.cancel()
+            await asyncio.gather(receiver, stopper, return_exceptions=True)
+
+    async def _receive(self) -> None:
+        sock = self._sock
+        while True:
+            self._dispatch(await sock.recv_multipart(copy=False))
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+        log.info("server %d stopped at clock %d", self.rank, self.clock)
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _dispatch(self, frames: list[Any]) -> None:
+        ident, body = frames[0].bytes, frames[1:]
+        self.counters["msgs_in"] += 1
+        self.counters["bytes_in"] += sum(f.buffer.nbytes for f in body)
+        seq = -1
+        try:
+            if not body:
+                raise ProtocolError("empty message")
+            h = wire.decode_header(body[0])
+            seq = h.get("s", -1) if isinstance(h.get("s"), int) else -1
+            handler = self.handlers.get(h["t"])
+            if handler is None:
+                raise ProtocolError(f"{h['t'].name} is not a message a server accepts")
+            want = wire.expected_frames(h)
+            if len(body) - 1 != want:
+                raise ProtocolError(f"{h['t'].name}: expected {want} array frames, got {len(body) - 1}")
+            handler(ident, h, body[1:])
+        except ProtocolError as e:
+            self.counters["errors"] += 1
+            log.warning("rejected message from %s: %s", self._who(ident), e)
+            self._send(ident, {"t": Msg.ERROR, "rq": seq, "m": str(e)})
+        except Exception as e:  # a bug must not take the server down; say so loudly
+            self.counters["errors"] += 1
+            log.exception("internal error handling a message from %s", self._who(ident))
+            self._send(ident, {"t": Msg.ERROR, "rq": seq, "m": f"internal server error: {e!r}"})
+
+    def _send(self, ident: bytes, header: dict[str, Any], *arrays: np.ndarray) -> None:
+        frames = wire.encode(header, *arrays)
+        sent = self._sock.send_multipart([ident, *frames], copy=False)
+        if sent.done():
+            self._sent(ident, header, sent)
+        else:
+            sent.add_done_callback(lambda f: self._sent(ident, header, f))
+        self.counters["msgs_out"] += 1
+        self.counters["bytes_out"] += sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+
+    def _sent(self, ident: bytes, header: dict[str, Any], fut: asyncio.Future) -> None:
+        err = None if fut.cancelled() else fut.exception()
+        if err is None:
+            return
+        peer = self.peers.get(ident)  # EHOSTUNREACH: the peer disconnected
+        log.warning("cannot send %s to %s: %s", Msg(header["t"]).name, self._who(ident), err)
+        if peer is not None and not peer.gone:
+            self._leave(peer)
+
+    def _who(self, ident: bytes) -> str:
+        peer = self.peers.get(ident)
+        return f"client rank {peer.rank}" if peer else f"unjoined peer {ident.hex()}"
+
+    def _peer(self, ident: bytes, h: dict[str, Any]) -> Peer:
+        peer = self.peers.get(ident)
+        if peer is None or peer.gone:
+            raise ProtocolError(f"{h['t'].name}: sender has not joined (send HELLO first) or has left")
+        if h["s"] <= peer.last_seq:
+            raise ProtocolError(f"{h['t'].name}: sequence number {h['s']} not above {peer.last_seq}")
+        peer.last_seq = h["s"]
+        return peer
+
+    def _shard(self, h: dict[str, Any]) -> TableShard:
+        tb = h["tb"]
+        if not 0 <= tb < len(self.shards):
+            raise ProtocolError(f"{h['t'].name}: unknown table index {tb} (job has {len(self.shards)} tables)")
+        return self.shards[tb]
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    def on_hello(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+        if h["fp"] != self.fingerprint:
+            raise ProtocolError(f"HELLO: client config differs from this server's (cluster/tables fingerprint "
+                                f"{h['fp']} vs {self.fingerprint}): start every process from the same config")
+        if ident in self.peers:
+            raise ProtocolError("HELLO: this connection has already joined")
+        rank = h["rank"]
+        if rank == -1:
+            if self.rank != 0:
+                raise ProtocolError("HELLO: only server 0 assigns ranks; send the rank it gave you")
+            free = [r for r in range(self.num_clients) if r not in self.by_rank]
+            if not free:
+                raise ProtocolError(f"HELLO: the job is full: all {self.num_clients} worker ranks have joined")
+            rank = free[0]
+        if not 0 <= rank < self.num_clients:
+            raise ProtocolError(f"HELLO: rank {rank} out of range: cluster.workers is {self.num_clients}")
+        if rank in self.by_rank:
+            state = "left the job" if self.by_rank[rank].gone else "already joined"
+            raise ProtocolError(f"HELLO: worker rank {rank} {state}")
+        peer = Peer(ident, rank, last_seq=h["s"])
+        self.peers[ident] = peer
+        self.by_rank[rank] = peer
+        log.info("client rank %d joined (%d/%d)", rank, len(self.by_rank), self.num_clients)
+        self._send(ident, {"t": Msg.WELCOME, "rq": h["s"], "rank": rank, "c": self.clock})
+
+    def on_inc(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+        peer = self._peer(ident, h)
+        shard = self._shard(h)
+        batch = wire.decode_update(h, frames, shard.cfg.cols, shard.dtype)
+        self.counters["rows_applied"] += shard.apply(batch, peer.rank)
+        peer.applied = h["s"]
+        self._send(ident, {"t": Msg.ACK, "rq": h["s"]})
+
+    def on_read(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+        peer = self._peer(ident, h)
+        shard = self._shard(h)
+        rows = wire.array(frames[0], wire.ROW_DTYPE, h["n"], "READ rows") if h["n"] >= 0 else None
+        if rows is None:
+            raise ProtocolError(f"READ: negative row count {h['n']}")
+        local = shard.local_rows(rows, "READ")
+        shard.subs[local, peer.rank] = True
+        if h["c"] <= self.clock:
+            self._send_rows(peer, shard, local, h["s"])
+        else:
+            self.counters["reads_parked"] += 1
+            self.parked.setdefault(h["c"], []).append((peer, h["s"], shard, local.copy()))
+
+    def on_clock(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+        peer = self._peer(ident, h)
+        c = h["c"]
+        if c < self.client_clock[peer.rank]:
+            raise ProtocolError(f"CLOCK: clock {c} goes back from {self.client_clock[peer.rank]}")
+        self.client_clock[peer.rank] = c
+        self._maybe_advance()
+
+    def on_bye(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+        peer = self._peer(ident, h)
+        self._send(ident, {"t": Msg.BYE_OK, "rq": h["s"]})
+        log.info("client rank %d left at clock %d", peer.rank, self.client_clock[peer.rank])
+        self._leave(peer)
+
+    def on_status(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+        self._send(ident, {"t": Msg.STATUS_REPLY, "rq": h["s"], "stats": self.stats()})
+
+    # -- clocks and pushes ---------------------------------------------------------------------
+
+    def _leave(self, peer: Peer) -> None:
+        peer.gone = True
+        self.client_clock[peer.rank] = GONE
+        self._maybe_advance()
+
+    def _maybe_advance(self) -> None:
+        new = int(self.client_clock.min())
+        if new <= self.clock or new == GONE:
+            return
+        self.clock = new
+        self.counters["clock_advances"] += 1
+        live = [p for p in self.by_rank.values() if not p.gone]
+        for shard in self.shards:
+            changed = shard.changed_rows()
+            if changed.shape[0] == 0:
+                continue
+            subs = shard.subs[changed]
+            for p in live:
+                sel = changed[subs[:, p.rank]]
+                if sel.shape[0]:
+                    self._send_rows(p, shard, sel, -1)
+            shard.dirty[changed] = False
+        for c in [c for c in self.parked if c <= new]:
+            for peer, seq, shard, local in self.parked.pop(c):
+                if not peer.gone:
+                    self._send_rows(peer, shard, local, seq)
+        for p in live:
+            self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied})
+
+    def _send_rows(self, peer: Peer, shard: TableShard, local: np.ndarray, rq: int) -> None:
+        self.counters["rows_pushed" if rq < 0 else "rows_read"] += local.shape[0]
+        rows = shard.global_rows[local]
+        values = shard.values[local]
+        shard.procedure.rows_sent(local, 1)
+        self._send(peer.ident, {"t": Msg.ROWS, "tb": shard.index, "n": int(local.shape[0]), "c": self.clock,
+                                "a": peer.applied, "rq": rq, "dt": shard.dtype.name}, rows, values)
+
+    def stats(self) -> dict[str, Any]:
+        clocks = [int(c) if c != GONE else "left" for c in self.client_clock]
+        return {
+            "rank": self.rank,
+            "address": self.address,
+            "clock": self.clock,
+            "client_clocks": clocks,
+            "clients_joined": len(self.by_rank),
+            "uptime_s": round(time.time() - self.started, 3),
+            "tables": {s.cfg.name: {"rows": int(s.global_rows.shape[0]), "bytes": int(s.values.nbytes),
+                                    **s.procedure.stats()} for s in self.shards},
+            **self.counters,
+        }

@@ -1,0 +1,33 @@
+"""Stored procedures the server can run per table, found by built-in name or ``module:Class`` path."""
+
+from __future__ import annotations
+
+import importlib
+
+from bosen.config import TableConfig
+from bosen.errors import ConfigError
+from bosen.procedure import StoredProcedure
+
+BUILTINS: dict[str, str] = {
+    "add": "bosen.procedure:StoredProcedure",
+}
+
+
+def load(table: TableConfig, source: str = "config") -> StoredProcedure:
+    """Instantiate the table's procedure; any problem is a ConfigError naming table and key."""
+    key = f"{source}: tables.{table.name}.update"
+    path = BUILTINS.get(table.update, table.update)
+    mod_name, sep, cls_name = path.partition(":")
+    if not sep or not mod_name or not cls_name:
+        raise ConfigError(f"{key}: {table.update!r} is neither a built-in ({', '.join(BUILTINS)}) "
+                          "nor an import path like 'mypkg.rules:MyRule'")
+    try:
+        cls = getattr(importlib.import_module(mod_name), cls_name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"{key}: cannot load {path!r}: {e}") from None
+    if not (isinstance(cls, type) and issubclass(cls, StoredProcedure)):
+        raise ConfigError(f"{key}: {path!r} is not a bosen.procedure.StoredProcedure subclass")
+    try:
+        return cls(table, **dict(table.update_args))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{source}: tables.{table.name}.update_args: {e}") from None

@@ -1,0 +1,69 @@
+"""One table's share of rows on one server: values, change flags and subscriptions."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bosen import rowmath
+from bosen.config import TableConfig
+from bosen.errors import ProtocolError
+from bosen.partition import Partition
+from bosen.procedure import StoredProcedure
+from bosen.wire import UpdateBatch
+
+
+class TableShard:
+    """Rows ``rank, rank + S, rank + 2S, ...`` of a table, stored densely by local index.
+
+    ``dirty`` marks rows changed since the last clock-advance push; ``subs[row, client]`` marks which
+    clients read the row (subscribed on first read) and so receive its new values.
+    """
+
+    def __init__(self, index: int, cfg: TableConfig, partition: Partition, rank: int, num_clients: int,
+                 procedure: StoredProcedure) -> None:
+        self.index = index
+        self.cfg = cfg
+        self.partition = partition
+        self.rank = rank
+        self.dtype = np.dtype(cfg.dtype)
+        self.global_rows = partition.global_rows(rank, cfg.rows)
+        self.values = rowmath.init_rows(cfg.init, self.global_rows, cfg.cols, self.dtype, index)
+        self.procedure = procedure
+        procedure.create(self.global_rows, self.values)
+        n = self.global_rows.shape[0]
+        self.dirty = np.zeros(n, dtype=bool)
+        self.subs = np.zeros((n, num_clients), dtype=bool)
+        self.check_finite = self.dtype.kind == "f"
+
+    def local_rows(self, rows: np.ndarray, what: str) -> np.ndarray:
+        """Local indices of ``rows``; every row must exist and belong to this server."""
+        if rows.shape[0] == 0:
+            return rows
+        lo, hi = int(rows.min()), int(rows.max())
+        if lo < 0 or hi >= self.cfg.rows:
+            bad = lo if lo < 0 else hi
+            raise ProtocolError(f"{what}: row {bad} out of range for table {self.cfg.name!r} "
+                                f"with {self.cfg.rows} rows")
+        n = self.partition.num_servers
+        if n > 1:
+            wrong = rows % n != self.rank
+            if wrong.any():
+                r = int(rows[np.argmax(wrong)])
+                raise ProtocolError(f"{what}: row {r} of table {self.cfg.name!r} belongs to server "
+                                    f"{r % n}, not {self.rank}")
+        return self.partition.local(rows)
+
+    def apply(self, batch: UpdateBatch, client: int) -> int:
+        local = self.local_rows(batch.rows, "INC")
+        if self.check_finite and not np.isfinite(batch.values).all():
+            raise ProtocolError(f"INC: non-finite value for table {self.cfg.name!r}")
+        self.procedure.apply(self.values, local, batch, client)
+        self.dirty[local] = True
+        return local.shape[0]
+
+    def changed_rows(self) -> np.ndarray:
+        return np.flatnonzero(self.dirty)
+
+    @property
+    def nbytes(self) -> int:
+        return self.values.nbytes + self.dirty.nbytes + self.subs.nbytes

@@ -1,0 +1,305 @@
+"""SGD matrix factorization app: kernels, data, worker logic, and end-to-end runs through the launcher."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from bosen.apps.mf.data import load_csv, partition, synthetic
+from bosen.apps.mf.kernels import sgd_pass, squared_loss
+from bosen.apps.mf.worker import train
+
+# ------------------------------------------------------------------------------------------------
+# kernels vs a plain NumPy reference
+
+
+def _small(seed: int = 0, nu: int = 7, ni: int = 5, k: int = 4, n: int = 40):
+    rng = np.random.default_rng(seed)
+    u = rng.integers(0, nu, n).astype(np.int64)
+    i = rng.integers(0, ni, n).astype(np.int64)
+    r = rng.standard_normal(n).astype(np.float32)
+    L = (rng.standard_normal((nu, k)) * 0.5).astype(np.float32)
+    R = (rng.standard_normal((ni, k)) * 0.5).astype(np.float32)
+    return u, i, r, L, R, rng
+
+
+def _ref_pass(u, i, r, L, R, lr, reg, order):
+    L, R = L.astype(np.float64), R.astype(np.float64)
+    sse = 0.0
+    for j in order:
+        lu, ri = L[u[j]].copy(), R[i[j]].copy()
+        e = r[j] - lu @ ri
+        sse += e * e
+        L[u[j]] = lu + lr * (e * ri - reg * lu)
+        R[i[j]] = ri + lr * (e * lu - reg * ri)
+    return sse, L, R
+
+
+def test_squared_loss_matches_numpy():
+    u, i, r, L, R, _ = _small()
+    ref = float(((r.astype(np.float64) - np.einsum("ij,ij->i", L[u], R[i]).astype(np.float64)) ** 2).sum())
+    assert squared_loss(u, i, r, L, R) == pytest.approx(ref, rel=1e-5)
+
+
+def test_sgd_pass_matches_sequential_reference():
+    u, i, r, L, R, rng = _small()
+    order = rng.permutation(r.size)
+    order = np.concatenate([order, order[:5]])  # ratings may repeat within a pass
+    want_sse, want_L, want_R = _ref_pass(u, i, r, L, R, 0.05, 0.1, order)
+    L2, R2 = L.copy(), R.copy()
+    sse = sgd_pass(u, i, r, L2, R2, 0.05, 0.1, order)
+    assert sse == pytest.approx(want_sse, rel=1e-4)
+    np.testing.assert_allclose(L2, want_L, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(R2, want_R, rtol=1e-4, atol=1e-5)
+
+
+def test_sgd_pass_only_touches_rows_in_order_and_lowers_loss():
+    u, i, r = synthetic(10, 8, 4, 60, noise=0.0, seed=2, alpha=0.0)
+    _, _, _, L, R, _ = _small(nu=10, ni=8)
+    L2, R2 = L.copy(), R.copy()
+    sub = np.flatnonzero(u < 5)
+    sgd_pass(u, i, r, L2, R2, 0.05, 0.0, sub)
+    np.testing.assert_array_equal(L2[5:], L[5:])  # users not in the order keep their rows
+    before = squared_loss(u, i, r, L, R)
+    for _ in range(100):
+        sgd_pass(u, i, r, L2, R2, 0.05, 0.0, np.arange(r.size))
+    assert squared_loss(u, i, r, L2, R2) < 0.1 * before
+
+
+# ------------------------------------------------------------------------------------------------
+# synthetic data and partitioning
+
+
+def test_synthetic_properties():
+    u, i, r = synthetic(2000, 500, 8, 30_000, noise=0.1, seed=3, alpha=0.8)
+    assert u.dtype == np.int64 and i.dtype == np.int64 and r.dtype == np.float32
+    assert u.size == i.size == r.size == 30_000
+    assert u.min() >= 0 and u.max() < 2000 and i.min() >= 0 and i.max() < 500
+    assert np.unique(u * 500 + i).size == u.size  # no duplicate (user, item) pairs
+    assert np.isfinite(r).all() and 0.5 < r.std() < 2.0
+    du, di = np.bincount(u, minlength=2000), np.bincount(i, minlength=500)
+    assert du.max() > 10 * np.median(du) and di.max() > 10 * np.median(di)  # power-law-ish
+    for a, b in zip(synthetic(2000, 500, 8, 30_000, noise=0.1, seed=3, alpha=0.8), (u, i, r)):
+        np.testing.assert_array_equal(a, b)  # same seed, same data on every worker
+    assert not np.array_equal(synthetic(2000, 500, 8, 30_000, seed=4)[0], u)
+
+
+def test_synthetic_uniform_dense_and_bad_sizes():
+    u, i, _ = synthetic(50, 40, 4, 1500, alpha=0.0, seed=1)  # dense: 75% of all cells
+    assert np.unique(u * 40 + i).size == 1500
+    u, i, _ = synthetic(300, 200, 4, 20_000, alpha=2.0, seed=1)  # strong skew saturates the head
+    assert np.unique(u * 200 + i).size == 20_000
+    with pytest.raises(ValueError, match="nnz"):
+        synthetic(10, 10, 2, 101)
+
+
+def test_partition_by_user_is_disjoint_complete_and_balanced():
+    u, i, r = synthetic(3000, 400, 4, 40_000, seed=0, alpha=0.8)
+    parts = [partition(u, i, r, k, 3) for k in range(3)]
+    assert sum(p[0].size for p in parts) == u.size
+    keys = np.concatenate([p[0] * 400 + p[1] for p in parts])
+    np.testing.assert_array_equal(np.sort(keys), np.sort(u * 400 + i))
+    for a in range(3):
+        for b in range(a + 1, 3):
+            assert not np.intersect1d(parts[a][0], parts[b][0]).size  # L rows are private
+    sizes = np.array([p[0].size for p in parts])
+    assert sizes.max() - sizes.min() <= 2 * np.bincount(u).max()
+    with pytest.raises(ValueError):
+        partition(u, i, r, 3, 3)
+
+
+# ------------------------------------------------------------------------------------------------
+# CSV loader
+
+
+def _write(tmp_path: Path, text: str, name: str = "r.csv") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_load_csv_with_and_without_header(tmp_path):
+    u, i, r = load_csv(_write(tmp_path, "user,item,rating\n0,1,4.5\n\n# note\n2,0,-1e0  # x\n"))
+    np.testing.assert_array_equal(u, [0, 2])
+    np.testing.assert_array_equal(i, [1, 0])
+    np.testing.assert_allclose(r, [4.5, -1.0])
+    u, _, _ = load_csv(_write(tmp_path, "3,4,1\n", "b.csv"))
+    assert u.tolist() == [3] and u.dtype == np.int64
+
+
+@pytest.mark.parametrize("text, line, what", [
+    ("", None, "empty"),
+    ("user,item,rating\n", None, "no ratings"),
+    ("0,1,2\n1,2\n", 2, "3 columns"),
+    ("u,i,r\n0,1,2\n1,2,3,4\n", 3, "3 columns"),
+    ("0,1,2\n0,x,2\n", 2, "not a number"),
+    ("0,1,2\n\n-1,1,2\n", 3, "non-negative"),
+    ("# c\n0,1,2 # c\n0,1\n", 3, "3 columns"),
+    ("0,1.5,2\n", 1, "non-negative"),
+    ("0,1,2\n1,1,nan\n", 2, "not finite"),
+    ("0,1,inf\n", 1, "not finite"),
+])
+def test_load_csv_errors_name_file_and_line(tmp_path, text, line, what):
+    p = _write(tmp_path, text)
+    with pytest.raises(ValueError, match=what) as e:
+        load_csv(p)
+    assert str(p) in str(e.value)
+    if line is not None:
+        assert f"{p}:{line}:" in str(e.value)
+
+
+def test_load_csv_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="cannot read") as e:
+        load_csv(tmp_path / "nope.csv")
+    assert "nope.csv" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------------
+# worker logic against an in-process stand-in for the client (one worker, exact reads)
+
+
+class _FakeTable:
+    def __init__(self, rows: int, cols: int, rng: np.random.Generator):
+        self.rows, self.cols, self.dtype = rows, cols, np.dtype(np.float32)
+        self.data = (rng.standard_normal((rows, cols)) * 0.1).astype(np.float32)
+        self.reads = 0
+
+    def get_rows(self, rows):
+        assert rows.dtype == np.int64 and np.all(np.diff(rows) > 0)  # unique, sorted
+        self.reads += 1
+        return self.data[rows].copy()
+
+    def inc_rows(self, rows, deltas):
+        np.add.at(self.data, rows, deltas)
+
+
+class _FakeClient:
+    def __init__(self, shapes: dict[str, tuple[int, int]], dtype: str = "float32"):
+        rng = np.random.default_rng(0)
+        self.tables = {n: _FakeTable(*s, rng) for n, s in shapes.items()}
+        for t in self.tables.values():
+            t.dtype = np.dtype(dtype)
+        self.rank, self.num_workers, self.clocks, self.reports = 0, 1, 0, []
+        self.config = SimpleNamespace(source="fake.yaml")
+
+    def table(self, name):
+        if name not in self.tables:
+            raise KeyError(name)
+        return self.tables[name]
+
+    def report(self, **fields):
+        self.reports.append({"clock": self.clocks, **fields})
+
+    def clock(self):
+        self.clocks += 1
+
+
+ARGS = {"nnz": 6000, "epochs": 8, "lr": 0.08, "reg": 0.02, "noise": 0.05}
+
+
+def test_train_in_process_converges_and_reports_each_clock():
+    c = _FakeClient({"L": (400, 8), "R": (100, 8)})
+    train(c, {**ARGS, "clocks_per_epoch": 2})
+    assert c.clocks == 16 and len(c.reports) == 16
+    assert all(r["samples"] > 0 and r["seconds"] >= 0 for r in c.reports)
+    assert sum(r["samples"] for r in c.reports[:2]) == 6000  # two chunks cover the data once
+    epoch = [c.reports[k]["objective"] + c.reports[k + 1]["objective"] for k in range(0, 16, 2)]
+    assert epoch[-1] < 0.3 * epoch[0]
+    assert c.tables["L"].reads == 16 and c.tables["R"].reads == 16  # one get_rows per table/clock
+
+
+@pytest.mark.parametrize("shapes, args, match", [
+    ({"L": (400, 8)}, {}, "table R is missing"),
+    ({"L": (400, 8), "R": (100, 4)}, {}, "tables.L.cols=8 and tables.R.cols=4"),
+    ({"L": (400, 8), "R": (100, 8)}, {"n_users": 500}, "n_users=500 does not match tables.L.rows=400"),
+    ({"L": (400, 8), "R": (100, 8)}, {"rank": 4}, "rank=4 does not match tables.L.cols=8"),
+    ({"L": (400, 8), "R": (100, 8)}, {"epochs": 0}, "app.args.epochs"),
+    ({"L": (400, 8), "R": (100, 8)}, {"learning_rate": 0.1}, "app.args.learning_rate: unknown key"),
+])
+def test_train_rejects_bad_tables_and_args(shapes, args, match):
+    with pytest.raises(ValueError, match=match):
+        train(_FakeClient(shapes), {**ARGS, **args})
+
+
+def test_train_rejects_non_float32_table():
+    with pytest.raises(ValueError, match="dtype must be float32"):
+        train(_FakeClient({"L": (400, 8), "R": (100, 8)}, dtype="float64"), ARGS)
+
+
+def test_train_csv_ids_must_fit_tables(tmp_path):
+    p = _write(tmp_path, "0,1,1.0\n5,99,2.0\n")
+    with pytest.raises(ValueError, match="item id 99 does not fit table R with 10 rows"):
+        train(_FakeClient({"L": (10, 4), "R": (10, 4)}), {"data": str(p)})
+
+
+# ------------------------------------------------------------------------------------------------
+# end to end through `bosen launch` (2 workers, SSP staleness 2)
+
+
+def _core_ready() -> bool:
+    try:
+        from bosen.apps.runner import run_app  # noqa: F401
+        from bosen.client import Client  # noqa: F401
+    except ImportError:
+        return False
+    return importlib.util.find_spec("bosen.cli") is not None
+
+
+needs_core = pytest.mark.skipif(not _core_ready(), reason="bosen core (client, runner, launcher) not importable")
+
+E2E_CONFIG = """\
+cluster:
+  servers: ["127.0.0.1:0", "127.0.0.1:0"]
+  workers: 2
+consistency:
+  staleness: 2
+tables:
+  L: {{rows: {users}, cols: {rank}, dtype: float32, init: {{normal: 0.1, seed: 1}}}}
+  R: {{rows: {items}, cols: {rank}, dtype: float32, init: {{normal: 0.1, seed: 2}}}}
+app:
+  module: bosen.apps.mf
+  args: {args}
+"""
+
+
+def _launch(tmp_path: Path, users: int, items: int, rank: int, args: dict) -> list[dict]:
+    cfg = tmp_path / "mf.yaml"
+    cfg.write_text(E2E_CONFIG.format(users=users, items=items, rank=rank, args=json.dumps(args)))
+    run_dir = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "bosen", "launch", str(cfg), "--workers", "2",
+                        "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    clocks = sorted((x for x in lines if x.get("kind") == "clock"), key=lambda x: x["clock"])
+    assert clocks, "no per-clock metrics written"
+    return clocks
+
+
+@needs_core
+def test_e2e_synthetic_two_workers_ssp(tmp_path):
+    args = {"nnz": 40_000, "epochs": 12, "lr": 0.08, "lr_decay": 0.95, "reg": 0.02, "noise": 0.1}
+    clocks = _launch(tmp_path, 2000, 500, 8, args)
+    assert len(clocks) == 12
+    assert all(c["samples"] == 40_000 for c in clocks)  # both workers reported every clock
+    obj = [c["objective"] for c in clocks]
+    assert obj[-1] < 0.3 * obj[0], f"MF did not converge: {obj}"
+
+
+@needs_core
+def test_e2e_csv_two_workers(tmp_path):
+    u, i, r = synthetic(300, 80, 4, 4000, noise=0.05, seed=7)
+    csv = tmp_path / "ratings.csv"
+    csv.write_text("user,item,rating\n" + "".join(f"{a},{b},{c:.5f}\n" for a, b, c in zip(u, i, r)))
+    clocks = _launch(tmp_path, 300, 80, 4, {"data": str(csv), "epochs": 15, "lr": 0.08, "reg": 0.01,
+                                            "clocks_per_epoch": 1})
+    assert len(clocks) == 15 and all(c["samples"] == 4000 for c in clocks)
+    obj = [c["objective"] for c in clocks]
+    assert obj[-1] < 0.3 * obj[0], f"MF did not converge: {obj}"
