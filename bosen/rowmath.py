@@ -60,37 +60,13 @@ def take_and_clear(src, rows):  # pragma: no cover - compiled
     return out
 
 
-@njit(**_JIT)
-def to_csr(block):  # pragma: no cover - compiled
-    """Non-zeros of a dense block as (indptr, cols, vals)."""
-    n, m = block.shape
-    nnz = 0
-    for i in range(n):
-        for j in range(m):
-            if block[i, j] != 0:
-                nnz += 1
-    indptr = np.empty(n + 1, dtype=np.int64)
-    cols = np.empty(nnz, dtype=np.int32)
-    vals = np.empty(nnz, dtype=block.dtype)
-    k = 0
-    indptr[0] = 0
-    for i in range(n):
-        for j in range(m):
-            if block[i, j] != 0:
-                cols[k] = j
-                vals[k] = block[i, j]
-                k += 1
-        indptr[i + 1] = k
-    return indptr, cols, vals
-
-
-@njit(**_JIT)
-def count_nonzero(block):  # pragma: no cover - compiled
-    nnz = 0
-    for v in block.ravel():
-        if v != 0:
-            nnz += 1
-    return nnz
+def to_csr(block: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Non-zeros of a dense block as (indptr, cols, vals). numpy, not numba: it must also take
+    float16 blocks (the float16 wire), which numba cannot compile."""
+    r, c = np.nonzero(block)
+    indptr = np.zeros(block.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(r, minlength=block.shape[0]), out=indptr[1:])
+    return indptr, c.astype(np.int32), block[r, c]
 
 
 @njit(**_JIT)

@@ -7,7 +7,8 @@ yields plain values, and every field is checked (type, range, frame count, byte 
 
 Keys: ``t`` type, ``s`` sender sequence number, ``tb`` table index, ``c`` clock, ``n`` row count,
 ``dt`` dtype name, ``sp`` sparse flag, ``a`` last update sequence the server has applied for the
-receiving client, ``rq`` request sequence a reply answers, ``m`` text, ``rank``, ``fp`` fingerprint.
+receiving client, ``rq`` request sequence a reply answers, ``ps`` budgeted-push sequence (acknowledged by the client),
+``m`` text, ``rank``, ``fp`` fingerprint.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class Msg(IntEnum):
     CLOCK = 4
     BYE = 5
     STATUS = 6
+    PUSH_ACK = 7
     # server -> client
     WELCOME = 20
     ROWS = 21
@@ -56,6 +58,7 @@ _SCHEMA: dict[Msg, dict[str, type]] = {
     Msg.CLOCK: {"s": _INT, "c": _INT},
     Msg.BYE: {"s": _INT},
     Msg.STATUS: {"s": _INT},
+    Msg.PUSH_ACK: {"s": _INT, "ps": _INT},
     Msg.WELCOME: {"rq": _INT, "rank": _INT, "c": _INT},
     Msg.ROWS: {"tb": _INT, "n": _INT, "c": _INT, "a": _INT, "rq": _INT, "dt": str},
     Msg.SCLOCK: {"c": _INT, "a": _INT},

@@ -15,6 +15,7 @@ import numpy as np
 from bosen import config as config_mod
 from bosen.config import Config
 from bosen.errors import BosenError, ClientClosed, ReadTimeout
+from bosen.metrics import mbps, send_histogram
 from bosen.client.comm import CommThread
 from bosen.client.table import Table, TableState
 from bosen.client.workers import WorkerClocks
@@ -54,7 +55,8 @@ class Client:
                  join_timeout: float = JOIN_TIMEOUT_S) -> None:
         self.config = config
         servers = len(config.cluster.servers)
-        self._tables = [TableState(i, t, config.staleness_of(t), servers) for i, t in enumerate(config.tables)]
+        self._tables = [TableState(i, t, config.staleness_of(t), servers, config.comm)
+                        for i, t in enumerate(config.tables)]
         self._by_name = {st.name: st for st in self._tables}
         self._fresh = threading.Condition()
         self._closed = False
@@ -118,23 +120,32 @@ class Client:
     def stats(self) -> dict[str, Any]:
         """Counters: traffic, rows, blocked time and how stale cached rows are."""
         s: dict[str, Any] = dict(self._comm.counters)
+        uptime = time.time() - self._started
         s.update(rank=self.rank, clock=self._clocks.clock, blocked_s=round(self._blocked_s, 6),
                  blocked_reads=self._blocked_reads, updates_buffered=self._updates,
-                 server_clocks=list(self._comm.server_clock), uptime_s=round(time.time() - self._started, 3))
+                 server_clocks=list(self._comm.server_clock), uptime_s=round(uptime, 3))
+        comm = self.config.comm
+        if comm.enabled:
+            s.update(budget_mbps=comm.client_bandwidth_mbps, egress_mbps=round(mbps(s["bytes_sent"], uptime), 3),
+                     priority=comm.priority, unacked=self._comm.unacked())
         tables = {}
         for st in self._tables:
             with st.lock:
                 cached = st.cache.clock[st.cache.clock >= 0]
+                hist = send_histogram(st.send_count)
             stale = self._clocks.clock - cached if cached.size else np.zeros(1, dtype=np.int64)
             tables[st.name] = {"cached_rows": int(cached.size), "staleness_mean": float(stale.mean()),
-                               "staleness_max": int(stale.max())}
+                               "staleness_max": int(stale.max()), "send_count_hist": hist}
         s["tables"] = tables
         return s
 
     def report(self, **fields: Any) -> dict[str, Any]:
         """Record metrics for the current tick (written to $BOSEN_RUN_DIR/workers/RANK.jsonl)."""
+        c = self._comm.counters
         rec = {"rank": self.rank, "clock": self.tick if self._main else self._clocks.clock,
-               "time": round(time.time() - self._started, 6), **fields}
+               "time": round(time.time() - self._started, 6), "bytes_sent": c["bytes_sent"],
+               "bytes_received": c["bytes_received"], "rows_sent": c["rows_sent"],
+               "rows_sent_budgeted": c["rows_sent_budgeted"], **fields}
         self.reports.append(rec)
         if self._report_file is not None:
             self._report_file.write(json.dumps(rec, default=float) + "\n")

@@ -20,12 +20,14 @@ import zmq.asyncio
 
 from bosen import rowmath, wire
 from bosen.config import Config
+from bosen.ratelimit import LeakyBucket
 from bosen.errors import BosenError, ProtocolError, ServerError
 from bosen.partition import Partition
 from bosen.wire import Msg, UpdateBatch
 from bosen.client.table import TableState
 
 log = logging.getLogger("bosen.client")
+F16_MAX = float(np.finfo(np.float16).max)
 
 
 class CommThread:
@@ -41,8 +43,14 @@ class CommThread:
         self.pending: dict[tuple[int, int], asyncio.Future] = {}
         self.error: BosenError | None = None
         self.counters = dict(bytes_sent=0, bytes_received=0, msgs_sent=0, msgs_received=0, rows_sent=0,
-                             rows_received=0, rows_pushed_to_us=0, update_batches=0, sparse_batches=0,
-                             acks=0, server_errors=0)
+                             rows_sent_budgeted=0, budgeted_sends=0, rows_received=0, rows_pushed_to_us=0,
+                             rows_pushed_early_to_us=0, update_batches=0, sparse_batches=0, acks=0,
+                             server_errors=0, window_paused_s=0.0)
+        self.comm = config.comm
+        self.bucket = LeakyBucket(config.comm.client_bandwidth_mbps) if config.comm.enabled else None
+        self.incs_sent = [0] * self.n
+        self.incs_acked = [0] * self.n
+        self._rotation = 0
         self._handlers: dict[Msg, Callable[[int, dict[str, Any], list[Any]], None]] = {
             Msg.ROWS: self._on_rows,
             Msg.SCLOCK: self._on_sclock,
@@ -80,6 +88,8 @@ class CommThread:
             s.connect(f"tcp://{addr}")
             self._socks.append(s)
         self._tasks = [loop.create_task(self._recv_loop(j)) for j in range(self.n)]
+        if self.bucket is not None:
+            self._tasks.append(loop.create_task(self._budget_loop()))
         self._ready.set()
         try:
             loop.run_forever()
@@ -121,22 +131,27 @@ class CommThread:
 
     # -- sending -------------------------------------------------------------------------------
 
-    def _send(self, j: int, header: dict[str, Any], *arrays: np.ndarray) -> int:
+    def _send(self, j: int, header: dict[str, Any], *arrays: np.ndarray, charge: bool = True) -> int:
+        """Send one message to server ``j``; returns its size in bytes (charged to the bucket
+        unless the caller charges a whole batch itself)."""
         self.seq[j] += 1
         header["s"] = self.seq[j]
         frames = wire.encode(header, *arrays)
         # Always through the asyncio socket: it re-checks ZMQ_EVENTS after each operation, which
         # edge-triggered ZeroMQ notifications require (a side socket would lose wake-ups).
         self._socks[j].send_multipart(frames, copy=False)
+        nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
         self.counters["msgs_sent"] += 1
-        self.counters["bytes_sent"] += sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
-        return self.seq[j]
+        self.counters["bytes_sent"] += nbytes
+        if charge and self.bucket is not None:
+            self.bucket.charge(nbytes)
+        return nbytes
 
     async def _request(self, j: int, header: dict[str, Any], timeout: float) -> dict[str, Any]:
         fut = self.loop.create_future()
         seq = self.seq[j] + 1
         self.pending[(j, seq)] = fut
-        self._send(j, header)
+        self._send(j, header)  # assigns sequence number ``seq``
         try:
             return await asyncio.wait_for(fut, timeout)
         except asyncio.TimeoutError:
@@ -163,44 +178,113 @@ class CommThread:
         return [r["stats"] for r in replies]
 
     def flush(self, clock: int | None) -> None:
-        """Send every buffered update; then, if ``clock`` is given, CLOCK(clock) to every server."""
+        """Send every buffered update; then, if ``clock`` is given, CLOCK(clock) to every server.
+
+        This is the end-of-tick flush SSP needs: never delayed by the bucket, but charged to it.
+        """
+        sent = 0
         for st in self.tables:
             with st.lock:
                 rows = st.oplog.dirty_rows()
-                if rows.shape[0] == 0:
-                    continue
-                batches = []
-                for j, pos in enumerate(self.partition.split(rows)):
-                    if pos.shape[0] == 0:
-                        continue
-                    rj = rows[pos]
-                    block = st.oplog.take(rj)
-                    seq = self.seq[j] + 1
-                    if st.read_my_writes:
-                        st.inflight[j].add(seq, rj, block)
-                    batches.append((j, self._update_batch(rj, block)))
-            for j, batch in batches:
-                self._send_update(j, st, batch)
+            if rows.shape[0]:
+                sent += self._send_buffered(st, rows)
         if clock is not None:
             for j in range(self.n):
-                self._send(j, {"t": Msg.CLOCK, "c": clock})
+                sent += self._send(j, {"t": Msg.CLOCK, "c": clock}, charge=False)
+        if self.bucket is not None:
+            self.bucket.charge(sent)
+
+    def _send_buffered(self, st: TableState, rows: np.ndarray) -> int:
+        """Take ``rows`` (sorted) out of the update buffer and send them; returns bytes sent."""
+        batches = []
+        with st.lock:
+            for j, pos in enumerate(self.partition.split(rows)):
+                if pos.shape[0] == 0:
+                    continue
+                rj = rows[pos]
+                wire_block, applied = self._quantize(st, rj, st.oplog.take(rj))
+                if st.read_my_writes:
+                    st.inflight[j].add(self.seq[j] + 1, rj, applied)  # one batch per server per call
+                if st.importance is not None:
+                    st.importance[rj] = 0
+                st.send_count[rj] += 1
+                batches.append((j, self._update_batch(rj, wire_block)))
+        return sum(self._send_update(j, st, batch) for j, batch in batches)
+
+    def _quantize(self, st: TableState, rows: np.ndarray, block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(what goes on the wire, what the server will add). With a float16 wire the rounding
+        residual goes back into the buffer, so it is sent later rather than lost."""
+        if st.wire_dtype == st.dtype:
+            return block, block
+        q = np.clip(block, -F16_MAX, F16_MAX).astype(st.wire_dtype)
+        applied = q.astype(st.dtype)
+        resid = block - applied
+        keep = np.flatnonzero((resid != 0).any(axis=1))
+        if keep.shape[0]:
+            st.oplog.add_dense(rows[keep], resid[keep])
+        return q, applied
 
     def _update_batch(self, rows: np.ndarray, block: np.ndarray) -> UpdateBatch:
         """Dense rows, or CSR when that is smaller (sparse updates such as topic-count changes)."""
-        dense_bytes = block.nbytes
-        nnz = rowmath.count_nonzero(block)
-        if 8 * (rows.shape[0] + 1) + nnz * (4 + block.itemsize) < dense_bytes // 2:
+        nnz = np.count_nonzero(block)
+        if 8 * (rows.shape[0] + 1) + nnz * (4 + block.itemsize) < block.nbytes // 2:
             indptr, cols, vals = rowmath.to_csr(block)
             return UpdateBatch(rows, vals, indptr, cols)
         return UpdateBatch(rows, block)
 
-    def _send_update(self, j: int, st: TableState, batch: UpdateBatch) -> None:
+    def _send_update(self, j: int, st: TableState, batch: UpdateBatch) -> int:
         h = {"t": Msg.INC, "tb": st.index, "n": int(batch.rows.shape[0]), "dt": batch.values.dtype.name,
              "sp": batch.sparse}
-        self._send(j, h, *batch.arrays())
+        nbytes = self._send(j, h, *batch.arrays(), charge=False)
+        self.incs_sent[j] += 1
         self.counters["update_batches"] += 1
         self.counters["sparse_batches"] += batch.sparse
         self.counters["rows_sent"] += batch.rows.shape[0]
+        return nbytes
+
+    # -- managed communication -----------------------------------------------------------------
+
+    def unacked(self) -> int:
+        return max(s - a for s, a in zip(self.incs_sent, self.incs_acked))
+
+    async def _budget_loop(self) -> None:
+        """Between ticks, send the most important buffered rows whenever the bucket is empty."""
+        idle = self.comm.idle_ms / 1000
+        while True:
+            wait = self.bucket.wait_s()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            if self.unacked() > self.comm.max_unacked:
+                t0 = self.loop.time()
+                await asyncio.sleep(idle)  # the network is overused: wait for the window to clear
+                self.counters["window_paused_s"] += self.loop.time() - t0
+                continue
+            try:
+                sent = self._send_budgeted()
+            except Exception as e:
+                log.exception("budgeted send failed")
+                self._fail(BosenError(f"budgeted send failed: {e!r}"))
+                sent = 0
+            if not sent:
+                await asyncio.sleep(idle)
+
+    def _send_budgeted(self) -> int:
+        k = self.comm.client_send_rows
+        for i in range(len(self.tables)):
+            st = self.tables[(self._rotation + i) % len(self.tables)]
+            with st.lock:
+                candidates = st.oplog.dirty_rows()
+                if candidates.shape[0] == 0:
+                    continue
+                picked = np.sort(st.policy.choose(candidates, st.importance, k))
+            self._rotation = (self._rotation + i + 1) % len(self.tables)
+            sent = self._send_buffered(st, picked)
+            self.bucket.charge(sent)
+            self.counters["rows_sent_budgeted"] += picked.shape[0]
+            self.counters["budgeted_sends"] += 1
+            return sent
+        return 0
 
     def request_rows(self, st: TableState, rows: np.ndarray, min_clock: int) -> None:
         for j, pos in enumerate(self.partition.split(rows)):
@@ -257,6 +341,10 @@ class CommThread:
         self.counters["rows_received"] += n
         if h["rq"] < 0:
             self.counters["rows_pushed_to_us"] += n
+        ps = h.get("ps")
+        if isinstance(ps, int) and not isinstance(ps, bool):  # a budgeted push: acknowledge it
+            self.counters["rows_pushed_early_to_us"] += n
+            self._send(j, {"t": Msg.PUSH_ACK, "ps": ps})
 
     def _on_sclock(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
         c = h["c"]
@@ -268,6 +356,7 @@ class CommThread:
 
     def _on_ack(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
         self.counters["acks"] += 1
+        self.incs_acked[j] += 1
         for st in self.tables:
             if st.read_my_writes and st.inflight[j].entries:
                 with st.lock:

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bosen.config import TableConfig
+from bosen import priority, rowmath
+from bosen.config import CommConfig, TableConfig
 from bosen.client.cache import RowCache
 from bosen.client.oplog import InflightLog, UpdateBuffer
 
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
 class TableState:
     """Everything the process keeps for one table; ``lock`` guards cache, buffer and in-flight log."""
 
-    def __init__(self, index: int, cfg: TableConfig, staleness: int, num_servers: int) -> None:
+    def __init__(self, index: int, cfg: TableConfig, staleness: int, num_servers: int, comm: CommConfig) -> None:
         self.index = index
         self.cfg = cfg
         self.name = cfg.name
@@ -31,6 +32,12 @@ class TableState:
         self.cache = RowCache(cfg.rows, cfg.cols, self.dtype)
         self.oplog = UpdateBuffer(cfg.rows, cfg.cols, self.dtype)
         self.inflight = [InflightLog() for _ in range(num_servers)]
+        # managed communication: which rows to send first, and how often each row went out
+        self.policy = priority.make(comm.priority, seed=index) if comm.enabled else None
+        self.importance = np.zeros(cfg.rows) if self.policy and self.policy.uses_importance else None
+        self.relative = comm.priority == "relative"
+        self.send_count = np.zeros(cfg.rows, dtype=np.int32)
+        self.wire_dtype = np.dtype(comm.wire_dtype) if comm.enabled and self.dtype.kind == "f" else self.dtype
 
 
 class Table:
@@ -97,9 +104,11 @@ class Table:
                 raise ValueError(f"table {self.name!r}: deltas have shape {deltas.shape}, expected "
                                  f"({rows.shape[0]}, {self.cols}) for {rows.shape[0]} rows")
             with st.lock:
+                if st.importance is not None:
+                    priority.accumulate_dense(st.importance, rows, deltas, st.cache.values, st.cache.clock,
+                                              st.relative)
                 st.oplog.add_dense(rows, deltas)
                 if st.read_my_writes:
-                    from bosen import rowmath
                     rowmath.scatter_add(st.cache.values, rows, deltas)
         else:
             cols = np.asarray(cols)
@@ -112,9 +121,11 @@ class Table:
                 bad = int(cols.min()) if cols.min() < 0 else int(cols.max())
                 raise IndexError(f"table {self.name!r}: column {bad} out of range [0, {self.cols})")
             with st.lock:
+                if st.importance is not None:
+                    priority.accumulate_coo(st.importance, rows, cols, deltas, st.cache.values, st.cache.clock,
+                                            st.relative)
                 st.oplog.add_coo(rows, cols, deltas)
                 if st.read_my_writes:
-                    from bosen import rowmath
                     rowmath.scatter_add_coo(st.cache.values, rows, cols, deltas)
         self._client._updates_buffered(rows.shape[0])
 

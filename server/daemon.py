@@ -21,7 +21,9 @@ import zmq.asyncio
 from bosen import wire
 from bosen.config import Config
 from bosen.errors import ProtocolError
+from bosen.metrics import mbps, send_histogram
 from bosen.partition import Partition
+from bosen.ratelimit import LeakyBucket
 from bosen.wire import Msg
 from bosen.server import procedures
 from bosen.server.shard import TableShard
@@ -40,6 +42,8 @@ class Peer:
     last_seq: int
     applied: int = -1  # sequence number of the last INC applied
     gone: bool = False
+    pushes_sent: int = 0  # budgeted pushes, acknowledged with PUSH_ACK
+    pushes_acked: int = 0
 
 
 class Server:
@@ -56,16 +60,20 @@ class Server:
         self.partition = Partition(len(config.cluster.servers))
         self.fingerprint = config.fingerprint()
         self.shards = [
-            TableShard(i, t, self.partition, rank, self.num_clients, procedures.load(t, config.source))
+            TableShard(i, t, self.partition, rank, self.num_clients, procedures.load(t, config.source), config.comm)
             for i, t in enumerate(config.tables)
         ]
+        self.comm = config.comm
+        self.bucket = LeakyBucket(config.comm.server_bandwidth_mbps) if config.comm.enabled else None
+        self._rotation = 0
         self.clock = 0
         self.client_clock = np.zeros(self.num_clients, dtype=np.int64)
         self.peers: dict[bytes, Peer] = {}
         self.by_rank: dict[int, Peer] = {}
         self.parked: dict[int, list[tuple[Peer, int, TableShard, np.ndarray]]] = {}
         self.counters = dict(bytes_in=0, bytes_out=0, msgs_in=0, msgs_out=0, rows_applied=0,
-                             rows_pushed=0, rows_read=0, reads_parked=0, errors=0, clock_advances=0)
+                             rows_pushed=0, rows_pushed_budgeted=0, budgeted_pushes=0, push_holds=0,
+                             rows_read=0, reads_parked=0, errors=0, clock_advances=0, window_paused_s=0.0)
         self.started = time.time()
         self.handlers: dict[Msg, Callable[[bytes, dict[str, Any], list[Any]], None]] = {
             Msg.HELLO: self.on_hello,
@@ -74,6 +82,7 @@ class Server:
             Msg.CLOCK: self.on_clock,
             Msg.BYE: self.on_bye,
             Msg.STATUS: self.on_status,
+            Msg.PUSH_ACK: self.on_push_ack,
         }
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
@@ -96,16 +105,19 @@ class Server:
 
     async def serve(self) -> None:
         assert self._sock is not None, "start() first"
-        receiver = asyncio.ensure_future(self._receive())
+        tasks = [asyncio.ensure_future(self._receive())]
+        if self.bucket is not None:
+            tasks.append(asyncio.ensure_future(self._push_loop()))
         stopper = asyncio.ensure_future(self._stopped.wait())
         try:
-            done, _ = await asyncio.wait({receiver, stopper}, return_when=asyncio.FIRST_COMPLETED)
-            if receiver in done:
-                receiver.result()  # re-raise what killed it
+            done, _ = await asyncio.wait({*tasks, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                if t is not stopper:
+                    t.result()  # re-raise what killed a background task
         finally:
-            receiver.cancel()
-            stopper.cancel()
-            await asyncio.gather(receiver, stopper, return_exceptions=True)
+            for t in (*tasks, stopper):
+                t.cancel()
+            await asyncio.gather(*tasks, stopper, return_exceptions=True)
 
     async def _receive(self) -> None:
         sock = self._sock
@@ -152,15 +164,17 @@ class Server:
             log.exception("internal error handling a message from %s", self._who(ident))
             self._send(ident, {"t": Msg.ERROR, "rq": seq, "m": f"internal server error: {e!r}"})
 
-    def _send(self, ident: bytes, header: dict[str, Any], *arrays: np.ndarray) -> None:
+    def _send(self, ident: bytes, header: dict[str, Any], *arrays: np.ndarray) -> int:
         frames = wire.encode(header, *arrays)
         sent = self._sock.send_multipart([ident, *frames], copy=False)
         if sent.done():
             self._sent(ident, header, sent)
         else:
             sent.add_done_callback(lambda f: self._sent(ident, header, f))
+        nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
         self.counters["msgs_out"] += 1
-        self.counters["bytes_out"] += sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+        self.counters["bytes_out"] += nbytes
+        return nbytes
 
     def _sent(self, ident: bytes, header: dict[str, Any], fut: asyncio.Future) -> None:
         err = None if fut.cancelled() else fut.exception()
@@ -232,7 +246,7 @@ class Server:
         if rows is None:
             raise ProtocolError(f"READ: negative row count {h['n']}")
         local = shard.local_rows(rows, "READ")
-        shard.subs[local, peer.rank] = True
+        shard.subscribe(local, peer.rank)
         if h["c"] <= self.clock:
             self._send_rows(peer, shard, local, h["s"])
         else:
@@ -253,6 +267,12 @@ class Server:
         log.info("client rank %d left at clock %d", peer.rank, self.client_clock[peer.rank])
         self._leave(peer)
 
+    def on_push_ack(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+        peer = self._peer(ident, h)
+        if not 0 < h["ps"] <= peer.pushes_sent:
+            raise ProtocolError(f"PUSH_ACK: push {h['ps']} was never sent")
+        peer.pushes_acked = max(peer.pushes_acked, h["ps"])
+
     def on_status(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         self._send(ident, {"t": Msg.STATUS_REPLY, "rq": h["s"], "stats": self.stats()})
 
@@ -269,42 +289,100 @@ class Server:
             return
         self.clock = new
         self.counters["clock_advances"] += 1
-        live = [p for p in self.by_rank.values() if not p.gone]
+        live = self._live()
+        sent = 0
         for shard in self.shards:
             changed = shard.changed_rows()
             if changed.shape[0] == 0:
                 continue
-            subs = shard.subs[changed]
-            for p in live:
-                sel = changed[subs[:, p.rank]]
-                if sel.shape[0]:
-                    self._send_rows(p, shard, sel, -1)
-            shard.dirty[changed] = False
+            sent += self._push(shard, changed, live, budgeted=False)
         for c in [c for c in self.parked if c <= new]:
             for peer, seq, shard, local in self.parked.pop(c):
                 if not peer.gone:
-                    self._send_rows(peer, shard, local, seq)
+                    sent += self._send_rows(peer, shard, local, seq)
         for p in live:
-            self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied})
+            sent += self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied})
+        if self.bucket is not None:
+            self.bucket.charge(sent)  # clock pushes are never delayed, but they use the budget
 
-    def _send_rows(self, peer: Peer, shard: TableShard, local: np.ndarray, rq: int) -> None:
-        self.counters["rows_pushed" if rq < 0 else "rows_read"] += local.shape[0]
-        rows = shard.global_rows[local]
-        values = shard.values[local]
+    def _live(self) -> list[Peer]:
+        return [p for p in self.by_rank.values() if not p.gone]
+
+    def _push(self, shard: TableShard, local: np.ndarray, live: list[Peer], budgeted: bool) -> int:
+        """Send rows ``local`` to every client subscribed to them; returns bytes sent."""
+        subs = shard.subs[local]
+        sent = 0
+        for p in live:
+            sel = local[subs[:, p.rank]]
+            if sel.shape[0]:
+                sent += self._send_rows(p, shard, sel, -1, budgeted)
+        shard.mark_sent(local)
+        return sent
+
+    def _send_rows(self, peer: Peer, shard: TableShard, local: np.ndarray, rq: int, budgeted: bool = False) -> int:
+        n = int(local.shape[0])
+        self.counters["rows_pushed" if rq < 0 else "rows_read"] += n
+        header = {"t": Msg.ROWS, "tb": shard.index, "n": n, "c": self.clock, "a": peer.applied, "rq": rq,
+                  "dt": shard.dtype.name}
+        if budgeted:
+            peer.pushes_sent += 1
+            header["ps"] = peer.pushes_sent
+            self.counters["rows_pushed_budgeted"] += n
         shard.procedure.rows_sent(local, 1)
-        self._send(peer.ident, {"t": Msg.ROWS, "tb": shard.index, "n": int(local.shape[0]), "c": self.clock,
-                                "a": peer.applied, "rq": rq, "dt": shard.dtype.name}, rows, values)
+        return self._send(peer.ident, header, shard.global_rows[local], shard.values[local])
+
+    # -- managed communication -----------------------------------------------------------------
+
+    async def _push_loop(self) -> None:
+        """Between clock advances, push the most changed rows whenever the bucket is empty."""
+        idle = self.comm.idle_ms / 1000
+        while True:
+            wait = self.bucket.wait_s()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            live = self._live()
+            if any(p.pushes_sent - p.pushes_acked > self.comm.max_unacked for p in live):
+                t0 = time.monotonic()
+                await asyncio.sleep(idle)  # a client is not keeping up: the network is overused
+                self.counters["window_paused_s"] += time.monotonic() - t0
+                continue
+            if not self._push_budgeted(live):
+                await asyncio.sleep(idle)
+
+    def _push_budgeted(self, live: list[Peer]) -> int:
+        for i in range(len(self.shards)):
+            shard = self.shards[(self._rotation + i) % len(self.shards)]
+            if not shard.procedure.allow_push():
+                self.counters["push_holds"] += 1
+                continue
+            candidates = np.flatnonzero(shard.dirty & shard.subscribed)
+            if candidates.shape[0] == 0:
+                continue
+            picked = np.sort(shard.policy.choose(candidates, shard.importance, self.comm.server_push_rows))
+            self._rotation = (self._rotation + i + 1) % len(self.shards)
+            sent = self._push(shard, picked, live, budgeted=True)
+            self.bucket.charge(sent)
+            self.counters["budgeted_pushes"] += 1
+            return sent
+        return 0
 
     def stats(self) -> dict[str, Any]:
         clocks = [int(c) if c != GONE else "left" for c in self.client_clock]
-        return {
+        uptime = time.time() - self.started
+        comm = {}
+        if self.bucket is not None:
+            comm = {"budget_mbps": self.comm.server_bandwidth_mbps, "egress_mbps": round(mbps(
+                self.counters["bytes_out"], uptime), 3), "priority": self.comm.priority}
+        return {**comm,
             "rank": self.rank,
             "address": self.address,
             "clock": self.clock,
             "client_clocks": clocks,
             "clients_joined": len(self.by_rank),
-            "uptime_s": round(time.time() - self.started, 3),
+            "uptime_s": round(uptime, 3),
             "tables": {s.cfg.name: {"rows": int(s.global_rows.shape[0]), "bytes": int(s.values.nbytes),
-                                    **s.procedure.stats()} for s in self.shards},
+                                    "send_count_hist": send_histogram(s.send_count), **s.procedure.stats()}
+                       for s in self.shards},
             **self.counters,
         }

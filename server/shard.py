@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bosen import rowmath
-from bosen.config import TableConfig
+from bosen import priority, rowmath
+from bosen.config import CommConfig, TableConfig
 from bosen.errors import ProtocolError
 from bosen.partition import Partition
 from bosen.procedure import StoredProcedure
@@ -20,7 +20,7 @@ class TableShard:
     """
 
     def __init__(self, index: int, cfg: TableConfig, partition: Partition, rank: int, num_clients: int,
-                 procedure: StoredProcedure) -> None:
+                 procedure: StoredProcedure, comm: CommConfig) -> None:
         self.index = index
         self.cfg = cfg
         self.partition = partition
@@ -33,7 +33,13 @@ class TableShard:
         n = self.global_rows.shape[0]
         self.dirty = np.zeros(n, dtype=bool)
         self.subs = np.zeros((n, num_clients), dtype=bool)
+        self.subscribed = np.zeros(n, dtype=bool)  # any client reads the row
         self.check_finite = self.dtype.kind == "f"
+        # managed communication: accumulated change per row since it was last pushed
+        self.policy = priority.make(comm.priority, seed=1000 + index) if comm.enabled else None
+        self.importance = np.zeros(n) if self.policy is not None and self.policy.uses_importance else None
+        self.relative = comm.priority == "relative"
+        self.send_count = np.zeros(n, dtype=np.int32)
 
     def local_rows(self, rows: np.ndarray, what: str) -> np.ndarray:
         """Local indices of ``rows``; every row must exist and belong to this server."""
@@ -57,9 +63,28 @@ class TableShard:
         local = self.local_rows(batch.rows, "INC")
         if self.check_finite and not np.isfinite(batch.values).all():
             raise ProtocolError(f"INC: non-finite value for table {self.cfg.name!r}")
-        self.procedure.apply(self.values, local, batch, client)
+        if self.importance is None:
+            self.procedure.apply(self.values, local, batch, client)
+        else:  # priority from the change actually applied (|Δx|), whatever the procedure did
+            before = self.values[local]
+            self.procedure.apply(self.values, local, batch, client)
+            change = np.abs(self.values[local] - before, dtype=np.float64)
+            if self.relative:
+                np.divide(change, np.abs(before), out=change, where=before != 0)
+            np.add.at(self.importance, local, change.sum(axis=1))
         self.dirty[local] = True
         return local.shape[0]
+
+    def subscribe(self, local: np.ndarray, client: int) -> None:
+        self.subs[local, client] = True
+        self.subscribed[local] = True
+
+    def mark_sent(self, local: np.ndarray) -> None:
+        """These rows went to all their subscribers: nothing of theirs is pending any more."""
+        self.dirty[local] = False
+        if self.importance is not None:
+            self.importance[local] = 0
+        self.send_count[local] += 1
 
     def changed_rows(self) -> np.ndarray:
         return np.flatnonzero(self.dirty)

@@ -1,0 +1,33 @@
+"""The leaky bucket that paces budgeted sends (DESIGN §6).
+
+Sending B bytes makes the next budgeted send wait B·8/budget seconds after the previous one's slot;
+debt carries over, so a burst (an end-of-tick flush, which is never delayed) is paid back by waiting
+before the next budgeted send. The average egress therefore tracks the budget whatever the mix.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class LeakyBucket:
+    def __init__(self, mbps: float, clock=time.monotonic) -> None:
+        if mbps <= 0:
+            raise ValueError("bandwidth budget must be > 0 Mbps")
+        self.bytes_per_s = mbps * 1e6 / 8
+        self._clock = clock
+        self._free_at = clock()  # when the bucket is empty again
+        self.bytes_charged = 0
+
+    def charge(self, nbytes: int) -> None:
+        """Account for ``nbytes`` just sent (budgeted or not)."""
+        now = self._clock()
+        self._free_at = max(self._free_at, now) + nbytes / self.bytes_per_s
+        self.bytes_charged += nbytes
+
+    def wait_s(self) -> float:
+        """Seconds until a budgeted send is allowed (0 when the bucket is empty)."""
+        return max(self._free_at - self._clock(), 0.0)
+
+    def ready(self) -> bool:
+        return self._free_at <= self._clock()
