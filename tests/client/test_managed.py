@@ -1,0 +1,141 @@
+"""Managed communication against real servers: what goes out early, in which order, and when not."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from bosen.client import Client
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def wait_until(cond, timeout: float = 10.0, step: float = 0.002) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+
+
+def test_relative_policy_sends_largest_relative_change_first(cluster):
+    rows = 8
+    c = cluster(1, 1, staleness=5, tables={"W": {"rows": rows, "cols": 2, "init": {"uniform": [1.0, 1.0]}}},
+                comm={"client_bandwidth_mbps": 0.002, "client_send_rows": 2, "priority": "relative"})
+    client = Client.connect(c.path)
+    try:
+        W = client.table("W")
+        # give rows different magnitudes x, so |δ/x| and |δ| disagree
+        scale = np.array([1, 100, 2, 1000, 4, 8, 16, 0.5])
+        W.get_rows(np.arange(rows))  # cached (x = 1 everywhere)
+        client.clock()
+        st = client._state("W")
+        deltas = np.repeat(((scale - 1)[:, None]), 2, axis=1)  # x becomes `scale` after this tick
+        W.inc_rows(np.arange(rows), deltas)
+        client.clock()
+        W.get_rows(np.arange(rows))
+        assert wait_until(lambda: not st.oplog.dirty.any())  # the clock's flush (asynchronous) is out
+        base = st.send_count.copy()
+        d = np.array([3.0, 50.0, 3.0, 100.0, 3.0, 3.0, 3.0, 1.0])
+        W.inc_rows(np.arange(rows), np.repeat(d[:, None], 2, axis=1))  # |δ/x|: rows 7 (2.0) then 0 (3/1)
+        assert wait_until(lambda: (st.send_count - base).sum() >= 2, timeout=30)
+        sent = np.flatnonzero(st.send_count - base)
+        assert sorted(sent.tolist()) == [0, 7], f"relative policy sent rows {sent.tolist()}"
+        assert client.stats()["rows_sent_budgeted"] >= 2
+    finally:
+        client.close()
+
+
+def test_server_pushes_changed_rows_early_to_subscribers(cluster):
+    """With managed communication a reader sees another process's update before any clock advance."""
+    c = cluster(1, 2, staleness=3, tables={"W": {"rows": 4, "cols": 2}},
+                comm={"client_bandwidth_mbps": 100, "server_bandwidth_mbps": 100})
+    a, b = Client.connect(c.path), Client.connect(c.path)
+    try:
+        b.table("W").get_rows(np.arange(4))  # subscribe
+        a.table("W").inc_row(2, [5.0, 6.0])  # sent early by a, pushed early by the server
+        assert wait_until(lambda: b.table("W").get_row(2)[0] == 5.0, timeout=10)
+        assert c.status()[0]["clock"] == 0  # nobody has clocked: this was an early push
+        assert b.stats()["rows_pushed_early_to_us"] >= 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_without_comm_updates_wait_for_the_clock(cluster):
+    c = cluster(1, 2, staleness=3, tables={"W": {"rows": 4, "cols": 2}})
+    a, b = Client.connect(c.path), Client.connect(c.path)
+    try:
+        b.table("W").get_rows(np.arange(4))
+        a.table("W").inc_row(2, [5.0, 6.0])
+        time.sleep(0.5)
+        assert b.table("W").get_row(2)[0] == 0.0  # plain SSP: buffered until a's clock
+        a.clock()
+        b.clock()
+        assert wait_until(lambda: b.table("W").get_row(2)[0] == 5.0, timeout=10)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_unacked_window_pauses_and_resumes(cluster):
+    c = cluster(1, 1, staleness=5, tables={"W": {"rows": 64, "cols": 4}},
+                comm={"client_bandwidth_mbps": 1000, "client_send_rows": 1, "max_unacked": 3,
+                      "priority": "round_robin"})
+    client = Client.connect(c.path)
+    server = c.servers[0].popen.pid
+    try:
+        W = client.table("W")
+        os.kill(server, signal.SIGSTOP)  # the network "stops delivering": no acks come back
+        try:
+            W.inc_rows(np.arange(64), np.ones((64, 4)))
+            assert wait_until(lambda: client._comm.unacked() == 4, timeout=10)
+            time.sleep(0.3)
+            assert client._comm.unacked() == 4, "kept sending past the window"
+            assert client.stats()["window_paused_s"] > 0.1
+            assert client.stats()["rows_sent_budgeted"] == 4
+        finally:
+            os.kill(server, signal.SIGCONT)
+        assert wait_until(lambda: client.stats()["rows_sent_budgeted"] == 64, timeout=20)
+        assert wait_until(lambda: client._comm.unacked() == 0, timeout=10)
+        client.clock()
+        np.testing.assert_array_equal(W.get_rows(np.arange(64)), np.ones((64, 4)))
+    finally:
+        client.close()
+    assert c.status()[0]["rows_applied"] == 64
+
+
+FLOAT_BYTES: dict[str, int] = {}
+
+
+@pytest.mark.parametrize("wire", ["float32", "float16"])
+def test_float16_wire_halves_update_bytes_and_loses_nothing(cluster, wire):
+    rows, cols, ticks = 32, 64, 20
+    c = cluster(2, 2, staleness=0, tables={"W": {"rows": rows, "cols": cols}},
+                comm={"client_bandwidth_mbps": 0.01, "wire_dtype": wire})
+    rng = np.random.default_rng(0)
+    exact = np.zeros((rows, cols))
+    reader = Client.connect(c.path)  # the job's second worker: reads only at the end
+    writer = Client.connect(c.path)
+    try:
+        W = writer.table("W")
+        for _ in range(ticks):
+            d = rng.normal(0, 1, (rows, cols)).astype(np.float32) * np.float32(1.001)
+            exact += d
+            W.inc_rows(np.arange(rows), d)
+            writer.clock()
+        FLOAT_BYTES[wire] = writer.stats()["bytes_sent"]
+    finally:
+        writer.close()  # flushes the last float16 residuals; BYE is answered after they are applied
+    try:
+        got = reader.table("W").get_rows(np.arange(rows))
+    finally:
+        reader.close()
+    np.testing.assert_allclose(got, exact, atol=2e-3 if wire == "float16" else 1e-4)
+    if len(FLOAT_BYTES) == 2:
+        assert FLOAT_BYTES["float16"] < 0.6 * FLOAT_BYTES["float32"], FLOAT_BYTES
