@@ -3,6 +3,10 @@
 Sending B bytes makes the next budgeted send wait B·8/budget seconds after the previous one's slot;
 debt carries over, so a burst (an end-of-tick flush, which is never delayed) is paid back by waiting
 before the next budgeted send. The average egress therefore tracks the budget whatever the mix.
+
+A sender wakes up a little after its slot (timer granularity, a busy event loop). Up to ``slack_s``
+of such lateness is credited rather than lost, otherwise every wake-up delay would shave the rate;
+longer idle time is not banked, so an idle sender cannot save up for a burst.
 """
 
 from __future__ import annotations
@@ -11,10 +15,11 @@ import time
 
 
 class LeakyBucket:
-    def __init__(self, mbps: float, clock=time.monotonic) -> None:
+    def __init__(self, mbps: float, clock=time.monotonic, slack_s: float = 0.01) -> None:
         if mbps <= 0:
             raise ValueError("bandwidth budget must be > 0 Mbps")
         self.bytes_per_s = mbps * 1e6 / 8
+        self.slack_s = slack_s
         self._clock = clock
         self._free_at = clock()  # when the bucket is empty again
         self.bytes_charged = 0
@@ -22,7 +27,7 @@ class LeakyBucket:
     def charge(self, nbytes: int) -> None:
         """Account for ``nbytes`` just sent (budgeted or not)."""
         now = self._clock()
-        self._free_at = max(self._free_at, now) + nbytes / self.bytes_per_s
+        self._free_at = max(self._free_at, now - self.slack_s) + nbytes / self.bytes_per_s
         self.bytes_charged += nbytes
 
     def wait_s(self) -> float:

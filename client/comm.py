@@ -28,6 +28,7 @@ from bosen.client.table import TableState
 
 log = logging.getLogger("bosen.client")
 F16_MAX = float(np.finfo(np.float16).max)
+YIELD_EVERY = 32  # messages handled before other tasks (the budget loop) get a turn
 
 
 class CommThread:
@@ -131,9 +132,9 @@ class CommThread:
 
     # -- sending -------------------------------------------------------------------------------
 
-    def _send(self, j: int, header: dict[str, Any], *arrays: np.ndarray, charge: bool = True) -> int:
-        """Send one message to server ``j``; returns its size in bytes (charged to the bucket
-        unless the caller charges a whole batch itself)."""
+    def _send(self, j: int, header: dict[str, Any], *arrays: np.ndarray) -> int:
+        """Send one message to server ``j``; returns its size in bytes. Every byte is charged to the
+        bucket (budgeted or not), so egress tracks the budget whatever the traffic mix."""
         self.seq[j] += 1
         header["s"] = self.seq[j]
         frames = wire.encode(header, *arrays)
@@ -143,7 +144,7 @@ class CommThread:
         nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
         self.counters["msgs_sent"] += 1
         self.counters["bytes_sent"] += nbytes
-        if charge and self.bucket is not None:
+        if self.bucket is not None:
             self.bucket.charge(nbytes)
         return nbytes
 
@@ -182,17 +183,14 @@ class CommThread:
 
         This is the end-of-tick flush SSP needs: never delayed by the bucket, but charged to it.
         """
-        sent = 0
         for st in self.tables:
             with st.lock:
                 rows = st.oplog.dirty_rows()
             if rows.shape[0]:
-                sent += self._send_buffered(st, rows)
+                self._send_buffered(st, rows)
         if clock is not None:
             for j in range(self.n):
-                sent += self._send(j, {"t": Msg.CLOCK, "c": clock}, charge=False)
-        if self.bucket is not None:
-            self.bucket.charge(sent)
+                self._send(j, {"t": Msg.CLOCK, "c": clock})
 
     def _send_buffered(self, st: TableState, rows: np.ndarray) -> int:
         """Take ``rows`` (sorted) out of the update buffer and send them; returns bytes sent."""
@@ -235,7 +233,7 @@ class CommThread:
     def _send_update(self, j: int, st: TableState, batch: UpdateBatch) -> int:
         h = {"t": Msg.INC, "tb": st.index, "n": int(batch.rows.shape[0]), "dt": batch.values.dtype.name,
              "sp": batch.sparse}
-        nbytes = self._send(j, h, *batch.arrays(), charge=False)
+        nbytes = self._send(j, h, *batch.arrays())
         self.incs_sent[j] += 1
         self.counters["update_batches"] += 1
         self.counters["sparse_batches"] += batch.sparse
@@ -280,7 +278,6 @@ class CommThread:
                 picked = np.sort(st.policy.choose(candidates, st.importance, k))
             self._rotation = (self._rotation + i + 1) % len(self.tables)
             sent = self._send_buffered(st, picked)
-            self.bucket.charge(sent)
             self.counters["rows_sent_budgeted"] += picked.shape[0]
             self.counters["budgeted_sends"] += 1
             return sent
@@ -297,9 +294,12 @@ class CommThread:
     async def _recv_loop(self, j: int) -> None:
         sock = self._socks[j]
         while True:
-            self._dispatch(j, await sock.recv_multipart(copy=False))
-            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                self.notify()  # wake readers once the queue is drained, not per message
+            for _ in range(YIELD_EVERY):
+                self._dispatch(j, await sock.recv_multipart(copy=False))
+                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    break
+            self.notify()  # wake readers once the queue is drained (or every YIELD_EVERY messages)
+            await asyncio.sleep(0)  # a received message does not yield: let the budget loop run
 
     def _dispatch(self, j: int, frames: list[Any]) -> None:
         self.counters["msgs_received"] += 1

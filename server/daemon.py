@@ -31,6 +31,7 @@ from bosen.server.shard import TableShard
 log = logging.getLogger("bosen.server")
 
 GONE = np.iinfo(np.int64).max  # clock of a client that left: it holds nobody back
+YIELD_EVERY = 32  # messages handled before other tasks (the push loop) get a turn
 
 
 @dataclass
@@ -122,7 +123,10 @@ class Server:
     async def _receive(self) -> None:
         sock = self._sock
         while True:
-            self._dispatch(await sock.recv_multipart(copy=False))
+            for _ in range(YIELD_EVERY):
+                self._dispatch(await sock.recv_multipart(copy=False))
+            # awaiting an already-received message does not yield: let the push loop run
+            await asyncio.sleep(0)
 
     def stop(self) -> None:
         self._stopped.set()
@@ -174,6 +178,8 @@ class Server:
         nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
         self.counters["msgs_out"] += 1
         self.counters["bytes_out"] += nbytes
+        if self.bucket is not None:
+            self.bucket.charge(nbytes)  # every byte counts against the budget, delayed or not
         return nbytes
 
     def _sent(self, ident: bytes, header: dict[str, Any], fut: asyncio.Future) -> None:
@@ -290,20 +296,16 @@ class Server:
         self.clock = new
         self.counters["clock_advances"] += 1
         live = self._live()
-        sent = 0
         for shard in self.shards:
             changed = shard.changed_rows()
-            if changed.shape[0] == 0:
-                continue
-            sent += self._push(shard, changed, live, budgeted=False)
+            if changed.shape[0]:
+                self._push(shard, changed, live, budgeted=False)
         for c in [c for c in self.parked if c <= new]:
             for peer, seq, shard, local in self.parked.pop(c):
                 if not peer.gone:
-                    sent += self._send_rows(peer, shard, local, seq)
+                    self._send_rows(peer, shard, local, seq)
         for p in live:
-            sent += self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied})
-        if self.bucket is not None:
-            self.bucket.charge(sent)  # clock pushes are never delayed, but they use the budget
+            self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied})
 
     def _live(self) -> list[Peer]:
         return [p for p in self.by_rank.values() if not p.gone]
@@ -362,7 +364,6 @@ class Server:
             picked = np.sort(shard.policy.choose(candidates, shard.importance, self.comm.server_push_rows))
             self._rotation = (self._rotation + i + 1) % len(self.shards)
             sent = self._push(shard, picked, live, budgeted=True)
-            self.bucket.charge(sent)
             self.counters["budgeted_pushes"] += 1
             return sent
         return 0
