@@ -124,6 +124,9 @@ class Client:
         s.update(rank=self.rank, clock=self._clocks.clock, blocked_s=round(self._blocked_s, 6),
                  blocked_reads=self._blocked_reads, updates_buffered=self._updates,
                  server_clocks=list(self._comm.server_clock), uptime_s=round(uptime, 3))
+        lat = self._comm.ack_latency
+        s.update(ack_latency_ms_last=round(lat["last_ms"], 3), ack_latency_ms_max=round(lat["max_ms"], 3),
+                 ack_latency_ms_mean=round(lat["sum_ms"] / lat["count"], 3) if lat["count"] else 0.0)
         comm = self.config.comm
         if comm.enabled:
             s.update(budget_mbps=comm.client_bandwidth_mbps, egress_mbps=round(mbps(s["bytes_sent"], uptime), 3),

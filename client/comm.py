@@ -11,6 +11,8 @@ import asyncio
 import logging
 import os
 import threading
+import time
+from collections import deque
 from typing import Any, Callable, Coroutine
 
 import numpy as np
@@ -50,8 +52,13 @@ class CommThread:
         self.comm = config.comm
         self.bucket = LeakyBucket(config.comm.client_bandwidth_mbps) if config.comm.enabled else None
         self.incs_sent = [0] * self.n
+        self._retired_scheduled = False
         self.incs_acked = [0] * self.n
+        # update latency: send time of each unacknowledged INC, per server
+        self._inc_times: list[deque[tuple[int, float]]] = [deque() for _ in range(self.n)]
+        self.ack_latency = {"last_ms": 0.0, "max_ms": 0.0, "sum_ms": 0.0, "count": 0}
         self._rotation = 0
+        self.leaving = False
         self._handlers: dict[Msg, Callable[[int, dict[str, Any], list[Any]], None]] = {
             Msg.ROWS: self._on_rows,
             Msg.SCLOCK: self._on_sclock,
@@ -165,13 +172,35 @@ class CommThread:
         """HELLO to server 0 (which assigns a rank if ``rank`` is -1), then to the others."""
         h = await self._request(0, {"t": Msg.HELLO, "rank": rank, "fp": fingerprint}, timeout)
         rank = h["rank"]
+        self._set_capabilities(h.get("tf"))
         await asyncio.gather(*(self._request(j, {"t": Msg.HELLO, "rank": rank, "fp": fingerprint}, timeout)
                                for j in range(1, self.n)))
         return rank
 
+    def _set_capabilities(self, flags: Any) -> None:
+        """Per-table flags from server 0's WELCOME: read-my-writes and versioning (absent: the config's
+        defaults, no versioning)."""
+        if flags is None:
+            return
+        if not (isinstance(flags, list) and len(flags) == len(self.tables)
+                and all(isinstance(f, int) and not isinstance(f, bool) for f in flags)):
+            raise ProtocolError(f"WELCOME: field 'tf' must list one int per table ({len(self.tables)}), got {flags!r}")
+        for st, f in zip(self.tables, flags):
+            st.set_capabilities(bool(f & wire.TF_READ_MY_WRITES), bool(f & wire.TF_VERSIONED))
+
     async def leave(self, timeout: float) -> None:
         """Flush everything, say BYE, and wait until every server has processed it."""
         self.flush(None)
+        self.leaving = True  # pushes that cross our BYE are not acknowledged: we are gone
+        versioned = [st for st in self.tables if st.vlog is not None]
+        if versioned:
+            # Versioned tables: first ask every server to stop pushing to us ("ph"); once it answers,
+            # every row it sent us has arrived, so releasing the versions we hold now releases all.
+            await asyncio.gather(*(self._request(j, {"t": Msg.BYE, "ph": True}, timeout) for j in range(self.n)))
+            for st in versioned:
+                with st.lock:
+                    st.vlog.release_all()
+                self._send_retired(st)
         await asyncio.gather(*(self._request(j, {"t": Msg.BYE}, timeout) for j in range(self.n)))
 
     async def status(self, timeout: float) -> list[dict[str, Any]]:
@@ -186,7 +215,8 @@ class CommThread:
         for st in self.tables:
             with st.lock:
                 rows = st.oplog.dirty_rows()
-            if rows.shape[0]:
+                pending = st.vlog is not None and st.vlog.pending
+            if rows.shape[0] or pending:
                 self._send_buffered(st, rows)
         if clock is not None:
             for j in range(self.n):
@@ -194,6 +224,8 @@ class CommThread:
 
     def _send_buffered(self, st: TableState, rows: np.ndarray) -> int:
         """Take ``rows`` (sorted) out of the update buffer and send them; returns bytes sent."""
+        if st.vlog is not None:
+            return self._send_versioned(st, rows)
         batches = []
         with st.lock:
             for j, pos in enumerate(self.partition.split(rows)):
@@ -209,15 +241,62 @@ class CommThread:
                 batches.append((j, self._update_batch(rj, wire_block)))
         return sum(self._send_update(j, st, batch) for j, batch in batches)
 
-    def _quantize(self, st: TableState, rows: np.ndarray, block: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _send_versioned(self, st: TableState, rows: np.ndarray) -> int:
+        """Versioned table: per server one INC with the retired updates first (end-of-version), then
+        ``rows`` taken from the buffer (tagged with their cached versions), then the releases."""
+        batches = []
+        with st.lock:
+            rr, rt, rv, lr, lt = st.vlog.take(st.cols, st.dtype)
+            cur = st.oplog.take(rows) if rows.shape[0] else np.empty((0, st.cols), dtype=st.dtype)
+            if rows.shape[0]:
+                if st.importance is not None:
+                    st.importance[rows] = 0
+                st.send_count[rows] += 1
+            all_rows = np.concatenate([rr, rows])
+            tags = np.concatenate([rt, st.vlog.version[rows]])
+            eov = np.zeros(all_rows.shape[0], dtype=wire.EOV_DTYPE)
+            eov[:rr.shape[0]] = 1
+            block = np.concatenate([rv, cur]) if rr.shape[0] else cur
+            rel_parts = self.partition.split(lr)
+            for j, pos in enumerate(self.partition.split(all_rows)):
+                rpos = rel_parts[j]
+                if pos.shape[0] == 0 and rpos.shape[0] == 0:
+                    continue
+                rj = all_rows[pos]
+                wire_block, _ = self._quantize(st, rj, block[pos], keep_residual=eov[pos] == 0)
+                batch = self._update_batch(rj, wire_block)
+                batch.tags, batch.eov = tags[pos], eov[pos]
+                batch.rel_rows, batch.rel_tags = lr[rpos], lt[rpos]
+                batches.append((j, batch))
+        return sum(self._send_update(j, st, batch) for j, batch in batches)
+
+    def _send_retired(self, st: TableState) -> int:
+        """Send what version changes queued (retired updates, releases) now; returns bytes sent.
+        Never delayed by the bucket (it frees server memory), but charged to it like every send."""
+        with st.lock:
+            pending = st.vlog is not None and st.vlog.pending
+        return self._send_versioned(st, np.empty(0, dtype=np.int64)) if pending else 0
+
+    def _send_all_retired(self) -> None:
+        self._retired_scheduled = False
+        for st in self.tables:
+            if st.vlog is not None:
+                self._send_retired(st)
+
+    def _quantize(self, st: TableState, rows: np.ndarray, block: np.ndarray,
+                  keep_residual: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(what goes on the wire, what the server will add). With a float16 wire the rounding
-        residual goes back into the buffer, so it is sent later rather than lost."""
+        residual goes back into the buffer, so it is sent later rather than lost (except where
+        ``keep_residual`` is False: retired updates of a version being released)."""
         if st.wire_dtype == st.dtype:
             return block, block
         q = np.clip(block, -F16_MAX, F16_MAX).astype(st.wire_dtype)
         applied = q.astype(st.dtype)
         resid = block - applied
-        keep = np.flatnonzero((resid != 0).any(axis=1))
+        keep_rows = (resid != 0).any(axis=1)
+        if keep_residual is not None:
+            keep_rows &= keep_residual
+        keep = np.flatnonzero(keep_rows)
         if keep.shape[0]:
             st.oplog.add_dense(rows[keep], resid[keep])
         return q, applied
@@ -233,7 +312,11 @@ class CommThread:
     def _send_update(self, j: int, st: TableState, batch: UpdateBatch) -> int:
         h = {"t": Msg.INC, "tb": st.index, "n": int(batch.rows.shape[0]), "dt": batch.values.dtype.name,
              "sp": batch.sparse}
+        if batch.versioned:
+            h["v"] = True
+            h["nr"] = int(batch.rel_rows.shape[0])
         nbytes = self._send(j, h, *batch.arrays())
+        self._inc_times[j].append((self.seq[j], time.monotonic()))
         self.incs_sent[j] += 1
         self.counters["update_batches"] += 1
         self.counters["sparse_batches"] += batch.sparse
@@ -328,9 +411,17 @@ class CommThread:
         n = h["n"]
         rows = wire.array(frames[0], wire.ROW_DTYPE, n, "ROWS rows")
         vals = wire.array(frames[1], wire.value_dtype(h["dt"]), n * st.cols, "ROWS values").reshape(n, st.cols)
+        versioned = wire.is_versioned(h)
+        if versioned != (st.vlog is not None):
+            raise ProtocolError(f"ROWS for table {st.name!r}: versions {'present' if versioned else 'missing'}, "
+                                f"but the server said the table is {'not ' if versioned else ''}versioned")
         with st.lock:
             cache = st.cache
             cache.values[rows] = vals
+            if versioned and st.vlog.receive(rows, wire.array(frames[2], wire.VERSION_DTYPE, n, "ROWS versions"),
+                                             st.oplog, st.importance) and not self._retired_scheduled:
+                self._retired_scheduled = True  # one INC per server after this burst of ROWS
+                self.loop.call_soon(self._guard, self._send_all_retired, ())
             if st.read_my_writes:
                 log_j = st.inflight[j]
                 log_j.settle(h["a"])
@@ -342,7 +433,7 @@ class CommThread:
         if h["rq"] < 0:
             self.counters["rows_pushed_to_us"] += n
         ps = h.get("ps")
-        if isinstance(ps, int) and not isinstance(ps, bool):  # a budgeted push: acknowledge it
+        if isinstance(ps, int) and not isinstance(ps, bool) and not self.leaving:  # budgeted push: ack it
             self.counters["rows_pushed_early_to_us"] += n
             self._send(j, {"t": Msg.PUSH_ACK, "ps": ps})
 
@@ -357,6 +448,16 @@ class CommThread:
     def _on_ack(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
         self.counters["acks"] += 1
         self.incs_acked[j] += 1
+        times = self._inc_times[j]
+        while times and times[0][0] <= h["rq"]:
+            seq, t = times.popleft()
+            if seq == h["rq"]:
+                ms = (time.monotonic() - t) * 1000
+                lat = self.ack_latency
+                lat["last_ms"] = ms
+                lat["max_ms"] = max(lat["max_ms"], ms)
+                lat["sum_ms"] += ms
+                lat["count"] += 1
         for st in self.tables:
             if st.read_my_writes and st.inflight[j].entries:
                 with st.lock:
