@@ -11,6 +11,7 @@ import collections.abc
 import dataclasses
 import hashlib
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -200,6 +201,9 @@ def _plain(obj: Any) -> Any:
 # generic validation
 
 
+_FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -249,6 +253,8 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             raise ValueError(f"{key}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _FLOAT_TEXT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 reads 1e-6 (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{key}: expected a number, got {value!r}")
         return float(value)

@@ -62,7 +62,9 @@ def _softmax_inplace(z):  # pragma: no cover - numba
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def sgd_pass(indptr, indices, values, labels, order, batch_size, V, b, scale, lr, reg):  # pragma: no cover
+def sgd_pass(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, labels: np.ndarray,
+             order: np.ndarray, batch_size: int, V: np.ndarray, b: np.ndarray, scale: np.ndarray,
+             lr: float, reg: float) -> float:  # pragma: no cover - numba
     """Minibatch SGD over the samples ``order`` (in that order), updating V, b, scale in place.
 
     Each minibatch of B samples computes every probability with the weights at the start of the
@@ -113,7 +115,8 @@ def sgd_pass(indptr, indices, values, labels, order, batch_size, V, b, scale, lr
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def evaluate(indptr, indices, values, labels, V, b, s):  # pragma: no cover - numba
+def evaluate(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, labels: np.ndarray,
+             V: np.ndarray, b: np.ndarray, s: float) -> tuple[int, float]:  # pragma: no cover - numba
     """(correct predictions, summed log-loss) of the model W = s V, b on all samples."""
     K = b.shape[0]
     n = labels.shape[0]
@@ -136,7 +139,8 @@ def evaluate(indptr, indices, values, labels, V, b, s):  # pragma: no cover - nu
 
 
 @njit(nogil=True, cache=True, fastmath=True)
-def logits(indptr, indices, values, V, b):  # pragma: no cover - numba
+def logits(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, V: np.ndarray,
+           b: np.ndarray) -> np.ndarray:  # pragma: no cover - numba
     """(n, K) logits of every sample under W = V (F x K layout), b."""
     n = indptr.shape[0] - 1
     out = np.empty((n, b.shape[0]), V.dtype)
@@ -146,7 +150,8 @@ def logits(indptr, indices, values, V, b):  # pragma: no cover - numba
 
 
 @njit(nogil=True, cache=True)
-def loss_grad(indptr, indices, values, labels, rows, W):  # pragma: no cover - numba
+def loss_grad(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, labels: np.ndarray,
+              rows: np.ndarray, W: np.ndarray) -> tuple[float, np.ndarray]:  # pragma: no cover - numba
     """Summed log-loss and its gradient w.r.t. the class-row table W (K x (F+1), bias last) over
     samples ``rows``. The plain definition, in the PS layout: tests check the fast path against it."""
     K = W.shape[0]

@@ -1,0 +1,223 @@
+"""MLR worker: softmax regression trained by data-parallel minibatch SGD against the PS.
+
+Table layout: one PS row per class, as in Bösen (rows = classes, cols = features + 1, the last
+column the bias). Every minibatch needs every class's weights for its features, so a worker reads
+all K rows (dense access, as Bösen's MLR does) and sends a dense K x (F+1) delta.
+
+One clock = 1 / ``clocks_per_epoch`` of a pass over this worker's partition (default: a whole pass,
+Bösen's setting: "1 logical clock tick to be 1 pass through the worker's local data partition").
+Within a clock the worker follows Bösen's local buffering: it reads the table once at the start of
+the clock into a local copy, runs its minibatches on that copy (seeing its own updates at once),
+and sends the accumulated delta (new copy - copy read) with one ``inc_rows`` before ``clock()``.
+Reading per minibatch would cost a K x (F+1) copy and a round of client-library calls per step,
+which outweighs the step itself for small minibatches; one read per clock is what SSP's staleness
+bound is about anyway. ``sync_every = n`` sends the delta and re-reads the table every n minibatches
+instead, so other workers' updates (pushed early under managed communication) reach this worker
+within a clock: the knob the convergence benchmarks turn.
+
+Data parallelism follows Bösen: the training set is split evenly across workers, each sample is used
+once per pass whatever the number of workers, and each worker's deltas add up in the table.
+Learning rate per clock c: lr / (1 + lr_decay * t) ("inverse"), lr * lr_decay ** t ("exponential"),
+or lr ("constant"), with t = c / clocks_per_epoch passes done.
+
+Per clock each worker reports (all additive, the launcher sums them over workers):
+``objective`` (summed training log-loss of the samples processed this clock, each taken just before
+its minibatch's update), ``samples``, ``compute_s`` and ``comm_s`` (seconds in the kernels and in
+table reads/updates, plus the previous ``clock()`` call); rank 0 also reports ``heldout_correct``, ``heldout_total`` and
+``heldout_loss`` of its model at the end of the clock, and ``lr``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
+
+import numpy as np
+
+from bosen.config import from_dict
+
+from . import data as D
+from .kernels import LocalModel
+
+__all__ = ["MLRArgs", "SyntheticArgs", "load_data", "lr_at", "train"]
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+@dataclass(frozen=True)
+class SyntheticArgs:
+    """Shape of the generated data set (features and classes come from the table)."""
+
+    n: int = 20000
+    nnz: int = 20
+    temperature: float = 0.3
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        _check(self.n >= 2, "n: must be >= 2")
+        _check(self.nnz >= 1, "nnz: must be >= 1")
+        _check(self.temperature > 0, "temperature: must be > 0")
+
+
+@dataclass(frozen=True)
+class MLRArgs:
+    """``app.args`` of the MLR worker."""
+
+    data: str = "digits"  # "digits" | "synthetic" | path of a libsvm/svmlight file
+    test_data: str = ""  # libsvm file of held-out samples; "" = cut ``holdout`` off ``data``
+    zero_based: bool | None = None  # libsvm feature ids; None = auto (1-based unless an id 0 occurs)
+    table: str = "W"
+    classes: int | None = None  # None: the table's rows
+    features: int | None = None  # None: the table's cols - 1
+    synthetic: SyntheticArgs = field(default_factory=SyntheticArgs)
+    batch_size: int = 32
+    lr: float = 0.5
+    lr_schedule: Literal["inverse", "exponential", "constant"] = "inverse"
+    lr_decay: float = 0.1
+    reg: float = 1e-4  # L2 on the weights (not the biases)
+    epochs: int = 10
+    clocks_per_epoch: int = 1
+    sync_every: int = 0  # minibatches between delta send + re-read within a clock; 0 = once a clock
+    holdout: float = 0.2
+    eval_every: int = 1  # clocks between held-out evaluations on rank 0 (the last clock always); 0 = never
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, "batch_size: must be >= 1")
+        _check(self.lr > 0, "lr: must be > 0")
+        _check(self.lr_decay >= 0, "lr_decay: must be >= 0")
+        if self.lr_schedule == "exponential":
+            _check(0 < self.lr_decay <= 1, "lr_decay: must be in (0, 1] for the exponential schedule")
+        _check(self.reg >= 0, "reg: must be >= 0")
+        _check(self.lr * self.reg < 1, "reg: lr * reg must be < 1 (each step scales the weights by 1 - lr * reg)")
+        _check(self.epochs >= 1, "epochs: must be >= 1")
+        _check(self.clocks_per_epoch >= 1, "clocks_per_epoch: must be >= 1")
+        _check(self.sync_every >= 0, "sync_every: must be >= 0")
+        _check(0 <= self.holdout < 1, "holdout: must be in [0, 1)")
+        _check(self.eval_every >= 0, "eval_every: must be >= 0")
+        if self.classes is not None:
+            _check(self.classes >= 2, "classes: must be >= 2")
+        if self.features is not None:
+            _check(self.features >= 1, "features: must be >= 1")
+
+
+def lr_at(a: MLRArgs, clock: int) -> float:
+    """Learning rate for one clock; decays with the passes done so far."""
+    t = clock / a.clocks_per_epoch
+    if a.lr_schedule == "inverse":
+        return a.lr / (1.0 + a.lr_decay * t)
+    if a.lr_schedule == "exponential":
+        return a.lr * a.lr_decay ** t
+    return a.lr
+
+
+def load_data(a: MLRArgs, classes: int, features: int) -> tuple[D.Dataset, D.Dataset]:
+    """(train, held-out) for a model of ``classes`` x ``features``; every worker gets the same split.
+
+    Raises DataError (file and line named) for bad files and ValueError when the data does not fit
+    the table's geometry.
+    """
+    if a.data == "digits":
+        full = D.digits()
+    elif a.data == "synthetic":
+        s = a.synthetic
+        full = D.synthetic(s.n, features, classes, s.nnz, seed=s.seed, temperature=s.temperature)
+    else:
+        zb = "auto" if a.zero_based is None else a.zero_based
+        full, label_map = D.read_libsvm(a.data, features=features, zero_based=zb)
+        if a.test_data:
+            test, _ = D.read_libsvm(a.test_data, features=features, zero_based=zb, label_map=label_map)
+            if full.classes > classes:
+                raise ValueError(f"{a.data}: {full.classes} classes do not fit a table of {classes} rows")
+            return _with_geometry(full, classes, features), _with_geometry(test, classes, features)
+    if full.features > features:
+        raise ValueError(f"{a.data}: {full.features} features do not fit a table of {features + 1} cols "
+                         f"(features + 1 bias column)")
+    if full.classes > classes:
+        raise ValueError(f"{a.data}: {full.classes} classes do not fit a table of {classes} rows")
+    train, held = D.split_holdout(_with_geometry(full, classes, features), a.holdout, a.seed)
+    return train, held
+
+
+def _with_geometry(ds: D.Dataset, classes: int, features: int) -> D.Dataset:
+    return D.Dataset(ds.indptr, ds.indices, ds.values, ds.labels, features, classes)
+
+
+def _geometry(a: MLRArgs, rows: int, cols: int, name: str) -> tuple[int, int]:
+    classes = rows if a.classes is None else a.classes
+    features = cols - 1 if a.features is None else a.features
+    if classes != rows or features + 1 != cols:
+        raise ValueError(f"app.args: classes={classes}, features={features} need table {name!r} of "
+                         f"rows={classes}, cols={features + 1} (one row per class, bias last); "
+                         f"it has rows={rows}, cols={cols}")
+    if classes < 2:
+        raise ValueError(f"table {name!r}: MLR needs rows (classes) >= 2")
+    return classes, features
+
+
+def train(client: Any, args: Mapping[str, Any]) -> None:
+    """Run the MLR job as one worker: ``epochs * clocks_per_epoch`` clocks, one report each."""
+    a: MLRArgs = from_dict(MLRArgs, args, "app.args")
+    T = client.table(a.table)
+    if not np.issubdtype(np.dtype(T.dtype), np.floating):
+        raise ValueError(f"table {a.table!r}: MLR needs a float table, it is {np.dtype(T.dtype)}")
+    classes, features = _geometry(a, T.rows, T.cols, a.table)
+    train_ds, held = load_data(a, classes, features)
+    rank, workers = client.rank, client.num_workers
+    mine = train_ds.take(D.partition(train_ds.n, rank, workers))
+    if mine.n == 0:
+        raise ValueError(f"worker {rank}: no training samples ({train_ds.n} samples, {workers} workers)")
+
+    rows = np.arange(classes, dtype=np.int64)
+    model = LocalModel(classes, features)
+    rng = np.random.default_rng([a.seed, rank])
+    cpe = a.clocks_per_epoch
+    bounds = np.linspace(0, mine.n, cpe + 1).round().astype(np.int64)
+    step = a.sync_every * a.batch_size
+    total = a.epochs * cpe
+    order = np.arange(mine.n, dtype=np.int64)
+    clock_wait = 0.0  # time in the previous clock() call: counted in the next report
+
+    for c in range(total):
+        part = c % cpe
+        if part == 0:
+            order = rng.permutation(mine.n).astype(np.int64)
+        seg = order[bounds[part]:bounds[part + 1]]
+        lr = lr_at(a, c)
+        compute_s, comm_s = 0.0, clock_wait
+        loss = 0.0
+
+        t0 = time.perf_counter()
+        w0 = np.asarray(T.get_rows(rows), dtype=np.float32)
+        t1 = time.perf_counter()
+        comm_s += t1 - t0
+        model.load(w0)
+        pieces = [seg] if step == 0 else [seg[i:i + step] for i in range(0, len(seg), step)] or [seg]
+        for k, piece in enumerate(pieces):
+            t1 = time.perf_counter()
+            loss += model.train(mine, piece, a.batch_size, lr, a.reg)
+            t2 = time.perf_counter()
+            compute_s += t2 - t1
+            w1 = model.table()
+            T.inc_rows(rows, (w1 - w0).astype(T.dtype, copy=False))
+            if k + 1 < len(pieces):  # mid-clock sync: pick up what other workers sent so far
+                w0 = np.asarray(T.get_rows(rows), dtype=np.float32)
+                model.load(w0)
+            comm_s += time.perf_counter() - t2
+
+        fields: dict[str, float] = {}
+        last = c == total - 1
+        if rank == 0 and len(held.labels) and a.eval_every and ((c + 1) % a.eval_every == 0 or last):
+            correct, hloss = model.evaluate(held)
+            fields.update(heldout_correct=correct, heldout_total=held.n, heldout_loss=hloss)
+        if rank == 0:
+            fields["lr"] = lr
+        client.report(objective=loss, samples=int(len(seg)), compute_s=compute_s,
+                      comm_s=comm_s, **fields)
+        t3 = time.perf_counter()
+        client.clock()
+        clock_wait = time.perf_counter() - t3
