@@ -4,6 +4,22 @@ A procedure is chosen per table in YAML (``update: add`` or ``update: mypkg.rule
 ``update_args``). The server calls its hooks; everything is vectorized over rows. ``add`` is the
 default and the only one that lets clients show their own updates before the server has applied
 them (read-my-writes), because only plain addition commutes with the cache's local copy.
+
+Hooks, in the order the server calls them (local row indices index this server's share of rows):
+
+- ``__init__(table, **update_args)``: bad arguments raise TypeError/ValueError (a ConfigError at start).
+- ``create(global_rows, values)``: rows exist with their initial values; allocate per-row state.
+- ``apply(values, local_rows, batch, client)``: one client's update batch (rows may repeat; apply in
+  order). Procedures other than ``add`` receive what apps send for them, e.g. raw gradients.
+- ``rows_sent(local_rows, num_clients)``: these rows' current values (and versions) went out.
+- ``release(local_rows, versions)``: versioned only; clients no longer hold these row versions
+  (one reference each), after their last update computed from them was applied.
+- ``allow_push()``: whether budgeted (early) pushes may go out now; ``stats()``: for STATUS.
+
+A *versioned* procedure (``versioned = True``) keeps ``self.versions`` (int64 per local row, 0 until
+the row is first updated); the server sends them with row values, clients tag their updates with the
+version they read (``batch.tags``, 0 = never read), and every version a client received is released
+exactly once, either by an update marked end-of-version or by an explicit release.
 """
 
 from __future__ import annotations
@@ -21,6 +37,12 @@ class StoredProcedure:
 
     #: whether a client may apply its own updates to its cache (only true for plain addition)
     read_my_writes: bool = True
+    #: whether rows carry versions and updates carry version tags (see the module docstring)
+    versioned: bool = False
+    #: per local row version, set by ``create`` in versioned procedures
+    versions: np.ndarray | None = None
+    #: whether the procedure needs a float table (steps scale the updates)
+    float_only: bool = False
 
     def __init__(self, table: TableConfig, **args: Any) -> None:
         if args:
@@ -42,6 +64,9 @@ class StoredProcedure:
 
     def rows_sent(self, local_rows: np.ndarray, num_clients: int) -> None:
         """These rows' current values were sent to ``num_clients`` clients."""
+
+    def release(self, local_rows: np.ndarray, versions: np.ndarray) -> None:
+        """Versioned procedures: one client holder each of these (row, version) pairs is gone."""
 
     def allow_push(self) -> bool:
         """Whether budgeted (early) pushes may go out now."""

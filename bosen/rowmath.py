@@ -49,15 +49,20 @@ def add_rows_from(dst, src, rows):  # pragma: no cover - compiled
 
 @njit(**_JIT)
 def take_and_clear(src, rows):  # pragma: no cover - compiled
-    """Return src[rows] and zero those rows of src in one pass (flushing an update buffer)."""
+    """Return (src[rows], its non-zero count) and zero those rows of src, in one pass (flushing an
+    update buffer; the count decides dense vs sparse on the wire without another pass)."""
     ncols = src.shape[1]
     out = np.empty((rows.shape[0], ncols), dtype=src.dtype)
+    nnz = 0
     for i in range(rows.shape[0]):
         r = rows[i]
         for j in range(ncols):
-            out[i, j] = src[r, j]
+            v = src[r, j]
+            out[i, j] = v
+            if v != 0:
+                nnz += 1
             src[r, j] = 0
-    return out
+    return out, nnz
 
 
 def to_csr(block: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

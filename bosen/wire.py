@@ -8,7 +8,10 @@ yields plain values, and every field is checked (type, range, frame count, byte 
 Keys: ``t`` type, ``s`` sender sequence number, ``tb`` table index, ``c`` clock, ``n`` row count,
 ``dt`` dtype name, ``sp`` sparse flag, ``a`` last update sequence the server has applied for the
 receiving client, ``rq`` request sequence a reply answers, ``ps`` budgeted-push sequence (acknowledged by the client),
-``m`` text, ``rank``, ``fp`` fingerprint.
+``m`` text, ``rank``, ``fp`` fingerprint, ``tf`` per-table capability flags in WELCOME (TF_*),
+``v`` versioned flag (ROWS: a frame of row versions follows the values; INC: frames of version tags,
+end-of-version marks and released row versions follow the updates), ``nr`` released row count,
+``ph`` BYE's prepare phase (the server stops pushing to the sender and answers; the final BYE follows).
 """
 
 from __future__ import annotations
@@ -27,6 +30,13 @@ COL_DTYPE = np.dtype(np.int32)
 PTR_DTYPE = np.dtype(np.int64)
 VALUE_DTYPES = {name: np.dtype(name) for name in ("float16", "float32", "float64", "int32", "int64")}
 MAX_HEADER_BYTES = 4096
+MAX_HEADER_ARRAY = 1024  # longest list in a header (WELCOME's per-table flags)
+VERSION_DTYPE = np.dtype(np.int64)
+EOV_DTYPE = np.dtype(np.uint8)
+
+# WELCOME "tf": one int per table, the server's word on what the table allows
+TF_READ_MY_WRITES = 1  # clients may show their own updates in their cache
+TF_VERSIONED = 2  # rows carry versions; updates must be tagged with the version they were computed from
 
 
 class Msg(IntEnum):
@@ -86,7 +96,7 @@ def decode_header(frame: Any) -> dict[str, Any]:
         raise ProtocolError(f"header of {len(buf)} bytes exceeds {MAX_HEADER_BYTES}")
     try:
         h = msgpack.unpackb(buf, raw=False, strict_map_key=True, max_str_len=MAX_HEADER_BYTES,
-                            max_bin_len=0, max_array_len=64, max_map_len=64, max_ext_len=0)
+                            max_bin_len=0, max_array_len=MAX_HEADER_ARRAY, max_map_len=64, max_ext_len=0)
     except Exception as e:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"header is not valid msgpack ({type(e).__name__})") from None
     if not isinstance(h, dict):
@@ -107,9 +117,19 @@ def decode_header(frame: Any) -> dict[str, Any]:
     return h
 
 
+def is_versioned(h: dict[str, Any]) -> bool:
+    """The optional ``v`` flag of ROWS and INC (must be a bool when present)."""
+    v = h.get("v", False)
+    if not isinstance(v, bool):
+        raise ProtocolError(f"{h['t'].name}: field 'v' must be bool, got {v!r}")
+    return v
+
+
 def expected_frames(h: dict[str, Any]) -> int:
     if h["t"] == Msg.INC:
-        return 4 if h["sp"] else 2
+        return (4 if h["sp"] else 2) + (4 if is_versioned(h) else 0)
+    if h["t"] == Msg.ROWS:
+        return 3 if is_versioned(h) else 2
     return _FRAMES.get(h["t"], 0)
 
 
@@ -131,21 +151,36 @@ def value_dtype(name: str) -> np.dtype:
 
 @dataclass
 class UpdateBatch:
-    """Increments for some rows of one table: dense ``values[n, cols]`` or CSR (indptr, cols, values)."""
+    """Increments for some rows of one table: dense ``values[n, cols]`` or CSR (indptr, cols, values).
+
+    Versioned tables (DESIGN §7) add ``tags`` (the row version each update was computed from),
+    ``eov`` (the update is the sender's last one of that version: it releases the version) and
+    ``rel_rows``/``rel_tags`` (row versions the sender releases without an update). Rows may repeat;
+    entries apply in order.
+    """
 
     rows: np.ndarray
     values: np.ndarray
     indptr: np.ndarray | None = None
     cols: np.ndarray | None = None
+    tags: np.ndarray | None = None
+    eov: np.ndarray | None = None
+    rel_rows: np.ndarray | None = None
+    rel_tags: np.ndarray | None = None
 
     @property
     def sparse(self) -> bool:
         return self.indptr is not None
 
+    @property
+    def versioned(self) -> bool:
+        return self.tags is not None
+
     def arrays(self) -> tuple[np.ndarray, ...]:
-        if self.sparse:
-            return (self.rows, self.indptr, self.cols, self.values)
-        return (self.rows, self.values)
+        base = (self.rows, self.indptr, self.cols, self.values) if self.sparse else (self.rows, self.values)
+        if self.versioned:
+            return (*base, self.tags, self.eov, self.rel_rows, self.rel_tags)
+        return base
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays())
@@ -161,12 +196,29 @@ def decode_update(h: dict[str, Any], frames: Sequence[Any], ncols: int, dtype: n
         raise ProtocolError(f"INC: dtype {h['dt']} does not match the table's {dtype.name}")
     rows = array(frames[0], ROW_DTYPE, n, "INC rows")
     if not h["sp"]:
-        return UpdateBatch(rows, array(frames[1], wire_dt, n * ncols, "INC values").reshape(n, ncols))
-    indptr = array(frames[1], PTR_DTYPE, n + 1, "INC indptr")
-    if indptr[0] != 0 or np.any(np.diff(indptr) < 0):
-        raise ProtocolError("INC: indptr must start at 0 and never decrease")
-    nnz = int(indptr[-1])
-    cols = array(frames[2], COL_DTYPE, nnz, "INC cols")
-    if nnz and (cols.min() < 0 or cols.max() >= ncols):
-        raise ProtocolError(f"INC: column index out of range [0, {ncols})")
-    return UpdateBatch(rows, array(frames[3], wire_dt, nnz, "INC values"), indptr, cols)
+        batch = UpdateBatch(rows, array(frames[1], wire_dt, n * ncols, "INC values").reshape(n, ncols))
+        rest = frames[2:]
+    else:
+        indptr = array(frames[1], PTR_DTYPE, n + 1, "INC indptr")
+        if indptr[0] != 0 or np.any(np.diff(indptr) < 0):
+            raise ProtocolError("INC: indptr must start at 0 and never decrease")
+        nnz = int(indptr[-1])
+        cols = array(frames[2], COL_DTYPE, nnz, "INC cols")
+        if nnz and (cols.min() < 0 or cols.max() >= ncols):
+            raise ProtocolError(f"INC: column index out of range [0, {ncols})")
+        batch = UpdateBatch(rows, array(frames[3], wire_dt, nnz, "INC values"), indptr, cols)
+        rest = frames[4:]
+    if is_versioned(h):
+        nr = h.get("nr")
+        if not isinstance(nr, int) or isinstance(nr, bool) or nr < 0:
+            raise ProtocolError(f"INC: field 'nr' must be a count >= 0, got {nr!r}")
+        batch.tags = array(rest[0], VERSION_DTYPE, n, "INC tags")
+        eov = array(rest[1], EOV_DTYPE, n, "INC end-of-version marks")
+        if n and eov.max() > 1:
+            raise ProtocolError("INC: end-of-version marks must be 0 or 1")
+        batch.eov = eov.view(np.bool_)
+        batch.rel_rows = array(rest[2], ROW_DTYPE, nr, "INC released rows")
+        batch.rel_tags = array(rest[3], VERSION_DTYPE, nr, "INC released versions")
+        if (n and batch.tags.min() < 0) or (nr and batch.rel_tags.min() < 0):
+            raise ProtocolError("INC: row versions must be >= 0")
+    return batch

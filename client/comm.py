@@ -22,6 +22,7 @@ import zmq.asyncio
 
 from bosen import rowmath, wire
 from bosen.config import Config
+from bosen.malloc import reuse_large_buffers
 from bosen.ratelimit import LeakyBucket
 from bosen.errors import BosenError, ProtocolError, ServerError
 from bosen.partition import Partition
@@ -31,6 +32,7 @@ from bosen.client.table import TableState
 log = logging.getLogger("bosen.client")
 F16_MAX = float(np.finfo(np.float16).max)
 YIELD_EVERY = 32  # messages handled before other tasks (the budget loop) get a turn
+CHUNK_BYTES = 1 << 20  # most value bytes in one update message
 
 
 class CommThread:
@@ -78,6 +80,7 @@ class CommThread:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
+        reuse_large_buffers()  # process-wide, but only affects how freed big buffers are kept
         self._thread = threading.Thread(target=self._run, name="bosen-comm", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -223,23 +226,30 @@ class CommThread:
                 self._send(j, {"t": Msg.CLOCK, "c": clock})
 
     def _send_buffered(self, st: TableState, rows: np.ndarray) -> int:
-        """Take ``rows`` (sorted) out of the update buffer and send them; returns bytes sent."""
+        """Take ``rows`` (sorted) out of the update buffer and send them; returns bytes sent.
+
+        Messages carry at most CHUNK_BYTES of values: the server applies one while the next is on the
+        way, memory peaks stay small, and the table lock is held only while a chunk is taken.
+        """
         if st.vlog is not None:
             return self._send_versioned(st, rows)
-        batches = []
-        with st.lock:
-            for j, pos in enumerate(self.partition.split(rows)):
-                if pos.shape[0] == 0:
-                    continue
-                rj = rows[pos]
-                wire_block, applied = self._quantize(st, rj, st.oplog.take(rj))
-                if st.read_my_writes:
-                    st.inflight[j].add(self.seq[j] + 1, rj, applied)  # one batch per server per call
-                if st.importance is not None:
-                    st.importance[rj] = 0
-                st.send_count[rj] += 1
-                batches.append((j, self._update_batch(rj, wire_block)))
-        return sum(self._send_update(j, st, batch) for j, batch in batches)
+        per = max(1, CHUNK_BYTES // (st.cols * st.dtype.itemsize))
+        sent = 0
+        for j, pos in enumerate(self.partition.split(rows)):
+            for k in range(0, pos.shape[0], per):
+                rj = rows[pos[k:k + per]]
+                with st.lock:
+                    block, nnz = st.oplog.take_counted(rj)
+                    wire_block, applied = self._quantize(st, rj, block)
+                    if st.read_my_writes:
+                        st.inflight[j].add(self.seq[j] + 1, rj, applied)  # the very next message to j
+                    if st.importance is not None:
+                        st.importance[rj] = 0
+                    st.send_count[rj] += 1
+                if wire_block is not block:
+                    nnz = None  # float16 rounding may have zeroed some values
+                sent += self._send_update(j, st, self._update_batch(rj, wire_block, nnz))
+        return sent
 
     def _send_versioned(self, st: TableState, rows: np.ndarray) -> int:
         """Versioned table: per server one INC with the retired updates first (end-of-version), then
@@ -301,9 +311,10 @@ class CommThread:
             st.oplog.add_dense(rows[keep], resid[keep])
         return q, applied
 
-    def _update_batch(self, rows: np.ndarray, block: np.ndarray) -> UpdateBatch:
+    def _update_batch(self, rows: np.ndarray, block: np.ndarray, nnz: int | None = None) -> UpdateBatch:
         """Dense rows, or CSR when that is smaller (sparse updates such as topic-count changes)."""
-        nnz = np.count_nonzero(block)
+        if nnz is None:
+            nnz = np.count_nonzero(block)
         if 8 * (rows.shape[0] + 1) + nnz * (4 + block.itemsize) < block.nbytes // 2:
             indptr, cols, vals = rowmath.to_csr(block)
             return UpdateBatch(rows, vals, indptr, cols)
@@ -425,7 +436,7 @@ class CommThread:
             if st.read_my_writes:
                 log_j = st.inflight[j]
                 log_j.settle(h["a"])
-                rowmath.add_rows_from(cache.values, st.oplog.delta, rows)
+                rowmath.add_rows_from(cache.values, st.oplog.delta, rows[st.oplog.dirty[rows]])
                 log_j.reapply(cache.values, rows)
             cache.clock[rows] = np.maximum(cache.clock[rows], h["c"])
             cache.requested[rows] = False

@@ -32,6 +32,10 @@ class UpdateBuffer:
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Remove and return the buffered deltas of ``rows``."""
+        return self.take_counted(rows)[0]
+
+    def take_counted(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
+        """Remove and return the buffered deltas of ``rows`` and how many of them are non-zero."""
         self.dirty[rows] = False
         return rowmath.take_and_clear(self.delta, rows)
 

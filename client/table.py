@@ -11,6 +11,7 @@ from bosen import priority, rowmath
 from bosen.config import CommConfig, TableConfig
 from bosen.client.cache import RowCache
 from bosen.client.oplog import InflightLog, UpdateBuffer
+from bosen.client.versions import VersionLog
 
 if TYPE_CHECKING:
     from bosen.client.client import Client, Worker
@@ -27,7 +28,8 @@ class TableState:
         self.cols = cfg.cols
         self.dtype = np.dtype(cfg.dtype)
         self.staleness = staleness
-        self.read_my_writes = cfg.shows_own_writes
+        self.read_my_writes = cfg.shows_own_writes  # until the server says otherwise (set_capabilities)
+        self.vlog: VersionLog | None = None  # versioned tables: versions held, retired updates, releases
         self.lock = threading.Lock()
         self.cache = RowCache(cfg.rows, cfg.cols, self.dtype)
         self.oplog = UpdateBuffer(cfg.rows, cfg.cols, self.dtype)
@@ -38,6 +40,15 @@ class TableState:
         self.relative = comm.priority == "relative"
         self.send_count = np.zeros(cfg.rows, dtype=np.int32)
         self.wire_dtype = np.dtype(comm.wire_dtype) if comm.enabled and self.dtype.kind == "f" else self.dtype
+
+    def set_capabilities(self, read_my_writes: bool, versioned: bool) -> None:
+        """What the server allows for this table (from WELCOME), applied before any row arrives."""
+        with self.lock:
+            self.read_my_writes = read_my_writes
+            if versioned and self.vlog is None:
+                self.vlog = VersionLog(self.rows)
+            elif not versioned:
+                self.vlog = None
 
 
 class Table:
@@ -61,6 +72,23 @@ class Table:
 
     def __repr__(self) -> str:
         return f"<Table {self.name!r} {self.rows}x{self.cols} {self.dtype.name} staleness={self.staleness}>"
+
+    @property
+    def read_my_writes(self) -> bool:
+        """Whether this process's reads show its own increments (the server decides, per table)."""
+        return self._st.read_my_writes
+
+    @property
+    def versioned(self) -> bool:
+        """Whether rows carry versions (stored procedures such as adarevision); increments are then
+        tagged with the version of the cached row they were computed from."""
+        return self._st.vlog is not None
+
+    @property
+    def update(self) -> str:
+        """The table's stored procedure (``update:`` in the YAML). Anything but ``add`` takes raw
+        gradients for the built-ins (sgd, adagrad, adarevision): the server takes the step."""
+        return self._st.cfg.update
 
     # -- reads ---------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import sys
 import uvloop
 
 from bosen import config as config_mod
+from bosen.malloc import reuse_large_buffers
 from bosen.errors import BosenError
 from bosen.server.daemon import Server
 
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     except (BosenError, ValueError) as e:
         print(f"bosen-server: {e}", file=sys.stderr)
         return 2
+    reuse_large_buffers()
     try:
         uvloop.run(_run(server))
     except OSError as e:

@@ -32,6 +32,7 @@ log = logging.getLogger("bosen.server")
 
 GONE = np.iinfo(np.int64).max  # clock of a client that left: it holds nobody back
 YIELD_EVERY = 32  # messages handled before other tasks (the push loop) get a turn
+CHUNK_BYTES = 1 << 20  # most value bytes in one ROWS message
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Peer:
     last_seq: int
     applied: int = -1  # sequence number of the last INC applied
     gone: bool = False
+    leaving: bool = False  # sent BYE with "ph" (prepare): gets no more pushes
     pushes_sent: int = 0  # budgeted pushes, acknowledged with PUSH_ACK
     pushes_acked: int = 0
 
@@ -64,6 +66,9 @@ class Server:
             TableShard(i, t, self.partition, rank, self.num_clients, procedures.load(t, config.source), config.comm)
             for i, t in enumerate(config.tables)
         ]
+        # per table, what clients may do (WELCOME "tf"): the server is the source of truth
+        self.table_flags = [(wire.TF_READ_MY_WRITES if procedures.read_my_writes(s.cfg, s.procedure) else 0)
+                            | (wire.TF_VERSIONED if s.procedure.versioned else 0) for s in self.shards]
         self.comm = config.comm
         self.bucket = LeakyBucket(config.comm.server_bandwidth_mbps) if config.comm.enabled else None
         self._rotation = 0
@@ -235,7 +240,7 @@ class Server:
         self.peers[ident] = peer
         self.by_rank[rank] = peer
         log.info("client rank %d joined (%d/%d)", rank, len(self.by_rank), self.num_clients)
-        self._send(ident, {"t": Msg.WELCOME, "rq": h["s"], "rank": rank, "c": self.clock})
+        self._send(ident, {"t": Msg.WELCOME, "rq": h["s"], "rank": rank, "c": self.clock, "tf": self.table_flags})
 
     def on_inc(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
@@ -269,6 +274,10 @@ class Server:
 
     def on_bye(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
+        if h.get("ph") is True:  # prepare: no more pushes, so the client can release its row versions
+            peer.leaving = True
+            self._send(ident, {"t": Msg.BYE_OK, "rq": h["s"]})
+            return
         self._send(ident, {"t": Msg.BYE_OK, "rq": h["s"]})
         log.info("client rank %d left at clock %d", peer.rank, self.client_clock[peer.rank])
         self._leave(peer)
@@ -308,7 +317,7 @@ class Server:
             self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied})
 
     def _live(self) -> list[Peer]:
-        return [p for p in self.by_rank.values() if not p.gone]
+        return [p for p in self.by_rank.values() if not p.gone and not p.leaving]
 
     def _push(self, shard: TableShard, local: np.ndarray, live: list[Peer], budgeted: bool) -> int:
         """Send rows ``local`` to every client subscribed to them; returns bytes sent."""
@@ -322,6 +331,14 @@ class Server:
         return sent
 
     def _send_rows(self, peer: Peer, shard: TableShard, local: np.ndarray, rq: int, budgeted: bool = False) -> int:
+        """Send rows to one client in messages of at most CHUNK_BYTES of values; returns bytes sent."""
+        per = max(1, CHUNK_BYTES // (shard.cfg.cols * shard.dtype.itemsize))
+        if local.shape[0] <= per:
+            return self._send_row_chunk(peer, shard, local, rq, budgeted)
+        return sum(self._send_row_chunk(peer, shard, local[k:k + per], rq, budgeted)
+                   for k in range(0, local.shape[0], per))
+
+    def _send_row_chunk(self, peer: Peer, shard: TableShard, local: np.ndarray, rq: int, budgeted: bool) -> int:
         n = int(local.shape[0])
         self.counters["rows_pushed" if rq < 0 else "rows_read"] += n
         header = {"t": Msg.ROWS, "tb": shard.index, "n": n, "c": self.clock, "a": peer.applied, "rq": rq,
@@ -330,7 +347,10 @@ class Server:
             peer.pushes_sent += 1
             header["ps"] = peer.pushes_sent
             self.counters["rows_pushed_budgeted"] += n
-        shard.procedure.rows_sent(local, 1)
+        versions = shard.rows_sent(local)
+        if versions is not None:
+            header["v"] = True
+            return self._send(peer.ident, header, shard.global_rows[local], shard.values[local], versions)
         return self._send(peer.ident, header, shard.global_rows[local], shard.values[local])
 
     # -- managed communication -----------------------------------------------------------------

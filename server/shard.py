@@ -59,10 +59,28 @@ class TableShard:
                                     f"{r % n}, not {self.rank}")
         return self.partition.local(rows)
 
+    @property
+    def versioned(self) -> bool:
+        return self.procedure.versioned
+
     def apply(self, batch: UpdateBatch, client: int) -> int:
+        if batch.versioned != self.procedure.versioned:
+            raise ProtocolError(f"INC: table {self.cfg.name!r} is {'' if self.versioned else 'not '}versioned "
+                                f"(update: {self.cfg.update}); updates must {'' if self.versioned else 'not '}"
+                                "carry version tags")
         local = self.local_rows(batch.rows, "INC")
         if self.check_finite and not np.isfinite(batch.values).all():
             raise ProtocolError(f"INC: non-finite value for table {self.cfg.name!r}")
+        if batch.versioned:
+            released = self.local_rows(batch.rel_rows, "INC release")
+            n = self._apply(batch, local, client) if local.shape[0] else 0
+            if batch.eov.any() or released.shape[0]:
+                self.procedure.release(np.concatenate([local[batch.eov], released]),
+                                       np.concatenate([batch.tags[batch.eov], batch.rel_tags]))
+            return n
+        return self._apply(batch, local, client)
+
+    def _apply(self, batch: UpdateBatch, local: np.ndarray, client: int) -> int:
         if self.importance is None:
             self.procedure.apply(self.values, local, batch, client)
         else:  # priority from the change actually applied (|Δx|), whatever the procedure did
@@ -88,6 +106,11 @@ class TableShard:
 
     def changed_rows(self) -> np.ndarray:
         return np.flatnonzero(self.dirty)
+
+    def rows_sent(self, local: np.ndarray) -> np.ndarray | None:
+        """Tell the procedure these rows go to one client; their versions (versioned tables) or None."""
+        self.procedure.rows_sent(local, 1)
+        return self.procedure.versions[local] if self.procedure.versioned else None
 
     @property
     def nbytes(self) -> int:

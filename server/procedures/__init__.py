@@ -10,6 +10,9 @@ from bosen.procedure import StoredProcedure
 
 BUILTINS: dict[str, str] = {
     "add": "bosen.procedure:StoredProcedure",
+    "sgd": "bosen.server.procedures.sgd:SGD",
+    "adagrad": "bosen.server.procedures.adagrad:AdaGrad",
+    "adarevision": "bosen.server.procedures.adarevision:AdaRevision",
 }
 
 
@@ -27,7 +30,17 @@ def load(table: TableConfig, source: str = "config") -> StoredProcedure:
         raise ConfigError(f"{key}: cannot load {path!r}: {e}") from None
     if not (isinstance(cls, type) and issubclass(cls, StoredProcedure)):
         raise ConfigError(f"{key}: {path!r} is not a bosen.procedure.StoredProcedure subclass")
+    if cls.float_only and not table.dtype.startswith("float"):
+        raise ConfigError(f"{key}: {table.update!r} needs a float table; tables.{table.name}.dtype is {table.dtype}")
+    if cls.versioned and table.read_my_writes:
+        raise ConfigError(f"{source}: tables.{table.name}.read_my_writes: cannot be true with {table.update!r}: "
+                          "the server turns updates into steps, so a client cannot show its own writes")
     try:
         return cls(table, **dict(table.update_args))
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{source}: tables.{table.name}.update_args: {e}") from None
+
+
+def read_my_writes(table: TableConfig, procedure: StoredProcedure) -> bool:
+    """Whether clients may show their own writes: the YAML's read_my_writes, else the procedure's."""
+    return procedure.read_my_writes if table.read_my_writes is None else table.read_my_writes

@@ -137,7 +137,7 @@ def test_budget_at_link_rate_bounds_update_latency_where_a_flood_queues(link):
     managed, flood = results["managed"], results["flood"]
     # at the link rate the queue stays short: latency is about one send's transmission time
     assert managed["acks"] > 10, results
-    assert managed["ack_latency_ms_max"] < 1000, results
+    assert managed["ack_latency_ms_mean"] < 500, results
     # above it, messages pile up in front of the link and wait for seconds
     assert flood["ack_latency_ms_mean"] > 3 * managed["ack_latency_ms_mean"], results
     assert flood["ack_latency_ms_max"] > 1000, results

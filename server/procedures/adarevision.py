@@ -1,0 +1,148 @@
+"""``update: adarevision``: AdaRevision (McMahan & Streeter 2014), the rule of reference/adarevision.md.
+
+Per coordinate the server keeps x, the sum of applied gradients ḡ, the accumulator z and its running
+maximum z'. A client sends a raw gradient g tagged with the row version v it read; with
+ḡ_old = ḡ as of version v (0 for version 0):
+
+    g_bck = ḡ − ḡ_old
+    η_old = α / √z'
+    z     = z + g² + 2·g·g_bck
+    z'    = max(z, z')
+    η     = α / √z'
+    x     = x − η·g + (η_old − η)·g_bck
+    ḡ     = ḡ + g
+
+With no delay (g_bck = 0) this is per-coordinate AdaGrad with z starting at 1 (``update: adagrad``),
+bit for bit. ḡ_old comes from the refcounted snapshots of ``versioning.SnapshotStore``. While more
+than ``max_snapshots`` snapshot copies are live, budgeted (early) pushes stop: clients then keep
+their versions and no new held versions are created until releases free some.
+
+update_args: ``alpha`` (default 0.1), ``init_z`` (initial z and z', default 1.0),
+``max_snapshots`` (default 10000).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from bosen.config import TableConfig
+from bosen.errors import ProtocolError
+from bosen.procedure import StoredProcedure
+from bosen.server.procedures.common import count, gradients, positive
+from bosen.server.procedures.versioning import CURRENT, INVALID, ZERO, SnapshotStore, copy_on_write, lookup
+from bosen.wire import UpdateBatch
+
+_JIT = dict(nogil=True, cache=True)
+
+
+@njit(**_JIT)
+def _coord(x, z, zmax, gsum, r, j, g, gb, alpha):  # pragma: no cover - compiled
+    eta_old = alpha / np.sqrt(zmax[r, j])
+    zz = z[r, j] + g * g + 2.0 * g * gb
+    z[r, j] = zz
+    zm = zmax[r, j]
+    if zz > zm:
+        zm = zz
+        zmax[r, j] = zz
+    eta = alpha / np.sqrt(zm)
+    x[r, j] = np.float64(x[r, j]) - eta * g + (eta_old - eta) * gb
+    gsum[r, j] += g
+
+
+@njit(**_JIT)
+def _backlog(gsum, pool, where, r, j):  # pragma: no cover - compiled
+    if where == CURRENT:
+        return 0.0
+    if where == ZERO:
+        return gsum[r, j]
+    return gsum[r, j] - pool[where, j]
+
+
+@njit(**_JIT)
+def adarev_dense(x, z, zmax, gsum, rows, tags, g, alpha,
+                 index, versions, cur_ref, pool, refcnt, free, nfree):  # pragma: no cover - compiled
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        where = lookup(index, versions, r, tags[i])
+        if where == INVALID:  # validated before; never revise from unknown state
+            where = CURRENT
+        copy_on_write(index, versions, cur_ref, pool, refcnt, free, nfree, gsum, r)
+        for j in range(x.shape[1]):
+            _coord(x, z, zmax, gsum, r, j, np.float64(g[i, j]), _backlog(gsum, pool, where, r, j), alpha)
+        versions[r] += 1
+
+
+@njit(**_JIT)
+def adarev_csr(x, z, zmax, gsum, rows, indptr, cols, tags, g, alpha,
+               index, versions, cur_ref, pool, refcnt, free, nfree):  # pragma: no cover - compiled
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        where = lookup(index, versions, r, tags[i])
+        if where == INVALID:
+            where = CURRENT
+        copy_on_write(index, versions, cur_ref, pool, refcnt, free, nfree, gsum, r)
+        for k in range(indptr[i], indptr[i + 1]):
+            j = cols[k]
+            _coord(x, z, zmax, gsum, r, j, np.float64(g[k]), _backlog(gsum, pool, where, r, j), alpha)
+        versions[r] += 1
+
+
+class AdaRevision(StoredProcedure):
+    read_my_writes = False
+    versioned = True
+    float_only = True
+
+    def __init__(self, table: TableConfig, alpha: float = 0.1, init_z: float = 1.0,
+                 max_snapshots: int = 10000) -> None:
+        super().__init__(table)
+        self.alpha = positive("alpha", alpha)
+        self.init_z = positive("init_z", init_z)
+        self.max_snapshots = count("max_snapshots", max_snapshots)
+        self.store = SnapshotStore(0, table.cols)
+        self.global_rows = np.empty(0, dtype=np.int64)
+
+    def create(self, global_rows: np.ndarray, values: np.ndarray) -> None:
+        n, cols = values.shape
+        self.global_rows = global_rows
+        self.z = np.full((n, cols), self.init_z, dtype=np.float64)
+        self.zmax = self.z.copy()
+        self.gsum = np.zeros((n, cols), dtype=np.float64)
+        self.store = SnapshotStore(n, cols)
+        self.versions = self.store.versions
+
+    def apply(self, values: np.ndarray, local_rows: np.ndarray, batch: UpdateBatch, client: int) -> None:
+        s = self.store
+        tags = batch.tags
+        bad = s.first_invalid(local_rows, tags)
+        if bad >= 0:
+            r = int(local_rows[bad])
+            raise ProtocolError(f"INC: table {self.table.name!r} row {int(self.global_rows[r])}: update tagged "
+                                f"with version {int(tags[bad])}, which no client holds (row is at version "
+                                f"{int(s.versions[r])})")
+        s.reserve(local_rows.shape[0])
+        g = gradients(values, batch)
+        if batch.sparse:
+            adarev_csr(values, self.z, self.zmax, self.gsum, local_rows, batch.indptr, batch.cols, tags, g,
+                       self.alpha, s.index, s.versions, s.cur_ref, s.pool, s.refcnt, s.free, s.nfree)
+        else:
+            adarev_dense(values, self.z, self.zmax, self.gsum, local_rows, tags, g, self.alpha,
+                         s.index, s.versions, s.cur_ref, s.pool, s.refcnt, s.free, s.nfree)
+        s.note_peak()
+
+    def rows_sent(self, local_rows: np.ndarray, num_clients: int) -> None:
+        self.store.rows_sent(local_rows, num_clients)
+
+    def release(self, local_rows: np.ndarray, versions: np.ndarray) -> None:
+        errors = self.store.release(local_rows, versions)
+        if errors:
+            raise ProtocolError(f"INC: table {self.table.name!r}: {errors} released row versions were not held")
+
+    def allow_push(self) -> bool:
+        return self.store.live <= self.max_snapshots
+
+    def stats(self) -> dict[str, Any]:
+        return {"procedure": "adarevision", "alpha": self.alpha, "snapshot_cap": self.max_snapshots,
+                **self.store.stats()}
