@@ -102,6 +102,8 @@ def decode_header(frame: Any) -> dict[str, Any]:
     if not isinstance(h, dict):
         raise ProtocolError(f"header must be a map, got {type(h).__name__}")
     t = h.get("t")
+    if not isinstance(t, int) or isinstance(t, bool):  # Msg(True) and Msg(1.0) would both be HELLO
+        raise ProtocolError(f"unknown message type {t!r} (must be an integer)")
     try:
         h["t"] = Msg(t)
     except ValueError:

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from bosen.client.client import Client, Worker
 
 
+_FAST_INDEX = (int, np.int64, np.int32)  # row types the cache-hit path takes without further checks
+
+
 class TableState:
     """Everything the process keeps for one table; ``lock`` guards cache, buffer and in-flight log."""
 
@@ -39,7 +42,9 @@ class TableState:
         self.importance = np.zeros(cfg.rows) if self.policy and self.policy.uses_importance else None
         self.relative = comm.priority == "relative"
         self.send_count = np.zeros(cfg.rows, dtype=np.int32)
-        self.wire_dtype = np.dtype(comm.wire_dtype) if comm.enabled and self.dtype.kind == "f" else self.dtype
+        # float16 is the only narrower wire format; every other table travels in its own dtype
+        f16 = comm.enabled and comm.wire_dtype == "float16" and self.dtype.kind == "f"
+        self.wire_dtype = np.dtype(np.float16) if f16 else self.dtype
 
     def set_capabilities(self, read_my_writes: bool, versioned: bool) -> None:
         """What the server allows for this table (from WELCOME), applied before any row arrives."""
@@ -94,8 +99,11 @@ class Table:
 
     def get_row(self, row: int) -> np.ndarray:
         """A copy of one row, at least as fresh as the SSP rule requires (blocks until it is)."""
+        client = self._client
+        if client._closed or client._comm.error is not None:
+            client._check()
         need = self._worker.tick - self.staleness
-        if 0 <= row < self.rows and self._clock[row] >= (need if need > 0 else 0):
+        if type(row) in _FAST_INDEX and 0 <= row < self.rows and self._clock[row] >= (need if need > 0 else 0):
             with self._st.lock:
                 return self._values[row].copy()
         return self.get_rows(np.array([self._row(row)], dtype=np.int64))[0]

@@ -269,6 +269,8 @@ class Server:
         c = h["c"]
         if c < self.client_clock[peer.rank]:
             raise ProtocolError(f"CLOCK: clock {c} goes back from {self.client_clock[peer.rank]}")
+        if c >= GONE:
+            raise ProtocolError(f"CLOCK: clock {c} out of range (must be below {GONE})")
         self.client_clock[peer.rank] = c
         self._maybe_advance()
 

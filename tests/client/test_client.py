@@ -1,0 +1,501 @@
+"""The client library against real servers: read-my-writes, worker threads, sparse increments,
+argument errors, read timeouts, stats, and close() flushing."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from bosen.client import Client
+from bosen.errors import BosenError, ClientClosed, ReadTimeout, ServerError
+
+MANAGED = {"enabled": True, "priority": "relative", "client_bandwidth_mbps": 100, "server_bandwidth_mbps": 100}
+
+
+def tri(n: int) -> int:
+    return n * (n + 1) // 2
+
+
+def ahead_reader(path, rank: int, clocks: int) -> Client:
+    """A client that joins now and clocks ``clocks`` ticks at once, so it never holds the job back;
+    later, once the others have left, its reads return the servers' exact values."""
+    c = Client.connect(path, rank=rank)
+    for _ in range(clocks):
+        c.clock()
+    return c
+
+
+def wait_until(cond, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
+        time.sleep(0.05)
+
+
+def server_values(path, rank: int, table: str, rows) -> np.ndarray:
+    """Exact server values via a fresh client (its own cache starts empty). Needs a free rank."""
+    with Client.connect(path, rank=rank) as c:
+        return c.table(table).get_rows(np.asarray(rows, dtype=np.int64))
+
+
+# ------------------------------------------------------------------------------------------------
+# read-my-writes
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
+def test_read_my_writes_single_process_exactly_once(cluster, comm):
+    """One process, staleness 0: each read at tick c waits for the server's push of clock c, so the
+    pushed value already holds our updates; the cache must show them exactly once."""
+    c = cluster(2, workers=2, staleness=0, comm=comm, tables={"W": {"rows": 6, "cols": 3, "dtype": "int64"},
+                                                              "F": {"rows": 4, "cols": 2, "dtype": "float32"}})
+    reader = ahead_reader(c.path, 1, 20)
+    client = Client.connect(c.path, rank=0)
+    try:
+        W, F = client.table("W"), client.table("F")
+        rows = np.arange(6)
+        want = np.zeros((6, 3), np.int64)
+        np.testing.assert_array_equal(W.get_rows(rows), want)  # subscribe to every row
+        fwant = np.zeros((4, 2), np.float32)
+        pushed = []
+        for tick in range(6):
+            W.inc_rows(rows, np.full((6, 3), tick + 1, np.int64))
+            W.inc(tick % 6, 1, 100)
+            F.inc(1, 1, 0.5)
+            want += tick + 1
+            want[tick % 6, 1] += 100
+            fwant[1, 1] += 0.5
+            np.testing.assert_array_equal(W.get_rows(rows), want, err_msg=f"right after inc, tick {tick}")
+            time.sleep(0.03)  # early sends, acks and early pushes may happen now
+            np.testing.assert_array_equal(W.get_rows(rows), want, err_msg=f"30 ms after inc, tick {tick}")
+            client.clock()
+            np.testing.assert_array_equal(W.get_rows(rows), want, err_msg=f"after clock {tick + 1}")
+            time.sleep(0.03)
+            np.testing.assert_array_equal(W.get_rows(rows), want, err_msg=f"30 ms after clock {tick + 1}")
+            np.testing.assert_array_equal(F.get_rows(np.arange(4)), fwant)
+            pushed.append(client.stats()["rows_pushed_to_us"])
+        assert pushed[-1] > pushed[0] > 0, f"the server never pushed rows to us: {pushed}"
+        st = client.stats()
+        assert st["server_errors"] == 0
+        assert st["clock"] == 6
+        client.close()
+        # the servers hold each update exactly once
+        np.testing.assert_array_equal(reader.table("W").get_rows(rows), want)
+        np.testing.assert_array_equal(reader.table("F").get_rows(np.arange(4)), fwant)
+    finally:
+        client.close()
+        reader.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("staleness, comm", [(0, None), (0, MANAGED), (2, MANAGED)],
+                         ids=["s0-bsp", "s0-managed", "s2-managed"])
+def test_read_my_writes_two_processes(cluster, procs, tmp_path, staleness, comm):
+    c = cluster(2, workers=3, staleness=staleness, comm=comm, tables={"W": {"rows": 8, "cols": 2, "dtype": "int64"}})
+    ticks = 8
+    reader = ahead_reader(c.path, 2, ticks + staleness + 2)
+    try:
+        ws = [procs.worker("rmw_worker.py", c.path, "--ticks", ticks, "--result", tmp_path / f"rmw-{i}.json",
+                           name=f"rmw-{i}") for i in range(2)]
+        assert procs.wait_all(ws, timeout=90) == [0, 0], "\n".join(p.tail() for p in ws)
+        results = [json.loads((tmp_path / f"rmw-{i}.json").read_text()) for i in range(2)]
+        assert sorted(r["rank"] for r in results) == [0, 1]
+        for r in results:
+            assert r["bad_count"] == 0, f"worker {r['rank']}: {r['bad'][:8]}"
+            assert r["reads"] == ticks * 9
+            assert r["rows_pushed_to_us"] > 0
+        if comm is not None:
+            assert sum(r["rows_sent_budgeted"] for r in results) > 0, "no early sends happened"
+        np.testing.assert_array_equal(reader.table("W").get_rows(np.arange(8)), np.full((8, 2), tri(ticks)))
+    finally:
+        reader.close()
+    c.check()
+
+
+# ------------------------------------------------------------------------------------------------
+# worker threads
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
+def test_worker_threads_share_one_process_clock(cluster, comm):
+    nthreads, ticks = 3, 8
+    c = cluster(2, workers=2, staleness=1, comm=comm, tables={"W": {"rows": 5, "cols": nthreads, "dtype": "int64"}})
+    reader = ahead_reader(c.path, 1, ticks + 3)
+    client = Client.connect(c.path, rank=0, main_worker=False)
+    errors: list[str] = []
+    seen_clocks: list[tuple[int, int]] = []
+    lock = threading.Lock()
+    ready = threading.Barrier(nthreads)
+
+    def run(k: int) -> None:
+        rng = random.Random(k)
+        try:
+            with client.worker() as w:
+                ready.wait(10)
+                T = w.table("W")
+                for tick in range(ticks):
+                    assert w.tick == tick
+                    T.inc_rows(np.arange(5), np.where(np.arange(nthreads) == k, tick + 1, 0)[None, :].repeat(5, 0))
+                    own = T.get_rows(np.arange(5))[:, k]
+                    if not (own == tri(tick + 1)).all():
+                        errors.append(f"thread {k} tick {tick}: own column {own.tolist()}")
+                    time.sleep(rng.uniform(0, 0.01))
+                    w.clock()
+                    with lock:
+                        seen_clocks.append((w.tick, client.stats()["clock"]))
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(f"thread {k}: {e!r}")
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(nthreads)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads), "worker threads hung"
+        assert not errors, errors
+        # the process clock never runs ahead of any worker that has not finished
+        assert all(proc <= mine for mine, proc in seen_clocks), seen_clocks
+        assert client.stats()["clock"] == ticks
+        wait_until(lambda: all(s["client_clocks"][0] == ticks for s in c.status()), "servers see clock")
+        client.close()
+        np.testing.assert_array_equal(reader.table("W").get_rows(np.arange(5)), np.full((5, nthreads), tri(ticks)))
+    finally:
+        client.close()
+        reader.close()
+
+
+@pytest.mark.timeout(60)
+def test_process_clock_is_the_minimum_of_its_workers(cluster):
+    c = cluster(1, workers=1, staleness=5)
+    client = Client.connect(c.path)
+    try:
+        with client.worker() as a:
+            assert (client.tick, a.tick) == (0, 0)
+            a.clock()
+            a.clock()
+            assert client.stats()["clock"] == 0  # the main worker is still at tick 0
+            client.clock()
+            assert client.stats()["clock"] == 1
+            with client.worker() as late:
+                assert late.tick == 1  # a new worker starts at the process clock
+                client.clock()
+                client.clock()
+                assert client.stats()["clock"] == 1  # held back by `late`
+            assert client.stats()["clock"] == 2  # `late` left; now min(a=2, main=3)
+        assert client.stats()["clock"] == 3  # `a` left: only the main worker (tick 3) remains
+        client.clock()
+        assert client.stats()["clock"] == 4
+        wait_until(lambda: c.status()[0]["client_clocks"][0] == 4, "server sees clock 4")
+    finally:
+        client.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# sparse increments
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
+def test_sparse_and_duplicate_increments(cluster, comm):
+    c = cluster(2, workers=3, staleness=1, comm=comm, tables={"W": {"rows": 7, "cols": 5, "dtype": "int64"},
+                                                              "F": {"rows": 3, "cols": 4, "dtype": "float32"}})
+    client = Client.connect(c.path, rank=0)
+    try:
+        W, F = client.table("W"), client.table("F")
+        want = np.zeros((7, 5), np.int64)
+        fwant = np.zeros((3, 4), np.float32)
+        W.inc_rows([1, 1, 3, 6, 1], [5, 6, 7, -2, 1], cols=[2, 2, 0, 4, 2])
+        want[1, 2] += 12
+        want[3, 0] += 7
+        want[6, 4] -= 2
+        W.inc(3, 1, 4)
+        W.inc(3, 1, 4)
+        want[3, 1] += 8
+        W.inc_rows(np.array([2, 2, 5]), np.arange(15).reshape(3, 5))  # duplicate rows in a dense block
+        want[2] += np.arange(5) + np.arange(5, 10)
+        want[5] += np.arange(10, 15)
+        W.inc_row(0, [1, 2, 3, 4, 5])
+        want[0] += [1, 2, 3, 4, 5]
+        W.inc_rows(np.zeros(0, np.int64), np.zeros(0, np.int64), cols=np.zeros(0, np.int64))  # nothing
+        F.inc_rows([0, 0, 2], np.array([0.25, 0.5, -1.0], np.float32), cols=[3, 3, 0])
+        F.inc(1, 1, 2)  # an integer delta into a float table is fine
+        fwant[0, 3] += 0.75
+        fwant[2, 0] -= 1
+        fwant[1, 1] += 2
+        np.testing.assert_array_equal(W.get_rows(np.arange(7)), want)  # read-my-writes, before any send
+        np.testing.assert_array_equal(F.get_rows(np.arange(3)), fwant)
+        assert W.get(1, 2) == 12 and W.get(3, 1) == 8
+        client.clock()
+        np.testing.assert_array_equal(W.get_rows(np.arange(7)), want)
+        client.close()
+        np.testing.assert_array_equal(server_values(c.path, 1, "W", range(7)), want)
+        np.testing.assert_array_equal(server_values(c.path, 2, "F", range(3)), fwant)
+    finally:
+        client.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# API errors
+
+
+@pytest.mark.timeout(60)
+def test_api_errors(cluster):
+    c = cluster(2, workers=2, staleness=1, tables={"W": {"rows": 10, "cols": 4, "dtype": "int64"},
+                                                   "F": {"rows": 3, "cols": 2, "dtype": "float32"}})
+    client = Client.connect(c.path, rank=0)
+    try:
+        with pytest.raises(KeyError) as ei:
+            client.table("Nope")
+        assert "Nope" in str(ei.value) and "W" in str(ei.value) and "F" in str(ei.value)
+        W, F = client.table("W"), client.table("F")
+        assert (W.rows, W.cols, W.dtype, W.staleness) == (10, 4, np.dtype("int64"), 1)
+
+        out_of_range = [
+            lambda: W.get_row(10), lambda: W.get_row(-1), lambda: W.get(0, 4), lambda: W.get(0, -1),
+            lambda: W.get_rows([0, 10]), lambda: W.get_rows([-1]),
+            lambda: W.inc(10, 0, 1), lambda: W.inc(0, 4, 1), lambda: W.inc(0, -1, 1),
+            lambda: W.inc_row(12, [1, 2, 3, 4]), lambda: W.inc_rows([0, 11], np.ones((2, 4), np.int64)),
+            lambda: W.inc_rows([0, 1], [1, 1], cols=[0, 9]), lambda: W.inc_rows([0], [1], cols=[-2]),
+        ]
+        for f in out_of_range:
+            with pytest.raises(IndexError, match="out of range"):
+                f()
+        # (get_row of a bad row type: see test_get_row_checks_the_row_type_for_cached_rows)
+        for f in (lambda: W.get_rows([[0, 1]]), lambda: W.get_rows([0.5]), lambda: W.get_rows([True]),
+                  lambda: W.inc_row(1.0, [1, 2, 3, 4]), lambda: W.inc(True, 0, 1)):
+            with pytest.raises(TypeError):
+                f()
+        wrong_shape = [
+            lambda: W.inc_rows([0, 1], np.ones((2, 3), np.int64)),
+            lambda: W.inc_rows([0, 1], np.ones((1, 4), np.int64)),
+            lambda: W.inc_rows([0, 1], np.ones(8, np.int64)),
+            lambda: W.inc_row(0, [1, 2, 3]),
+            lambda: W.inc_rows([0, 1], [1, 2, 3], cols=[0, 1]),
+            lambda: W.inc_rows([0, 1], [1, 2], cols=[0]),
+        ]
+        for f in wrong_shape:
+            with pytest.raises(ValueError, match="shape|same length"):
+                f()
+        for f in (lambda: W.inc_rows([0], np.ones((1, 4))), lambda: W.inc(0, 0, 1.5),
+                  lambda: W.inc_row(0, [0.5, 0, 0, 0]), lambda: W.inc_rows([0], [1.0], cols=[0])):
+            with pytest.raises(TypeError, match="int64"):
+                f()
+        for f in (lambda: F.inc(0, 0, float("nan")), lambda: F.inc_row(1, [0, float("inf")]),
+                  lambda: F.inc_rows([0, 2], np.array([[1, 2], [np.nan, 0]])),
+                  lambda: F.inc_rows([0], [-np.inf], cols=[1])):
+            with pytest.raises(ValueError, match="NaN or inf"):
+                f()
+        assert W.get_rows([]).shape == (0, 4) and W.get_rows(np.zeros(0, np.int32)).dtype == np.int64
+        assert W.get_rows(np.array([3, 3, 1], np.int32)).shape == (3, 4)  # duplicates and int32 ids are fine
+        # nothing of the rejected calls was buffered or applied
+        W.inc(2, 3, 7)
+        F.inc(2, 1, 0.5)
+        client.clock()
+        want = np.zeros((10, 4), np.int64)
+        want[2, 3] = 7
+        np.testing.assert_array_equal(W.get_rows(np.arange(10)), want)
+        np.testing.assert_array_equal(F.get_rows(np.arange(3)), [[0, 0], [0, 0], [0, 0.5]])
+        assert client.stats()["server_errors"] == 0
+        client.close()
+        np.testing.assert_array_equal(server_values(c.path, 1, "W", range(10)), want)
+        # (get_row of a cached row after close: see test_get_row_after_close_raises)
+        for f in (lambda: W.get_rows([0]), lambda: W.inc(0, 0, 1), client.clock, lambda: client.worker().__enter__()):
+            with pytest.raises(ClientClosed):
+                f()
+        client.close()  # twice is fine
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+def test_joining_with_a_different_config_or_a_full_job_fails(cluster, tmp_path):
+    c = cluster(1, workers=1, tables={"W": {"rows": 4, "cols": 2, "dtype": "int64"}})
+    other = dict(c.config, tables={"W": {"rows": 5, "cols": 2, "dtype": "int64"}})
+    t0 = time.monotonic()
+    with pytest.raises(BosenError, match="fingerprint"):
+        Client.connect(other, join_timeout=10)
+    assert time.monotonic() - t0 < 8
+    first = Client.connect(c.path)
+    try:
+        assert first.rank == 0 and first.num_workers == 1
+        with pytest.raises(ServerError, match="full"):
+            Client.connect(c.path, join_timeout=10)
+        with pytest.raises(ServerError, match="rank 0 already joined"):
+            Client.connect(c.path, rank=0, join_timeout=10)
+    finally:
+        first.close()
+    with pytest.raises(ServerError, match="rank 0 left the job"):
+        Client.connect(c.path, rank=0, join_timeout=10)
+    c.check()
+
+
+@pytest.mark.timeout(60)
+def test_joining_a_job_whose_server_is_down_times_out(cluster):
+    c = cluster(2, workers=1)
+    c.stop_server(1)
+    t0 = time.monotonic()
+    with pytest.raises(BosenError, match="no answer to HELLO from server 1"):
+        Client.connect(c.path, join_timeout=2)
+    assert time.monotonic() - t0 < 20
+
+
+# ------------------------------------------------------------------------------------------------
+# read timeout
+
+
+@pytest.mark.timeout(60)
+def test_unsatisfiable_read_times_out_naming_table_row_and_clocks(cluster):
+    # two worker processes make up the job, but only one ever joins: the servers' clock stays 0
+    c = cluster(2, workers=2, staleness=0, read_timeout_s=2,
+                tables={"W": {"rows": 10, "cols": 3, "dtype": "int64"}})
+    client = Client.connect(c.path)
+    try:
+        W = client.table("W")
+        W.inc(3, 0, 5)
+        assert W.get(3, 0) == 5  # tick 0: the servers' clock 0 is fresh enough
+        client.clock()
+        for row in (3, 6):  # cached (stale) and never read
+            t0 = time.monotonic()
+            with pytest.raises(ReadTimeout) as ei:
+                W.get_row(row)
+            elapsed = time.monotonic() - t0
+            assert 1.5 <= elapsed < 10, elapsed
+            msg = str(ei.value)
+            assert "'W'" in msg and f"row {row}" in msg, msg
+            assert "tick 1" in msg and ">= 1" in msg and "staleness 0" in msg, msg
+        assert isinstance(ei.value, TimeoutError)
+        st = client.stats()
+        assert st["blocked_reads"] >= 2 and st["blocked_s"] >= 3.5
+    finally:
+        client.close()
+    c.check()
+
+
+# ------------------------------------------------------------------------------------------------
+# stats and close
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
+def test_stats(cluster, comm):
+    c = cluster(2, workers=1, staleness=2, comm=comm, tables={"W": {"rows": 10, "cols": 4, "dtype": "int64"}})
+    client = Client.connect(c.path)
+    try:
+        W = client.table("W")
+        s0 = client.stats()
+        W.get_rows(np.arange(6))
+        W.inc_rows(np.arange(10), np.ones((10, 4), np.int64))
+        client.clock()
+        client.clock()
+        W.get_rows(np.arange(6))
+        # clock() hands the flush to the communication thread; wait until it has gone out
+        wait_until(lambda: client.stats()["rows_sent"] >= 10, "flush at clock")
+        s = client.stats()
+        for k in ("rank", "clock", "bytes_sent", "bytes_received", "msgs_sent", "msgs_received", "rows_sent",
+                  "rows_received", "blocked_s", "blocked_reads", "server_clocks", "uptime_s", "tables"):
+            assert k in s, k
+        assert s["rank"] == 0 and s["clock"] == 2
+        assert s["bytes_sent"] > s0["bytes_sent"] and s["bytes_received"] > s0["bytes_received"]
+        assert s["rows_sent"] >= 10
+        assert s["rows_received"] >= 6
+        assert s["blocked_reads"] >= 1 and s["blocked_s"] >= 0
+        assert len(s["server_clocks"]) == 2
+        t = s["tables"]["W"]
+        assert t["cached_rows"] == 6
+        assert 0 <= t["staleness_mean"] <= t["staleness_max"] <= 2
+        if comm is not None:
+            for k in ("budget_mbps", "egress_mbps", "priority", "unacked"):
+                assert k in s, k
+            assert s["budget_mbps"] == 100 and s["priority"] == "relative"
+        json.dumps(s)  # plain data
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
+def test_close_flushes_updates_made_after_the_last_clock(cluster, comm):
+    c = cluster(2, workers=2, staleness=1, comm=comm, tables={"W": {"rows": 9, "cols": 2, "dtype": "int64"},
+                                                              "F": {"rows": 2, "cols": 2, "dtype": "float64"}})
+    client = Client.connect(c.path)
+    W, F = client.table("W"), client.table("F")
+    W.inc_rows(np.arange(9), np.ones((9, 2), np.int64))
+    client.clock()
+    W.inc_rows(np.arange(9), np.full((9, 2), 10, np.int64))  # tick 1, never clocked
+    W.inc(8, 1, 1000)
+    F.inc_row(1, [0.5, -0.25])
+    client.close()
+    want = np.full((9, 2), 11, np.int64)
+    want[8, 1] += 1000
+    np.testing.assert_array_equal(server_values(c.path, 1, "W", range(9)), want)
+    for s in c.status():
+        assert s["client_clocks"][0] == "left"
+    c.check()
+
+
+@pytest.mark.timeout(60)
+def test_client_from_dict_and_context_manager(cluster):
+    c = cluster(1, workers=2)
+    with Client.connect(c.config) as client:
+        assert client.rank == 0 and client.num_workers == 2
+        client.table("W").inc(0, 0, 3)
+    with Client.connect(c.config, overrides=["consistency.read_timeout_s=5"]) as client:
+        assert client.rank == 1
+        assert client.config.consistency.read_timeout_s == 5
+        assert client.table("W").get(0, 0) == 3
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("comm", [
+    pytest.param(None, id="bsp"),
+    pytest.param({"enabled": True}, id="managed"),
+    pytest.param({"enabled": True, "wire_dtype": "float16"}, id="managed-f16"),
+])
+def test_float64_table(cluster, comm):
+    c = cluster(2, workers=2, staleness=1, comm=comm, tables={"D": {"rows": 4, "cols": 3, "dtype": "float64"}})
+    want = np.zeros((4, 3))
+    reader = ahead_reader(c.path, 1, 10)
+    with Client.connect(c.path, rank=0) as client:
+        D = client.table("D")
+        for tick in range(3):
+            D.inc_rows(np.arange(4), np.full((4, 3), 0.125 * (tick + 1)))
+            D.inc(1, 2, 1.5)
+            want += 0.125 * (tick + 1)
+            want[1, 2] += 1.5
+            np.testing.assert_array_equal(D.get_rows(np.arange(4)), want)
+            client.clock()
+        assert client.stats()["server_errors"] == 0
+    with reader:
+        np.testing.assert_array_equal(reader.table("D").get_rows(np.arange(4)), want)
+
+
+@pytest.mark.timeout(60)
+def test_get_row_checks_the_row_type_for_cached_rows(cluster):
+    c = cluster(1, workers=1, staleness=1)
+    with Client.connect(c.path) as client:
+        W = client.table("W")
+        W.get_rows(np.arange(W.rows))  # everything cached now
+        for bad in (True, 1.0, np.float64(2)):
+            with pytest.raises(TypeError):
+                W.get_row(bad)
+
+
+@pytest.mark.timeout(60)
+def test_get_row_after_close_raises(cluster):
+    c = cluster(1, workers=1, staleness=1)
+    client = Client.connect(c.path)
+    W = client.table("W")
+    W.get_rows(np.arange(W.rows))
+    client.close()
+    with pytest.raises(ClientClosed):
+        W.get_rows([0])  # the slow path checks
+    with pytest.raises(ClientClosed):
+        W.get_row(0)

@@ -1,0 +1,94 @@
+"""The SSP invariant under random worker delays: 6 worker processes, 2 servers, int64 table.
+
+See tests/workers/ssp_worker.py for what each worker checks at every tick. Here: every worker
+finishes with zero violations, and a client whose cache starts empty reads the exact final sums.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bosen.client import Client
+
+WORKERS = 6
+TICKS = 12
+ROWS = 10
+
+
+def tri(n: int) -> int:
+    return n * (n + 1) // 2
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("staleness, comm", [
+    (0, None),
+    (1, {"enabled": True, "priority": "relative", "client_bandwidth_mbps": 50, "server_bandwidth_mbps": 50}),
+    (3, {"enabled": True, "priority": "random", "client_send_rows": 3, "server_push_rows": 3}),
+], ids=["s0-bsp", "s1-managed", "s3-managed"])
+def test_ssp_invariant_under_random_delays(cluster, procs, tmp_path, staleness, comm):
+    # rank WORKERS is the final reader: it joins first and clocks far ahead at once, so it never
+    # holds the job back; it reads only after every worker has left.
+    c = cluster(2, workers=WORKERS + 1, staleness=staleness, comm=comm, read_timeout_s=30,
+                tables={"W": {"rows": ROWS, "cols": WORKERS, "dtype": "int64"}})
+    reader = Client.connect(c.path, rank=WORKERS)
+    try:
+        for _ in range(TICKS + staleness + 1):
+            reader.clock()
+        ws = [procs.worker("ssp_worker.py", c.path, "--ticks", TICKS, "--result", tmp_path / f"result-{i}.json",
+                           "--seed", i, name=f"ssp-{i}") for i in range(WORKERS)]
+        codes = procs.wait_all(ws, timeout=100)
+        assert codes == [0] * WORKERS, "\n".join(f"{p.name} exit {p.popen.returncode}:\n{p.tail()}" for p in ws)
+
+        results = [json.loads((tmp_path / f"result-{i}.json").read_text()) for i in range(WORKERS)]
+        assert sorted(r["rank"] for r in results) == list(range(WORKERS))
+        for i, p in enumerate(ws):
+            assert "bad message" not in p.output(), p.tail()
+        for r in results:
+            assert r["staleness"] == staleness
+            assert r["violation_count"] == 0, f"worker {r['rank']}: {r['violations'][:10]}"
+            # (ticks + 1) reads of get_rows plus ticks reads of get_row, each ROWS x WORKERS values
+            assert r["checks"] == (2 * TICKS + 1) * ROWS * WORKERS
+        if comm is not None:
+            assert sum(r["rows_sent_budgeted"] for r in results) > 0, "managed communication sent nothing early"
+
+        # fresh cache, after everyone left: exact final sums
+        W = reader.table("W")
+        final = W.get_rows(np.arange(ROWS))
+        np.testing.assert_array_equal(final, np.full((ROWS, WORKERS), tri(TICKS), dtype=np.int64))
+        assert W.get(ROWS - 1, WORKERS - 1) == tri(TICKS)
+        stats = c.status()
+        for s, server in zip(stats, c.servers):
+            assert s["client_clocks"][:WORKERS] == ["left"] * WORKERS
+            # real clients never send anything a server rejects (not even an ack of a push that
+            # crossed their BYE)
+            rejected = [x for x in server.output().splitlines() if "rejected message" in x]
+            assert not rejected, "\n".join(rejected)
+            assert s["errors"] == 0
+    finally:
+        reader.close()
+    c.check()
+
+
+@pytest.mark.timeout(120)
+def test_checker_detects_reads_outside_the_bound(cluster, procs, tmp_path):
+    """The checker has teeth: a job run at staleness 3 with one slow worker, checked as if it were
+    BSP, must report violations (the fast workers run up to 3 ticks ahead of the slow one)."""
+    n, ticks = 3, 8
+    c = cluster(2, workers=n, staleness=3, read_timeout_s=30,
+                tables={"W": {"rows": 4, "cols": n, "dtype": "int64"}})
+    ws = [procs.worker("ssp_worker.py", c.path, "--ticks", ticks, "--result", tmp_path / f"r-{i}.json",
+                       "--seed", i, "--max-sleep-ms", 0, "--slow-rank", 0, "--slow-ms", 60,
+                       "--assume-staleness", 0, name=f"ssp-{i}") for i in range(n)]
+    assert procs.wait_all(ws, timeout=90) == [0] * n
+    results = {r["rank"]: r for r in (json.loads((tmp_path / f"r-{i}.json").read_text()) for i in range(n))}
+    slow = results[0]
+    assert slow["violation_count"] > 0
+    assert any("at most" in v for v in slow["violations"]), slow["violations"][:5]  # saw the future
+    fast = [results[1], results[2]]
+    assert any(any("need >=" in v for v in r["violations"]) for r in fast)  # saw a stale slow worker
+    # no own-column or non-triangular problems: only the bound was (deliberately) wrong
+    for r in results.values():
+        assert not any("own" in v or "triangular" in v for v in r["violations"]), r["violations"][:5]
