@@ -27,7 +27,10 @@ def tri(n: int) -> int:
     (0, None),
     (1, {"enabled": True, "priority": "relative", "client_bandwidth_mbps": 50, "server_bandwidth_mbps": 50}),
     (3, {"enabled": True, "priority": "random", "client_send_rows": 3, "server_push_rows": 3}),
-], ids=["s0-bsp", "s1-managed", "s3-managed"])
+    (0, {"enabled": True, "priority": "round_robin", "client_send_rows": 5, "server_push_rows": 5}),
+    (2, {"enabled": True, "priority": "absolute", "wire_dtype": "float16", "client_send_rows": 4}),
+], ids=["s0-bsp", "s1-managed-relative", "s3-managed-random", "s0-managed-round_robin",
+        "s2-managed-absolute-float16"])
 def test_ssp_invariant_under_random_delays(cluster, procs, tmp_path, staleness, comm):
     # rank WORKERS is the final reader: it joins first and clocks far ahead at once, so it never
     # holds the job back; it reads only after every worker has left.
