@@ -23,10 +23,11 @@ def query(address: str, timeout: float = 3.0, ctx: zmq.Context | None = None) ->
         sock.send_multipart(wire.encode({"t": Msg.STATUS, "s": 1}))
         if not sock.poll(int(timeout * 1000)):
             raise BosenError(f"server at {address}: no answer within {timeout:g}s")
-        h = wire.decode_header(sock.recv_multipart()[0])
-        if h["t"] != Msg.STATUS_REPLY:
+        frames = sock.recv_multipart()
+        h = wire.decode_header(frames[0])
+        if h["t"] != Msg.STATUS_REPLY or len(frames) != 2:
             raise BosenError(f"server at {address}: unexpected reply {h['t'].name}")
-        return h["stats"]
+        return wire.decode_status(frames[1])
     finally:
         sock.close()
         if own:

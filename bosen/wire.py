@@ -75,10 +75,30 @@ _SCHEMA: dict[Msg, dict[str, type]] = {
     Msg.ACK: {"rq": _INT},
     Msg.ERROR: {"rq": _INT, "m": str},
     Msg.BYE_OK: {"rq": _INT},
-    Msg.STATUS_REPLY: {"rq": _INT, "stats": dict},
+    Msg.STATUS_REPLY: {"rq": _INT},
 }
 # Number of array frames after the header; INC depends on the sparse flag.
-_FRAMES = {Msg.READ: 1, Msg.ROWS: 2}
+_FRAMES = {Msg.READ: 1, Msg.ROWS: 2, Msg.STATUS_REPLY: 1}
+MAX_STATUS_BYTES = 16 << 20
+
+
+def encode_status(rq: int, stats: dict[str, Any]) -> list[Any]:
+    """STATUS_REPLY: the stats travel as their own msgpack frame (they outgrow a header on long runs:
+    per-row send-count histograms, per-client clocks)."""
+    return [msgpack.packb({"t": Msg.STATUS_REPLY, "rq": rq}), msgpack.packb(stats, use_bin_type=True)]
+
+
+def decode_status(frame: Any) -> dict[str, Any]:
+    buf = frame.buffer if hasattr(frame, "buffer") else frame
+    if len(buf) > MAX_STATUS_BYTES:
+        raise ProtocolError(f"STATUS_REPLY: stats of {len(buf)} bytes exceed {MAX_STATUS_BYTES}")
+    try:
+        stats = msgpack.unpackb(buf, raw=False, strict_map_key=False, max_ext_len=0)
+    except Exception as e:
+        raise ProtocolError(f"STATUS_REPLY: stats are not valid msgpack ({type(e).__name__})") from None
+    if not isinstance(stats, dict):
+        raise ProtocolError("STATUS_REPLY: stats must be a map")
+    return stats
 
 
 def encode(header: dict[str, Any], *arrays: np.ndarray) -> list[Any]:

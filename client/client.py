@@ -142,6 +142,8 @@ class Client:
             stale = self._clocks.clock - cached if cached.size else np.zeros(1, dtype=np.int64)
             tables[st.name] = {"cached_rows": int(cached.size), "staleness_mean": float(stale.mean()),
                                "staleness_max": int(stale.max()), "send_count_hist": hist}
+            if st.vlog is not None:  # versioned: updates retired by a newer version, versions released
+                tables[st.name].update(rows_retired=st.vlog.retired_rows, versions_released=st.vlog.released)
         s["tables"] = tables
         return s
 

@@ -268,16 +268,22 @@ class CommThread:
             eov[:rr.shape[0]] = 1
             block = np.concatenate([rv, cur]) if rr.shape[0] else cur
             rel_parts = self.partition.split(lr)
+            per = max(1, CHUNK_BYTES // (st.cols * st.dtype.itemsize))
             for j, pos in enumerate(self.partition.split(all_rows)):
                 rpos = rel_parts[j]
-                if pos.shape[0] == 0 and rpos.shape[0] == 0:
-                    continue
-                rj = all_rows[pos]
-                wire_block, _ = self._quantize(st, rj, block[pos], keep_residual=eov[pos] == 0)
-                batch = self._update_batch(rj, wire_block)
-                batch.tags, batch.eov = tags[pos], eov[pos]
-                batch.rel_rows, batch.rel_tags = lr[rpos], lt[rpos]
-                batches.append((j, batch))
+                # in order (retired first), at most CHUNK_BYTES of values per message; the
+                # releases ride with the last message to this server
+                for k in range(0, max(pos.shape[0], 1), per):
+                    p = pos[k:k + per]
+                    last = k + per >= pos.shape[0]
+                    if p.shape[0] == 0 and (rpos.shape[0] == 0 or not last):
+                        continue
+                    rj = all_rows[p]
+                    wire_block, _ = self._quantize(st, rj, block[p], keep_residual=eov[p] == 0)
+                    batch = self._update_batch(rj, wire_block)
+                    batch.tags, batch.eov = tags[p], eov[p]
+                    batch.rel_rows, batch.rel_tags = (lr[rpos], lt[rpos]) if last else (lr[:0], lt[:0])
+                    batches.append((j, batch))
         return sum(self._send_update(j, st, batch) for j, batch in batches)
 
     def _send_retired(self, st: TableState) -> int:
@@ -486,4 +492,6 @@ class CommThread:
     def _on_reply(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
         fut = self.pending.get((j, h["rq"]))
         if fut is not None and not fut.done():
+            if h["t"] == Msg.STATUS_REPLY:
+                h["stats"] = wire.decode_status(frames[0])
             fut.set_result(h)

@@ -174,12 +174,14 @@ class Server:
             self._send(ident, {"t": Msg.ERROR, "rq": seq, "m": f"internal server error: {e!r}"})
 
     def _send(self, ident: bytes, header: dict[str, Any], *arrays: np.ndarray) -> int:
-        frames = wire.encode(header, *arrays)
+        return self._send_frames(ident, wire.encode(header, *arrays), header["t"])
+
+    def _send_frames(self, ident: bytes, frames: list[Any], kind: Msg) -> int:
         sent = self._sock.send_multipart([ident, *frames], copy=False)
         if sent.done():
-            self._sent(ident, header, sent)
+            self._sent(ident, kind, sent)
         else:
-            sent.add_done_callback(lambda f: self._sent(ident, header, f))
+            sent.add_done_callback(lambda f: self._sent(ident, kind, f))
         nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
         self.counters["msgs_out"] += 1
         self.counters["bytes_out"] += nbytes
@@ -187,12 +189,12 @@ class Server:
             self.bucket.charge(nbytes)  # every byte counts against the budget, delayed or not
         return nbytes
 
-    def _sent(self, ident: bytes, header: dict[str, Any], fut: asyncio.Future) -> None:
+    def _sent(self, ident: bytes, kind: Msg, fut: asyncio.Future) -> None:
         err = None if fut.cancelled() else fut.exception()
         if err is None:
             return
         peer = self.peers.get(ident)  # EHOSTUNREACH: the peer disconnected
-        log.warning("cannot send %s to %s: %s", Msg(header["t"]).name, self._who(ident), err)
+        log.warning("cannot send %s to %s: %s", Msg(kind).name, self._who(ident), err)
         if peer is not None and not peer.gone:
             self._leave(peer)
 
@@ -291,7 +293,7 @@ class Server:
         peer.pushes_acked = max(peer.pushes_acked, h["ps"])
 
     def on_status(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
-        self._send(ident, {"t": Msg.STATUS_REPLY, "rq": h["s"], "stats": self.stats()})
+        self._send_frames(ident, wire.encode_status(h["s"], self.stats()), Msg.STATUS_REPLY)
 
     # -- clocks and pushes ---------------------------------------------------------------------
 

@@ -47,6 +47,34 @@ def sgd_pass(u_idx: np.ndarray, i_idx: np.ndarray, r: np.ndarray, L: np.ndarray,
 
 
 @njit(nogil=True, cache=True, fastmath=True)
+def grad_pass(u_idx: np.ndarray, i_idx: np.ndarray, r: np.ndarray, L: np.ndarray, R: np.ndarray,
+              reg: float, gL: np.ndarray, gR: np.ndarray) -> float:
+    """Add to ``gL``/``gR`` the gradient of Σ ½(r - L_u·R_i)² + ½·reg·(‖L_u‖² + ‖R_i‖²) (one reg
+    term per rating, as sgd_pass) at fixed ``L``/``R``; returns the exact loss Σ (r - L_u·R_i)².
+
+    This is what a worker sends to tables whose stored procedure takes gradients (sgd, adagrad,
+    adarevision): nothing moves locally, the server takes the step.
+    """
+    k = L.shape[1]
+    sse = 0.0
+    g_reg = np.float32(reg)
+    for j in range(r.shape[0]):
+        u = u_idx[j]
+        i = i_idx[j]
+        pred = np.float32(0.0)
+        for f in range(k):
+            pred += L[u, f] * R[i, f]
+        e = r[j] - pred
+        sse += np.float64(e) * np.float64(e)
+        for f in range(k):
+            lu = L[u, f]
+            ri = R[i, f]
+            gL[u, f] += g_reg * lu - e * ri
+            gR[i, f] += g_reg * ri - e * lu
+    return sse
+
+
+@njit(nogil=True, cache=True, fastmath=True)
 def squared_loss(u_idx: np.ndarray, i_idx: np.ndarray, r: np.ndarray, L: np.ndarray,
                  R: np.ndarray) -> float:
     """Exact training loss Σ (r - L_u·R_i)² (float64 accumulation) at the given L and R."""

@@ -5,6 +5,12 @@ rows of its users and the R rows of its items (one get_rows per table), measures
 its chunk at those values, runs one numba SGD pass on local copies and sends ``new - old`` back
 with inc_rows. One clock is one pass over the local data by default (the thesis' setting); with
 ``clocks_per_epoch = k`` each pass is split into k fixed chunks, one clock each (Bösen's "BS-k").
+
+``send: gradient`` is for tables whose stored procedure takes the step on the server (``update:
+sgd | adagrad | adarevision``): each clock the worker computes the gradient of its chunk's loss at
+the values it read and sends it as is (``add`` tables get ``-lr * g`` instead); the chunks are then
+mini-batches, so use several clocks per epoch. ``send: auto`` (default) picks gradient as soon as L
+or R has a procedure other than ``add``.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from bosen.apps.mf.data import Triples, load_csv, partition, synthetic
-from bosen.apps.mf.kernels import sgd_pass, squared_loss
+from bosen.apps.mf.kernels import grad_pass, sgd_pass, squared_loss
 from bosen.config import from_dict
 
 
@@ -38,6 +44,7 @@ class MFArgs:
     epochs: int = 25
     clocks_per_epoch: int = 1
     seed: int = 0  # shuffling order (mixed with the worker's rank)
+    send: str = "auto"  # "delta" (local SGD, new - old), "gradient" (raw gradients), "auto"
 
     def __post_init__(self) -> None:
         for k in ("n_users", "n_items", "rank"):
@@ -52,6 +59,8 @@ class MFArgs:
                 raise ValueError(f"{k}: invalid value {getattr(self, k)!r}")
         if not self.data:
             raise ValueError('data: expected "synthetic" or the path of a CSV file')
+        if self.send not in ("auto", "delta", "gradient"):
+            raise ValueError(f"send: expected auto, delta or gradient, got {self.send!r}")
 
 
 @dataclass
@@ -103,6 +112,17 @@ def _check_tables(client: Any, a: MFArgs) -> tuple[Any, Any, int, int, int]:
     return L, R, L.rows, R.rows, L.cols
 
 
+def _gradient_mode(a: MFArgs, L: Any, R: Any) -> bool:
+    """Whether to send gradients (see the module docstring); delta mode needs ``add`` tables."""
+    takes_gradients = [T.name for T in (L, R) if getattr(T, "update", "add") != "add"]
+    if a.send == "delta" and takes_gradients:
+        name = takes_gradients[0]
+        raise ValueError(f"app.args.send: delta sends new - old, but table {name} has update: "
+                         f"{getattr(L if name == L.name else R, 'update')}, which takes raw gradients; "
+                         "use send: gradient (or auto)")
+    return a.send == "gradient" or (a.send == "auto" and bool(takes_gradients))
+
+
 def load_data(a: MFArgs, n_users: int, n_items: int, rank: int) -> Triples:
     """All ratings of the job (every worker loads the same, deterministically) with ids checked."""
     if a.data == "synthetic":
@@ -123,11 +143,23 @@ def train(client: Any, args: Mapping[str, Any]) -> None:
                      seed=a.data_seed)
     rng = np.random.default_rng([a.seed, client.rank])
     chunks = _chunks(part, a.clocks_per_epoch, rng)
+    gradient = _gradient_mode(a, L, R)
     for epoch in range(a.epochs):
         lr = a.lr * a.lr_decay ** epoch
         for c in chunks:
             loss, seconds = 0.0, 0.0
-            if c.r.size:
+            if c.r.size and gradient:
+                Lv = L.get_rows(c.users)
+                Rv = R.get_rows(c.items)
+                t0 = time.perf_counter()
+                gL = np.zeros(Lv.shape, dtype=np.float32)
+                gR = np.zeros(Rv.shape, dtype=np.float32)
+                loss = grad_pass(c.u_idx, c.i_idx, c.r, np.ascontiguousarray(Lv, dtype=np.float32),
+                                 np.ascontiguousarray(Rv, dtype=np.float32), a.reg, gL, gR)
+                seconds = time.perf_counter() - t0
+                L.inc_rows(c.users, gL if L.update != "add" else gL * np.float32(-lr))
+                R.inc_rows(c.items, gR if R.update != "add" else gR * np.float32(-lr))
+            elif c.r.size:
                 Lv = L.get_rows(c.users)
                 Rv = R.get_rows(c.items)
                 t0 = time.perf_counter()

@@ -39,54 +39,77 @@ _JIT = dict(nogil=True, cache=True)
 
 
 @njit(**_JIT)
-def _coord(x, z, zmax, gsum, r, j, g, gb, alpha):  # pragma: no cover - compiled
-    eta_old = alpha / np.sqrt(zmax[r, j])
-    zz = z[r, j] + g * g + 2.0 * g * gb
-    z[r, j] = zz
-    zm = zmax[r, j]
-    if zz > zm:
-        zm = zz
-        zmax[r, j] = zz
-    eta = alpha / np.sqrt(zm)
-    x[r, j] = np.float64(x[r, j]) - eta * g + (eta_old - eta) * gb
-    gsum[r, j] += g
+def _row(x, z, zmax, gsum, r, old, g, gi, alpha):  # pragma: no cover - compiled
+    """The rule for one dense row: ``old`` is ḡ as of the update's version (a row), ``g[gi]`` the
+    gradient. Branch-free, so LLVM vectorizes it; g_bck = ḡ − ḡ_old is exactly 0 when ``old`` is
+    the live ḡ row (current version), which makes the step AdaGrad's, bit for bit."""
+    for j in range(x.shape[1]):
+        gj = np.float64(g[gi, j])
+        gb = gsum[r, j] - old[j]
+        zm = zmax[r, j]
+        eta_old = alpha / np.sqrt(zm)
+        zz = z[r, j] + gj * gj + 2.0 * gj * gb
+        z[r, j] = zz
+        zm = max(zz, zm)
+        zmax[r, j] = zm
+        eta = alpha / np.sqrt(zm)
+        x[r, j] = np.float64(x[r, j]) - eta * gj + (eta_old - eta) * gb
+        gsum[r, j] += gj
 
 
 @njit(**_JIT)
-def _backlog(gsum, pool, where, r, j):  # pragma: no cover - compiled
+def _old_row(gsum, pool, zeros, where, r):  # pragma: no cover - compiled
+    """ḡ as of the tagged version: the live row (current), zeros (version 0) or a snapshot copy."""
     if where == CURRENT:
-        return 0.0
+        return gsum[r]
     if where == ZERO:
-        return gsum[r, j]
-    return gsum[r, j] - pool[where, j]
+        return zeros
+    return pool[where]
 
 
 @njit(**_JIT)
 def adarev_dense(x, z, zmax, gsum, rows, tags, g, alpha,
                  index, versions, cur_ref, pool, refcnt, free, nfree):  # pragma: no cover - compiled
+    zeros = np.zeros(x.shape[1])
+    scratch = np.empty(x.shape[1])
     for i in range(rows.shape[0]):
         r = rows[i]
         where = lookup(index, versions, r, tags[i])
         if where == INVALID:  # validated before; never revise from unknown state
             where = CURRENT
         copy_on_write(index, versions, cur_ref, pool, refcnt, free, nfree, gsum, r)
-        for j in range(x.shape[1]):
-            _coord(x, z, zmax, gsum, r, j, np.float64(g[i, j]), _backlog(gsum, pool, where, r, j), alpha)
+        old = _old_row(gsum, pool, zeros, where, r)
+        if where == CURRENT:  # the live row changes as we go: g_bck must stay exactly 0
+            scratch[:] = old
+            old = scratch
+        _row(x, z, zmax, gsum, r, old, g, i, alpha)
         versions[r] += 1
 
 
 @njit(**_JIT)
 def adarev_csr(x, z, zmax, gsum, rows, indptr, cols, tags, g, alpha,
                index, versions, cur_ref, pool, refcnt, free, nfree):  # pragma: no cover - compiled
+    zeros = np.zeros(x.shape[1])
     for i in range(rows.shape[0]):
         r = rows[i]
         where = lookup(index, versions, r, tags[i])
         if where == INVALID:
             where = CURRENT
         copy_on_write(index, versions, cur_ref, pool, refcnt, free, nfree, gsum, r)
+        old = _old_row(gsum, pool, zeros, where, r)
         for k in range(indptr[i], indptr[i + 1]):
             j = cols[k]
-            _coord(x, z, zmax, gsum, r, j, np.float64(g[k]), _backlog(gsum, pool, where, r, j), alpha)
+            gj = np.float64(g[k])
+            gb = gsum[r, j] - old[j] if where != CURRENT else 0.0
+            zm = zmax[r, j]
+            eta_old = alpha / np.sqrt(zm)
+            zz = z[r, j] + gj * gj + 2.0 * gj * gb
+            z[r, j] = zz
+            zm = max(zz, zm)
+            zmax[r, j] = zm
+            eta = alpha / np.sqrt(zm)
+            x[r, j] = np.float64(x[r, j]) - eta * gj + (eta_old - eta) * gb
+            gsum[r, j] += gj
         versions[r] += 1
 
 
