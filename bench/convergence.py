@@ -23,7 +23,10 @@ adarev -- thesis §3.2.3 / Fig 3.3 in miniature: SGD matrix factorization (apps/
     decay's spread / AdaRevision's). A run that never reaches the target counts as ``epochs + 1``
     (a lower bound) and says ``reached: false``.
 
-managed -- BS vs MC-X-R vs MC-X-RM (issue 3): not written yet.
+managed -- BS vs MC-X-R vs MC-X-RM (thesis Fig 3.4/3.6 in miniature): MF from configs/mf.yaml with 10
+    mini-batches per clock (each re-reads its rows from the cache), plain bounded staleness against
+    managed communication at per-process budgets X with random (R) and relative-magnitude (RM)
+    priority; 4 workers, lr 0.02. Target = the best loss BS reaches; ratio = BS epochs / MC epochs.
 """
 
 from __future__ import annotations
@@ -212,7 +215,53 @@ def scenario_adarev(args: argparse.Namespace) -> None:
 
 
 def scenario_managed(args: argparse.Namespace) -> None:
-    log(f"[{BENCH}] scenario managed (BS vs MC-X-R vs MC-X-RM): not written yet (issue 3); skipped")
+    """BS vs MC-X-R vs MC-X-RM on MF (configs/mf.yaml, same data, seed and step sizes).
+
+    Workers run ``batches_per_clock`` mini-batches per clock and re-read their rows from the cache
+    before each, so values that managed communication delivers early are used within the clock.
+    The target is the best loss BS reaches in its run ("the same training loss"); each MC run reports
+    epochs and seconds to it, ratio = BS epochs / MC epochs (> 1: fewer epochs)."""
+    if args.quick:
+        data = {"tables.L.rows": 4000, "tables.R.rows": 1000, "app.args.nnz": 100_000}
+        epochs, budgets = 10, [200]
+    else:
+        data = {}
+        epochs, budgets = 20, [50, 200]
+    epochs = args.epochs or epochs
+    work = Path(args.work)
+    timeout = args.job_timeout
+    # 4 workers: enough data parallelism for staleness to matter; lr 0.02 keeps BS stable longest
+    common = {**data, "cluster.workers": 4, "app.args.epochs": epochs, "app.args.batches_per_clock": 10,
+              "app.args.lr": 0.02}
+    launch("warmup-mf", CONFIGS / "mf.yaml", {"tables.L.rows": 300, "tables.R.rows": 100, "app.args.nnz": 3000,
+                                               "app.args.epochs": 1}, 1, work, timeout)
+    bs = launch("BS", CONFIGS / "mf.yaml", common, 1, work, timeout)
+    runs = []
+    for mbps in budgets:
+        for pol, tag in (("random", "R"), ("relative", "RM")):
+            sets = {**common, "comm.enabled": True, "comm.priority": pol, "comm.client_bandwidth_mbps": mbps,
+                    "comm.server_bandwidth_mbps": mbps}
+            runs.append(launch(f"MC-{mbps}-{tag}", CONFIGS / "mf.yaml", sets, 1, work, timeout))
+    if not bs.losses:
+        raise SystemExit(f"[{BENCH}] BS run failed: {bs.failure}")
+    target = min(bs.losses)  # BS's best (its curve can turn unstable late)
+    bs_epochs = bs.epochs_to(target)
+    base = {"bench": BENCH, "target_loss": target, "epochs_run": epochs, "batches_per_clock": 10}
+    emit(**base, case="mf/BS", metric="epochs_to_target", unit="epochs", ours=bs_epochs,
+         seconds_to_target=bs.seconds_to(target), seconds_per_epoch=bs.times[-1] / len(bs.times))
+    for run in runs:
+        e = run.epochs_to(target)
+        mbytes = sum(srv.get("bytes_out", 0) + srv.get("bytes_in", 0) for srv in run.servers) / 1e6
+        emit(**base, case=f"mf/{run.name}", metric="epochs_to_target", unit="epochs",
+             ours=e if e is not None else epochs + 1, reached=e is not None, baseline=bs_epochs,
+             baseline_name="BS", ratio=bs_epochs / (e if e is not None else epochs + 1),
+             seconds_to_target=run.seconds_to(target), baseline_seconds=bs.seconds_to(target),
+             seconds_per_epoch=run.times[-1] / len(run.times) if run.times else None,
+             bs_seconds_per_epoch=bs.times[-1] / len(bs.times), server_traffic_mb=mbytes,
+             final_loss=run.losses[-1] if run.losses else None, failed=run.failure)
+    plot(Path(args.out) / f"convergence-managed{'-quick' if args.quick else ''}.png",
+         "MF: bounded staleness (BS) vs managed communication (MC-Mbps-policy)", target,
+         [("", [bs]), ("", runs)])
 
 
 SCENARIOS: dict[str, Callable[[argparse.Namespace], None]] = {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -157,6 +158,9 @@ class Launcher:
         """Run the job to completion; 0 on success, 1 on failure (with the reason printed)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
+        stale = self.run_dir / "workers"  # records of an earlier run in the same directory
+        if stale.exists():
+            shutil.rmtree(stale)
         cfg_path = self.run_dir / "config.yaml"
         config_mod.dump(self.config, cfg_path)
         metrics_path = self.run_dir / "metrics.jsonl"

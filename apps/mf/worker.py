@@ -43,6 +43,7 @@ class MFArgs:
     reg: float = 0.02
     epochs: int = 25
     clocks_per_epoch: int = 1
+    batches_per_clock: int = 1  # mini-batches per clock, each re-reading its rows from the cache
     seed: int = 0  # shuffling order (mixed with the worker's rank)
     send: str = "auto"  # "delta" (local SGD, new - old), "gradient" (raw gradients), "auto"
 
@@ -53,7 +54,8 @@ class MFArgs:
                 raise ValueError(f"{k}: must be >= 1, got {v}")
         checks = {"nnz": self.nnz >= 0, "noise": self.noise >= 0, "alpha": self.alpha >= 0,
                   "lr": self.lr > 0, "lr_decay": 0 < self.lr_decay <= 1, "reg": self.reg >= 0,
-                  "epochs": self.epochs >= 1, "clocks_per_epoch": self.clocks_per_epoch >= 1}
+                  "epochs": self.epochs >= 1, "clocks_per_epoch": self.clocks_per_epoch >= 1,
+                  "batches_per_clock": self.batches_per_clock >= 1}
         for k, ok in checks.items():
             if not ok:
                 raise ValueError(f"{k}: invalid value {getattr(self, k)!r}")
@@ -142,33 +144,51 @@ def train(client: Any, args: Mapping[str, Any]) -> None:
     part = partition(*load_data(a, n_users, n_items, rank), client.rank, client.num_workers,
                      seed=a.data_seed)
     rng = np.random.default_rng([a.seed, client.rank])
-    chunks = _chunks(part, a.clocks_per_epoch, rng)
+    b = a.batches_per_clock
+    batches = _chunks(part, a.clocks_per_epoch * b, rng)
+    clocks = [batches[k:k + b] for k in range(0, len(batches), b)]
     gradient = _gradient_mode(a, L, R)
     for epoch in range(a.epochs):
         lr = a.lr * a.lr_decay ** epoch
-        for c in chunks:
-            loss, seconds = 0.0, 0.0
-            if c.r.size and gradient:
-                Lv = L.get_rows(c.users)
-                Rv = R.get_rows(c.items)
-                t0 = time.perf_counter()
-                gL = np.zeros(Lv.shape, dtype=np.float32)
-                gR = np.zeros(Rv.shape, dtype=np.float32)
-                loss = grad_pass(c.u_idx, c.i_idx, c.r, np.ascontiguousarray(Lv, dtype=np.float32),
-                                 np.ascontiguousarray(Rv, dtype=np.float32), a.reg, gL, gR)
-                seconds = time.perf_counter() - t0
-                L.inc_rows(c.users, gL if L.update != "add" else gL * np.float32(-lr))
-                R.inc_rows(c.items, gR if R.update != "add" else gR * np.float32(-lr))
-            elif c.r.size:
-                Lv = L.get_rows(c.users)
-                Rv = R.get_rows(c.items)
-                t0 = time.perf_counter()
-                Lw = np.array(Lv, dtype=np.float32, order="C")  # local working copies
-                Rw = np.array(Rv, dtype=np.float32, order="C")
-                loss = squared_loss(c.u_idx, c.i_idx, c.r, Lw, Rw)
-                sgd_pass(c.u_idx, c.i_idx, c.r, Lw, Rw, lr, a.reg, rng.permutation(c.r.size))
-                seconds = time.perf_counter() - t0
-                L.inc_rows(c.users, Lw - Lv)
-                R.inc_rows(c.items, Rw - Rv)
-            client.report(objective=loss, samples=int(c.r.size), seconds=seconds)
+        for batch_list in clocks:
+            loss = seconds = 0.0
+            samples = 0
+            for c in batch_list:
+                dl, ds = _step(c, L, R, a, lr, gradient, rng)
+                loss, seconds, samples = loss + dl, seconds + ds, samples + int(c.r.size)
+            client.report(objective=loss, samples=samples, seconds=seconds)
             client.clock()
+
+
+def _step(c: _Chunk, L: Any, R: Any, a: MFArgs, lr: float, gradient: bool,
+          rng: np.random.Generator) -> tuple[float, float]:
+    """One mini-batch: read its rows (fresh as the cache allows), compute, send; (loss, seconds).
+
+    The loss is measured at the values read, before this batch's own update. Several batches per
+    clock re-read the cache in between, which is what lets early (managed) communication help."""
+    loss, seconds = 0.0, 0.0
+    if c.r.size == 0:
+        return loss, seconds
+    if gradient:
+        Lv = L.get_rows(c.users)
+        Rv = R.get_rows(c.items)
+        t0 = time.perf_counter()
+        gL = np.zeros(Lv.shape, dtype=np.float32)
+        gR = np.zeros(Rv.shape, dtype=np.float32)
+        loss = grad_pass(c.u_idx, c.i_idx, c.r, np.ascontiguousarray(Lv, dtype=np.float32),
+                         np.ascontiguousarray(Rv, dtype=np.float32), a.reg, gL, gR)
+        seconds = time.perf_counter() - t0
+        L.inc_rows(c.users, gL if L.update != "add" else gL * np.float32(-lr))
+        R.inc_rows(c.items, gR if R.update != "add" else gR * np.float32(-lr))
+    else:
+        Lv = L.get_rows(c.users)
+        Rv = R.get_rows(c.items)
+        t0 = time.perf_counter()
+        Lw = np.array(Lv, dtype=np.float32, order="C")  # local working copies
+        Rw = np.array(Rv, dtype=np.float32, order="C")
+        loss = squared_loss(c.u_idx, c.i_idx, c.r, Lw, Rw)
+        sgd_pass(c.u_idx, c.i_idx, c.r, Lw, Rw, lr, a.reg, rng.permutation(c.r.size))
+        seconds = time.perf_counter() - t0
+        L.inc_rows(c.users, Lw - Lv)
+        R.inc_rows(c.items, Rw - Rv)
+    return loss, seconds
