@@ -4,9 +4,11 @@ Sending B bytes makes the next budgeted send wait B·8/budget seconds after the 
 debt carries over, so a burst (an end-of-tick flush, which is never delayed) is paid back by waiting
 before the next budgeted send. The average egress therefore tracks the budget whatever the mix.
 
-A sender wakes up a little after its slot (timer granularity, a busy event loop). Up to ``slack_s``
-of such lateness is credited rather than lost, otherwise every wake-up delay would shave the rate;
-longer idle time is not banked, so an idle sender cannot save up for a burst.
+A sender wakes up a little after its slot (timer granularity, a busy event loop). Lateness up to
+``slack_s``, or up to the transmission time of the largest message charged so far if that is longer,
+is credited rather than lost; otherwise every wake-up delay (and every small ack charged meanwhile)
+would shave the rate. Longer idle time is not banked: an idle sender gains at most one large
+message's worth of burst.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class LeakyBucket:
             raise ValueError("bandwidth budget must be > 0 Mbps")
         self.bytes_per_s = mbps * 1e6 / 8
         self.slack_s = slack_s
+        self._credit = slack_s
         self._clock = clock
         self._free_at = clock()  # when the bucket is empty again
         self.bytes_charged = 0
@@ -27,7 +30,10 @@ class LeakyBucket:
     def charge(self, nbytes: int) -> None:
         """Account for ``nbytes`` just sent (budgeted or not)."""
         now = self._clock()
-        self._free_at = max(self._free_at, now - self.slack_s) + nbytes / self.bytes_per_s
+        duration = nbytes / self.bytes_per_s
+        if duration > self._credit:
+            self._credit = duration
+        self._free_at = max(self._free_at, now - self._credit) + duration
         self.bytes_charged += nbytes
 
     def wait_s(self) -> float:

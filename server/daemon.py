@@ -31,7 +31,7 @@ from bosen.server.shard import TableShard
 log = logging.getLogger("bosen.server")
 
 GONE = np.iinfo(np.int64).max  # clock of a client that left: it holds nobody back
-YIELD_EVERY = 32  # messages handled before other tasks (the push loop) get a turn
+YIELD_EVERY = 8  # messages handled before other tasks (the push loop) get a turn
 CHUNK_BYTES = 1 << 20  # most value bytes in one ROWS message
 
 
@@ -78,7 +78,7 @@ class Server:
         self.by_rank: dict[int, Peer] = {}
         self.parked: dict[int, list[tuple[Peer, int, TableShard, np.ndarray]]] = {}
         self.counters = dict(bytes_in=0, bytes_out=0, msgs_in=0, msgs_out=0, rows_applied=0,
-                             rows_pushed=0, rows_pushed_budgeted=0, budgeted_pushes=0, push_holds=0,
+                             rows_pushed=0, rows_pushed_budgeted=0, budgeted_pushes=0, push_holds=0, push_idle_polls=0,
                              rows_read=0, reads_parked=0, errors=0, clock_advances=0, window_paused_s=0.0)
         self.started = time.time()
         self.handlers: dict[Msg, Callable[[bytes, dict[str, Any], list[Any]], None]] = {
@@ -374,6 +374,7 @@ class Server:
                 self.counters["window_paused_s"] += time.monotonic() - t0
                 continue
             if not self._push_budgeted(live):
+                self.counters["push_idle_polls"] += 1  # budget available, nothing changed to push
                 await asyncio.sleep(idle)
 
     def _push_budgeted(self, live: list[Peer]) -> int:
