@@ -97,8 +97,11 @@ class Corpus:
 def _from_triples(d: np.ndarray, w: np.ndarray, c: np.ndarray, n_docs: int, n_vocab: int,
                   vocab: list[str] | None, source: str) -> Corpus:
     """Expand (doc, word, count) entries into sorted per-token arrays."""
-    order = np.lexsort((w, d))
-    d, w, c = d[order], w[order], c[order].astype(np.int64)
+    key = d.astype(np.int64) * max(n_vocab, 1) + w
+    if key.size > 1 and not np.all(key[1:] >= key[:-1]):  # files are usually sorted already
+        order = np.argsort(key, kind="stable")
+        d, w, c = d[order], w[order], c[order]
+    c = c.astype(np.int64)
     return Corpus(np.repeat(d.astype(np.int32), c), np.repeat(w.astype(np.int32), c),
                   int(n_docs), int(n_vocab), vocab, source=source)
 
@@ -289,16 +292,11 @@ def read_vocab(path: str | os.PathLike, expected: int | None = None) -> list[str
     """
     buf = _read_bytes(path, "vocabulary")
     text = bytes(buf).decode("utf-8", "replace")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    words = [ln.strip() for ln in lines]
+    words = [ln.strip() for ln in text.split("\n")]
+    while words and not words[-1]:  # blank lines at the end are harmless
+        words.pop()
     for i, w in enumerate(words):
         if not w:
-            # a blank tail is tolerated only after all expected words
-            if expected is not None and i >= expected and all(not x for x in words[i:]):
-                words = words[:i]
-                break
             raise DataError(f"{path}:{i + 1}: empty line in vocabulary (word id {i + 1} has no name)")
     if expected is not None and len(words) < expected:
         raise DataError(f"{path}:{len(words) + 1}: truncated vocabulary: the corpus declares W={expected} "

@@ -70,7 +70,7 @@ def seed_state(seed: int) -> np.uint64:
 
 
 @njit(nogil=True, cache=True)
-def random_init(z, K, seed):
+def random_init(z: np.ndarray, K: int, seed: int) -> None:
     """Uniform random topics for every token (z is filled in place)."""
     s = seed_state(seed)
     for i in range(z.size):
@@ -80,7 +80,7 @@ def random_init(z, K, seed):
 
 
 @njit(nogil=True, cache=True)
-def doc_topic_counts(doc_ptr, z, K):
+def doc_topic_counts(doc_ptr: np.ndarray, z: np.ndarray, K: int) -> np.ndarray:
     """ndk[d, k] = number of tokens of document d assigned topic k."""
     D = doc_ptr.size - 1
     ndk = np.zeros((D, K), dtype=np.int32)
@@ -95,7 +95,9 @@ def doc_topic_counts(doc_ptr, z, K):
 
 
 @njit(nogil=True, cache=True)
-def sample_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, doc_lo, doc_hi, seed):
+def sample_dense(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.ndarray, nwk: np.ndarray,
+                 nk: np.ndarray, alpha: float, beta: float, vbeta: float, doc_lo: int, doc_hi: int,
+                 seed: int) -> int:
     """One collapsed-Gibbs sweep over documents [doc_lo, doc_hi): O(K) per token, exact.
 
     ``words`` are row indices into ``nwk`` (the worker's local copy of word-topic rows); ``nk`` is
@@ -176,12 +178,15 @@ def _vose(weights, n, total, prob, alias, topics, small, large):
 
 
 @njit(nogil=True, cache=True)
-def build_word_alias(stale_nwk, stale_nk, beta, vbeta, need):
+def build_word_alias(stale_nwk: np.ndarray, stale_nk: np.ndarray, beta: float, vbeta: float,
+                     need: np.ndarray) -> tuple:
     """Alias tables of the word proposal, from the rows as fetched at the start of the clock.
 
-    Returns ``(ptr, topic, prob, alias, mass, b_prob, b_alias, b_mass)``: for row r with need[r],
-    entries ``ptr[r]:ptr[r+1]`` sample its non-zero topics with weights ``n_rk/(n_k+Vβ)`` (total
-    ``mass[r]``); the dense table ``b_*`` samples k with weight ``β/(n_k+Vβ)`` (total ``b_mass``).
+    Returns ``(ptr, rec, mass, b_prob, b_alias, b_mass)``: for row r with need[r], records
+    ``rec[ptr[r]:ptr[r+1]]`` sample its non-zero topics with weights ``n_rk/(n_k+Vβ)`` (total
+    ``mass[r]``); a record is ``(topic, alias topic, threshold·2^31, 0)`` packed in 16 bytes so one
+    draw touches one cache line. The dense table ``b_*`` samples k with weight ``β/(n_k+Vβ)``
+    (total ``b_mass``).
     """
     R, K = stale_nwk.shape
     inv = np.empty(K)
@@ -196,12 +201,12 @@ def build_word_alias(stale_nwk, stale_nk, beta, vbeta, need):
                     c += 1
         ptr[r + 1] = ptr[r] + c
     nnz = ptr[R]
-    topic = np.empty(nnz, dtype=np.int32)
-    prob = np.empty(nnz, dtype=np.float64)
-    alias = np.empty(nnz, dtype=np.int32)
+    rec = np.zeros((nnz, 4), dtype=np.int32)
     mass = np.zeros(R, dtype=np.float64)
     wts = np.empty(K, dtype=np.float64)
     tps = np.empty(K, dtype=np.int32)
+    prob = np.empty(K, dtype=np.float64)
+    alias = np.empty(K, dtype=np.int32)
     small = np.empty(K, dtype=np.int64)
     large = np.empty(K, dtype=np.int64)
     for r in range(R):
@@ -219,9 +224,11 @@ def build_word_alias(stale_nwk, stale_nk, beta, vbeta, need):
                 tot += wts[j]
                 j += 1
         mass[r] = tot
+        _vose(wts, n, tot, prob, alias, tps, small, large)
         for j in range(n):
-            topic[a + j] = tps[j]
-        _vose(wts, n, tot, prob[a:a + n], alias[a:a + n], tps, small, large)
+            rec[a + j, 0] = tps[j]
+            rec[a + j, 1] = alias[j]
+            rec[a + j, 2] = min(int(prob[j] * 2147483648.0), 2147483647)
     b_prob = np.empty(K, dtype=np.float64)
     b_alias = np.empty(K, dtype=np.int32)
     btot = 0.0
@@ -230,7 +237,7 @@ def build_word_alias(stale_nwk, stale_nk, beta, vbeta, need):
         tps[k] = k
         btot += wts[k]
     _vose(wts, K, btot, b_prob, b_alias, tps, small, large)
-    return ptr, topic, prob, alias, mass, b_prob, b_alias, btot
+    return ptr, rec, mass, b_prob, b_alias, btot
 
 
 # ----------------------------------------------------------------------------------------------
@@ -238,18 +245,25 @@ def build_word_alias(stale_nwk, stale_nk, beta, vbeta, need):
 
 
 @njit(nogil=True, cache=True)
-def sample_mh(doc_ptr, words, z, ndk, nwk, nk, stale_nwk, stale_nk,
-              a_ptr, a_topic, a_prob, a_alias, a_mass, b_prob, b_alias, b_mass,
-              alpha, beta, vbeta, mh_steps, doc_lo, doc_hi, seed):
+def sample_mh(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.ndarray, ws: np.ndarray,
+              nk: np.ndarray, stale_nk: np.ndarray, a_ptr: np.ndarray, a_rec: np.ndarray, a_mass: np.ndarray,
+              b_prob: np.ndarray, b_alias: np.ndarray, b_mass: float, alpha: float, beta: float,
+              vbeta: float, mh_steps: int, doc_lo: int, doc_hi: int, seed: int) -> tuple[int, int]:
     """One MH sweep over documents [doc_lo, doc_hi): O(mh_steps) per token, independent of K.
 
-    Steps alternate word proposal (even) and doc proposal (odd). The word proposal's own density is
-    evaluated from ``stale_nwk``/``stale_nk`` (what its alias tables were built from), the target
-    from the fresh local counts ``ndk``/``nwk``/``nk``, which are updated in place.
-    Returns (accepted, proposed) counts of proposals with t != s.
+    ``ws[r, k, 0]`` is the fresh local count n_wk (updated in place) and ``ws[r, k, 1]`` the stale
+    count the alias tables were built from, interleaved so both cost one cache miss. Steps alternate
+    word proposal (even) and doc proposal (odd); the word proposal's own density is evaluated from
+    the stale counts, the target from the fresh ones (``ndk``, ``ws[..., 0]``, ``nk``, updated in
+    place). Returns (accepted, proposed) counts of proposals with t != s.
     """
     K = nk.shape[0]
     Kalpha = K * alpha
+    inv = np.empty(K)       # 1 / (n_k + Vβ), fresh
+    qinv = np.empty(K)      # 1 / (stale n_k + Vβ)
+    for k in range(K):
+        inv[k] = 1.0 / (_pos(nk[k]) + vbeta)
+        qinv[k] = 1.0 / (_pos(stale_nk[k]) + vbeta)
     st = seed_state(seed)
     accepted = 0
     proposed = 0
@@ -260,8 +274,9 @@ def sample_mh(doc_ptr, words, z, ndk, nwk, nk, stale_nwk, stale_nk,
             w = words[i]
             s = z[i]
             ndk[d, s] -= 1
-            nwk[w, s] -= 1
+            ws[w, s, 0] -= 1
             nk[s] -= 1
+            inv[s] = 1.0 / (_pos(nk[s]) + vbeta)
             am = a_mass[w]
             ab = am + b_mass
             aptr = a_ptr[w]
@@ -276,10 +291,10 @@ def sample_mh(doc_ptr, words, z, ndk, nwk, nk, stale_nwk, stale_nk,
                         j = int(y)
                         if j >= an:
                             j = an - 1
-                        if (y - j) < a_prob[aptr + j]:
-                            t = a_topic[aptr + j]
+                        if (y - j) * 2147483648.0 < a_rec[aptr + j, 2]:
+                            t = a_rec[aptr + j, 0]
                         else:
-                            t = a_alias[aptr + j]
+                            t = a_rec[aptr + j, 1]
                     else:
                         y = (x - am) / b_mass * K
                         j = int(y)
@@ -292,11 +307,11 @@ def sample_mh(doc_ptr, words, z, ndk, nwk, nk, stale_nwk, stale_nk,
                     if t == s:
                         continue
                     proposed += 1
-                    # target p(k) ∝ (n_dk+α)(n_wk+β)/(n_k+Vβ); proposal q(k) from stale counts
-                    pt = (ndk[d, t] + alpha) * (_pos(nwk[w, t]) + beta) / (_pos(nk[t]) + vbeta)
-                    ps = (ndk[d, s] + alpha) * (_pos(nwk[w, s]) + beta) / (_pos(nk[s]) + vbeta)
-                    qt = (_pos(stale_nwk[w, t]) + beta) / (_pos(stale_nk[t]) + vbeta)
-                    qs = (_pos(stale_nwk[w, s]) + beta) / (_pos(stale_nk[s]) + vbeta)
+                    # target p(k) ∝ (n_dk+α)(n_wk+β)/(n_k+Vβ); proposal q(k) from the stale counts
+                    pt = (ndk[d, t] + alpha) * (_pos(ws[w, t, 0]) + beta) * inv[t]
+                    ps = (ndk[d, s] + alpha) * (_pos(ws[w, s, 0]) + beta) * inv[s]
+                    qt = (_pos(ws[w, t, 1]) + beta) * qinv[t]
+                    qs = (_pos(ws[w, s, 1]) + beta) * qinv[s]
                     st, v = _rand(st)
                     if v * ps * qt < pt * qs:
                         s = t
@@ -318,17 +333,16 @@ def sample_mh(doc_ptr, words, z, ndk, nwk, nk, stale_nwk, stale_nk,
                         continue
                     proposed += 1
                     # the doc factors cancel against the proposal: ratio of word factors only
-                    num = (_pos(nwk[w, t]) + beta) * (_pos(nk[s]) + vbeta)
-                    den = (_pos(nwk[w, s]) + beta) * (_pos(nk[t]) + vbeta)
                     st, v = _rand(st)
-                    if v * den < num:
+                    if v * (_pos(ws[w, s, 0]) + beta) * inv[s] < (_pos(ws[w, t, 0]) + beta) * inv[t]:
                         s = t
                         z[i] = t
                         accepted += 1
             z[i] = s
             ndk[d, s] += 1
-            nwk[w, s] += 1
+            ws[w, s, 0] += 1
             nk[s] += 1
+            inv[s] = 1.0 / (_pos(nk[s]) + vbeta)
     return accepted, proposed
 
 
@@ -370,7 +384,7 @@ def _sum_lgamma_counts(counts, x, mask):
 
 
 @njit(nogil=True, cache=True)
-def loglik_docs(ndk, alpha):
+def loglik_docs(ndk: np.ndarray, alpha: float) -> float:
     """Doc part of log p(z): Σ_d [lgamma(Kα) - lgamma(N_d + Kα) + Σ_k lgamma(n_dk+α) - lgamma(α)]."""
     D, K = ndk.shape
     mask = np.ones(D, dtype=np.bool_)
@@ -386,13 +400,13 @@ def loglik_docs(ndk, alpha):
 
 
 @njit(nogil=True, cache=True)
-def loglik_words(nwk, beta, mask):
+def loglik_words(nwk: np.ndarray, beta: float, mask: np.ndarray) -> float:
     """Word part of log p(w|z) over rows with mask: Σ_{w,k} lgamma(n_wk+β) - lgamma(β)."""
     return _sum_lgamma_counts(nwk, beta, mask)
 
 
 @njit(nogil=True, cache=True)
-def loglik_summary(nk, n_vocab, beta):
+def loglik_summary(nk: np.ndarray, n_vocab: int, beta: float) -> float:
     """Topic part of log p(w|z): Σ_k lgamma(Vβ) - lgamma(n_k + Vβ)."""
     vb = n_vocab * beta
     lvb = math.lgamma(vb)

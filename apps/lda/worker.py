@@ -156,13 +156,20 @@ class Sampler:
         if stale_nk is None:
             stale_nk = nk.copy()
         need = np.ones(stale.shape[0], dtype=np.bool_)
-        tables = K_.build_word_alias(stale, stale_nk, self.beta, self.vbeta, need)
+        ptr, rec, mass, b_prob, b_alias, b_mass = K_.build_word_alias(stale, stale_nk, self.beta,
+                                                                      self.vbeta, need)
+        ws = np.empty(nwk.shape + (2,), dtype=np.int32)  # fresh and stale counts interleaved
+        ws[:, :, 0] = nwk
+        ws[:, :, 1] = stale
         t1 = time.perf_counter()
-        acc, prop = K_.sample_mh(self.doc_ptr, words_local, self.z, self.ndk, nwk, nk, stale, stale_nk,
-                                 *tables, self.alpha, self.beta, self.vbeta, self.mh_steps,
-                                 doc_lo, doc_hi, seed)
+        acc, prop = K_.sample_mh(self.doc_ptr, words_local, self.z, self.ndk, ws, nk, stale_nk, ptr, rec,
+                                 mass, b_prob, b_alias, b_mass, self.alpha, self.beta, self.vbeta,
+                                 self.mh_steps, doc_lo, doc_hi, seed)
         t2 = time.perf_counter()
-        return {"sample_s": t2 - t0, "alias_s": t1 - t0, "accepted": float(acc), "proposed": float(prop)}
+        nwk[:] = ws[:, :, 0]
+        t3 = time.perf_counter()
+        return {"sample_s": t3 - t0, "alias_s": t1 - t0 + t3 - t2, "accepted": float(acc),
+                "proposed": float(prop)}
 
     def loglik_docs(self) -> float:
         return float(K_.loglik_docs(self.ndk, self.alpha))
@@ -232,12 +239,13 @@ def _check_geometry(client: Any, a: LDAArgs, V: int, source: str) -> tuple[Any, 
     return wt, ts
 
 
-def _staleness(client: Any) -> int:
+def _staleness(client: Any, table: Any) -> int:
+    """The word-topic table's SSP bound (how many ticks the barriers must span)."""
+    s = getattr(table, "staleness", None)
+    if s is not None:
+        return int(s)
     cfg = getattr(client, "config", None)
-    try:
-        return int(cfg.staleness_of(cfg.table("word_topic")))
-    except Exception:  # noqa: BLE001 - fall back to the job default, then to 0
-        return int(getattr(getattr(cfg, "consistency", None), "staleness", 0) or 0)
+    return int(getattr(getattr(cfg, "consistency", None), "staleness", 0) or 0)
 
 
 def train(client: Any, args: Mapping[str, Any]) -> None:
@@ -249,7 +257,7 @@ def train(client: Any, args: Mapping[str, Any]) -> None:
     V = corpus.n_vocab
     wt, ts = _check_geometry(client, a, V, corpus.source)
     rank, P = int(client.rank), int(client.num_workers)
-    stale_bound = _staleness(client)
+    stale_bound = _staleness(client, wt)
     lo, hi = corpus.doc_range(rank, P)
     part = corpus.subset(lo, hi)
     sampler = Sampler(part, a.K, a.alpha, a.beta, V, a.method(), a.mh_steps, a.seed * 7919 + rank + 1)

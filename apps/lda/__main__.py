@@ -1,0 +1,7 @@
+"""``python -m bosen.apps.lda``: one LDA worker process (started by ``bosen launch``)."""
+
+from bosen.apps.lda.worker import train
+from bosen.apps.runner import run_app
+
+if __name__ == "__main__":
+    run_app(train)

@@ -1,0 +1,542 @@
+"""LDA app: readers, generator, kernels, worker logic, and end-to-end runs through the launcher.
+
+Topic recovery is judged by Hellinger distance (in [0, 1]) between each planted topic-word
+distribution and the learned one matched to it (greedy matching, cross-checked against the
+Hungarian method). Bounds used below: every planted topic within 0.25, mean below 0.15; a correct
+model on these corpora lands at 0.04-0.12 (finite-sample noise), a merged pair of topics at ~0.9.
+Collapsed Gibbs from a random start sometimes merges two planted topics into one local optimum
+when K equals the planted count; training with K = planted + 2 removes that (40/40 seeds in
+development), so the recovery tests train with two spare topics, plus one exact-K case on an easy
+corpus.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from bosen.apps.lda import kernels as K_
+from bosen.apps.lda.data import (DataError, generate, hellinger, load, match_topics, read_ldac, read_uci,
+                                 read_vocab, write_ldac, write_uci)
+from bosen.apps.lda.worker import LDAArgs, Sampler, fit, top_words, train
+from bosen.errors import ConfigError
+
+# ------------------------------------------------------------------------------------------------
+# readers
+
+
+def _w(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+GOOD = "2\n3\n4\n1 1 2\n1 3 1\n2 2 5\n2 3 1\n"
+
+
+def test_uci_and_ldac_roundtrip(tmp_path):
+    c = generate(50, 40, 4, 20.0, seed=1)
+    write_uci(c, tmp_path / "docword.x.txt", tmp_path / "vocab.x.txt")
+    u = read_uci(tmp_path / "docword.x.txt")  # vocab found beside docword
+    assert u.vocab == c.vocab and u.n_docs == 50 and u.n_vocab == 40
+    np.testing.assert_array_equal(u.docs, c.docs)
+    np.testing.assert_array_equal(u.words, c.words)
+    assert u.docs.dtype == np.int32 and u.words.dtype == np.int32
+    write_ldac(c, tmp_path / "c.ldac")
+    lc = read_ldac(tmp_path / "c.ldac", tmp_path / "vocab.x.txt")
+    np.testing.assert_array_equal(lc.docs, c.docs)
+    np.testing.assert_array_equal(lc.words, c.words)
+    assert load(str(tmp_path / "c.ldac")).n_tokens == c.n_tokens
+    # gzip, as the UCI site ships docword files
+    with gzip.open(tmp_path / "docword.z.txt.gz", "wt") as f:
+        f.write((tmp_path / "docword.x.txt").read_text())
+    np.testing.assert_array_equal(read_uci(tmp_path / "docword.z.txt.gz").words, c.words)
+
+
+def test_uci_small_file_contents(tmp_path):
+    c = read_uci(_w(tmp_path / "docword.s.txt", GOOD))
+    assert (c.n_docs, c.n_vocab, c.n_tokens) == (2, 3, 9)
+    assert c.docs.tolist() == [0, 0, 0, 1, 1, 1, 1, 1, 1]
+    assert c.words.tolist() == [0, 0, 2, 1, 1, 1, 1, 1, 2]
+    assert c.vocab is None and c.doc_ptr().tolist() == [0, 3, 9]
+
+
+@pytest.mark.parametrize("text, line, what", [
+    ("x\n3\n4\n", 1, "bad header: expected the number of documents D"),
+    ("2\n3 4\n4\n", 2, "bad header: expected the vocabulary size W"),
+    ("2\n3\n", 3, "truncated header"),
+    ("2\n3\n7\n", 3, "NNZ=7 exceeds D\\*W=6"),
+    ("2\n3\n4\n1 1 2\n1 3 1\n", 6, "truncated file: the header declares NNZ=4 entries, the file ends after 2"),
+    ("2\n3\n4\n1 1 2\n1 x 1\n2 2 5\n2 3 1\n", 5, "field 2 \\(wordID\\) is not an integer"),
+    ("2\n3\n4\n1 1 2\n1 3 1.5\n2 2 5\n2 3 1\n", 5, "field 3 \\(count\\) is not an integer"),
+    ("2\n3\n4\n1 1\n", 4, "expected 3 fields"),
+    ("2\n3\n4\n1 1 2\n1 9 1\n2 2 5\n2 3 1\n", 5, "wordID 9 out of vocabulary range 1..3"),
+    ("2\n3\n4\n1 1 2\n1 0 1\n2 2 5\n2 3 1\n", 5, "wordID 0 out of vocabulary range"),
+    ("2\n3\n4\n1 1 2\n1 3 1\n3 2 5\n2 3 1\n", 6, "docID 3 out of range 1..2"),
+    ("2\n3\n4\n1 1 0\n", 4, "count 0 must be a positive integer"),
+    (GOOD + "2 1 1\n", 8, "more entries than the header's NNZ=4"),
+])
+def test_uci_errors_name_file_and_line(tmp_path, text, line, what):
+    p = _w(tmp_path / "docword.bad.txt", text)
+    with pytest.raises(DataError, match=what) as e:
+        read_uci(p)
+    assert str(e.value).startswith(f"{p}:{line}: "), str(e.value)
+
+
+def test_uci_missing_files(tmp_path):
+    with pytest.raises(DataError, match="docword file not found") as e:
+        read_uci(tmp_path / "docword.none.txt")
+    assert str(tmp_path / "docword.none.txt") in str(e.value)
+    p = _w(tmp_path / "docword.s.txt", GOOD)
+    with pytest.raises(DataError, match="vocabulary file not found"):
+        read_uci(p, tmp_path / "vocab.none.txt")
+
+
+def test_vocab_errors_name_file_and_line(tmp_path):
+    p = _w(tmp_path / "docword.s.txt", GOOD)
+    v = _w(tmp_path / "vocab.s.txt", "apple\nbanana\n")
+    with pytest.raises(DataError, match="truncated vocabulary: the corpus declares W=3") as e:
+        read_uci(p)  # vocab.s.txt found beside docword.s.txt
+    assert str(e.value).startswith(f"{v}:3: ")
+    _w(v, "apple\n\ncherry\n")
+    with pytest.raises(DataError, match=f"{v}:2: empty line"):
+        read_uci(p)
+    _w(v, "apple\nbanana\ncherry\ndate\n")
+    with pytest.raises(DataError, match=f"{v}:4: vocabulary has 4 words"):
+        read_uci(p)
+    _w(v, "apple\nbanana\ncherry\n\n")  # a blank tail is fine
+    assert read_uci(p).vocab == ["apple", "banana", "cherry"]
+    assert read_vocab(v) == ["apple", "banana", "cherry"]
+
+
+@pytest.mark.parametrize("text, line, what", [
+    ("2 0:1 1:2\n3 0:1 1:1\n", 2, "declares M=3 terms but has 2 term:count pairs"),
+    ("1 0;1\n", 1, "field 2 is not of the form term:count"),
+    ("1 a:1\n", 1, "field 2 is not an integer"),
+    ("1 0:1\nx 1:1\n", 2, "field 1 is not an integer"),
+    ("1 0:1\n1 7:1\n", 2, "term id 7 out of vocabulary range 0..2"),
+    ("1 0:0\n", 1, "count 0 must be a positive integer"),
+])
+def test_ldac_errors_name_file_and_line(tmp_path, text, line, what):
+    p = _w(tmp_path / "c.ldac", text)
+    v = _w(tmp_path / "vocab.txt", "a\nb\nc\n")
+    with pytest.raises(DataError, match=what) as e:
+        read_ldac(p, v)
+    assert str(e.value).startswith(f"{p}:{line}: "), str(e.value)
+
+
+def test_ldac_missing_and_empty(tmp_path):
+    with pytest.raises(DataError, match="LDA-C corpus file not found"):
+        read_ldac(tmp_path / "none.ldac")
+    with pytest.raises(DataError, match="no documents"):
+        read_ldac(_w(tmp_path / "e.ldac", "\n\n"))
+
+
+# ------------------------------------------------------------------------------------------------
+# generator
+
+
+def test_generator_sanity():
+    c = generate(400, 100, 5, 50.0, alpha=0.1, beta=0.1, seed=3)
+    c2 = generate(400, 100, 5, 50.0, alpha=0.1, beta=0.1, seed=3)
+    np.testing.assert_array_equal(c.words, c2.words)
+    assert not np.array_equal(generate(400, 100, 5, 50.0, seed=4).words[:500], c.words[:500])
+    assert c.phi.shape == (5, 100) and c.theta.shape == (400, 5)
+    np.testing.assert_allclose(c.phi.sum(1), 1.0)
+    np.testing.assert_allclose(c.theta.sum(1), 1.0)
+    assert abs(c.n_tokens - 400 * 50) < 5 * math.sqrt(400 * 50)
+    assert np.all(np.diff(c.docs) >= 0) and c.words.min() >= 0 and c.words.max() < 100
+    assert np.bincount(c.docs, minlength=400).min() >= 1
+    # tokens of planted topic k follow phi_k
+    z = c.meta["z"]
+    for k in range(5):
+        emp = np.bincount(c.words[z == k], minlength=100) / np.sum(z == k)
+        assert hellinger(emp, c.phi[k]) < 0.12
+    # partition by tokens is contiguous, complete and balanced
+    cuts = [c.doc_range(r, 3) for r in range(3)]
+    assert cuts[0][0] == 0 and cuts[-1][1] == 400 and all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+    ptr = c.doc_ptr()
+    sizes = [ptr[b] - ptr[a] for a, b in cuts]
+    assert max(sizes) - min(sizes) < 200
+
+
+def test_match_topics_agrees_with_hungarian():
+    scipy_opt = pytest.importorskip("scipy.optimize")
+    rng = np.random.default_rng(0)
+    true = rng.dirichlet(np.full(50, 0.1), size=6)
+    noisy = true[rng.permutation(6)] + rng.dirichlet(np.full(50, 1.0), size=6) * 0.05
+    noisy = np.vstack([noisy, rng.dirichlet(np.full(50, 1.0), size=2)])  # spare topics
+    perm, dist = match_topics(noisy, true)
+    p = noisy / noisy.sum(1, keepdims=True)
+    D = np.sqrt(np.clip(1 - np.sqrt(true) @ np.sqrt(p).T, 0, None))
+    r, c = scipy_opt.linear_sum_assignment(D)
+    assert perm.tolist() == c.tolist() and np.allclose(dist, D[r, c])
+
+
+# ------------------------------------------------------------------------------------------------
+# log-likelihood
+
+
+def _ll_reference(ndk, nwk, nk, alpha, beta):
+    from scipy.special import gammaln
+
+    K = ndk.shape[1]
+    V = nwk.shape[0]
+    ll = K * gammaln(V * beta) - gammaln(nk + V * beta).sum() + (gammaln(nwk + beta) - gammaln(beta)).sum()
+    nd = ndk.sum(1)
+    ll += (gammaln(K * alpha) - gammaln(nd + K * alpha)).sum() + (gammaln(ndk + alpha) - gammaln(alpha)).sum()
+    return ll
+
+
+def test_loglikelihood_matches_reference_and_lda_package():
+    pytest.importorskip("scipy.special")
+    c = generate(200, 150, 6, 60.0, seed=2)
+    r = fit(c, 6, 3, alpha=0.2, beta=0.05, method="dense", track_loglik=False)
+    ndk, nwk, nk = r.sampler.ndk, r.nwk, r.nk
+    got = K_.loglikelihood(ndk, nwk, nk, 0.2, 0.05)
+    assert got == pytest.approx(_ll_reference(ndk, nwk, nk, 0.2, 0.05), rel=1e-10)
+    # the additive split the worker reports sums to the whole
+    mask = np.zeros(150, bool)
+    mask[::2] = True
+    parts = (K_.loglik_docs(ndk, 0.2) + K_.loglik_words(nwk, 0.05, mask) + K_.loglik_words(nwk, 0.05, ~mask)
+             + K_.loglik_summary(nk, 150, 0.05))
+    assert parts == pytest.approx(got, rel=1e-12)
+    lda = pytest.importorskip("lda._lda")
+    ref = lda._loglikelihood(np.asfortranarray(nwk.T.astype(np.intc)), ndk.astype(np.intc), nk.astype(np.intc),
+                             ndk.sum(1).astype(np.intc), 0.2, 0.05)
+    assert got == pytest.approx(ref, rel=1e-9)
+
+
+# ------------------------------------------------------------------------------------------------
+# samplers
+
+
+def _model(c, K, seed=0):
+    s = Sampler(c, K, 0.1, 0.05, c.n_vocab, "dense", 4, seed)
+    nwk = np.zeros((c.n_vocab, K), np.int32)
+    w, k, n = s.word_topic_coo()
+    nwk[w, k] = n
+    return s, nwk, s.topic_counts()
+
+
+def _consistent(s, nwk, nk, words):
+    K = nk.size
+    assert s.z.min() >= 0 and s.z.max() < K
+    np.testing.assert_array_equal(s.ndk, K_.doc_topic_counts(s.doc_ptr, s.z, K))
+    want = np.zeros_like(nwk)
+    np.add.at(want, (words, s.z), 1)
+    np.testing.assert_array_equal(nwk, want)
+    np.testing.assert_array_equal(nk, np.bincount(s.z, minlength=K))
+
+
+@pytest.mark.parametrize("method", ["dense", "mh"])
+def test_sweeps_keep_counts_consistent(method):
+    c = generate(300, 120, 5, 40.0, seed=5)
+    s, nwk, nk = _model(c, 7)
+    s.method = method
+    for _ in range(3):
+        st = s.sweep(nwk, nk, c.words)
+        assert st["sample_s"] >= 0
+        _consistent(s, nwk, nk, c.words)
+    if method == "mh":
+        assert 0 < st["accepted"] <= st["proposed"]
+    # a sweep over a document range touches only those documents
+    z0 = s.z.copy()
+    ptr = s.doc_ptr
+    s.sweep(nwk, nk, c.words, 10, 20)
+    changed = np.nonzero(s.z != z0)[0]
+    assert changed.size and changed.min() >= ptr[10] and changed.max() < ptr[20]
+    _consistent(s, nwk, nk, c.words)
+
+
+def _exact_posterior(docs, words, K, V, alpha, beta):
+    """p(z | w) over all K^N assignments of a tiny corpus, by enumeration."""
+    n = len(words)
+    D = max(docs) + 1
+    probs = np.empty(K ** n)
+    for idx in range(K ** n):
+        z = np.array([(idx // K ** i) % K for i in range(n)])
+        ndk = np.zeros((D, K), np.int32)
+        nwk = np.zeros((V, K), np.int32)
+        np.add.at(ndk, (docs, z), 1)
+        np.add.at(nwk, (words, z), 1)
+        probs[idx] = K_.loglikelihood(ndk, nwk, nwk.sum(0).astype(np.int32), alpha, beta)
+    probs = np.exp(probs - probs.max())
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize("method", ["dense", "mh"])
+def test_samplers_target_the_exact_posterior(method):
+    """Run the chain on a 4-token corpus and compare visit frequencies with the enumerated posterior.
+
+    MH uses a fixed, deliberately wrong word proposal (arbitrary "stale" counts): the acceptance
+    test must correct for it, so the chain still targets the exact collapsed posterior.
+    """
+    K, V, alpha, beta = 3, 3, 0.5, 0.3
+    docs = np.array([0, 0, 1, 1], np.int32)
+    words = np.array([0, 1, 1, 2], np.int32)
+    exact = _exact_posterior(docs, words, K, V, alpha, beta)
+    doc_ptr = np.array([0, 2, 4], np.int64)
+    z = np.array([0, 1, 2, 0], np.int32)
+    ndk = K_.doc_topic_counts(doc_ptr, z, K)
+    nwk = np.zeros((V, K), np.int32)
+    np.add.at(nwk, (words, z), 1)
+    nk = nwk.sum(0).astype(np.int32)
+    vbeta = V * beta
+    n = 40_000
+    visits = np.zeros(K ** 4)
+    weights = K ** np.arange(4)
+    if method == "mh":
+        stale = np.array([[5, 0, 1], [0, 0, 3], [2, 7, 0]], np.int32)
+        stale_nk = stale.sum(0).astype(np.int32)
+        tables = K_.build_word_alias(stale, stale_nk, beta, vbeta, np.ones(V, np.bool_))
+        ws = np.stack([nwk, stale], axis=-1).copy()
+    for it in range(n):
+        if method == "dense":
+            K_.sample_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, 0, 2, it)
+        else:
+            K_.sample_mh(doc_ptr, words, z, ndk, ws, nk, stale_nk, *tables, alpha, beta, vbeta, 2, 0, 2, it)
+        visits[int(z @ weights)] += 1
+    tv = 0.5 * np.abs(visits / n - exact).sum()
+    assert tv < 0.035, f"total variation {tv:.4f} between the chain and the exact posterior"
+
+
+@pytest.mark.parametrize("method", ["dense", "mh"])
+def test_negative_counts_from_staleness_are_clamped(method):
+    c = generate(100, 50, 4, 30.0, seed=6)
+    s, nwk, nk = _model(c, 5)
+    s.method = method
+    nwk[:10] -= 3  # what a stale row with someone else's decrements can look like
+    nk[1] = -2
+    for _ in range(3):
+        s.sweep(nwk, nk, c.words)
+    assert s.z.min() >= 0 and s.z.max() < 5
+    assert np.isfinite(K_.loglikelihood(s.ndk, nwk, nk, 0.1, 0.05))
+    np.testing.assert_array_equal(s.ndk, K_.doc_topic_counts(s.doc_ptr, s.z, 5))
+
+
+def _recovery(phi_hat, phi_true):
+    perm, dist = match_topics(phi_hat, phi_true)
+    return dist.mean(), dist.max()
+
+
+@pytest.mark.parametrize("method", ["dense", "mh"])
+def test_fit_recovers_planted_topics_and_loglik_rises(method):
+    c = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
+    r = fit(c, 10, 60, alpha=0.1, beta=0.01, method=method, mh_steps=4, seed=0)
+    mean, worst = _recovery(r.phi(), c.phi)
+    assert worst < 0.25 and mean < 0.15, f"{method}: Hellinger mean {mean:.3f} max {worst:.3f}"
+    ll = r.loglik
+    assert ll[-1] > ll[len(ll) // 2] > ll[0]
+    assert sum(b >= a for a, b in zip(ll[:20], ll[1:21])) >= 17  # rises steadily early on
+
+
+def test_fit_recovers_with_exact_k_on_easy_corpus():
+    c = generate(3000, 200, 5, 40.0, alpha=0.1, beta=0.05, seed=5)
+    r = fit(c, 5, 40, alpha=0.1, beta=0.01, method="dense", seed=1, track_loglik=False)
+    mean, worst = _recovery(r.phi(), c.phi)
+    assert worst < 0.15 and mean < 0.1, f"Hellinger mean {mean:.3f} max {worst:.3f}"
+
+
+def test_top_words():
+    nwk = np.array([[5, 0], [1, 9], [3, 2]])
+    lines = top_words(nwk, ["a", "b", "c"], 2)
+    assert lines == ["topic   0 (n=9): a c", "topic   1 (n=11): b c"]
+
+
+# ------------------------------------------------------------------------------------------------
+# worker logic against an in-process stand-in for the client (one worker, exact reads)
+
+
+class _FakeTable:
+    def __init__(self, rows: int, cols: int, dtype: str = "int32"):
+        self.rows, self.cols, self.dtype, self.staleness = rows, cols, np.dtype(dtype), 2
+        self.data = np.zeros((rows, cols), self.dtype)
+        self.reads: list[np.ndarray] = []
+
+    def get_rows(self, rows):
+        assert rows.dtype == np.int64 and np.all(np.diff(rows) > 0)  # unique, sorted
+        self.reads.append(rows)
+        return self.data[rows].copy()
+
+    def inc_rows(self, rows, deltas, cols=None):
+        if cols is None:
+            np.add.at(self.data, rows, deltas)
+        else:
+            assert rows.shape == cols.shape == deltas.shape
+            np.add.at(self.data, (rows, cols), deltas)
+
+
+class _FakeClient:
+    def __init__(self, V: int, K: int, summary_k: int | None = None, dtype: str = "int32"):
+        self.tables = {"word_topic": _FakeTable(V, K, dtype), "topic_summary": _FakeTable(1, summary_k or K, dtype)}
+        self.rank, self.num_workers, self.clocks, self.reports = 0, 1, 0, []
+        self.config = SimpleNamespace(source="fake.yaml")
+
+    def table(self, name):
+        if name not in self.tables:
+            raise KeyError(f"no table {name!r}")
+        return self.tables[name]
+
+    def report(self, **fields):
+        self.reports.append({"clock": self.clocks, **fields})
+
+    def clock(self):
+        self.clocks += 1
+
+
+SYN = {"data": "synthetic", "K": 10, "synth_topics": 8, "synth_docs": 1000, "synth_vocab": 300,
+       "synth_doc_len": 100.0, "synth_alpha": 0.05, "synth_beta": 0.02, "seed": 5, "beta": 0.01,
+       "top_words": 5}
+
+
+def test_train_in_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
+    c = _FakeClient(300, 10)
+    train(c, {**SYN, "iterations": 30, "clocks_per_epoch": 2, "ll_every": 2})
+    wt = c.tables["word_topic"].data
+    corpus = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
+    # barriers: 1 + staleness ticks before training, staleness after
+    assert c.clocks == 1 + 2 + 60 + 2
+    work = [r for r in c.reports if "tokens" in r]
+    assert len(work) == 60 and sum(r["tokens"] for r in work[:2]) == corpus.n_tokens
+    assert len(c.tables["word_topic"].reads) == 60 + 1  # one get_rows per tick + the final read
+    ll = [r["objective"] for r in work if "objective" in r]
+    assert len(ll) == 30 and ll[-1] > ll[0]
+    assert wt.min() >= 0 and wt.sum() == corpus.n_tokens
+    np.testing.assert_array_equal(c.tables["topic_summary"].data[0], wt.sum(0))
+    final = c.reports[-1]["final_loglik"]
+    assert final == pytest.approx(ll[-1], rel=1e-9)  # one worker, exact reads: same state
+    mean, worst = _recovery((wt.T + 0.01), corpus.phi)
+    assert worst < 0.25 and mean < 0.15
+    assert (tmp_path / "topics.txt").read_text().count("\n") == 10
+    np.testing.assert_array_equal(np.load(tmp_path / "word_topic.npy"), wt)
+
+
+def test_train_reads_uci_file(tmp_path):
+    c = generate(200, 80, 4, 30.0, seed=2)
+    write_uci(c, tmp_path / "docword.t.txt", tmp_path / "vocab.t.txt")
+    fc = _FakeClient(80, 4)
+    train(fc, {"data": str(tmp_path / "docword.t.txt"), "K": 4, "iterations": 3})
+    assert fc.tables["word_topic"].data.sum() == c.n_tokens
+
+
+@pytest.mark.parametrize("V, K, sk, dtype, args, exc, match", [
+    (301, 10, None, "int32", {}, ConfigError, "tables.word_topic.rows=301 but the corpus .* 300 words"),
+    (300, 12, None, "int32", {}, ConfigError, "tables.word_topic.cols=12 but app.args.K=10"),
+    (300, 10, 9, "int32", {}, ConfigError, "tables.topic_summary.cols=9 but app.args.K=10"),
+    (300, 10, None, "float32", {}, ConfigError, "tables.word_topic.dtype=float32"),
+    (300, 10, None, "int32", {"topics": 5}, ValueError, "app.args.topics: unknown key"),
+    (300, 10, None, "int32", {"K": "ten"}, ValueError, "app.args.K: expected an integer"),
+    (300, 10, None, "int32", {"iterations": 0}, ValueError, "app.args.iterations: must be >= 1"),
+    (300, 10, None, "int32", {"sampler": "gibbs"}, ValueError, "app.args.sampler"),
+])
+def test_train_rejects_bad_config(V, K, sk, dtype, args, exc, match):
+    with pytest.raises(exc, match=match):
+        train(_FakeClient(V, K, sk, dtype), {**SYN, "iterations": 1, **args})
+
+
+def test_train_missing_table_and_bad_file(tmp_path):
+    c = _FakeClient(300, 10)
+    del c.tables["topic_summary"]
+    with pytest.raises(ConfigError, match="topic_summary"):
+        train(c, {**SYN, "iterations": 1})
+    bad = _w(tmp_path / "docword.b.txt", "2\n3\n4\n1 1 2\n")
+    with pytest.raises(DataError, match=f"{bad}:5: truncated file"):
+        train(_FakeClient(3, 10), {"data": str(bad), "K": 10})
+
+
+def test_args_method_choice():
+    assert LDAArgs(K=20).method() == "dense" and LDAArgs(K=100).method() == "mh"
+    assert LDAArgs(K=20, sampler="mh").method() == "mh"
+
+
+# ------------------------------------------------------------------------------------------------
+# end to end through `bosen launch` (2 workers, SSP staleness 2)
+
+
+def _core_ready() -> bool:
+    try:
+        from bosen.apps.runner import run_app  # noqa: F401
+        from bosen.client import Client  # noqa: F401
+    except ImportError:
+        return False
+    return importlib.util.find_spec("bosen.cli") is not None
+
+
+needs_core = pytest.mark.skipif(not _core_ready(), reason="bosen core (client, runner, launcher) not importable")
+
+
+def _launch(tmp_path: Path, V: int, K: int, args: dict, timeout: float = 60) -> tuple[subprocess.CompletedProcess, Path]:
+    cfg = {
+        "cluster": {"servers": ["127.0.0.1:0"], "workers": 2},
+        "consistency": {"staleness": 2},
+        "tables": {"word_topic": {"rows": V, "cols": K, "dtype": "int32"},
+                   "topic_summary": {"rows": 1, "cols": K, "dtype": "int32"}},
+        "app": {"module": "bosen.apps.lda", "args": args},
+    }
+    path = tmp_path / "lda.yaml"
+    path.write_text(json.dumps(cfg))  # JSON is YAML
+    run_dir = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--workers", "2",
+                        "--run-dir", str(run_dir), "--no-plot"], capture_output=True, text=True, timeout=timeout)
+    return p, run_dir
+
+
+def _clocks(run_dir: Path) -> list[dict]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return sorted((x for x in lines if x.get("kind") == "clock"), key=lambda x: x["clock"])
+
+
+@needs_core
+@pytest.mark.timeout(90)
+def test_e2e_two_workers_ssp_recovers_planted_topics(tmp_path):
+    p, run_dir = _launch(tmp_path, 300, 10, {**SYN, "iterations": 40})
+    assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    corpus = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
+    clocks = _clocks(run_dir)
+    work = [c for c in clocks if "tokens" in c]
+    assert len(work) == 40 and all(c["workers"] == 2 and c["tokens"] == corpus.n_tokens for c in work)
+    ll = [c["objective"] for c in work]
+    assert ll[-1] > ll[len(ll) // 2] > ll[0], ll
+    final = clocks[-1]["final_loglik"]
+    assert final > ll[0]
+    # the PS holds exactly the corpus' counts after the closing barrier
+    wt = np.load(run_dir / "word_topic.npy")
+    assert wt.min() >= 0 and wt.sum() == corpus.n_tokens
+    mean, worst = _recovery(wt.T + 0.01, corpus.phi)
+    assert worst < 0.25 and mean < 0.15, f"Hellinger mean {mean:.3f} max {worst:.3f}"
+    assert (run_dir / "topics.txt").read_text().startswith("topic   0")
+
+
+@needs_core
+@pytest.mark.timeout(90)
+def test_e2e_uci_file_finer_clocks_mh(tmp_path):
+    c = generate(600, 400, 6, 60.0, alpha=0.1, beta=0.05, seed=9)
+    write_uci(c, tmp_path / "docword.e.txt", tmp_path / "vocab.e.txt")
+    args = {"data": str(tmp_path / "docword.e.txt"), "K": 8, "iterations": 10, "clocks_per_epoch": 2,
+            "sampler": "mh", "beta": 0.01}
+    p, run_dir = _launch(tmp_path, 400, 8, args)
+    assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    work = [x for x in _clocks(run_dir) if "tokens" in x]
+    assert len(work) == 20 and sum(x["tokens"] for x in work[:2]) == c.n_tokens
+    assert work[-1]["objective"] > work[0]["objective"]
+    assert "w00" in (run_dir / "topics.txt").read_text()  # vocabulary names from vocab.e.txt
+
+
+@needs_core
+@pytest.mark.timeout(90)
+def test_e2e_malformed_input_fails_naming_file_and_line(tmp_path):
+    bad = _w(tmp_path / "docword.bad.txt", "2\n3\n4\n1 1 2\n1 x 1\n2 2 5\n2 3 1\n")
+    p, run_dir = _launch(tmp_path, 3, 4, {"data": str(bad), "K": 4})
+    assert p.returncode != 0
+    out = p.stdout + p.stderr + "".join(f.read_text() for f in (run_dir / "logs").glob("worker-*.log"))
+    assert f"{bad}:5: field 2 (wordID) is not an integer" in out
