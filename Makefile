@@ -25,9 +25,12 @@ test:
 	$(MAKE) $(STAMP)
 	$(PY) -m pytest -q
 
-## make bench: every benchmark in quick mode (JSON lines on stdout)
+## make bench: every benchmark in quick mode (JSON lines on stdout); baselines need the bench extra
 bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/throughput.py --quick
+	$(PY) bench/budget.py --quick
+	$(PY) bench/convergence.py --quick
 	$(PY) bench/apps.py --quick
 
 clean:

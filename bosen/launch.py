@@ -147,6 +147,7 @@ class Launcher:
         self.plot = plot
         self.procs: list[Proc] = []
         self._last_time: float | None = None
+        self._t0 = time.time()
 
     def say(self, msg: str) -> None:
         if not self.quiet:
@@ -164,7 +165,7 @@ class Launcher:
         cfg_path = self.run_dir / "config.yaml"
         config_mod.dump(self.config, cfg_path)
         metrics_path = self.run_dir / "metrics.jsonl"
-        start = time.time()
+        start = self._t0 = time.time()
         try:
             with metrics_path.open("w", buffering=1) as metrics:
                 merger = MetricsMerger(self.run_dir, self.config.cluster.workers, metrics)
@@ -230,7 +231,7 @@ class Launcher:
         for rank in range(k):
             self._spawn(f"worker-{rank}", [sys.executable, "-m", self.config.app.module],
                         {"BOSEN_CONFIG": str(cfg_path), "BOSEN_RANK": str(rank),
-                         "BOSEN_RUN_DIR": str(self.run_dir)})
+                         "BOSEN_RUN_DIR": str(self.run_dir), "BOSEN_T0": repr(self._t0)})
         self.say(f"{k} workers running {self.config.app.module}; run directory {self.run_dir}")
 
     def _check_alive(self) -> bool:

@@ -69,6 +69,8 @@ class Client:
         self._blocked_reads = 0
         self._updates = 0
         self._started = time.time()
+        # reports' "time" counts from the job's start when launched (so workers' times compare)
+        self._t0 = float(os.environ.get("BOSEN_T0", self._started))
         self.reports: list[dict[str, Any]] = []
         self._report_file = None
         self._comm.start()
@@ -151,7 +153,7 @@ class Client:
         """Record metrics for the current tick (written to $BOSEN_RUN_DIR/workers/RANK.jsonl)."""
         c = self._comm.counters
         rec = {"rank": self.rank, "clock": self.tick if self._main else self._clocks.clock,
-               "time": round(time.time() - self._started, 6), "bytes_sent": c["bytes_sent"],
+               "time": round(time.time() - self._t0, 6), "bytes_sent": c["bytes_sent"],
                "bytes_received": c["bytes_received"], "rows_sent": c["rows_sent"],
                "rows_sent_budgeted": c["rows_sent_budgeted"], **fields}
         self.reports.append(rec)
