@@ -23,6 +23,33 @@ def scatter_add(dst, rows, src):  # pragma: no cover - compiled
 
 
 @njit(**_JIT)
+def scatter_add_pair(dst1, dst2, rows, src):  # pragma: no cover - compiled
+    """scatter_add into two targets in one pass over ``src`` (update buffer and cache)."""
+    ncols = dst1.shape[1]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        for j in range(ncols):
+            v = src[i, j]
+            dst1[r, j] += v
+            dst2[r, j] += v
+
+
+@njit(**_JIT)
+def _all_finite(flat):  # pragma: no cover - compiled
+    for v in flat:
+        if not np.isfinite(v):
+            return False
+    return True
+
+
+def all_finite(values: np.ndarray) -> bool:
+    """No NaN or infinity, without numpy's temporary boolean array (one read, early exit)."""
+    if values.dtype == np.float16:  # numba has no float16
+        return bool(np.isfinite(values).all())
+    return bool(_all_finite(values.reshape(-1)))
+
+
+@njit(**_JIT)
 def scatter_add_csr(dst, rows, indptr, cols, vals):  # pragma: no cover - compiled
     """dst[rows[i], cols[k]] += vals[k] for k in indptr[i]:indptr[i+1]."""
     for i in range(rows.shape[0]):

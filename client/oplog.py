@@ -19,8 +19,13 @@ class UpdateBuffer:
         self.delta = np.zeros((rows, cols), dtype=dtype)
         self.dirty = np.zeros(rows, dtype=bool)
 
-    def add_dense(self, rows: np.ndarray, deltas: np.ndarray) -> None:
-        rowmath.scatter_add(self.delta, rows, deltas)
+    def add_dense(self, rows: np.ndarray, deltas: np.ndarray, mirror: np.ndarray | None = None) -> None:
+        """Buffer ``deltas``; with ``mirror`` (the cache, for read-my-writes) add them there too, in
+        the same pass over the deltas."""
+        if mirror is None:
+            rowmath.scatter_add(self.delta, rows, deltas)
+        else:
+            rowmath.scatter_add_pair(self.delta, mirror, rows, deltas)
         self.dirty[rows] = True
 
     def add_coo(self, rows: np.ndarray, cols: np.ndarray, deltas: np.ndarray) -> None:

@@ -143,9 +143,7 @@ class Table:
                 if st.importance is not None:
                     priority.accumulate_dense(st.importance, rows, deltas, st.cache.values, st.cache.clock,
                                               st.relative)
-                st.oplog.add_dense(rows, deltas)
-                if st.read_my_writes:
-                    rowmath.scatter_add(st.cache.values, rows, deltas)
+                st.oplog.add_dense(rows, deltas, st.cache.values if st.read_my_writes else None)
         else:
             cols = np.asarray(cols)
             if cols.dtype.kind not in "iu" or cols.shape != rows.shape or deltas.shape != rows.shape:
@@ -193,6 +191,6 @@ class Table:
         if not np.can_cast(deltas.dtype, self.dtype, "same_kind"):
             raise TypeError(f"table {self.name!r} holds {self.dtype.name}; cannot add {deltas.dtype} deltas")
         deltas = deltas.astype(self.dtype, copy=False)
-        if self.dtype.kind == "f" and not np.isfinite(deltas).all():
+        if self.dtype.kind == "f" and not rowmath.all_finite(deltas):
             raise ValueError(f"table {self.name!r}: deltas contain NaN or infinity")
         return deltas

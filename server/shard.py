@@ -69,7 +69,7 @@ class TableShard:
                                 f"(update: {self.cfg.update}); updates must {'' if self.versioned else 'not '}"
                                 "carry version tags")
         local = self.local_rows(batch.rows, "INC")
-        if self.check_finite and not np.isfinite(batch.values).all():
+        if self.check_finite and not rowmath.all_finite(batch.values):
             raise ProtocolError(f"INC: non-finite value for table {self.cfg.name!r}")
         if batch.versioned:
             released = self.local_rows(batch.rel_rows, "INC release")
