@@ -344,3 +344,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     for g in getattr(item, "_bosen_groups", []):
         for p in g.procs:
             rep.sections.append((f"log of {p.name} (exit {p.popen.poll()})", p.tail(40)))
+
+
+# ------------------------------------------------------------------------------------------------
+# waiting for asynchronous effects
+
+
+def wait_until(cond, timeout: float = 20.0, step: float = 0.002) -> bool:
+    """Poll ``cond`` until it holds or ``timeout`` passes; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()

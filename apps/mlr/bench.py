@@ -134,13 +134,11 @@ def kernel_case(name: str, full: D.Dataset, epochs: int, batch: int, lr: float, 
         "features": full.features, "classes": full.classes, "nnz_per_sample": full.nnz / full.n,
     }
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         rec["baseline_name"] = "pytorch (not installed: pip install torch==2.13.0)"
         return rec
     t_base, Vt, bt = _torch(train, orders, batch, lr, decay, reg, sparse)
-    import torch
-
     rec.update(baseline=work / t_base, ratio=t_base / t_ours, baseline_quality=_quality(Vt, bt, train, held),
                baseline_name=f"pytorch {torch.__version__} SGD, "
                              f"{'embedding_bag' if sparse else 'dense matmul'} (1 thread)")

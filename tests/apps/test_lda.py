@@ -13,7 +13,6 @@ corpus.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import math
 import subprocess
@@ -463,18 +462,6 @@ def test_args_method_choice():
 # end to end through `bosen launch` (2 workers, SSP staleness 2)
 
 
-def _core_ready() -> bool:
-    try:
-        from bosen.apps.runner import run_app  # noqa: F401
-        from bosen.client import Client  # noqa: F401
-    except ImportError:
-        return False
-    return importlib.util.find_spec("bosen.cli") is not None
-
-
-needs_core = pytest.mark.skipif(not _core_ready(), reason="bosen core (client, runner, launcher) not importable")
-
-
 def _launch(tmp_path: Path, V: int, K: int, args: dict, timeout: float = 60) -> tuple[subprocess.CompletedProcess, Path]:
     cfg = {
         "cluster": {"servers": ["127.0.0.1:0"], "workers": 2},
@@ -496,7 +483,6 @@ def _clocks(run_dir: Path) -> list[dict]:
     return sorted((x for x in lines if x.get("kind") == "clock"), key=lambda x: x["clock"])
 
 
-@needs_core
 @pytest.mark.timeout(90)
 def test_e2e_two_workers_ssp_recovers_planted_topics(tmp_path):
     p, run_dir = _launch(tmp_path, 300, 10, {**SYN, "iterations": 40})
@@ -517,7 +503,6 @@ def test_e2e_two_workers_ssp_recovers_planted_topics(tmp_path):
     assert (run_dir / "topics.txt").read_text().startswith("topic   0")
 
 
-@needs_core
 @pytest.mark.timeout(90)
 def test_e2e_uci_file_finer_clocks_mh(tmp_path):
     c = generate(600, 400, 6, 60.0, alpha=0.1, beta=0.05, seed=9)
@@ -532,7 +517,6 @@ def test_e2e_uci_file_finer_clocks_mh(tmp_path):
     assert "w00" in (run_dir / "topics.txt").read_text()  # vocabulary names from vocab.e.txt
 
 
-@needs_core
 @pytest.mark.timeout(90)
 def test_e2e_malformed_input_fails_naming_file_and_line(tmp_path):
     bad = _w(tmp_path / "docword.bad.txt", "2\n3\n4\n1 1 2\n1 x 1\n2 2 5\n2 3 1\n")

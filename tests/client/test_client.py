@@ -4,7 +4,6 @@ argument errors, read timeouts, stats, and close() flushing."""
 from __future__ import annotations
 
 import json
-import math
 import random
 import threading
 import time

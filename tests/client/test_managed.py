@@ -10,17 +10,10 @@ import numpy as np
 import pytest
 
 from bosen.client import Client
+from conftest import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
-
-def wait_until(cond, timeout: float = 10.0, step: float = 0.002) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(step)
-    return cond()
 
 
 def test_relative_policy_sends_largest_relative_change_first(cluster):
@@ -40,7 +33,7 @@ def test_relative_policy_sends_largest_relative_change_first(cluster):
         client.clock()
         W.get_rows(np.arange(rows))
         # clock() flushes asynchronously: the server's clock reaching 2 proves both flushes are out
-        assert wait_until(lambda: client.stats()["server_clocks"] == [2])
+        assert wait_until(lambda: client.stats()["server_clocks"] == [2], timeout=10)
         base = st.send_count.copy()
         d = np.array([3.0, 50.0, 3.0, 100.0, 3.0, 3.0, 3.0, 1.0])
         W.inc_rows(np.arange(rows), np.repeat(d[:, None], 2, axis=1))  # |δ/x|: rows 7 (2.0) then 0 (3/1)

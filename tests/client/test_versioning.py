@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import time
 
 import msgpack
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 
 from bosen import wire
 from bosen.client import Client
+from conftest import wait_until
 from bosen.client.oplog import UpdateBuffer
 from bosen.client.versions import VersionLog
 from bosen.errors import ProtocolError
@@ -25,14 +25,6 @@ from bosen.wire import Msg, UpdateBatch
 
 pytestmark = pytest.mark.timeout(180)
 
-
-def wait_until(cond, timeout: float = 20.0, step: float = 0.005) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(step)
-    return cond()
 
 
 # ------------------------------------------------------------------------------------------------

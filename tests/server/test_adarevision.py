@@ -20,18 +20,10 @@ import pytest
 
 from bosen.client import Client
 
-from conftest import PY, REPO, TESTS, run_cmd
+from conftest import PY, REPO, TESTS, run_cmd, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
-
-def wait_until(cond, timeout: float = 30.0, step: float = 0.002) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(step)
-    return cond()
 
 
 class Ref:
@@ -169,7 +161,7 @@ class TwoClients:
                         self.ref.apply(r, *self.buffered[j].pop(r))
                         self.dirty.add(r)
             for cl in self.clients:
-                assert wait_until(lambda: min(cl._comm.server_clock) >= self.clock)
+                assert wait_until(lambda: min(cl._comm.server_clock) >= self.clock, timeout=30)
             for cl in self.clients:
                 cl.server_status()  # retired updates and releases have been applied
 
@@ -234,7 +226,7 @@ def test_snapshots_return_to_their_floor_over_many_clocks_with_several_clients(c
             for cl in clients:
                 cl.clock()
             for cl in clients:
-                assert wait_until(lambda: min(cl._comm.server_clock) >= t + 1)
+                assert wait_until(lambda: min(cl._comm.server_clock) >= t + 1, timeout=30)
             for cl in clients:
                 cl.server_status()  # everything each client sent (updates, releases) is applied
             tabs = table_stats(c, "V")
@@ -271,7 +263,7 @@ def test_snapshot_cap_pauses_budgeted_pushes_and_resumes_them(cluster):
         A.inc_rows(everything, np.ones((rows, 2)))
         a.clock()
         b.clock()
-        assert wait_until(lambda: (va.version == 1).all() and (b._state("V").vlog.version == 1).all())
+        assert wait_until(lambda: (va.version == 1).all() and (b._state("V").vlog.version == 1).all(), timeout=30)
         b.server_status()
         a.server_status()
         s0 = c.status()[0]
@@ -290,7 +282,7 @@ def test_snapshot_cap_pauses_budgeted_pushes_and_resumes_them(cluster):
         # A's clock moves the servers' clock: the clock push (never held back) brings version 2,
         # both clients release version 1, the copies are freed and budgeted pushes resume
         a.clock()
-        assert wait_until(lambda: (va.version == 2).all())
+        assert wait_until(lambda: (va.version == 2).all(), timeout=30)
         a.server_status()
         b.server_status()
         assert c.status()[0]["tables"]["V"]["snapshots"] == 0

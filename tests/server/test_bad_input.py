@@ -6,7 +6,6 @@ a real Client sees exactly the valid updates, and ``bosen status`` still answers
 
 from __future__ import annotations
 
-import sys
 import time
 
 import msgpack
