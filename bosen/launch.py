@@ -175,6 +175,8 @@ class Launcher:
                     self._watch(merger, start)
                     for rec in merger.finish():
                         self._progress(rec)
+                    for path in sorted((self.run_dir / "workers").glob("*.stats.json")):
+                        metrics.write(json.dumps({"kind": "client", **json.loads(path.read_text())}) + "\n")
                     stats = self._server_stats()
                     for s in stats:
                         metrics.write(json.dumps({"kind": "server", **s}) + "\n")

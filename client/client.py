@@ -176,6 +176,9 @@ class Client:
             self._comm.stop()
             if self._report_file is not None:
                 self._report_file.close()
+                # final counters (traffic vs budget, send-count histograms) for the run's metrics
+                stats_path = Path(self._report_file.name).with_suffix(".stats.json")
+                stats_path.write_text(json.dumps(self.stats(), default=float))
 
     def abort(self) -> None:
         """Stop communicating without leaving the job (after an unrecoverable error)."""

@@ -161,6 +161,11 @@ def test_launch_runs_a_job_and_writes_metrics(tmp_path, tracked):
     workers = [r for r in recs if r["kind"] == "worker"]
     assert len(workers) == 2 * ticks
     assert sorted({r["rank"] for r in workers}) == [0, 1]
+    clients = [r for r in recs if r["kind"] == "client"]  # each worker's final client.stats()
+    assert sorted(c["rank"] for c in clients) == [0, 1]
+    for c in clients:
+        assert c["bytes_sent"] > 0 and c["server_errors"] == 0
+        assert all(sum(t["send_count_hist"].values()) > 0 for t in c["tables"].values())
     servers = [r for r in recs if r["kind"] == "server"]
     assert sorted(s["rank"] for s in servers) == [0, 1]
     for s in servers:
@@ -176,7 +181,7 @@ def test_launch_runs_a_job_and_writes_metrics(tmp_path, tracked):
     assert all(not a.endswith(":0") for a in resolved["cluster"]["servers"])
     for name in ("server-0", "server-1", "worker-0", "worker-1"):
         assert (run_dir / "logs" / f"{name}.log").exists()
-    assert sorted(p.name for p in (run_dir / "workers").iterdir()) == ["0.jsonl", "1.jsonl"]
+    assert sorted(p.name for p in (run_dir / "workers").iterdir()) == ["0.jsonl", "0.stats.json", "1.jsonl", "1.stats.json"]
     assert (run_dir / "objective.png").stat().st_size > 0
     out = t.stdout()
     assert "clock    3" in out and "objective 3" in out and "done in" in out
