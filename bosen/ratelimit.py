@@ -13,7 +13,9 @@ message's worth of burst.
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import Callable
 
 
 class LeakyBucket:
@@ -42,3 +44,23 @@ class LeakyBucket:
 
     def ready(self) -> bool:
         return self._free_at <= self._clock()
+
+
+async def paced_sender(bucket: LeakyBucket, idle_s: float, window_full: Callable[[], bool],
+                       send_once: Callable[[], int], counters: dict) -> None:
+    """The budgeted-send loop both sides run (on their own event loop): whenever the bucket is
+    empty and the unacked window is clear, ``send_once()`` (bytes sent; 0 = nothing to send, poll
+    again after ``idle_s``). Counts ``window_paused_s`` and ``idle_polls`` in ``counters``."""
+    while True:
+        wait = bucket.wait_s()
+        if wait > 0:
+            await asyncio.sleep(wait)
+            continue
+        if window_full():  # too many unacknowledged messages: the network is overused
+            t0 = time.monotonic()
+            await asyncio.sleep(idle_s)
+            counters["window_paused_s"] += time.monotonic() - t0
+            continue
+        if not send_once():
+            counters["idle_polls"] += 1
+            await asyncio.sleep(idle_s)

@@ -23,7 +23,7 @@ import zmq.asyncio
 from bosen import rowmath, wire
 from bosen.config import Config
 from bosen.malloc import reuse_large_buffers
-from bosen.ratelimit import LeakyBucket
+from bosen.ratelimit import LeakyBucket, paced_sender
 from bosen.errors import BosenError, ProtocolError, ServerError
 from bosen.partition import Partition
 from bosen.wire import Msg, UpdateBatch
@@ -50,7 +50,7 @@ class CommThread:
         self.counters = dict(bytes_sent=0, bytes_received=0, msgs_sent=0, msgs_received=0, rows_sent=0,
                              rows_sent_budgeted=0, budgeted_sends=0, rows_received=0, rows_pushed_to_us=0,
                              rows_pushed_early_to_us=0, update_batches=0, sparse_batches=0, acks=0,
-                             server_errors=0, window_paused_s=0.0)
+                             server_errors=0, window_paused_s=0.0, idle_polls=0)
         self.comm = config.comm
         self.bucket = LeakyBucket(config.comm.client_bandwidth_mbps) if config.comm.enabled else None
         self.incs_sent = [0] * self.n
@@ -347,25 +347,17 @@ class CommThread:
 
     async def _budget_loop(self) -> None:
         """Between ticks, send the most important buffered rows whenever the bucket is empty."""
-        idle = self.comm.idle_ms / 1000
-        while True:
-            wait = self.bucket.wait_s()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
-            if self.unacked() > self.comm.max_unacked:
-                t0 = self.loop.time()
-                await asyncio.sleep(idle)  # the network is overused: wait for the window to clear
-                self.counters["window_paused_s"] += self.loop.time() - t0
-                continue
-            try:
-                sent = self._send_budgeted()
-            except Exception as e:
-                log.exception("budgeted send failed")
-                self._fail(BosenError(f"budgeted send failed: {e!r}"))
-                sent = 0
-            if not sent:
-                await asyncio.sleep(idle)
+        await paced_sender(self.bucket, self.comm.idle_ms / 1000,
+                           lambda: self.unacked() > self.comm.max_unacked, self._send_budgeted_guarded,
+                           self.counters)
+
+    def _send_budgeted_guarded(self) -> int:
+        try:
+            return self._send_budgeted()
+        except Exception as e:  # report it to the workers, keep the loop alive
+            log.exception("budgeted send failed")
+            self._fail(BosenError(f"budgeted send failed: {e!r}"))
+            return 0
 
     def _send_budgeted(self) -> int:
         k = self.comm.client_send_rows

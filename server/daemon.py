@@ -23,7 +23,7 @@ from bosen.config import Config
 from bosen.errors import ProtocolError
 from bosen.metrics import mbps, send_histogram
 from bosen.partition import Partition
-from bosen.ratelimit import LeakyBucket
+from bosen.ratelimit import LeakyBucket, paced_sender
 from bosen.wire import Msg
 from bosen.server import procedures
 from bosen.server.shard import TableShard
@@ -78,7 +78,7 @@ class Server:
         self.by_rank: dict[int, Peer] = {}
         self.parked: dict[int, list[tuple[Peer, int, TableShard, np.ndarray]]] = {}
         self.counters = dict(bytes_in=0, bytes_out=0, msgs_in=0, msgs_out=0, rows_applied=0,
-                             rows_pushed=0, rows_pushed_budgeted=0, budgeted_pushes=0, push_holds=0, push_idle_polls=0,
+                             rows_pushed=0, rows_pushed_budgeted=0, budgeted_pushes=0, push_holds=0, idle_polls=0,
                              rows_read=0, reads_parked=0, errors=0, clock_advances=0, window_paused_s=0.0)
         self.started = time.time()
         self.handlers: dict[Msg, Callable[[bytes, dict[str, Any], list[Any]], None]] = {
@@ -361,21 +361,10 @@ class Server:
 
     async def _push_loop(self) -> None:
         """Between clock advances, push the most changed rows whenever the bucket is empty."""
-        idle = self.comm.idle_ms / 1000
-        while True:
-            wait = self.bucket.wait_s()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
-            live = self._live()
-            if any(p.pushes_sent - p.pushes_acked > self.comm.max_unacked for p in live):
-                t0 = time.monotonic()
-                await asyncio.sleep(idle)  # a client is not keeping up: the network is overused
-                self.counters["window_paused_s"] += time.monotonic() - t0
-                continue
-            if not self._push_budgeted(live):
-                self.counters["push_idle_polls"] += 1  # budget available, nothing changed to push
-                await asyncio.sleep(idle)
+        max_unacked = self.comm.max_unacked
+        await paced_sender(self.bucket, self.comm.idle_ms / 1000,
+                           lambda: any(p.pushes_sent - p.pushes_acked > max_unacked for p in self._live()),
+                           lambda: self._push_budgeted(self._live()), self.counters)
 
     def _push_budgeted(self, live: list[Peer]) -> int:
         for i in range(len(self.shards)):
