@@ -37,6 +37,24 @@ class JobFailed(BosenError):
     pass
 
 
+class Stopped(Exception):
+    """SIGTERM or SIGINT reached the launcher: stop the job cleanly."""
+
+
+def _stop_on_signal(signum: int, frame: Any) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+def _die_with_launcher() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: a child gets SIGTERM if the launcher dies, even by SIGKILL, so nothing is orphaned."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
 @dataclasses.dataclass
 class Proc:
     name: str
@@ -166,6 +184,8 @@ class Launcher:
         config_mod.dump(self.config, cfg_path)
         metrics_path = self.run_dir / "metrics.jsonl"
         start = self._t0 = time.time()
+        # explicit handlers: SIGINT may arrive ignored (background jobs), SIGTERM has no default cleanup
+        previous = {sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             with metrics_path.open("w", buffering=1) as metrics:
                 merger = MetricsMerger(self.run_dir, self.config.cluster.workers, metrics)
@@ -190,9 +210,13 @@ class Launcher:
             print(f"bosen launch: job failed: {e}", file=sys.stderr, flush=True)
             print(f"bosen launch: logs are in {self.run_dir / 'logs'}", file=sys.stderr, flush=True)
             return 1
-        except KeyboardInterrupt:
-            print("bosen launch: interrupted; all processes stopped", file=sys.stderr, flush=True)
+        except (KeyboardInterrupt, Stopped) as e:
+            print(f"bosen launch: {e or 'SIGINT'}: stopped the job; all processes stopped", file=sys.stderr,
+                  flush=True)
             return 130
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         if self.plot:
             self._plot(merger.done)
         self.say(f"done in {time.time() - start:.1f}s: {len(merger.done)} clocks; run directory {self.run_dir}")
@@ -202,7 +226,8 @@ class Launcher:
         log = self.run_dir / "logs" / f"{name}.log"
         with log.open("w") as f:
             popen = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **env})
+                                     env={**os.environ, **env},
+                                     preexec_fn=_die_with_launcher if sys.platform.startswith("linux") else None)
         proc = Proc(name, popen, log)
         self.procs.append(proc)
         return proc

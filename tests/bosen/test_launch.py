@@ -257,6 +257,33 @@ def test_server_killed_stops_the_job(tmp_path, tracked):
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_launcher_stopped_by_a_signal_leaves_no_process(tmp_path, tracked, sig):
+    """SIGTERM: the launcher stops the job and says so; SIGKILL: its children still die with it."""
+    cfg = launch_config(tmp_path, {"ticks": 5000, "sleep_s": 0.01})
+    run_dir = tmp_path / "run"
+    sent = {}
+
+    def stop_launcher(tr: Tracked) -> None:
+        if not sent and (run_dir / "workers").exists() and len(tr.seen) >= 4:
+            tr.popen.send_signal(sig)
+            sent["t"] = time.time()
+
+    t = tracked([cfg, "--run-dir", run_dir, "--no-plot"])
+    rc = t.wait(120, during=stop_launcher)
+    assert sent, "the job never started"
+    if sig == signal.SIGTERM:
+        assert rc == 130, t.stderr()
+        assert "SIGTERM: stopped the job" in t.stderr()
+    else:
+        assert rc == -signal.SIGKILL
+    deadline = time.time() + 15
+    while t.survivors() and time.time() < deadline:
+        time.sleep(0.2)
+    assert not t.survivors(), t.survivors()
+
+
+@pytest.mark.timeout(150)
 def test_worker_config_error_is_shown_by_the_launcher(tmp_path, tracked):
     cfg = launch_config(tmp_path, {"ticks": 2, "bogus": 1})
     t = tracked([cfg, "--run-dir", tmp_path / "run", "--no-plot"])
