@@ -159,7 +159,9 @@ def scenario_adarev(args: argparse.Namespace) -> None:
     k = args.clocks_per_epoch or k
     noise = 0.1
     target = args.target or (5.0 if args.quick else 2.5) * nnz * noise ** 2  # x the noise floor
-    common = {**data, "app.args.epochs": epochs, "app.args.clocks_per_epoch": k, "app.args.noise": noise}
+    # one mini-batch per clock for both methods (configs/mf.yaml defaults to 10 per clock)
+    common = {**data, "app.args.epochs": epochs, "app.args.clocks_per_epoch": k, "app.args.noise": noise,
+              "app.args.batches_per_clock": 1}
     timeout = args.job_timeout
     work = Path(args.work)
     # compile (or load) every numba kernel of both kinds of job first, so no timed run pays for it
