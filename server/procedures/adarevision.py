@@ -38,23 +38,27 @@ from bosen.wire import UpdateBatch
 _JIT = dict(nogil=True, cache=True)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _coord(x, z, zmax, gsum, r, j, gj, gb, alpha):  # pragma: no cover - compiled
+    """adarevision.md for one coordinate: gradient ``gj``, backlog g_bck = ``gb``."""
+    zm = zmax[r, j]
+    eta_old = alpha / np.sqrt(zm)
+    zz = z[r, j] + gj * gj + 2.0 * gj * gb
+    z[r, j] = zz
+    zm = max(zz, zm)
+    zmax[r, j] = zm
+    eta = alpha / np.sqrt(zm)
+    x[r, j] = np.float64(x[r, j]) - eta * gj + (eta_old - eta) * gb
+    gsum[r, j] += gj
+
+
 @njit(**_JIT)
 def _row(x, z, zmax, gsum, r, old, g, gi, alpha):  # pragma: no cover - compiled
     """The rule for one dense row: ``old`` is ḡ as of the update's version (a row), ``g[gi]`` the
     gradient. Branch-free, so LLVM vectorizes it; g_bck = ḡ − ḡ_old is exactly 0 when ``old`` is
     the live ḡ row (current version), which makes the step AdaGrad's, bit for bit."""
     for j in range(x.shape[1]):
-        gj = np.float64(g[gi, j])
-        gb = gsum[r, j] - old[j]
-        zm = zmax[r, j]
-        eta_old = alpha / np.sqrt(zm)
-        zz = z[r, j] + gj * gj + 2.0 * gj * gb
-        z[r, j] = zz
-        zm = max(zz, zm)
-        zmax[r, j] = zm
-        eta = alpha / np.sqrt(zm)
-        x[r, j] = np.float64(x[r, j]) - eta * gj + (eta_old - eta) * gb
-        gsum[r, j] += gj
+        _coord(x, z, zmax, gsum, r, j, np.float64(g[gi, j]), gsum[r, j] - old[j], alpha)
 
 
 @njit(**_JIT)
@@ -99,17 +103,8 @@ def adarev_csr(x, z, zmax, gsum, rows, indptr, cols, tags, g, alpha,
         old = _old_row(gsum, pool, zeros, where, r)
         for k in range(indptr[i], indptr[i + 1]):
             j = cols[k]
-            gj = np.float64(g[k])
             gb = gsum[r, j] - old[j] if where != CURRENT else 0.0
-            zm = zmax[r, j]
-            eta_old = alpha / np.sqrt(zm)
-            zz = z[r, j] + gj * gj + 2.0 * gj * gb
-            z[r, j] = zz
-            zm = max(zz, zm)
-            zmax[r, j] = zm
-            eta = alpha / np.sqrt(zm)
-            x[r, j] = np.float64(x[r, j]) - eta * gj + (eta_old - eta) * gb
-            gsum[r, j] += gj
+            _coord(x, z, zmax, gsum, r, j, np.float64(g[k]), gb, alpha)
         versions[r] += 1
 
 
