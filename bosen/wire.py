@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import msgpack
 import numpy as np
+import zmq
 
 from bosen.errors import ProtocolError
 
@@ -106,6 +107,21 @@ def encode(header: dict[str, Any], *arrays: np.ndarray) -> list[Any]:
     frames: list[Any] = [msgpack.packb(header, use_bin_type=True)]
     for a in arrays:
         frames.append(np.ascontiguousarray(a).data)
+    return frames
+
+
+def encode_copied(header: dict[str, Any], *arrays: np.ndarray) -> list[Any]:
+    """``encode``, with every array copied into a ZeroMQ-owned frame now.
+
+    What the senders use: they may pass views of live memory (table rows, a reused send buffer), which
+    must not be read after this returns, even if the socket queues the message for later. One copy
+    of each payload costs less here than zero-copy: a zero-copy frame is released through pyzmq's
+    garbage-collector thread (a wake-up and a GIL hand-off per frame) and its buffer is a fresh
+    allocation every time, while a copy reads memory that is still in cache.
+    """
+    frames: list[Any] = [msgpack.packb(header, use_bin_type=True)]
+    for a in arrays:
+        frames.append(zmq.Frame(np.ascontiguousarray(a).data, copy=True))
     return frames
 
 

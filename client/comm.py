@@ -54,6 +54,9 @@ class CommThread:
         self.comm = config.comm
         self.bucket = LeakyBucket(config.comm.client_bandwidth_mbps) if config.comm.enabled else None
         self.incs_sent = [0] * self.n
+        # per table, the buffer updates are taken into before a send (sends copy it into ZeroMQ's own
+        # message, so it is free again at once: no per-message allocation, stays in cache)
+        self._send_bufs: dict[int, np.ndarray] = {}
         self._retired_scheduled = False
         self.incs_acked = [0] * self.n
         # update latency: send time of each unacknowledged INC, per server
@@ -147,11 +150,11 @@ class CommThread:
         bucket (budgeted or not), so egress tracks the budget whatever the traffic mix."""
         self.seq[j] += 1
         header["s"] = self.seq[j]
-        frames = wire.encode(header, *arrays)
+        frames = wire.encode_copied(header, *arrays)
         # Always through the asyncio socket: it re-checks ZMQ_EVENTS after each operation, which
         # edge-triggered ZeroMQ notifications require (a side socket would lose wake-ups).
         self._socks[j].send_multipart(frames, copy=False)
-        nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+        nbytes = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
         self.counters["msgs_sent"] += 1
         self.counters["bytes_sent"] += nbytes
         if self.bucket is not None:
@@ -234,15 +237,18 @@ class CommThread:
         if st.vlog is not None:
             return self._send_versioned(st, rows)
         per = max(1, CHUNK_BYTES // (st.cols * st.dtype.itemsize))
+        buf = self._send_bufs.get(st.index)
+        if buf is None:
+            buf = self._send_bufs[st.index] = np.empty((per, st.cols), dtype=st.dtype)
         sent = 0
         for j, pos in enumerate(self.partition.split(rows)):
             for k in range(0, pos.shape[0], per):
                 rj = rows[pos[k:k + per]]
                 with st.lock:
-                    block, nnz = st.oplog.take_counted(rj)
+                    block, nnz = st.oplog.take_counted(rj, buf)
                     wire_block, applied = self._quantize(st, rj, block)
                     if st.read_my_writes:
-                        st.inflight[j].add(self.seq[j] + 1, rj, applied)  # the very next message to j
+                        self._log_inflight(st, j, rj, applied, copy=applied is block)
                     if st.importance is not None:
                         st.importance[rj] = 0
                     st.send_count[rj] += 1
@@ -250,6 +256,17 @@ class CommThread:
                     nnz = None  # float16 rounding may have zeroed some values
                 sent += self._send_update(j, st, self._update_batch(rj, wire_block, nnz))
         return sent
+
+    def _log_inflight(self, st: TableState, j: int, rows: np.ndarray, deltas: np.ndarray, copy: bool) -> None:
+        """Remember what the very next message to server ``j`` adds, for read-my-writes, but only for
+        rows the cache holds or has asked for: any later read of another row reaches the server after
+        this message (one FIFO socket), so the value it gets back already contains these updates.
+        ``copy``: ``deltas`` is the reused send buffer, so the log needs its own copy."""
+        seen = (st.cache.clock[rows] >= 0) | st.cache.requested[rows]
+        if seen.all():
+            st.inflight[j].add(self.seq[j] + 1, rows, deltas.copy() if copy else deltas)
+        elif seen.any():
+            st.inflight[j].add(self.seq[j] + 1, rows[seen], deltas[seen])
 
     def _send_versioned(self, st: TableState, rows: np.ndarray) -> int:
         """Versioned table: per server one INC with the retired updates first (end-of-version), then

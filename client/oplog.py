@@ -19,13 +19,14 @@ class UpdateBuffer:
         self.delta = np.zeros((rows, cols), dtype=dtype)
         self.dirty = np.zeros(rows, dtype=bool)
 
-    def add_dense(self, rows: np.ndarray, deltas: np.ndarray, mirror: np.ndarray | None = None) -> None:
+    def add_dense(self, rows: np.ndarray, deltas: np.ndarray, mirror: np.ndarray | None = None,
+                  held: np.ndarray | None = None) -> None:
         """Buffer ``deltas``; with ``mirror`` (the cache, for read-my-writes) add them there too, in
-        the same pass over the deltas."""
+        the same pass over the deltas, to the rows where ``held`` (the cache's row clocks) is >= 0."""
         if mirror is None:
             rowmath.scatter_add(self.delta, rows, deltas)
         else:
-            rowmath.scatter_add_pair(self.delta, mirror, rows, deltas)
+            rowmath.scatter_add_pair(self.delta, mirror, rows, deltas, held)
         self.dirty[rows] = True
 
     def add_coo(self, rows: np.ndarray, cols: np.ndarray, deltas: np.ndarray) -> None:
@@ -39,10 +40,14 @@ class UpdateBuffer:
         """Remove and return the buffered deltas of ``rows``."""
         return self.take_counted(rows)[0]
 
-    def take_counted(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
-        """Remove and return the buffered deltas of ``rows`` and how many of them are non-zero."""
+    def take_counted(self, rows: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+        """Remove and return the buffered deltas of ``rows`` and how many of them are non-zero; into
+        ``out[:len(rows)]`` when given (a send buffer the caller reuses once the message is out)."""
         self.dirty[rows] = False
-        return rowmath.take_and_clear(self.delta, rows)
+        if out is None:
+            return rowmath.take_and_clear(self.delta, rows)
+        block = out[:rows.shape[0]]
+        return block, rowmath.take_and_clear_into(self.delta, rows, block)
 
 
 class InflightLog:

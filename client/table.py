@@ -143,7 +143,10 @@ class Table:
                 if st.importance is not None:
                     priority.accumulate_dense(st.importance, rows, deltas, st.cache.values, st.cache.clock,
                                               st.relative)
-                st.oplog.add_dense(rows, deltas, st.cache.values if st.read_my_writes else None)
+                if st.read_my_writes:
+                    st.oplog.add_dense(rows, deltas, st.cache.values, st.cache.clock)
+                else:
+                    st.oplog.add_dense(rows, deltas)
         else:
             cols = np.asarray(cols)
             if cols.dtype.kind not in "iu" or cols.shape != rows.shape or deltas.shape != rows.shape:

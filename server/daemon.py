@@ -174,7 +174,7 @@ class Server:
             self._send(ident, {"t": Msg.ERROR, "rq": seq, "m": f"internal server error: {e!r}"})
 
     def _send(self, ident: bytes, header: dict[str, Any], *arrays: np.ndarray) -> int:
-        return self._send_frames(ident, wire.encode(header, *arrays), header["t"])
+        return self._send_frames(ident, wire.encode_copied(header, *arrays), header["t"])
 
     def _send_frames(self, ident: bytes, frames: list[Any], kind: Msg) -> int:
         sent = self._sock.send_multipart([ident, *frames], copy=False)
@@ -182,7 +182,7 @@ class Server:
             self._sent(ident, kind, sent)
         else:
             sent.add_done_callback(lambda f: self._sent(ident, kind, f))
-        nbytes = sum(len(f) if isinstance(f, bytes) else f.nbytes for f in frames)
+        nbytes = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
         self.counters["msgs_out"] += 1
         self.counters["bytes_out"] += nbytes
         if self.bucket is not None:
@@ -352,10 +352,16 @@ class Server:
             header["ps"] = peer.pushes_sent
             self.counters["rows_pushed_budgeted"] += n
         versions = shard.rows_sent(local)
+        if n and local[-1] - local[0] == n - 1 and (n == 1 or (local[1:] > local[:-1]).all()):
+            # a run of rows: copied straight from the table into the message (no gather first)
+            run = slice(int(local[0]), int(local[-1]) + 1)
+            rows, values = shard.global_rows[run], shard.values[run]
+        else:
+            rows, values = shard.global_rows[local], shard.values[local]
         if versions is not None:
             header["v"] = True
-            return self._send(peer.ident, header, shard.global_rows[local], shard.values[local], versions)
-        return self._send(peer.ident, header, shard.global_rows[local], shard.values[local])
+            return self._send(peer.ident, header, rows, values, versions)
+        return self._send(peer.ident, header, rows, values)
 
     # -- managed communication -----------------------------------------------------------------
 
