@@ -16,22 +16,24 @@ table; the Client in this process), because per-clock work scales with every tab
 Float32 tables with 256 columns: one row is 1 KiB.
 
 ingest-1KiB / ingest-1MiB
-    A batch is 1 row (1 KiB) or 1024 rows (1 MiB). Timed: one pass over every row of a 2 MiB / 64 MiB
-    table, ``table.inc_rows(rows, deltas); client.clock()`` per batch (staleness 10^9: nothing ever
-    blocks), ended by a STATUS round trip on the same connection, which the server answers only after
-    it has applied every earlier message; the server's ``rows_applied`` must equal what was sent.
+    A batch is 1 row (1 KiB) or 1024 rows (1 MiB). Timed: 4 (quick) or 8 passes over every row of a
+    2 MiB / 64 MiB table, ``table.inc_rows(rows, deltas); client.clock()`` per batch (staleness 10^9: nothing ever
+    blocks), each pass ended by a STATUS round trip on the same connection, which the server answers
+    only after it has applied every earlier message; the server's ``rows_applied`` must equal what was
+    sent (the round trip also keeps one pass's updates from coalescing with the next one's).
     An untimed pass first makes every page of the table resident on both sides.
     MB/s = float32 value bytes / seconds (the int64 row-id frame, headers and CLOCK/ACK/SCLOCK messages
     are not counted as payload; they do travel). The client library sends what is buffered whenever
     its communication thread runs, so several batches may go as one INC message: ``inc_msgs`` says how
     many went. Baseline "pyzmq PUSH/PULL": one message per batch with the same three frames as our INC
     message (msgpack header, int64 row ids, float32 values), from this process to a receiver subprocess
-    that only counts them, ended by an END message the receiver answers on a second socket.
+    that only counts them, each pass ended by an END message the receiver answers on a second socket.
 
 fetch-1KiB / fetch-1MiB
     ``table.get_row(r)`` (1 KiB) or ``table.get_rows(1024 rows)`` (1 MiB) of rows never read before, so
     every call is one READ -> ROWS round trip. Their memory was made resident beforehand on both sides
-    (by incrementing them), so ``ours`` is the steady-state path; ``ours_cold`` is the same on rows
+    (by incrementing them; the client's cache pages by writing them, see ``touch``), so ``ours`` is the
+    steady-state path; ``ours_cold`` is the same on rows
     whose memory neither side has touched yet (first-touch page faults included). MB/s = value bytes
     returned / seconds. Baseline "pyzmq DEALER/ROUTER": as many sequential round trips, request =
     [header, row ids], reply = [header, row ids, values] from a preallocated buffer in a subprocess.
@@ -72,7 +74,8 @@ import numpy as np
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import MiB, Child, ProcCounters, ServerProcs, emit, log, median, peak_rss_bytes, rss_bytes  # noqa: E402
+from common import (MiB, Child, ProcCounters, ServerProcs, emit, log, median, peak_rss_bytes,  # noqa: E402
+                    prewarm_memory, rss_bytes)
 
 from bosen import status as status_mod  # noqa: E402
 
@@ -92,8 +95,9 @@ HERE = Path(__file__).resolve()
 @dataclass(frozen=True)
 class Plan:
     reps: int
-    ingest_small_MiB: int  # payload per repetition = the table, every row once
+    ingest_small_MiB: int  # table size; a repetition passes over every row ``ingest_passes`` times
     ingest_large_MiB: int
+    ingest_passes: int  # long enough repetitions (0.1 s and up) that scheduling noise averages out
     fetch_small_calls: int
     fetch_large_calls: int
     latency_calls: int
@@ -102,9 +106,9 @@ class Plan:
 
 
 # Same ingest and fetch table sizes in both modes, so quick and full numbers compare; full repeats more.
-QUICK = Plan(reps=3, ingest_small_MiB=2, ingest_large_MiB=64, fetch_small_calls=1000, fetch_large_calls=24,
+QUICK = Plan(reps=3, ingest_small_MiB=2, ingest_large_MiB=64, ingest_passes=4, fetch_small_calls=1000, fetch_large_calls=24,
              latency_calls=20_000, latency_loops=5, memory_table_MiB=32)
-FULL = Plan(reps=7, ingest_small_MiB=2, ingest_large_MiB=64, fetch_small_calls=3000, fetch_large_calls=64,
+FULL = Plan(reps=7, ingest_small_MiB=2, ingest_large_MiB=64, ingest_passes=8, fetch_small_calls=3000, fetch_large_calls=64,
             latency_calls=100_000, latency_loops=7, memory_table_MiB=128)
 
 
@@ -257,8 +261,10 @@ def job_client(tables: dict[str, int], workdir: Path) -> Iterator[tuple[Any, int
             yield client, sp.pids[0]
 
 
-def ingest_ours(client: Any, table: str, rows_per_batch: int, counters: ProcCounters) -> dict[str, Any]:
-    """One pass over every row of ``table``, ``rows_per_batch`` rows per inc_rows + clock."""
+def ingest_ours(client: Any, table: str, rows_per_batch: int, counters: ProcCounters,
+                passes: int = 1) -> dict[str, Any]:
+    """``passes`` passes over every row of ``table``, ``rows_per_batch`` rows per inc_rows + clock,
+    each ended by a STATUS round trip (so no update of one pass coalesces with the next one's)."""
     t = client.table(table)
     deltas = np.full((rows_per_batch, COLS), 1e-3, dtype=np.float32)
     sets = [np.arange(k, k + rows_per_batch, dtype=np.int64) for k in range(0, t.rows, rows_per_batch)]
@@ -266,16 +272,18 @@ def ingest_ours(client: Any, table: str, rows_per_batch: int, counters: ProcCoun
     c0 = client.stats()["update_batches"]
     counters.start()
     t0 = time.perf_counter()
-    for rows in sets:
-        t.inc_rows(rows, deltas)
-        client.clock()
-    s1 = client.server_status(STATUS_TIMEOUT_S)[0]  # answered once every earlier INC and CLOCK is applied
+    for _ in range(passes):
+        for rows in sets:
+            t.inc_rows(rows, deltas)
+            client.clock()
+        s1 = client.server_status(STATUS_TIMEOUT_S)[0]  # answered once every earlier INC and CLOCK is applied
     dt = time.perf_counter() - t0
     counters.stop()
     applied = (s1["rows_applied"] - s0["rows_applied"]) * ROW_BYTES
-    submitted = len(sets) * rows_per_batch * ROW_BYTES
+    submitted = passes * len(sets) * rows_per_batch * ROW_BYTES
     assert applied == submitted, f"server applied {applied} of {submitted} bytes"
-    return dict(seconds=dt, bytes=applied, batches=len(sets), inc_msgs=client.stats()["update_batches"] - c0)
+    return dict(seconds=dt, bytes=applied, batches=passes * len(sets), passes=passes,
+                inc_msgs=client.stats()["update_batches"] - c0)
 
 
 def run_ingest(base: Baselines, plan: Plan, workdir: Path) -> None:
@@ -288,10 +296,10 @@ def run_ingest(base: Baselines, plan: Plan, workdir: Path) -> None:
             base.ingest(rpb, max(table_MiB * MiB // (rpb * ROW_BYTES) // 10, 4))
             ours, theirs, runs = [], [], []
             for rep in range(plan.reps):
-                r = ingest_ours(client, "ingest", rpb, ours_ctr.start())
+                r = ingest_ours(client, "ingest", rpb, ours_ctr.start(), plan.ingest_passes)
                 r["ctr"] = ours_ctr.per(r["bytes"] / MiB)
                 base_ctr.start()
-                b = base.ingest(rpb, r["batches"])
+                b = sum(base.ingest(rpb, r["batches"] // r["passes"]) for _ in range(r["passes"]))
                 r["base_ctr"] = base_ctr.stop().per(r["bytes"] / MiB)
                 ours.append(r["bytes"] / r["seconds"] / 1e6)
                 theirs.append(r["bytes"] / b / 1e6)
@@ -303,7 +311,7 @@ def run_ingest(base: Baselines, plan: Plan, workdir: Path) -> None:
         extra = dict(goal=LARGE_RATIO_GOAL, meets_goal=o / b >= LARGE_RATIO_GOAL) if rpb > 1 else {}
         result(case, "ingest_throughput", "MB/s", o, b, "pyzmq PUSH/PULL", o / b, **extra, reps=plan.reps,
                ours_all=ours, baseline_all=theirs, batch_bytes=rpb * ROW_BYTES, batches=r["batches"],
-               inc_msgs=r["inc_msgs"], table_MiB=table_MiB,
+               inc_msgs=r["inc_msgs"], table_MiB=table_MiB, passes=plan.ingest_passes,
                payload="float32 values; row ids, headers and CLOCK/ACK/SCLOCK messages not counted",
                per_MiB=r["ctr"], baseline_per_MiB=r["base_ctr"])
 
@@ -326,7 +334,10 @@ def fetch_ours(client: Any, table: str, rows_per_call: int, calls: int, first_ro
 
 
 def touch(client: Any, table: str, lo: int, hi: int) -> None:
-    """Increment rows [lo, hi) (without reading them) so that their memory is resident on both sides."""
+    """Make the memory of rows [lo, hi) resident on both sides without reading them: increment them
+    (the server's values and the client's update buffer), and write the client's cache pages directly,
+    which increments no longer touch for rows the cache does not hold (reaching into the client here
+    is bench-only: those cache entries hold no row yet, and every read overwrites them)."""
     t = client.table(table)
     ones = np.full((1024, COLS), 1e-3, dtype=np.float32)
     for k in range(lo, hi, 1024):
@@ -334,6 +345,9 @@ def touch(client: Any, table: str, lo: int, hi: int) -> None:
         t.inc_rows(rows, ones[: rows.shape[0]])
     client.clock()
     client.server_status(STATUS_TIMEOUT_S)
+    cache = client._state(table).cache
+    assert (cache.clock[lo:hi] < 0).all(), "touch() is for rows the client has never read"
+    cache.values[lo:hi] = 0
 
 
 def run_fetch(base: Baselines, plan: Plan, workdir: Path, fetch: bool = True, latency: bool = True) -> None:
@@ -500,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="fewer repetitions and a smaller memory table (CI: under a minute)")
     p.add_argument("--only", default="ingest,fetch,latency,memory",
                    help="comma-separated subset of: ingest, fetch, latency, memory")
+    p.add_argument("--prewarm-GiB", type=float, default=2.0,
+                   help="touch and free this much memory first (fresh VM pages are slow to fault in; see "
+                        "bench/common.py prewarm_memory); 0 skips it")
     p.add_argument("--peer", choices=("pull", "router", "memclient"), help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--ctl-port", type=int, help=argparse.SUPPRESS)
@@ -521,6 +538,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--only: unknown part {sorted(unknown)[0]!r}")
     started = time.perf_counter()
+    if args.prewarm_GiB > 0:
+        log(f"touched and freed {args.prewarm_GiB:g} GiB of memory in "
+            f"{prewarm_memory(int(args.prewarm_GiB * (1 << 30))):.1f}s (machine warm-up)")
     with tempfile.TemporaryDirectory(prefix="bosen-bench-") as tmp:
         workdir = Path(tmp)
         if only & {"ingest", "fetch", "latency"}:

@@ -1,7 +1,10 @@
 """The row cache: the freshest value the client has of each row and the clock it is valid for.
 
-``clock[r]`` is -1 for rows never received; otherwise the value contains every update of every tick
-below ``clock[r]`` (SSP, DESIGN §5). Values of a table are one dense matrix, touched lazily.
+``clock[r]`` is -1 for rows never received, otherwise the clock of the last value received for the
+row. A server clock message (SCLOCK) says every cached row of that server is now valid for its clock
+(SSP, DESIGN §5); rather than raising every such row's clock (work in the table's size, on every
+clock), the cache keeps the last SCLOCK per server, and a cached row's clock is the larger of the two.
+Values of a table are one dense matrix, touched lazily.
 """
 
 from __future__ import annotations
@@ -10,15 +13,35 @@ import numpy as np
 
 
 class RowCache:
-    def __init__(self, rows: int, cols: int, dtype: np.dtype) -> None:
+    def __init__(self, rows: int, cols: int, dtype: np.dtype, num_servers: int = 1) -> None:
         self.values = np.zeros((rows, cols), dtype=dtype)
-        self.clock = np.full(rows, -1, dtype=np.int64)
+        self.clock = np.full(rows, -1, dtype=np.int64)  # as received; see fresh_clock
         self.requested = np.zeros(rows, dtype=bool)
+        self.num_servers = num_servers
+        self.server_clock = np.zeros(num_servers, dtype=np.int64)  # last SCLOCK of each server
 
-    def raise_clock(self, server: int, num_servers: int, clock: int) -> None:
+    def raise_clock(self, server: int, clock: int) -> None:
         """A server clock message: every cached row of that server is now valid for ``clock``."""
-        view = self.clock[server::num_servers]
-        np.maximum(view, clock, out=view, where=view >= 0)
+        if clock > self.server_clock[server]:
+            self.server_clock[server] = clock
+
+    def fresh_clock(self, rows: np.ndarray) -> np.ndarray:
+        """The clock each row's cached value is valid for (-1: not cached)."""
+        own = self.clock[rows]
+        return np.where(own >= 0, np.maximum(own, self.server_clock[rows % self.num_servers]), -1)
+
+    def min_clock(self, rows: np.ndarray) -> int:
+        """The lowest clock among ``rows`` (-1 if one is not cached); ``rows`` must not be empty."""
+        low = int(self.clock[rows].min())
+        if low < 0:
+            return -1
+        if self.num_servers == 1:  # min over rows of max(own, s) = max(min own, s)
+            return max(low, int(self.server_clock[0]))
+        return int(self.fresh_clock(rows).min())
+
+    def cached_clocks(self) -> np.ndarray:
+        """Clocks of every cached row (for staleness statistics)."""
+        return self.fresh_clock(np.flatnonzero(self.clock >= 0))
 
     def cached_count(self) -> int:
         return int(np.count_nonzero(self.clock >= 0))

@@ -139,7 +139,7 @@ class Client:
         tables = {}
         for st in self._tables:
             with st.lock:
-                cached = st.cache.clock[st.cache.clock >= 0]
+                cached = st.cache.cached_clocks()
                 hist = send_histogram(st.send_count)
             stale = self._clocks.clock - cached if cached.size else np.zeros(1, dtype=np.int64)
             tables[st.name] = {"cached_rows": int(cached.size), "staleness_mean": float(stale.mean()),
@@ -239,11 +239,11 @@ class Client:
     def _wait_fresh(self, st: TableState, rows: np.ndarray, tick: int) -> None:
         """Block until every row's cached clock satisfies the SSP rule for ``tick``."""
         need = max(tick - st.staleness, 0)
-        clock = st.cache.clock
-        if rows.shape[0] == 0 or clock[rows].min() >= need:
+        cache = st.cache
+        if rows.shape[0] == 0 or cache.min_clock(rows) >= need:
             return
         with st.lock:
-            missing = rows[(clock[rows] < 0) & ~st.cache.requested[rows]]
+            missing = rows[(cache.clock[rows] < 0) & ~cache.requested[rows]]
             if missing.shape[0] > 1 and not (missing[1:] > missing[:-1]).all():
                 missing = np.unique(missing)
             st.cache.requested[missing] = True
@@ -256,7 +256,7 @@ class Client:
             with self._fresh:
                 while True:
                     self._check()
-                    if clock[rows].min() >= need:
+                    if cache.min_clock(rows) >= need:
                         return
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -266,9 +266,10 @@ class Client:
             self._blocked_s += time.monotonic() - start
 
     def _timeout(self, st: TableState, rows: np.ndarray, tick: int, need: int) -> ReadTimeout:
-        r = int(rows[np.argmin(st.cache.clock[rows])])
+        fresh = st.cache.fresh_clock(rows)
+        r = int(rows[np.argmin(fresh)])
         j = r % len(self.config.cluster.servers)
-        have = int(st.cache.clock[r])
+        have = int(fresh.min())
         return ReadTimeout(
             f"read of table {st.name!r} row {r} timed out after {self.config.consistency.read_timeout_s:g}s: "
             f"worker tick {tick} needs row clock >= {need} (staleness {st.staleness}), cached row clock "

@@ -469,7 +469,7 @@ class CommThread:
         for st in self.tables:
             with st.lock:
                 st.inflight[j].settle(h["a"])
-                st.cache.raise_clock(j, self.n, c)
+                st.cache.raise_clock(j, c)
 
     def _on_ack(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
         self.counters["acks"] += 1

@@ -34,7 +34,7 @@ class TableState:
         self.read_my_writes = cfg.shows_own_writes  # until the server says otherwise (set_capabilities)
         self.vlog: VersionLog | None = None  # versioned tables: versions held, retired updates, releases
         self.lock = threading.Lock()
-        self.cache = RowCache(cfg.rows, cfg.cols, self.dtype)
+        self.cache = RowCache(cfg.rows, cfg.cols, self.dtype, num_servers)
         self.oplog = UpdateBuffer(cfg.rows, cfg.cols, self.dtype)
         self.inflight = [InflightLog() for _ in range(num_servers)]
         # managed communication: which rows to send first, and how often each row went out
@@ -69,6 +69,8 @@ class Table:
         self._worker = worker
         self._values = state.cache.values
         self._clock = state.cache.clock
+        self._server_clock = state.cache.server_clock
+        self._servers = state.cache.num_servers
         self.name = state.name
         self.rows = state.rows
         self.cols = state.cols
@@ -103,9 +105,13 @@ class Table:
         if client._closed or client._comm.error is not None:
             client._check()
         need = self._worker.tick - self.staleness
-        if type(row) in _FAST_INDEX and 0 <= row < self.rows and self._clock[row] >= (need if need > 0 else 0):
-            with self._st.lock:
-                return self._values[row].copy()
+        if need < 0:
+            need = 0
+        if type(row) in _FAST_INDEX and 0 <= row < self.rows:
+            c = self._clock[row]  # the row's own clock, else the last server clock if it is cached
+            if c >= need or (c >= 0 and self._server_clock[row % self._servers] >= need):
+                with self._st.lock:
+                    return self._values[row].copy()
         return self.get_rows(np.array([self._row(row)], dtype=np.int64))[0]
 
     def get(self, row: int, col: int) -> Any:

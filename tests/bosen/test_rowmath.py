@@ -1,0 +1,52 @@
+"""Row kernels: the finiteness check, scatter-adds into buffer and cache, take-and-clear."""
+
+import numpy as np
+import pytest
+
+from bosen import rowmath
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_all_finite_finds_every_non_finite_value(dtype):
+    x = np.ones((64, 33), dtype=dtype)
+    assert rowmath.all_finite(x)
+    for bad in (np.nan, np.inf, -np.inf):
+        for pos in (0, 1000, x.size - 1):
+            y = x.copy()
+            y.reshape(-1)[pos] = bad
+            assert not rowmath.all_finite(y), (bad, pos)
+    edge = x.copy()
+    edge[0, :4] = [np.finfo(dtype).max, -np.finfo(dtype).max, np.finfo(dtype).tiny / 4, -0.0]  # subnormal too
+    assert rowmath.all_finite(edge)
+    y = x.copy()
+    y[3, 1] = np.nan
+    assert not rowmath.all_finite(y[:, 1::2])  # non-contiguous views are checked too
+    assert rowmath.all_finite(y[:, ::2])  # ... and only what they show
+    assert not rowmath.all_finite(np.asfortranarray(y))
+
+
+def test_all_finite_other_dtypes():
+    assert not rowmath.all_finite(np.array([1.0, np.inf], dtype=np.float16))
+    assert rowmath.all_finite(np.array([1.0, 2.0], dtype=np.float16))
+    assert rowmath.all_finite(np.arange(5))  # integers are always finite
+    assert rowmath.all_finite(np.empty((0, 3), dtype=np.float32))
+
+
+def test_scatter_add_pair_adds_to_the_cache_only_where_it_holds_the_row():
+    buf = np.zeros((4, 2), dtype=np.float32)
+    cache = np.full((4, 2), 10.0, dtype=np.float32)
+    held = np.array([3, -1, 0, -1], dtype=np.int64)
+    rows = np.array([0, 1, 1, 2], dtype=np.int64)
+    rowmath.scatter_add_pair(buf, cache, rows, np.ones((4, 2), dtype=np.float32), held)
+    assert buf[:, 0].tolist() == [1, 2, 1, 0]  # duplicates accumulate
+    assert cache[:, 0].tolist() == [11, 10, 11, 10]  # rows 1 and 3 are not cached: untouched
+
+
+def test_take_and_clear_into_reuses_the_buffer_and_counts_non_zeros():
+    src = np.arange(12, dtype=np.float64).reshape(6, 2)
+    out = np.full((4, 2), -1.0)
+    nnz = rowmath.take_and_clear_into(src, np.array([0, 2, 5]), out[:3])
+    assert nnz == 5  # src[0, 0] is 0
+    assert out[:3].tolist() == [[0, 1], [4, 5], [10, 11]] and out[3].tolist() == [-1, -1]
+    assert not src[[0, 2, 5]].any() and src[1].tolist() == [2, 3]
+
