@@ -110,8 +110,9 @@ def encode(header: dict[str, Any], *arrays: np.ndarray) -> list[Any]:
     return frames
 
 
-def encode_copied(header: dict[str, Any], *arrays: np.ndarray) -> list[Any]:
-    """``encode``, with every array copied into a ZeroMQ-owned frame now.
+def encode_copied(header: dict[str, Any], *arrays: np.ndarray, owned: Any = None) -> list[Any]:
+    """``encode``, with every array but ``owned`` copied into a ZeroMQ-owned frame now (``owned``:
+    an array nobody will write again, sent without a copy).
 
     What the senders use: they may pass views of live memory (table rows, a reused send buffer), which
     must not be read after this returns, even if the socket queues the message for later. One copy
@@ -121,7 +122,7 @@ def encode_copied(header: dict[str, Any], *arrays: np.ndarray) -> list[Any]:
     """
     frames: list[Any] = [msgpack.packb(header, use_bin_type=True)]
     for a in arrays:
-        frames.append(zmq.Frame(np.ascontiguousarray(a).data, copy=True))
+        frames.append(a.data if a is owned else zmq.Frame(np.ascontiguousarray(a).data, copy=True))
     return frames
 
 

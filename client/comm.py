@@ -145,12 +145,13 @@ class CommThread:
 
     # -- sending -------------------------------------------------------------------------------
 
-    def _send(self, j: int, header: dict[str, Any], *arrays: np.ndarray) -> int:
+    def _send(self, j: int, header: dict[str, Any], *arrays: np.ndarray, owned: np.ndarray | None = None) -> int:
         """Send one message to server ``j``; returns its size in bytes. Every byte is charged to the
-        bucket (budgeted or not), so egress tracks the budget whatever the traffic mix."""
+        bucket (budgeted or not), so egress tracks the budget whatever the traffic mix. Arrays are
+        copied into the message, except ``owned`` (one that is never written again)."""
         self.seq[j] += 1
         header["s"] = self.seq[j]
-        frames = wire.encode_copied(header, *arrays)
+        frames = wire.encode_copied(header, *arrays, owned=owned)
         # Always through the asyncio socket: it re-checks ZMQ_EVENTS after each operation, which
         # edge-triggered ZeroMQ notifications require (a side socket would lose wake-ups).
         self._socks[j].send_multipart(frames, copy=False)
@@ -247,26 +248,34 @@ class CommThread:
                 with st.lock:
                     block, nnz = st.oplog.take_counted(rj, buf)
                     wire_block, applied = self._quantize(st, rj, block)
+                    kept = None
                     if st.read_my_writes:
-                        self._log_inflight(st, j, rj, applied, copy=applied is block)
+                        kept = self._log_inflight(st, j, rj, applied, copy=applied is block)
                     if st.importance is not None:
                         st.importance[rj] = 0
                     st.send_count[rj] += 1
                 if wire_block is not block:
                     nnz = None  # float16 rounding may have zeroed some values
-                sent += self._send_update(j, st, self._update_batch(rj, wire_block, nnz))
+                batch = self._update_batch(rj, kept if kept is not None and wire_block is block else wire_block, nnz)
+                # the in-flight log's copy holds the same bytes and is never written: it goes as it is
+                sent += self._send_update(j, st, batch, owned=kept)
         return sent
 
-    def _log_inflight(self, st: TableState, j: int, rows: np.ndarray, deltas: np.ndarray, copy: bool) -> None:
+    def _log_inflight(self, st: TableState, j: int, rows: np.ndarray, deltas: np.ndarray,
+                      copy: bool) -> np.ndarray | None:
         """Remember what the very next message to server ``j`` adds, for read-my-writes, but only for
         rows the cache holds or has asked for: any later read of another row reaches the server after
         this message (one FIFO socket), so the value it gets back already contains these updates.
-        ``copy``: ``deltas`` is the reused send buffer, so the log needs its own copy."""
+        ``copy``: ``deltas`` is the reused send buffer, so the log needs its own copy, which is
+        returned (the whole block, logged) so that the message can carry it without another copy."""
         seen = (st.cache.clock[rows] >= 0) | st.cache.requested[rows]
         if seen.all():
-            st.inflight[j].add(self.seq[j] + 1, rows, deltas.copy() if copy else deltas)
-        elif seen.any():
+            kept = deltas.copy() if copy else deltas
+            st.inflight[j].add(self.seq[j] + 1, rows, kept)
+            return kept if copy else None
+        if seen.any():
             st.inflight[j].add(self.seq[j] + 1, rows[seen], deltas[seen])
+        return None
 
     def _send_versioned(self, st: TableState, rows: np.ndarray) -> int:
         """Versioned table: per server one INC with the retired updates first (end-of-version), then
@@ -343,13 +352,13 @@ class CommThread:
             return UpdateBatch(rows, vals, indptr, cols)
         return UpdateBatch(rows, block)
 
-    def _send_update(self, j: int, st: TableState, batch: UpdateBatch) -> int:
+    def _send_update(self, j: int, st: TableState, batch: UpdateBatch, owned: np.ndarray | None = None) -> int:
         h = {"t": Msg.INC, "tb": st.index, "n": int(batch.rows.shape[0]), "dt": batch.values.dtype.name,
              "sp": batch.sparse}
         if batch.versioned:
             h["v"] = True
             h["nr"] = int(batch.rel_rows.shape[0])
-        nbytes = self._send(j, h, *batch.arrays())
+        nbytes = self._send(j, h, *batch.arrays(), owned=owned)
         self._inc_times[j].append((self.seq[j], time.monotonic()))
         self.incs_sent[j] += 1
         self.counters["update_batches"] += 1
