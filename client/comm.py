@@ -15,6 +15,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Coroutine
 
+import msgpack
 import numpy as np
 import uvloop
 import zmq
@@ -57,6 +58,9 @@ class CommThread:
         # per table, the buffer updates are taken into before a send (sends copy it into ZeroMQ's own
         # message, so it is free again at once: no per-message allocation, stays in cache)
         self._send_bufs: dict[int, np.ndarray] = {}
+        # during an end-of-tick flush, the latest INC to each server is kept back to carry the clock
+        self._holding = False
+        self._held: list[tuple[dict[str, Any], list[Any]] | None] = [None] * self.n
         self._retired_scheduled = False
         self.incs_acked = [0] * self.n
         # update latency: send time of each unacknowledged INC, per server
@@ -152,15 +156,29 @@ class CommThread:
         self.seq[j] += 1
         header["s"] = self.seq[j]
         frames = wire.encode_copied(header, *arrays, owned=owned)
-        # Always through the asyncio socket: it re-checks ZMQ_EVENTS after each operation, which
-        # edge-triggered ZeroMQ notifications require (a side socket would lose wake-ups).
-        self._socks[j].send_multipart(frames, copy=False)
+        if self._held[j] is not None:
+            self._release(j)  # in sequence order
+        if self._holding and header["t"] == Msg.INC:
+            self._held[j] = (header, frames)  # flush() sends it, perhaps with its clock
+        else:
+            # Always through the asyncio socket: it re-checks ZMQ_EVENTS after each operation, which
+            # edge-triggered ZeroMQ notifications require (a side socket would lose wake-ups).
+            self._socks[j].send_multipart(frames, copy=False)
         nbytes = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
         self.counters["msgs_sent"] += 1
         self.counters["bytes_sent"] += nbytes
         if self.bucket is not None:
             self.bucket.charge(nbytes)
         return nbytes
+
+    def _release(self, j: int) -> None:
+        """Send the INC that a flush kept back for server ``j`` (its header may have gained a clock)."""
+        held, self._held[j] = self._held[j], None
+        if held is not None:
+            header, frames = held
+            if "c" in header:
+                frames[0] = msgpack.packb(header, use_bin_type=True)
+            self._socks[j].send_multipart(frames, copy=False)
 
     async def _request(self, j: int, header: dict[str, Any], timeout: float) -> dict[str, Any]:
         fut = self.loop.create_future()
@@ -218,16 +236,29 @@ class CommThread:
         """Send every buffered update; then, if ``clock`` is given, CLOCK(clock) to every server.
 
         This is the end-of-tick flush SSP needs: never delayed by the bucket, but charged to it.
+        The clock rides on the last update message to a server (its header's ``c``) where there is
+        one: a message less each way per tick, since the server then answers with SCLOCK alone.
         """
-        for st in self.tables:
-            with st.lock:
-                rows = st.oplog.dirty_rows()
-                pending = st.vlog is not None and st.vlog.pending
-            if rows.shape[0] or pending:
-                self._send_buffered(st, rows)
-        if clock is not None:
+        self._holding = clock is not None  # _send keeps back the latest INC per server for the clock
+        done = False
+        try:
+            for st in self.tables:
+                with st.lock:
+                    rows = st.oplog.dirty_rows()
+                    pending = st.vlog is not None and st.vlog.pending
+                if rows.shape[0] or pending:
+                    self._send_buffered(st, rows)
+            done = True
+        finally:
+            self._holding = False
             for j in range(self.n):
-                self._send(j, {"t": Msg.CLOCK, "c": clock})
+                held = self._held[j]
+                if done and clock is not None:
+                    if held is None:
+                        self._send(j, {"t": Msg.CLOCK, "c": clock})
+                        continue
+                    held[0]["c"] = clock
+                self._release(j)
 
     def _send_buffered(self, st: TableState, rows: np.ndarray) -> int:
         """Take ``rows`` (sorted) out of the update buffer and send them; returns bytes sent.
@@ -479,24 +510,30 @@ class CommThread:
             with st.lock:
                 st.inflight[j].settle(h["a"])
                 st.cache.raise_clock(j, c)
+        self._acked(j, h["a"])  # the server sends no ACK for an INC that carried the clock it answers
 
     def _on_ack(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
-        self.counters["acks"] += 1
-        self.incs_acked[j] += 1
+        self._acked(j, h["rq"])
+        for st in self.tables:
+            if st.read_my_writes and st.inflight[j].entries:
+                with st.lock:
+                    st.inflight[j].settle(h["rq"])
+
+    def _acked(self, j: int, through: int) -> None:
+        """Every update message to server ``j`` up to sequence number ``through`` is applied
+        (acknowledgements are cumulative)."""
         times = self._inc_times[j]
-        while times and times[0][0] <= h["rq"]:
+        while times and times[0][0] <= through:
             seq, t = times.popleft()
-            if seq == h["rq"]:
+            self.counters["acks"] += 1
+            self.incs_acked[j] += 1
+            if seq == through:
                 ms = (time.monotonic() - t) * 1000
                 lat = self.ack_latency
                 lat["last_ms"] = ms
                 lat["max_ms"] = max(lat["max_ms"], ms)
                 lat["sum_ms"] += ms
                 lat["count"] += 1
-        for st in self.tables:
-            if st.read_my_writes and st.inflight[j].entries:
-                with st.lock:
-                    st.inflight[j].settle(h["rq"])
 
     def _on_error(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
         self.counters["server_errors"] += 1

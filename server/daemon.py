@@ -249,8 +249,15 @@ class Server:
         peer = self._peer(ident, h)
         shard = self._shard(h)
         batch = wire.decode_update(h, frames, shard.cfg.cols, shard.dtype)
+        clock = h.get("c")  # the end-of-tick flush's last update carries the sender's new clock
+        if clock is not None:
+            self._check_clock(peer, clock, "INC")  # before applying: a bad message changes nothing
         self.counters["rows_applied"] += shard.apply(batch, peer.rank)
         peer.applied = h["s"]
+        if clock is not None:
+            self.client_clock[peer.rank] = clock
+            if self._maybe_advance() and not peer.leaving:
+                return  # its SCLOCK carries "a" (this message's number): that acknowledges it
         self._send(ident, {"t": Msg.ACK, "rq": h["s"]})
 
     def on_read(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
@@ -269,13 +276,17 @@ class Server:
 
     def on_clock(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
-        c = h["c"]
-        if c < self.client_clock[peer.rank]:
-            raise ProtocolError(f"CLOCK: clock {c} goes back from {self.client_clock[peer.rank]}")
-        if c >= GONE:
-            raise ProtocolError(f"CLOCK: clock {c} out of range (must be below {GONE})")
-        self.client_clock[peer.rank] = c
+        self._check_clock(peer, h["c"], "CLOCK")
+        self.client_clock[peer.rank] = h["c"]
         self._maybe_advance()
+
+    def _check_clock(self, peer: Peer, c: Any, what: str) -> None:
+        if not isinstance(c, int) or isinstance(c, bool):
+            raise ProtocolError(f"{what}: field 'c' must be int, got {c!r}")
+        if c < self.client_clock[peer.rank]:
+            raise ProtocolError(f"{what}: clock {c} goes back from {self.client_clock[peer.rank]}")
+        if c >= GONE:
+            raise ProtocolError(f"{what}: clock {c} out of range (must be below {GONE})")
 
     def on_bye(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
@@ -303,10 +314,11 @@ class Server:
         self.client_clock[peer.rank] = GONE
         self._maybe_advance()
 
-    def _maybe_advance(self) -> None:
+    def _maybe_advance(self) -> bool:
+        """Advance the server clock if every client has passed it: push, then SCLOCK to each client."""
         new = int(self.client_clock.min())
         if new <= self.clock or new == GONE:
-            return
+            return False
         self.clock = new
         self.counters["clock_advances"] += 1
         live = self._live()
@@ -320,6 +332,7 @@ class Server:
                     self._send_rows(peer, shard, local, seq)
         for p in live:
             self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied})
+        return True
 
     def _live(self) -> list[Peer]:
         return [p for p in self.by_rank.values() if not p.gone and not p.leaving]

@@ -498,3 +498,26 @@ def test_get_row_after_close_raises(cluster):
         W.get_rows([0])  # the slow path checks
     with pytest.raises(ClientClosed):
         W.get_row(0)
+
+
+def test_the_clock_rides_on_the_last_update_and_sclock_acknowledges_it(cluster):
+    """Per tick with updates for every server: one INC carrying the clock each way out and one SCLOCK
+    back (no separate CLOCK, no ACK); every update batch still counts as acknowledged."""
+    c = cluster(2, workers=1, staleness=0, tables={"W": {"rows": 8, "cols": 2, "dtype": "int64"}})
+    with Client.connect(c.path) as client:
+        W = client.table("W")
+        W.get_rows(np.arange(8))
+        before = client.stats()
+        ticks = 5
+        for tick in range(ticks):
+            W.inc_rows(np.arange(8), np.ones((8, 2), np.int64))  # rows on both servers
+            client.clock()
+            np.testing.assert_array_equal(W.get_rows(np.arange(8)), np.full((8, 2), tick + 1))
+        wait_until(lambda: client.stats()["acks"] - before["acks"] == 2 * ticks, "every INC acknowledged")
+        s = client.stats()
+        assert s["update_batches"] - before["update_batches"] == 2 * ticks
+        assert s["msgs_sent"] - before["msgs_sent"] == 2 * ticks, "one message per server per tick"
+        # per server and tick: the pushed rows (staleness 0: read, so subscribed) and one SCLOCK
+        assert s["msgs_received"] - before["msgs_received"] == 2 * 2 * ticks
+        assert s["ack_latency_ms_max"] > 0
+        assert [st["clock"] for st in client.server_status()] == [ticks, ticks]

@@ -197,6 +197,13 @@ def test_hostile_messages_get_errors_and_change_nothing(cluster, tmp_path):
         bad0("CLOCK: clock -1 goes back from 3", {"t": Msg.CLOCK, "c": -1})
         s = r0.send({"t": Msg.CLOCK, "c": 3})  # same clock again is fine
         assert r0.silent()
+        # the last INC of an end-of-tick flush may carry the sender's clock; it is checked first
+        bad0("INC: field 'c' must be int", {**inc_header(), "c": "4"}, i64(0), i64(*[1000] * 4))
+        bad0("INC: clock 2 goes back from 3", {**inc_header(), "c": 2}, i64(0), i64(*[1000] * 4))
+        s = r0.send({**inc_header(), "c": 4}, i64(4), i64(1, 1, 1, 1))
+        h, _ = r0.recv()
+        assert h["t"] == Msg.ACK and h["rq"] == s, h  # rank 1 holds the server clock back: no SCLOCK
+        assert r0.silent()
         # a replayed sequence number is rejected, whatever the message
         replay = r0.seq
         errors[0] += 1
@@ -242,6 +249,7 @@ def test_hostile_messages_get_errors_and_change_nothing(cluster, tmp_path):
         want_w[1, 0] = 5 + 6
         want_w[1, 3] = 7
         want_w[3, 1] = 8
+        want_w[4] = 1  # the INC that carried a clock
         want_f = np.zeros((6, 3), np.float32)
         want_f[1] = [0.5, -1.5, 2]
         np.testing.assert_array_equal(W.get_rows(np.arange(10)), want_w)
