@@ -64,6 +64,26 @@ def all_finite(values: np.ndarray) -> bool:
 
 
 @njit(**_JIT)
+def run_start(rows):  # pragma: no cover - compiled
+    """``rows[0]`` if ``rows`` is a run ``r, r+1, r+2, ...`` (reads of a range usually are: slices then
+    replace fancy indexing, a plain memcpy instead of a gather), else -1."""
+    n = rows.shape[0]
+    if n == 0:
+        return -1
+    lo = rows[0]
+    for i in range(1, n):
+        if rows[i] != lo + i:
+            return -1
+    return lo
+
+
+def rows_index(rows: np.ndarray) -> slice | np.ndarray:
+    """``rows`` as an index: a slice when they form a run, else the array itself."""
+    lo = run_start(rows)
+    return slice(lo, lo + rows.shape[0]) if lo >= 0 else rows
+
+
+@njit(**_JIT)
 def scatter_add_csr(dst, rows, indptr, cols, vals):  # pragma: no cover - compiled
     """dst[rows[i], cols[k]] += vals[k] for k in indptr[i]:indptr[i+1]."""
     for i in range(rows.shape[0]):

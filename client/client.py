@@ -13,6 +13,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from bosen import config as config_mod
+from bosen import rowmath
 from bosen.config import Config
 from bosen.errors import BosenError, ClientClosed, ReadTimeout
 from bosen.metrics import mbps, send_histogram
@@ -242,9 +243,10 @@ class Client:
         cache = st.cache
         if rows.shape[0] == 0 or cache.min_clock(rows) >= need:
             return
+        index = rowmath.rows_index(rows)
         with st.lock:
-            missing = rows[(cache.clock[rows] < 0) & ~cache.requested[rows]]
-            if missing.shape[0] > 1 and not (missing[1:] > missing[:-1]).all():
+            missing = rows[(cache.clock[index] < 0) & ~cache.requested[index]]
+            if type(index) is not slice and missing.shape[0] > 1 and not (missing[1:] > missing[:-1]).all():
                 missing = np.unique(missing)
             st.cache.requested[missing] = True
         if missing.shape[0]:

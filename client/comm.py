@@ -481,9 +481,10 @@ class CommThread:
         if versioned != (st.vlog is not None):
             raise ProtocolError(f"ROWS for table {st.name!r}: versions {'present' if versioned else 'missing'}, "
                                 f"but the server said the table is {'not ' if versioned else ''}versioned")
+        index = rowmath.rows_index(rows)  # a slice for a run of rows: memcpy, not scatter
         with st.lock:
             cache = st.cache
-            cache.values[rows] = vals
+            cache.values[index] = vals
             if versioned and st.vlog.receive(rows, wire.array(frames[2], wire.VERSION_DTYPE, n, "ROWS versions"),
                                              st.oplog, st.importance) and not self._retired_scheduled:
                 self._retired_scheduled = True  # one INC per server after this burst of ROWS
@@ -493,8 +494,11 @@ class CommThread:
                 log_j.settle(h["a"])
                 rowmath.add_rows_from(cache.values, st.oplog.delta, rows[st.oplog.dirty[rows]])
                 log_j.reapply(cache.values, rows)
-            cache.clock[rows] = np.maximum(cache.clock[rows], h["c"])
-            cache.requested[rows] = False
+            if type(index) is slice:
+                np.maximum(cache.clock[index], h["c"], out=cache.clock[index])
+            else:
+                cache.clock[rows] = np.maximum(cache.clock[rows], h["c"])
+            cache.requested[index] = False
         self.counters["rows_received"] += n
         if h["rq"] < 0:
             self.counters["rows_pushed_to_us"] += n

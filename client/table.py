@@ -123,8 +123,9 @@ class Table:
         """Copies of many rows as a 2-D array (one request per server for those not fresh)."""
         rows = self._rows(rows)
         self._client._wait_fresh(self._st, rows, self._worker.tick)
+        index = rowmath.rows_index(rows)
         with self._st.lock:
-            return self._values[rows]
+            return self._values[index].copy() if type(index) is slice else self._values[index]
 
     # -- writes --------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from bosen import wire
+from bosen import rowmath, wire
 from bosen.config import Config
 from bosen.errors import ProtocolError
 from bosen.metrics import mbps, send_histogram
@@ -366,10 +366,9 @@ class Server:
             header["ps"] = peer.pushes_sent
             self.counters["rows_pushed_budgeted"] += n
         versions = shard.rows_sent(local)
-        if n and local[-1] - local[0] == n - 1 and (n == 1 or (local[1:] > local[:-1]).all()):
-            # a run of rows: one memcpy instead of a gather
-            run = slice(int(local[0]), int(local[-1]) + 1)
-            rows, values = shard.global_rows[run], shard.values[run].copy()
+        index = rowmath.rows_index(local)
+        if type(index) is slice:  # a run of rows: one memcpy instead of a gather
+            rows, values = shard.global_rows[index], shard.values[index].copy()
         else:
             rows, values = shard.global_rows[local], shard.values[local]
         # ``values`` is this message's own copy: it goes without another one. (Copying into ZeroMQ's

@@ -94,8 +94,9 @@ class TableShard:
         return local.shape[0]
 
     def subscribe(self, local: np.ndarray, client: int) -> None:
-        self.subs[local, client] = True
-        self.subscribed[local] = True
+        index = rowmath.rows_index(local)
+        self.subs[index, client] = True
+        self.subscribed[index] = True
 
     def mark_sent(self, local: np.ndarray) -> None:
         """These rows went to all their subscribers: nothing of theirs is pending any more."""

@@ -50,3 +50,12 @@ def test_take_and_clear_into_reuses_the_buffer_and_counts_non_zeros():
     assert out[:3].tolist() == [[0, 1], [4, 5], [10, 11]] and out[3].tolist() == [-1, -1]
     assert not src[[0, 2, 5]].any() and src[1].tolist() == [2, 3]
 
+
+
+def test_rows_index_is_a_slice_only_for_runs():
+    assert rowmath.rows_index(np.arange(5, 9)) == slice(5, 9)
+    assert rowmath.rows_index(np.array([7])) == slice(7, 8)
+    for not_a_run in ([1, 3], [2, 1], [4, 4], [0, 1, 3]):
+        idx = rowmath.rows_index(np.array(not_a_run))
+        assert isinstance(idx, np.ndarray) and idx.tolist() == not_a_run
+    assert isinstance(rowmath.rows_index(np.zeros(0, np.int64)), np.ndarray)
