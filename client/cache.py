@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from bosen import rowmath
+
 
 class RowCache:
     def __init__(self, rows: int, cols: int, dtype: np.dtype, num_servers: int = 1) -> None:
@@ -32,7 +34,7 @@ class RowCache:
 
     def min_clock(self, rows: np.ndarray) -> int:
         """The lowest clock among ``rows`` (-1 if one is not cached); ``rows`` must not be empty."""
-        low = int(self.clock[rows].min())
+        low = rowmath.min_max(self.clock[rows])[0]
         if low < 0:
             return -1
         if self.num_servers == 1:  # min over rows of max(own, s) = max(min own, s)

@@ -19,7 +19,6 @@ import msgpack
 import numpy as np
 import uvloop
 import zmq
-import zmq.asyncio
 
 from bosen import rowmath, wire
 from bosen.config import Config
@@ -28,11 +27,12 @@ from bosen.ratelimit import LeakyBucket, paced_sender
 from bosen.errors import BosenError, ProtocolError, ServerError
 from bosen.partition import Partition
 from bosen.wire import Msg, UpdateBatch
+from bosen.zsocket import LoopSocket
 from bosen.client.table import TableState
 
 log = logging.getLogger("bosen.client")
 F16_MAX = float(np.finfo(np.float16).max)
-YIELD_EVERY = 32  # messages handled before other tasks (the budget loop) get a turn
+YIELD_EVERY = 32  # messages handled (then readers woken) before other tasks (the budget loop) get a turn
 CHUNK_BYTES = 1 << 20  # most value bytes in one update message
 
 
@@ -80,8 +80,8 @@ class CommThread:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
-        self._ctx: zmq.asyncio.Context | None = None
-        self._socks: list[zmq.asyncio.Socket] = []
+        self._ctx: zmq.Context | None = None
+        self._socks: list[LoopSocket] = []
         self._tasks: list[asyncio.Task] = []
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -96,7 +96,7 @@ class CommThread:
         loop = uvloop.new_event_loop()
         asyncio.set_event_loop(loop)
         self.loop = loop
-        self._ctx = zmq.asyncio.Context()
+        self._ctx = zmq.Context()
         for j, addr in enumerate(self.addresses):
             s = self._ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.SNDHWM, 0)
@@ -104,8 +104,11 @@ class CommThread:
             s.setsockopt(zmq.LINGER, 2000)
             s.setsockopt(zmq.IDENTITY, f"c{os.getpid()}-{id(self) & 0xFFFF:x}-{j}".encode())
             s.connect(f"tcp://{addr}")
-            self._socks.append(s)
-        self._tasks = [loop.create_task(self._recv_loop(j)) for j in range(self.n)]
+            # readers are woken after each batch of messages (or when the queue is drained)
+            self._socks.append(LoopSocket(s, loop, lambda frames, j=j: self._dispatch(j, frames),
+                                          after_batch=self.notify, batch=YIELD_EVERY))
+        for s in self._socks:
+            s.start()
         if self.bucket is not None:
             self._tasks.append(loop.create_task(self._budget_loop()))
         self._ready.set()
@@ -161,9 +164,7 @@ class CommThread:
         if self._holding and header["t"] == Msg.INC:
             self._held[j] = (header, frames)  # flush() sends it, perhaps with its clock
         else:
-            # Always through the asyncio socket: it re-checks ZMQ_EVENTS after each operation, which
-            # edge-triggered ZeroMQ notifications require (a side socket would lose wake-ups).
-            self._socks[j].send_multipart(frames, copy=False)
+            self._socks[j].send(frames)
         nbytes = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
         self.counters["msgs_sent"] += 1
         self.counters["bytes_sent"] += nbytes
@@ -178,7 +179,7 @@ class CommThread:
             header, frames = held
             if "c" in header:
                 frames[0] = msgpack.packb(header, use_bin_type=True)
-            self._socks[j].send_multipart(frames, copy=False)
+            self._socks[j].send(frames)
 
     async def _request(self, j: int, header: dict[str, Any], timeout: float) -> dict[str, Any]:
         fut = self.loop.create_future()
@@ -439,16 +440,6 @@ class CommThread:
                            rows[pos])
 
     # -- receiving -----------------------------------------------------------------------------
-
-    async def _recv_loop(self, j: int) -> None:
-        sock = self._socks[j]
-        while True:
-            for _ in range(YIELD_EVERY):
-                self._dispatch(j, await sock.recv_multipart(copy=False))
-                if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                    break
-            self.notify()  # wake readers once the queue is drained (or every YIELD_EVERY messages)
-            await asyncio.sleep(0)  # a received message does not yield: let the budget loop run
 
     def _dispatch(self, j: int, frames: list[Any]) -> None:
         self.counters["msgs_received"] += 1

@@ -190,7 +190,7 @@ class Table:
                             f"{rows.dtype} with shape {rows.shape}")
         rows = rows.astype(np.int64, copy=False)
         if rows.shape[0]:
-            lo, hi = rows.min(), rows.max()
+            lo, hi = rowmath.min_max(rows)
             if lo < 0 or hi >= self.rows:
                 raise IndexError(f"table {self.name!r}: row {lo if lo < 0 else hi} out of range "
                                  f"[0, {self.rows})")

@@ -16,7 +16,6 @@ from typing import Any, Callable
 
 import numpy as np
 import zmq
-import zmq.asyncio
 
 from bosen import rowmath, wire
 from bosen.config import Config
@@ -25,6 +24,7 @@ from bosen.metrics import mbps, send_histogram
 from bosen.partition import Partition
 from bosen.ratelimit import LeakyBucket, paced_sender
 from bosen.wire import Msg
+from bosen.zsocket import LoopSocket
 from bosen.server import procedures
 from bosen.server.shard import TableShard
 
@@ -90,28 +90,29 @@ class Server:
             Msg.STATUS: self.on_status,
             Msg.PUSH_ACK: self.on_push_ack,
         }
-        self._ctx: zmq.asyncio.Context | None = None
-        self._sock: zmq.asyncio.Socket | None = None
+        self._ctx: zmq.Context | None = None
+        self._sock: LoopSocket | None = None
         self._stopped = asyncio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._ctx = zmq.asyncio.Context()
+        self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.SNDHWM, 0)  # never drop: flow control is the clients' unacked window
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer is an error, not a silent drop
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind(self.bind_address)
-        self._sock = sock
+        self._sock = LoopSocket(sock, asyncio.get_running_loop(), self._dispatch, batch=YIELD_EVERY)
         rows = sum(s.global_rows.shape[0] for s in self.shards)
         log.info("server %d listening on %s: %d tables, %d rows, %d clients expected", self.rank,
                  self.bind_address, len(self.shards), rows, self.num_clients)
 
     async def serve(self) -> None:
         assert self._sock is not None, "start() first"
-        tasks = [asyncio.ensure_future(self._receive())]
+        self._sock.start()  # messages are handled by the socket's reader callback from here on
+        tasks = []
         if self.bucket is not None:
             tasks.append(asyncio.ensure_future(self._push_loop()))
         stopper = asyncio.ensure_future(self._stopped.wait())
@@ -124,14 +125,6 @@ class Server:
             for t in (*tasks, stopper):
                 t.cancel()
             await asyncio.gather(*tasks, stopper, return_exceptions=True)
-
-    async def _receive(self) -> None:
-        sock = self._sock
-        while True:
-            for _ in range(YIELD_EVERY):
-                self._dispatch(await sock.recv_multipart(copy=False))
-            # awaiting an already-received message does not yield: let the push loop run
-            await asyncio.sleep(0)
 
     def stop(self) -> None:
         self._stopped.set()
@@ -178,11 +171,10 @@ class Server:
         return self._send_frames(ident, wire.encode_copied(header, *arrays, owned=owned), header["t"])
 
     def _send_frames(self, ident: bytes, frames: list[Any], kind: Msg) -> int:
-        sent = self._sock.send_multipart([ident, *frames], copy=False)
-        if sent.done():
-            self._sent(ident, kind, sent)
-        else:
-            sent.add_done_callback(lambda f: self._sent(ident, kind, f))
+        try:
+            self._sock.send([ident, *frames])
+        except zmq.ZMQError as e:  # EHOSTUNREACH: the peer disconnected
+            self._send_failed(ident, kind, e)
         nbytes = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
         self.counters["msgs_out"] += 1
         self.counters["bytes_out"] += nbytes
@@ -190,11 +182,8 @@ class Server:
             self.bucket.charge(nbytes)  # every byte counts against the budget, delayed or not
         return nbytes
 
-    def _sent(self, ident: bytes, kind: Msg, fut: asyncio.Future) -> None:
-        err = None if fut.cancelled() else fut.exception()
-        if err is None:
-            return
-        peer = self.peers.get(ident)  # EHOSTUNREACH: the peer disconnected
+    def _send_failed(self, ident: bytes, kind: Msg, err: Exception) -> None:
+        peer = self.peers.get(ident)
         log.warning("cannot send %s to %s: %s", Msg(kind).name, self._who(ident), err)
         if peer is not None and not peer.gone:
             self._leave(peer)

@@ -45,7 +45,7 @@ class TableShard:
         """Local indices of ``rows``; every row must exist and belong to this server."""
         if rows.shape[0] == 0:
             return rows
-        lo, hi = int(rows.min()), int(rows.max())
+        lo, hi = rowmath.min_max(rows)
         if lo < 0 or hi >= self.cfg.rows:
             bad = lo if lo < 0 else hi
             raise ProtocolError(f"{what}: row {bad} out of range for table {self.cfg.name!r} "
