@@ -34,6 +34,7 @@ log = logging.getLogger("bosen.client")
 F16_MAX = float(np.finfo(np.float16).max)
 YIELD_EVERY = 32  # messages handled (then readers woken) before other tasks (the budget loop) get a turn
 CHUNK_BYTES = 1 << 20  # most value bytes in one update message
+WINDOW_BYTES = 16 << 20  # default most update bytes in flight to one server before a flush waits for ACKs
 
 
 class CommThread:
@@ -61,10 +62,17 @@ class CommThread:
         # during an end-of-tick flush, the latest INC to each server is kept back to carry the clock
         self._holding = False
         self._held: list[tuple[dict[str, Any], list[Any]] | None] = [None] * self.n
+        # an end-of-tick flush in progress: per server, rows still to send (by table) and the clock
+        # to send after them; update bytes sent and not yet acknowledged
+        self._due: list[dict[int, deque[np.ndarray]]] = [{} for _ in range(self.n)]
+        self._clock_due: list[int | None] = [None] * self.n
+        self._inflight_bytes = [0] * self.n
+        self.window_bytes = WINDOW_BYTES
+        self._flush_waiters: list[asyncio.Future] = []
         self._retired_scheduled = False
         self.incs_acked = [0] * self.n
         # update latency: send time of each unacknowledged INC, per server
-        self._inc_times: list[deque[tuple[int, float]]] = [deque() for _ in range(self.n)]
+        self._inc_times: list[deque[tuple[int, float, int]]] = [deque() for _ in range(self.n)]
         self.ack_latency = {"last_ms": 0.0, "max_ms": 0.0, "sum_ms": 0.0, "count": 0}
         self._rotation = 0
         self.leaving = False
@@ -217,6 +225,7 @@ class CommThread:
     async def leave(self, timeout: float) -> None:
         """Flush everything, say BYE, and wait until every server has processed it."""
         self.flush(None)
+        await self._until_flushed(timeout)
         self.leaving = True  # pushes that cross our BYE are not acknowledged: we are gone
         versioned = [st for st in self.tables if st.vlog is not None]
         if versioned:
@@ -230,68 +239,133 @@ class CommThread:
         await asyncio.gather(*(self._request(j, {"t": Msg.BYE}, timeout) for j in range(self.n)))
 
     async def status(self, timeout: float) -> list[dict[str, Any]]:
+        """Every server's STATUS, asked once this process's flushes so far have gone out (so it
+        reflects them: a server answers after handling every earlier message)."""
+        await self._until_flushed(timeout)
         replies = await asyncio.gather(*(self._request(j, {"t": Msg.STATUS}, timeout) for j in range(self.n)))
         return [r["stats"] for r in replies]
 
     def flush(self, clock: int | None) -> None:
         """Send every buffered update; then, if ``clock`` is given, CLOCK(clock) to every server.
 
-        This is the end-of-tick flush SSP needs: never delayed by the bucket, but charged to it.
-        The clock rides on the last update message to a server (its header's ``c``) where there is
-        one: a message less each way per tick, since the server then answers with SCLOCK alone.
+        This is the end-of-tick flush SSP needs: never delayed by the bucket, but charged to it. It
+        is paced by acknowledgements instead: at most WINDOW_BYTES of updates are in flight to one
+        server, and the rest is sent as acknowledgements arrive (updates made meanwhile keep
+        coalescing in the buffer; memory for messages stays bounded). A server gets its CLOCK(c) once
+        every row that was buffered for it when the flush began has gone out; the clock rides on the
+        last update message to it (header ``c``) where there is one, and the server answers with
+        SCLOCK alone: one message each way per tick.
         """
-        self._holding = clock is not None  # _send keeps back the latest INC per server for the clock
-        done = False
-        try:
-            for st in self.tables:
-                with st.lock:
-                    rows = st.oplog.dirty_rows()
-                    pending = st.vlog is not None and st.vlog.pending
+        for st in self.tables:
+            with st.lock:
+                rows = st.oplog.dirty_rows()
+                pending = st.vlog is not None and st.vlog.pending
+            if st.vlog is not None:  # versioned tables (retired updates, releases): sent at once
                 if rows.shape[0] or pending:
-                    self._send_buffered(st, rows)
-            done = True
+                    self._send_versioned(st, rows)
+                continue
+            if rows.shape[0]:
+                for j, pos in enumerate(self.partition.split(rows)):
+                    if pos.shape[0]:  # appended in order; a row queued twice is sent once (dirty flag)
+                        self._due[j].setdefault(st.index, deque()).append(rows[pos])
+        for j in range(self.n):
+            if clock is not None:
+                self._clock_due[j] = clock
+            self._pump(j)
+
+    def _pump(self, j: int) -> None:
+        """Send what the flush owes server ``j`` while its window allows; then its clock, if due and
+        nothing is left."""
+        due = self._due[j]
+        clock = self._clock_due[j]
+        self._holding = clock is not None  # _send keeps back the latest INC, to carry the clock
+        try:
+            for tb in list(due):
+                queue = due[tb]
+                while queue:
+                    left = self._send_rows_to(j, self.tables[tb], queue[0], windowed=True)
+                    if left.shape[0]:
+                        queue[0] = left
+                        break
+                    queue.popleft()
+                if not queue:
+                    del due[tb]
         finally:
             self._holding = False
-            for j in range(self.n):
-                held = self._held[j]
-                if done and clock is not None:
-                    if held is None:
-                        self._send(j, {"t": Msg.CLOCK, "c": clock})
-                        continue
+            held = self._held[j]
+            if clock is not None and not due:
+                self._clock_due[j] = None
+                if held is None:
+                    self._send(j, {"t": Msg.CLOCK, "c": clock})
+                else:
                     held[0]["c"] = clock
-                self._release(j)
+            self._release(j)
+            if self._flush_waiters and not self.flushing():
+                for fut in self._flush_waiters:
+                    if not fut.done():
+                        fut.set_result(None)
+                self._flush_waiters.clear()
+
+    def flushing(self) -> bool:
+        """Whether an end-of-tick flush is still waiting for acknowledgements to go on."""
+        return any(self._due) or any(c is not None for c in self._clock_due)
+
+    async def _until_flushed(self, timeout: float) -> None:
+        if not self.flushing():
+            return
+        fut = self.loop.create_future()
+        self._flush_waiters.append(fut)
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except asyncio.TimeoutError:
+            raise BosenError(f"buffered updates not acknowledged within {timeout:g}s (is every server "
+                             f"running? updates in flight: {self._inflight_bytes} bytes)") from None
 
     def _send_buffered(self, st: TableState, rows: np.ndarray) -> int:
-        """Take ``rows`` (sorted) out of the update buffer and send them; returns bytes sent.
+        """Take ``rows`` (sorted) out of the update buffer and send them now; returns bytes sent."""
+        if st.vlog is not None:
+            return self._send_versioned(st, rows)
+        before = self.counters["bytes_sent"]
+        for j, pos in enumerate(self.partition.split(rows)):
+            if pos.shape[0]:
+                self._send_rows_to(j, st, rows[pos], windowed=False)
+        return self.counters["bytes_sent"] - before
+
+    def _send_rows_to(self, j: int, st: TableState, rows: np.ndarray, windowed: bool) -> np.ndarray:
+        """Take ``rows`` (sorted, all of server ``j``) out of the update buffer and send them to ``j``;
+        ``windowed``: stop while WINDOW_BYTES are in flight to ``j``. Returns the rows not sent.
 
         Messages carry at most CHUNK_BYTES of values: the server applies one while the next is on the
         way, memory peaks stay small, and the table lock is held only while a chunk is taken.
         """
-        if st.vlog is not None:
-            return self._send_versioned(st, rows)
         per = max(1, CHUNK_BYTES // (st.cols * st.dtype.itemsize))
         buf = self._send_bufs.get(st.index)
         if buf is None:
             buf = self._send_bufs[st.index] = np.empty((per, st.cols), dtype=st.dtype)
-        sent = 0
-        for j, pos in enumerate(self.partition.split(rows)):
-            for k in range(0, pos.shape[0], per):
-                rj = rows[pos[k:k + per]]
-                with st.lock:
-                    block, nnz = st.oplog.take_counted(rj, buf)
-                    wire_block, applied = self._quantize(st, rj, block)
-                    kept = None
-                    if st.read_my_writes:
-                        kept = self._log_inflight(st, j, rj, applied, copy=applied is block)
-                    if st.importance is not None:
-                        st.importance[rj] = 0
-                    st.send_count[rj] += 1
-                if wire_block is not block:
-                    nnz = None  # float16 rounding may have zeroed some values
-                batch = self._update_batch(rj, kept if kept is not None and wire_block is block else wire_block, nnz)
-                # the in-flight log's copy holds the same bytes and is never written: it goes as it is
-                sent += self._send_update(j, st, batch, owned=kept)
-        return sent
+        k = 0
+        while k < rows.shape[0]:
+            if windowed and self._inflight_bytes[j] >= self.window_bytes:
+                break
+            rj = rows[k:k + per]
+            k += per
+            with st.lock:
+                rj = rj[st.oplog.dirty[rj]]  # a budgeted send may have taken some meanwhile
+                if rj.shape[0] == 0:
+                    continue
+                block, nnz = st.oplog.take_counted(rj, buf)
+                wire_block, applied = self._quantize(st, rj, block)
+                kept = None
+                if st.read_my_writes:
+                    kept = self._log_inflight(st, j, rj, applied, copy=applied is block)
+                if st.importance is not None:
+                    st.importance[rj] = 0
+                st.send_count[rj] += 1
+            if wire_block is not block:
+                nnz = None  # float16 rounding may have zeroed some values
+            batch = self._update_batch(rj, kept if kept is not None and wire_block is block else wire_block, nnz)
+            # the in-flight log's copy holds the same bytes and is never written: it goes as it is
+            self._send_update(j, st, batch, owned=kept)
+        return rows[k:]
 
     def _log_inflight(self, st: TableState, j: int, rows: np.ndarray, deltas: np.ndarray,
                       copy: bool) -> np.ndarray | None:
@@ -391,7 +465,8 @@ class CommThread:
             h["v"] = True
             h["nr"] = int(batch.rel_rows.shape[0])
         nbytes = self._send(j, h, *batch.arrays(), owned=owned)
-        self._inc_times[j].append((self.seq[j], time.monotonic()))
+        self._inc_times[j].append((self.seq[j], time.monotonic(), nbytes))
+        self._inflight_bytes[j] += nbytes
         self.incs_sent[j] += 1
         self.counters["update_batches"] += 1
         self.counters["sparse_batches"] += batch.sparse
@@ -518,8 +593,11 @@ class CommThread:
         """Every update message to server ``j`` up to sequence number ``through`` is applied
         (acknowledgements are cumulative)."""
         times = self._inc_times[j]
+        popped = False
         while times and times[0][0] <= through:
-            seq, t = times.popleft()
+            seq, t, nbytes = times.popleft()
+            popped = True
+            self._inflight_bytes[j] -= nbytes
             self.counters["acks"] += 1
             self.incs_acked[j] += 1
             if seq == through:
@@ -529,6 +607,8 @@ class CommThread:
                 lat["max_ms"] = max(lat["max_ms"], ms)
                 lat["sum_ms"] += ms
                 lat["count"] += 1
+        if popped and (self._due[j] or self._clock_due[j] is not None):
+            self._pump(j)  # the window opened: the flush goes on
 
     def _on_error(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
         self.counters["server_errors"] += 1

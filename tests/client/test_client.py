@@ -521,3 +521,24 @@ def test_the_clock_rides_on_the_last_update_and_sclock_acknowledges_it(cluster):
         assert s["msgs_received"] - before["msgs_received"] == 2 * 2 * ticks
         assert s["ack_latency_ms_max"] > 0
         assert [st["clock"] for st in client.server_status()] == [ticks, ticks]
+
+
+@pytest.mark.parametrize("dtype", ["int64", "float64"])
+def test_a_flush_larger_than_the_window_goes_out_as_acks_arrive(cluster, dtype):
+    """With a window of one message, every update message waits for the last one's ACK; the ticks'
+    updates still all arrive, each server gets its clock after them, and reads stay exact."""
+    rows, cols = 300, 1024  # 8 KiB rows: 128 rows per 1 MiB message, several per server and flush
+    c = cluster(2, workers=1, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": dtype}})
+    with Client.connect(c.path) as client:
+        client._comm.window_bytes = 1
+        W = client.table("W")
+        want = np.zeros((rows, cols))
+        for tick in range(4):
+            W.inc_rows(np.arange(rows), np.full((rows, cols), tick + 1, dtype=dtype))
+            client.clock()
+            want += tick + 1
+            np.testing.assert_array_equal(W.get_rows(np.arange(rows)), want)  # waits for the server clock
+        assert [s["clock"] for s in client.server_status()] == [4, 4]
+        s = client.stats()
+        assert s["update_batches"] >= 4 * 4 and s["acks"] == s["update_batches"], s
+        assert not client._comm.flushing()
