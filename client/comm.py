@@ -34,7 +34,7 @@ log = logging.getLogger("bosen.client")
 F16_MAX = float(np.finfo(np.float16).max)
 YIELD_EVERY = 32  # messages handled (then readers woken) before other tasks (the budget loop) get a turn
 CHUNK_BYTES = 1 << 20  # most value bytes in one update message
-WINDOW_BYTES = 16 << 20  # default most update bytes in flight to one server before a flush waits for ACKs
+WINDOW_BYTES = 8 << 20  # default most update bytes in flight to one server before a flush waits for ACKs
 
 
 class CommThread:
