@@ -356,14 +356,18 @@ class Server:
             self.counters["rows_pushed_budgeted"] += n
         versions = shard.rows_sent(local)
         index = rowmath.rows_index(local)
-        if type(index) is slice:  # a run of rows: one memcpy instead of a gather
-            rows, values = shard.global_rows[index], shard.values[index].copy()
+        if type(index) is slice and rq >= 0:
+            # a read of a run of rows: one memcpy from the table straight into the message
+            rows, values, owned = shard.global_rows[index], shard.values[index], None
         else:
-            rows, values = shard.global_rows[local], shard.values[local]
-        # ``values`` is this message's own copy: it goes without another one. (Copying into ZeroMQ's
-        # frame instead costs the same, but a burst of pushes then left up to twice as much memory
-        # held by the allocator afterwards: bench/throughput.py memory-server 1.5-2.0x against 1.1-1.2x.)
-        owned = values
+            # Pushes come in bursts (every changed row at a clock advance): each message gets its own
+            # numpy copy (a memcpy for a run, else a gather) and goes without another one. Copying
+            # into ZeroMQ's frames instead costs the same, but after a burst the allocator then held
+            # up to twice as much memory (bench/throughput.py memory-server 1.5-2.0x against 1.1-1.2x).
+            # A single reply avoids the zero-copy release through pyzmq's garbage-collector thread,
+            # which measured 35-220 us per 1 MiB send here.
+            rows = shard.global_rows[index]
+            values = owned = shard.values[index].copy() if type(index) is slice else shard.values[local]
         if versions is not None:
             header["v"] = True
             return self._send(peer.ident, header, rows, values, versions, owned=owned)
