@@ -104,9 +104,13 @@ def decode_status(frame: Any) -> dict[str, Any]:
     return stats
 
 
+def pack_header(header: dict[str, Any]) -> bytes:
+    return msgpack.packb(header, use_bin_type=True)
+
+
 def encode(header: dict[str, Any], *arrays: np.ndarray) -> list[Any]:
     """Header frame plus one frame per array (contiguous, sent without copying)."""
-    frames: list[Any] = [msgpack.packb(header, use_bin_type=True)]
+    frames: list[Any] = [pack_header(header)]
     for a in arrays:
         frames.append(np.ascontiguousarray(a).data)
     return frames
@@ -122,7 +126,7 @@ def encode_copied(header: dict[str, Any], *arrays: np.ndarray, owned: Any = None
     garbage-collector thread (a wake-up and a GIL hand-off per frame) and its buffer is a fresh
     allocation every time, while a copy reads memory that is still in cache.
     """
-    frames: list[Any] = [msgpack.packb(header, use_bin_type=True)]
+    frames: list[Any] = [pack_header(header)]
     for a in arrays:
         frames.append(a.data if a is owned else zmq.Frame(np.ascontiguousarray(a).data, copy=True))
     return frames

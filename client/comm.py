@@ -15,7 +15,6 @@ import time
 from collections import deque
 from typing import Any, Callable, Coroutine
 
-import msgpack
 import numpy as np
 import uvloop
 import zmq
@@ -186,7 +185,7 @@ class CommThread:
         if held is not None:
             header, frames = held
             if "c" in header:
-                frames[0] = msgpack.packb(header, use_bin_type=True)
+                frames[0] = wire.pack_header(header)
             self._socks[j].send(frames)
 
     async def _request(self, j: int, header: dict[str, Any], timeout: float) -> dict[str, Any]:
