@@ -11,7 +11,8 @@ checked and a drain is scheduled if messages wait; a drain that stops at its bat
 itself (other tasks run in between). Sends that ZeroMQ refuses for now (EAGAIN, which high-water marks
 of 0 make rare) wait in order in a queue flushed when the socket becomes writable.
 
-The socket's owner (one event loop thread) is the only user: ZeroMQ sockets are not thread-safe.
+For sockets that both send and receive (DEALER, ROUTER). The socket's owner (one event loop thread)
+is the only user: ZeroMQ sockets are not thread-safe.
 """
 
 from __future__ import annotations
