@@ -6,10 +6,11 @@ round trip. Here a reader callback drains the socket when its file descriptor fi
 message to ``on_message`` synchronously, and a send is one non-blocking ``send_multipart``.
 
 ZeroMQ's descriptor is edge-triggered: it fires when the socket's state may have changed, and any
-operation (a send too) may consume that edge. So after every send the socket's ``EVENTS`` are
-checked and a drain is scheduled if messages wait; a drain that stops at its batch limit reschedules
-itself (other tasks run in between). Sends that ZeroMQ refuses for now (EAGAIN, which high-water marks
-of 0 make rare) wait in order in a queue flushed when the socket becomes writable.
+operation (a send, reading ``EVENTS`` too) may consume that edge. So after every send the socket's
+``EVENTS`` are checked and a drain is scheduled if messages wait or queued sends can go; a drain that
+stops at its batch limit reschedules itself (other tasks run in between). Sends that ZeroMQ refuses
+for now (EAGAIN, which high-water marks of 0 make rare) wait in order in a queue flushed when the
+socket becomes writable.
 
 For sockets that both send and receive (DEALER, ROUTER). The socket's owner (one event loop thread)
 is the only user: ZeroMQ sockets are not thread-safe.
@@ -54,7 +55,8 @@ class LoopSocket:
             self.sock.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:
             self._pending.append(frames)
-        self._schedule_if_readable()
+        finally:  # a failed send may have consumed the descriptor's edge too
+            self._schedule_if_readable()
 
     def close(self, linger: int | None = None) -> None:
         if not self._closed:
@@ -65,8 +67,12 @@ class LoopSocket:
     # -- internals -----------------------------------------------------------------------------
 
     def _schedule_if_readable(self) -> None:
-        if not self._scheduled and self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        """Reading EVENTS may consume the descriptor's edge: whatever it reports must be acted on."""
+        if not self._scheduled and self._wants_drain(self.sock.getsockopt(zmq.EVENTS)):
             self._schedule()
+
+    def _wants_drain(self, events: int) -> bool:
+        return bool(events & zmq.POLLIN or (self._pending and events & zmq.POLLOUT))
 
     def _schedule(self) -> None:
         if not self._scheduled:
@@ -92,8 +98,8 @@ class LoopSocket:
         if self._pending and events & zmq.POLLOUT:
             self._flush_pending()
             events = sock.getsockopt(zmq.EVENTS)
-        if events & zmq.POLLIN:
-            self._schedule()  # batch limit reached, or more arrived meanwhile
+        if self._wants_drain(events):
+            self._schedule()  # batch limit reached, more arrived, or room for queued sends meanwhile
         if handled and self.after_batch is not None:
             self.after_batch()
 
