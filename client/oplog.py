@@ -23,11 +23,17 @@ class UpdateBuffer:
                   held: np.ndarray | None = None) -> None:
         """Buffer ``deltas``; with ``mirror`` (the cache, for read-my-writes) add them there too, in
         the same pass over the deltas, to the rows where ``held`` (the cache's row clocks) is >= 0."""
-        if mirror is None:
+        index = rowmath.rows_index(rows)
+        if (type(index) is slice and not self.dirty[index].any()
+                and (mirror is None or (held[index] < 0).all())):
+            # a run of clean rows (a clean row's delta is zero) and nothing to mirror: a plain copy,
+            # which writes the buffer without reading it first
+            self.delta[index] = deltas
+        elif mirror is None:
             rowmath.scatter_add(self.delta, rows, deltas)
         else:
             rowmath.scatter_add_pair(self.delta, mirror, rows, deltas, held)
-        self.dirty[rows] = True
+        self.dirty[index] = True
 
     def add_coo(self, rows: np.ndarray, cols: np.ndarray, deltas: np.ndarray) -> None:
         rowmath.scatter_add_coo(self.delta, rows, cols, deltas)

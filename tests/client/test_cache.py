@@ -19,3 +19,4 @@ def test_row_cache_clock_is_the_later_of_row_and_server_clock():
     one.clock[:] = [1, 7, 2]
     one.raise_clock(0, 5)
     assert one.min_clock(np.arange(3)) == 5 and one.min_clock(np.array([1])) == 7
+
