@@ -108,27 +108,20 @@ def pack_header(header: dict[str, Any]) -> bytes:
     return msgpack.packb(header, use_bin_type=True)
 
 
-def encode(header: dict[str, Any], *arrays: np.ndarray) -> list[Any]:
-    """Header frame plus one frame per array (contiguous, sent without copying)."""
-    frames: list[Any] = [pack_header(header)]
-    for a in arrays:
-        frames.append(np.ascontiguousarray(a).data)
-    return frames
+def encode(header: dict[str, Any], *arrays: np.ndarray, owned: Any = None) -> list[Any]:
+    """Header frame plus one frame per array, each copied into a ZeroMQ-owned frame now, except
+    ``owned`` (an array nobody will write again), which goes without a copy.
 
-
-def encode_copied(header: dict[str, Any], *arrays: np.ndarray, owned: Any = None) -> list[Any]:
-    """``encode``, with every array but ``owned`` copied into a ZeroMQ-owned frame now (``owned``:
-    an array nobody will write again, sent without a copy).
-
-    What the senders use: they may pass views of live memory (table rows, a reused send buffer), which
-    must not be read after this returns, even if the socket queues the message for later. One copy
-    of each payload costs less here than zero-copy: a zero-copy frame is released through pyzmq's
-    garbage-collector thread (a wake-up and a GIL hand-off per frame) and its buffer is a fresh
-    allocation every time, while a copy reads memory that is still in cache.
+    Senders pass views of live memory (table rows, a reused send buffer), which must not be read
+    after this returns, even if the socket queues the message for later. One copy of each payload
+    costs less here than zero-copy: a zero-copy frame is released through pyzmq's garbage-collector
+    thread (a wake-up and a GIL hand-off per frame) and its buffer is a fresh allocation every time,
+    while a copy reads memory that is still in cache.
     """
     frames: list[Any] = [pack_header(header)]
     for a in arrays:
-        frames.append(a.data if a is owned else zmq.Frame(np.ascontiguousarray(a).data, copy=True))
+        data = np.ascontiguousarray(a).data
+        frames.append(data if a is owned else zmq.Frame(data, copy=True))
     return frames
 
 

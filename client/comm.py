@@ -165,7 +165,7 @@ class CommThread:
         copied into the message, except ``owned`` (one that is never written again)."""
         self.seq[j] += 1
         header["s"] = self.seq[j]
-        frames = wire.encode_copied(header, *arrays, owned=owned)
+        frames = wire.encode(header, *arrays, owned=owned)
         if self._held[j] is not None:
             self._release(j)  # in sequence order
         if self._holding and header["t"] == Msg.INC:
@@ -361,7 +361,7 @@ class CommThread:
                 st.send_count[rj] += 1
             if wire_block is not block:
                 nnz = None  # float16 rounding may have zeroed some values
-            batch = self._update_batch(rj, kept if kept is not None and wire_block is block else wire_block, nnz)
+            batch = self._update_batch(rj, wire_block if kept is None else kept, nnz)
             # the in-flight log's copy holds the same bytes and is never written: it goes as it is
             self._send_update(j, st, batch, owned=kept)
         return rows[k:]
@@ -371,8 +371,9 @@ class CommThread:
         """Remember what the very next message to server ``j`` adds, for read-my-writes, but only for
         rows the cache holds or has asked for: any later read of another row reaches the server after
         this message (one FIFO socket), so the value it gets back already contains these updates.
-        ``copy``: ``deltas`` is the reused send buffer, so the log needs its own copy, which is
-        returned (the whole block, logged) so that the message can carry it without another copy."""
+        ``copy``: ``deltas`` is the reused send buffer (so also what goes on the wire), and the log
+        needs its own copy, which is returned when it holds the whole block: the message can carry it
+        without another copy."""
         seen = (st.cache.clock[rows] >= 0) | st.cache.requested[rows]
         if seen.all():
             kept = deltas.copy() if copy else deltas

@@ -168,7 +168,7 @@ class Server:
 
     def _send(self, ident: bytes, header: dict[str, Any], *arrays: np.ndarray, owned: np.ndarray | None = None) -> int:
         """Arrays are copied into the message, except ``owned`` (one that is never written again)."""
-        return self._send_frames(ident, wire.encode_copied(header, *arrays, owned=owned), header["t"])
+        return self._send_frames(ident, wire.encode(header, *arrays, owned=owned), header["t"])
 
     def _send_frames(self, ident: bytes, frames: list[Any], kind: Msg) -> int:
         try:
