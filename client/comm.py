@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import threading
 import time
 from collections import deque
@@ -104,12 +105,16 @@ class CommThread:
         asyncio.set_event_loop(loop)
         self.loop = loop
         self._ctx = zmq.Context()
+        # A ROUTER silently drops a second connection under an identity it already knows, so the
+        # identity must be unique across every client of the job: pids repeat across hosts and
+        # containers, and several clients may share a process. 64 random bits make a clash moot.
+        token = secrets.token_hex(8)
         for j, addr in enumerate(self.addresses):
             s = self._ctx.socket(zmq.DEALER)
             s.setsockopt(zmq.SNDHWM, 0)
             s.setsockopt(zmq.RCVHWM, 0)
             s.setsockopt(zmq.LINGER, 2000)
-            s.setsockopt(zmq.IDENTITY, f"c{os.getpid()}-{id(self) & 0xFFFF:x}-{j}".encode())
+            s.setsockopt(zmq.IDENTITY, f"c{os.getpid()}-{token}-{j}".encode())
             s.connect(f"tcp://{addr}")
             # readers are woken after each batch of messages (or when the queue is drained)
             self._socks.append(LoopSocket(s, loop, lambda frames, j=j: self._dispatch(j, frames),

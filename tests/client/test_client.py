@@ -4,6 +4,7 @@ argument errors, read timeouts, stats, and close() flushing."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -333,6 +334,21 @@ def test_joining_with_a_different_config_or_a_full_job_fails(cluster, tmp_path):
         first.close()
     with pytest.raises(ServerError, match="rank 0 left the job"):
         Client.connect(c.path, rank=0, join_timeout=10)
+    c.check()
+
+
+@pytest.mark.timeout(60)
+def test_every_client_connects_under_its_own_identity(cluster):
+    """A ROUTER drops a second connection under an identity it knows, silently: the HELLO is never
+    answered. Identities were once pid plus 12 bits of object address, which clashed now and then
+    between two clients of one process (a CI hang) and would clash between containers (pid 1)."""
+    import zmq
+    c = cluster(2, workers=2)
+    with Client.connect(c.path) as a, Client.connect(c.path) as b:
+        ids = [s.sock.getsockopt(zmq.IDENTITY) for cl in (a, b) for s in cl._comm._socks]
+        assert len(set(ids)) == 4, ids
+        assert all(len(i) >= len(f"c{os.getpid()}-") + 16 for i in ids), ids  # 64 random bits
+        assert {a.rank, b.rank} == {0, 1}
     c.check()
 
 
