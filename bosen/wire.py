@@ -112,11 +112,12 @@ def encode(header: dict[str, Any], *arrays: np.ndarray, owned: Any = None) -> li
     """Header frame plus one frame per array, each copied into a ZeroMQ-owned frame now, except
     ``owned`` (an array nobody will write again), which goes without a copy.
 
-    Senders pass views of live memory (table rows, a reused send buffer), which must not be read
-    after this returns, even if the socket queues the message for later. One copy of each payload
-    costs less here than zero-copy: a zero-copy frame is released through pyzmq's garbage-collector
-    thread (a wake-up and a GIL hand-off per frame) and its buffer is a fresh allocation every time,
-    while a copy reads memory that is still in cache.
+    Senders pass views of live memory (table rows, the cache), which must not be read after this
+    returns, even if the socket queues the message for later: those are copied. The bulk of a large
+    message is an array made for it (a block taken out of the update buffer, a copy of table rows),
+    passed as ``owned``: pyzmq then releases it through its garbage-collector thread once sent (a
+    wake-up per message), which costs less than copying a megabyte on the sending thread with the
+    GIL held. Arrays below pyzmq's copy threshold (64 KiB) are copied either way.
     """
     frames: list[Any] = [pack_header(header)]
     for a in arrays:

@@ -58,7 +58,6 @@ class CommThread:
         self.incs_sent = [0] * self.n
         # per table, the buffer updates are taken into before a send (sends copy it into ZeroMQ's own
         # message, so it is free again at once: no per-message allocation, stays in cache)
-        self._send_bufs: dict[int, np.ndarray] = {}
         # during an end-of-tick flush, the latest INC to each server is kept back to carry the clock
         self._holding = False
         self._held: list[tuple[dict[str, Any], list[Any]] | None] = [None] * self.n
@@ -340,12 +339,11 @@ class CommThread:
         ``windowed``: stop while WINDOW_BYTES are in flight to ``j``. Returns the rows not sent.
 
         Messages carry at most CHUNK_BYTES of values: the server applies one while the next is on the
-        way, memory peaks stay small, and the table lock is held only while a chunk is taken.
+        way, memory peaks stay small, and the table lock is held only while a chunk is taken. A chunk
+        is taken into a fresh array that nothing writes again, so the message carries it without a
+        copy, and the in-flight log (read-my-writes) keeps that same array.
         """
-        per = max(1, CHUNK_BYTES // (st.cols * st.dtype.itemsize))
-        buf = self._send_bufs.get(st.index)
-        if buf is None:
-            buf = self._send_bufs[st.index] = np.empty((per, st.cols), dtype=st.dtype)
+        per = self._chunk_rows(st)
         k = 0
         while k < rows.shape[0]:
             if windowed and self._inflight_bytes[j] >= self.window_bytes:
@@ -356,37 +354,33 @@ class CommThread:
                 rj = rj[st.oplog.dirty[rj]]  # a budgeted send may have taken some meanwhile
                 if rj.shape[0] == 0:
                     continue
-                block, nnz = st.oplog.take_counted(rj, buf)
+                block, nnz = st.oplog.take_counted(rj)
                 wire_block, applied = self._quantize(st, rj, block)
-                kept = None
                 if st.read_my_writes:
-                    kept = self._log_inflight(st, j, rj, applied, copy=applied is block)
+                    self._log_inflight(st, j, rj, applied)
                 if st.importance is not None:
                     st.importance[rj] = 0
                 st.send_count[rj] += 1
             if wire_block is not block:
                 nnz = None  # float16 rounding may have zeroed some values
-            batch = self._update_batch(rj, wire_block if kept is None else kept, nnz)
-            # the in-flight log's copy holds the same bytes and is never written: it goes as it is
-            self._send_update(j, st, batch, owned=kept)
+            batch = self._update_batch(rj, wire_block, nnz)
+            self._send_update(j, st, batch, owned=None if batch.sparse else wire_block)
         return rows[k:]
 
-    def _log_inflight(self, st: TableState, j: int, rows: np.ndarray, deltas: np.ndarray,
-                      copy: bool) -> np.ndarray | None:
+    @staticmethod
+    def _chunk_rows(st: TableState) -> int:
+        return max(1, CHUNK_BYTES // (st.cols * st.dtype.itemsize))
+
+    def _log_inflight(self, st: TableState, j: int, rows: np.ndarray, deltas: np.ndarray) -> None:
         """Remember what the very next message to server ``j`` adds, for read-my-writes, but only for
         rows the cache holds or has asked for: any later read of another row reaches the server after
         this message (one FIFO socket), so the value it gets back already contains these updates.
-        ``copy``: ``deltas`` is the reused send buffer (so also what goes on the wire), and the log
-        needs its own copy, which is returned when it holds the whole block: the message can carry it
-        without another copy."""
+        ``deltas`` is never written again: the log may keep it as it is."""
         seen = (st.cache.clock[rows] >= 0) | st.cache.requested[rows]
         if seen.all():
-            kept = deltas.copy() if copy else deltas
-            st.inflight[j].add(self.seq[j] + 1, rows, kept)
-            return kept if copy else None
-        if seen.any():
+            st.inflight[j].add(self.seq[j] + 1, rows, deltas)
+        elif seen.any():
             st.inflight[j].add(self.seq[j] + 1, rows[seen], deltas[seen])
-        return None
 
     def _send_versioned(self, st: TableState, rows: np.ndarray) -> int:
         """Versioned table: per server one INC with the retired updates first (end-of-version), then
@@ -405,7 +399,7 @@ class CommThread:
             eov[:rr.shape[0]] = 1
             block = np.concatenate([rv, cur]) if rr.shape[0] else cur
             rel_parts = self.partition.split(lr)
-            per = max(1, CHUNK_BYTES // (st.cols * st.dtype.itemsize))
+            per = self._chunk_rows(st)
             for j, pos in enumerate(self.partition.split(all_rows)):
                 rpos = rel_parts[j]
                 # in order (retired first), at most CHUNK_BYTES of values per message; the

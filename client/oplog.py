@@ -46,14 +46,11 @@ class UpdateBuffer:
         """Remove and return the buffered deltas of ``rows``."""
         return self.take_counted(rows)[0]
 
-    def take_counted(self, rows: np.ndarray, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
-        """Remove and return the buffered deltas of ``rows`` and how many of them are non-zero; into
-        ``out[:len(rows)]`` when given (a send buffer the caller reuses once the message is out)."""
+    def take_counted(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
+        """Remove and return the buffered deltas of ``rows`` (a new array) and how many of them are
+        non-zero (dense or sparse on the wire), in one pass."""
         self.dirty[rows] = False
-        if out is None:
-            return rowmath.take_and_clear(self.delta, rows)
-        block = out[:rows.shape[0]]
-        return block, rowmath.take_and_clear_into(self.delta, rows, block)
+        return rowmath.take_and_clear(self.delta, rows)
 
 
 class InflightLog:
