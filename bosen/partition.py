@@ -18,7 +18,7 @@ class Partition:
         return rows % self.num_servers
 
     def local(self, rows: np.ndarray) -> np.ndarray:
-        return rows // self.num_servers
+        return rows // self.num_servers if self.num_servers > 1 else rows
 
     def global_rows(self, server: int, total_rows: int) -> np.ndarray:
         return np.arange(server, total_rows, self.num_servers, dtype=np.int64)

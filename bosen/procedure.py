@@ -60,7 +60,7 @@ class StoredProcedure:
         if batch.sparse:
             rowmath.scatter_add_csr(values, local_rows, batch.indptr, batch.cols, upd)
         else:
-            rowmath.scatter_add(values, local_rows, upd)
+            rowmath.add_rows(values, local_rows, upd)
 
     def rows_sent(self, local_rows: np.ndarray, num_clients: int) -> None:
         """These rows' current values were sent to ``num_clients`` clients."""

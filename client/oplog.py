@@ -30,7 +30,7 @@ class UpdateBuffer:
             # which writes the buffer without reading it first
             self.delta[index] = deltas
         elif mirror is None:
-            rowmath.scatter_add(self.delta, rows, deltas)
+            rowmath.add_rows(self.delta, rows, deltas)
         else:
             rowmath.scatter_add_pair(self.delta, mirror, rows, deltas, held)
         self.dirty[index] = True

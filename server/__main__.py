@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 import sys
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bosen-server: {e}", file=sys.stderr)
         return 2
     reuse_large_buffers()
+    # What exists now (modules, numba's compiler state, the tables' Python objects) lives as long as
+    # the process: keep it out of the collector's full passes, which otherwise rescan it all.
+    gc.freeze()
     try:
         uvloop.run(_run(server))
     except OSError as e:

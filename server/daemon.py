@@ -312,7 +312,7 @@ class Server:
         self.counters["clock_advances"] += 1
         live = self._live()
         for shard in self.shards:
-            changed = shard.changed_rows()
+            changed = shard.take_changed()
             if changed.shape[0]:
                 self._push(shard, changed, live, budgeted=False)
         for c in [c for c in self.parked if c <= new]:

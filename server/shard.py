@@ -12,11 +12,16 @@ from bosen.procedure import StoredProcedure
 from bosen.wire import UpdateBatch
 
 
+_NO_ROWS = np.empty(0, dtype=np.int64)
+
+
 class TableShard:
     """Rows ``rank, rank + S, rank + 2S, ...`` of a table, stored densely by local index.
 
-    ``dirty`` marks rows changed since the last clock-advance push; ``subs[row, client]`` marks which
-    clients read the row (subscribed on first read) and so receive its new values.
+    ``subs[row, client]`` marks which clients read the row (subscribed on first read) and so receive
+    its new values; ``dirty`` marks subscribed rows changed since they were last pushed. A row nobody
+    reads is never dirty: the clock-advance push has nothing to look for when no changed row has a
+    reader (``pending``), as in write-only phases.
     """
 
     def __init__(self, index: int, cfg: TableConfig, partition: Partition, rank: int, num_clients: int,
@@ -32,6 +37,7 @@ class TableShard:
         procedure.create(self.global_rows, self.values)
         n = self.global_rows.shape[0]
         self.dirty = np.zeros(n, dtype=bool)
+        self.pending = False  # some row became dirty since the last clock-advance push
         self.subs = np.zeros((n, num_clients), dtype=bool)
         self.subscribed = np.zeros(n, dtype=bool)  # any client reads the row
         self.check_finite = self.dtype.kind == "f"
@@ -90,11 +96,19 @@ class TableShard:
             if self.relative:
                 np.divide(change, np.abs(before), out=change, where=before != 0)
             np.add.at(self.importance, local, change.sum(axis=1))
-        self.dirty[local] = True
+        index = rowmath.rows_index(local)
+        read = self.subscribed[index]
+        if read.any():
+            self.dirty[index] |= read
+            self.pending = True
         return local.shape[0]
 
     def subscribe(self, local: np.ndarray, client: int) -> None:
         index = rowmath.rows_index(local)
+        if self.importance is not None:  # a first reader gets the current value: nothing is owed
+            known = self.subscribed[index]
+            if not known.all():
+                self.importance[local[~known]] = 0
         self.subs[index, client] = True
         self.subscribed[index] = True
 
@@ -105,7 +119,11 @@ class TableShard:
             self.importance[local] = 0
         self.send_count[local] += 1
 
-    def changed_rows(self) -> np.ndarray:
+    def take_changed(self) -> np.ndarray:
+        """Rows to push at a clock advance (all dirty ones; the caller marks them sent)."""
+        if not self.pending:
+            return _NO_ROWS
+        self.pending = False
         return np.flatnonzero(self.dirty)
 
     def rows_sent(self, local: np.ndarray) -> np.ndarray | None:

@@ -28,7 +28,7 @@ class SGD(StoredProcedure):
         if batch.sparse:
             rowmath.scatter_add_csr(values, local_rows, batch.indptr, batch.cols, step)
         else:
-            rowmath.scatter_add(values, local_rows, step)
+            rowmath.add_rows(values, local_rows, step)
 
     def stats(self) -> dict[str, Any]:
         return {"procedure": "sgd", "lr": self.lr}

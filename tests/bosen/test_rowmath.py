@@ -1,4 +1,5 @@
-"""Row kernels: the finiteness check, scatter-adds into buffer and cache, take-and-clear."""
+"""Row kernels: the finiteness check, scatter-adds (and the slice add for runs) into buffer and cache,
+take-and-clear."""
 
 import numpy as np
 import pytest
@@ -40,6 +41,17 @@ def test_scatter_add_pair_adds_to_the_cache_only_where_it_holds_the_row():
     rowmath.scatter_add_pair(buf, cache, rows, np.ones((4, 2), dtype=np.float32), held)
     assert buf[:, 0].tolist() == [1, 2, 1, 0]  # duplicates accumulate
     assert cache[:, 0].tolist() == [11, 10, 11, 10]  # rows 1 and 3 are not cached: untouched
+
+
+@pytest.mark.parametrize("rows", [[2, 3, 4], [4, 0, 4, 1], [5]])
+def test_add_rows_matches_add_at_for_runs_and_scatters(rows):
+    rows = np.array(rows, dtype=np.int64)
+    dst = np.arange(12, dtype=np.float32).reshape(6, 2)
+    src = np.arange(2 * rows.shape[0], dtype=np.float32).reshape(-1, 2) + 0.5
+    want = dst.copy()
+    np.add.at(want, rows, src)
+    rowmath.add_rows(dst, rows, src)
+    assert np.array_equal(dst, want)
 
 
 def test_take_and_clear_into_reuses_the_buffer_and_counts_non_zeros():

@@ -1,0 +1,49 @@
+"""A table shard in process: which changed rows the clock-advance push looks at, and what a first
+reader resets."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bosen.config import CommConfig, TableConfig
+from bosen.partition import Partition
+from bosen.server import procedures
+from bosen.server.shard import TableShard
+from bosen.wire import UpdateBatch
+
+
+def shard(comm: CommConfig | None = None) -> TableShard:
+    cfg = TableConfig(name="W", rows=8, cols=2, dtype="float64")
+    return TableShard(0, cfg, Partition(1), 0, 2, procedures.load(cfg, "test.yaml"),
+                      comm or CommConfig(enabled=False))
+
+
+def inc(s: TableShard, rows: list[int], value: float = 1.0) -> None:
+    r = np.array(rows, dtype=np.int64)
+    s.apply(UpdateBatch(r, np.full((r.shape[0], 2), value)), client=0)
+
+
+def test_only_rows_someone_reads_are_pushed_at_a_clock_advance():
+    s = shard()
+    inc(s, [0, 1, 2, 3])
+    assert s.take_changed().tolist() == []  # nobody reads them: nothing to push, values still applied
+    assert s.values[:4, 0].tolist() == [1, 1, 1, 1]
+    s.subscribe(np.array([2, 5]), client=1)
+    inc(s, [1, 2, 3])
+    inc(s, [5, 6, 7])  # not a run: the scatter path
+    inc(s, [7, 5])
+    assert s.take_changed().tolist() == [2, 5]
+    s.mark_sent(np.array([2, 5]))
+    assert s.take_changed().tolist() == []  # until something changes again
+    inc(s, [5])
+    assert s.take_changed().tolist() == [5]
+
+
+def test_a_first_reader_resets_the_rows_priority():
+    s = shard(CommConfig(enabled=True, priority="relative", client_bandwidth_mbps=10, server_bandwidth_mbps=10))
+    s.values[:] = 1.0
+    s.subscribe(np.array([1]), client=0)
+    inc(s, [0, 1, 2], value=0.5)
+    assert s.importance[:3].tolist() == [1.0, 1.0, 1.0]  # |0.5 * 2 columns| / |1|
+    s.subscribe(np.array([0, 1]), client=1)  # row 0: a first reader, who gets the value as it is
+    assert s.importance[:3].tolist() == [0.0, 1.0, 1.0]  # row 1 is still owed to client 0
