@@ -344,6 +344,10 @@ class CommThread:
         copy, and the in-flight log (read-my-writes) keeps that same array.
         """
         per = self._chunk_rows(st)
+        # Rows sent since they were queued (by a budgeted send, or as part of an earlier flush that
+        # queued them too) are dropped first, so that chunks stay full. Only a hint: it is redone
+        # under the lock, chunk by chunk.
+        rows = rows[st.oplog.dirty[rows]]
         k = 0
         while k < rows.shape[0]:
             if windowed and self._inflight_bytes[j] >= self.window_bytes:
@@ -351,16 +355,19 @@ class CommThread:
             rj = rows[k:k + per]
             k += per
             with st.lock:
-                rj = rj[st.oplog.dirty[rj]]  # a budgeted send may have taken some meanwhile
-                if rj.shape[0] == 0:
-                    continue
+                index = rowmath.rows_index(rj)
+                if not st.oplog.dirty[index].all():
+                    rj = rj[st.oplog.dirty[rj]]  # a budgeted send took some meanwhile
+                    if rj.shape[0] == 0:
+                        continue
+                    index = rj
                 block, nnz = st.oplog.take_counted(rj)
                 wire_block, applied = self._quantize(st, rj, block)
                 if st.read_my_writes:
-                    self._log_inflight(st, j, rj, applied)
+                    self._log_inflight(st, j, rj, index, applied)
                 if st.importance is not None:
-                    st.importance[rj] = 0
-                st.send_count[rj] += 1
+                    st.importance[index] = 0
+                st.send_count[index] += 1
             if wire_block is not block:
                 nnz = None  # float16 rounding may have zeroed some values
             batch = self._update_batch(rj, wire_block, nnz)
@@ -371,12 +378,14 @@ class CommThread:
     def _chunk_rows(st: TableState) -> int:
         return max(1, CHUNK_BYTES // (st.cols * st.dtype.itemsize))
 
-    def _log_inflight(self, st: TableState, j: int, rows: np.ndarray, deltas: np.ndarray) -> None:
+    def _log_inflight(self, st: TableState, j: int, rows: np.ndarray, index: slice | np.ndarray,
+                      deltas: np.ndarray) -> None:
         """Remember what the very next message to server ``j`` adds, for read-my-writes, but only for
         rows the cache holds or has asked for: any later read of another row reaches the server after
         this message (one FIFO socket), so the value it gets back already contains these updates.
-        ``deltas`` is never written again: the log may keep it as it is."""
-        seen = (st.cache.clock[rows] >= 0) | st.cache.requested[rows]
+        ``index``: ``rows`` as an index (a slice for a run). ``deltas`` is never written again: the
+        log may keep it as it is."""
+        seen = (st.cache.clock[index] >= 0) | st.cache.requested[index]
         if seen.all():
             st.inflight[j].add(self.seq[j] + 1, rows, deltas)
         elif seen.any():

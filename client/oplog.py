@@ -49,7 +49,7 @@ class UpdateBuffer:
     def take_counted(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
         """Remove and return the buffered deltas of ``rows`` (a new array) and how many of them are
         non-zero (dense or sparse on the wire), in one pass."""
-        self.dirty[rows] = False
+        self.dirty[rowmath.rows_index(rows)] = False
         return rowmath.take_and_clear(self.delta, rows)
 
 
