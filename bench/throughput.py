@@ -9,7 +9,9 @@ Output: one JSON object per line on stdout (progress goes to stderr), each with 
 for MB/s, ``baseline / ours`` for latency. Goals are separate fields (``goal``, ``meets_goal``).
 Memory lines have no baseline and so no ``ratio``: ``ours`` is bytes held per raw byte (unit "x",
 ``lower_is_better``). Throughput lines also carry ``per_MiB`` / ``baseline_per_MiB``: CPU milliseconds
-and minor page faults per MiB moved, per process, which stay meaningful on a busy machine.
+and minor page faults per MiB moved, per process, and CPU microseconds per MiB per thread
+(``thread_cpu_us``: worker ``MainThread``, ``bosen-comm``, ZeroMQ I/O ``ZMQbg/IO/0``, ``pyzmq-gc``, the
+server's loop ``python``), which stay meaningful on a busy machine and show where the time goes.
 
 Every case runs its own job (one ``bosen.server`` subprocess on 127.0.0.1 holding only the case's
 table; the Client in this process), because per-clock work scales with every table's row count.
