@@ -56,8 +56,6 @@ class CommThread:
         self.comm = config.comm
         self.bucket = LeakyBucket(config.comm.client_bandwidth_mbps) if config.comm.enabled else None
         self.incs_sent = [0] * self.n
-        # per table, the buffer updates are taken into before a send (sends copy it into ZeroMQ's own
-        # message, so it is free again at once: no per-message allocation, stays in cache)
         # during an end-of-tick flush, the latest INC to each server is kept back to carry the clock
         self._holding = False
         self._held: list[tuple[dict[str, Any], list[Any]] | None] = [None] * self.n
