@@ -268,7 +268,7 @@ class CommThread:
             if rows.shape[0]:
                 for j, pos in enumerate(self.partition.split(rows)):
                     if pos.shape[0]:  # appended in order; a row queued twice is sent once (dirty flag)
-                        self._due[j].setdefault(st.index, deque()).append(rows[pos])
+                        self._due[j].setdefault(st.index, deque()).append(rows[pos] if self.n > 1 else rows)
         for j in range(self.n):
             if clock is not None:
                 self._clock_due[j] = clock
@@ -345,7 +345,9 @@ class CommThread:
         # Rows sent since they were queued (by a budgeted send, or as part of an earlier flush that
         # queued them too) are dropped first, so that chunks stay full. Only a hint: it is redone
         # under the lock, chunk by chunk.
-        rows = rows[st.oplog.dirty[rows]]
+        whole = rowmath.rows_index(rows)
+        if type(whole) is not slice or not st.oplog.dirty[whole].all():
+            rows = rows[st.oplog.dirty[rows]]
         k = 0
         while k < rows.shape[0]:
             if windowed and self._inflight_bytes[j] >= self.window_bytes:
