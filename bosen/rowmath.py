@@ -141,15 +141,10 @@ def add_rows_from(dst, src, rows):  # pragma: no cover - compiled
 @njit(**_JIT)
 def take_and_clear(src, rows):  # pragma: no cover - compiled
     """Return (src[rows], its non-zero count) and zero those rows of src, in one pass (flushing an
-    update buffer; the count decides dense vs sparse on the wire without another pass)."""
-    out = np.empty((rows.shape[0], src.shape[1]), dtype=src.dtype)
-    return out, take_and_clear_into(src, rows, out)
-
-
-@njit(**_JIT)
-def take_and_clear_into(src, rows, out):  # pragma: no cover - compiled
-    """take_and_clear writing into ``out`` (a reused send buffer: no allocation, stays in cache)."""
+    update buffer; the count decides dense vs sparse on the wire without another pass). The result
+    is a new array: a message can carry it without a copy."""
     ncols = src.shape[1]
+    out = np.empty((rows.shape[0], ncols), dtype=src.dtype)
     nnz = 0
     for i in range(rows.shape[0]):
         r = rows[i]
@@ -159,7 +154,7 @@ def take_and_clear_into(src, rows, out):  # pragma: no cover - compiled
             if v != 0:
                 nnz += 1
             src[r, j] = 0
-    return nnz
+    return out, nnz
 
 
 def to_csr(block: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -54,14 +54,13 @@ def test_add_rows_matches_add_at_for_runs_and_scatters(rows):
     assert np.array_equal(dst, want)
 
 
-def test_take_and_clear_into_reuses_the_buffer_and_counts_non_zeros():
+def test_take_and_clear_returns_the_rows_counts_non_zeros_and_zeroes_them():
     src = np.arange(12, dtype=np.float64).reshape(6, 2)
-    out = np.full((4, 2), -1.0)
-    nnz = rowmath.take_and_clear_into(src, np.array([0, 2, 5]), out[:3])
+    out, nnz = rowmath.take_and_clear(src, np.array([0, 2, 5]))
     assert nnz == 5  # src[0, 0] is 0
-    assert out[:3].tolist() == [[0, 1], [4, 5], [10, 11]] and out[3].tolist() == [-1, -1]
+    assert out.tolist() == [[0, 1], [4, 5], [10, 11]]
     assert not src[[0, 2, 5]].any() and src[1].tolist() == [2, 3]
-
+    assert not np.shares_memory(out, src)
 
 
 def test_rows_index_is_a_slice_only_for_runs():
