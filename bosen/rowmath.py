@@ -89,6 +89,19 @@ def run_start(rows):  # pragma: no cover - compiled
 
 
 @njit(**_JIT)
+def stride_start(rows, step):  # pragma: no cover - compiled
+    """``rows[0]`` if ``rows`` is ``r, r+step, r+2*step, ...`` (one server's rows of a run), else -1."""
+    n = rows.shape[0]
+    if n == 0:
+        return -1
+    lo = rows[0]
+    for i in range(1, n):
+        if rows[i] != lo + i * step:
+            return -1
+    return lo
+
+
+@njit(**_JIT)
 def _min_max(a):  # pragma: no cover - compiled
     lo = hi = a[0]
     for i in range(1, a.shape[0]):
@@ -155,6 +168,53 @@ def take_and_clear(src, rows):  # pragma: no cover - compiled
                 nnz += 1
             src[r, j] = 0
     return out, nnz
+
+
+@njit(**_JIT)
+def copy_counted(src, dst):  # pragma: no cover - compiled
+    """dst[:] = src (2-D, same shape) and the number of non-zeros, or -1 if a value is NaN or
+    infinite, in one pass (staging a bulk increment: the check and the count, which later decides
+    dense vs sparse on the wire, cost no extra read). For integers ``v - v`` is always 0."""
+    nnz = 0
+    bad = False
+    for i in range(src.shape[0]):
+        for j in range(src.shape[1]):
+            v = src[i, j]
+            dst[i, j] = v
+            nnz += v != 0
+            bad |= (v - v) != 0
+    return -1 if bad else nnz
+
+
+@njit(**_JIT)
+def copy_counted_mirror(src, dst, mirror, held, first, step):  # pragma: no cover - compiled
+    """``copy_counted`` (values already checked finite) that also adds row ``i`` of ``src`` to
+    ``mirror[first + i * step]`` where ``held`` of that row is >= 0 (read-my-writes: the cache)."""
+    nnz = 0
+    for i in range(src.shape[0]):
+        r = first + i * step
+        if held[r] >= 0:
+            for j in range(src.shape[1]):
+                v = src[i, j]
+                dst[i, j] = v
+                mirror[r, j] += v
+                nnz += v != 0
+        else:
+            for j in range(src.shape[1]):
+                v = src[i, j]
+                dst[i, j] = v
+                nnz += v != 0
+    return nnz
+
+
+@njit(**_JIT)
+def add_where_held(dst, lo, src, held):  # pragma: no cover - compiled
+    """dst[lo + i] += src[i] for each i where held[lo + i] >= 0."""
+    for i in range(src.shape[0]):
+        r = lo + i
+        if held[r] >= 0:
+            for j in range(src.shape[1]):
+                dst[r, j] += src[i, j]
 
 
 def to_csr(block: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

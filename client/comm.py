@@ -28,12 +28,12 @@ from bosen.errors import BosenError, ProtocolError, ServerError
 from bosen.partition import Partition
 from bosen.wire import Msg, UpdateBatch
 from bosen.zsocket import LoopSocket
+from bosen.client.oplog import UpdateBuffer
 from bosen.client.table import TableState
 
 log = logging.getLogger("bosen.client")
 F16_MAX = float(np.finfo(np.float16).max)
 YIELD_EVERY = 32  # messages handled (then readers woken) before other tasks (the budget loop) get a turn
-CHUNK_BYTES = 1 << 20  # most value bytes in one update message
 WINDOW_BYTES = 8 << 20  # default most update bytes in flight to one server before a flush waits for ACKs
 
 
@@ -336,31 +336,21 @@ class CommThread:
         """Take ``rows`` (sorted, all of server ``j``) out of the update buffer and send them to ``j``;
         ``windowed``: stop while WINDOW_BYTES are in flight to ``j``. Returns the rows not sent.
 
-        Messages carry at most CHUNK_BYTES of values: the server applies one while the next is on the
-        way, memory peaks stay small, and the table lock is held only while a chunk is taken. A chunk
-        is taken into a fresh array that nothing writes again, so the message carries it without a
-        copy, and the in-flight log (read-my-writes) keeps that same array.
+        Messages carry at most ``oplog.CHUNK_BYTES`` of values: the server applies one while the
+        next is on the way, memory peaks stay small, and the table lock is held only while a chunk is
+        taken. A chunk is taken into an array that nothing writes again (a staged piece as it is), so
+        the message carries it without a copy, and the in-flight log (read-my-writes) keeps that same
+        array.
         """
-        per = self._chunk_rows(st)
-        # Rows sent since they were queued (by a budgeted send, or as part of an earlier flush that
-        # queued them too) are dropped first, so that chunks stay full. Only a hint: it is redone
-        # under the lock, chunk by chunk.
-        whole = rowmath.rows_index(rows)
-        if type(whole) is not slice or not st.oplog.dirty[whole].all():
-            rows = rows[st.oplog.dirty[rows]]
         k = 0
         while k < rows.shape[0]:
             if windowed and self._inflight_bytes[j] >= self.window_bytes:
                 break
-            rj = rows[k:k + per]
-            k += per
             with st.lock:
+                rj, k = self._next_chunk(st.oplog, rows, k)
+                if rj.shape[0] == 0:
+                    continue
                 index = rowmath.rows_index(rj)
-                if not st.oplog.dirty[index].all():
-                    rj = rj[st.oplog.dirty[rj]]  # a budgeted send took some meanwhile
-                    if rj.shape[0] == 0:
-                        continue
-                    index = rj
                 block, nnz = st.oplog.take_counted(rj)
                 wire_block, applied = self._quantize(st, rj, block)
                 if st.read_my_writes:
@@ -375,8 +365,28 @@ class CommThread:
         return rows[k:]
 
     @staticmethod
-    def _chunk_rows(st: TableState) -> int:
-        return max(1, CHUNK_BYTES // (st.cols * st.dtype.itemsize))
+    def _next_chunk(oplog: UpdateBuffer, rows: np.ndarray, k: int) -> tuple[np.ndarray, int]:
+        """The next message's rows from ``rows[k:]`` and where the rest begins: only rows still
+        buffered (a budgeted send, or a flush that queued them too, may have sent some since), up to
+        a chunk of them so that messages stay full, and a staged piece on its own."""
+        n, per = rows.shape[0], oplog.chunk_rows
+        end = min(k + per, n)
+        rj = rows[k:end]
+        index = rowmath.rows_index(rj)
+        if not oplog.dirty[index].all():
+            rj = rj[oplog.dirty[rj]]
+            while rj.shape[0] < per and end < n:
+                more = rows[end:end + per - rj.shape[0]]
+                end += more.shape[0]
+                rj = np.concatenate([rj, more[oplog.dirty[more]]])
+            if rj.shape[0] == 0:
+                return rj, end
+            index = rowmath.rows_index(rj)
+        cut = oplog.chunk_end(rj, index)
+        if cut < rj.shape[0]:
+            end = k + int(np.searchsorted(rows[k:end], rj[cut]))
+            rj = rj[:cut]
+        return rj, end
 
     def _log_inflight(self, st: TableState, j: int, rows: np.ndarray, index: slice | np.ndarray,
                       deltas: np.ndarray) -> None:
@@ -408,10 +418,10 @@ class CommThread:
             eov[:rr.shape[0]] = 1
             block = np.concatenate([rv, cur]) if rr.shape[0] else cur
             rel_parts = self.partition.split(lr)
-            per = self._chunk_rows(st)
+            per = st.oplog.chunk_rows
             for j, pos in enumerate(self.partition.split(all_rows)):
                 rpos = rel_parts[j]
-                # in order (retired first), at most CHUNK_BYTES of values per message; the
+                # in order (retired first), at most a chunk of values per message; the
                 # releases ride with the last message to this server
                 for k in range(0, max(pos.shape[0], 1), per):
                     p = pos[k:k + per]
@@ -566,7 +576,7 @@ class CommThread:
             if st.read_my_writes:
                 log_j = st.inflight[j]
                 log_j.settle(h["a"])
-                rowmath.add_rows_from(cache.values, st.oplog.delta, rows[st.oplog.dirty[rows]])
+                st.oplog.add_buffered_to(cache.values, rows)
                 log_j.reapply(cache.values, rows)
             if type(index) is slice:
                 np.maximum(cache.clock[index], h["c"], out=cache.clock[index])

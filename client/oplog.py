@@ -3,6 +3,14 @@
 A dense delta matrix the size of the table, touched lazily (untouched pages stay unallocated), plus a
 dirty flag per row. Coalescing is a scatter-add; taking rows out for a send zeroes them in the same
 pass.
+
+Bulk increments take a shorter way. A large increment of a run of clean rows (a layer's gradient, a
+block of a matrix) is copied into *staged pieces* instead: arrays of at most one message's rows from a
+pool, which later go on the wire as they are. That saves the dense buffer a write, a read and a
+zeroing per byte, the bulk of a megabyte update's cost on the client. A staged piece keeps taking
+increments of exactly its rows; anything else that touches a staged row (another shape of increment,
+a read that re-applies buffered updates, a send of other rows) first moves every piece back into the
+dense buffer, which is always correct and rare in practice.
 """
 
 from __future__ import annotations
@@ -12,45 +20,179 @@ from collections import deque
 import numpy as np
 
 from bosen import rowmath
+from bosen.bufferpool import BufferPool
+
+CHUNK_BYTES = 1 << 20  # most value bytes in one update message, and so in one staged piece
+STAGE_MIN_BYTES = 64 << 10  # smaller runs go to the dense buffer: pyzmq copies such messages anyway
+POOL_BYTES = 64 << 20  # most memory a table's pool keeps for staged pieces (lent or not), at most the table's size
 
 
 class UpdateBuffer:
-    def __init__(self, rows: int, cols: int, dtype: np.dtype) -> None:
+    """``stride``: the number of servers. Rows go to servers round-robin, so a piece holds one
+    server's rows of a run: ``first, first + stride, first + 2 * stride, ...``."""
+
+    def __init__(self, rows: int, cols: int, dtype: np.dtype, stride: int = 1) -> None:
         self.delta = np.zeros((rows, cols), dtype=dtype)
-        self.dirty = np.zeros(rows, dtype=bool)
+        self.dirty = np.zeros(rows, dtype=bool)  # staged rows are dirty too
+        self.staged = np.zeros(rows, dtype=bool)
+        self.pieces: dict[int, tuple[np.ndarray, int | None]] = {}  # first row -> (deltas, non-zeros)
+        self.stride = stride
+        row_bytes = cols * np.dtype(dtype).itemsize
+        self.chunk_rows = max(1, CHUNK_BYTES // row_bytes)
+        piece_rows = min(self.chunk_rows, -(-rows // stride))
+        # enough for the whole table (pieces of one run's tail per server are short), up to POOL_BYTES
+        keep = -(-min(POOL_BYTES, rows * row_bytes) // (piece_rows * row_bytes)) + stride
+        self._pool = BufferPool((piece_rows, cols), dtype, keep=keep)
+        self._stage_min_rows = max(1, -(-STAGE_MIN_BYTES // row_bytes))
 
     def add_dense(self, rows: np.ndarray, deltas: np.ndarray, mirror: np.ndarray | None = None,
-                  held: np.ndarray | None = None) -> None:
+                  held: np.ndarray | None = None) -> bool:
         """Buffer ``deltas``; with ``mirror`` (the cache, for read-my-writes) add them there too, in
-        the same pass over the deltas, to the rows where ``held`` (the cache's row clocks) is >= 0."""
+        the same pass over the deltas, to the rows where ``held`` (the cache's row clocks) is >= 0.
+        Returns False, having changed nothing, if float deltas contain NaN or infinity (checked in the
+        same pass as the copy where there is one)."""
         index = rowmath.rows_index(rows)
+        if self.pieces and self.staged[index].any():
+            if type(index) is slice:
+                added = self._add_to_pieces(index.start, index.stop, deltas, mirror, held)
+                if added is not None:
+                    return added
+            self.unstage()
+        if type(index) is slice and rows.shape[0] >= self._stage_min_rows and not self.dirty[index].any():
+            staged = self._stage(index.start, deltas, mirror, held)
+            if staged is not None:
+                return staged
+        if not rowmath.all_finite(deltas):
+            return False
         if (type(index) is slice and not self.dirty[index].any()
                 and (mirror is None or (held[index] < 0).all())):
             # a run of clean rows (a clean row's delta is zero) and nothing to mirror: a plain copy,
-            # which writes the buffer without reading it first
+            # which writes without reading first
             self.delta[index] = deltas
         elif mirror is None:
             rowmath.add_rows(self.delta, rows, deltas)
         else:
             rowmath.scatter_add_pair(self.delta, mirror, rows, deltas, held)
         self.dirty[index] = True
+        return True
 
     def add_coo(self, rows: np.ndarray, cols: np.ndarray, deltas: np.ndarray) -> None:
+        if self.pieces and self.staged[rows].any():
+            self.unstage()
         rowmath.scatter_add_coo(self.delta, rows, cols, deltas)
         self.dirty[rows] = True
 
     def dirty_rows(self) -> np.ndarray:
         return np.flatnonzero(self.dirty)
 
+    def add_buffered_to(self, dst: np.ndarray, rows: np.ndarray) -> None:
+        """``dst[r] += `` what is buffered for row ``r``, for each of ``rows`` (fresh rows from a
+        server, with this process's unsent updates put back on top)."""
+        if self.pieces and self.staged[rows].any():
+            self.unstage()
+        rowmath.add_rows_from(dst, self.delta, rows[self.dirty[rows]])
+
+    def chunk_end(self, rows: np.ndarray, index: slice | np.ndarray) -> int:
+        """How many of ``rows`` (sorted, dirty, of one server, at most a chunk; ``index``: them as an
+        index) one message should take: a staged piece on its own, or the rows before the next one."""
+        if not self.pieces:
+            return rows.shape[0]
+        staged = self.staged[index]
+        if not staged[0]:
+            return int(np.argmax(staged)) if staged.any() else rows.shape[0]
+        piece = self.pieces.get(int(rows[0]))
+        if piece is not None:
+            n = piece[0].shape[0]
+            if n <= rows.shape[0] and rowmath.stride_start(rows[:n], self.stride) >= 0:
+                return n
+        return rows.shape[0]  # part of a piece: take() moves the pieces back first
+
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Remove and return the buffered deltas of ``rows``."""
         return self.take_counted(rows)[0]
 
-    def take_counted(self, rows: np.ndarray) -> tuple[np.ndarray, int]:
-        """Remove and return the buffered deltas of ``rows`` (a new array) and how many of them are
-        non-zero (dense or sparse on the wire), in one pass."""
-        self.dirty[rowmath.rows_index(rows)] = False
+    def take_counted(self, rows: np.ndarray) -> tuple[np.ndarray, int | None]:
+        """Remove and return the buffered deltas of ``rows`` (an array nothing else will write) and
+        how many of them are non-zero (None: not known), which decides dense or sparse on the wire.
+        A staged piece is returned as it is."""
+        index = rowmath.rows_index(rows)
+        if self.pieces and rows.shape[0]:
+            first = int(rows[0])
+            piece = self.pieces.get(first)
+            if (piece is not None and piece[0].shape[0] == rows.shape[0]
+                    and rowmath.stride_start(rows, self.stride) >= 0):
+                del self.pieces[first]
+                self.staged[rows] = False
+                self.dirty[rows] = False
+                return piece
+            if self.staged[index].any():
+                self.unstage()
+        self.dirty[index] = False
         return rowmath.take_and_clear(self.delta, rows)
+
+    def unstage(self) -> None:
+        """Move every staged piece into the dense buffer (their rows stay dirty)."""
+        step = self.stride
+        for first, (block, _) in self.pieces.items():
+            rows = slice(first, first + block.shape[0] * step, step)
+            self.delta[rows] = block  # a staged row's dense delta is zero
+            self.staged[rows] = False
+        self.pieces.clear()
+
+    def _stage(self, lo: int, deltas: np.ndarray, mirror: np.ndarray | None, held: np.ndarray | None) -> bool | None:
+        """Copy ``deltas`` (rows ``lo``...) into staged pieces (and add them to the ``mirror`` rows
+        that are ``held``): True; False if they are not finite (nothing changed); None if the pool
+        has too few free buffers (the dense buffer costs more, but a bounded pool bounds the memory
+        of a worker that runs far ahead of its sends)."""
+        n, step, per = deltas.shape[0], self.stride, self.chunk_rows
+        # (first row, position in deltas, rows): one server's rows of the run, a chunk at a time
+        parts = [(lo + o + k * step, o + k * step, min(per, len(range(o + k * step, n, step))))
+                 for o in range(min(step, n)) for k in range(0, len(range(o, n, step)), per)]
+        blocks = [self._pool.take(count) for _, _, count in parts]
+        if any(b is None for b in blocks):
+            return None
+        if mirror is not None and (held[lo:lo + n] >= 0).any():
+            if not rowmath.all_finite(deltas):  # before the cache changes
+                return False
+            counts = [rowmath.copy_counted_mirror(deltas[at:at + count * step:step], block, mirror, held, first, step)
+                      for (first, at, count), block in zip(parts, blocks)]
+        else:
+            counts = [rowmath.copy_counted(deltas[at:at + count * step:step], block)
+                      for (_, at, count), block in zip(parts, blocks)]
+            if min(counts) < 0:
+                return False
+        for (first, _, _), block, nnz in zip(parts, blocks, counts):
+            self.pieces[first] = (block, nnz)
+        self.staged[lo:lo + n] = True
+        self.dirty[lo:lo + n] = True
+        return True
+
+    def _add_to_pieces(self, lo: int, hi: int, deltas: np.ndarray, mirror: np.ndarray | None,
+                       held: np.ndarray | None) -> bool | None:
+        """Add to staged pieces (and the ``held`` rows of ``mirror``) if rows ``lo:hi`` are exactly
+        whole pieces (else None); False if the deltas are not finite (nothing added)."""
+        step = self.stride
+        found = []
+        for first in range(lo, min(lo + step, hi)):
+            while first < hi:
+                piece = self.pieces.get(first)
+                if piece is None or first + (piece[0].shape[0] - 1) * step >= hi:
+                    return None
+                found.append((first, piece[0]))
+                first += piece[0].shape[0] * step
+        if not rowmath.all_finite(deltas):
+            return False
+        for first, block in found:
+            at = first - lo
+            np.add(block, deltas[at:at + block.shape[0] * step:step], out=block)
+            self.pieces[first] = (block, None)
+        if mirror is not None:
+            rowmath.add_where_held(mirror, lo, deltas, held)
+        return True
+
+    @property
+    def staged_bytes(self) -> int:
+        return sum(b.nbytes for b, _ in self.pieces.values())
 
 
 class InflightLog:

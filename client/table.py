@@ -35,7 +35,7 @@ class TableState:
         self.vlog: VersionLog | None = None  # versioned tables: versions held, retired updates, releases
         self.lock = threading.Lock()
         self.cache = RowCache(cfg.rows, cfg.cols, self.dtype, num_servers)
-        self.oplog = UpdateBuffer(cfg.rows, cfg.cols, self.dtype)
+        self.oplog = UpdateBuffer(cfg.rows, cfg.cols, self.dtype, stride=num_servers)
         self.inflight = [InflightLog() for _ in range(num_servers)]
         # managed communication: which rows to send first, and how often each row went out
         self.policy = priority.make(comm.priority, seed=index) if comm.enabled else None
@@ -140,21 +140,25 @@ class Table:
     def inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:
         """Add ``deltas`` to ``rows``: dense ``(len(rows), cols)``, or COO triples when ``cols`` is given."""
         rows = self._rows(rows)
-        deltas = self._deltas(deltas)
         st = self._st
         if cols is None:
+            deltas = self._deltas(deltas, check_finite=False)  # the buffer checks them as it copies them
             if deltas.shape != (rows.shape[0], self.cols):
                 raise ValueError(f"table {self.name!r}: deltas have shape {deltas.shape}, expected "
                                  f"({rows.shape[0]}, {self.cols}) for {rows.shape[0]} rows")
             with st.lock:
-                if st.importance is not None:
+                ok = st.importance is None or rowmath.all_finite(deltas)
+                if ok and st.importance is not None:  # relative to the values before this increment
                     priority.accumulate_dense(st.importance, rows, deltas, st.cache.values, st.cache.clock,
                                               st.relative)
-                if st.read_my_writes:
-                    st.oplog.add_dense(rows, deltas, st.cache.values, st.cache.clock)
-                else:
-                    st.oplog.add_dense(rows, deltas)
+                if ok and st.read_my_writes:
+                    ok = st.oplog.add_dense(rows, deltas, st.cache.values, st.cache.clock)
+                elif ok:
+                    ok = st.oplog.add_dense(rows, deltas)
+            if not ok:
+                raise ValueError(f"table {self.name!r}: deltas contain NaN or infinity")
         else:
+            deltas = self._deltas(deltas)
             cols = np.asarray(cols)
             if cols.dtype.kind not in "iu" or cols.shape != rows.shape or deltas.shape != rows.shape:
                 raise ValueError(f"table {self.name!r}: sparse increments need 1-D integer cols and deltas "
@@ -196,11 +200,11 @@ class Table:
                                  f"[0, {self.rows})")
         return rows
 
-    def _deltas(self, deltas: Any) -> np.ndarray:
+    def _deltas(self, deltas: Any, check_finite: bool = True) -> np.ndarray:
         deltas = np.asarray(deltas)
         if not np.can_cast(deltas.dtype, self.dtype, "same_kind"):
             raise TypeError(f"table {self.name!r} holds {self.dtype.name}; cannot add {deltas.dtype} deltas")
         deltas = deltas.astype(self.dtype, copy=False)
-        if self.dtype.kind == "f" and not rowmath.all_finite(deltas):
+        if check_finite and self.dtype.kind == "f" and not rowmath.all_finite(deltas):
             raise ValueError(f"table {self.name!r}: deltas contain NaN or infinity")
         return deltas

@@ -195,7 +195,7 @@ def test_buffered_updates_are_retired_when_a_newer_version_arrives(cluster, monk
     version-1 updates at once, marked end-of-version (and release version 1 of the other rows).
     ``chunk``: one row per update message."""
     if chunk:
-        monkeypatch.setattr("bosen.client.comm.CHUNK_BYTES", chunk)
+        monkeypatch.setattr("bosen.client.oplog.CHUNK_BYTES", chunk)
     c = cluster(2, 2, staleness=10, tables={"V": TABLES["V"]}, read_timeout_s=60)
     a, b = Client.connect(c.path, rank=0), Client.connect(c.path, rank=1)
     try:

@@ -173,7 +173,7 @@ class TwoClients:
 @pytest.mark.parametrize("seed, one_row_messages", [(0, False), (1, True)])
 def test_controlled_delays_match_the_numpy_rule(cluster, monkeypatch, seed, one_row_messages):
     if one_row_messages:  # every update message carries one row: order across messages matters
-        monkeypatch.setattr("bosen.client.comm.CHUNK_BYTES", 8)
+        monkeypatch.setattr("bosen.client.oplog.CHUNK_BYTES", 8)
     rng = np.random.default_rng(seed)
     m = TwoClients(cluster, rows=5, cols=3, alpha=0.3)
     try:

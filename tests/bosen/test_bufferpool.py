@@ -1,0 +1,55 @@
+"""The buffer pool lends a buffer again only once nothing else references it."""
+
+import time
+
+import numpy as np
+import zmq
+
+from bosen.bufferpool import BufferPool
+from bosen.status import free_port
+
+
+def test_a_buffer_is_lent_again_only_when_nothing_references_it():
+    pool = BufferPool((4, 2), np.float32, keep=2)
+    a = pool.take(4)
+    b = pool.take(3)
+    assert a.shape == (4, 2) and b.shape == (3, 2) and b.base is not a
+    assert pool.take(4) is None  # both lent, none more may be made
+    view = a[1:]
+    del a
+    assert pool.take(4) is None  # a view of the one lent first still lives
+    del view
+    c = pool.take(4)
+    assert c is not None and pool.allocated == 2 and pool.reused == 1 and pool.refused == 2
+    del b
+    assert pool.take(1).shape == (1, 2) and pool.reused == 2
+
+
+def test_a_message_in_flight_keeps_its_buffer():
+    """A buffer sent without a copy stays lent until ZeroMQ lets go of it."""
+    pool = BufferPool((1024, 256), np.float32, keep=1)
+    ctx = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    try:
+        port = free_port()
+        push.connect(f"tcp://127.0.0.1:{port}")  # nobody listens yet: the message waits in ZeroMQ
+        buf = pool.take(1024)
+        buf[:] = 7
+        push.send(np.ascontiguousarray(buf).data, copy=False, flags=zmq.NOBLOCK)
+        del buf
+        assert pool.take(1024) is None
+        pull.bind(f"tcp://127.0.0.1:{port}")
+        assert pull.poll(10_000), "the queued message never arrived"
+        got = np.frombuffer(pull.recv(), dtype=np.float32)
+        assert got.shape == (1024 * 256,) and (got == 7).all()
+        again = None
+        for _ in range(500):  # pyzmq's collector thread drops its reference soon after the send
+            again = pool.take(1024)
+            if again is not None:
+                break
+            time.sleep(0.01)
+        assert again is not None and pool.reused == 1
+    finally:
+        push.close(0)
+        pull.close(0)
+        ctx.term()
