@@ -29,9 +29,11 @@ POOL_BYTES = 64 << 20  # most memory a table's pool keeps for staged pieces (len
 
 class UpdateBuffer:
     """``stride``: the number of servers. Rows go to servers round-robin, so a piece holds one
-    server's rows of a run: ``first, first + stride, first + 2 * stride, ...``."""
+    server's rows of a run: ``first, first + stride, first + 2 * stride, ...``. ``staging``: off
+    where sends pick rows one by one (budgeted sends by priority, versioned tables' flushes), which
+    would move every piece back each time."""
 
-    def __init__(self, rows: int, cols: int, dtype: np.dtype, stride: int = 1) -> None:
+    def __init__(self, rows: int, cols: int, dtype: np.dtype, stride: int = 1, staging: bool = True) -> None:
         self.delta = np.zeros((rows, cols), dtype=dtype)
         self.dirty = np.zeros(rows, dtype=bool)  # staged rows are dirty too
         self.staged = np.zeros(rows, dtype=bool)
@@ -44,6 +46,12 @@ class UpdateBuffer:
         keep = -(-min(POOL_BYTES, rows * row_bytes) // (piece_rows * row_bytes)) + stride
         self._pool = BufferPool((piece_rows, cols), dtype, keep=keep)
         self._stage_min_rows = max(1, -(-STAGE_MIN_BYTES // row_bytes))
+        if not staging:
+            self.stop_staging()
+
+    def stop_staging(self) -> None:
+        self.unstage()
+        self._stage_min_rows = self.delta.shape[0] + 1
 
     def add_dense(self, rows: np.ndarray, deltas: np.ndarray, mirror: np.ndarray | None = None,
                   held: np.ndarray | None = None) -> bool:

@@ -35,7 +35,7 @@ class TableState:
         self.vlog: VersionLog | None = None  # versioned tables: versions held, retired updates, releases
         self.lock = threading.Lock()
         self.cache = RowCache(cfg.rows, cfg.cols, self.dtype, num_servers)
-        self.oplog = UpdateBuffer(cfg.rows, cfg.cols, self.dtype, stride=num_servers)
+        self.oplog = UpdateBuffer(cfg.rows, cfg.cols, self.dtype, stride=num_servers, staging=not comm.enabled)
         self.inflight = [InflightLog() for _ in range(num_servers)]
         # managed communication: which rows to send first, and how often each row went out
         self.policy = priority.make(comm.priority, seed=index) if comm.enabled else None
@@ -52,6 +52,7 @@ class TableState:
             self.read_my_writes = read_my_writes
             if versioned and self.vlog is None:
                 self.vlog = VersionLog(self.rows)
+                self.oplog.stop_staging()  # its flushes take every dirty row at once, with its version
             elif not versioned:
                 self.vlog = None
 

@@ -164,3 +164,18 @@ def test_random_operations_lose_and_invent_nothing(monkeypatch, stride):
     assert np.array_equal(taken + remaining, added)
     assert np.array_equal(cache, mirrored)
     assert not buf.delta.any() and not buf.pieces
+
+
+def test_staging_can_be_off(monkeypatch):
+    """Tables whose sends pick rows one by one (budgeted sends, versioned flushes) do not stage."""
+    monkeypatch.setattr("bosen.client.oplog.STAGE_MIN_BYTES", 8)
+    buf = UpdateBuffer(64, 4, np.dtype(np.float32), staging=False)
+    assert buf.add_dense(np.arange(0, 16), np.ones((16, 4), np.float32))
+    assert not buf.pieces and buf.delta[15, 0] == 1
+    buf = UpdateBuffer(64, 4, np.dtype(np.float32))
+    buf.add_dense(np.arange(0, 16), np.ones((16, 4), np.float32))
+    assert buf.pieces
+    buf.stop_staging()
+    assert not buf.pieces and buf.dirty[:16].all() and buf.delta[15, 0] == 1
+    buf.add_dense(np.arange(16, 32), np.ones((16, 4), np.float32))
+    assert not buf.pieces
