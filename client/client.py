@@ -142,9 +142,12 @@ class Client:
             with st.lock:
                 cached = st.cache.cached_clocks()
                 hist = send_histogram(st.send_count)
+                staged = st.oplog.staged_bytes
+                pool = st.oplog.pool_stats()
             stale = self._clocks.clock - cached if cached.size else np.zeros(1, dtype=np.int64)
             tables[st.name] = {"cached_rows": int(cached.size), "staleness_mean": float(stale.mean()),
-                               "staleness_max": int(stale.max()), "send_count_hist": hist}
+                               "staleness_max": int(stale.max()), "send_count_hist": hist,
+                               "staged_bytes": staged, **pool}
             if st.vlog is not None:  # versioned: updates retired by a newer version, versions released
                 tables[st.name].update(rows_retired=st.vlog.retired_rows, versions_released=st.vlog.released)
         s["tables"] = tables

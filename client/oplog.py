@@ -200,7 +200,14 @@ class UpdateBuffer:
 
     @property
     def staged_bytes(self) -> int:
+        """Bytes of increments waiting in staged pieces."""
         return sum(b.nbytes for b, _ in self.pieces.values())
+
+    def pool_stats(self) -> dict[str, int]:
+        """The piece pool: memory it holds, pieces lent from reused buffers, and bulk increments
+        that went to the dense buffer because every buffer was lent."""
+        p = self._pool
+        return {"pool_bytes": p.nbytes, "pool_reused": p.reused, "pool_refused": p.refused}
 
 
 class InflightLog:

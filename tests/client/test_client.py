@@ -426,6 +426,7 @@ def test_stats(cluster, comm):
         t = s["tables"]["W"]
         assert t["cached_rows"] == 6
         assert 0 <= t["staleness_mean"] <= t["staleness_max"] <= 2
+        assert t["staged_bytes"] == t["pool_bytes"] == 0  # increments too small to stage
         if comm is not None:
             for k in ("budget_mbps", "egress_mbps", "priority", "unacked"):
                 assert k in s, k
@@ -558,3 +559,6 @@ def test_a_flush_larger_than_the_window_goes_out_as_acks_arrive(cluster, dtype):
         s = client.stats()
         assert s["update_batches"] >= 4 * 4 and s["acks"] == s["update_batches"], s
         assert not client._comm.flushing()
+        # every tick's increment (2.3 MiB, one run) went out as staged pieces, one server's rows each
+        t = s["tables"]["W"]
+        assert t["staged_bytes"] == 0 and t["pool_bytes"] > 0 and t["pool_reused"] >= 4, t
