@@ -11,7 +11,10 @@ receiving client, ``rq`` request sequence a reply answers, ``ps`` budgeted-push 
 ``m`` text, ``rank``, ``fp`` fingerprint, ``tf`` per-table capability flags in WELCOME (TF_*),
 ``v`` versioned flag (ROWS: a frame of row versions follows the values; INC: frames of version tags,
 end-of-version marks and released row versions follow the updates), ``nr`` released row count,
-``ph`` BYE's prepare phase (the server stops pushing to the sender and answers; the final BYE follows).
+``ph`` BYE's prepare phase (the server stops pushing to the sender and answers; the final BYE follows),
+``rd`` HELLO of a joined client's read connection (a worker thread's own socket: READ in, ROWS out),
+``ss`` ROWS's number among every ROWS the server sent that client, on any of its connections (a
+client keeps each row's newest).
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ _SCHEMA: dict[Msg, dict[str, type]] = {
     Msg.STATUS: {"s": _INT},
     Msg.PUSH_ACK: {"s": _INT, "ps": _INT},
     Msg.WELCOME: {"rq": _INT, "rank": _INT, "c": _INT},
-    Msg.ROWS: {"tb": _INT, "n": _INT, "c": _INT, "a": _INT, "rq": _INT, "dt": str},
+    Msg.ROWS: {"tb": _INT, "n": _INT, "c": _INT, "a": _INT, "rq": _INT, "dt": str, "ss": _INT},
     Msg.SCLOCK: {"c": _INT, "a": _INT},
     Msg.ACK: {"rq": _INT},
     Msg.ERROR: {"rq": _INT, "m": str},
@@ -162,6 +165,14 @@ def is_versioned(h: dict[str, Any]) -> bool:
     if not isinstance(v, bool):
         raise ProtocolError(f"{h['t'].name}: field 'v' must be bool, got {v!r}")
     return v
+
+
+def is_reader(h: dict[str, Any]) -> bool:
+    """HELLO's optional ``rd``: the connection is a joined client's read connection (a bool)."""
+    rd = h.get("rd", False)
+    if not isinstance(rd, bool):
+        raise ProtocolError(f"{h['t'].name}: field 'rd' must be bool, got {rd!r}")
+    return rd
 
 
 def expected_frames(h: dict[str, Any]) -> int:

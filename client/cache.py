@@ -19,6 +19,7 @@ class RowCache:
         self.values = np.zeros((rows, cols), dtype=dtype)
         self.clock = np.full(rows, -1, dtype=np.int64)  # as received; see fresh_clock
         self.requested = np.zeros(rows, dtype=bool)
+        self.ss = np.zeros(rows, dtype=np.int64)  # the server's number of the ROWS message last applied
         self.num_servers = num_servers
         self.server_clock = np.zeros(num_servers, dtype=np.int64)  # last SCLOCK of each server
 

@@ -15,14 +15,17 @@ import numpy as np
 from bosen import config as config_mod
 from bosen import rowmath
 from bosen.config import Config
-from bosen.errors import BosenError, ClientClosed, ReadTimeout
+from bosen.errors import BosenError, ClientClosed, ProtocolError, ReadTimeout, ServerError
 from bosen.metrics import mbps, send_histogram
-from bosen.client.comm import CommThread
+from bosen.wire import Msg
+from bosen.client.comm import CommThread, apply_rows
+from bosen.client.reader import Reader
 from bosen.client.table import Table, TableState
 from bosen.client.workers import WorkerClocks
 
 JOIN_TIMEOUT_S = 30.0
 LEAVE_TIMEOUT_S = 30.0
+POLL_SLICE_S = 0.05  # a direct read checks for close() and errors this often while it waits
 
 
 class Worker:
@@ -68,6 +71,13 @@ class Client:
         self._clocks = WorkerClocks(self._on_process_clock)
         self._blocked_s = 0.0
         self._blocked_reads = 0
+        # direct reads (client/reader.py): one Reader per thread that blocked on a read
+        self._local = threading.local()
+        self._readers: list[Reader] = []
+        self._readers_lock = threading.Lock()
+        self._direct_reads = 0
+        self._direct_rows = 0
+        self._direct_traffic: dict[str, int] = {}  # of closed Readers
         self._updates = 0
         self._started = time.time()
         # reports' "time" counts from the job's start when launched (so workers' times compare)
@@ -122,13 +132,19 @@ class Client:
             yield w
         finally:
             self._clocks.leave(w.id)
+            self._drop_reader()
 
     def stats(self) -> dict[str, Any]:
         """Counters: traffic, rows, blocked time and how stale cached rows are."""
         s: dict[str, Any] = dict(self._comm.counters)
         uptime = time.time() - self._started
+        s["rows_received"] += self._direct_rows
+        with self._readers_lock:  # traffic on workers' read connections, closed ones included
+            for c in [self._direct_traffic, *(r.counters for r in self._readers)]:
+                for k, v in c.items():
+                    s[k] += v
         s.update(rank=self.rank, clock=self._clocks.clock, blocked_s=round(self._blocked_s, 6),
-                 blocked_reads=self._blocked_reads, updates_buffered=self._updates,
+                 blocked_reads=self._blocked_reads, direct_reads=self._direct_reads, updates_buffered=self._updates,
                  server_clocks=list(self._comm.server_clock), uptime_s=round(uptime, 3))
         lat = self._comm.ack_latency
         s.update(ack_latency_ms_last=round(lat["last_ms"], 3), ack_latency_ms_max=round(lat["max_ms"], 3),
@@ -177,6 +193,7 @@ class Client:
         try:
             self._comm.call(self._comm.leave(LEAVE_TIMEOUT_S), LEAVE_TIMEOUT_S + 5)
         finally:
+            self._close_readers()
             self._comm.stop()
             if self._report_file is not None:
                 self._report_file.close()
@@ -187,6 +204,7 @@ class Client:
     def abort(self) -> None:
         """Stop communicating without leaving the job (after an unrecoverable error)."""
         self._closed = True
+        self._close_readers()
         self._comm.stop()
         if self._report_file is not None:
             self._report_file.close()
@@ -252,12 +270,14 @@ class Client:
             if type(index) is not slice and missing.shape[0] > 1 and not (missing[1:] > missing[:-1]).all():
                 missing = np.unique(missing)
             st.cache.requested[missing] = True
-        if missing.shape[0]:
-            self._comm.submit(self._comm.request_rows, st, missing, need)
         start = time.monotonic()
         deadline = start + self.config.consistency.read_timeout_s
         self._blocked_reads += 1
         try:
+            if missing.shape[0] and st.direct_reads:
+                self._read_direct(st, missing, need, tick, deadline)
+            elif missing.shape[0]:
+                self._comm.submit(self._comm.request_rows, st, missing, need)
             with self._fresh:
                 while True:
                     self._check()
@@ -269,6 +289,93 @@ class Client:
                     self._fresh.wait(min(left, 1.0))
         finally:
             self._blocked_s += time.monotonic() - start
+
+    def _read_direct(self, st: TableState, rows: np.ndarray, need: int, tick: int, deadline: float) -> None:
+        """READ ``rows`` (sorted, claimed as requested) on this thread's own sockets and write the
+        answers into the cache (client/reader.py). The in-flight logs are pinned meanwhile: the
+        answer may say less is applied than pushes that overtake it."""
+        reader = self._reader()
+        parts = [(j, rows[pos]) for j, pos in enumerate(self._comm.partition.split(rows)) if pos.shape[0]]
+        with st.lock:
+            pins = [(j, st.inflight[j].pin()) for j, _ in parts]
+        left: dict[int, tuple[int, int]] = {}  # server -> (its READ's number, rows still to come)
+        reader.busy = True
+        try:
+            timeout = max(deadline - time.monotonic(), 0.001)
+            for j, rj in parts:
+                left[j] = (reader.send_read(j, st.index, rj, need, timeout), rj.shape[0])
+            while left:
+                self._check()
+                wait = min(POLL_SLICE_S, deadline - time.monotonic())
+                if wait <= 0:
+                    raise self._timeout(st, rows, tick, need)
+                for j, h, frames in reader.poll(list(left), wait):
+                    if j not in left or h.get("rq", -1) != left[j][0]:
+                        continue  # the answer to an abandoned read: its rows were asked for again
+                    if h["t"] == Msg.ERROR:
+                        raise ServerError(f"server {j} ({self.config.cluster.servers[j]}) rejected a read: {h['m']}")
+                    if h["t"] != Msg.ROWS:
+                        raise ProtocolError(f"server {j}: {h['t'].name} on a read connection")
+                    got, rj, vals, _ = self._comm.rows_of(h, frames)
+                    if got is not st:
+                        raise ProtocolError(f"server {j}: ROWS of table {got.name!r} for a read of {st.name!r}")
+                    with st.lock:
+                        apply_rows(st, j, h, rj, vals)
+                    self._direct_rows += rj.shape[0]
+                    seq, n = left[j]
+                    if n - rj.shape[0] > 0:
+                        left[j] = (seq, n - rj.shape[0])
+                    else:
+                        del left[j]
+            self._direct_reads += 1
+        finally:
+            reader.busy = False
+            with st.lock:
+                for j, floor in pins:
+                    st.inflight[j].unpin(floor)
+                for j in left:  # not answered: whoever reads them next asks again
+                    st.cache.requested[rows[rows % len(self.config.cluster.servers) == j]] = False
+        self._notify()  # other threads may wait for these rows
+
+    def _reader(self) -> Reader:
+        reader = getattr(self._local, "reader", None)
+        if reader is None:
+            reader = Reader(self._comm.context, list(self.config.cluster.servers), self.rank,
+                            self.config.fingerprint())
+            with self._readers_lock:
+                if self._closed:
+                    raise ClientClosed("client is closed")
+                self._readers.append(reader)
+            self._local.reader = reader
+        return reader
+
+    def _drop_reader(self) -> None:
+        """The calling thread is done reading: close its read sockets."""
+        reader = getattr(self._local, "reader", None)
+        if reader is not None:
+            self._local.reader = None
+            with self._readers_lock:
+                if reader in self._readers:
+                    self._readers.remove(reader)
+                self._fold(reader)
+            reader.close()
+
+    def _close_readers(self) -> None:
+        """Close every thread's read sockets (before the context ends); reads in progress notice
+        close() within POLL_SLICE_S and stop first."""
+        deadline = time.monotonic() + 1.0
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+            for r in readers:
+                self._fold(r)
+        while any(r.busy for r in readers) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for r in readers:
+            r.close()
+
+    def _fold(self, reader: Reader) -> None:
+        for k, v in reader.counters.items():
+            self._direct_traffic[k] = self._direct_traffic.get(k, 0) + v
 
     def _timeout(self, st: TableState, rows: np.ndarray, tick: int, need: int) -> ReadTimeout:
         fresh = st.cache.fresh_clock(rows)

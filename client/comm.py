@@ -37,6 +37,34 @@ YIELD_EVERY = 32  # messages handled (then readers woken) before other tasks (th
 WINDOW_BYTES = 8 << 20  # default most update bytes in flight to one server before a flush waits for ACKs
 
 
+def apply_rows(st: TableState, j: int, h: dict[str, Any], rows: np.ndarray, vals: np.ndarray) -> None:
+    """Write rows from server ``j`` (a ROWS message: header ``h``) into the cache, under ``st.lock``,
+    from the communication thread or a worker's direct read. Rows for which a later message of the
+    server's (header ``ss``) was already applied are left alone: a client's ROWS come on more than
+    one connection, and a reply may be overtaken by a later push. With read-my-writes, this
+    process's updates not yet in the values (buffered, or sent after the server's ``a``) go back on
+    top."""
+    cache = st.cache
+    ss = h["ss"]
+    index = rowmath.rows_index(rows)  # a slice for a run of rows: memcpy, not scatter
+    cache.requested[index] = False
+    newer = cache.ss[index] < ss
+    if not newer.all():
+        rows, vals = rows[newer], vals[newer]
+        index = rows
+    cache.values[index] = vals
+    cache.ss[index] = ss
+    if st.read_my_writes:
+        log_j = st.inflight[j]
+        log_j.settle(h["a"])
+        st.oplog.add_buffered_to(cache.values, rows)
+        log_j.reapply(cache.values, rows, h["a"])
+    if type(index) is slice:
+        np.maximum(cache.clock[index], h["c"], out=cache.clock[index])
+    else:
+        cache.clock[rows] = np.maximum(cache.clock[rows], h["c"])
+
+
 class CommThread:
     def __init__(self, config: Config, tables: list[TableState], notify: Callable[[], None]) -> None:
         self.config = config
@@ -131,6 +159,12 @@ class CommThread:
                 s.close()
             self._ctx.term()
             loop.close()
+
+    @property
+    def context(self) -> zmq.Context:
+        """The ZeroMQ context (thread-safe): workers' read sockets share its I/O thread."""
+        assert self._ctx is not None, "start() first"
+        return self._ctx
 
     def stop(self) -> None:
         if self.loop is not None and self._thread is not None and self._thread.is_alive():
@@ -390,11 +424,15 @@ class CommThread:
 
     def _log_inflight(self, st: TableState, j: int, rows: np.ndarray, index: slice | np.ndarray,
                       deltas: np.ndarray) -> None:
-        """Remember what the very next message to server ``j`` adds, for read-my-writes, but only for
-        rows the cache holds or has asked for: any later read of another row reaches the server after
-        this message (one FIFO socket), so the value it gets back already contains these updates.
-        ``index``: ``rows`` as an index (a slice for a run). ``deltas`` is never written again: the
-        log may keep it as it is."""
+        """Remember what the very next message to server ``j`` adds, for read-my-writes. Without
+        direct reads, only for rows the cache holds or has asked for: any later read of another row
+        reaches the server after this message (one FIFO socket), so the value it gets back already
+        contains these updates. A direct read travels on another socket and may overtake it, so
+        then every update is logged. ``index``: ``rows`` as an index (a slice for a run).
+        ``deltas`` is never written again: the log may keep it as it is."""
+        if st.direct_reads:
+            st.inflight[j].add(self.seq[j] + 1, rows, deltas)
+            return
         seen = (st.cache.clock[index] >= 0) | st.cache.requested[index]
         if seen.all():
             st.inflight[j].add(self.seq[j] + 1, rows, deltas)
@@ -553,7 +591,8 @@ class CommThread:
             log.exception("error handling a message from server %d", j)
             self._fail(BosenError(f"error handling a message from server {j}: {e!r}"))
 
-    def _on_rows(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
+    def rows_of(self, h: dict[str, Any], frames: list[Any]) -> tuple[TableState, np.ndarray, np.ndarray, bool]:
+        """A ROWS message's table, rows and values, checked (``frames``: the array frames)."""
         tb = h["tb"]
         if not 0 <= tb < len(self.tables):
             raise ProtocolError(f"ROWS for unknown table {tb}")
@@ -565,24 +604,17 @@ class CommThread:
         if versioned != (st.vlog is not None):
             raise ProtocolError(f"ROWS for table {st.name!r}: versions {'present' if versioned else 'missing'}, "
                                 f"but the server said the table is {'not ' if versioned else ''}versioned")
-        index = rowmath.rows_index(rows)  # a slice for a run of rows: memcpy, not scatter
+        return st, rows, vals, versioned
+
+    def _on_rows(self, j: int, h: dict[str, Any], frames: list[Any]) -> None:
+        st, rows, vals, versioned = self.rows_of(h, frames)
+        n = h["n"]
+        versions = wire.array(frames[2], wire.VERSION_DTYPE, n, "ROWS versions") if versioned else None
         with st.lock:
-            cache = st.cache
-            cache.values[index] = vals
-            if versioned and st.vlog.receive(rows, wire.array(frames[2], wire.VERSION_DTYPE, n, "ROWS versions"),
-                                             st.oplog, st.importance) and not self._retired_scheduled:
+            if versioned and st.vlog.receive(rows, versions, st.oplog, st.importance) and not self._retired_scheduled:
                 self._retired_scheduled = True  # one INC per server after this burst of ROWS
                 self.loop.call_soon(self._guard, self._send_all_retired, ())
-            if st.read_my_writes:
-                log_j = st.inflight[j]
-                log_j.settle(h["a"])
-                st.oplog.add_buffered_to(cache.values, rows)
-                log_j.reapply(cache.values, rows)
-            if type(index) is slice:
-                np.maximum(cache.clock[index], h["c"], out=cache.clock[index])
-            else:
-                cache.clock[rows] = np.maximum(cache.clock[rows], h["c"])
-            cache.requested[index] = False
+            apply_rows(st, j, h, rows, vals)
         self.counters["rows_received"] += n
         if h["rq"] < 0:
             self.counters["rows_pushed_to_us"] += n

@@ -219,16 +219,35 @@ class InflightLog:
 
     def __init__(self) -> None:
         self.entries: deque[tuple[int, np.ndarray, np.ndarray]] = deque()
+        self.settled = -1  # the highest "applied" seen: any later answer from the server says at least this
+        self._pins: list[int] = []
 
     def add(self, seq: int, rows: np.ndarray, deltas: np.ndarray) -> None:
         self.entries.append((seq, rows, deltas))
 
     def settle(self, applied: int) -> None:
+        if applied > self.settled:
+            self.settled = applied
+        if self._pins:
+            applied = min(applied, min(self._pins))
         while self.entries and self.entries[0][0] <= applied:
             self.entries.popleft()
 
-    def reapply(self, dst: np.ndarray, rows: np.ndarray) -> None:
-        for _, erows, deltas in self.entries:
+    def pin(self) -> int:
+        """Keep every entry after what is settled now, until ``unpin``: a direct read's answer will
+        say at least this much is applied, but may arrive after answers that say more."""
+        self._pins.append(self.settled)
+        return self.settled
+
+    def unpin(self, floor: int) -> None:
+        self._pins.remove(floor)
+
+    def reapply(self, dst: np.ndarray, rows: np.ndarray, applied: int) -> None:
+        """Add to ``dst`` (fresh ``rows`` whose values contain our updates up to ``applied``) the
+        logged updates after ``applied`` (entries up to it may be kept for a pinned read)."""
+        for seq, erows, deltas in self.entries:
+            if seq <= applied:
+                continue
             pos = np.searchsorted(erows, rows)
             pos[pos == erows.shape[0]] = 0
             hit = erows[pos] == rows

@@ -47,6 +47,15 @@ class Peer:
     leaving: bool = False  # sent BYE with "ph" (prepare): gets no more pushes
     pushes_sent: int = 0  # budgeted pushes, acknowledged with PUSH_ACK
     pushes_acked: int = 0
+    rows_msgs: int = 0  # ROWS messages sent to it, on any of its connections ("ss": their order)
+
+
+@dataclass
+class Reader:
+    """A client's extra connection for a worker thread's blocking reads: READ in, ROWS out."""
+
+    peer: Peer
+    last_seq: int
 
 
 class Server:
@@ -76,7 +85,9 @@ class Server:
         self.client_clock = np.zeros(self.num_clients, dtype=np.int64)
         self.peers: dict[bytes, Peer] = {}
         self.by_rank: dict[int, Peer] = {}
-        self.parked: dict[int, list[tuple[Peer, int, TableShard, np.ndarray]]] = {}
+        self.readers: dict[bytes, Reader] = {}
+        # reads waiting for a clock: (client, its READ's number, the connection to answer on, rows)
+        self.parked: dict[int, list[tuple[Peer, int, bytes, TableShard, np.ndarray]]] = {}
         self.counters = dict(bytes_in=0, bytes_out=0, msgs_in=0, msgs_out=0, rows_applied=0,
                              rows_pushed=0, rows_pushed_budgeted=0, budgeted_pushes=0, push_holds=0, idle_polls=0,
                              rows_read=0, reads_parked=0, errors=0, clock_advances=0, window_paused_s=0.0)
@@ -183,16 +194,30 @@ class Server:
         return nbytes
 
     def _send_failed(self, ident: bytes, kind: Msg, err: Exception) -> None:
+        if self.readers.pop(ident, None) is not None:  # a worker's read connection closed: nothing lost
+            log.info("cannot send %s to a read connection of %s: %s", Msg(kind).name, self._who(ident), err)
+            return
         peer = self.peers.get(ident)
         log.warning("cannot send %s to %s: %s", Msg(kind).name, self._who(ident), err)
         if peer is not None and not peer.gone:
             self._leave(peer)
 
     def _who(self, ident: bytes) -> str:
+        reader = self.readers.get(ident)
+        if reader is not None:
+            return f"client rank {reader.peer.rank} (read connection)"
         peer = self.peers.get(ident)
         return f"client rank {peer.rank}" if peer else f"unjoined peer {ident.hex()}"
 
     def _peer(self, ident: bytes, h: dict[str, Any]) -> Peer:
+        reader = self.readers.get(ident)
+        if reader is not None:
+            if h["t"] != Msg.READ:
+                raise ProtocolError(f"{h['t'].name}: a read connection sends READ only")
+            if h["s"] <= reader.last_seq:
+                raise ProtocolError(f"READ: sequence number {h['s']} not above {reader.last_seq}")
+            reader.last_seq = h["s"]
+            return reader.peer
         peer = self.peers.get(ident)
         if peer is None or peer.gone:
             raise ProtocolError(f"{h['t'].name}: sender has not joined (send HELLO first) or has left")
@@ -213,9 +238,17 @@ class Server:
         if h["fp"] != self.fingerprint:
             raise ProtocolError(f"HELLO: client config differs from this server's (cluster/tables fingerprint "
                                 f"{h['fp']} vs {self.fingerprint}): start every process from the same config")
-        if ident in self.peers:
+        if ident in self.peers or ident in self.readers:
             raise ProtocolError("HELLO: this connection has already joined")
         rank = h["rank"]
+        if wire.is_reader(h):  # a joined client's read connection (one per worker thread)
+            peer = self.by_rank.get(rank) if isinstance(rank, int) else None
+            if peer is None or peer.gone:
+                raise ProtocolError(f"HELLO: read connection for worker rank {rank}, which has not joined "
+                                    f"(or has left)")
+            self.readers[ident] = Reader(peer, last_seq=h["s"])
+            self._send(ident, {"t": Msg.WELCOME, "rq": h["s"], "rank": rank, "c": self.clock})
+            return
         if rank == -1:
             if self.rank != 0:
                 raise ProtocolError("HELLO: only server 0 assigns ranks; send the rank it gave you")
@@ -258,10 +291,10 @@ class Server:
         local = shard.local_rows(rows, "READ")
         shard.subscribe(local, peer.rank)
         if h["c"] <= self.clock:
-            self._send_rows(peer, shard, local, h["s"])
+            self._send_rows(peer, shard, local, h["s"], ident)
         else:
             self.counters["reads_parked"] += 1
-            self.parked.setdefault(h["c"], []).append((peer, h["s"], shard, local.copy()))
+            self.parked.setdefault(h["c"], []).append((peer, h["s"], ident, shard, local.copy()))
 
     def on_clock(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
@@ -300,6 +333,7 @@ class Server:
 
     def _leave(self, peer: Peer) -> None:
         peer.gone = True
+        self.readers = {k: r for k, r in self.readers.items() if r.peer is not peer}
         self.client_clock[peer.rank] = GONE
         self._maybe_advance()
 
@@ -316,9 +350,9 @@ class Server:
             if changed.shape[0]:
                 self._push(shard, changed, live, budgeted=False)
         for c in [c for c in self.parked if c <= new]:
-            for peer, seq, shard, local in self.parked.pop(c):
-                if not peer.gone:
-                    self._send_rows(peer, shard, local, seq)
+            for peer, seq, ident, shard, local in self.parked.pop(c):
+                if not peer.gone and (ident == peer.ident or ident in self.readers):
+                    self._send_rows(peer, shard, local, seq, ident)
         for p in live:
             self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied})
         return True
@@ -333,23 +367,28 @@ class Server:
         for p in live:
             sel = local[subs[:, p.rank]]
             if sel.shape[0]:
-                sent += self._send_rows(p, shard, sel, -1, budgeted)
+                sent += self._send_rows(p, shard, sel, -1, p.ident, budgeted)
         shard.mark_sent(local)
         return sent
 
-    def _send_rows(self, peer: Peer, shard: TableShard, local: np.ndarray, rq: int, budgeted: bool = False) -> int:
-        """Send rows to one client in messages of at most CHUNK_BYTES of values; returns bytes sent."""
+    def _send_rows(self, peer: Peer, shard: TableShard, local: np.ndarray, rq: int, ident: bytes,
+                   budgeted: bool = False) -> int:
+        """Send rows to one client, on connection ``ident`` (its own, or a read connection of its), in
+        messages of at most CHUNK_BYTES of values; returns bytes sent."""
         per = max(1, CHUNK_BYTES // (shard.cfg.cols * shard.dtype.itemsize))
         if local.shape[0] <= per:
-            return self._send_row_chunk(peer, shard, local, rq, budgeted)
-        return sum(self._send_row_chunk(peer, shard, local[k:k + per], rq, budgeted)
+            return self._send_row_chunk(peer, shard, local, rq, ident, budgeted)
+        return sum(self._send_row_chunk(peer, shard, local[k:k + per], rq, ident, budgeted)
                    for k in range(0, local.shape[0], per))
 
-    def _send_row_chunk(self, peer: Peer, shard: TableShard, local: np.ndarray, rq: int, budgeted: bool) -> int:
+    def _send_row_chunk(self, peer: Peer, shard: TableShard, local: np.ndarray, rq: int, ident: bytes,
+                        budgeted: bool) -> int:
         n = int(local.shape[0])
         self.counters["rows_pushed" if rq < 0 else "rows_read"] += n
+        # "ss" orders a client's ROWS across its connections: the client keeps a row's newest
+        peer.rows_msgs += 1
         header = {"t": Msg.ROWS, "tb": shard.index, "n": n, "c": self.clock, "a": peer.applied, "rq": rq,
-                  "dt": shard.dtype.name}
+                  "dt": shard.dtype.name, "ss": peer.rows_msgs}
         if budgeted:
             peer.pushes_sent += 1
             header["ps"] = peer.pushes_sent
@@ -370,8 +409,8 @@ class Server:
             values = owned = shard.values[index].copy() if type(index) is slice else shard.values[local]
         if versions is not None:
             header["v"] = True
-            return self._send(peer.ident, header, rows, values, versions, owned=owned)
-        return self._send(peer.ident, header, rows, values, owned=owned)
+            return self._send(ident, header, rows, values, versions, owned=owned)
+        return self._send(ident, header, rows, values, owned=owned)
 
     # -- managed communication -----------------------------------------------------------------
 
@@ -411,6 +450,7 @@ class Server:
             "clock": self.clock,
             "client_clocks": clocks,
             "clients_joined": len(self.by_rank),
+            "read_connections": len(self.readers),
             "uptime_s": round(uptime, 3),
             "tables": {s.cfg.name: {"rows": int(s.global_rows.shape[0]), "bytes": int(s.values.nbytes),
                                     "send_count_hist": send_histogram(s.send_count), **s.procedure.stats()}

@@ -66,7 +66,7 @@ def test_read_and_rows_round_trip():
     np.testing.assert_array_equal(wire.array(frames[1], wire.ROW_DTYPE, h["n"], "READ rows"), rows)
 
     vals = np.arange(12, dtype=np.float64).reshape(3, 4)
-    frames = as_bytes(wire.encode({"t": Msg.ROWS, "tb": 0, "n": 3, "c": 7, "a": 3, "rq": -1, "dt": "float64"},
+    frames = as_bytes(wire.encode({"t": Msg.ROWS, "tb": 0, "n": 3, "c": 7, "a": 3, "rq": -1, "dt": "float64", "ss": 1},
                                   rows, vals))
     h = wire.decode_header(frames[0])
     assert wire.expected_frames(h) == 2

@@ -427,6 +427,8 @@ def test_stats(cluster, comm):
         assert t["cached_rows"] == 6
         assert 0 <= t["staleness_mean"] <= t["staleness_max"] <= 2
         assert t["staged_bytes"] == t["pool_bytes"] == 0  # increments too small to stage
+        # a blocking read goes on the worker's own connection, except under managed communication
+        assert (s["direct_reads"] >= 1) if comm is None else (s["direct_reads"] == 0), s["direct_reads"]
         if comm is not None:
             for k in ("budget_mbps", "egress_mbps", "priority", "unacked"):
                 assert k in s, k

@@ -125,7 +125,7 @@ def test_versioned_inc_and_rows_are_checked():
             wire.decode_update(h, frames, 2, np.dtype("float64"))
     with pytest.raises(ProtocolError, match="field 'v' must be bool"):
         wire.expected_frames(wire.decode_header(msgpack.packb({**base, "v": 1, "nr": 0})))
-    h = wire.decode_header(msgpack.packb({"t": int(Msg.ROWS), "tb": 0, "n": 1, "c": 0, "a": 0, "rq": 1,
+    h = wire.decode_header(msgpack.packb({"t": int(Msg.ROWS), "tb": 0, "n": 1, "c": 0, "a": 0, "rq": 1, "ss": 1,
                                           "dt": "float64", "v": True}))
     assert wire.expected_frames(h) == 3
     # a long per-table flag list fits in a header

@@ -402,3 +402,45 @@ def test_clock_out_of_int64_range_is_a_protocol_error(cluster):
     finally:
         r.close()
         ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_read_connections_are_checked_and_answer_reads_only(cluster):
+    """A read connection (a worker thread's own socket) must name a joined rank; it may send READ and
+    nothing else; its ROWS carry the client's message number ``ss``, shared with its main
+    connection; once the client leaves, the read connection is refused too."""
+    c = cluster(1, workers=2, tables={"W": {"rows": 4, "cols": 4, "dtype": "int64"}})
+    fp = config_mod.load(c.path).fingerprint()
+    ctx = zmq.Context()
+    main, rd, rd2 = (Raw(ctx, c.addresses[0]) for _ in range(3))
+    try:
+        rd.bad("HELLO: read connection for worker rank 0, which has not joined",
+               {"t": Msg.HELLO, "rank": 0, "fp": fp, "rd": True})
+        rd.bad("field 'rd' must be bool", {"t": Msg.HELLO, "rank": 0, "fp": fp, "rd": 1})
+        main.send({"t": Msg.HELLO, "rank": 0, "fp": fp})
+        assert main.recv()[0]["t"] == Msg.WELCOME
+        rd.send({"t": Msg.HELLO, "rank": 0, "fp": fp, "rd": True})
+        h, _ = rd.recv()
+        assert h["t"] == Msg.WELCOME and h["rank"] == 0, h
+        rd.bad("HELLO: this connection has already joined", {"t": Msg.HELLO, "rank": 0, "fp": fp})
+        rd.bad("INC: a read connection sends READ only", inc_header(), i64(0), i64(1, 2, 3, 4))
+        rd.bad("CLOCK: a read connection sends READ only", {"t": Msg.CLOCK, "c": 1})
+        s = main.send({"t": Msg.READ, "tb": 0, "n": 1, "c": 0}, i64(1))
+        h, _ = main.recv()
+        assert h["t"] == Msg.ROWS and h["rq"] == s and h["ss"] == 1, h
+        s = rd.send({"t": Msg.READ, "tb": 0, "n": 2, "c": 0}, i64(0, 2))
+        h, frames = rd.recv()
+        assert h["t"] == Msg.ROWS and h["rq"] == s and h["ss"] == 2 and h["n"] == 2, h
+        assert main.silent(), "the answer goes to the read connection only"
+        rd.send({"t": Msg.READ, "tb": 0, "n": 1, "c": 0}, i64(0), seq=1)
+        rd.expect_error("READ: sequence number 1 not above", rq=1)
+        s = main.send({"t": Msg.BYE})
+        assert main.recv()[0]["t"] == Msg.BYE_OK
+        rd.bad("READ: sender has not joined", {"t": Msg.READ, "tb": 0, "n": 1, "c": 0}, i64(0))
+        rd2.bad("HELLO: read connection for worker rank 0, which has not joined (or has left)",
+                {"t": Msg.HELLO, "rank": 0, "fp": fp, "rd": True})
+    finally:
+        for r in (main, rd, rd2):
+            r.close()
+        ctx.term()
+    c.check()
