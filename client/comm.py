@@ -1,8 +1,10 @@
 """The client's communication thread: its own event loop, one DEALER socket per server.
 
-It is the only thread that touches ZeroMQ. Worker threads hand it work with ``submit`` (fire and
-forget) or ``call`` (wait for a coroutine's result). Incoming rows and clocks are written into the
-shared table state under each table's lock, then ``notify`` wakes blocked readers.
+It owns the client's main connection to every server: updates, clocks, pushes, acknowledgements.
+(A worker blocked on uncached rows asks for them on its own read connection: ``client/reader.py``.)
+Worker threads hand it work with ``submit`` (fire and forget) or ``call`` (wait for a coroutine's
+result). Incoming rows and clocks are written into the shared table state under each table's lock,
+then ``notify`` wakes blocked readers.
 """
 
 from __future__ import annotations
