@@ -95,3 +95,33 @@ def test_checker_detects_reads_outside_the_bound(cluster, procs, tmp_path):
     # no own-column or non-triangular problems: only the bound was (deliberately) wrong
     for r in results.values():
         assert not any("own" in v or "triangular" in v for v in r["violations"]), r["violations"][:5]
+
+
+@pytest.mark.timeout(150)
+def test_ssp_invariant_when_every_tick_reads_rows_never_read_before(cluster, procs, tmp_path):
+    """Every tick each worker adds to every row of V, then reads V rows it never read before: the
+    read goes on the worker's own connection and may overtake its own update (still in flight on the
+    main connection) and race pushes of other rows. Read-my-writes and the SSP bound must hold, and a
+    fresh reader sees the exact sums."""
+    n, ticks, block = 4, 10, 3
+    c = cluster(2, workers=n + 1, staleness=1, read_timeout_s=30,
+                tables={"W": {"rows": 4, "cols": n, "dtype": "int64"},
+                        "V": {"rows": ticks * block, "cols": n, "dtype": "int64"}})
+    reader = Client.connect(c.path, rank=n)
+    try:
+        for _ in range(ticks + 2):
+            reader.clock()
+        ws = [procs.worker("ssp_worker.py", c.path, "--ticks", ticks, "--result", tmp_path / f"r-{i}.json",
+                           "--seed", i, "--max-sleep-ms", 5, "--fresh-block", block, name=f"ssp-{i}")
+              for i in range(n)]
+        assert procs.wait_all(ws, timeout=120) == [0] * n, "\n".join(p.tail() for p in ws)
+        for i in range(n):
+            r = json.loads((tmp_path / f"r-{i}.json").read_text())
+            assert r["violation_count"] == 0, f"worker {r['rank']}: {r['violations'][:10]}"
+            assert r["checks"] == (2 * ticks + 1) * 4 * n + ticks * block * n
+        final = reader.table("V").get_rows(np.arange(ticks * block))
+        np.testing.assert_array_equal(final, np.full((ticks * block, n), tri(ticks), dtype=np.int64))
+        assert all(s["errors"] == 0 for s in c.status())
+    finally:
+        reader.close()
+    c.check()

@@ -46,6 +46,9 @@ def main() -> int:
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--assume-staleness", type=int, default=-1,
                    help="check against this staleness instead of the table's (to test the checker)")
+    p.add_argument("--fresh-block", type=int, default=0,
+                   help="also add to every row of table V each tick, then read a block of this many V rows "
+                        "never read before: a direct read racing this worker's own update and others' pushes")
     args = p.parse_args()
 
     client = Client.connect(args.config)
@@ -101,6 +104,14 @@ def main() -> int:
             W.inc_rows(rows, half, cols=cols)
         vals = np.stack([W.get_row(r) for r in range(W.rows)])
         check(vals, c, c + 1, "get_row after inc")
+        if args.fresh_block:
+            V = client.table("V")
+            v_rows = np.arange(V.rows, dtype=np.int64)
+            deltas = np.zeros((V.rows, V.cols), dtype=np.int64)
+            deltas[:, w] = d
+            V.inc_rows(v_rows, deltas)
+            block = v_rows[c * args.fresh_block:(c + 1) * args.fresh_block]
+            check(V.get_rows(block), c, c + 1, "first read of V rows after inc")
         got = W.get(rng.randrange(W.rows), w)
         if got != d * (d + 1) // 2:
             violations.append(f"get after inc: tick {c}: own value {got}, expected {d * (d + 1) // 2}")
