@@ -75,9 +75,7 @@ class Client:
         self._local = threading.local()
         self._readers: list[Reader] = []
         self._readers_lock = threading.Lock()
-        self._direct_reads = 0
-        self._direct_rows = 0
-        self._direct_traffic: dict[str, int] = {}  # of closed Readers
+        self._direct_traffic: dict[str, int] = {}  # counters of closed Readers
         self._updates = 0
         self._started = time.time()
         # reports' "time" counts from the job's start when launched (so workers' times compare)
@@ -138,13 +136,13 @@ class Client:
         """Counters: traffic, rows, blocked time and how stale cached rows are."""
         s: dict[str, Any] = dict(self._comm.counters)
         uptime = time.time() - self._started
-        s["rows_received"] += self._direct_rows
-        with self._readers_lock:  # traffic on workers' read connections, closed ones included
+        s["direct_reads"] = 0
+        with self._readers_lock:  # workers' read connections, closed ones included
             for c in [self._direct_traffic, *(r.counters for r in self._readers)]:
                 for k, v in c.items():
                     s[k] += v
         s.update(rank=self.rank, clock=self._clocks.clock, blocked_s=round(self._blocked_s, 6),
-                 blocked_reads=self._blocked_reads, direct_reads=self._direct_reads, updates_buffered=self._updates,
+                 blocked_reads=self._blocked_reads, updates_buffered=self._updates,
                  server_clocks=list(self._comm.server_clock), uptime_s=round(uptime, 3))
         lat = self._comm.ack_latency
         s.update(ack_latency_ms_last=round(lat["last_ms"], 3), ack_latency_ms_max=round(lat["max_ms"], 3),
@@ -321,13 +319,13 @@ class Client:
                         raise ProtocolError(f"server {j}: ROWS of table {got.name!r} for a read of {st.name!r}")
                     with st.lock:
                         apply_rows(st, j, h, rj, vals)
-                    self._direct_rows += rj.shape[0]
+                    reader.counters["rows_received"] += rj.shape[0]
                     seq, n = left[j]
                     if n - rj.shape[0] > 0:
                         left[j] = (seq, n - rj.shape[0])
                     else:
                         del left[j]
-            self._direct_reads += 1
+            reader.counters["direct_reads"] += 1
         finally:
             reader.busy = False
             with st.lock:

@@ -37,7 +37,9 @@ class Reader:
         self._token = f"r{os.getpid()}-{secrets.token_hex(8)}"  # unique across the job, like the main ones
         self._poller = zmq.Poller()
         self.busy = False  # a read is in progress (close() waits for it)
-        self.counters = dict(bytes_sent=0, bytes_received=0, msgs_sent=0, msgs_received=0)
+        # this thread's: traffic, rows received, reads made (client.stats() adds them up)
+        self.counters = dict(bytes_sent=0, bytes_received=0, msgs_sent=0, msgs_received=0, rows_received=0,
+                             direct_reads=0)
 
     def send_read(self, j: int, table: int, rows: np.ndarray, min_clock: int, timeout: float) -> int:
         """Send READ of ``rows`` to server ``j``; returns its sequence number (the reply's ``rq``)."""
