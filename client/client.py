@@ -332,7 +332,7 @@ class Client:
                 for j, floor in pins:
                     st.inflight[j].unpin(floor)
                 for j in left:  # not answered: whoever reads them next asks again
-                    st.cache.requested[rows[rows % len(self.config.cluster.servers) == j]] = False
+                    st.cache.requested[rows[self._comm.partition.owner(rows) == j]] = False
         self._notify()  # other threads may wait for these rows
 
     def _reader(self) -> Reader:

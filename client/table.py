@@ -37,9 +37,6 @@ class TableState:
         self.cache = RowCache(cfg.rows, cfg.cols, self.dtype, num_servers)
         self.oplog = UpdateBuffer(cfg.rows, cfg.cols, self.dtype, stride=num_servers, staging=not comm.enabled)
         self.inflight = [InflightLog() for _ in range(num_servers)]
-        # a worker's blocking read goes on its own sockets (client/reader.py), except where budgets
-        # count every byte on the communication thread or rows carry versions
-        self.direct_reads = not comm.enabled
         # managed communication: which rows to send first, and how often each row went out
         self.policy = priority.make(comm.priority, seed=index) if comm.enabled else None
         self.importance = np.zeros(cfg.rows) if self.policy and self.policy.uses_importance else None
@@ -49,6 +46,12 @@ class TableState:
         f16 = comm.enabled and comm.wire_dtype == "float16" and self.dtype.kind == "f"
         self.wire_dtype = np.dtype(np.float16) if f16 else self.dtype
 
+    @property
+    def direct_reads(self) -> bool:
+        """Whether a worker's blocking read goes on its own sockets (client/reader.py): not where
+        budgets count every byte on the communication thread, nor where rows carry versions."""
+        return self.policy is None and self.vlog is None
+
     def set_capabilities(self, read_my_writes: bool, versioned: bool) -> None:
         """What the server allows for this table (from WELCOME), applied before any row arrives."""
         with self.lock:
@@ -56,7 +59,6 @@ class TableState:
             if versioned and self.vlog is None:
                 self.vlog = VersionLog(self.rows)
                 self.oplog.stop_staging()  # its flushes take every dirty row at once, with its version
-                self.direct_reads = False
             elif not versioned:
                 self.vlog = None
 
