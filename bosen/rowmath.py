@@ -120,6 +120,28 @@ def min_max(a: np.ndarray) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
+@njit(**_JIT)
+def _span(a):  # pragma: no cover - compiled
+    first = lo = hi = a[0]
+    run = True
+    for i in range(1, a.shape[0]):
+        v = a[i]
+        if v < lo:
+            lo = v
+        elif v > hi:
+            hi = v
+        if v != first + i:
+            run = False
+    return lo, hi, run
+
+
+def span(rows: np.ndarray) -> tuple[int, int, slice | np.ndarray]:
+    """(min, max, ``rows_index(rows)``) of a non-empty 1-D integer array in one pass: what a read
+    checks its rows with and then indexes with."""
+    lo, hi, run = _span(rows)
+    return int(lo), int(hi), slice(int(lo), int(hi) + 1) if run else rows
+
+
 def rows_index(rows: np.ndarray) -> slice | np.ndarray:
     """``rows`` as an index: a slice when they form a run, else the array itself."""
     lo = run_start(rows)

@@ -27,6 +27,17 @@ import zmq
 DRAIN_BATCH = 32  # messages handled per drain before other tasks get a turn
 
 
+def recv_frames(sock: zmq.Socket, flags: int = 0) -> list[zmq.Frame]:
+    """One multipart message, without copying: ``recv_multipart(copy=False)`` minus its option
+    lookup per frame (a few microseconds on every message)."""
+    frame = sock.recv(flags, copy=False)
+    frames = [frame]
+    while frame.more:
+        frame = sock.recv(flags, copy=False)
+        frames.append(frame)
+    return frames
+
+
 class LoopSocket:
     def __init__(self, sock: zmq.Socket, loop: asyncio.AbstractEventLoop,
                  on_message: Callable[[list[zmq.Frame]], None], after_batch: Callable[[], None] | None = None,
@@ -38,6 +49,7 @@ class LoopSocket:
         self.batch = batch
         self._pending: deque[list[Any]] = deque()
         self._scheduled = False
+        self._draining = False  # in _drain, which reads EVENTS after every message anyway
         self._fd = sock.getsockopt(zmq.FD)
         self._closed = False
 
@@ -56,7 +68,8 @@ class LoopSocket:
         except zmq.Again:
             self._pending.append(frames)
         finally:  # a failed send may have consumed the descriptor's edge too
-            self._schedule_if_readable()
+            if not self._draining:
+                self._schedule_if_readable()
 
     def close(self, linger: int | None = None) -> None:
         if not self._closed:
@@ -85,16 +98,22 @@ class LoopSocket:
             return
         sock = self.sock
         handled = 0
-        while handled < self.batch:
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                break
-            handled += 1
-            self.on_message(frames)
-            if self._closed:
-                return
-        events = sock.getsockopt(zmq.EVENTS)
+        events = zmq.POLLIN  # the descriptor fired: try once; after that, EVENTS says whether to go on
+        self._draining = True
+        try:
+            while events & zmq.POLLIN and handled < self.batch:
+                try:
+                    frames = recv_frames(sock, zmq.NOBLOCK)
+                except zmq.Again:
+                    events = sock.getsockopt(zmq.EVENTS)
+                    break
+                handled += 1
+                self.on_message(frames)
+                if self._closed:
+                    return
+                events = sock.getsockopt(zmq.EVENTS)
+        finally:
+            self._draining = False
         if self._pending and events & zmq.POLLOUT:
             self._flush_pending()
             events = sock.getsockopt(zmq.EVENTS)

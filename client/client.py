@@ -13,13 +13,12 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from bosen import config as config_mod
-from bosen import rowmath
 from bosen.config import Config
 from bosen.errors import BosenError, ClientClosed, ProtocolError, ReadTimeout, ServerError
 from bosen.metrics import mbps, send_histogram
 from bosen.wire import Msg
 from bosen.client.comm import CommThread, apply_rows
-from bosen.client.reader import Reader
+from bosen.client.reader import OWN_BUFFER_BYTES, Reader
 from bosen.client.table import Table, TableState
 from bosen.client.workers import WorkerClocks
 
@@ -256,31 +255,37 @@ class Client:
     def _updates_buffered(self, n: int) -> None:
         self._updates += n
 
-    def _wait_fresh(self, st: TableState, rows: np.ndarray, tick: int) -> None:
-        """Block until every row's cached clock satisfies the SSP rule for ``tick``."""
+    def _wait_fresh(self, st: TableState, rows: np.ndarray, tick: int,
+                    index: slice | np.ndarray | None = None) -> np.ndarray | None:
+        """Block until every row's cached clock satisfies the SSP rule for ``tick`` (``index``:
+        ``rows`` as an index, if known). Where this thread's own read brought exactly ``rows`` (a run)
+        and the cache took the values as they came, returns them: an array nothing else refers to,
+        so the caller needs no copy of its own."""
         need = max(tick - st.staleness, 0)
         cache = st.cache
-        if rows.shape[0] == 0 or cache.min_clock(rows) >= need:
-            return
-        index = rowmath.rows_index(rows)
+        if rows.shape[0] == 0 or cache.min_clock(rows, index) >= need:
+            return None
         with st.lock:
-            missing = rows[(cache.clock[index] < 0) & ~cache.requested[index]]
+            missing = cache.claim(rows)  # each once
             if type(index) is not slice and missing.shape[0] > 1 and not (missing[1:] > missing[:-1]).all():
-                missing = np.unique(missing)
-            st.cache.requested[missing] = True
+                missing = np.sort(missing)
         start = time.monotonic()
         deadline = start + self.config.consistency.read_timeout_s
         self._blocked_reads += 1
+        got = None
         try:
             if missing.shape[0] and st.direct_reads:
-                self._read_direct(st, missing, need, tick, deadline)
+                got = self._read_direct(st, missing, need, tick, deadline)
+                if got is not None and (type(index) is not slice or missing.shape[0] != rows.shape[0]):
+                    got = None
             elif missing.shape[0]:
                 self._comm.submit(self._comm.request_rows, st, missing, need)
             with self._fresh:
                 while True:
                     self._check()
-                    if cache.min_clock(rows) >= need:
-                        return
+                    if cache.min_clock(rows, index) >= need:
+                        return got
+                    got = None  # what arrives later is in the cache
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise self._timeout(st, rows, tick, need)
@@ -288,15 +293,21 @@ class Client:
         finally:
             self._blocked_s += time.monotonic() - start
 
-    def _read_direct(self, st: TableState, rows: np.ndarray, need: int, tick: int, deadline: float) -> None:
+    def _read_direct(self, st: TableState, rows: np.ndarray, need: int, tick: int,
+                     deadline: float) -> np.ndarray | None:
         """READ ``rows`` (sorted, claimed as requested) on this thread's own sockets and write the
         answers into the cache (client/reader.py). The in-flight logs are pinned meanwhile: the
-        answer may say less is applied than pushes that overtake it."""
+        answer may say less is applied than pushes that overtake it. Returns the values of all
+        ``rows`` if one message brought them and the cache took them unchanged, else None."""
         reader = self._reader()
-        parts = [(j, rows[pos]) for j, pos in enumerate(self._comm.partition.split(rows)) if pos.shape[0]]
+        if self._comm.n == 1:
+            parts = [(0, rows)]
+        else:
+            parts = [(j, rows[pos]) for j, pos in enumerate(self._comm.partition.split(rows)) if pos.shape[0]]
         with st.lock:
             pins = [(j, st.inflight[j].pin()) for j, _ in parts]
         left: dict[int, tuple[int, int]] = {}  # server -> (its READ's number, rows still to come)
+        whole = None
         reader.busy = True
         try:
             timeout = max(deadline - time.monotonic(), 0.001)
@@ -318,7 +329,9 @@ class Client:
                     if got is not st:
                         raise ProtocolError(f"server {j}: ROWS of table {got.name!r} for a read of {st.name!r}")
                     with st.lock:
-                        apply_rows(st, j, h, rj, vals)
+                        exact = apply_rows(st, j, h, rj, vals)
+                    if exact and rj.shape[0] == rows.shape[0] and vals.nbytes >= OWN_BUFFER_BYTES:
+                        whole = vals
                     reader.counters["rows_received"] += rj.shape[0]
                     seq, n = left[j]
                     if n - rj.shape[0] > 0:
@@ -334,6 +347,7 @@ class Client:
                 for j in left:  # not answered: whoever reads them next asks again
                     st.cache.requested[rows[self._comm.partition.owner(rows) == j]] = False
         self._notify()  # other threads may wait for these rows
+        return whole
 
     def _reader(self) -> Reader:
         reader = getattr(self._local, "reader", None)

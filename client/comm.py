@@ -39,32 +39,43 @@ YIELD_EVERY = 32  # messages handled (then readers woken) before other tasks (th
 WINDOW_BYTES = 8 << 20  # default most update bytes in flight to one server before a flush waits for ACKs
 
 
-def apply_rows(st: TableState, j: int, h: dict[str, Any], rows: np.ndarray, vals: np.ndarray) -> None:
+def apply_rows(st: TableState, j: int, h: dict[str, Any], rows: np.ndarray, vals: np.ndarray) -> bool:
     """Write rows from server ``j`` (a ROWS message: header ``h``) into the cache, under ``st.lock``,
     from the communication thread or a worker's direct read. Rows for which a later message of the
     server's (header ``ss``) was already applied are left alone: a client's ROWS come on more than
     one connection, and a reply may be overtaken by a later push. With read-my-writes, this
     process's updates not yet in the values (buffered, or sent after the server's ``a``) go back on
-    top."""
+    top. Returns True if the cache rows now hold exactly ``vals``, every one of them."""
     cache = st.cache
     ss = h["ss"]
-    index = rowmath.rows_index(rows)  # a slice for a run of rows: memcpy, not scatter
-    cache.requested[index] = False
-    newer = cache.ss[index] < ss
-    if not newer.all():
-        rows, vals = rows[newer], vals[newer]
-        index = rows
-    cache.values[index] = vals
-    cache.ss[index] = ss
+    n = rows.shape[0]
+    lo = rowmath.run_start(rows)
+    exact = lo >= 0 and cache.receive_run(lo, n, ss, h["c"])  # the usual case: one pass over the metadata
+    if exact:
+        index: slice | np.ndarray = slice(lo, lo + n)
+        cache.values[index] = vals  # a memcpy
+        exact = vals.dtype == cache.values.dtype
+    else:
+        index = slice(lo, lo + n) if lo >= 0 else rows
+        cache.requested[index] = False
+        newer = cache.ss[index] < ss
+        if not newer.all():
+            rows, vals = rows[newer], vals[newer]
+            index = rows
+        cache.values[index] = vals
+        cache.ss[index] = ss
+        if type(index) is slice:
+            np.maximum(cache.clock[index], h["c"], out=cache.clock[index])
+        else:
+            cache.clock[rows] = np.maximum(cache.clock[rows], h["c"])
     if st.read_my_writes:
         log_j = st.inflight[j]
         log_j.settle(h["a"])
-        st.oplog.add_buffered_to(cache.values, rows)
-        log_j.reapply(cache.values, rows, h["a"])
-    if type(index) is slice:
-        np.maximum(cache.clock[index], h["c"], out=cache.clock[index])
-    else:
-        cache.clock[rows] = np.maximum(cache.clock[rows], h["c"])
+        if st.oplog.add_buffered_to(cache.values, rows, index):
+            exact = False
+        if log_j.reapply(cache.values, rows, h["a"]):
+            exact = False
+    return exact
 
 
 class CommThread:
@@ -576,7 +587,7 @@ class CommThread:
 
     def _dispatch(self, j: int, frames: list[Any]) -> None:
         self.counters["msgs_received"] += 1
-        self.counters["bytes_received"] += sum(len(f) for f in frames)
+        self.counters["bytes_received"] += sum(map(len, frames))
         try:
             h = wire.decode_header(frames[0])
             handler = self._handlers.get(h["t"])

@@ -93,12 +93,18 @@ class UpdateBuffer:
     def dirty_rows(self) -> np.ndarray:
         return np.flatnonzero(self.dirty)
 
-    def add_buffered_to(self, dst: np.ndarray, rows: np.ndarray) -> None:
+    def add_buffered_to(self, dst: np.ndarray, rows: np.ndarray, index: slice | np.ndarray | None = None) -> bool:
         """``dst[r] += `` what is buffered for row ``r``, for each of ``rows`` (fresh rows from a
-        server, with this process's unsent updates put back on top)."""
-        if self.pieces and self.staged[rows].any():
+        server, with this process's unsent updates put back on top; ``index``: ``rows`` as an index).
+        Returns whether any of them had something buffered."""
+        index = rows if index is None else index
+        if self.pieces and self.staged[index].any():
             self.unstage()
-        rowmath.add_rows_from(dst, self.delta, rows[self.dirty[rows]])
+        dirty = self.dirty[index]
+        if not dirty.any():
+            return False
+        rowmath.add_rows_from(dst, self.delta, rows[dirty])
+        return True
 
     def chunk_end(self, rows: np.ndarray, index: slice | np.ndarray) -> int:
         """How many of ``rows`` (sorted, dirty, of one server, at most a chunk; ``index``: them as an
@@ -242,9 +248,11 @@ class InflightLog:
     def unpin(self, floor: int) -> None:
         self._pins.remove(floor)
 
-    def reapply(self, dst: np.ndarray, rows: np.ndarray, applied: int) -> None:
+    def reapply(self, dst: np.ndarray, rows: np.ndarray, applied: int) -> bool:
         """Add to ``dst`` (fresh ``rows`` whose values contain our updates up to ``applied``) the
-        logged updates after ``applied`` (entries up to it may be kept for a pinned read)."""
+        logged updates after ``applied`` (entries up to it may be kept for a pinned read); returns
+        whether any touched ``rows``."""
+        added = False
         for seq, erows, deltas in self.entries:
             if seq <= applied:
                 continue
@@ -253,6 +261,8 @@ class InflightLog:
             hit = erows[pos] == rows
             if hit.any():
                 rowmath.scatter_add(dst, rows[hit], deltas[pos[hit]])
+                added = True
+        return added
 
     @property
     def nbytes(self) -> int:

@@ -22,6 +22,12 @@ import zmq
 from bosen import wire
 from bosen.errors import BosenError, ProtocolError, ServerError
 from bosen.wire import Msg
+from bosen.zsocket import recv_frames
+
+# A received frame this large has a buffer of its own (ZeroMQ packs only messages under its 8 KiB
+# receive batch into shared buffers), so an array over it can be handed to a caller without pinning
+# other messages' memory.
+OWN_BUFFER_BYTES = 64 << 10
 
 
 class Reader:
@@ -34,6 +40,7 @@ class Reader:
         self._fp = fingerprint
         self._socks: list[zmq.Socket | None] = [None] * len(addresses)
         self._seq = [0] * len(addresses)
+        self._rcvtimeo = [-1] * len(addresses)  # as last set: setting it costs microseconds per read
         self._token = f"r{os.getpid()}-{secrets.token_hex(8)}"  # unique across the job, like the main ones
         self._poller = zmq.Poller()
         self.busy = False  # a read is in progress (close() waits for it)
@@ -49,7 +56,7 @@ class Reader:
                               "s": self._seq[j]}, rows)
         sock.send_multipart(frames, copy=False)
         self.counters["msgs_sent"] += 1
-        self.counters["bytes_sent"] += sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
+        self.counters["bytes_sent"] += len(frames[0]) + rows.nbytes
         return self._seq[j]
 
     def poll(self, servers: list[int], timeout: float) -> list[tuple[int, dict[str, Any], list[Any]]]:
@@ -59,9 +66,11 @@ class Reader:
         if len(servers) == 1:
             j = servers[0]
             sock = self._socks[j]
-            sock.setsockopt(zmq.RCVTIMEO, ms)
+            if self._rcvtimeo[j] != ms:
+                sock.setsockopt(zmq.RCVTIMEO, ms)
+                self._rcvtimeo[j] = ms
             try:
-                return [self._decode(j, sock.recv_multipart(copy=False))]
+                return [self._decode(j, recv_frames(sock))]
             except zmq.Again:
                 return []
         out = []
@@ -69,14 +78,14 @@ class Reader:
             j = self._socks.index(sock)
             while True:
                 try:
-                    out.append(self._decode(j, sock.recv_multipart(zmq.NOBLOCK, copy=False)))
+                    out.append(self._decode(j, recv_frames(sock, zmq.NOBLOCK)))
                 except zmq.Again:
                     break
         return out
 
     def _decode(self, j: int, frames: list[Any]) -> tuple[int, dict[str, Any], list[Any]]:
         self.counters["msgs_received"] += 1
-        self.counters["bytes_received"] += sum(len(f) for f in frames)
+        self.counters["bytes_received"] += sum(map(len, frames))
         h = wire.decode_header(frames[0])
         want = wire.expected_frames(h)
         if len(frames) - 1 != want:
@@ -109,5 +118,6 @@ class Reader:
             sock.close(0)
             raise ProtocolError(f"server {j}: {h['t'].name} in answer to a read connection's HELLO")
         self._socks[j] = sock
+        self._rcvtimeo[j] = -1
         self._poller.register(sock, zmq.POLLIN)
         return sock

@@ -128,9 +128,10 @@ class Table:
 
     def get_rows(self, rows: Any) -> np.ndarray:
         """Copies of many rows as a 2-D array (one request per server for those not fresh)."""
-        rows = self._rows(rows)
-        self._client._wait_fresh(self._st, rows, self._worker.tick)
-        index = rowmath.rows_index(rows)
+        rows, index = self._rows_index(rows)
+        fresh = self._client._wait_fresh(self._st, rows, self._worker.tick, index)
+        if fresh is not None:  # just read and not shared: no copy needed
+            return fresh
         with self._st.lock:
             return self._values[index].copy() if type(index) is slice else self._values[index]
 
@@ -194,18 +195,22 @@ class Table:
         return int(row)
 
     def _rows(self, rows: Any) -> np.ndarray:
+        return self._rows_index(rows)[0]
+
+    def _rows_index(self, rows: Any) -> tuple[np.ndarray, slice | np.ndarray]:
+        """Checked int64 rows, and them as an index (a slice for a run: ``rowmath.rows_index``)."""
         self._client._check()
         rows = np.asarray(rows)
         if rows.ndim != 1 or (rows.dtype.kind not in "iu" and rows.size):
             raise TypeError(f"table {self.name!r}: rows must be a 1-D integer array, got "
                             f"{rows.dtype} with shape {rows.shape}")
         rows = rows.astype(np.int64, copy=False)
-        if rows.shape[0]:
-            lo, hi = rowmath.min_max(rows)
-            if lo < 0 or hi >= self.rows:
-                raise IndexError(f"table {self.name!r}: row {lo if lo < 0 else hi} out of range "
-                                 f"[0, {self.rows})")
-        return rows
+        if not rows.shape[0]:
+            return rows, rows
+        lo, hi, index = rowmath.span(rows)
+        if lo < 0 or hi >= self.rows:
+            raise IndexError(f"table {self.name!r}: row {lo if lo < 0 else hi} out of range [0, {self.rows})")
+        return rows, index
 
     def _deltas(self, deltas: Any, check_finite: bool = True) -> np.ndarray:
         deltas = np.asarray(deltas)

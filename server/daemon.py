@@ -154,7 +154,7 @@ class Server:
     def _dispatch(self, frames: list[Any]) -> None:
         ident, body = frames[0].bytes, frames[1:]
         self.counters["msgs_in"] += 1
-        self.counters["bytes_in"] += sum(f.buffer.nbytes for f in body)
+        self.counters["bytes_in"] += sum(map(len, body))
         seq = -1
         try:
             if not body:
@@ -289,9 +289,10 @@ class Server:
         if rows is None:
             raise ProtocolError(f"READ: negative row count {h['n']}")
         local = shard.local_rows(rows, "READ")
-        shard.subscribe(local, peer.rank)
+        index = rowmath.rows_index(local)
+        shard.subscribe(local, peer.rank, index)
         if h["c"] <= self.clock:
-            self._send_rows(peer, shard, local, h["s"], ident)
+            self._send_rows(peer, shard, local, h["s"], ident, index=index)
         else:
             self.counters["reads_parked"] += 1
             self.parked.setdefault(h["c"], []).append((peer, h["s"], ident, shard, local.copy()))
@@ -372,29 +373,31 @@ class Server:
         return sent
 
     def _send_rows(self, peer: Peer, shard: TableShard, local: np.ndarray, rq: int, ident: bytes,
-                   budgeted: bool = False) -> int:
+                   budgeted: bool = False, index: slice | np.ndarray | None = None) -> int:
         """Send rows to one client, on connection ``ident`` (its own, or a read connection of its), in
-        messages of at most CHUNK_BYTES of values; returns bytes sent."""
+        messages of at most CHUNK_BYTES of values; returns bytes sent. ``index``: ``local`` as an
+        index, if known."""
         per = max(1, CHUNK_BYTES // (shard.cfg.cols * shard.dtype.itemsize))
         if local.shape[0] <= per:
-            return self._send_row_chunk(peer, shard, local, rq, ident, budgeted)
+            return self._send_row_chunk(peer, shard, local, rq, ident, budgeted, index)
         return sum(self._send_row_chunk(peer, shard, local[k:k + per], rq, ident, budgeted)
                    for k in range(0, local.shape[0], per))
 
     def _send_row_chunk(self, peer: Peer, shard: TableShard, local: np.ndarray, rq: int, ident: bytes,
-                        budgeted: bool) -> int:
+                        budgeted: bool, index: slice | np.ndarray | None = None) -> int:
         n = int(local.shape[0])
         self.counters["rows_pushed" if rq < 0 else "rows_read"] += n
         # "ss" orders a client's ROWS across its connections: the client keeps a row's newest
         peer.rows_msgs += 1
         header = {"t": Msg.ROWS, "tb": shard.index, "n": n, "c": self.clock, "a": peer.applied, "rq": rq,
-                  "dt": shard.dtype.name, "ss": peer.rows_msgs}
+                  "dt": shard.dtype_name, "ss": peer.rows_msgs}
         if budgeted:
             peer.pushes_sent += 1
             header["ps"] = peer.pushes_sent
             self.counters["rows_pushed_budgeted"] += n
         versions = shard.rows_sent(local)
-        index = rowmath.rows_index(local)
+        if index is None:
+            index = rowmath.rows_index(local)
         if type(index) is slice and rq >= 0:
             # a read of a run of rows: one memcpy from the table straight into the message
             rows, values, owned = shard.global_rows[index], shard.values[index], None

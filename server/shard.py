@@ -31,6 +31,7 @@ class TableShard:
         self.partition = partition
         self.rank = rank
         self.dtype = np.dtype(cfg.dtype)
+        self.dtype_name = self.dtype.name  # for every ROWS header: numpy computes .name anew each time
         self.global_rows = partition.global_rows(rank, cfg.rows)
         self.values = rowmath.init_rows(cfg.init, self.global_rows, cfg.cols, self.dtype, index)
         self.procedure = procedure
@@ -103,8 +104,10 @@ class TableShard:
             self.pending = True
         return local.shape[0]
 
-    def subscribe(self, local: np.ndarray, client: int) -> None:
-        index = rowmath.rows_index(local)
+    def subscribe(self, local: np.ndarray, client: int, index: slice | np.ndarray | None = None) -> None:
+        """``client`` reads ``local`` (``index``: them as an index, if known) and gets their changes."""
+        if index is None:
+            index = rowmath.rows_index(local)
         if self.importance is not None:  # a first reader gets the current value: nothing is owed
             known = self.subscribed[index]
             if not known.all():

@@ -70,3 +70,13 @@ def test_rows_index_is_a_slice_only_for_runs():
         idx = rowmath.rows_index(np.array(not_a_run))
         assert isinstance(idx, np.ndarray) and idx.tolist() == not_a_run
     assert isinstance(rowmath.rows_index(np.zeros(0, np.int64)), np.ndarray)
+
+
+@pytest.mark.parametrize("rows, want", [([7], (7, 7, slice(7, 8))), ([3, 4, 5, 6], (3, 6, slice(3, 7))),
+                                        ([5, 4, 3], (3, 5, None)), ([2, 2, 3], (2, 3, None)),
+                                        ([9, 0, 4], (0, 9, None))])
+def test_span_gives_min_max_and_the_index_in_one_pass(rows, want):
+    a = np.array(rows, dtype=np.int64)
+    lo, hi, index = rowmath.span(a)
+    assert (lo, hi) == want[:2]
+    assert index == want[2] if want[2] is not None else index is a

@@ -116,3 +116,26 @@ def test_sends_refused_for_now_wait_in_order_and_go_when_the_peer_reads():
         ctx.term()
     assert queued > 0, "the peer never pushed back: the test did not reach the EAGAIN path"
     assert received == list(range(n))
+
+
+def test_recv_frames_returns_every_part_of_one_message_only():
+    from bosen.zsocket import recv_frames
+
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        port = a.bind_to_random_port("tcp://127.0.0.1")
+        b.connect(f"tcp://127.0.0.1:{port}")
+        big = np.arange(1 << 16, dtype=np.int64)
+        b.send_multipart([b"h", b"", big])
+        b.send(b"next")
+        got = recv_frames(a)
+        assert [bytes(f.buffer) for f in got[:2]] == [b"h", b""]
+        np.testing.assert_array_equal(np.frombuffer(got[2].buffer, np.int64), big)
+        assert [f.bytes for f in recv_frames(a)] == [b"next"]
+        with pytest.raises(zmq.Again):
+            recv_frames(a, zmq.NOBLOCK)
+    finally:
+        a.close(0)
+        b.close(0)
+        ctx.term()

@@ -71,3 +71,44 @@ def test_a_pinned_in_flight_log_keeps_what_a_slower_answer_needs():
     st.cache.ss[0] = 0
     apply_rows(st, 0, {"c": 1, "a": 5, "ss": 3}, np.array([0]), np.full((1, 2), 100, np.int64))
     assert st.cache.values[0, 0] == 106
+
+
+def test_claim_returns_each_row_to_ask_for_once_and_marks_it():
+    c = RowCache(8, 1, np.float32)
+    c.clock[1] = 0  # cached
+    c.requested[2] = True  # someone asked already
+    got = c.claim(np.array([5, 1, 2, 3, 5, 0], dtype=np.int64))
+    assert got.tolist() == [5, 3, 0]  # in order, duplicates once, cached and asked-for ones left out
+    assert np.flatnonzero(c.requested).tolist() == [0, 2, 3, 5]
+    assert c.claim(np.array([5, 3], dtype=np.int64)).shape == (0,)
+
+
+def test_receive_run_records_a_run_only_if_no_row_has_a_newer_message():
+    c = RowCache(8, 1, np.float32)
+    c.requested[2:6] = True
+    c.clock[3] = 9
+    c.ss[4] = 6
+    assert not c.receive_run(2, 4, 6, 5)  # row 4 came in message 6 already: change nothing
+    assert c.requested[2:6].all() and c.ss[2:6].tolist() == [0, 0, 6, 0] and c.clock[2:6].tolist() == [-1, 9, -1, -1]
+    assert c.receive_run(2, 4, 7, 5)
+    assert not c.requested.any()
+    assert c.ss[2:6].tolist() == [7] * 4 and c.clock[2:6].tolist() == [5, 9, 5, 5]  # clocks never go back
+
+
+def test_apply_rows_says_whether_the_cache_took_the_values_as_they_came():
+    """A direct read hands the received array to the caller only when the cache holds exactly it:
+    not when buffered or in-flight updates went on top, nor for a run a newer message overlaps."""
+    from bosen.client.comm import apply_rows
+
+    st = rows_state(rows=8)
+    vals = np.arange(8, dtype=np.int64).reshape(4, 2)
+    assert apply_rows(st, 0, {"c": 1, "a": -1, "ss": 1}, np.arange(4), vals)
+    assert st.cache.values[:4].tolist() == vals.tolist()
+    st.oplog.add_dense(np.array([5]), np.ones((1, 2), np.int64))  # buffered, not sent
+    assert not apply_rows(st, 0, {"c": 1, "a": -1, "ss": 2}, np.arange(4, 8), vals)
+    assert st.cache.values[5].tolist() == [3, 4]
+    st.inflight[0].add(4, np.array([6]), np.ones((1, 2), np.int64))  # sent, not yet in the values
+    assert not apply_rows(st, 0, {"c": 1, "a": 3, "ss": 3}, np.arange(6, 8), vals[:2])
+    assert st.cache.values[6].tolist() == [1, 2]
+    assert not apply_rows(st, 0, {"c": 1, "a": 4, "ss": 1}, np.arange(2), vals[:2])  # older than what it has
+    assert apply_rows(st, 0, {"c": 1, "a": 4, "ss": 4}, np.array([1, 3]), vals[:2]) is False  # not a run

@@ -564,3 +564,26 @@ def test_a_flush_larger_than_the_window_goes_out_as_acks_arrive(cluster, dtype):
         # every tick's increment (2.3 MiB, one run) went out as staged pieces, one server's rows each
         t = s["tables"]["W"]
         assert t["staged_bytes"] == 0 and t["pool_bytes"] > 0 and t["pool_reused"] >= 4, t
+
+
+@pytest.mark.timeout(60)
+def test_a_large_read_returns_its_own_array_with_buffered_updates_on_top(cluster):
+    """A read of a run of at least 64 KiB hands over the received array when the cache took it as it
+    came: it must be the caller's own (writing it changes no later read) and, where this process
+    has increments the server has not seen, hold them like the cache does."""
+    rows, cols = 128, 256  # 128 KiB of float32
+    c = cluster(1, workers=1, staleness=0, tables={"F": {"rows": 2 * rows, "cols": cols, "dtype": "float32"}})
+    with Client.connect(c.path) as client:
+        F = client.table("F")
+        F.inc_rows(np.arange(2 * rows), np.arange(2 * rows * cols, dtype=np.float32).reshape(2 * rows, cols))
+        client.clock()
+        want = np.arange(2 * rows * cols, dtype=np.float32).reshape(2 * rows, cols)
+        first = F.get_rows(np.arange(rows))
+        np.testing.assert_array_equal(first, want[:rows])
+        assert first.flags.writeable
+        first[:] = -1
+        np.testing.assert_array_equal(F.get_rows(np.arange(rows)), want[:rows])  # from the cache
+        F.inc_rows(np.arange(rows, rows + 4), np.ones((4, cols), np.float32))  # buffered, then read
+        want[rows:rows + 4] += 1
+        np.testing.assert_array_equal(F.get_rows(np.arange(rows, 2 * rows)), want[rows:])
+        assert client.stats()["direct_reads"] >= 2
