@@ -33,6 +33,7 @@ ROW_DTYPE = np.dtype(np.int64)
 COL_DTYPE = np.dtype(np.int32)
 PTR_DTYPE = np.dtype(np.int64)
 VALUE_DTYPES = {name: np.dtype(name) for name in ("float16", "float32", "float64", "int32", "int64")}
+DTYPE_NAMES = {dt: name for name, dt in VALUE_DTYPES.items()}  # numpy computes ``dtype.name`` anew each call
 MAX_HEADER_BYTES = 4096
 MAX_HEADER_ARRAY = 1024  # longest list in a header (WELCOME's per-table flags)
 VERSION_DTYPE = np.dtype(np.int64)

@@ -528,7 +528,7 @@ class CommThread:
         return UpdateBatch(rows, block)
 
     def _send_update(self, j: int, st: TableState, batch: UpdateBatch, owned: np.ndarray | None = None) -> int:
-        h = {"t": Msg.INC, "tb": st.index, "n": int(batch.rows.shape[0]), "dt": batch.values.dtype.name,
+        h = {"t": Msg.INC, "tb": st.index, "n": int(batch.rows.shape[0]), "dt": wire.DTYPE_NAMES[batch.values.dtype],
              "sp": batch.sparse}
         if batch.versioned:
             h["v"] = True

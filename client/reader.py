@@ -22,7 +22,7 @@ import zmq
 from bosen import wire
 from bosen.errors import BosenError, ProtocolError, ServerError
 from bosen.wire import Msg
-from bosen.zsocket import recv_frames
+from bosen.zsocket import recv_frames, send_frames
 
 # A received frame this large has a buffer of its own (ZeroMQ packs only messages under its 8 KiB
 # receive batch into shared buffers), so an array over it can be handed to a caller without pinning
@@ -54,7 +54,7 @@ class Reader:
         self._seq[j] += 1
         frames = wire.encode({"t": Msg.READ, "tb": table, "n": int(rows.shape[0]), "c": min_clock,
                               "s": self._seq[j]}, rows)
-        sock.send_multipart(frames, copy=False)
+        send_frames(sock, frames)
         self.counters["msgs_sent"] += 1
         self.counters["bytes_sent"] += len(frames[0]) + rows.nbytes
         return self._seq[j]
