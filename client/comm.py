@@ -398,7 +398,7 @@ class CommThread:
                 if rj.shape[0] == 0:
                     continue
                 index = rowmath.rows_index(rj)
-                block, nnz = st.oplog.take_counted(rj)
+                block, nnz = st.oplog.take_counted(rj, index)
                 wire_block, applied = self._quantize(st, rj, block)
                 if st.read_my_writes:
                     self._log_inflight(st, j, rj, index, applied)

@@ -125,19 +125,21 @@ class UpdateBuffer:
         """Remove and return the buffered deltas of ``rows``."""
         return self.take_counted(rows)[0]
 
-    def take_counted(self, rows: np.ndarray) -> tuple[np.ndarray, int | None]:
+    def take_counted(self, rows: np.ndarray, index: slice | np.ndarray | None = None) -> tuple[np.ndarray, int | None]:
         """Remove and return the buffered deltas of ``rows`` (an array nothing else will write) and
         how many of them are non-zero (None: not known), which decides dense or sparse on the wire.
-        A staged piece is returned as it is."""
-        index = rowmath.rows_index(rows)
+        A staged piece is returned as it is. ``index``: ``rows`` as an index, if known."""
+        if index is None:
+            index = rowmath.rows_index(rows)
         if self.pieces and rows.shape[0]:
             first = int(rows[0])
             piece = self.pieces.get(first)
             if (piece is not None and piece[0].shape[0] == rows.shape[0]
                     and rowmath.stride_start(rows, self.stride) >= 0):
                 del self.pieces[first]
-                self.staged[rows] = False
-                self.dirty[rows] = False
+                rows_of_piece = slice(first, first + rows.shape[0] * self.stride, self.stride)
+                self.staged[rows_of_piece] = False
+                self.dirty[rows_of_piece] = False
                 return piece
             if self.staged[index].any():
                 self.unstage()
