@@ -102,26 +102,8 @@ def stride_start(rows, step):  # pragma: no cover - compiled
 
 
 @njit(**_JIT)
-def _min_max(a):  # pragma: no cover - compiled
-    lo = hi = a[0]
-    for i in range(1, a.shape[0]):
-        v = a[i]
-        if v < lo:
-            lo = v
-        elif v > hi:
-            hi = v
-    return lo, hi
-
-
-def min_max(a: np.ndarray) -> tuple[int, int]:
-    """(min, max) of a non-empty 1-D integer array in one pass (range checks on every message: two
-    numpy reductions cost several microseconds each at these sizes)."""
-    lo, hi = _min_max(a)
-    return int(lo), int(hi)
-
-
-@njit(**_JIT)
 def _span(a):  # pragma: no cover - compiled
+    """(min, max, whether ``a`` is a run ``a[0], a[0]+1, ...``) in one pass."""
     first = lo = hi = a[0]
     run = True
     for i in range(1, a.shape[0]):
@@ -133,6 +115,13 @@ def _span(a):  # pragma: no cover - compiled
         if v != first + i:
             run = False
     return lo, hi, run
+
+
+def min_max(a: np.ndarray) -> tuple[int, int]:
+    """(min, max) of a non-empty 1-D integer array in one pass (range checks on every message: two
+    numpy reductions cost several microseconds each at these sizes)."""
+    lo, hi, _ = _span(a)
+    return int(lo), int(hi)
 
 
 def span(rows: np.ndarray) -> tuple[int, int, slice | np.ndarray]:
