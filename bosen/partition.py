@@ -32,3 +32,10 @@ class Partition:
             return [np.arange(rows.shape[0])]
         own = self.owner(rows)
         return [np.flatnonzero(own == j) for j in range(self.num_servers)]
+
+    def rows_by_server(self, rows: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """(server, its rows of ``rows`` in their order) for every server that owns some; with one
+        server, ``rows`` as they are (no gather)."""
+        if self.num_servers == 1:
+            return [(0, rows)] if rows.shape[0] else []
+        return [(j, rows[pos]) for j, pos in enumerate(self.split(rows)) if pos.shape[0]]

@@ -300,10 +300,7 @@ class Client:
         answer may say less is applied than pushes that overtake it. Returns the values of all
         ``rows`` if one message brought them and the cache took them unchanged, else None."""
         reader = self._reader()
-        if self._comm.n == 1:
-            parts = [(0, rows)]
-        else:
-            parts = [(j, rows[pos]) for j, pos in enumerate(self._comm.partition.split(rows)) if pos.shape[0]]
+        parts = self._comm.partition.rows_by_server(rows)
         with st.lock:
             pins = [(j, st.inflight[j].pin()) for j, _ in parts]
         left: dict[int, tuple[int, int]] = {}  # server -> (its READ's number, rows still to come)

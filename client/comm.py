@@ -313,9 +313,9 @@ class CommThread:
                     self._send_versioned(st, rows)
                 continue
             if rows.shape[0]:
-                for j, pos in enumerate(self.partition.split(rows)):
-                    if pos.shape[0]:  # appended in order; a row queued twice is sent once (dirty flag)
-                        self._due[j].setdefault(st.index, deque()).append(rows[pos] if self.n > 1 else rows)
+                for j, rj in self.partition.rows_by_server(rows):
+                    # appended in order; a row queued twice is sent once (dirty flag)
+                    self._due[j].setdefault(st.index, deque()).append(rj)
         for j in range(self.n):
             if clock is not None:
                 self._clock_due[j] = clock
@@ -374,9 +374,8 @@ class CommThread:
         if st.vlog is not None:
             return self._send_versioned(st, rows)
         before = self.counters["bytes_sent"]
-        for j, pos in enumerate(self.partition.split(rows)):
-            if pos.shape[0]:
-                self._send_rows_to(j, st, rows[pos], windowed=False)
+        for j, rj in self.partition.rows_by_server(rows):
+            self._send_rows_to(j, st, rj, windowed=False)
         return self.counters["bytes_sent"] - before
 
     def _send_rows_to(self, j: int, st: TableState, rows: np.ndarray, windowed: bool) -> np.ndarray:
@@ -578,10 +577,8 @@ class CommThread:
         return 0
 
     def request_rows(self, st: TableState, rows: np.ndarray, min_clock: int) -> None:
-        for j, pos in enumerate(self.partition.split(rows)):
-            if pos.shape[0]:
-                self._send(j, {"t": Msg.READ, "tb": st.index, "n": int(pos.shape[0]), "c": min_clock},
-                           rows[pos])
+        for j, rj in self.partition.rows_by_server(rows):
+            self._send(j, {"t": Msg.READ, "tb": st.index, "n": int(rj.shape[0]), "c": min_clock}, rj)
 
     # -- receiving -----------------------------------------------------------------------------
 

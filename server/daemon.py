@@ -390,7 +390,7 @@ class Server:
         # "ss" orders a client's ROWS across its connections: the client keeps a row's newest
         peer.rows_msgs += 1
         header = {"t": Msg.ROWS, "tb": shard.index, "n": n, "c": self.clock, "a": peer.applied, "rq": rq,
-                  "dt": shard.dtype_name, "ss": peer.rows_msgs}
+                  "dt": wire.DTYPE_NAMES[shard.dtype], "ss": peer.rows_msgs}
         if budgeted:
             peer.pushes_sent += 1
             header["ps"] = peer.pushes_sent

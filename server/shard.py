@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bosen import priority, rowmath, wire
+from bosen import priority, rowmath
 from bosen.config import CommConfig, TableConfig
 from bosen.errors import ProtocolError
 from bosen.partition import Partition
@@ -31,7 +31,6 @@ class TableShard:
         self.partition = partition
         self.rank = rank
         self.dtype = np.dtype(cfg.dtype)
-        self.dtype_name = wire.DTYPE_NAMES[self.dtype]  # for every ROWS header
         self.global_rows = partition.global_rows(rank, cfg.rows)
         self.values = rowmath.init_rows(cfg.init, self.global_rows, cfg.cols, self.dtype, index)
         self.procedure = procedure
