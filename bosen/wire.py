@@ -14,7 +14,8 @@ end-of-version marks and released row versions follow the updates), ``nr`` relea
 ``ph`` BYE's prepare phase (the server stops pushing to the sender and answers; the final BYE follows),
 ``rd`` HELLO of a joined client's read connection (a worker thread's own socket: READ in, ROWS out),
 ``ss`` ROWS's number among every ROWS the server sent that client, on any of its connections (a
-client keeps each row's newest).
+client keeps each row's newest), ``na`` INC's "no ACK": the server acknowledges it only through the
+ACK (or SCLOCK) of a later message, whose ``rq`` (``a``) covers every earlier one.
 """
 
 from __future__ import annotations
@@ -160,20 +161,28 @@ def decode_header(frame: Any) -> dict[str, Any]:
     return h
 
 
-def is_versioned(h: dict[str, Any]) -> bool:
-    """The optional ``v`` flag of ROWS and INC (must be a bool when present)."""
-    v = h.get("v", False)
+def _flag(h: dict[str, Any], key: str) -> bool:
+    """An optional bool field (absent: False); anything else present is a ProtocolError."""
+    v = h.get(key, False)
     if not isinstance(v, bool):
-        raise ProtocolError(f"{h['t'].name}: field 'v' must be bool, got {v!r}")
+        raise ProtocolError(f"{h['t'].name}: field {key!r} must be bool, got {v!r}")
     return v
 
 
+def is_versioned(h: dict[str, Any]) -> bool:
+    """The optional ``v`` flag of ROWS and INC."""
+    return _flag(h, "v")
+
+
 def is_reader(h: dict[str, Any]) -> bool:
-    """HELLO's optional ``rd``: the connection is a joined client's read connection (a bool)."""
-    rd = h.get("rd", False)
-    if not isinstance(rd, bool):
-        raise ProtocolError(f"{h['t'].name}: field 'rd' must be bool, got {rd!r}")
-    return rd
+    """HELLO's optional ``rd``: the connection is a joined client's read connection."""
+    return _flag(h, "rd")
+
+
+def wants_ack(h: dict[str, Any]) -> bool:
+    """Whether an INC asks for its own ACK: unless it carries ``na`` (no ACK), which a client sets
+    on the messages of a burst whose later message's ACK will cover them (ACKs are cumulative)."""
+    return not _flag(h, "na")
 
 
 def expected_frames(h: dict[str, Any]) -> int:

@@ -37,6 +37,10 @@ log = logging.getLogger("bosen.client")
 F16_MAX = float(np.finfo(np.float16).max)
 YIELD_EVERY = 32  # messages handled (then readers woken) before other tasks (the budget loop) get a turn
 WINDOW_BYTES = 8 << 20  # default most update bytes in flight to one server before a flush waits for ACKs
+# A flush's update messages ask for an ACK once per quarter window (and on its last message); the
+# rest carry "na" and are acknowledged by a later ACK, which is cumulative. An ACK costs a wake-up of
+# four threads on two machines; 1 MiB messages acknowledged in twos ingest ~13% faster on 2 cores.
+ACKS_PER_WINDOW = 4
 
 
 def apply_rows(st: TableState, j: int, h: dict[str, Any], rows: np.ndarray, vals: np.ndarray) -> bool:
@@ -97,9 +101,11 @@ class CommThread:
         self.comm = config.comm
         self.bucket = LeakyBucket(config.comm.client_bandwidth_mbps) if config.comm.enabled else None
         self.incs_sent = [0] * self.n
-        # during an end-of-tick flush, the latest INC to each server is kept back to carry the clock
+        # during an end-of-tick flush, the latest INC to each server is kept back: the flush's last
+        # one carries the clock, or asks for an ACK; update bytes sent since one asked for an ACK
         self._holding = False
         self._held: list[tuple[dict[str, Any], list[Any]] | None] = [None] * self.n
+        self._unasked = [0] * self.n
         # an end-of-tick flush in progress: per server, rows still to send (by table) and the clock
         # to send after them; update bytes sent and not yet acknowledged
         self._due: list[dict[int, deque[np.ndarray]]] = [{} for _ in range(self.n)]
@@ -214,11 +220,18 @@ class CommThread:
         copied into the message, except ``owned`` (one that is never written again)."""
         self.seq[j] += 1
         header["s"] = self.seq[j]
+        hold = self._holding and header["t"] == Msg.INC
+        if hold:
+            self._unasked[j] += sum(a.nbytes for a in arrays)
+            if self._unasked[j] < self.window_bytes // ACKS_PER_WINDOW:
+                header["na"] = True  # a later ACK covers it
+            else:
+                self._unasked[j] = 0
         frames = wire.encode(header, *arrays, owned=owned)
         if self._held[j] is not None:
             self._release(j)  # in sequence order
-        if self._holding and header["t"] == Msg.INC:
-            self._held[j] = (header, frames)  # flush() sends it, perhaps with its clock
+        if hold:
+            self._held[j] = (header, frames)  # the pump sends it, perhaps as the flush's last message
         else:
             self._socks[j].send(frames)
         nbytes = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
@@ -228,12 +241,17 @@ class CommThread:
             self.bucket.charge(nbytes)
         return nbytes
 
-    def _release(self, j: int) -> None:
-        """Send the INC that a flush kept back for server ``j`` (its header may have gained a clock)."""
+    def _release(self, j: int, last: bool = False) -> None:
+        """Send the INC that a flush kept back for server ``j``. The ``last`` one the pump sends
+        must be acknowledged (nothing later may come to cover it), or answered by an SCLOCK when it
+        carries the clock: its header loses ``na`` and may have gained ``c``."""
         held, self._held[j] = self._held[j], None
         if held is not None:
             header, frames = held
-            if "c" in header:
+            if last and header.pop("na", False):
+                self._unasked[j] = 0
+                frames[0] = wire.pack_header(header)
+            elif "c" in header:
                 frames[0] = wire.pack_header(header)
             self._socks[j].send(frames)
 
@@ -326,7 +344,7 @@ class CommThread:
         nothing is left."""
         due = self._due[j]
         clock = self._clock_due[j]
-        self._holding = clock is not None  # _send keeps back the latest INC, to carry the clock
+        self._holding = True  # _send keeps back the latest INC: the last one gets the clock or an ACK
         try:
             for tb in list(due):
                 queue = due[tb]
@@ -347,7 +365,7 @@ class CommThread:
                     self._send(j, {"t": Msg.CLOCK, "c": clock})
                 else:
                     held[0]["c"] = clock
-            self._release(j)
+            self._release(j, last=True)
             if self._flush_waiters and not self.flushing():
                 for fut in self._flush_waiters:
                     if not fut.done():

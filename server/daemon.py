@@ -274,13 +274,15 @@ class Server:
         clock = h.get("c")  # the end-of-tick flush's last update carries the sender's new clock
         if clock is not None:
             self._check_clock(peer, clock, "INC")  # before applying: a bad message changes nothing
+        ack = wire.wants_ack(h)
         self.counters["rows_applied"] += shard.apply(batch, peer.rank)
         peer.applied = h["s"]
         if clock is not None:
             self.client_clock[peer.rank] = clock
             if self._maybe_advance() and not peer.leaving:
                 return  # its SCLOCK carries "a" (this message's number): that acknowledges it
-        self._send(ident, {"t": Msg.ACK, "rq": h["s"]})
+        if ack:
+            self._send(ident, {"t": Msg.ACK, "rq": h["s"]})
 
     def on_read(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)

@@ -542,6 +542,30 @@ def test_the_clock_rides_on_the_last_update_and_sclock_acknowledges_it(cluster):
         assert [st["clock"] for st in client.server_status()] == [ticks, ticks]
 
 
+def test_a_flush_asks_for_an_ack_once_per_quarter_window(cluster):
+    """A tick of four 1 MiB update messages with an 8 MiB window: the second asks for an ACK (2 MiB
+    unasked), the first and third carry "na", the fourth carries the clock (SCLOCK). Two messages
+    back per tick, every update acknowledged, nothing lost."""
+    rows, cols = 1024, 512  # int64: 4 KiB rows, 256 per 1 MiB message, 4 messages per tick
+    c = cluster(1, workers=1, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": "int64"}})
+    with Client.connect(c.path) as client:
+        assert client._comm.window_bytes == 8 << 20
+        W = client.table("W")
+        before = client.stats()
+        ticks = 3
+        for tick in range(ticks):
+            W.inc_rows(np.arange(rows), np.full((rows, cols), tick + 1, np.int64))
+            client.clock()  # ticks that pass before a flush share it: wait, to count each one's
+            wait_until(lambda: client.stats()["server_clocks"] == [tick + 1], "the server clock")
+        s = client.stats()
+        assert s["update_batches"] - before["update_batches"] == 4 * ticks
+        assert s["msgs_received"] - before["msgs_received"] == 2 * ticks, "one ACK and one SCLOCK per tick"
+        assert s["acks"] - before["acks"] == 4 * ticks, "the cumulative ACK and the SCLOCK cover every message"
+        assert client._comm.unacked() == 0
+        np.testing.assert_array_equal(W.get_rows(np.arange(rows)), np.full((rows, cols), ticks * (ticks + 1) // 2))
+        assert client.server_status()[0]["rows_applied"] == ticks * rows
+
+
 @pytest.mark.parametrize("dtype", ["int64", "float64"])
 def test_a_flush_larger_than_the_window_goes_out_as_acks_arrive(cluster, dtype):
     """With a window of one message, every update message waits for the last one's ACK; the ticks'

@@ -165,6 +165,7 @@ def test_hostile_messages_get_errors_and_change_nothing(cluster, tmp_path):
         bad0("INC values: frame has 24 bytes, expected 4 x int64", inc_header(), i64(0), i64(1, 2, 3))
         bad0("INC values: frame has 64 bytes, expected 4 x int64", inc_header(), i64(0), i64(*range(8)))
         bad0("INC rows: frame has 16 bytes, expected 1 x int64", inc_header(), i64(0, 2), i64(1, 2, 3, 4))
+        bad0("INC: field 'na' must be bool, got 1", {**inc_header(), "na": 1}, i64(0), i64(1, 2, 3, 4))
         bad0("non-finite", inc_header(tb=1, dt="float32"), i64(0), np.array([1, np.nan, 2], np.float32))
         bad1("non-finite", inc_header(tb=1, dt="float32"), i64(1), np.array([np.inf, 0, 0], np.float32))
         bad0("non-finite", inc_header(tb=1, dt="float16"), i64(2), np.array([0, 0, -np.inf], np.float16))
@@ -188,6 +189,12 @@ def test_hostile_messages_get_errors_and_change_nothing(cluster, tmp_path):
         assert h["t"] == Msg.ACK and h["rq"] == s, h
         s = r1.send(inc_header(tb=1, dt="float16"), i64(1), np.array([0.5, -1.5, 2], np.float16))
         h, _ = r1.recv()
+        assert h["t"] == Msg.ACK and h["rq"] == s, h
+        # "na": applied without an ACK of its own; the next ACK (cumulative) covers it
+        r0.send({**inc_header(), "na": True}, i64(6), i64(100, 0, 0, 0))
+        assert r0.silent(), "an INC with na gets no ACK"
+        s = r0.send({**inc_header(), "na": False}, i64(8), i64(0, 100, 0, 0))
+        h, _ = r0.recv()
         assert h["t"] == Msg.ACK and h["rq"] == s, h
 
         # -- clocks and sequence numbers ---------------------------------------------------
@@ -250,6 +257,7 @@ def test_hostile_messages_get_errors_and_change_nothing(cluster, tmp_path):
         want_w[1, 3] = 7
         want_w[3, 1] = 8
         want_w[4] = 1  # the INC that carried a clock
+        want_w[6, 0] = want_w[8, 1] = 100  # the INC with "na" and the one whose ACK covered it
         want_f = np.zeros((6, 3), np.float32)
         want_f[1] = [0.5, -1.5, 2]
         np.testing.assert_array_equal(W.get_rows(np.arange(10)), want_w)
