@@ -30,6 +30,9 @@ ingest-1KiB / ingest-1MiB
     many went. Baseline "pyzmq PUSH/PULL": one message per batch with the same three frames as our INC
     message (msgpack header, int64 row ids, float32 values), from this process to a receiver subprocess
     that only counts them, each pass ended by an END message the receiver answers on a second socket.
+    The baseline's processes use the allocator settings our server and client use (``bosen.malloc``):
+    with glibc's defaults the receiver page-faults 10-40 times per MiB, which made raw pyzmq slower
+    and noisier than it need be (and flattered ``ratio``).
 
 fetch-1KiB / fetch-1MiB
     ``table.get_row(r)`` (1 KiB) or ``table.get_rows(1024 rows)`` (1 MiB) of rows never read before, so
@@ -80,6 +83,7 @@ from common import (MiB, Child, ProcCounters, ServerProcs, emit, log, median, pe
                     prewarm_memory, rss_bytes)
 
 from bosen import status as status_mod  # noqa: E402
+from bosen.malloc import reuse_large_buffers  # noqa: E402
 
 BENCH = "throughput"
 COLS = 256  # float32 columns: one row is 1 KiB
@@ -524,6 +528,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ctl-port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.peer in ("pull", "router"):
+        reuse_large_buffers()  # the allocator settings our server and client use: no page faults per message
     if args.peer == "pull":
         peer_pull(args.port, args.ctl_port)
         return 0
