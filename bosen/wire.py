@@ -193,6 +193,13 @@ def expected_frames(h: dict[str, Any]) -> int:
     return _FRAMES.get(h["t"], 0)
 
 
+def check_frames(h: dict[str, Any], arrays: int) -> None:
+    """``arrays`` array frames follow the header: as many as the header says, or a ProtocolError."""
+    want = expected_frames(h)
+    if arrays != want:
+        raise ProtocolError(f"{h['t'].name}: expected {want} array frames, got {arrays}")
+
+
 def array(frame: Any, dtype: np.dtype, count: int, what: str) -> np.ndarray:
     """View a frame as ``count`` items of ``dtype``; the byte length must match exactly."""
     buf = frame.buffer if hasattr(frame, "buffer") else frame

@@ -608,9 +608,7 @@ class CommThread:
             handler = self._handlers.get(h["t"])
             if handler is None:
                 raise ProtocolError(f"{h['t'].name} is not a message a client accepts")
-            want = wire.expected_frames(h)
-            if len(frames) - 1 != want:
-                raise ProtocolError(f"{h['t'].name}: expected {want} array frames, got {len(frames) - 1}")
+            wire.check_frames(h, len(frames) - 1)
             handler(j, h, frames[1:])
         except BosenError as e:
             log.error("bad message from server %d: %s", j, e)

@@ -87,9 +87,7 @@ class Reader:
         self.counters["msgs_received"] += 1
         self.counters["bytes_received"] += sum(map(len, frames))
         h = wire.decode_header(frames[0])
-        want = wire.expected_frames(h)
-        if len(frames) - 1 != want:
-            raise ProtocolError(f"{h['t'].name}: expected {want} array frames, got {len(frames) - 1}")
+        wire.check_frames(h, len(frames) - 1)
         return j, h, frames[1:]
 
     def close(self) -> None:

@@ -164,9 +164,7 @@ class Server:
             handler = self.handlers.get(h["t"])
             if handler is None:
                 raise ProtocolError(f"{h['t'].name} is not a message a server accepts")
-            want = wire.expected_frames(h)
-            if len(body) - 1 != want:
-                raise ProtocolError(f"{h['t'].name}: expected {want} array frames, got {len(body) - 1}")
+            wire.check_frames(h, len(body) - 1)
             handler(ident, h, body[1:])
         except ProtocolError as e:
             self.counters["errors"] += 1

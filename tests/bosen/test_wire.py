@@ -44,6 +44,9 @@ def test_header_round_trip(header):
     assert h == header
     assert isinstance(h["t"], Msg) and h["t"] is header["t"]
     assert wire.expected_frames(h) == 0
+    wire.check_frames(h, 0)
+    with pytest.raises(ProtocolError, match=f"{h['t'].name}: expected 0 array frames, got 2"):
+        wire.check_frames(h, 2)
 
 
 def test_status_reply_carries_large_stats_in_their_own_frame():
