@@ -411,11 +411,16 @@ class CommThread:
             if windowed and self._inflight_bytes[j] >= self.window_bytes:
                 break
             with st.lock:
-                rj, k = self._next_chunk(st.oplog, rows, k)
-                if rj.shape[0] == 0:
-                    continue
-                index = rowmath.rows_index(rj)
-                block, nnz = st.oplog.take_counted(rj, index)
+                piece = st.oplog.take_piece(rows, k)
+                if piece is not None:  # the common case of bulk increments, in O(1)
+                    rj, index, block, nnz = piece
+                    k += rj.shape[0]
+                else:
+                    rj, k = self._next_chunk(st.oplog, rows, k)
+                    if rj.shape[0] == 0:
+                        continue
+                    index = rowmath.rows_index(rj)
+                    block, nnz = st.oplog.take_counted(rj, index)
                 wire_block, applied = self._quantize(st, rj, block)
                 if st.read_my_writes:
                     self._log_inflight(st, j, rj, index, applied)

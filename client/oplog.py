@@ -121,6 +121,26 @@ class UpdateBuffer:
                 return n
         return rows.shape[0]  # part of a piece: take() moves the pieces back first
 
+    def take_piece(self, rows: np.ndarray, k: int) -> tuple[np.ndarray, slice, np.ndarray, int | None] | None:
+        """Take out the staged piece that ``rows[k:]`` (sorted, unique, of one server) begins with, if
+        they hold all of it: (its rows, them as an index, its deltas, their non-zeros); else None."""
+        if not self.pieces:
+            return None
+        first = int(rows[k])
+        piece = self.pieces.get(first)
+        if piece is None:
+            return None
+        n = piece[0].shape[0]
+        end = k + n
+        step = self.stride
+        if end > rows.shape[0] or rows[end - 1] != first + (n - 1) * step:
+            return None
+        del self.pieces[first]
+        index = slice(first, first + n * step, step)
+        self.staged[index] = False
+        self.dirty[index] = False
+        return rows[k:end], index, piece[0], piece[1]
+
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Remove and return the buffered deltas of ``rows``."""
         return self.take_counted(rows)[0]

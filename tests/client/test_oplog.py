@@ -96,6 +96,21 @@ def test_an_exhausted_pool_falls_back_to_the_dense_buffer(monkeypatch):
     assert 40 in buf.pieces  # and is reused once it is not
 
 
+def test_a_flush_takes_a_whole_piece_its_rows_begin_with_in_one_step(monkeypatch):
+    buf = staging_buffer(monkeypatch=monkeypatch, stride=2, chunk_rows=4)
+    d = np.arange(16 * 4, dtype=np.float32).reshape(16, 4)
+    assert buf.add_dense(np.arange(0, 16), d)  # server 0: pieces at 0 (rows 0..6) and 8 (8..14)
+    queued = np.arange(0, 16, 2)
+    assert buf.take_piece(queued, 1) is None  # begins mid-piece
+    assert buf.take_piece(queued[:3], 0) is None  # holds only part of it
+    rows, index, block, nnz = buf.take_piece(queued, 0)
+    assert np.array_equal(rows, [0, 2, 4, 6]) and index == slice(0, 8, 2) and np.array_equal(block, d[0:8:2])
+    assert not buf.dirty[0:8:2].any() and not buf.staged[0:8:2].any() and buf.dirty[1] and 0 not in buf.pieces
+    rows, _, block, _ = buf.take_piece(queued, 4)
+    assert np.array_equal(rows, [8, 10, 12, 14]) and np.array_equal(block, d[8:16:2])
+    assert buf.take_piece(queued, 0) is None  # already sent
+
+
 def test_pieces_of_several_servers_hold_every_stride_th_row(monkeypatch):
     buf = staging_buffer(monkeypatch=monkeypatch, stride=3, chunk_rows=4)
     d = np.arange(20 * 4, dtype=np.float32).reshape(20, 4)
@@ -143,8 +158,20 @@ def test_random_operations_lose_and_invent_nothing(monkeypatch, stride):
             np.add.at(added, (rows, cols), 1)
         else:  # a send: the chunking the communication thread does, or an arbitrary subset
             dirty = buf.dirty_rows()
-            if rng.random() < 0.7:  # one server's rows
-                rows = dirty[dirty % stride == rng.integers(stride)][:buf.chunk_rows]
+            if rng.random() < 0.7:  # one server's rows: a whole piece if they begin with one, else a chunk
+                mine = dirty[dirty % stride == rng.integers(stride)]
+                k = int(rng.integers(mine.shape[0])) if mine.shape[0] and rng.random() < 0.2 else 0
+                piece = buf.take_piece(mine, k) if mine.shape[0] else None
+                if piece is not None:
+                    rows, index, block, nnz = piece
+                    assert np.array_equal(rows, np.arange(64)[index]) and block.shape[0] == rows.shape[0]
+                    assert nnz is None or nnz == np.count_nonzero(block)
+                    taken[rows] += block
+                    lent.append(block)
+                    if len(lent) > 3:
+                        lent.pop(0)
+                    continue
+                rows = mine[:buf.chunk_rows]
                 if rows.shape[0]:
                     rows = rows[:buf.chunk_end(rows, rows)]
             else:
