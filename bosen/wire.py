@@ -113,7 +113,7 @@ def pack_header(header: dict[str, Any]) -> bytes:
     return msgpack.packb(header, use_bin_type=True)
 
 
-def encode(header: dict[str, Any], *arrays: np.ndarray, owned: Any = None) -> list[Any]:
+def encode(header: dict[str, Any], *arrays: np.ndarray, owned: Any = None, frame: Any = None) -> list[Any]:
     """Header frame plus one frame per array, each copied into a ZeroMQ-owned frame now, except
     ``owned`` (an array nobody will write again), which goes without a copy.
 
@@ -122,12 +122,13 @@ def encode(header: dict[str, Any], *arrays: np.ndarray, owned: Any = None) -> li
     message is an array made for it (a block taken out of the update buffer, a copy of table rows),
     passed as ``owned``: pyzmq then releases it through its garbage-collector thread once sent (a
     wake-up per message), which costs less than copying a megabyte on the sending thread with the
-    GIL held. Arrays below pyzmq's copy threshold (64 KiB) are copied either way.
+    GIL held. Arrays below pyzmq's copy threshold (64 KiB) are copied either way. ``frame``: the
+    ZeroMQ message ``owned`` lives in, sent as it is (``bosen.bufferpool``).
     """
     frames: list[Any] = [pack_header(header)]
     for a in arrays:
         data = np.ascontiguousarray(a).data
-        frames.append(data if a is owned else zmq.Frame(data, copy=True))
+        frames.append((data if frame is None else frame) if a is owned else zmq.Frame(data, copy=True))
     return frames
 
 

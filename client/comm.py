@@ -115,6 +115,9 @@ class CommThread:
         self._flush_waiters: list[asyncio.Future] = []
         self._retired_scheduled = False
         self.incs_acked = [0] * self.n
+        self.acked_seq = [0] * self.n  # per server, the highest update sequence number it acknowledged
+        for st in tables:
+            st.oplog.send_pieces_as_frames(self.acked_seq)
         # update latency: send time of each unacknowledged INC, per server
         self._inc_times: list[deque[tuple[int, float, int]]] = [deque() for _ in range(self.n)]
         self.ack_latency = {"last_ms": 0.0, "max_ms": 0.0, "sum_ms": 0.0, "count": 0}
@@ -214,7 +217,8 @@ class CommThread:
 
     # -- sending -------------------------------------------------------------------------------
 
-    def _send(self, j: int, header: dict[str, Any], *arrays: np.ndarray, owned: np.ndarray | None = None) -> int:
+    def _send(self, j: int, header: dict[str, Any], *arrays: np.ndarray, owned: np.ndarray | None = None,
+              frame: Any = None) -> int:
         """Send one message to server ``j``; returns its size in bytes. Every byte is charged to the
         bucket (budgeted or not), so egress tracks the budget whatever the traffic mix. Arrays are
         copied into the message, except ``owned`` (one that is never written again)."""
@@ -227,7 +231,7 @@ class CommThread:
                 header["na"] = True  # a later ACK covers it
             else:
                 self._unasked[j] = 0
-        frames = wire.encode(header, *arrays, owned=owned)
+        frames = wire.encode(header, *arrays, owned=owned, frame=frame)
         if self._held[j] is not None:
             self._release(j)  # in sequence order
         if hold:
@@ -430,7 +434,13 @@ class CommThread:
             if wire_block is not block:
                 nnz = None  # float16 rounding may have zeroed some values
             batch = self._update_batch(rj, wire_block, nnz)
-            self._send_update(j, st, batch, owned=None if batch.sparse else wire_block)
+            if batch.sparse:
+                self._send_update(j, st, batch)
+            elif wire_block is block and (frame := st.oplog.frame_of(block)) is not None:
+                self._send_update(j, st, batch, owned=block, frame=frame)
+                st.oplog.carried(block, j, self.seq[j])  # before this thread lets go of it
+            else:
+                self._send_update(j, st, batch, owned=wire_block)
         return rows[k:]
 
     @staticmethod
@@ -549,13 +559,14 @@ class CommThread:
             return UpdateBatch(rows, vals, indptr, cols)
         return UpdateBatch(rows, block)
 
-    def _send_update(self, j: int, st: TableState, batch: UpdateBatch, owned: np.ndarray | None = None) -> int:
+    def _send_update(self, j: int, st: TableState, batch: UpdateBatch, owned: np.ndarray | None = None,
+                     frame: Any = None) -> int:
         h = {"t": Msg.INC, "tb": st.index, "n": int(batch.rows.shape[0]), "dt": wire.DTYPE_NAMES[batch.values.dtype],
              "sp": batch.sparse}
         if batch.versioned:
             h["v"] = True
             h["nr"] = int(batch.rel_rows.shape[0])
-        nbytes = self._send(j, h, *batch.arrays(), owned=owned)
+        nbytes = self._send(j, h, *batch.arrays(), owned=owned, frame=frame)
         self._inc_times[j].append((self.seq[j], time.monotonic(), nbytes))
         self._inflight_bytes[j] += nbytes
         self.incs_sent[j] += 1
@@ -673,6 +684,8 @@ class CommThread:
     def _acked(self, j: int, through: int) -> None:
         """Every update message to server ``j`` up to sequence number ``through`` is applied
         (acknowledgements are cumulative)."""
+        if through > self.acked_seq[j]:
+            self.acked_seq[j] = through
         times = self._inc_times[j]
         popped = False
         while times and times[0][0] <= through:

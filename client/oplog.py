@@ -16,6 +16,7 @@ dense buffer, which is always correct and rare in practice.
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import numpy as np
 
@@ -140,6 +141,19 @@ class UpdateBuffer:
         self.staged[index] = False
         self.dirty[index] = False
         return rows[k:end], index, piece[0], piece[1]
+
+    def send_pieces_as_frames(self, acked: list[int]) -> None:
+        """Make staged pieces inside ZeroMQ messages sent as they are (``BufferPool.send_as_frames``);
+        ``acked``: per server, the highest update sequence number it acknowledged."""
+        self._pool.send_as_frames(acked)
+
+    def frame_of(self, block: np.ndarray) -> Any:
+        """The ZeroMQ message a taken piece lives in (to send as it is), or None."""
+        return self._pool.frame(block)
+
+    def carried(self, block: np.ndarray, server: int, seq: int) -> None:
+        """Message ``seq`` to ``server`` carries ``block``'s message (``frame_of``)."""
+        self._pool.carried(block, server, seq)
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Remove and return the buffered deltas of ``rows``."""

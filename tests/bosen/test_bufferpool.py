@@ -1,4 +1,5 @@
-"""The buffer pool lends a buffer again only once nothing else references it."""
+"""The buffer pool lends a buffer again only once nothing else references it (and, for buffers that
+live in ZeroMQ messages, once the message that carried one is acknowledged)."""
 
 import time
 
@@ -49,6 +50,42 @@ def test_a_message_in_flight_keeps_its_buffer():
                 break
             time.sleep(0.01)
         assert again is not None and pool.reused == 1
+    finally:
+        push.close(0)
+        pull.close(0)
+        ctx.term()
+
+
+def test_a_buffer_in_a_message_is_lent_again_once_its_carrier_is_acknowledged():
+    """Frame mode: the buffer goes on the wire as its own ZeroMQ message (no copy, no collector
+    thread); ZeroMQ's hold on it is invisible to reference counts, so the acknowledgement decides."""
+    acked = [0, 0]
+    pool = BufferPool((1024, 256), np.float32, keep=1)
+    pool.send_as_frames(acked)
+    ctx = zmq.Context()
+    push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
+    try:
+        port = free_port()
+        push.connect(f"tcp://127.0.0.1:{port}")  # nobody listens yet: the message waits in ZeroMQ
+        buf = pool.take(1024)
+        frame = pool.frame(buf)
+        assert frame is not None and pool.frame(buf[:10]) is None  # only a whole buffer is a message
+        buf[:] = 7
+        push.send(frame, copy=False, flags=zmq.NOBLOCK)
+        pool.carried(buf, 1, 5)  # message 5 to receiver 1
+        del buf, frame
+        assert pool.take(1024) is None  # nothing references it, but message 5 is not acknowledged
+        acked[0] = 9
+        assert pool.take(1024) is None  # another receiver's acknowledgement says nothing
+        pull.bind(f"tcp://127.0.0.1:{port}")
+        assert pull.poll(10_000), "the queued message never arrived"
+        got = np.frombuffer(pull.recv(), dtype=np.float32)
+        assert got.shape == (1024 * 256,) and (got == 7).all()
+        acked[1] = 5
+        again = pool.take(1024)
+        assert again is not None and pool.reused == 1 and pool.allocated == 1
+        again[:] = 8  # written in place: the same message's memory
+        assert (np.frombuffer(pool.frame(again), dtype=np.float32) == 8).all()
     finally:
         push.close(0)
         pull.close(0)
