@@ -542,14 +542,14 @@ def test_the_clock_rides_on_the_last_update_and_sclock_acknowledges_it(cluster):
         assert [st["clock"] for st in client.server_status()] == [ticks, ticks]
 
 
-def test_a_flush_asks_for_an_ack_once_per_quarter_window(cluster):
-    """A tick of four 1 MiB update messages with an 8 MiB window: the second asks for an ACK (2 MiB
+def test_a_flush_asks_for_an_ack_once_per_2_MiB(cluster):
+    """A tick of four 1 MiB update messages with a 16 MiB window: the second asks for an ACK (2 MiB
     unasked), the first and third carry "na", the fourth carries the clock (SCLOCK). Two messages
     back per tick, every update acknowledged, nothing lost."""
     rows, cols = 1024, 512  # int64: 4 KiB rows, 256 per 1 MiB message, 4 messages per tick
     c = cluster(1, workers=1, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": "int64"}})
     with Client.connect(c.path) as client:
-        assert client._comm.window_bytes == 8 << 20
+        assert client._comm.window_bytes == 16 << 20
         W = client.table("W")
         before = client.stats()
         ticks = 3
@@ -573,6 +573,7 @@ def test_ticks_larger_than_the_window_go_out_on_thinned_acks(cluster):
     rows, cols = 8192, 512  # int64, 2 servers: 16 MiB per tick and server, 1 MiB messages
     c = cluster(2, workers=1, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": "int64"}})
     with Client.connect(c.path) as client:
+        client._comm.window_bytes = 8 << 20
         W = client.table("W")
         before = client.stats()
         ticks = 3
