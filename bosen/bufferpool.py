@@ -8,7 +8,7 @@ read it and it may be written again. Reused buffers stay resident and often warm
 fresh megabyte array costs page faults and then memory traffic. CPython reference counts: this relies
 on them, as pyzmq does.
 
-With ``frames`` set (``send_as_frames``), each buffer lives in a ZeroMQ message of its own, made once,
+After ``send_as_frames``, each buffer lives in a ZeroMQ message of its own, made once,
 and goes on the wire as that message (a reference-counted copy, no data copied). pyzmq then has
 nothing to release through its collector thread, which otherwise wakes for every zero-copy send
 (one more thread on the core per message). ZeroMQ's hold on the memory is invisible to Python's

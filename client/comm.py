@@ -224,7 +224,8 @@ class CommThread:
               frame: Any = None) -> int:
         """Send one message to server ``j``; returns its size in bytes. Every byte is charged to the
         bucket (budgeted or not), so egress tracks the budget whatever the traffic mix. Arrays are
-        copied into the message, except ``owned`` (one that is never written again)."""
+        copied into the message, except ``owned`` (one that is never written again), which goes as
+        ``frame`` where it lives in one (a staged piece: ``bosen.bufferpool``)."""
         self.seq[j] += 1
         header["s"] = self.seq[j]
         hold = self._holding and header["t"] == Msg.INC
