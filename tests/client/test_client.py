@@ -634,3 +634,31 @@ def test_a_large_read_returns_its_own_array_with_buffered_updates_on_top(cluster
         want[rows:rows + 4] += 1
         np.testing.assert_array_equal(F.get_rows(np.arange(rows, 2 * rows)), want[rows:])
         assert client.stats()["direct_reads"] >= 2
+
+
+def test_pieces_reused_under_pressure_carry_every_tick_exactly(cluster, monkeypatch):
+    """Staged pieces go out as the ZeroMQ messages they live in and are reused only once the
+    message that carried them is acknowledged. With a pool of a few buffers for two servers,
+    buffers are reused many times while others are still queued in ZeroMQ (what the pool cannot
+    lend goes to the dense buffer): each tick's distinct values must arrive exactly once."""
+    monkeypatch.setattr("bosen.client.oplog.POOL_BYTES", 3 << 20)
+    rows, cols = 4096, 256  # int64, 2 KiB rows: 8 MiB a tick, 1 MiB pieces of one server's rows
+    # no read-my-writes: no in-flight log holds a sent piece, only the acknowledgement protects it
+    c = cluster(2, workers=1, staleness=1,
+                tables={"W": {"rows": rows, "cols": cols, "dtype": "int64", "read_my_writes": False}})
+    base = np.arange(rows, dtype=np.int64)[:, None] * 7 + np.arange(cols, dtype=np.int64)
+    with Client.connect(c.path) as client:
+        W = client.table("W")
+        ticks = 20
+        for tick in range(ticks):
+            for lo in range(0, rows, 1024):  # two pieces a call, one per server
+                W.inc_rows(np.arange(lo, lo + 1024), base[lo:lo + 1024] * (tick + 1) + tick)
+            client.clock()
+            if tick % 2:  # now and then let the flushes catch up, so that later runs are staged again
+                wait_until(lambda: client.stats()["server_clocks"] == [tick + 1] * 2, "both server clocks", 60)
+        wait_until(lambda: client.stats()["server_clocks"] == [ticks, ticks], "both server clocks", 60)
+        t = client.stats()["tables"]["W"]
+        assert t["pool_bytes"] <= 5 << 20 and t["pool_reused"] >= ticks, t
+        assert not client._comm.flushing() and client._comm.unacked() == 0
+        want = base * tri(ticks) + tri(ticks - 1)
+        np.testing.assert_array_equal(W.get_rows(np.arange(rows)), want)
