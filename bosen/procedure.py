@@ -54,7 +54,8 @@ class StoredProcedure:
 
     def apply(self, values: np.ndarray, local_rows: np.ndarray, batch: UpdateBatch, client: int) -> None:
         """Apply one client's batch to ``values`` (local row indices already checked)."""
-        from bosen import rowmath  # local: keeps numba out of config-only imports
+        import bosen.rowmath as rowmath  # local: keeps numba out of config-only imports (this form
+        # skips importlib's Python-level fromlist handling, a microsecond on every message)
 
         upd = batch.values if batch.values.dtype == values.dtype else batch.values.astype(values.dtype)
         if batch.sparse:

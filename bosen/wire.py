@@ -144,21 +144,18 @@ def decode_header(frame: Any) -> dict[str, Any]:
         raise ProtocolError(f"header is not valid msgpack ({type(e).__name__})") from None
     if not isinstance(h, dict):
         raise ProtocolError(f"header must be a map, got {type(h).__name__}")
+    # Exact type checks: msgpack yields plain int, str and bool, and ``type(v) is int`` turns away
+    # True (Msg(True) and Msg(1.0) would both be HELLO) without a second isinstance per field.
     t = h.get("t")
-    if not isinstance(t, int) or isinstance(t, bool):  # Msg(True) and Msg(1.0) would both be HELLO
+    if type(t) is not int:
         raise ProtocolError(f"unknown message type {t!r} (must be an integer)")
     msg = _MSG.get(t)  # a dict lookup: calling the enum costs microseconds on every message
     if msg is None:
         raise ProtocolError(f"unknown message type {t!r}")
     h["t"] = msg
-    for key, typ in _SCHEMA[h["t"]].items():
-        v = h.get(key)
-        if typ is bool:
-            ok = isinstance(v, bool)
-        else:
-            ok = isinstance(v, typ) and not isinstance(v, bool)
-        if not ok:
-            raise ProtocolError(f"{h['t'].name}: field {key!r} must be {typ.__name__}, got {v!r}")
+    for key, typ in _SCHEMA[msg].items():
+        if type(h.get(key)) is not typ:
+            raise ProtocolError(f"{msg.name}: field {key!r} must be {typ.__name__}, got {h.get(key)!r}")
     return h
 
 

@@ -288,8 +288,7 @@ class Server:
         rows = wire.array(frames[0], wire.ROW_DTYPE, h["n"], "READ rows") if h["n"] >= 0 else None
         if rows is None:
             raise ProtocolError(f"READ: negative row count {h['n']}")
-        local = shard.local_rows(rows, "READ")
-        index = rowmath.rows_index(local)
+        local, index = shard.local_rows(rows, "READ")
         shard.subscribe(local, peer.rank, index)
         if h["c"] <= self.clock:
             self._send_rows(peer, shard, local, h["s"], ident, index=index)

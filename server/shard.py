@@ -40,6 +40,7 @@ class TableShard:
         self.pending = False  # some row became dirty since the last clock-advance push
         self.subs = np.zeros((n, num_clients), dtype=bool)
         self.subscribed = np.zeros(n, dtype=bool)  # any client reads the row
+        self.readers = False  # any row is subscribed
         self.check_finite = self.dtype.kind == "f"
         # managed communication: accumulated change per row since it was last pushed
         self.policy = priority.make(comm.priority, seed=1000 + index) if comm.enabled else None
@@ -47,46 +48,53 @@ class TableShard:
         self.relative = comm.priority == "relative"
         self.send_count = np.zeros(n, dtype=np.int32)
 
-    def local_rows(self, rows: np.ndarray, what: str) -> np.ndarray:
-        """Local indices of ``rows``; every row must exist and belong to this server."""
+    def local_rows(self, rows: np.ndarray, what: str) -> tuple[np.ndarray, slice | np.ndarray]:
+        """Local indices of ``rows`` and them as an index (a slice for a run, ``rowmath.rows_index``);
+        every row must exist and belong to this server."""
         if rows.shape[0] == 0:
-            return rows
-        lo, hi = rowmath.min_max(rows)
+            return rows, rows
+        n = self.partition.num_servers
+        if n == 1:  # local = global: bounds and run in one pass
+            lo, hi, index = rowmath.span(rows)
+        else:
+            lo, hi = rowmath.min_max(rows)
         if lo < 0 or hi >= self.cfg.rows:
             bad = lo if lo < 0 else hi
             raise ProtocolError(f"{what}: row {bad} out of range for table {self.cfg.name!r} "
                                 f"with {self.cfg.rows} rows")
-        n = self.partition.num_servers
-        if n > 1:
-            wrong = rows % n != self.rank
-            if wrong.any():
-                r = int(rows[np.argmax(wrong)])
-                raise ProtocolError(f"{what}: row {r} of table {self.cfg.name!r} belongs to server "
-                                    f"{r % n}, not {self.rank}")
-        return self.partition.local(rows)
+        if n == 1:
+            return rows, index
+        wrong = rows % n != self.rank
+        if wrong.any():
+            r = int(rows[np.argmax(wrong)])
+            raise ProtocolError(f"{what}: row {r} of table {self.cfg.name!r} belongs to server "
+                                f"{r % n}, not {self.rank}")
+        local = self.partition.local(rows)
+        return local, rowmath.rows_index(local)
 
     @property
     def versioned(self) -> bool:
         return self.procedure.versioned
 
     def apply(self, batch: UpdateBatch, client: int) -> int:
-        if batch.versioned != self.procedure.versioned:
+        versioned = batch.tags is not None
+        if versioned != self.procedure.versioned:
             raise ProtocolError(f"INC: table {self.cfg.name!r} is {'' if self.versioned else 'not '}versioned "
                                 f"(update: {self.cfg.update}); updates must {'' if self.versioned else 'not '}"
                                 "carry version tags")
-        local = self.local_rows(batch.rows, "INC")
+        local, index = self.local_rows(batch.rows, "INC")
         if self.check_finite and not rowmath.all_finite(batch.values):
             raise ProtocolError(f"INC: non-finite value for table {self.cfg.name!r}")
-        if batch.versioned:
-            released = self.local_rows(batch.rel_rows, "INC release")
-            n = self._apply(batch, local, client) if local.shape[0] else 0
+        if versioned:
+            released, _ = self.local_rows(batch.rel_rows, "INC release")
+            n = self._apply(batch, local, index, client) if local.shape[0] else 0
             if batch.eov.any() or released.shape[0]:
                 self.procedure.release(np.concatenate([local[batch.eov], released]),
                                        np.concatenate([batch.tags[batch.eov], batch.rel_tags]))
             return n
-        return self._apply(batch, local, client)
+        return self._apply(batch, local, index, client)
 
-    def _apply(self, batch: UpdateBatch, local: np.ndarray, client: int) -> int:
+    def _apply(self, batch: UpdateBatch, local: np.ndarray, index: slice | np.ndarray, client: int) -> int:
         if self.importance is None:
             self.procedure.apply(self.values, local, batch, client)
         else:  # priority from the change actually applied (|Δx|), whatever the procedure did
@@ -96,11 +104,11 @@ class TableShard:
             if self.relative:
                 np.divide(change, np.abs(before), out=change, where=before != 0)
             np.add.at(self.importance, local, change.sum(axis=1))
-        index = rowmath.rows_index(local)
-        read = self.subscribed[index]
-        if read.any():
-            self.dirty[index] |= read
-            self.pending = True
+        if self.readers:  # else no row has a reader: nothing to mark (write-only phases)
+            read = self.subscribed[index]
+            if read.any():
+                self.dirty[index] |= read
+                self.pending = True
         return local.shape[0]
 
     def subscribe(self, local: np.ndarray, client: int, index: slice | np.ndarray | None = None) -> None:
@@ -113,6 +121,7 @@ class TableShard:
                 self.importance[local[~known]] = 0
         self.subs[index, client] = True
         self.subscribed[index] = True
+        self.readers = True
 
     def mark_sent(self, local: np.ndarray) -> None:
         """These rows went to all their subscribers: nothing of theirs is pending any more."""
