@@ -228,9 +228,12 @@ class CommThread:
         ``frame`` where it lives in one (a staged piece: ``bosen.bufferpool``)."""
         self.seq[j] += 1
         header["s"] = self.seq[j]
+        payload = 0
+        for a in arrays:
+            payload += a.nbytes
         hold = self._holding and header["t"] == Msg.INC
         if hold:
-            self._unasked[j] += sum(a.nbytes for a in arrays)
+            self._unasked[j] += payload
             if self._unasked[j] < ACK_SPACING_BYTES:
                 header["na"] = True  # a later ACK covers it
             else:
@@ -242,7 +245,7 @@ class CommThread:
             self._held[j] = (header, frames)  # the pump sends it, perhaps as the flush's last message
         else:
             self._socks[j].send(frames)
-        nbytes = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
+        nbytes = len(frames[0]) + payload  # the header, then one frame per array
         self.counters["msgs_sent"] += 1
         self.counters["bytes_sent"] += nbytes
         if self.bucket is not None:

@@ -55,12 +55,14 @@ class UpdateBuffer:
         self._stage_min_rows = self.delta.shape[0] + 1
 
     def add_dense(self, rows: np.ndarray, deltas: np.ndarray, mirror: np.ndarray | None = None,
-                  held: np.ndarray | None = None) -> bool:
+                  held: np.ndarray | None = None, index: slice | np.ndarray | None = None) -> bool:
         """Buffer ``deltas``; with ``mirror`` (the cache, for read-my-writes) add them there too, in
         the same pass over the deltas, to the rows where ``held`` (the cache's row clocks) is >= 0.
+        ``index``: ``rows`` as an index (``rowmath.rows_index``), if known.
         Returns False, having changed nothing, if float deltas contain NaN or infinity (checked in the
         same pass as the copy where there is one)."""
-        index = rowmath.rows_index(rows)
+        if index is None:
+            index = rowmath.rows_index(rows)
         if self.pieces and self.staged[index].any():
             if type(index) is slice:
                 added = self._add_to_pieces(index.start, index.stop, deltas, mirror, held)

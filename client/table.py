@@ -147,7 +147,7 @@ class Table:
 
     def inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:
         """Add ``deltas`` to ``rows``: dense ``(len(rows), cols)``, or COO triples when ``cols`` is given."""
-        rows = self._rows(rows)
+        rows, index = self._rows_index(rows)
         st = self._st
         if cols is None:
             deltas = self._deltas(deltas, check_finite=False)  # the buffer checks them as it copies them
@@ -160,9 +160,9 @@ class Table:
                     priority.accumulate_dense(st.importance, rows, deltas, st.cache.values, st.cache.clock,
                                               st.relative)
                 if ok and st.read_my_writes:
-                    ok = st.oplog.add_dense(rows, deltas, st.cache.values, st.cache.clock)
+                    ok = st.oplog.add_dense(rows, deltas, st.cache.values, st.cache.clock, index)
                 elif ok:
-                    ok = st.oplog.add_dense(rows, deltas)
+                    ok = st.oplog.add_dense(rows, deltas, index=index)
             if not ok:
                 raise ValueError(f"table {self.name!r}: deltas contain NaN or infinity")
         else:
@@ -194,9 +194,6 @@ class Table:
             raise IndexError(f"table {self.name!r}: row {row} out of range [0, {self.rows})")
         return int(row)
 
-    def _rows(self, rows: Any) -> np.ndarray:
-        return self._rows_index(rows)[0]
-
     def _rows_index(self, rows: Any) -> tuple[np.ndarray, slice | np.ndarray]:
         """Checked int64 rows, and them as an index (a slice for a run: ``rowmath.rows_index``)."""
         self._client._check()
@@ -214,9 +211,10 @@ class Table:
 
     def _deltas(self, deltas: Any, check_finite: bool = True) -> np.ndarray:
         deltas = np.asarray(deltas)
-        if not np.can_cast(deltas.dtype, self.dtype, "same_kind"):
-            raise TypeError(f"table {self.name!r} holds {self.dtype.name}; cannot add {deltas.dtype} deltas")
-        deltas = deltas.astype(self.dtype, copy=False)
+        if deltas.dtype != self.dtype:  # else nothing to check or cast (the usual case)
+            if not np.can_cast(deltas.dtype, self.dtype, "same_kind"):
+                raise TypeError(f"table {self.name!r} holds {self.dtype.name}; cannot add {deltas.dtype} deltas")
+            deltas = deltas.astype(self.dtype)
         if check_finite and self.dtype.kind == "f" and not rowmath.all_finite(deltas):
             raise ValueError(f"table {self.name!r}: deltas contain NaN or infinity")
         return deltas
