@@ -43,6 +43,15 @@ def _receive_run(ss, requested, clock, lo, n, msg, c):  # pragma: no cover - com
     return True
 
 
+@njit(**_JIT)
+def _count_known(clock, requested, rows):  # pragma: no cover - compiled
+    n = 0
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        n += clock[r] >= 0 or requested[r]
+    return n
+
+
 class RowCache:
     def __init__(self, rows: int, cols: int, dtype: np.dtype, num_servers: int = 1) -> None:
         self.values = np.zeros((rows, cols), dtype=dtype)
@@ -71,6 +80,10 @@ class RowCache:
         if self.num_servers == 1:  # min over rows of max(own, s) = max(min own, s)
             return max(low, int(self.server_clock[0]))
         return int(self.fresh_clock(rows).min())
+
+    def known(self, rows: np.ndarray) -> int:
+        """How many of ``rows`` are cached or asked for (one pass; boolean masks took five calls)."""
+        return int(_count_known(self.clock, self.requested, rows))
 
     def claim(self, rows: np.ndarray) -> np.ndarray:
         """Rows of ``rows`` never received and not yet asked for, in their order and each once, now

@@ -485,10 +485,11 @@ class CommThread:
         if st.direct_reads:
             st.inflight[j].add(self.seq[j] + 1, rows, deltas)
             return
-        seen = (st.cache.clock[index] >= 0) | st.cache.requested[index]
-        if seen.all():
+        known = st.cache.known(rows)
+        if known == rows.shape[0]:
             st.inflight[j].add(self.seq[j] + 1, rows, deltas)
-        elif seen.any():
+        elif known:
+            seen = (st.cache.clock[index] >= 0) | st.cache.requested[index]
             st.inflight[j].add(self.seq[j] + 1, rows[seen], deltas[seen])
 
     def _send_versioned(self, st: TableState, rows: np.ndarray) -> int:

@@ -203,7 +203,7 @@ class UpdateBuffer:
         blocks = [self._pool.take(count) for _, _, count in parts]
         if any(b is None for b in blocks):
             return None
-        if mirror is not None and (held[lo:lo + n] >= 0).any():
+        if mirror is not None and rowmath.min_max(held[lo:lo + n])[1] >= 0:  # some row is held
             if not rowmath.all_finite(deltas):  # before the cache changes
                 return False
             counts = [rowmath.copy_counted_mirror(deltas[at:at + count * step:step], block, mirror, held, first, step)
