@@ -40,7 +40,7 @@ class TableShard:
         self.pending = False  # some row became dirty since the last clock-advance push
         self.subs = np.zeros((n, num_clients), dtype=bool)
         self.subscribed = np.zeros(n, dtype=bool)  # any client reads the row
-        self.readers = False  # any row is subscribed
+        self.has_readers = False  # some row is subscribed
         self.check_finite = self.dtype.kind == "f"
         # managed communication: accumulated change per row since it was last pushed
         self.policy = priority.make(comm.priority, seed=1000 + index) if comm.enabled else None
@@ -104,7 +104,7 @@ class TableShard:
             if self.relative:
                 np.divide(change, np.abs(before), out=change, where=before != 0)
             np.add.at(self.importance, local, change.sum(axis=1))
-        if self.readers:  # else no row has a reader: nothing to mark (write-only phases)
+        if self.has_readers:  # else no row has a reader: nothing to mark (write-only phases)
             read = self.subscribed[index]
             if read.any():
                 self.dirty[index] |= read
@@ -121,7 +121,7 @@ class TableShard:
                 self.importance[local[~known]] = 0
         self.subs[index, client] = True
         self.subscribed[index] = True
-        self.readers = True
+        self.has_readers = True
 
     def mark_sent(self, local: np.ndarray) -> None:
         """These rows went to all their subscribers: nothing of theirs is pending any more."""

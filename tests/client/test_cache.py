@@ -83,6 +83,15 @@ def test_claim_returns_each_row_to_ask_for_once_and_marks_it():
     assert c.claim(np.array([5, 3], dtype=np.int64)).shape == (0,)
 
 
+def test_known_counts_rows_cached_or_asked_for():
+    c = RowCache(8, 1, np.float32)
+    c.clock[1] = 0
+    c.requested[2] = True
+    assert c.known(np.array([0, 1, 2, 3], dtype=np.int64)) == 2
+    assert c.known(np.array([1, 2], dtype=np.int64)) == 2
+    assert c.known(np.array([4, 5], dtype=np.int64)) == 0
+
+
 def test_receive_run_records_a_run_only_if_no_row_has_a_newer_message():
     c = RowCache(8, 1, np.float32)
     c.requested[2:6] = True

@@ -4,8 +4,10 @@ reader resets."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from bosen.config import CommConfig, TableConfig
+from bosen.errors import ProtocolError
 from bosen.partition import Partition
 from bosen.server import procedures
 from bosen.server.shard import TableShard
@@ -47,3 +49,19 @@ def test_a_first_reader_resets_the_rows_priority():
     assert s.importance[:3].tolist() == [1.0, 1.0, 1.0]  # |0.5 * 2 columns| / |1|
     s.subscribe(np.array([0, 1]), client=1)  # row 0: a first reader, who gets the value as it is
     assert s.importance[:3].tolist() == [0.0, 1.0, 1.0]  # row 1 is still owed to client 0
+
+
+def test_local_rows_come_with_their_index_a_slice_for_a_run():
+    s = shard()
+    local, index = s.local_rows(np.array([3, 4, 5], dtype=np.int64), "INC")
+    assert local.tolist() == [3, 4, 5] and index == slice(3, 6)
+    local, index = s.local_rows(np.array([5, 3], dtype=np.int64), "INC")
+    assert local.tolist() == [5, 3] and index.tolist() == [5, 3]
+    cfg = TableConfig(name="W", rows=8, cols=2, dtype="float64")  # rows 1, 3, 5, 7 on server 1 of 2
+    two = TableShard(0, cfg, Partition(2), 1, 1, procedures.load(cfg, "test.yaml"), CommConfig(enabled=False))
+    local, index = two.local_rows(np.array([3, 5, 7], dtype=np.int64), "INC")
+    assert local.tolist() == [1, 2, 3] and index == slice(1, 4)
+    with pytest.raises(ProtocolError, match="row 4 of table 'W' belongs to server 0, not 1"):
+        two.local_rows(np.array([3, 4], dtype=np.int64), "INC")
+    with pytest.raises(ProtocolError, match="row 9 out of range"):
+        s.local_rows(np.array([2, 9], dtype=np.int64), "READ")
