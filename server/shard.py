@@ -56,14 +56,9 @@ class TableShard:
         n = self.partition.num_servers
         if n == 1:  # local = global: bounds and run in one pass
             lo, hi, index = rowmath.span(rows)
-        else:
-            lo, hi = rowmath.min_max(rows)
-        if lo < 0 or hi >= self.cfg.rows:
-            bad = lo if lo < 0 else hi
-            raise ProtocolError(f"{what}: row {bad} out of range for table {self.cfg.name!r} "
-                                f"with {self.cfg.rows} rows")
-        if n == 1:
+            self._check_range(lo, hi, what)
             return rows, index
+        self._check_range(*rowmath.min_max(rows), what)
         wrong = rows % n != self.rank
         if wrong.any():
             r = int(rows[np.argmax(wrong)])
@@ -72,12 +67,17 @@ class TableShard:
         local = self.partition.local(rows)
         return local, rowmath.rows_index(local)
 
+    def _check_range(self, lo: int, hi: int, what: str) -> None:
+        if lo < 0 or hi >= self.cfg.rows:
+            raise ProtocolError(f"{what}: row {lo if lo < 0 else hi} out of range for table {self.cfg.name!r} "
+                                f"with {self.cfg.rows} rows")
+
     @property
     def versioned(self) -> bool:
         return self.procedure.versioned
 
     def apply(self, batch: UpdateBatch, client: int) -> int:
-        versioned = batch.tags is not None
+        versioned = batch.versioned
         if versioned != self.procedure.versioned:
             raise ProtocolError(f"INC: table {self.cfg.name!r} is {'' if self.versioned else 'not '}versioned "
                                 f"(update: {self.cfg.update}); updates must {'' if self.versioned else 'not '}"
