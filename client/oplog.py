@@ -138,11 +138,16 @@ class UpdateBuffer:
         step = self.stride
         if end > rows.shape[0] or rows[end - 1] != first + (n - 1) * step:
             return None
+        return rows[k:end], self._remove_piece(first, n), piece[0], piece[1]
+
+    def _remove_piece(self, first: int, n: int) -> slice:
+        """Forget the staged piece of ``n`` rows from row ``first`` (its rows are clean now, the
+        caller has its deltas); returns its rows as an index."""
         del self.pieces[first]
-        index = slice(first, first + n * step, step)
+        index = slice(first, first + n * self.stride, self.stride)
         self.staged[index] = False
         self.dirty[index] = False
-        return rows[k:end], index, piece[0], piece[1]
+        return index
 
     def send_pieces_as_frames(self, acked: list[int]) -> None:
         """Make staged pieces inside ZeroMQ messages sent as they are (``BufferPool.send_as_frames``);
@@ -172,10 +177,7 @@ class UpdateBuffer:
             piece = self.pieces.get(first)
             if (piece is not None and piece[0].shape[0] == rows.shape[0]
                     and rowmath.stride_start(rows, self.stride) >= 0):
-                del self.pieces[first]
-                rows_of_piece = slice(first, first + rows.shape[0] * self.stride, self.stride)
-                self.staged[rows_of_piece] = False
-                self.dirty[rows_of_piece] = False
+                self._remove_piece(first, rows.shape[0])
                 return piece
             if self.staged[index].any():
                 self.unstage()
