@@ -33,10 +33,12 @@ def _check(cond: bool, msg: str) -> None:
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """Where the servers listen and how many worker processes make up the job."""
+    """Where the servers listen, how many worker processes make up the job, and how a server process
+    asks the OS to schedule it (``server/sched.py``)."""
 
     servers: tuple[str, ...]
     workers: int = 1
+    server_sched: Literal["batch", "normal"] = "batch"
 
     def __post_init__(self) -> None:
         _check(len(self.servers) >= 1, "servers: at least one server address is required")

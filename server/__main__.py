@@ -14,6 +14,7 @@ import uvloop
 from bosen import config as config_mod
 from bosen.malloc import reuse_large_buffers
 from bosen.errors import BosenError
+from bosen.server import sched
 from bosen.server.daemon import Server
 
 
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bosen-server: {e}", file=sys.stderr)
         return 2
     reuse_large_buffers()
+    # before ZeroMQ starts its I/O thread, which inherits the policy
+    logging.getLogger("bosen.server").info(sched.apply_policy(cfg.cluster.server_sched))
     # What exists now (modules, numba's compiler state, the tables' Python objects) lives as long as
     # the process: keep it out of the collector's full passes, which otherwise rescan it all.
     gc.freeze()

@@ -55,6 +55,7 @@ def test_load_file_and_defaults(tmp_path):
     assert cfg.source == str(tmp_path / "job.yaml")
     assert cfg.cluster.servers == ("127.0.0.1:9600", "127.0.0.1:9601")
     assert cfg.cluster.workers == 3
+    assert cfg.cluster.server_sched == "batch"
     assert cfg.consistency.staleness == 2
     assert cfg.consistency.read_timeout_s == 60.0
     assert cfg.comm.enabled is False  # no comm section: plain bounded staleness
@@ -214,6 +215,7 @@ def test_wrong_type(tmp_path, path, value, key):
     ("comm.client_bandwidth_mbps", 0, "comm.client_bandwidth_mbps"),
     ("comm.server_push_rows", 0, "comm.server_push_rows"),
     ("cluster.workers", 0, "cluster.workers"),
+    ("cluster.server_sched", "fifo", "cluster.server_sched"),
     ("cluster.servers", [], "cluster.servers"),
     ("cluster.servers", ["localhost"], "cluster.servers[0]"),
     ("cluster.servers", ["127.0.0.1:port"], "cluster.servers[0]"),
