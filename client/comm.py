@@ -100,7 +100,7 @@ class CommThread:
         self.counters = dict(bytes_sent=0, bytes_received=0, msgs_sent=0, msgs_received=0, rows_sent=0,
                              rows_sent_budgeted=0, budgeted_sends=0, rows_received=0, rows_pushed_to_us=0,
                              rows_pushed_early_to_us=0, update_batches=0, sparse_batches=0, acks=0,
-                             server_errors=0, window_paused_s=0.0, idle_polls=0)
+                             server_errors=0, window_paused_s=0.0, idle_polls=0, flushes=0)
         self.comm = config.comm
         self.bucket = LeakyBucket(config.comm.client_bandwidth_mbps) if config.comm.enabled else None
         self.incs_sent = [0] * self.n
@@ -184,6 +184,10 @@ class CommThread:
                 s.close()
             self._ctx.term()
             loop.close()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     @property
     def context(self) -> zmq.Context:

@@ -183,7 +183,7 @@ class Table:
                 st.oplog.add_coo(rows, cols, deltas)
                 if st.read_my_writes:
                     rowmath.scatter_add_coo(st.cache.values, rows, cols, deltas)
-        self._client._updates_buffered(rows.shape[0])
+        self._client._updates_buffered(rows.shape[0], deltas.nbytes)
 
     # -- argument checks -----------------------------------------------------------------------
 

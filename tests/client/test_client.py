@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from bosen.client import Client
+from bosen.client.client import HANDOVER_BYTES
 from bosen.errors import BosenError, ClientClosed, ReadTimeout, ServerError
 
 MANAGED = {"enabled": True, "priority": "relative", "client_bandwidth_mbps": 100, "server_bandwidth_mbps": 100}
@@ -587,6 +588,27 @@ def test_ticks_larger_than_the_window_go_out_on_thinned_acks(cluster):
         assert s["acks"] - before["acks"] == sent and client._comm.unacked() == 0
         assert s["msgs_received"] - before["msgs_received"] <= 0.75 * sent, "ACKs are thinned"
         np.testing.assert_array_equal(W.get_rows(np.arange(rows)), np.full((rows, cols), ticks * (ticks + 1) // 2))
+
+
+def test_a_worker_incrementing_back_to_back_hands_over_to_the_communication_thread(cluster):
+    """Ticks of 1 MiB increments with nothing in between, which would keep the communication thread
+    from the GIL and the table lock: it still takes up a flush at least once per HANDOVER_BYTES of
+    increments, so updates go out while the worker runs; every increment arrives once."""
+    rows, cols = 4096, 256  # float32: 1 KiB rows, 1024 rows per MiB
+    c = cluster(1, workers=1, staleness=1000, tables={"W": {"rows": rows, "cols": cols, "dtype": "float32"}})
+    with Client.connect(c.path) as client:
+        W = client.table("W")
+        before = client.stats()["flushes"]
+        ticks = 64
+        deltas = np.ones((1024, cols), np.float32)
+        for tick in range(ticks):
+            lo = (tick % 4) * 1024
+            W.inc_rows(np.arange(lo, lo + 1024), deltas)
+            client.clock()
+        taken = client.stats()["flushes"] - before
+        assert taken >= ticks // (HANDOVER_BYTES // (1 << 20) + 1), taken
+        client.server_status()  # answered once every update is applied (increments of a row may coalesce)
+        np.testing.assert_array_equal(W.get_rows(np.arange(rows)), np.full((rows, cols), ticks // 4, np.float32))
 
 
 @pytest.mark.parametrize("dtype", ["int64", "float64"])
