@@ -25,8 +25,8 @@ from bosen.client.workers import WorkerClocks
 JOIN_TIMEOUT_S = 30.0
 LEAVE_TIMEOUT_S = 30.0
 # Bytes of increments after which a tick waits for the communication thread to take up the pending
-# flush (Client._on_process_clock). 4 MiB: four update messages; 1 MiB ingest +8-15% against no
-# hand-over, 2 and 8 MiB gained less (docs/design.md, "Hand-over at the tick").
+# flush (Client._on_process_clock). 4 MiB: four update messages; ingest-1MiB +7.5% against no
+# hand-over (20 rounds), 2 and 8 MiB gained less (docs/design.md, "Hand-over at the tick").
 HANDOVER_BYTES = 4 << 20
 POLL_SLICE_S = 0.05  # a direct read checks for close() and errors this often while it waits
 
