@@ -254,13 +254,12 @@ class Client:
         up the pending one (not until anything is sent)."""
         with self._flush_lock:
             self._flush_to = clock
-            if not self._flush_pending:
-                self._flush_pending = True
-            else:
+            if self._flush_pending:
                 if self._unflushed_bytes >= HANDOVER_BYTES:
                     while self._flush_pending and self._comm.running:
                         self._flush_taken.wait(POLL_SLICE_S)
                 return
+            self._flush_pending = True
         self._comm.submit(self._flush_clock)
 
     def _flush_clock(self) -> None:  # on the communication thread

@@ -19,7 +19,6 @@ needs no privilege, and nice values stay as they were.
 from __future__ import annotations
 
 import os
-import threading
 
 POLICIES = {"batch": "SCHED_BATCH", "normal": "SCHED_OTHER"}
 
@@ -44,10 +43,8 @@ def apply_policy(name: str) -> str:
 
 
 def _threads() -> list[int]:
-    """This process's thread ids, the calling thread first (0: where /proc is missing)."""
+    """This process's thread ids ([0], the calling thread, where /proc is missing)."""
     try:
-        others = [int(t) for t in os.listdir("/proc/self/task")]
+        return [int(t) for t in os.listdir("/proc/self/task")]
     except OSError:
         return [0]
-    me = threading.get_native_id()
-    return [me] + [t for t in others if t != me]
