@@ -6,7 +6,7 @@ than asking to be told when that happens (a tracker per message costs more than 
 looks at the reference count when it next needs a buffer: if only the pool holds one, nobody else can
 read it and it may be written again. Reused buffers stay resident and often warm in cache, where a
 fresh megabyte array costs page faults and then memory traffic. CPython reference counts: this relies
-on them, as pyzmq does.
+on them, as pyzmq does, and checks at import that they behave as it expects (``_free_refs``).
 
 After ``send_as_frames``, each buffer lives in a ZeroMQ message of its own, made once,
 and goes on the wire as that message (a reference-counted copy, no data copied). pyzmq then has
@@ -23,12 +23,28 @@ busy into a free one (a sender records the carrier before it lets go of the buff
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import zmq
 
-_FREE_REFS = 3  # the pool's list, the loop variable and getrefcount's own argument
+
+def _free_refs() -> int:
+    """What ``sys.getrefcount`` says of a buffer only the pool holds, seen as ``take`` sees it (the
+    pool's list, a local name, the call's argument): measured, not assumed, because it differs
+    between Python versions. Raises ImportError where reference counts cannot tell a held buffer
+    from a free one (an interpreter without them): lending would then corrupt messages."""
+    bufs = [np.empty(1)]
+    b = bufs[0]
+    free = sys.getrefcount(b)
+    held = b
+    if sys.getrefcount(b) != free + 1:
+        raise ImportError("bosen.bufferpool needs CPython's reference counts to tell when a buffer is free")
+    del held
+    return free
+
+
+_FREE_REFS = _free_refs()
 
 
 class BufferPool:
@@ -64,7 +80,7 @@ class BufferPool:
 
     def _delivered(self, key: int) -> bool:
         last = self._carried.get(key)
-        return last is None or self.acked[last[0]] >= last[1]
+        return last is None or self.acked is None or self.acked[last[0]] >= last[1]
 
     def _make(self) -> np.ndarray:
         if self.acked is None:
@@ -73,7 +89,7 @@ class BufferPool:
         if self._zeros is None:  # the one source every frame is made from (a Frame keeps its source)
             self._zeros = np.zeros(nbytes, dtype=np.uint8)
         frame = zmq.Frame(self._zeros, copy=True)
-        b = np.frombuffer(frame, dtype=self.dtype).reshape(self.shape)
+        b = np.frombuffer(frame.buffer, dtype=self.dtype).reshape(self.shape)
         self._frames[id(b)] = frame
         return b
 
