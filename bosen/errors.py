@@ -21,6 +21,10 @@ class ServerError(BosenError):
     """A server rejected one of our messages; carries the server's explanation."""
 
 
+class ServerLost(ServerError):
+    """The connection to a server broke (it stopped, crashed or stopped answering heartbeats)."""
+
+
 class ReadTimeout(BosenError, TimeoutError):
     """A read could not be satisfied by a fresh enough row in time (names table, row and clocks)."""
 

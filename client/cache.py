@@ -100,6 +100,3 @@ class RowCache:
     def cached_clocks(self) -> np.ndarray:
         """Clocks of every cached row (for staleness statistics)."""
         return self.fresh_clock(np.flatnonzero(self.clock >= 0))
-
-    def cached_count(self) -> int:
-        return int(np.count_nonzero(self.clock >= 0))

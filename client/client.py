@@ -7,20 +7,22 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
 from bosen import config as config_mod
+from bosen.client.comm import START_TIMEOUT_S, CommThread
+from bosen.client.reader import OWN_BUFFER_BYTES, Reader
+from bosen.client.receive import receive_rows
+from bosen.client.table import Table, TableState
+from bosen.client.workers import WorkerClocks
 from bosen.config import Config
 from bosen.errors import BosenError, ClientClosed, ProtocolError, ReadTimeout, ServerError
 from bosen.metrics import mbps, send_histogram
 from bosen.wire import Msg
-from bosen.client.comm import CommThread, apply_rows
-from bosen.client.reader import OWN_BUFFER_BYTES, Reader
-from bosen.client.table import Table, TableState
-from bosen.client.workers import WorkerClocks
 
 JOIN_TIMEOUT_S = 30.0
 LEAVE_TIMEOUT_S = 30.0
@@ -31,13 +33,24 @@ HANDOVER_BYTES = 4 << 20
 POLL_SLICE_S = 0.05  # a direct read checks for close() and errors this often while it waits
 
 
+WORKER_COUNTERS = ("updates_buffered", "inc_bytes", "blocked_reads", "blocked_s")
+
+
 class Worker:
-    """One worker thread's identity: its tick and its table handles (``with client.worker() as w``)."""
+    """One worker thread's identity: its tick, its table handles (``with client.worker() as w``) and
+    its counters, which only its own thread writes (``Client.stats`` adds them up)."""
 
     def __init__(self, client: Client) -> None:
         self._client = client
         self.id, self.tick = client._clocks.join()
         self._tables: dict[str, Table] = {}
+        self.updates_buffered = 0  # rows incremented
+        self.inc_bytes = 0  # bytes of increments made
+        self.blocked_reads = 0
+        self.blocked_s = 0.0
+
+    def counters(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in WORKER_COUNTERS}
 
     def table(self, name: str) -> Table:
         t = self._tables.get(name)
@@ -72,22 +85,23 @@ class Client:
         self._flush_to = 0
         self._flush_pending = False
         self._flush_taken = threading.Condition(self._flush_lock)  # notified when a flush is taken up
-        self._unflushed_bytes = 0  # increments made since the communication thread last took up a flush
+        self._taken_bytes = 0  # increments made (all workers) when the last flush was taken up
         self._clocks = WorkerClocks(self._on_process_clock)
-        self._blocked_s = 0.0
-        self._blocked_reads = 0
+        # workers in this process, and the counters of those that left
+        self._workers: list[Worker] = []
+        self._workers_lock = threading.Lock()
+        self._departed: dict[str, float] = dict.fromkeys(WORKER_COUNTERS, 0)
         # direct reads (client/reader.py): one Reader per thread that blocked on a read
         self._local = threading.local()
         self._readers: list[Reader] = []
         self._readers_lock = threading.Lock()
         self._direct_traffic: dict[str, int] = {}  # counters of closed Readers
-        self._updates = 0
         self._started = time.time()
         # reports' "time" counts from the job's start when launched (so workers' times compare)
         self._t0 = float(os.environ.get("BOSEN_T0", self._started))
         self.reports: list[dict[str, Any]] = []
         self._report_file = None
-        self._comm.start()
+        self._comm.start(min(join_timeout, START_TIMEOUT_S))
         want = rank if rank is not None else int(os.environ.get("BOSEN_RANK", -1))
         try:
             self.rank: int = self._comm.call(self._comm.join(want, config.fingerprint(), join_timeout),
@@ -96,7 +110,7 @@ class Client:
             self._comm.stop()
             raise
         self.num_workers: int = config.cluster.workers
-        self._main = Worker(self) if main_worker else None
+        self._main = self._add_worker() if main_worker else None
         run_dir = os.environ.get("BOSEN_RUN_DIR")
         if run_dir:
             path = Path(run_dir) / "workers" / f"{self.rank}.jsonl"
@@ -130,11 +144,15 @@ class Client:
     def worker(self) -> Iterator[Worker]:
         """An extra worker for the calling thread; it starts at the process clock and leaves on exit."""
         self._check()
-        w = Worker(self)
+        w = self._add_worker()
         try:
             yield w
         finally:
             self._clocks.leave(w.id)
+            with self._workers_lock:
+                self._workers.remove(w)
+                for k, v in w.counters().items():
+                    self._departed[k] += v
             self._drop_reader()
 
     def stats(self) -> dict[str, Any]:
@@ -146,9 +164,10 @@ class Client:
             for c in [self._direct_traffic, *(r.counters for r in self._readers)]:
                 for k, v in c.items():
                     s[k] += v
-        s.update(rank=self.rank, clock=self._clocks.clock, blocked_s=round(self._blocked_s, 6),
-                 blocked_reads=self._blocked_reads, updates_buffered=self._updates,
-                 server_clocks=list(self._comm.server_clock), uptime_s=round(uptime, 3))
+        w = self._worker_totals()
+        s.update(rank=self.rank, clock=self._clocks.clock, blocked_s=round(w["blocked_s"], 6),
+                 blocked_reads=w["blocked_reads"], updates_buffered=w["updates_buffered"],
+                 server_clocks=[link.server_clock for link in self._comm.links], uptime_s=round(uptime, 3))
         lat = self._comm.ack_latency
         s.update(ack_latency_ms_last=round(lat["last_ms"], 3), ack_latency_ms_max=round(lat["max_ms"], 3),
                  ack_latency_ms_mean=round(lat["sum_ms"] / lat["count"], 3) if lat["count"] else 0.0)
@@ -189,34 +208,45 @@ class Client:
         return self._comm.call(self._comm.status(timeout), timeout + 5)
 
     def close(self) -> None:
-        """Send every buffered update, leave the job, stop the communication thread."""
+        """Send every buffered update, leave the job, stop the communication thread. A client that
+        failed cannot leave cleanly: it stops, and raises its failure."""
         if self._closed:
             return
         self._closed = True
         try:
-            self._comm.call(self._comm.leave(LEAVE_TIMEOUT_S), LEAVE_TIMEOUT_S + 5)
+            if self._comm.error is None:
+                self._comm.call(self._comm.leave(LEAVE_TIMEOUT_S), LEAVE_TIMEOUT_S + 5)
         finally:
-            self._close_readers()
-            self._comm.stop()
-            if self._report_file is not None:
-                self._report_file.close()
-                # final counters (traffic vs budget, send-count histograms) for the run's metrics
-                stats_path = Path(self._report_file.name).with_suffix(".stats.json")
-                stats_path.write_text(json.dumps(self.stats(), default=float))
+            self._shut_down()
+        if self._comm.error is not None:
+            raise _again(self._comm.error)
 
     def abort(self) -> None:
         """Stop communicating without leaving the job (after an unrecoverable error)."""
-        self._closed = True
+        if not self._closed:
+            self._closed = True
+            self._shut_down()
+
+    def _shut_down(self) -> None:
         self._close_readers()
         self._comm.stop()
         if self._report_file is not None:
             self._report_file.close()
+            # final counters (traffic vs budget, send-count histograms) for the run's metrics
+            stats_path = Path(self._report_file.name).with_suffix(".stats.json")
+            stats_path.write_text(json.dumps(self.stats(), default=float))
 
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:  # the error in flight is the one to see; leave as cleanly as this client still can
+            try:
+                self.close()
+            except BosenError:
+                pass
 
     # -- internals used by Table and Worker ----------------------------------------------------
 
@@ -231,13 +261,28 @@ class Client:
             raise KeyError(f"no table {name!r} in {self.config.source}; tables: {', '.join(self._by_name)}")
         return st
 
+    def _add_worker(self) -> Worker:
+        w = Worker(self)
+        with self._workers_lock:
+            self._workers.append(w)
+        return w
+
+    def _worker_totals(self) -> dict[str, float]:
+        with self._workers_lock:
+            totals = dict(self._departed)
+            for w in self._workers:
+                for k, v in w.counters().items():
+                    totals[k] += v
+        return totals
+
     def _check(self) -> None:
+        """Raise if this client is closed or has failed. A failure is kept: every worker thread raises
+        it (a copy, caused by the original) at its next call."""
         if self._closed:
             raise ClientClosed("client is closed")
         err = self._comm.error
         if err is not None:
-            self._comm.error = None
-            raise err
+            raise _again(err)
 
     def _notify(self) -> None:
         with self._fresh:
@@ -246,6 +291,8 @@ class Client:
     def _on_process_clock(self, clock: int) -> None:
         """The process clock rose: flush and send CLOCK. Ticks that pass before the communication
         thread gets to it share one flush and one CLOCK (the latest): same guarantee, fewer messages.
+        Called by the worker whose tick raised it, outside the clocks' lock; two such calls may come
+        in either order, so the later clock wins.
 
         A worker that increments back to back keeps the GIL and its table's lock busy, and the
         communication thread, woken at each tick, finds one of them taken each time it gets to run:
@@ -253,10 +300,10 @@ class Client:
         of increments were made since it last took up a flush, the worker waits until it has taken
         up the pending one (not until anything is sent)."""
         with self._flush_lock:
-            self._flush_to = clock
+            self._flush_to = max(self._flush_to, clock)
             if self._flush_pending:
-                if self._unflushed_bytes >= HANDOVER_BYTES:
-                    while self._flush_pending and self._comm.running:
+                if self._worker_totals()["inc_bytes"] - self._taken_bytes >= HANDOVER_BYTES:
+                    while self._flush_pending and self._comm.running and self._comm.error is None:
                         self._flush_taken.wait(POLL_SLICE_S)
                 return
             self._flush_pending = True
@@ -265,21 +312,18 @@ class Client:
     def _flush_clock(self) -> None:  # on the communication thread
         with self._flush_lock:
             clock, self._flush_pending = self._flush_to, False
-            self._unflushed_bytes = 0
+            self._taken_bytes = int(self._worker_totals()["inc_bytes"])
             self._flush_taken.notify_all()
         self._comm.counters["flushes"] += 1
         self._comm.flush(clock)
 
-    def _updates_buffered(self, n: int, nbytes: int) -> None:
-        self._updates += n
-        self._unflushed_bytes += nbytes
-
-    def _wait_fresh(self, st: TableState, rows: np.ndarray, tick: int,
+    def _wait_fresh(self, st: TableState, rows: np.ndarray, worker: Worker,
                     index: slice | np.ndarray | None = None) -> np.ndarray | None:
-        """Block until every row's cached clock satisfies the SSP rule for ``tick`` (``index``:
-        ``rows`` as an index, if known). Where this thread's own read brought exactly ``rows`` (a run)
-        and the cache took the values as they came, returns them: an array nothing else refers to,
-        so the caller needs no copy of its own."""
+        """Block until every row's cached clock satisfies the SSP rule for ``worker``'s tick
+        (``index``: ``rows`` as an index, if known). Where this thread's own read brought exactly
+        ``rows`` (a run) and the cache took the values as they came, returns them: an array nothing
+        else refers to, so the caller needs no copy of its own."""
+        tick = worker.tick
         need = max(tick - st.staleness, 0)
         cache = st.cache
         if rows.shape[0] == 0 or cache.min_clock(rows, index) >= need:
@@ -290,7 +334,7 @@ class Client:
                 missing = np.sort(missing)
         start = time.monotonic()
         deadline = start + self.config.consistency.read_timeout_s
-        self._blocked_reads += 1
+        worker.blocked_reads += 1
         got = None
         try:
             if missing.shape[0] and st.direct_reads:
@@ -310,7 +354,7 @@ class Client:
                         raise self._timeout(st, rows, tick, need)
                     self._fresh.wait(min(left, 1.0))
         finally:
-            self._blocked_s += time.monotonic() - start
+            worker.blocked_s += time.monotonic() - start
 
     def _read_direct(self, st: TableState, rows: np.ndarray, need: int, tick: int,
                      deadline: float) -> np.ndarray | None:
@@ -324,39 +368,39 @@ class Client:
             pins = [(j, st.inflight[j].pin()) for j, _ in parts]
         left: dict[int, tuple[int, int]] = {}  # server -> (its READ's number, rows still to come)
         whole = None
-        reader.busy = True
         try:
-            timeout = max(deadline - time.monotonic(), 0.001)
-            for j, rj in parts:
-                left[j] = (reader.send_read(j, st.index, rj, need, timeout), rj.shape[0])
-            while left:
-                self._check()
-                wait = min(POLL_SLICE_S, deadline - time.monotonic())
-                if wait <= 0:
-                    raise self._timeout(st, rows, tick, need)
-                for j, h, frames in reader.poll(list(left), wait):
-                    if j not in left or h.get("rq", -1) != left[j][0]:
-                        continue  # the answer to an abandoned read: its rows were asked for again
-                    if h["t"] == Msg.ERROR:
-                        raise ServerError(f"server {j} ({self.config.cluster.servers[j]}) rejected a read: {h['m']}")
-                    if h["t"] != Msg.ROWS:
-                        raise ProtocolError(f"server {j}: {h['t'].name} on a read connection")
-                    got, rj, vals, _ = self._comm.rows_of(h, frames)
-                    if got is not st:
-                        raise ProtocolError(f"server {j}: ROWS of table {got.name!r} for a read of {st.name!r}")
-                    with st.lock:
-                        exact = apply_rows(st, j, h, rj, vals)
-                    if exact and rj.shape[0] == rows.shape[0] and vals.nbytes >= OWN_BUFFER_BYTES:
-                        whole = vals
-                    reader.counters["rows_received"] += rj.shape[0]
-                    seq, n = left[j]
-                    if n - rj.shape[0] > 0:
-                        left[j] = (seq, n - rj.shape[0])
-                    else:
-                        del left[j]
-            reader.counters["direct_reads"] += 1
+            with reader.lock:  # close() waits for this read to notice it and stop
+                timeout = max(deadline - time.monotonic(), 0.001)
+                for j, rj in parts:
+                    left[j] = (reader.send_read(j, st.index, rj, need, timeout, self._check), rj.shape[0])
+                while left:
+                    self._check()
+                    wait = min(POLL_SLICE_S, deadline - time.monotonic())
+                    if wait <= 0:
+                        raise self._timeout(st, rows, tick, need)
+                    for j, h, frames in reader.poll(list(left), wait):
+                        if j not in left or h.get("rq", -1) != left[j][0]:
+                            continue  # the answer to an abandoned read: its rows were asked for again
+                        if h["t"] == Msg.ERROR:
+                            raise ServerError(f"server {j} ({self.config.cluster.servers[j]}) rejected a read: "
+                                              f"{h['m']}")
+                        if h["t"] != Msg.ROWS:
+                            raise ProtocolError(f"server {j}: {h['t'].name} on a read connection")
+                        got = receive_rows(self._tables, j, h, frames)
+                        if got.table is not st:
+                            raise ProtocolError(f"server {j}: ROWS of table {got.table.name!r} for a read of "
+                                                f"{st.name!r}")
+                        n = got.rows.shape[0]
+                        if got.exact and n == rows.shape[0] and got.values.nbytes >= OWN_BUFFER_BYTES:
+                            whole = got.values
+                        reader.counters["rows_received"] += n
+                        seq, todo = left[j]
+                        if todo - n > 0:
+                            left[j] = (seq, todo - n)
+                        else:
+                            del left[j]
+                reader.counters["direct_reads"] += 1
         finally:
-            reader.busy = False
             with st.lock:
                 for j, floor in pins:
                     st.inflight[j].unpin(floor)
@@ -386,20 +430,20 @@ class Client:
                 if reader in self._readers:
                     self._readers.remove(reader)
                 self._fold(reader)
-            reader.close()
+            with reader.lock:
+                reader.close()
 
     def _close_readers(self) -> None:
-        """Close every thread's read sockets (before the context ends); reads in progress notice
-        close() within POLL_SLICE_S and stop first."""
-        deadline = time.monotonic() + 1.0
+        """Close every thread's read sockets (before the context ends). A read in progress holds its
+        reader's lock and notices close() within POLL_SLICE_S; each socket is closed only once no
+        read uses it."""
         with self._readers_lock:
             readers, self._readers = self._readers, []
             for r in readers:
                 self._fold(r)
-        while any(r.busy for r in readers) and time.monotonic() < deadline:
-            time.sleep(0.01)
         for r in readers:
-            r.close()
+            with r.lock:
+                r.close()
 
     def _fold(self, reader: Reader) -> None:
         for k, v in reader.counters.items():
@@ -414,5 +458,16 @@ class Client:
             f"read of table {st.name!r} row {r} timed out after {self.config.consistency.read_timeout_s:g}s: "
             f"worker tick {tick} needs row clock >= {need} (staleness {st.staleness}), cached row clock "
             f"{'none (never received)' if have < 0 else have}; server {j} ({self.config.cluster.servers[j]}) "
-            f"last reported clock {self._comm.server_clock[j]}. A worker process may have stopped clocking "
+            f"last reported clock {self._comm.links[j].server_clock}. A worker process may have stopped clocking "
             f"or a server may be down.")
+
+
+def _again(err: BosenError) -> BosenError:
+    """A fresh copy of a kept failure to raise in one more thread (an exception object raised in
+    several threads at once would share, and garble, one traceback), caused by the original."""
+    try:
+        again = type(err)(*err.args)
+    except Exception:
+        again = BosenError(str(err))
+    again.__cause__ = err
+    return again

@@ -76,7 +76,7 @@ class UpdateBuffer:
         if not rowmath.all_finite(deltas):
             return False
         if (type(index) is slice and not self.dirty[index].any()
-                and (mirror is None or (held[index] < 0).all())):
+                and (mirror is None or held is None or (held[index] < 0).all())):
             # a run of clean rows (a clean row's delta is zero) and nothing to mirror: a plain copy,
             # which writes without reading first
             self.delta[index] = deltas
@@ -202,20 +202,23 @@ class UpdateBuffer:
         # (first row, position in deltas, rows): one server's rows of the run, a chunk at a time
         parts = [(lo + o + k * step, o + k * step, min(per, len(range(o + k * step, n, step))))
                  for o in range(min(step, n)) for k in range(0, len(range(o, n, step)), per)]
-        blocks = [self._pool.take(count) for _, _, count in parts]
-        if any(b is None for b in blocks):
-            return None
-        if mirror is not None and rowmath.min_max(held[lo:lo + n])[1] >= 0:  # some row is held
+        blocks = []
+        for _, _, count in parts:
+            block = self._pool.take(count)
+            if block is None:
+                return None
+            blocks.append(block)
+        if mirror is not None and held is not None and rowmath.min_max(held[lo:lo + n])[1] >= 0:  # some row is held
             if not rowmath.all_finite(deltas):  # before the cache changes
                 return False
             counts = [rowmath.copy_counted_mirror(deltas[at:at + count * step:step], block, mirror, held, first, step)
-                      for (first, at, count), block in zip(parts, blocks)]
+                      for (first, at, count), block in zip(parts, blocks, strict=True)]
         else:
             counts = [rowmath.copy_counted(deltas[at:at + count * step:step], block)
-                      for (_, at, count), block in zip(parts, blocks)]
+                      for (_, at, count), block in zip(parts, blocks, strict=True)]
             if min(counts) < 0:
                 return False
-        for (first, _, _), block, nnz in zip(parts, blocks, counts):
+        for (first, _, _), block, nnz in zip(parts, blocks, counts, strict=True):
             self.pieces[first] = (block, nnz)
         self.staged[lo:lo + n] = True
         self.dirty[lo:lo + n] = True

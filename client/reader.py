@@ -14,16 +14,20 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import zmq
 
 from bosen import wire
+from bosen.client.receive import decode
 from bosen.errors import BosenError, ProtocolError, ServerError
 from bosen.wire import Msg
 from bosen.zsocket import recv_frames, send_frames
 
+CONNECT_POLL_MS = 50  # a read connection's HELLO is awaited in slices this long, checking ``interrupt``
 # A received frame this large has a buffer of its own (ZeroMQ packs only messages under its 8 KiB
 # receive batch into shared buffers), so an array over it can be handed to a caller without pinning
 # other messages' memory.
@@ -31,7 +35,8 @@ OWN_BUFFER_BYTES = 64 << 10
 
 
 class Reader:
-    """One thread's read sockets, made on first use per server."""
+    """One thread's read sockets, made on first use per server. Its thread holds ``lock`` while it
+    reads; whoever closes it takes the lock first, so no socket is closed while in use."""
 
     def __init__(self, ctx: zmq.Context, addresses: list[str], rank: int, fingerprint: str) -> None:
         self._ctx = ctx
@@ -43,14 +48,16 @@ class Reader:
         self._rcvtimeo = [-1] * len(addresses)  # as last set: setting it costs microseconds per read
         self._token = f"r{os.getpid()}-{secrets.token_hex(8)}"  # unique across the job, like the main ones
         self._poller = zmq.Poller()
-        self.busy = False  # a read is in progress (close() waits for it)
+        self.lock = threading.Lock()
         # this thread's: traffic, rows received, reads made (client.stats() adds them up)
         self.counters = dict(bytes_sent=0, bytes_received=0, msgs_sent=0, msgs_received=0, rows_received=0,
                              direct_reads=0)
 
-    def send_read(self, j: int, table: int, rows: np.ndarray, min_clock: int, timeout: float) -> int:
-        """Send READ of ``rows`` to server ``j``; returns its sequence number (the reply's ``rq``)."""
-        sock = self._socks[j] or self._connect(j, timeout)
+    def send_read(self, j: int, table: int, rows: np.ndarray, min_clock: int, timeout: float,
+                  interrupt: Callable[[], None]) -> int:
+        """Send READ of ``rows`` to server ``j``; returns its sequence number (the reply's ``rq``).
+        ``interrupt`` is called while a new connection waits for its WELCOME, and may raise."""
+        sock = self._socks[j] or self._connect(j, timeout, interrupt)
         self._seq[j] += 1
         frames = wire.encode({"t": Msg.READ, "tb": table, "n": int(rows.shape[0]), "c": min_clock,
                               "s": self._seq[j]}, rows)
@@ -66,6 +73,7 @@ class Reader:
         if len(servers) == 1:
             j = servers[0]
             sock = self._socks[j]
+            assert sock is not None, "poll() before send_read()"
             if self._rcvtimeo[j] != ms:
                 sock.setsockopt(zmq.RCVTIMEO, ms)
                 self._rcvtimeo[j] = ms
@@ -86,9 +94,8 @@ class Reader:
     def _decode(self, j: int, frames: list[Any]) -> tuple[int, dict[str, Any], list[Any]]:
         self.counters["msgs_received"] += 1
         self.counters["bytes_received"] += sum(map(len, frames))
-        h = wire.decode_header(frames[0])
-        wire.check_frames(h, len(frames) - 1)
-        return j, h, frames[1:]
+        h, arrays = decode(frames)
+        return j, h, arrays
 
     def close(self) -> None:
         for i, sock in enumerate(self._socks):
@@ -96,7 +103,7 @@ class Reader:
                 sock.close(0)
                 self._socks[i] = None
 
-    def _connect(self, j: int, timeout: float) -> zmq.Socket:
+    def _connect(self, j: int, timeout: float, interrupt: Callable[[], None]) -> zmq.Socket:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IDENTITY, f"{self._token}-{j}".encode())
@@ -104,7 +111,16 @@ class Reader:
         self._seq[j] += 1
         sock.send_multipart(wire.encode({"t": Msg.HELLO, "rank": self._rank, "fp": self._fp, "rd": True,
                                          "s": self._seq[j]}))
-        if not sock.poll(int(timeout * 1000)):
+        waited = 0
+        while not sock.poll(CONNECT_POLL_MS):
+            waited += CONNECT_POLL_MS
+            try:
+                interrupt()
+            except BaseException:
+                sock.close(0)
+                raise
+            if waited < timeout * 1000:
+                continue
             sock.close(0)
             raise BosenError(f"no answer to a read connection's HELLO from server {j} at {self._addresses[j]} "
                              f"within {timeout:g}s (is it running?)")

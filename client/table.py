@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bosen import priority, rowmath
-from bosen.config import CommConfig, TableConfig
 from bosen.client.cache import RowCache
 from bosen.client.oplog import InflightLog, UpdateBuffer
 from bosen.client.versions import VersionLog
+from bosen.config import CommConfig, TableConfig
 
 if TYPE_CHECKING:
     from bosen.client.client import Client, Worker
@@ -129,7 +129,7 @@ class Table:
     def get_rows(self, rows: Any) -> np.ndarray:
         """Copies of many rows as a 2-D array (one request per server for those not fresh)."""
         rows, index = self._rows_index(rows)
-        fresh = self._client._wait_fresh(self._st, rows, self._worker.tick, index)
+        fresh = self._client._wait_fresh(self._st, rows, self._worker, index)
         if fresh is not None:  # just read and not shared: no copy needed
             return fresh
         with self._st.lock:
@@ -183,7 +183,9 @@ class Table:
                 st.oplog.add_coo(rows, cols, deltas)
                 if st.read_my_writes:
                     rowmath.scatter_add_coo(st.cache.values, rows, cols, deltas)
-        self._client._updates_buffered(rows.shape[0], deltas.nbytes)
+        w = self._worker  # its own counters: only this thread writes them
+        w.updates_buffered += rows.shape[0]
+        w.inc_bytes += deltas.nbytes
 
     # -- argument checks -----------------------------------------------------------------------
 

@@ -346,7 +346,7 @@ def test_every_client_connects_under_its_own_identity(cluster):
     import zmq
     c = cluster(2, workers=2)
     with Client.connect(c.path) as a, Client.connect(c.path) as b:
-        ids = [s.sock.getsockopt(zmq.IDENTITY) for cl in (a, b) for s in cl._comm._socks]
+        ids = [link.sock.sock.getsockopt(zmq.IDENTITY) for cl in (a, b) for link in cl._comm.links]
         assert len(set(ids)) == 4, ids
         assert all(len(i) >= len(f"c{os.getpid()}-") + 16 for i in ids), ids  # 64 random bits
         assert {a.rank, b.rank} == {0, 1}
@@ -550,7 +550,7 @@ def test_a_flush_asks_for_an_ack_once_per_2_MiB(cluster):
     rows, cols = 1024, 512  # int64: 4 KiB rows, 256 per 1 MiB message, 4 messages per tick
     c = cluster(1, workers=1, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": "int64"}})
     with Client.connect(c.path) as client:
-        assert client._comm.window_bytes == 16 << 20
+        assert [link.window.window_bytes for link in client._comm.links] == [16 << 20]
         W = client.table("W")
         before = client.stats()
         ticks = 3
@@ -574,7 +574,8 @@ def test_ticks_larger_than_the_window_go_out_on_thinned_acks(cluster):
     rows, cols = 8192, 512  # int64, 2 servers: 16 MiB per tick and server, 1 MiB messages
     c = cluster(2, workers=1, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": "int64"}})
     with Client.connect(c.path) as client:
-        client._comm.window_bytes = 8 << 20
+        for link in client._comm.links:
+            link.window.window_bytes = 8 << 20
         W = client.table("W")
         before = client.stats()
         ticks = 3
@@ -618,7 +619,8 @@ def test_a_flush_larger_than_the_window_goes_out_as_acks_arrive(cluster, dtype):
     rows, cols = 300, 1024  # 8 KiB rows: 128 rows per 1 MiB message, several per server and flush
     c = cluster(2, workers=1, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": dtype}})
     with Client.connect(c.path) as client:
-        client._comm.window_bytes = 1
+        for link in client._comm.links:
+            link.window.window_bytes = 1
         W = client.table("W")
         want = np.zeros((rows, cols))
         for tick in range(4):
