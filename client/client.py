@@ -88,7 +88,7 @@ class Client:
         self._taken_bytes = 0  # increments made (all workers) when the last flush was taken up
         self._clocks = WorkerClocks(self._on_process_clock)
         # workers in this process, and the counters of those that left
-        self._workers: list[Worker] = []
+        self._workers: tuple[Worker, ...] = ()  # replaced, never changed in place: read without the lock
         self._workers_lock = threading.Lock()
         self._departed: dict[str, float] = dict.fromkeys(WORKER_COUNTERS, 0)
         # direct reads (client/reader.py): one Reader per thread that blocked on a read
@@ -150,7 +150,7 @@ class Client:
         finally:
             self._clocks.leave(w.id)
             with self._workers_lock:
-                self._workers.remove(w)
+                self._workers = tuple(x for x in self._workers if x is not w)
                 for k, v in w.counters().items():
                     self._departed[k] += v
             self._drop_reader()
@@ -264,8 +264,16 @@ class Client:
     def _add_worker(self) -> Worker:
         w = Worker(self)
         with self._workers_lock:
-            self._workers.append(w)
+            self._workers = (*self._workers, w)
         return w
+
+    def _inc_bytes(self) -> int:
+        """Bytes of increments made by this process's workers, those that left included (on every
+        tick: no lock, no dict)."""
+        n = int(self._departed["inc_bytes"])
+        for w in self._workers:
+            n += w.inc_bytes
+        return n
 
     def _worker_totals(self) -> dict[str, float]:
         with self._workers_lock:
@@ -302,7 +310,7 @@ class Client:
         with self._flush_lock:
             self._flush_to = max(self._flush_to, clock)
             if self._flush_pending:
-                if self._worker_totals()["inc_bytes"] - self._taken_bytes >= HANDOVER_BYTES:
+                if self._inc_bytes() - self._taken_bytes >= HANDOVER_BYTES:
                     while self._flush_pending and self._comm.running and self._comm.error is None:
                         self._flush_taken.wait(POLL_SLICE_S)
                 return
@@ -312,7 +320,7 @@ class Client:
     def _flush_clock(self) -> None:  # on the communication thread
         with self._flush_lock:
             clock, self._flush_pending = self._flush_to, False
-            self._taken_bytes = int(self._worker_totals()["inc_bytes"])
+            self._taken_bytes = self._inc_bytes()
             self._flush_taken.notify_all()
         self._comm.counters["flushes"] += 1
         self._comm.flush(clock)

@@ -333,11 +333,11 @@ class CommThread:
                 update, k = encode.take_chunk(st, rows, k, link.index, link.seq + 1)
                 if update is None:
                     continue
-                nbytes = out.send(encode.inc_header(st, update.batch), *update.batch.arrays(),
-                                  owned=update.owned, frame=update.frame)
-                if update.frame is not None:
-                    st.oplog.carried(update.owned, link.index, link.seq)  # before this thread lets go of it
-            self._sent_update(link, update.batch, nbytes)
+                batch, owned, frame = update
+                nbytes = out.send(encode.inc_header(st, batch), *batch.arrays(), owned=owned, frame=frame)
+                if frame is not None:
+                    st.oplog.carried(owned, link.index, link.seq)  # before this thread lets go of it
+            self._sent_update(link, batch, nbytes)
         return rows[k:]
 
     def _sent_update(self, link: ServerLink, batch: UpdateBatch, nbytes: int) -> None:

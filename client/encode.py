@@ -9,7 +9,6 @@ without a copy, and the in-flight log (read-my-writes) keeps that same array.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,14 +22,10 @@ from bosen.wire import Msg, UpdateBatch
 F16_MAX = float(np.finfo(np.float16).max)
 
 
-@dataclass
-class Update:
-    """One INC message's content: ``owned`` goes on the wire without a copy (nothing writes it
-    again), as ``frame`` where it lives in a ZeroMQ message of its own (a staged piece)."""
-
-    batch: UpdateBatch
-    owned: np.ndarray | None = None
-    frame: Any = None
+# One INC message's content: the batch; an array that goes on the wire without a copy (nothing
+# writes it again), or None; the ZeroMQ message that array lives in (a staged piece), or None.
+# A plain tuple: one is made per update message.
+Update = tuple[UpdateBatch, np.ndarray | None, Any]
 
 
 def inc_header(st: TableState, batch: UpdateBatch) -> dict[str, Any]:
@@ -67,10 +62,10 @@ def take_chunk(st: TableState, rows: np.ndarray, k: int, server: int, seq: int) 
         nnz = None  # float16 rounding may have zeroed some values
     batch = update_batch(rj, wire_block, nnz)
     if batch.sparse:
-        return Update(batch), k
+        return (batch, None, None), k
     if wire_block is block and (frame := oplog.frame_of(block)) is not None:
-        return Update(batch, block, frame), k
-    return Update(batch, wire_block), k
+        return (batch, block, frame), k
+    return (batch, wire_block, None), k
 
 
 def next_chunk(oplog: UpdateBuffer, rows: np.ndarray, k: int) -> tuple[np.ndarray, int]:
