@@ -113,7 +113,7 @@ class LocalCluster:
         try:
             for proc, addr in zip(self.servers, self.addresses, strict=True):
                 while True:
-                    self.check()
+                    self.check("while starting")
                     try:
                         status_mod.query(addr, timeout=0.5, ctx=ctx)
                         break
@@ -134,14 +134,13 @@ class LocalCluster:
         p = self.servers[i]
         return p.kill() if sig == signal.SIGKILL else p.stop()
 
-    def check(self) -> None:
+    def check(self, when: str = "while its cluster was running") -> None:
         """Raise ProcessFailed if a server has exited without being asked to."""
         for i, p in enumerate(self.servers):
             code = p.returncode
             if code is not None and i not in self._on_purpose:
                 self._died.setdefault(i, code)
-                raise ProcessFailed(f"{p.name} {describe_exit(code)} while its cluster was running. Last log lines:\n"
-                                    f"{p.tail()}")
+                raise ProcessFailed(f"{p.name} {describe_exit(code)} {when}. Last log lines:\n{p.tail()}")
 
     def terminate(self) -> None:
         """Send every running server SIGTERM (``stop`` waits); lets several clusters stop in parallel."""
@@ -164,8 +163,12 @@ class LocalCluster:
             if i in self._died:
                 problems.append(f"{p.name} {describe_exit(self._died[i])} while its cluster was running. "
                                 f"Last log lines:\n{p.tail()}")
+            elif p.escalated:
+                problems.append(f"{p.name} did not exit within {grace:g}s of SIGTERM and was killed. "
+                                f"Last log lines:\n{p.tail()}")
             elif code not in (0, -signal.SIGTERM):
-                problems.append(f"{p.name} {describe_exit(code)} on SIGTERM. Last log lines:\n{p.tail()}")
+                problems.append(f"{p.name} {describe_exit(code)} when stopped with SIGTERM. Last log lines:\n"
+                                f"{p.tail()}")
         if check and problems:
             raise ProcessFailed("\n".join(problems))
 

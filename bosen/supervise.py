@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from bosen.errors import BosenError
 
@@ -107,6 +107,7 @@ class Process:
         self.cmd = [os.fspath(c) if isinstance(c, os.PathLike) else str(c) for c in cmd]
         self.log = Path(log)
         self._terminated = False
+        self.escalated = False  # stop() had to SIGKILL it: it outlived its grace period
         pipe = subprocess.PIPE if pipes else subprocess.DEVNULL
         with self.log.open("w") as out:
             self.popen = subprocess.Popen(
@@ -198,6 +199,7 @@ class Process:
         if grace > 0 and not self._exited_within(0.0):
             self.terminate()
             self._exited_within(grace)
+        self.escalated = self._terminated and self.alive()
         self._signal_group(signal.SIGKILL)
         try:
             code = self.popen.wait(10.0)
@@ -211,7 +213,7 @@ class Process:
                     pass
         return code
 
-    def __enter__(self) -> Process:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -281,7 +283,7 @@ class ProcessGroup:
         """Stop every member (see ``stop_all``); exit statuses in start order."""
         return stop_all(self.procs, self.grace if grace is None else grace)
 
-    def __enter__(self) -> ProcessGroup:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

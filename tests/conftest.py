@@ -13,14 +13,17 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 
 from bosen.cluster import free_ports  # noqa: F401  (tests import it from here)
 from bosen.jobs import job_config, write_config  # noqa: F401  (tests import them from here)
 from bosen.supervise import Process, ProcessGroup, tail  # noqa: F401
+
+pytest_plugins = ("pytester",)  # tests/bosen/test_pytest_plugin.py runs pytest on small test files
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
