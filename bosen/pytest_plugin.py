@@ -85,11 +85,11 @@ def bosen_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Generator[C
             pytest.fail("\n".join(problems), pytrace=False)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, Any]:
-    report = yield
+@pytest.hookimpl(hookwrapper=True)  # the older style, so pytest 7 projects can load the plugin too
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
+    outcome = yield
+    report = outcome.get_result()
     if report.when == "call" and report.failed:
         for group in item.stash.get(_GROUPS, []):
             for p in group:
                 report.sections.append((f"log of {p!r}", p.tail(LOG_LINES)))
-    return report
