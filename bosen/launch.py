@@ -1,9 +1,11 @@
 """``bosen launch``: run a whole job on this machine (servers and workers as subprocesses).
 
-The launcher owns every process it starts: whatever happens (a worker dies, a server dies, Ctrl-C,
-a timeout, a bug here) it stops them all before returning, and it says why. Workers write metrics
-to ``RUN_DIR/workers/RANK.jsonl``; the launcher merges them per clock into ``RUN_DIR/metrics.jsonl``,
-prints progress, and plots the objective at the end.
+The launcher owns every process it starts (one ``bosen.supervise.ProcessGroup``: the servers through
+``bosen.cluster``, the workers through ``bosen.jobs.start_worker``): whatever happens (a worker dies,
+a server dies, Ctrl-C, a timeout, a bug here) it stops them all before returning, and it says why;
+on Linux they die with it even if it is killed. Workers write metrics to ``RUN_DIR/workers/RANK.jsonl``;
+the launcher merges them per clock into ``RUN_DIR/metrics.jsonl`` (format: ``bosen.jobs``), prints
+progress, and plots the objective at the end.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from bosen.cluster import LocalCluster, resolve_ports
 from bosen.config import Config
 from bosen.errors import BosenError
 from bosen.jobs import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, start_worker
-from bosen.supervise import STOP_GRACE_S, Process, ProcessFailed, ProcessGroup, describe_exit
+from bosen.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
 
 POLL_S = 0.2
 SERVER_READY_TIMEOUT_S = 60.0
@@ -79,7 +81,7 @@ class Launcher:
                 merger = MetricsMerger(self.run_dir, self.config.cluster.workers, metrics)
                 # children get their own process groups, so Ctrl-C in a terminal reaches only the
                 # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
-                with ProcessGroup(self.run_dir / "logs", grace=STOP_GRACE_S) as group:
+                with ProcessGroup(self.run_dir / "logs") as group:
                     self._start_servers(cfg_path, group)
                     self._start_workers(cfg_path, group)
                     self._watch(merger, start)
