@@ -29,11 +29,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ServerProcs, emit, log  # noqa: E402
+from common import emit, log, servers  # noqa: E402
 
 from bosen.client import Client  # noqa: E402
 
 ROWS, COLS = 2000, 256  # 1 KiB rows
+STATUS_TIMEOUT_S = 10.0
 
 
 def _job(client_mbps: float, server_mbps: float, workers: int) -> dict:
@@ -65,8 +66,8 @@ class Writer(threading.Thread):
 
 
 def measure_client(budget: float, window: float, warmup: float) -> dict:
-    with ServerProcs(_job(budget, 10_000, 1), 1) as sp:
-        client = Client.connect(sp.config_path)
+    with servers(_job(budget, 10_000, 1), 1) as cluster:
+        client = Client.connect(cluster.path)
         w = Writer(client.table("W"))
         try:
             w.start()
@@ -83,9 +84,9 @@ def measure_client(budget: float, window: float, warmup: float) -> dict:
 
 
 def measure_server(budget: float, window: float, warmup: float) -> dict:
-    with ServerProcs(_job(max(4 * budget, 100), budget, 2), 1) as sp:
-        reader = Client.connect(sp.config_path)
-        writer = Client.connect(sp.config_path)
+    with servers(_job(max(4 * budget, 100), budget, 2), 1) as cluster:
+        reader = Client.connect(cluster.path)
+        writer = Client.connect(cluster.path)
         w = Writer(writer.table("W"))
         try:
             reader.table("W").get_rows(np.arange(ROWS))  # subscribe to every row
@@ -93,9 +94,9 @@ def measure_server(budget: float, window: float, warmup: float) -> dict:
             # the subscription reply (the whole table) is charged to the server's budget too: wait
             # until that debt is paid, or the window would start with the bucket still in debt
             time.sleep(warmup + ROWS * COLS * 4 * 8 / (budget * 1e6))
-            s0, t0 = sp.status()[0], time.monotonic()
+            s0, t0 = cluster.status(STATUS_TIMEOUT_S)[0], time.monotonic()
             time.sleep(window)
-            s1, t1 = sp.status()[0], time.monotonic()
+            s1, t1 = cluster.status(STATUS_TIMEOUT_S)[0], time.monotonic()
         finally:
             w.stop.set()
             w.join()

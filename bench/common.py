@@ -1,10 +1,9 @@
 """Helpers shared by the benchmarks (DESIGN §9): JSON result lines, child processes, memory.
 
 - ``emit(**fields)`` prints one result as a JSON line on stdout (flushed at once).
-- ``Child`` starts a Python subprocess whose stderr goes to a log file, and always stops it.
-- ``ServerProcs`` writes a job config with free local ports, starts one ``bosen-server`` per address
-  as a subprocess, waits until each answers a STATUS query, and stops them all on exit (SIGTERM, then
-  SIGKILL), whatever happened in between. On Linux the children also die with the bench process.
+- ``Child`` starts a Python subprocess whose output goes to a log file; ``stop()`` always ends it.
+- ``servers(job, n)`` starts the servers of a job on free local ports and stops them on exit
+  (``bosen.cluster``); ``bosen.jobs.run_job`` runs a whole job through ``bosen launch``.
 - ``rss_bytes(pid)`` is a process's resident set size (psutil).
 
 Benchmarks run from a source checkout as ``python bench/NAME.py``; nothing here depends on the
@@ -13,30 +12,25 @@ current directory.
 
 from __future__ import annotations
 
-import atexit
+import contextlib
 import json
 import math
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import psutil
-import yaml
 
-from bosen import config as config_mod
-from bosen import status as status_mod
-from bosen.config import Config
+from bosen.cluster import LocalCluster, start_cluster
 from bosen.errors import BosenError
+from bosen.supervise import Process
 
-STOP_GRACE_S = 5.0
-READY_TIMEOUT_S = 60.0
 MiB = 1 << 20
 KiB = 1 << 10
 
@@ -78,47 +72,23 @@ def spread(xs: Sequence[float]) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------------------------
-# processes
+# processes (supervised by bosen.supervise: own process group, stop with grace then kill, and on
+# Linux they die with the bench process)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the child gets SIGTERM when the bench process dies, even by SIGKILL."""
-    try:
-        import ctypes
+class Child(Process):
+    """``python ARGS...`` as a supervised process, its log in LOG_DIR/NAME.log.
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-class Child:
-    """A Python subprocess (``python ARGS...``) with stderr in a log file; ``stop()`` always ends it.
-
-    ``stdin``/``stdout`` are pipes when asked for (line protocols with the bench process).
+    With ``pipes`` its stdin and stdout are pipes (line protocols with the bench process) and only
+    stderr goes to the log.
     """
-
-    _live: set[Child] = set()
 
     def __init__(self, args: Sequence[str], name: str, log_dir: Path, *, pipes: bool = False,
                  env: Mapping[str, str] | None = None) -> None:
-        self.name = name
-        self.log_path = Path(log_dir) / f"{name}.log"
-        self._log = self.log_path.open("w")
-        pipe = subprocess.PIPE if pipes else subprocess.DEVNULL
-        self.popen = subprocess.Popen(
-            [sys.executable, *args], stdin=pipe, stdout=pipe if pipes else self._log, stderr=self._log,
-            env={**os.environ, **(env or {})}, text=True, bufsize=1,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
-        Child._live.add(self)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
+        super().__init__(name, [sys.executable, *args], Path(log_dir) / f"{name}.log", env=env, pipes=pipes)
 
     def send_line(self, line: str) -> None:
+        assert self.popen.stdin is not None, f"{self.name} was started without pipes"
         self.popen.stdin.write(line + "\n")
         self.popen.stdin.flush()
 
@@ -130,6 +100,7 @@ class Child:
         """
         import selectors
 
+        assert self.popen.stdout is not None, f"{self.name} was started without pipes"
         sel = selectors.DefaultSelector()
         sel.register(self.popen.stdout, selectors.EVENT_READ)
         try:
@@ -139,144 +110,24 @@ class Child:
             sel.close()
         line = self.popen.stdout.readline()
         if not line:
-            self.popen.wait(5)
-            raise BosenError(f"{self.name} exited with status {self.popen.returncode}\n{self.tail()}")
+            code = self.wait(5)
+            raise BosenError(f"{self.name} exited with status {code}\n{self.tail()}")
         return json.loads(line)
 
-    def tail(self, n: int = 20) -> str:
-        self._log.flush()
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()[-n:]
-        except OSError:
-            return "    (no log)"
-        return "\n".join("    " + s for s in lines) or "    (log is empty)"
 
-    def stop(self, grace: float = STOP_GRACE_S) -> int | None:
-        """SIGTERM, wait up to ``grace`` seconds, then SIGKILL; returns the exit status."""
-        p = self.popen
-        if p.poll() is None:
-            try:
-                p.send_signal(signal.SIGTERM)
-                p.wait(grace)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-            except ProcessLookupError:
-                pass
-        for f in (p.stdin, p.stdout):
-            if f is not None:
-                try:
-                    f.close()
-                except OSError:
-                    pass
-        self._log.close()
-        Child._live.discard(self)
-        return p.returncode
+@contextlib.contextmanager
+def servers(job: Mapping[str, Any], n: int = 1, *, workdir: str | Path | None = None,
+            log_level: str = "WARNING") -> Iterator[LocalCluster]:
+    """The servers of ``job`` (config data without ``cluster.servers``): ``n`` on free local ports,
+    ready when the block starts, stopped when it ends, whatever happened in between.
 
-    def __enter__(self) -> Child:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-
-@atexit.register
-def _stop_all_children() -> None:
-    for c in list(Child._live):
-        c.stop(grace=2.0)
-
-
-def wait_until(pred: Callable[[], bool], timeout: float, what: str, poll: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise BosenError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(poll)
-
-
-class ServerProcs:
-    """Start the servers of a job on free local ports; stop them all on exit.
-
-    ``job`` is config data (what a YAML file holds) without ``cluster.servers``; ``n`` servers are
-    added at 127.0.0.1 on free ports. Inside the ``with`` block: ``config`` (the loaded Config),
-    ``config_path`` (the YAML every client should load), ``pids`` and ``children``.
+    The job's YAML (``cluster.path``, what every client should load) and the logs go to ``workdir``
+    (default: a temporary folder, removed afterwards).
     """
-
-    def __init__(self, job: Mapping[str, Any], n: int = 1, *, log_level: str = "WARNING",
-                 ready_timeout: float = READY_TIMEOUT_S, workdir: str | Path | None = None) -> None:
-        self.job = json.loads(json.dumps(job))  # deep copy of plain data
-        self.n = n
-        self.log_level = log_level
-        self.ready_timeout = ready_timeout
-        self._tmp: tempfile.TemporaryDirectory | None = None
-        self._workdir = Path(workdir) if workdir else None
-        self.children: list[Child] = []
-        self.config: Config | None = None
-        self.config_path: Path | None = None
-
-    @property
-    def pids(self) -> list[int]:
-        return [c.pid for c in self.children]
-
-    @property
-    def dir(self) -> Path:
-        assert self.config_path is not None
-        return self.config_path.parent
-
-    def __enter__(self) -> ServerProcs:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    def start(self) -> None:
-        if self._workdir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="bosen-bench-")
-            self._workdir = Path(self._tmp.name)
-        self._workdir.mkdir(parents=True, exist_ok=True)
-        job = self.job
-        job.setdefault("cluster", {})["servers"] = [f"127.0.0.1:{status_mod.free_port()}" for _ in range(self.n)]
-        self.config_path = self._workdir / "job.yaml"
-        self.config_path.write_text(yaml.safe_dump(job, sort_keys=False))
-        self.config = config_mod.load(self.config_path)
-        for rank in range(self.n):
-            self.children.append(Child(["-m", "bosen.server", "--config", str(self.config_path), "--rank",
-                                        str(rank), "--log-level", self.log_level],
-                                       f"server{rank}", self._workdir))
-        for child, addr in zip(self.children, self.config.cluster.servers):
-            self._wait_ready(child, addr)
-
-    def _wait_ready(self, child: Child, addr: str) -> None:
-        deadline = time.monotonic() + self.ready_timeout
-        while True:
-            if not child.alive():
-                raise BosenError(f"{child.name} ({addr}) exited with status {child.popen.returncode} "
-                                 f"before it was ready:\n{child.tail()}")
-            try:
-                status_mod.query(addr, timeout=0.5)
-                return
-            except BosenError:
-                if time.monotonic() > deadline:
-                    raise BosenError(f"{child.name} ({addr}) not ready after {self.ready_timeout:g}s:\n"
-                                     f"{child.tail()}") from None
-
-    def status(self, timeout: float = 10.0) -> list[dict[str, Any]]:
-        """STATUS of every server, from a side connection (not a job member)."""
-        assert self.config is not None
-        return [status_mod.query(a, timeout=timeout) for a in self.config.cluster.servers]
-
-    def stop(self) -> None:
-        for c in self.children:
-            c.stop()
-        self.children = []
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="bosen-bench-"))
+        yield stack.enter_context(start_cluster(job, workdir, n, server_args=["--log-level", log_level]))
 
 
 # ----------------------------------------------------------------------------------------------

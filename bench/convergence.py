@@ -2,9 +2,10 @@
 
     python bench/convergence.py [--scenario adarev|managed|all] [--quick] [--out bench/out]
 
-Every job is ``python -m bosen launch CONFIG --set ...`` (servers and workers as processes); the
-bench reads ``RUN_DIR/metrics.jsonl`` (per-clock objective summed over workers) and turns it into a
-per-epoch curve: epoch e's loss is the sum of its clocks' objectives (the running training loss).
+Every job is ``python -m bosen launch CONFIG --set ...`` (servers and workers as processes, run by
+``bosen.jobs.run_job``); the bench reads ``RUN_DIR/metrics.jsonl`` (per-clock objective summed over
+workers) and turns it into a per-epoch curve: epoch e's loss is the sum of its clocks' objectives
+(the running training loss).
 Each result is one JSON line on stdout (progress on stderr) with ``bench="convergence"``, ``case``,
 ``metric``, ``unit``, ``ours`` and, where a baseline ran in the same invocation, ``baseline``,
 ``baseline_name`` and ``ratio`` (> 1 means ours is better); a plot per scenario goes to ``--out``.
@@ -32,17 +33,16 @@ managed -- BS vs MC-X-R vs MC-X-RM (thesis Fig 3.4/3.6 in miniature): MF from co
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, log  # noqa: E402
+
+from bosen.jobs import run_job  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
@@ -80,29 +80,20 @@ class Run:
 def launch(name: str, config: Path, sets: dict[str, Any], clocks_per_epoch: int, work: Path,
            timeout: float) -> Run:
     """Run one job with ``bosen launch`` and return its per-epoch curve."""
-    run_dir = work / name
-    cmd = [sys.executable, "-m", "bosen", "launch", str(config), "--run-dir", str(run_dir), "--quiet", "--no-plot",
-           "--timeout", str(timeout)]
-    for k, v in sets.items():
-        cmd += ["--set", f"{k}={json.dumps(v) if not isinstance(v, str) else v}"]
-    log(f"[{BENCH}] {name}: {' '.join(cmd[3:])}")
-    t0 = time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout + 60, cwd=REPO)
+    log(f"[{BENCH}] {name}: {config.name} {' '.join(f'{k}={v}' for k, v in sets.items())}")
+    job = run_job(config, work / name, sets=sets, timeout=timeout, cwd=REPO)
     failure = None
-    if r.returncode != 0:
-        lines = [x.strip() for x in (r.stdout + r.stderr).splitlines() if x.strip()]
+    if not job.ok:
+        lines = [x.strip() for x in job.output().splitlines() if x.strip()]
         failure = next((x for x in reversed(lines) if x.startswith("worker")), lines[-1] if lines else "?")
-        log(f"[{BENCH}] {name}: job failed ({r.returncode}): {failure}")
-    path = run_dir / "metrics.jsonl"
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-    clocks = sorted((x for x in recs if x.get("kind") == "clock"), key=lambda x: x["clock"])
+        log(f"[{BENCH}] {name}: job failed ({job.returncode}): {failure}")
+    clocks = sorted(job.kind("clock"), key=lambda x: x["clock"])
     n = len(clocks) // clocks_per_epoch
     losses = [sum(c["objective"] for c in clocks[e * clocks_per_epoch:(e + 1) * clocks_per_epoch]) for e in range(n)]
     times = [max(c["time"] for c in clocks[e * clocks_per_epoch:(e + 1) * clocks_per_epoch]) for e in range(n)]
-    servers = [x for x in recs if x.get("kind") == "server"]
     if failure is None and n == 0:
         failure = "no complete epoch"
-    run = Run(name, losses, times, time.monotonic() - t0, servers, dict(sets), failure)
+    run = Run(name, losses, times, job.seconds, job.kind("server"), dict(sets), failure)
     log(f"[{BENCH}] {name}: {run.seconds:.1f}s, epoch losses {[round(x) for x in losses]}")
     return run
 

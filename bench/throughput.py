@@ -79,10 +79,10 @@ import numpy as np
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (MiB, Child, ProcCounters, ServerProcs, emit, log, median, peak_rss_bytes,  # noqa: E402
-                    prewarm_memory, rss_bytes)
+from common import (MiB, Child, ProcCounters, emit, log, median, peak_rss_bytes,  # noqa: E402
+                    prewarm_memory, rss_bytes, servers)
 
-from bosen import status as status_mod  # noqa: E402
+from bosen.cluster import free_ports  # noqa: E402
 from bosen.malloc import reuse_large_buffers  # noqa: E402
 
 BENCH = "throughput"
@@ -189,8 +189,7 @@ class Baselines:
 
     def __init__(self, workdir: Path) -> None:
         self.ctx = zmq.Context()
-        self.pull_port = status_mod.free_port()
-        self.router_port = status_mod.free_port()
+        self.pull_port, self.router_port = free_ports(2)
         self.ctl = self.ctx.socket(zmq.PULL)
         ctl_port = self.ctl.bind_to_random_port("tcp://127.0.0.1")
         self.pull = Child([str(HERE), "--peer", "pull", "--port", str(self.pull_port), "--ctl-port", str(ctl_port)],
@@ -262,9 +261,9 @@ def job_client(tables: dict[str, int], workdir: Path) -> Iterator[tuple[Any, int
 
     job = {"cluster": {"workers": 1}, "consistency": {"staleness": STALENESS},
            "tables": {k: {"rows": v, "cols": COLS, "dtype": "float32"} for k, v in tables.items()}}
-    with ServerProcs(job, workdir=workdir / "-".join(tables)) as sp:
-        with Client.connect(sp.config_path) as client:
-            yield client, sp.pids[0]
+    with servers(job, workdir=workdir / "-".join(tables)) as cluster:
+        with Client.connect(cluster.path) as client:
+            yield client, cluster.servers[0].pid
 
 
 def ingest_ours(client: Any, table: str, rows_per_batch: int, counters: ProcCounters,
@@ -473,10 +472,10 @@ def memory_job(table_MiB: int | None, workdir: Path) -> dict[str, int]:
         tables["big"] = {"rows": table_MiB * MiB // ROW_BYTES, "cols": COLS, "dtype": "float32"}
     job = {"cluster": {"workers": 1}, "consistency": {"staleness": STALENESS}, "tables": tables}
     out: dict[str, int] = {}
-    with ServerProcs(job, workdir=workdir / f"memory-{table_MiB or 0}") as sp:
-        spid = sp.pids[0]
-        with Child([str(HERE), "--peer", "memclient", "--config", str(sp.config_path)], "memclient", sp.dir,
-                   pipes=True) as c:
+    with servers(job, workdir=workdir / f"memory-{table_MiB or 0}") as cluster:
+        spid = cluster.servers[0].pid
+        with Child([str(HERE), "--peer", "memclient", "--config", str(cluster.path)], "memclient",
+                   cluster.path.parent, pipes=True) as c:
             for step in ("warm", "buffered", "flushed"):
                 rec = c.read_json()
                 assert rec["step"] == step, rec
@@ -486,7 +485,7 @@ def memory_job(table_MiB: int | None, workdir: Path) -> dict[str, int]:
                 c.send_line("next")
             out["client_peak"] = rec["peak"] or 0
             out["server_peak"] = peak_rss_bytes(spid) or 0
-            c.popen.wait(30)
+            c.wait(30)
     return out
 
 

@@ -1,40 +1,33 @@
 """``bosen launch``: run a whole job on this machine (servers and workers as subprocesses).
 
-The launcher owns every process it starts: whatever happens (a worker dies, a server dies, Ctrl-C,
-a timeout, a bug here) it stops them all before returning, and it says why. Workers write metrics
-to ``RUN_DIR/workers/RANK.jsonl``; the launcher merges them per clock into ``RUN_DIR/metrics.jsonl``,
-prints progress, and plots the objective at the end.
+The launcher owns every process it starts (one ``bosen.supervise.ProcessGroup``: the servers through
+``bosen.cluster``, the workers through ``bosen.jobs.start_worker``): whatever happens (a worker dies,
+a server dies, Ctrl-C, a timeout, a bug here) it stops them all before returning, and it says why;
+on Linux they die with it even if it is killed. Workers write metrics to ``RUN_DIR/workers/RANK.jsonl``;
+the launcher merges them per clock into ``RUN_DIR/metrics.jsonl`` (format: ``bosen.jobs``), prints
+progress, and plots the objective at the end.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
-from typing import Any, TextIO
-
-import zmq
+from typing import Any
 
 from bosen import config as config_mod
 from bosen import status as status_mod
+from bosen.cluster import LocalCluster, resolve_ports
 from bosen.config import Config
 from bosen.errors import BosenError
+from bosen.jobs import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, start_worker
+from bosen.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
 
 POLL_S = 0.2
 SERVER_READY_TIMEOUT_S = 60.0
-STOP_GRACE_S = 5.0
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")
-
-
-class JobFailed(BosenError):
-    pass
 
 
 class Stopped(Exception):
@@ -43,109 +36,6 @@ class Stopped(Exception):
 
 def _stop_on_signal(signum: int, frame: Any) -> None:
     raise Stopped(signal.Signals(signum).name)
-
-
-def _die_with_launcher() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: a child gets SIGTERM if the launcher dies, even by SIGKILL, so nothing is orphaned."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-
-
-@dataclasses.dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-
-    def tail(self, n: int = 15) -> str:
-        try:
-            lines = self.log.read_text(errors="replace").splitlines()[-n:]
-        except OSError:
-            return "(no log)"
-        return "\n".join("    " + line for line in lines) or "    (log is empty)"
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
-
-
-def resolve_ports(cfg: Config) -> Config:
-    """Replace port 0 in local server addresses by free ports (so examples never collide)."""
-    servers = []
-    for addr in cfg.cluster.servers:
-        host, _, port = addr.rpartition(":")
-        if port == "0":
-            if host not in LOCAL_HOSTS:
-                raise BosenError(f"{cfg.source}: port 0 (pick a free port) only works for local hosts, not {host}")
-            port = str(status_mod.free_port(host if host != "localhost" else "127.0.0.1"))
-        servers.append(f"{host}:{port}")
-    return dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, servers=tuple(servers)))
-
-
-class MetricsMerger:
-    """Collects worker records and emits one summed record per clock once every worker reported."""
-
-    def __init__(self, run_dir: Path, num_workers: int, out: TextIO) -> None:
-        self.dir = run_dir / "workers"
-        self.num_workers = num_workers
-        self.out = out
-        self.offsets: dict[Path, int] = {}
-        self.partial: dict[int, dict[str, Any]] = defaultdict(dict)
-        self.ranks: dict[int, set[int]] = defaultdict(set)
-        self.done: list[dict[str, Any]] = []
-
-    def poll(self) -> list[dict[str, Any]]:
-        """Read new worker lines; return the clock records completed by them."""
-        if not self.dir.exists():
-            return []
-        for path in sorted(self.dir.glob("*.jsonl")):
-            with path.open() as f:
-                f.seek(self.offsets.get(path, 0))
-                while True:
-                    line = f.readline()
-                    if not line.endswith("\n"):
-                        break
-                    self.offsets[path] = f.tell()
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue
-                    self.out.write(json.dumps({"kind": "worker", **rec}) + "\n")
-                    self._add(rec)
-        return self._complete(self.num_workers)
-
-    def _add(self, rec: dict[str, Any]) -> None:
-        c = rec.get("clock", 0)
-        agg = self.partial[c]
-        self.ranks[c].add(rec.get("rank", -1))
-        for k, v in rec.items():
-            if k in ("rank", "clock") or isinstance(v, bool) or not isinstance(v, (int, float)):
-                continue
-            agg[k] = max(agg.get(k, v), v) if k == "time" else agg.get(k, 0) + v
-
-    def _complete(self, need: int) -> list[dict[str, Any]]:
-        out = []
-        for c in sorted(self.partial):
-            if len(self.ranks[c]) >= need:
-                rec = {"kind": "clock", "clock": c, "workers": len(self.ranks[c]), **self.partial.pop(c)}
-                del self.ranks[c]
-                self.out.write(json.dumps(rec) + "\n")
-                self.done.append(rec)
-                out.append(rec)
-        return out
-
-    def finish(self) -> list[dict[str, Any]]:
-        self.poll()
-        return self._complete(1)
 
 
 class Launcher:
@@ -163,7 +53,8 @@ class Launcher:
         self.timeout = timeout
         self.quiet = quiet
         self.plot = plot
-        self.procs: list[Proc] = []
+        self.cluster: LocalCluster | None = None
+        self.workers: list[Process] = []
         self._last_time: float | None = None
         self._t0 = time.time()
 
@@ -176,26 +67,27 @@ class Launcher:
     def run(self) -> int:
         """Run the job to completion; 0 on success, 1 on failure (with the reason printed)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "logs").mkdir(exist_ok=True)
-        stale = self.run_dir / "workers"  # records of an earlier run in the same directory
+        stale = self.run_dir / WORKER_RECORDS  # records of an earlier run in the same directory
         if stale.exists():
             shutil.rmtree(stale)
         cfg_path = self.run_dir / "config.yaml"
         config_mod.dump(self.config, cfg_path)
-        metrics_path = self.run_dir / "metrics.jsonl"
+        metrics_path = self.run_dir / METRICS
         start = self._t0 = time.time()
         # explicit handlers: SIGINT may arrive ignored (background jobs), SIGTERM has no default cleanup
         previous = {sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             with metrics_path.open("w", buffering=1) as metrics:
                 merger = MetricsMerger(self.run_dir, self.config.cluster.workers, metrics)
-                try:
-                    self._start_servers(cfg_path)
-                    self._start_workers(cfg_path)
+                # children get their own process groups, so Ctrl-C in a terminal reaches only the
+                # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
+                with ProcessGroup(self.run_dir / "logs") as group:
+                    self._start_servers(cfg_path, group)
+                    self._start_workers(cfg_path, group)
                     self._watch(merger, start)
                     for rec in merger.finish():
                         self._progress(rec)
-                    for path in sorted((self.run_dir / "workers").glob("*.stats.json")):
+                    for path in sorted((self.run_dir / WORKER_RECORDS).glob("*.stats.json")):
                         metrics.write(json.dumps({"kind": "client", **json.loads(path.read_text())}) + "\n")
                     stats = self._server_stats()
                     for s in stats:
@@ -204,8 +96,6 @@ class Launcher:
                                "clocks": len(merger.done), "workers": self.config.cluster.workers,
                                "final": merger.done[-1] if merger.done else None}
                     metrics.write(json.dumps(summary) + "\n")
-                finally:
-                    self._stop_all()
         except JobFailed as e:
             print(f"bosen launch: job failed: {e}", file=sys.stderr, flush=True)
             print(f"bosen launch: logs are in {self.run_dir / 'logs'}", file=sys.stderr, flush=True)
@@ -222,57 +112,34 @@ class Launcher:
         self.say(f"done in {time.time() - start:.1f}s: {len(merger.done)} clocks; run directory {self.run_dir}")
         return 0
 
-    def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> Proc:
-        log = self.run_dir / "logs" / f"{name}.log"
-        with log.open("w") as f:
-            popen = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **env},
-                                     preexec_fn=_die_with_launcher if sys.platform.startswith("linux") else None)
-        proc = Proc(name, popen, log)
-        self.procs.append(proc)
-        return proc
-
-    def _start_servers(self, cfg_path: Path) -> None:
-        servers = [self._spawn(f"server-{i}", [sys.executable, "-m", "bosen.server", "--config", str(cfg_path),
-                                               "--rank", str(i)], {})
-                   for i in range(len(self.config.cluster.servers))]
-        deadline = time.time() + SERVER_READY_TIMEOUT_S
-        ctx = zmq.Context()
+    def _start_servers(self, cfg_path: Path, group: ProcessGroup) -> None:
+        self.cluster = LocalCluster(cfg_path, self.config.cluster.servers, group, name="server")
         try:
-            for proc, addr in zip(servers, self.config.cluster.servers):
-                while True:
-                    self._check_alive()
-                    try:
-                        status_mod.query(addr, timeout=0.5, ctx=ctx)
-                        break
-                    except BosenError:
-                        if time.time() > deadline:
-                            raise JobFailed(f"{proc.name} at {addr} did not answer within "
-                                            f"{SERVER_READY_TIMEOUT_S:g}s:\n{proc.tail()}") from None
-        finally:
-            ctx.term()
-        self.say(f"{len(servers)} servers up: {', '.join(self.config.cluster.servers)}")
+            self.cluster.start(SERVER_READY_TIMEOUT_S)
+        except ProcessFailed as e:
+            raise JobFailed(str(e)) from None
+        self.say(f"{len(self.cluster.servers)} servers up: {', '.join(self.config.cluster.servers)}")
 
-    def _start_workers(self, cfg_path: Path) -> None:
+    def _start_workers(self, cfg_path: Path, group: ProcessGroup) -> None:
         k = self.config.cluster.workers
-        for rank in range(k):
-            self._spawn(f"worker-{rank}", [sys.executable, "-m", self.config.app.module],
-                        {"BOSEN_CONFIG": str(cfg_path), "BOSEN_RANK": str(rank),
-                         "BOSEN_RUN_DIR": str(self.run_dir), "BOSEN_T0": repr(self._t0)})
-        self.say(f"{k} workers running {self.config.app.module}; run directory {self.run_dir}")
+        module = self.config.app.module
+        assert module is not None  # checked in __init__
+        self.workers = [start_worker(group, module, cfg_path, rank, self.run_dir, self._t0) for rank in range(k)]
+        self.say(f"{k} workers running {module}; run directory {self.run_dir}")
 
     def _check_alive(self) -> bool:
         """Raise JobFailed if any process failed; True when every worker has finished."""
+        for p in self.cluster.servers if self.cluster is not None else []:
+            code = p.returncode
+            if code is not None:
+                raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n{p.tail(15)}")
         workers_done = True
-        for p in self.procs:
-            code = p.popen.poll()
-            if p.name.startswith("server"):
-                if code is not None:
-                    raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n{p.tail()}")
-            elif code is None:
+        for p in self.workers:
+            code = p.returncode
+            if code is None:
                 workers_done = False
             elif code != 0:
-                raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n{p.tail()}")
+                raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n{p.tail(15)}")
         return workers_done
 
     def _watch(self, merger: MetricsMerger, start: float) -> None:
@@ -292,7 +159,7 @@ class Launcher:
             parts.append(f"objective {rec['objective']:.6g}")
         t = rec.get("time")
         prev = self._last_time
-        for k in ("samples", "tokens", "ratings"):
+        for k in ("samples", "tokens"):
             if k in rec and t is not None and prev is not None and t > prev:
                 parts.append(f"{rec[k] / (t - prev):,.0f} {k}/s")
         if t is not None:
@@ -308,18 +175,6 @@ class Launcher:
             except BosenError as e:
                 out.append({"address": addr, "error": str(e)})
         return out
-
-    def _stop_all(self) -> None:
-        live = [p for p in self.procs if p.popen.poll() is None]
-        for p in live:
-            p.popen.send_signal(signal.SIGTERM)
-        deadline = time.time() + STOP_GRACE_S
-        for p in live:
-            try:
-                p.popen.wait(max(deadline - time.time(), 0.1))
-            except subprocess.TimeoutExpired:
-                p.popen.kill()
-                p.popen.wait()
 
     def _plot(self, records: list[dict[str, Any]]) -> None:
         pts = [(r["clock"], r["objective"]) for r in records if "objective" in r]

@@ -1,8 +1,7 @@
-"""Ask servers for their state (``bosen status``, launcher readiness checks). Synchronous, no loop."""
+"""Ask servers for their state (``bosen status``, readiness checks in bosen.cluster). Synchronous, no loop."""
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import zmq
@@ -32,12 +31,6 @@ def query(address: str, timeout: float = 3.0, ctx: zmq.Context | None = None) ->
         sock.close()
         if own:
             ctx.term()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def format_table(stats: list[dict[str, Any] | str]) -> str:

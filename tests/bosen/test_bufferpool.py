@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from bosen.bufferpool import BufferPool
-from bosen.status import free_port
+from bosen.cluster import free_ports
 
 
 def test_a_buffer_is_lent_again_only_when_nothing_references_it():
@@ -33,7 +33,7 @@ def unheard():
     ZeroMQ; ``deliver()`` starts the peer and returns the one message as float32 values."""
     ctx = zmq.Context()
     push, pull = ctx.socket(zmq.PUSH), ctx.socket(zmq.PULL)
-    port = free_port()
+    (port,) = free_ports(1)
     push.connect(f"tcp://127.0.0.1:{port}")
 
     def deliver() -> np.ndarray:

@@ -316,9 +316,9 @@ def test_launch_rejects_bad_configs(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_status_lists_servers_and_fails_when_one_is_down(cluster):
-    c = cluster(2, workers=1, tables={"W": {"rows": 10, "cols": 4, "dtype": "int64"},
-                                      "V": {"rows": 3, "cols": 1, "dtype": "float32"}})
+def test_status_lists_servers_and_fails_when_one_is_down(bosen_cluster):
+    c = bosen_cluster(2, workers=1, tables={"W": {"rows": 10, "cols": 4, "dtype": "int64"},
+                                            "V": {"rows": 3, "cols": 1, "dtype": "float32"}})
     r = run_cmd([PY, "-m", "bosen", "status", c.path], timeout=30)
     assert r.returncode == 0, r.stderr
     lines = [x for x in r.stdout.splitlines() if x.strip()]

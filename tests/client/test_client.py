@@ -15,6 +15,7 @@ import pytest
 from bosen.client import Client
 from bosen.client.client import HANDOVER_BYTES
 from bosen.errors import BosenError, ClientClosed, ReadTimeout, ServerError
+from conftest import worker
 
 MANAGED = {"enabled": True, "priority": "relative", "client_bandwidth_mbps": 100, "server_bandwidth_mbps": 100}
 
@@ -51,11 +52,11 @@ def server_values(path, rank: int, table: str, rows) -> np.ndarray:
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
-def test_read_my_writes_single_process_exactly_once(cluster, comm):
+def test_read_my_writes_single_process_exactly_once(bosen_cluster, comm):
     """One process, staleness 0: each read at tick c waits for the server's push of clock c, so the
     pushed value already holds our updates; the cache must show them exactly once."""
-    c = cluster(2, workers=2, staleness=0, comm=comm, tables={"W": {"rows": 6, "cols": 3, "dtype": "int64"},
-                                                              "F": {"rows": 4, "cols": 2, "dtype": "float32"}})
+    c = bosen_cluster(2, workers=2, staleness=0, comm=comm, tables={"W": {"rows": 6, "cols": 3, "dtype": "int64"},
+                                                                    "F": {"rows": 4, "cols": 2, "dtype": "float32"}})
     reader = ahead_reader(c.path, 1, 20)
     client = Client.connect(c.path, rank=0)
     try:
@@ -97,14 +98,15 @@ def test_read_my_writes_single_process_exactly_once(cluster, comm):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("staleness, comm", [(0, None), (0, MANAGED), (2, MANAGED)],
                          ids=["s0-bsp", "s0-managed", "s2-managed"])
-def test_read_my_writes_two_processes(cluster, procs, tmp_path, staleness, comm):
-    c = cluster(2, workers=3, staleness=staleness, comm=comm, tables={"W": {"rows": 8, "cols": 2, "dtype": "int64"}})
+def test_read_my_writes_two_processes(bosen_cluster, bosen_procs, tmp_path, staleness, comm):
+    c = bosen_cluster(2, workers=3, staleness=staleness, comm=comm,
+                      tables={"W": {"rows": 8, "cols": 2, "dtype": "int64"}})
     ticks = 8
     reader = ahead_reader(c.path, 2, ticks + staleness + 2)
     try:
-        ws = [procs.worker("rmw_worker.py", c.path, "--ticks", ticks, "--result", tmp_path / f"rmw-{i}.json",
-                           name=f"rmw-{i}") for i in range(2)]
-        assert procs.wait_all(ws, timeout=90) == [0, 0], "\n".join(p.tail() for p in ws)
+        ws = [worker(bosen_procs, "rmw_worker.py", c.path, "--ticks", ticks, "--result", tmp_path / f"rmw-{i}.json",
+                     name=f"rmw-{i}") for i in range(2)]
+        assert bosen_procs.wait_all(ws, timeout=90) == [0, 0], "\n".join(p.tail() for p in ws)
         results = [json.loads((tmp_path / f"rmw-{i}.json").read_text()) for i in range(2)]
         assert sorted(r["rank"] for r in results) == [0, 1]
         for r in results:
@@ -125,9 +127,10 @@ def test_read_my_writes_two_processes(cluster, procs, tmp_path, staleness, comm)
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
-def test_worker_threads_share_one_process_clock(cluster, comm):
+def test_worker_threads_share_one_process_clock(bosen_cluster, comm):
     nthreads, ticks = 3, 8
-    c = cluster(2, workers=2, staleness=1, comm=comm, tables={"W": {"rows": 5, "cols": nthreads, "dtype": "int64"}})
+    c = bosen_cluster(2, workers=2, staleness=1, comm=comm,
+                      tables={"W": {"rows": 5, "cols": nthreads, "dtype": "int64"}})
     reader = ahead_reader(c.path, 1, ticks + 3)
     client = Client.connect(c.path, rank=0, main_worker=False)
     errors: list[str] = []
@@ -174,8 +177,8 @@ def test_worker_threads_share_one_process_clock(cluster, comm):
 
 
 @pytest.mark.timeout(60)
-def test_process_clock_is_the_minimum_of_its_workers(cluster):
-    c = cluster(1, workers=1, staleness=5)
+def test_process_clock_is_the_minimum_of_its_workers(bosen_cluster):
+    c = bosen_cluster(1, workers=1, staleness=5)
     client = Client.connect(c.path)
     try:
         with client.worker() as a:
@@ -205,9 +208,9 @@ def test_process_clock_is_the_minimum_of_its_workers(cluster):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
-def test_sparse_and_duplicate_increments(cluster, comm):
-    c = cluster(2, workers=3, staleness=1, comm=comm, tables={"W": {"rows": 7, "cols": 5, "dtype": "int64"},
-                                                              "F": {"rows": 3, "cols": 4, "dtype": "float32"}})
+def test_sparse_and_duplicate_increments(bosen_cluster, comm):
+    c = bosen_cluster(2, workers=3, staleness=1, comm=comm, tables={"W": {"rows": 7, "cols": 5, "dtype": "int64"},
+                                                                    "F": {"rows": 3, "cols": 4, "dtype": "float32"}})
     client = Client.connect(c.path, rank=0)
     try:
         W, F = client.table("W"), client.table("F")
@@ -248,9 +251,9 @@ def test_sparse_and_duplicate_increments(cluster, comm):
 
 
 @pytest.mark.timeout(60)
-def test_api_errors(cluster):
-    c = cluster(2, workers=2, staleness=1, tables={"W": {"rows": 10, "cols": 4, "dtype": "int64"},
-                                                   "F": {"rows": 3, "cols": 2, "dtype": "float32"}})
+def test_api_errors(bosen_cluster):
+    c = bosen_cluster(2, workers=2, staleness=1, tables={"W": {"rows": 10, "cols": 4, "dtype": "int64"},
+                                                         "F": {"rows": 3, "cols": 2, "dtype": "float32"}})
     client = Client.connect(c.path, rank=0)
     try:
         with pytest.raises(KeyError) as ei:
@@ -317,8 +320,8 @@ def test_api_errors(cluster):
 
 
 @pytest.mark.timeout(60)
-def test_joining_with_a_different_config_or_a_full_job_fails(cluster, tmp_path):
-    c = cluster(1, workers=1, tables={"W": {"rows": 4, "cols": 2, "dtype": "int64"}})
+def test_joining_with_a_different_config_or_a_full_job_fails(bosen_cluster, tmp_path):
+    c = bosen_cluster(1, workers=1, tables={"W": {"rows": 4, "cols": 2, "dtype": "int64"}})
     other = dict(c.config, tables={"W": {"rows": 5, "cols": 2, "dtype": "int64"}})
     t0 = time.monotonic()
     with pytest.raises(BosenError, match="fingerprint"):
@@ -339,12 +342,12 @@ def test_joining_with_a_different_config_or_a_full_job_fails(cluster, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_every_client_connects_under_its_own_identity(cluster):
+def test_every_client_connects_under_its_own_identity(bosen_cluster):
     """A ROUTER drops a second connection under an identity it knows, silently: the HELLO is never
     answered. Identities were once pid plus 12 bits of object address, which clashed now and then
     between two clients of one process (a CI hang) and would clash between containers (pid 1)."""
     import zmq
-    c = cluster(2, workers=2)
+    c = bosen_cluster(2, workers=2)
     with Client.connect(c.path) as a, Client.connect(c.path) as b:
         ids = [link.sock.sock.getsockopt(zmq.IDENTITY) for cl in (a, b) for link in cl._comm.links]
         assert len(set(ids)) == 4, ids
@@ -354,8 +357,8 @@ def test_every_client_connects_under_its_own_identity(cluster):
 
 
 @pytest.mark.timeout(60)
-def test_joining_a_job_whose_server_is_down_times_out(cluster):
-    c = cluster(2, workers=1)
+def test_joining_a_job_whose_server_is_down_times_out(bosen_cluster):
+    c = bosen_cluster(2, workers=1)
     c.stop_server(1)
     t0 = time.monotonic()
     with pytest.raises(BosenError, match="no answer to HELLO from server 1"):
@@ -368,10 +371,10 @@ def test_joining_a_job_whose_server_is_down_times_out(cluster):
 
 
 @pytest.mark.timeout(60)
-def test_unsatisfiable_read_times_out_naming_table_row_and_clocks(cluster):
+def test_unsatisfiable_read_times_out_naming_table_row_and_clocks(bosen_cluster):
     # two worker processes make up the job, but only one ever joins: the servers' clock stays 0
-    c = cluster(2, workers=2, staleness=0, read_timeout_s=2,
-                tables={"W": {"rows": 10, "cols": 3, "dtype": "int64"}})
+    c = bosen_cluster(2, workers=2, staleness=0, read_timeout_s=2,
+                      tables={"W": {"rows": 10, "cols": 3, "dtype": "int64"}})
     client = Client.connect(c.path)
     try:
         W = client.table("W")
@@ -401,8 +404,8 @@ def test_unsatisfiable_read_times_out_naming_table_row_and_clocks(cluster):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
-def test_stats(cluster, comm):
-    c = cluster(2, workers=1, staleness=2, comm=comm, tables={"W": {"rows": 10, "cols": 4, "dtype": "int64"}})
+def test_stats(bosen_cluster, comm):
+    c = bosen_cluster(2, workers=1, staleness=2, comm=comm, tables={"W": {"rows": 10, "cols": 4, "dtype": "int64"}})
     client = Client.connect(c.path)
     try:
         W = client.table("W")
@@ -441,9 +444,9 @@ def test_stats(cluster, comm):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
-def test_close_flushes_updates_made_after_the_last_clock(cluster, comm):
-    c = cluster(2, workers=2, staleness=1, comm=comm, tables={"W": {"rows": 9, "cols": 2, "dtype": "int64"},
-                                                              "F": {"rows": 2, "cols": 2, "dtype": "float64"}})
+def test_close_flushes_updates_made_after_the_last_clock(bosen_cluster, comm):
+    c = bosen_cluster(2, workers=2, staleness=1, comm=comm, tables={"W": {"rows": 9, "cols": 2, "dtype": "int64"},
+                                                                    "F": {"rows": 2, "cols": 2, "dtype": "float64"}})
     client = Client.connect(c.path)
     W, F = client.table("W"), client.table("F")
     W.inc_rows(np.arange(9), np.ones((9, 2), np.int64))
@@ -461,8 +464,8 @@ def test_close_flushes_updates_made_after_the_last_clock(cluster, comm):
 
 
 @pytest.mark.timeout(60)
-def test_client_from_dict_and_context_manager(cluster):
-    c = cluster(1, workers=2)
+def test_client_from_dict_and_context_manager(bosen_cluster):
+    c = bosen_cluster(1, workers=2)
     with Client.connect(c.config) as client:
         assert client.rank == 0 and client.num_workers == 2
         client.table("W").inc(0, 0, 3)
@@ -478,8 +481,8 @@ def test_client_from_dict_and_context_manager(cluster):
     pytest.param({"enabled": True}, id="managed"),
     pytest.param({"enabled": True, "wire_dtype": "float16"}, id="managed-f16"),
 ])
-def test_float64_table(cluster, comm):
-    c = cluster(2, workers=2, staleness=1, comm=comm, tables={"D": {"rows": 4, "cols": 3, "dtype": "float64"}})
+def test_float64_table(bosen_cluster, comm):
+    c = bosen_cluster(2, workers=2, staleness=1, comm=comm, tables={"D": {"rows": 4, "cols": 3, "dtype": "float64"}})
     want = np.zeros((4, 3))
     reader = ahead_reader(c.path, 1, 10)
     with Client.connect(c.path, rank=0) as client:
@@ -497,8 +500,8 @@ def test_float64_table(cluster, comm):
 
 
 @pytest.mark.timeout(60)
-def test_get_row_checks_the_row_type_for_cached_rows(cluster):
-    c = cluster(1, workers=1, staleness=1)
+def test_get_row_checks_the_row_type_for_cached_rows(bosen_cluster):
+    c = bosen_cluster(1, workers=1, staleness=1)
     with Client.connect(c.path) as client:
         W = client.table("W")
         W.get_rows(np.arange(W.rows))  # everything cached now
@@ -508,8 +511,8 @@ def test_get_row_checks_the_row_type_for_cached_rows(cluster):
 
 
 @pytest.mark.timeout(60)
-def test_get_row_after_close_raises(cluster):
-    c = cluster(1, workers=1, staleness=1)
+def test_get_row_after_close_raises(bosen_cluster):
+    c = bosen_cluster(1, workers=1, staleness=1)
     client = Client.connect(c.path)
     W = client.table("W")
     W.get_rows(np.arange(W.rows))
@@ -520,10 +523,10 @@ def test_get_row_after_close_raises(cluster):
         W.get_row(0)
 
 
-def test_the_clock_rides_on_the_last_update_and_sclock_acknowledges_it(cluster):
+def test_the_clock_rides_on_the_last_update_and_sclock_acknowledges_it(bosen_cluster):
     """Per tick with updates for every server: one INC carrying the clock each way out and one SCLOCK
     back (no separate CLOCK, no ACK); every update batch still counts as acknowledged."""
-    c = cluster(2, workers=1, staleness=0, tables={"W": {"rows": 8, "cols": 2, "dtype": "int64"}})
+    c = bosen_cluster(2, workers=1, staleness=0, tables={"W": {"rows": 8, "cols": 2, "dtype": "int64"}})
     with Client.connect(c.path) as client:
         W = client.table("W")
         W.get_rows(np.arange(8))
@@ -543,12 +546,12 @@ def test_the_clock_rides_on_the_last_update_and_sclock_acknowledges_it(cluster):
         assert [st["clock"] for st in client.server_status()] == [ticks, ticks]
 
 
-def test_a_flush_asks_for_an_ack_once_per_2_MiB(cluster):
+def test_a_flush_asks_for_an_ack_once_per_2_MiB(bosen_cluster):
     """A tick of four 1 MiB update messages with a 16 MiB window: the second asks for an ACK (2 MiB
     unasked), the first and third carry "na", the fourth carries the clock (SCLOCK). Two messages
     back per tick, every update acknowledged, nothing lost."""
     rows, cols = 1024, 512  # int64: 4 KiB rows, 256 per 1 MiB message, 4 messages per tick
-    c = cluster(1, workers=1, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": "int64"}})
+    c = bosen_cluster(1, workers=1, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": "int64"}})
     with Client.connect(c.path) as client:
         assert [link.window.window_bytes for link in client._comm.links] == [16 << 20]
         W = client.table("W")
@@ -567,12 +570,12 @@ def test_a_flush_asks_for_an_ack_once_per_2_MiB(cluster):
         assert client.server_status()[0]["rows_applied"] == ticks * rows
 
 
-def test_ticks_larger_than_the_window_go_out_on_thinned_acks(cluster):
+def test_ticks_larger_than_the_window_go_out_on_thinned_acks(bosen_cluster):
     """16 MiB per tick and server against an 8 MiB window: the flush stops at the window and goes on
     as the (fewer) ACKs arrive; each stop's last message asks for one, so nothing waits forever.
     (Ticks may share a flush, coalesced: the sums say whether every increment arrived once.)"""
     rows, cols = 8192, 512  # int64, 2 servers: 16 MiB per tick and server, 1 MiB messages
-    c = cluster(2, workers=1, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": "int64"}})
+    c = bosen_cluster(2, workers=1, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": "int64"}})
     with Client.connect(c.path) as client:
         for link in client._comm.links:
             link.window.window_bytes = 8 << 20
@@ -591,12 +594,12 @@ def test_ticks_larger_than_the_window_go_out_on_thinned_acks(cluster):
         np.testing.assert_array_equal(W.get_rows(np.arange(rows)), np.full((rows, cols), ticks * (ticks + 1) // 2))
 
 
-def test_a_worker_incrementing_back_to_back_hands_over_to_the_communication_thread(cluster):
+def test_a_worker_incrementing_back_to_back_hands_over_to_the_communication_thread(bosen_cluster):
     """Ticks of 1 MiB increments with nothing in between, which would keep the communication thread
     from the GIL and the table lock: it still takes up a flush at least once per HANDOVER_BYTES of
     increments, so updates go out while the worker runs; every increment arrives once."""
     rows, cols = 4096, 256  # float32: 1 KiB rows, 1024 rows per MiB
-    c = cluster(1, workers=1, staleness=1000, tables={"W": {"rows": rows, "cols": cols, "dtype": "float32"}})
+    c = bosen_cluster(1, workers=1, staleness=1000, tables={"W": {"rows": rows, "cols": cols, "dtype": "float32"}})
     with Client.connect(c.path) as client:
         W = client.table("W")
         before = client.stats()["flushes"]
@@ -613,11 +616,11 @@ def test_a_worker_incrementing_back_to_back_hands_over_to_the_communication_thre
 
 
 @pytest.mark.parametrize("dtype", ["int64", "float64"])
-def test_a_flush_larger_than_the_window_goes_out_as_acks_arrive(cluster, dtype):
+def test_a_flush_larger_than_the_window_goes_out_as_acks_arrive(bosen_cluster, dtype):
     """With a window of one message, every update message waits for the last one's ACK; the ticks'
     updates still all arrive, each server gets its clock after them, and reads stay exact."""
     rows, cols = 300, 1024  # 8 KiB rows: 128 rows per 1 MiB message, several per server and flush
-    c = cluster(2, workers=1, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": dtype}})
+    c = bosen_cluster(2, workers=1, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": dtype}})
     with Client.connect(c.path) as client:
         for link in client._comm.links:
             link.window.window_bytes = 1
@@ -638,12 +641,12 @@ def test_a_flush_larger_than_the_window_goes_out_as_acks_arrive(cluster, dtype):
 
 
 @pytest.mark.timeout(60)
-def test_a_large_read_returns_its_own_array_with_buffered_updates_on_top(cluster):
+def test_a_large_read_returns_its_own_array_with_buffered_updates_on_top(bosen_cluster):
     """A read of a run of at least 64 KiB hands over the received array when the cache took it as it
     came: it must be the caller's own (writing it changes no later read) and, where this process
     has increments the server has not seen, hold them like the cache does."""
     rows, cols = 128, 256  # 128 KiB of float32
-    c = cluster(1, workers=1, staleness=0, tables={"F": {"rows": 2 * rows, "cols": cols, "dtype": "float32"}})
+    c = bosen_cluster(1, workers=1, staleness=0, tables={"F": {"rows": 2 * rows, "cols": cols, "dtype": "float32"}})
     with Client.connect(c.path) as client:
         F = client.table("F")
         F.inc_rows(np.arange(2 * rows), np.arange(2 * rows * cols, dtype=np.float32).reshape(2 * rows, cols))
@@ -660,7 +663,7 @@ def test_a_large_read_returns_its_own_array_with_buffered_updates_on_top(cluster
         assert client.stats()["direct_reads"] >= 2
 
 
-def test_pieces_reused_under_pressure_carry_every_tick_exactly(cluster, monkeypatch):
+def test_pieces_reused_under_pressure_carry_every_tick_exactly(bosen_cluster, monkeypatch):
     """Staged pieces go out as the ZeroMQ messages they live in and are reused only once the
     message that carried them is acknowledged. With a pool of a few buffers for two servers,
     buffers are reused many times while others are still queued in ZeroMQ (what the pool cannot
@@ -668,8 +671,8 @@ def test_pieces_reused_under_pressure_carry_every_tick_exactly(cluster, monkeypa
     monkeypatch.setattr("bosen.client.oplog.POOL_BYTES", 3 << 20)
     rows, cols = 4096, 256  # int64, 2 KiB rows: 8 MiB a tick, 1 MiB pieces of one server's rows
     # no read-my-writes: no in-flight log holds a sent piece, only the acknowledgement protects it
-    c = cluster(2, workers=1, staleness=1,
-                tables={"W": {"rows": rows, "cols": cols, "dtype": "int64", "read_my_writes": False}})
+    c = bosen_cluster(2, workers=1, staleness=1,
+                      tables={"W": {"rows": rows, "cols": cols, "dtype": "int64", "read_my_writes": False}})
     base = np.arange(rows, dtype=np.int64)[:, None] * 7 + np.arange(cols, dtype=np.int64)
     with Client.connect(c.path) as client:
         W = client.table("W")

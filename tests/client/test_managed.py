@@ -16,10 +16,10 @@ pytestmark = pytest.mark.timeout(120)
 
 
 
-def test_relative_policy_sends_largest_relative_change_first(cluster):
+def test_relative_policy_sends_largest_relative_change_first(bosen_cluster):
     rows = 8
-    c = cluster(1, 1, staleness=5, tables={"W": {"rows": rows, "cols": 2, "init": {"uniform": [1.0, 1.0]}}},
-                comm={"client_bandwidth_mbps": 0.002, "client_send_rows": 2, "priority": "relative"})
+    c = bosen_cluster(1, 1, staleness=5, tables={"W": {"rows": rows, "cols": 2, "init": {"uniform": [1.0, 1.0]}}},
+                      comm={"client_bandwidth_mbps": 0.002, "client_send_rows": 2, "priority": "relative"})
     client = Client.connect(c.path)
     try:
         W = client.table("W")
@@ -47,10 +47,10 @@ def test_relative_policy_sends_largest_relative_change_first(cluster):
         client.close()
 
 
-def test_server_pushes_changed_rows_early_to_subscribers(cluster):
+def test_server_pushes_changed_rows_early_to_subscribers(bosen_cluster):
     """With managed communication a reader sees another process's update before any clock advance."""
-    c = cluster(1, 2, staleness=3, tables={"W": {"rows": 4, "cols": 2}},
-                comm={"client_bandwidth_mbps": 100, "server_bandwidth_mbps": 100})
+    c = bosen_cluster(1, 2, staleness=3, tables={"W": {"rows": 4, "cols": 2}},
+                      comm={"client_bandwidth_mbps": 100, "server_bandwidth_mbps": 100})
     a, b = Client.connect(c.path), Client.connect(c.path)
     try:
         b.table("W").get_rows(np.arange(4))  # subscribe
@@ -63,8 +63,8 @@ def test_server_pushes_changed_rows_early_to_subscribers(cluster):
         b.close()
 
 
-def test_without_comm_updates_wait_for_the_clock(cluster):
-    c = cluster(1, 2, staleness=3, tables={"W": {"rows": 4, "cols": 2}})
+def test_without_comm_updates_wait_for_the_clock(bosen_cluster):
+    c = bosen_cluster(1, 2, staleness=3, tables={"W": {"rows": 4, "cols": 2}})
     a, b = Client.connect(c.path), Client.connect(c.path)
     try:
         b.table("W").get_rows(np.arange(4))
@@ -79,12 +79,12 @@ def test_without_comm_updates_wait_for_the_clock(cluster):
         b.close()
 
 
-def test_unacked_window_pauses_and_resumes(cluster):
-    c = cluster(1, 1, staleness=5, tables={"W": {"rows": 64, "cols": 4}},
-                comm={"client_bandwidth_mbps": 1000, "client_send_rows": 1, "max_unacked": 3,
+def test_unacked_window_pauses_and_resumes(bosen_cluster):
+    c = bosen_cluster(1, 1, staleness=5, tables={"W": {"rows": 64, "cols": 4}},
+                      comm={"client_bandwidth_mbps": 1000, "client_send_rows": 1, "max_unacked": 3,
                       "priority": "round_robin"})
     client = Client.connect(c.path)
-    server = c.servers[0].popen.pid
+    server = c.servers[0].pid
     try:
         W = client.table("W")
         os.kill(server, signal.SIGSTOP)  # the network "stops delivering": no acks come back
@@ -110,10 +110,10 @@ FLOAT_BYTES: dict[str, int] = {}
 
 
 @pytest.mark.parametrize("wire", ["float32", "float16"])
-def test_float16_wire_halves_update_bytes_and_loses_nothing(cluster, wire):
+def test_float16_wire_halves_update_bytes_and_loses_nothing(bosen_cluster, wire):
     rows, cols, ticks = 32, 64, 20
-    c = cluster(2, 2, staleness=0, tables={"W": {"rows": rows, "cols": cols}},
-                comm={"client_bandwidth_mbps": 0.01, "wire_dtype": wire})
+    c = bosen_cluster(2, 2, staleness=0, tables={"W": {"rows": rows, "cols": cols}},
+                      comm={"client_bandwidth_mbps": 0.01, "wire_dtype": wire})
     rng = np.random.default_rng(0)
     exact = np.zeros((rows, cols))
     reader = Client.connect(c.path)  # the job's second worker: reads only at the end

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from bosen.client import Client
+from conftest import worker
 
 WORKERS = 6
 TICKS = 12
@@ -31,19 +32,19 @@ def tri(n: int) -> int:
     (2, {"enabled": True, "priority": "absolute", "wire_dtype": "float16", "client_send_rows": 4}),
 ], ids=["s0-bsp", "s1-managed-relative", "s3-managed-random", "s0-managed-round_robin",
         "s2-managed-absolute-float16"])
-def test_ssp_invariant_under_random_delays(cluster, procs, tmp_path, staleness, comm):
+def test_ssp_invariant_under_random_delays(bosen_cluster, bosen_procs, tmp_path, staleness, comm):
     # rank WORKERS is the final reader: it joins first and clocks far ahead at once, so it never
     # holds the job back; it reads only after every worker has left.
-    c = cluster(2, workers=WORKERS + 1, staleness=staleness, comm=comm, read_timeout_s=30,
-                tables={"W": {"rows": ROWS, "cols": WORKERS, "dtype": "int64"}})
+    c = bosen_cluster(2, workers=WORKERS + 1, staleness=staleness, comm=comm, read_timeout_s=30,
+                      tables={"W": {"rows": ROWS, "cols": WORKERS, "dtype": "int64"}})
     reader = Client.connect(c.path, rank=WORKERS)
     try:
         for _ in range(TICKS + staleness + 1):
             reader.clock()
-        ws = [procs.worker("ssp_worker.py", c.path, "--ticks", TICKS, "--result", tmp_path / f"result-{i}.json",
-                           "--seed", i, name=f"ssp-{i}") for i in range(WORKERS)]
-        codes = procs.wait_all(ws, timeout=100)
-        assert codes == [0] * WORKERS, "\n".join(f"{p.name} exit {p.popen.returncode}:\n{p.tail()}" for p in ws)
+        ws = [worker(bosen_procs, "ssp_worker.py", c.path, "--ticks", TICKS, "--result", tmp_path / f"result-{i}.json",
+                     "--seed", i, name=f"ssp-{i}") for i in range(WORKERS)]
+        codes = bosen_procs.wait_all(ws, timeout=100)
+        assert codes == [0] * WORKERS, "\n".join(f"{p.name} exit {p.returncode}:\n{p.tail()}" for p in ws)
 
         results = [json.loads((tmp_path / f"result-{i}.json").read_text()) for i in range(WORKERS)]
         assert sorted(r["rank"] for r in results) == list(range(WORKERS))
@@ -76,16 +77,16 @@ def test_ssp_invariant_under_random_delays(cluster, procs, tmp_path, staleness, 
 
 
 @pytest.mark.timeout(120)
-def test_checker_detects_reads_outside_the_bound(cluster, procs, tmp_path):
+def test_checker_detects_reads_outside_the_bound(bosen_cluster, bosen_procs, tmp_path):
     """The checker has teeth: a job run at staleness 3 with one slow worker, checked as if it were
     BSP, must report violations (the fast workers run up to 3 ticks ahead of the slow one)."""
     n, ticks = 3, 8
-    c = cluster(2, workers=n, staleness=3, read_timeout_s=30,
-                tables={"W": {"rows": 4, "cols": n, "dtype": "int64"}})
-    ws = [procs.worker("ssp_worker.py", c.path, "--ticks", ticks, "--result", tmp_path / f"r-{i}.json",
-                       "--seed", i, "--max-sleep-ms", 0, "--slow-rank", 0, "--slow-ms", 60,
-                       "--assume-staleness", 0, name=f"ssp-{i}") for i in range(n)]
-    assert procs.wait_all(ws, timeout=90) == [0] * n
+    c = bosen_cluster(2, workers=n, staleness=3, read_timeout_s=30,
+                      tables={"W": {"rows": 4, "cols": n, "dtype": "int64"}})
+    ws = [worker(bosen_procs, "ssp_worker.py", c.path, "--ticks", ticks, "--result", tmp_path / f"r-{i}.json",
+                 "--seed", i, "--max-sleep-ms", 0, "--slow-rank", 0, "--slow-ms", 60,
+                 "--assume-staleness", 0, name=f"ssp-{i}") for i in range(n)]
+    assert bosen_procs.wait_all(ws, timeout=90) == [0] * n
     results = {r["rank"]: r for r in (json.loads((tmp_path / f"r-{i}.json").read_text()) for i in range(n))}
     slow = results[0]
     assert slow["violation_count"] > 0
@@ -98,23 +99,23 @@ def test_checker_detects_reads_outside_the_bound(cluster, procs, tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_ssp_invariant_when_every_tick_reads_rows_never_read_before(cluster, procs, tmp_path):
+def test_ssp_invariant_when_every_tick_reads_rows_never_read_before(bosen_cluster, bosen_procs, tmp_path):
     """Every tick each worker adds to every row of V, then reads V rows it never read before: the
     read goes on the worker's own connection and may overtake its own update (still in flight on the
     main connection) and race pushes of other rows. Read-my-writes and the SSP bound must hold, and a
     fresh reader sees the exact sums."""
     n, ticks, block = 4, 10, 3
-    c = cluster(2, workers=n + 1, staleness=1, read_timeout_s=30,
-                tables={"W": {"rows": 4, "cols": n, "dtype": "int64"},
+    c = bosen_cluster(2, workers=n + 1, staleness=1, read_timeout_s=30,
+                      tables={"W": {"rows": 4, "cols": n, "dtype": "int64"},
                         "V": {"rows": ticks * block, "cols": n, "dtype": "int64"}})
     reader = Client.connect(c.path, rank=n)
     try:
         for _ in range(ticks + 2):
             reader.clock()
-        ws = [procs.worker("ssp_worker.py", c.path, "--ticks", ticks, "--result", tmp_path / f"r-{i}.json",
-                           "--seed", i, "--max-sleep-ms", 5, "--fresh-block", block, name=f"ssp-{i}")
+        ws = [worker(bosen_procs, "ssp_worker.py", c.path, "--ticks", ticks, "--result", tmp_path / f"r-{i}.json",
+                     "--seed", i, "--max-sleep-ms", 5, "--fresh-block", block, name=f"ssp-{i}")
               for i in range(n)]
-        assert procs.wait_all(ws, timeout=120) == [0] * n, "\n".join(p.tail() for p in ws)
+        assert bosen_procs.wait_all(ws, timeout=120) == [0] * n, "\n".join(p.tail() for p in ws)
         for i in range(n):
             r = json.loads((tmp_path / f"r-{i}.json").read_text())
             assert r["violation_count"] == 0, f"worker {r['rank']}: {r['violations'][:10]}"

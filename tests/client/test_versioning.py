@@ -145,8 +145,8 @@ TABLES = {
 }
 
 
-def test_welcome_tells_each_table_its_capabilities(cluster):
-    c = cluster(2, 1, staleness=3, tables=TABLES, read_timeout_s=60)
+def test_welcome_tells_each_table_its_capabilities(bosen_cluster):
+    c = bosen_cluster(2, 1, staleness=3, tables=TABLES, read_timeout_s=60)
     client = Client.connect(c.path)
     try:
         got = {n: (client.table(n).read_my_writes, client.table(n).versioned, client.table(n).update) for n in TABLES}
@@ -189,14 +189,14 @@ def adarev_steps(alpha, steps):
 
 
 @pytest.mark.parametrize("chunk", [None, 16])
-def test_buffered_updates_are_retired_when_a_newer_version_arrives(cluster, monkeypatch, chunk):
+def test_buffered_updates_are_retired_when_a_newer_version_arrives(bosen_cluster, monkeypatch, chunk):
     """B is a clock ahead and buffers updates for rows it holds at version 1; A's clock then moves
     the servers' clock, and the push of version 2 reaches B before B flushes: B must send its
     version-1 updates at once, marked end-of-version (and release version 1 of the other rows).
     ``chunk``: one row per update message."""
     if chunk:
         monkeypatch.setattr("bosen.client.oplog.CHUNK_BYTES", chunk)
-    c = cluster(2, 2, staleness=10, tables={"V": TABLES["V"]}, read_timeout_s=60)
+    c = bosen_cluster(2, 2, staleness=10, tables={"V": TABLES["V"]}, read_timeout_s=60)
     a, b = Client.connect(c.path, rank=0), Client.connect(c.path, rank=1)
     try:
         A, B = a.table("V"), b.table("V")

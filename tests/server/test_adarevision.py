@@ -55,10 +55,10 @@ def table_stats(c, name: str) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 
 
-def test_no_delay_adarevision_equals_adagrad_exactly(cluster):
+def test_no_delay_adarevision_equals_adagrad_exactly(bosen_cluster):
     rows, cols, alpha = 9, 5, 0.3
     t = {"rows": rows, "cols": cols, "dtype": "float64", "init": {"normal": 0.5, "seed": 4}}
-    c = cluster(2, 1, staleness=0, read_timeout_s=60, tables={
+    c = bosen_cluster(2, 1, staleness=0, read_timeout_s=60, tables={
         "A": {**t, "update": "adarevision", "update_args": {"alpha": alpha}},
         "G": {**t, "update": "adagrad", "update_args": {"alpha": alpha}}})
     client = Client.connect(c.path)
@@ -171,11 +171,11 @@ class TwoClients:
 
 
 @pytest.mark.parametrize("seed, one_row_messages", [(0, False), (1, True)])
-def test_controlled_delays_match_the_numpy_rule(cluster, monkeypatch, seed, one_row_messages):
+def test_controlled_delays_match_the_numpy_rule(bosen_cluster, monkeypatch, seed, one_row_messages):
     if one_row_messages:  # every update message carries one row: order across messages matters
         monkeypatch.setattr("bosen.client.oplog.CHUNK_BYTES", 8)
     rng = np.random.default_rng(seed)
-    m = TwoClients(cluster, rows=5, cols=3, alpha=0.3)
+    m = TwoClients(bosen_cluster, rows=5, cols=3, alpha=0.3)
     try:
         for step in range(60):
             k = int(rng.integers(2)) if step % 7 else int(np.argmax(m.tick))  # the faster one, now and then
@@ -202,13 +202,13 @@ def test_controlled_delays_match_the_numpy_rule(cluster, monkeypatch, seed, one_
         assert (t["snapshots"], t["versions_held"], t["release_errors"]) == (0, 0, 0)
 
 
-def test_snapshots_return_to_their_floor_over_many_clocks_with_several_clients(cluster):
+def test_snapshots_return_to_their_floor_over_many_clocks_with_several_clients(bosen_cluster):
     """Three clients read, update and clock in rounds, with early (budgeted) pushes on both sides,
     so versions move mid-tick and buffered updates get retired. Whenever every client has clocked
     and the pushes and releases have landed, no snapshot copy is live; at the end none is held."""
     n, rows, cols = 3, 40, 4
-    c = cluster(2, n, staleness=2, read_timeout_s=60,
-                comm={"client_bandwidth_mbps": 50, "server_bandwidth_mbps": 50, "client_send_rows": 5,
+    c = bosen_cluster(2, n, staleness=2, read_timeout_s=60,
+                      comm={"client_bandwidth_mbps": 50, "server_bandwidth_mbps": 50, "client_send_rows": 5,
                       "server_push_rows": 5, "priority": "random"},
                 tables={"V": {"rows": rows, "cols": cols, "dtype": "float32", "init": {"normal": 1.0},
                               "update": "adarevision", "update_args": {"alpha": 0.1}}})
@@ -247,11 +247,11 @@ def test_snapshots_return_to_their_floor_over_many_clocks_with_several_clients(c
         assert (t["snapshots"], t["versions_held"], t["release_errors"], s["errors"]) == (0, 0, 0, 0)
 
 
-def test_snapshot_cap_pauses_budgeted_pushes_and_resumes_them(cluster):
+def test_snapshot_cap_pauses_budgeted_pushes_and_resumes_them(bosen_cluster):
     rows = 6
-    c = cluster(1, 2, staleness=10, read_timeout_s=60,
-                comm={"client_bandwidth_mbps": 100, "server_bandwidth_mbps": 100},
-                tables={"V": {"rows": rows, "cols": 2, "dtype": "float32", "update": "adarevision",
+    c = bosen_cluster(1, 2, staleness=10, read_timeout_s=60,
+                      comm={"client_bandwidth_mbps": 100, "server_bandwidth_mbps": 100},
+                      tables={"V": {"rows": rows, "cols": 2, "dtype": "float32", "update": "adarevision",
                               "update_args": {"alpha": 0.1, "max_snapshots": 2}}})
     a, b = Client.connect(c.path, rank=0), Client.connect(c.path, rank=1)
     try:
@@ -299,9 +299,9 @@ def test_snapshot_cap_pauses_budgeted_pushes_and_resumes_them(cluster):
     assert (t["snapshots"], t["versions_held"], t["release_errors"]) == (0, 0, 0)
 
 
-def test_user_procedure_from_an_import_path_in_the_yaml(cluster, monkeypatch):
+def test_user_procedure_from_an_import_path_in_the_yaml(bosen_cluster, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(TESTS / "procs"))  # the servers import userprocs from here
-    c = cluster(2, 1, staleness=0, read_timeout_s=60, tables={
+    c = bosen_cluster(2, 1, staleness=0, read_timeout_s=60, tables={
         "W": {"rows": 5, "cols": 3, "dtype": "float32", "update": "userprocs:ScaledAdd",
               "update_args": {"scale": 3.0}}})
     client = Client.connect(c.path)

@@ -86,8 +86,8 @@ def inc_header(tb=0, n=1, dt="int64", sp=False):
 
 
 @pytest.mark.timeout(120)
-def test_hostile_messages_get_errors_and_change_nothing(cluster, tmp_path):
-    c = cluster(2, workers=2, tables=TABLES, staleness=1)
+def test_hostile_messages_get_errors_and_change_nothing(bosen_cluster, tmp_path):
+    c = bosen_cluster(2, workers=2, tables=TABLES, staleness=1)
     fp = config_mod.load(c.path).fingerprint()
     s0, s1 = c.addresses
     ctx = zmq.Context()
@@ -311,8 +311,8 @@ def test_server_refuses_a_broken_config(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_server_refuses_bad_rank_and_busy_port(tmp_path, cluster):
-    c = cluster(1, workers=1)
+def test_server_refuses_bad_rank_and_busy_port(tmp_path, bosen_cluster):
+    c = bosen_cluster(1, workers=1)
     r = run_cmd([PY, "-m", "bosen.server", "--config", c.path, "--rank", "3"], timeout=30)
     assert r.returncode == 2 and "--rank 3" in r.stderr and str(c.path) in r.stderr
     # the address of rank 0 is taken by the running server
@@ -347,8 +347,8 @@ def _budgeted_push(a: Raw, b: Raw) -> dict:
 
 
 @pytest.mark.timeout(60)
-def test_budgeted_push_is_acknowledged(cluster):
-    c = cluster(1, workers=2, comm={"enabled": True}, tables={"W": {"rows": 4, "cols": 4, "dtype": "int64"}})
+def test_budgeted_push_is_acknowledged(bosen_cluster):
+    c = bosen_cluster(1, workers=2, comm={"enabled": True}, tables={"W": {"rows": 4, "cols": 4, "dtype": "int64"}})
     ctx = zmq.Context()
     a = b = None
     try:
@@ -370,11 +370,11 @@ def test_budgeted_push_is_acknowledged(cluster):
 
 
 @pytest.mark.timeout(60)
-def test_push_ack_after_bye_is_rejected(cluster):
+def test_push_ack_after_bye_is_rejected(bosen_cluster):
     """Once a client has left, nothing more is accepted from it, acks included. (A real client stops
     acknowledging pushes when it starts leaving; tests/client/test_ssp.py checks that no server
     ever rejects anything from real clients.)"""
-    c = cluster(1, workers=2, comm={"enabled": True}, tables={"W": {"rows": 4, "cols": 4, "dtype": "int64"}})
+    c = bosen_cluster(1, workers=2, comm={"enabled": True}, tables={"W": {"rows": 4, "cols": 4, "dtype": "int64"}})
     ctx = zmq.Context()
     a = b = None
     try:
@@ -394,8 +394,8 @@ def test_push_ack_after_bye_is_rejected(cluster):
 
 
 @pytest.mark.timeout(60)
-def test_clock_out_of_int64_range_is_a_protocol_error(cluster):
-    c = cluster(1, workers=1)
+def test_clock_out_of_int64_range_is_a_protocol_error(bosen_cluster):
+    c = bosen_cluster(1, workers=1)
     fp = config_mod.load(c.path).fingerprint()
     ctx = zmq.Context()
     r = Raw(ctx, c.addresses[0])
@@ -413,11 +413,11 @@ def test_clock_out_of_int64_range_is_a_protocol_error(cluster):
 
 
 @pytest.mark.timeout(60)
-def test_read_connections_are_checked_and_answer_reads_only(cluster):
+def test_read_connections_are_checked_and_answer_reads_only(bosen_cluster):
     """A read connection (a worker thread's own socket) must name a joined rank; it may send READ and
     nothing else; its ROWS carry the client's message number ``ss``, shared with its main
     connection; once the client leaves, the read connection is refused too."""
-    c = cluster(1, workers=2, tables={"W": {"rows": 4, "cols": 4, "dtype": "int64"}})
+    c = bosen_cluster(1, workers=2, tables={"W": {"rows": 4, "cols": 4, "dtype": "int64"}})
     fp = config_mod.load(c.path).fingerprint()
     ctx = zmq.Context()
     main, rd, rd2 = (Raw(ctx, c.addresses[0]) for _ in range(3))

@@ -27,10 +27,10 @@ def thread_policies(pid: int) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("name", ["batch", "normal"])
-def test_every_server_thread_runs_under_the_configured_policy(cluster, name):
+def test_every_server_thread_runs_under_the_configured_policy(bosen_cluster, name):
     extra = {} if name == "batch" else {"server_sched": "normal"}  # batch: the default
-    c = cluster(n_servers=1, config={"cluster": {"workers": 1, **extra},
-                                     "tables": {"W": {"rows": 10, "cols": 4, "dtype": "int64"}}})
+    c = bosen_cluster(n_servers=1, config={"cluster": {"workers": 1, **extra},
+                                           "tables": {"W": {"rows": 10, "cols": 4, "dtype": "int64"}}})
     assert c.status()[0]["clock"] == 0  # it serves
     policies = thread_policies(c.servers[0].pid)
     assert any(t.startswith("ZMQbg/IO") for t in policies), policies
