@@ -42,11 +42,11 @@ def blocked_readers(client: Client, n: int, row: int) -> tuple[list[threading.Th
 
 
 @pytest.mark.parametrize("path", ["direct", "comm"])
-def test_a_server_killed_while_three_threads_read_fails_all_three_within_2s(cluster, path):
+def test_a_server_killed_while_three_threads_read_fails_all_three_within_2s(bosen_cluster, path):
     """Reads on the threads' own sockets (direct) or through the communication thread (managed
     communication on): all three raise ServerLost naming the server, and so does every later call."""
     kw = {"comm": COMM} if path == "comm" else {}
-    c = cluster(2, workers=2, staleness=0, tables={"W": {"rows": 8, "cols": 4}}, **kw)
+    c = bosen_cluster(2, workers=2, staleness=0, tables={"W": {"rows": 8, "cols": 4}}, **kw)
     client = Client.connect(c.path, rank=0, main_worker=False)
     try:
         threads, results = blocked_readers(client, 3, row=1)  # row 1 lives on server 1
@@ -70,9 +70,9 @@ def test_a_server_killed_while_three_threads_read_fails_all_three_within_2s(clus
         client.abort()
 
 
-def test_a_failure_is_raised_in_every_thread_not_just_the_first(cluster):
+def test_a_failure_is_raised_in_every_thread_not_just_the_first(bosen_cluster):
     """Two threads call after a failure, one after the other: both raise it (it is not cleared)."""
-    c = cluster(1, workers=1, staleness=0, tables={"W": {"rows": 4, "cols": 2}})
+    c = bosen_cluster(1, workers=1, staleness=0, tables={"W": {"rows": 4, "cols": 2}})
     client = Client.connect(c.path, rank=0, main_worker=False)
     try:
         client._comm.submit(lambda: (_ for _ in ()).throw(BosenError("boom")))
@@ -95,8 +95,8 @@ def test_a_failure_is_raised_in_every_thread_not_just_the_first(cluster):
         client.abort()
 
 
-def test_a_communication_thread_that_fails_at_start_fails_connect(cluster, monkeypatch):
-    c = cluster(1, workers=1, tables={"W": {"rows": 4, "cols": 2}})
+def test_a_communication_thread_that_fails_at_start_fails_connect(bosen_cluster, monkeypatch):
+    c = bosen_cluster(1, workers=1, tables={"W": {"rows": 4, "cols": 2}})
 
     def broken(self):
         raise OSError("no sockets today")
@@ -108,8 +108,8 @@ def test_a_communication_thread_that_fails_at_start_fails_connect(cluster, monke
     assert time.monotonic() - start < 5
 
 
-def test_a_communication_thread_that_never_starts_fails_connect_within_its_timeout(cluster, monkeypatch):
-    c = cluster(1, workers=1, tables={"W": {"rows": 4, "cols": 2}})
+def test_a_communication_thread_that_never_starts_fails_connect_within_its_timeout(bosen_cluster, monkeypatch):
+    c = bosen_cluster(1, workers=1, tables={"W": {"rows": 4, "cols": 2}})
     release = threading.Event()
     original = comm_mod.CommThread._open
 
@@ -127,10 +127,10 @@ def test_a_communication_thread_that_never_starts_fails_connect_within_its_timeo
         release.set()
 
 
-def test_close_waits_for_a_read_in_progress_instead_of_closing_its_sockets(cluster):
+def test_close_waits_for_a_read_in_progress_instead_of_closing_its_sockets(bosen_cluster):
     """A thread blocked in a direct read while the client closes: it raises ClientClosed (not a
     ZeroMQ error from a socket closed under it), and close() returns promptly."""
-    c = cluster(1, workers=2, staleness=0, tables={"W": {"rows": 4, "cols": 2}})
+    c = bosen_cluster(1, workers=2, staleness=0, tables={"W": {"rows": 4, "cols": 2}})
     client = Client.connect(c.path, rank=0, main_worker=False)
     threads, results = blocked_readers(client, 1, row=0)
     assert wait_until(lambda: client.stats()["blocked_reads"] == 1, timeout=20)
@@ -166,9 +166,9 @@ def test_the_process_clock_callback_runs_outside_the_clocks_lock():
     assert not t.is_alive() and clocks.clock == 1
 
 
-def test_buffer_counters_have_one_owner_each(cluster):
+def test_buffer_counters_have_one_owner_each(bosen_cluster):
     """Worker threads count their own increments; stats() adds them up, those of workers that left too."""
-    c = cluster(1, workers=1, staleness=4, tables={"W": {"rows": 64, "cols": 8}})
+    c = bosen_cluster(1, workers=1, staleness=4, tables={"W": {"rows": 64, "cols": 8}})
     with Client.connect(c.path, main_worker=False) as client:
         def work() -> None:
             with client.worker() as w:
