@@ -219,10 +219,10 @@ def value_dtype(name: str) -> np.dtype:
 class UpdateBatch:
     """Increments for some rows of one table: dense ``values[n, cols]`` or CSR (indptr, cols, values).
 
-    Versioned tables (DESIGN §7) add ``tags`` (the row version each update was computed from),
-    ``eov`` (the update is the sender's last one of that version: it releases the version) and
-    ``rel_rows``/``rel_tags`` (row versions the sender releases without an update). Rows may repeat;
-    entries apply in order.
+    Versioned tables (docs/design.md, "Versioning protocol") add ``tags`` (the row version each update
+    was computed from), ``eov`` (the update is the sender's last one of that version: it releases the
+    version) and ``rel_rows``/``rel_tags`` (row versions the sender releases without an update). Rows
+    may repeat; entries apply in order.
     """
 
     rows: np.ndarray
