@@ -23,9 +23,6 @@ class Partition:
     def global_rows(self, server: int, total_rows: int) -> np.ndarray:
         return np.arange(server, total_rows, self.num_servers, dtype=np.int64)
 
-    def local_count(self, server: int, total_rows: int) -> int:
-        return len(range(server, total_rows, self.num_servers))
-
     def split(self, rows: np.ndarray) -> list[np.ndarray]:
         """Positions in ``rows`` grouped by owning server (one vectorized pass per server)."""
         if self.num_servers == 1:

@@ -1,4 +1,4 @@
-"""Which buffered rows a budgeted send takes first (DESIGN §6, thesis §3.2.2).
+"""Which buffered rows a budgeted send takes first (docs/design.md, "Managed communication"; thesis §3.2.2).
 
 Every policy works on a vector of candidate row ids (rows with something to send) plus, for the
 magnitude policies, an importance score per row accumulated since the row was last sent. Choosing

@@ -1,4 +1,4 @@
-"""The leaky bucket that paces budgeted sends (DESIGN §6).
+"""The leaky bucket that paces budgeted sends (docs/design.md, "Managed communication").
 
 Sending B bytes makes the next budgeted send wait B·8/budget seconds after the previous one's slot;
 debt carries over, so a burst (an end-of-tick flush, which is never delayed) is paid back by waiting
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 class LeakyBucket:

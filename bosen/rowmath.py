@@ -9,10 +9,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-_JIT = dict(nogil=True, cache=True)
 
-
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def scatter_add(dst, rows, src):  # pragma: no cover - compiled
     """dst[rows[i], :] += src[i, :] for every i (duplicates accumulate)."""
     ncols = dst.shape[1]
@@ -33,7 +31,7 @@ def add_rows(dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
         scatter_add(dst, rows, src)
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def scatter_add_pair(dst1, dst2, rows, src, held):  # pragma: no cover - compiled
     """scatter_add into ``dst1`` and, for rows with ``held[r] >= 0``, into ``dst2``, in one pass over
     ``src`` (update buffer and cache: a row the cache does not hold gets its value, with these
@@ -54,7 +52,7 @@ def scatter_add_pair(dst1, dst2, rows, src, held):  # pragma: no cover - compile
 _EXP_BITS = {4: (np.uint32, np.uint32(0x7F800000)), 8: (np.uint64, np.uint64(0x7FF0000000000000))}
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def _exponents_not_all_set(bits, mask):  # pragma: no cover - compiled
     # A float is NaN or infinite exactly when all its exponent bits are set. A min-reduction over
     # the raw bits vectorizes (about 10x np.isfinite in a loop); no early exit, which would stop that.
@@ -74,7 +72,7 @@ def all_finite(values: np.ndarray) -> bool:
     return bool(_exponents_not_all_set(np.ascontiguousarray(values).reshape(-1).view(bits[0]), bits[1]))
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def run_start(rows):  # pragma: no cover - compiled
     """``rows[0]`` if ``rows`` is a run ``r, r+1, r+2, ...`` (reads of a range usually are: slices then
     replace fancy indexing, a plain memcpy instead of a gather), else -1."""
@@ -88,7 +86,7 @@ def run_start(rows):  # pragma: no cover - compiled
     return lo
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def stride_start(rows, step):  # pragma: no cover - compiled
     """``rows[0]`` if ``rows`` is ``r, r+step, r+2*step, ...`` (one server's rows of a run), else -1."""
     n = rows.shape[0]
@@ -101,7 +99,7 @@ def stride_start(rows, step):  # pragma: no cover - compiled
     return lo
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def _span(a):  # pragma: no cover - compiled
     """(min, max, whether ``a`` is a run ``a[0], a[0]+1, ...``) in one pass."""
     first = lo = hi = a[0]
@@ -137,7 +135,7 @@ def rows_index(rows: np.ndarray) -> slice | np.ndarray:
     return slice(lo, lo + rows.shape[0]) if lo >= 0 else rows
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def scatter_add_csr(dst, rows, indptr, cols, vals):  # pragma: no cover - compiled
     """dst[rows[i], cols[k]] += vals[k] for k in indptr[i]:indptr[i+1]."""
     for i in range(rows.shape[0]):
@@ -146,13 +144,13 @@ def scatter_add_csr(dst, rows, indptr, cols, vals):  # pragma: no cover - compil
             dst[r, cols[k]] += vals[k]
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def scatter_add_coo(dst, rows, cols, vals):  # pragma: no cover - compiled
     for k in range(rows.shape[0]):
         dst[rows[k], cols[k]] += vals[k]
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def add_rows_from(dst, src, rows):  # pragma: no cover - compiled
     """dst[rows[i]] += src[rows[i]]: re-apply buffered local updates on top of fresh rows."""
     ncols = dst.shape[1]
@@ -162,7 +160,7 @@ def add_rows_from(dst, src, rows):  # pragma: no cover - compiled
             dst[r, j] += src[r, j]
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def take_and_clear(src, rows):  # pragma: no cover - compiled
     """Return (src[rows], its non-zero count) and zero those rows of src, in one pass (flushing an
     update buffer; the count decides dense vs sparse on the wire without another pass). The result
@@ -181,7 +179,7 @@ def take_and_clear(src, rows):  # pragma: no cover - compiled
     return out, nnz
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def copy_counted(src, dst):  # pragma: no cover - compiled
     """dst[:] = src (2-D, same shape) and the number of non-zeros, or -1 if a value is NaN or
     infinite, in one pass (staging a bulk increment: the check and the count, which later decides
@@ -197,7 +195,7 @@ def copy_counted(src, dst):  # pragma: no cover - compiled
     return -1 if bad else nnz
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def copy_counted_mirror(src, dst, mirror, held, first, step):  # pragma: no cover - compiled
     """``copy_counted`` (values already checked finite) that also adds row ``i`` of ``src`` to
     ``mirror[first + i * step]`` where ``held`` of that row is >= 0 (read-my-writes: the cache)."""
@@ -218,7 +216,7 @@ def copy_counted_mirror(src, dst, mirror, held, first, step):  # pragma: no cove
     return nnz
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def add_where_held(dst, lo, src, held):  # pragma: no cover - compiled
     """dst[lo + i] += src[i] for each i where held[lo + i] >= 0."""
     for i in range(src.shape[0]):
@@ -237,7 +235,7 @@ def to_csr(block: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return indptr, c.astype(np.int32), block[r, c]
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def _mix(x):  # pragma: no cover - compiled
     # splitmix64 finaliser: a counter-based hash, so any server can produce any row on its own
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -245,7 +243,7 @@ def _mix(x):  # pragma: no cover - compiled
     return x ^ (x >> np.uint64(31))
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def _fill_random(out, global_rows, ncols_total, seed, normal, a, b):  # pragma: no cover - compiled
     two53 = 9007199254740992.0
     base = _mix(np.uint64(seed) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(1))

@@ -20,9 +20,10 @@ ACK (or SCLOCK) of a later message, whose ``rq`` (``a``) covers every earlier on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Sequence
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -218,10 +219,10 @@ def value_dtype(name: str) -> np.dtype:
 class UpdateBatch:
     """Increments for some rows of one table: dense ``values[n, cols]`` or CSR (indptr, cols, values).
 
-    Versioned tables (DESIGN §7) add ``tags`` (the row version each update was computed from),
-    ``eov`` (the update is the sender's last one of that version: it releases the version) and
-    ``rel_rows``/``rel_tags`` (row versions the sender releases without an update). Rows may repeat;
-    entries apply in order.
+    Versioned tables (docs/design.md, "Versioning protocol") add ``tags`` (the row version each update
+    was computed from), ``eov`` (the update is the sender's last one of that version: it releases the
+    version) and ``rel_rows``/``rel_tags`` (row versions the sender releases without an update). Rows
+    may repeat; entries apply in order.
     """
 
     rows: np.ndarray
@@ -242,10 +243,18 @@ class UpdateBatch:
         return self.tags is not None
 
     def arrays(self) -> tuple[np.ndarray, ...]:
-        base = (self.rows, self.indptr, self.cols, self.values) if self.sparse else (self.rows, self.values)
-        if self.versioned:
-            return (*base, self.tags, self.eov, self.rel_rows, self.rel_tags)
-        return base
+        """The message's array frames, in wire order."""
+        indptr, cols, tags = self.indptr, self.cols, self.tags
+        if indptr is None:
+            base: tuple[np.ndarray, ...] = (self.rows, self.values)
+        else:
+            assert cols is not None  # CSR: indptr and cols come together
+            base = (self.rows, indptr, cols, self.values)
+        if tags is None:
+            return base
+        eov, rel_rows, rel_tags = self.eov, self.rel_rows, self.rel_tags
+        assert eov is not None and rel_rows is not None and rel_tags is not None  # versioned: all four together
+        return (*base, tags, eov, rel_rows, rel_tags)
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays())

@@ -3,7 +3,7 @@
 pyzmq's asyncio sockets wrap every send and receive in a Future and re-arm poll events after each
 one: tens of microseconds of Python per message, which dominated small messages and a 1 MiB fetch's
 round trip. Here a reader callback drains the socket when its file descriptor fires, handing each
-message to ``on_message`` synchronously, and a send is one non-blocking ``send_multipart``.
+message to ``on_message`` synchronously, and a send is one non-blocking ``send_frames``.
 
 ZeroMQ's descriptor is edge-triggered: it fires when the socket's state may have changed, and any
 operation (a send, reading ``EVENTS`` too) may consume that edge. So after every send the socket's
@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 
 DRAIN_BATCH = 32  # messages handled per drain before other tasks get a turn
+# pyzmq types every ``getsockopt`` as ``int | bytes``; FD and EVENTS are int options. The ``type: ignore``
+# comments below say so where narrowing would cost a call on every message.
 # plain ints: pyzmq's constants are enum flags, and ``int & flag`` is Python-level enum arithmetic
 # (about a microsecond, several times per message)
 _POLLIN, _POLLOUT, _NOBLOCK, _SNDMORE = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.NOBLOCK), int(zmq.SNDMORE)
@@ -63,7 +66,9 @@ class LoopSocket:
         self._pending: deque[list[Any]] = deque()
         self._scheduled = False
         self._draining = False  # in _drain, which reads EVENTS after every message anyway
-        self._fd = sock.getsockopt(zmq.FD)
+        fd = sock.getsockopt(zmq.FD)
+        assert isinstance(fd, int)
+        self._fd = fd
         self._closed = False
 
     def start(self) -> None:
@@ -94,7 +99,7 @@ class LoopSocket:
 
     def _schedule_if_readable(self) -> None:
         """Reading EVENTS may consume the descriptor's edge: whatever it reports must be acted on."""
-        if not self._scheduled and self._wants_drain(self.sock.getsockopt(zmq.EVENTS)):
+        if not self._scheduled and self._wants_drain(self.sock.getsockopt(zmq.EVENTS)):  # type: ignore[arg-type]
             self._schedule()
 
     def _wants_drain(self, events: int) -> bool:
@@ -118,18 +123,18 @@ class LoopSocket:
                 try:
                     frames = recv_frames(sock, _NOBLOCK)
                 except zmq.Again:
-                    events = sock.getsockopt(zmq.EVENTS)
+                    events = sock.getsockopt(zmq.EVENTS)  # type: ignore[assignment]
                     break
                 handled += 1
                 self.on_message(frames)
                 if self._closed:
                     return
-                events = sock.getsockopt(zmq.EVENTS)
+                events = sock.getsockopt(zmq.EVENTS)  # type: ignore[assignment]
         finally:
             self._draining = False
         if self._pending and events & _POLLOUT:
             self._flush_pending()
-            events = sock.getsockopt(zmq.EVENTS)
+            events = sock.getsockopt(zmq.EVENTS)  # type: ignore[assignment]
         if self._wants_drain(events):
             self._schedule()  # batch limit reached, more arrived, or room for queued sends meanwhile
         if handled and self.after_batch is not None:

@@ -12,8 +12,8 @@ import sys
 import uvloop
 
 from bosen import config as config_mod
-from bosen.malloc import reuse_large_buffers
 from bosen.errors import BosenError
+from bosen.malloc import reuse_large_buffers
 from bosen.server import sched
 from bosen.server.daemon import Server
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import zmq
@@ -23,10 +24,10 @@ from bosen.errors import ProtocolError
 from bosen.metrics import mbps, send_histogram
 from bosen.partition import Partition
 from bosen.ratelimit import LeakyBucket, paced_sender
-from bosen.wire import Msg
-from bosen.zsocket import LoopSocket
 from bosen.server import procedures
 from bosen.server.shard import TableShard
+from bosen.wire import Msg
+from bosen.zsocket import LoopSocket
 
 log = logging.getLogger("bosen.server")
 
@@ -180,8 +181,10 @@ class Server:
         return self._send_frames(ident, wire.encode(header, *arrays, owned=owned), header["t"])
 
     def _send_frames(self, ident: bytes, frames: list[Any], kind: Msg) -> int:
+        sock = self._sock
+        assert sock is not None, "start() first"
         try:
-            self._sock.send([ident, *frames])
+            sock.send([ident, *frames])
         except zmq.ZMQError as e:  # EHOSTUNREACH: the peer disconnected
             self._send_failed(ident, kind, e)
         nbytes = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
@@ -418,6 +421,7 @@ class Server:
 
     async def _push_loop(self) -> None:
         """Between clock advances, push the most changed rows whenever the bucket is empty."""
+        assert self.bucket is not None  # started only with managed communication on
         max_unacked = self.comm.max_unacked
         await paced_sender(self.bucket, self.comm.idle_ms / 1000,
                            lambda: any(p.pushes_sent - p.pushes_acked > max_unacked for p in self._live()),

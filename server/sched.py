@@ -6,7 +6,7 @@ client's bytes arrive, the woken server thread (the ZeroMQ I/O thread first) pre
 on that core, often the client's own I/O thread that is sending those bytes, and then reads the
 little that has arrived so far. Under SCHED_BATCH a woken thread waits for the running one's turn to
 end (or runs at once on an idle core): it finds more bytes per wake-up and interrupts the sender
-less. Measured on a 2-core machine (docs/design.md, "Throughput mechanics"): the server's I/O thread
+less. Measured on a 2-core machine (docs/design.md, "SCHED_BATCH on servers"): the server's I/O thread
 went from ~100 to ~69 us of CPU per MiB ingested and 1 MiB ingest got 10-17% faster. The price is
 latency: a 1 KiB read round trip took 2-12% longer; 1 MiB reads and the MF job did not change beyond
 the noise. ``cluster.server_sched: normal`` keeps the OS default.

@@ -11,7 +11,6 @@ from bosen.partition import Partition
 from bosen.procedure import StoredProcedure
 from bosen.wire import UpdateBatch
 
-
 _NO_ROWS = np.empty(0, dtype=np.int64)
 
 
@@ -86,11 +85,13 @@ class TableShard:
         if self.check_finite and not rowmath.all_finite(batch.values):
             raise ProtocolError(f"INC: non-finite value for table {self.cfg.name!r}")
         if versioned:
-            released, _ = self.local_rows(batch.rel_rows, "INC release")
+            tags, eov, rel_rows, rel_tags = batch.tags, batch.eov, batch.rel_rows, batch.rel_tags
+            assert tags is not None and eov is not None and rel_rows is not None and rel_tags is not None
+            released, _ = self.local_rows(rel_rows, "INC release")
             n = self._apply(batch, local, index, client) if local.shape[0] else 0
-            if batch.eov.any() or released.shape[0]:
-                self.procedure.release(np.concatenate([local[batch.eov], released]),
-                                       np.concatenate([batch.tags[batch.eov], batch.rel_tags]))
+            if eov.any() or released.shape[0]:
+                self.procedure.release(np.concatenate([local[eov], released]),
+                                       np.concatenate([tags[eov], rel_tags]))
             return n
         return self._apply(batch, local, index, client)
 
@@ -139,8 +140,12 @@ class TableShard:
 
     def rows_sent(self, local: np.ndarray) -> np.ndarray | None:
         """Tell the procedure these rows go to one client; their versions (versioned tables) or None."""
-        self.procedure.rows_sent(local, 1)
-        return self.procedure.versions[local] if self.procedure.versioned else None
+        proc = self.procedure
+        proc.rows_sent(local, 1)
+        if not proc.versioned:
+            return None
+        assert proc.versions is not None  # set by ``create`` in every versioned procedure
+        return proc.versions[local]
 
     @property
     def nbytes(self) -> int:

@@ -16,10 +16,8 @@ from bosen.procedure import StoredProcedure
 from bosen.server.procedures.common import gradients, positive
 from bosen.wire import UpdateBatch
 
-_JIT = dict(nogil=True, cache=True)
 
-
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def adagrad_dense(x, z, rows, g, alpha):  # pragma: no cover - compiled
     for i in range(rows.shape[0]):
         r = rows[i]
@@ -31,7 +29,7 @@ def adagrad_dense(x, z, rows, g, alpha):  # pragma: no cover - compiled
             x[r, j] = np.float64(x[r, j]) - eta * gj
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def adagrad_csr(x, z, rows, indptr, cols, g, alpha):  # pragma: no cover - compiled
     for i in range(rows.shape[0]):
         r = rows[i]

@@ -35,8 +35,6 @@ from bosen.server.procedures.common import count, gradients, positive
 from bosen.server.procedures.versioning import CURRENT, INVALID, ZERO, SnapshotStore, copy_on_write, lookup
 from bosen.wire import UpdateBatch
 
-_JIT = dict(nogil=True, cache=True)
-
 
 @njit(nogil=True, cache=True, inline="always")
 def _coord(x, z, zmax, gsum, r, j, gj, gb, alpha):  # pragma: no cover - compiled
@@ -52,7 +50,7 @@ def _coord(x, z, zmax, gsum, r, j, gj, gb, alpha):  # pragma: no cover - compile
     gsum[r, j] += gj
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def _row(x, z, zmax, gsum, r, old, g, gi, alpha):  # pragma: no cover - compiled
     """The rule for one dense row: ``old`` is ḡ as of the update's version (a row), ``g[gi]`` the
     gradient. Branch-free, so LLVM vectorizes it; g_bck = ḡ − ḡ_old is exactly 0 when ``old`` is
@@ -61,7 +59,7 @@ def _row(x, z, zmax, gsum, r, old, g, gi, alpha):  # pragma: no cover - compiled
         _coord(x, z, zmax, gsum, r, j, np.float64(g[gi, j]), gsum[r, j] - old[j], alpha)
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def _old_row(gsum, pool, zeros, where, r):  # pragma: no cover - compiled
     """ḡ as of the tagged version: the live row (current), zeros (version 0) or a snapshot copy."""
     if where == CURRENT:
@@ -71,7 +69,7 @@ def _old_row(gsum, pool, zeros, where, r):  # pragma: no cover - compiled
     return pool[where]
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def adarev_dense(x, z, zmax, gsum, rows, tags, g, alpha,
                  index, versions, cur_ref, pool, refcnt, free, nfree):  # pragma: no cover - compiled
     zeros = np.zeros(x.shape[1])
@@ -90,7 +88,7 @@ def adarev_dense(x, z, zmax, gsum, rows, tags, g, alpha,
         versions[r] += 1
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def adarev_csr(x, z, zmax, gsum, rows, indptr, cols, tags, g, alpha,
                index, versions, cur_ref, pool, refcnt, free, nfree):  # pragma: no cover - compiled
     zeros = np.zeros(x.shape[1])
@@ -134,6 +132,7 @@ class AdaRevision(StoredProcedure):
     def apply(self, values: np.ndarray, local_rows: np.ndarray, batch: UpdateBatch, client: int) -> None:
         s = self.store
         tags = batch.tags
+        assert tags is not None  # the shard accepts only tagged updates for a versioned table
         bad = s.first_invalid(local_rows, tags)
         if bad >= 0:
             r = int(local_rows[bad])

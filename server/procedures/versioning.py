@@ -26,7 +26,6 @@ import numpy as np
 from numba import njit, types
 from numba.typed import Dict
 
-_JIT = dict(nogil=True, cache=True)
 KEY = types.UniTuple(types.int64, 2)
 
 # what ``lookup`` says about a tag
@@ -35,7 +34,7 @@ ZERO = -2  # version 0 (never read / never updated): the state is the initial st
 INVALID = -3  # no such version is held: a protocol error
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def lookup(index, versions, r, t):  # pragma: no cover - compiled
     """Where the state of (row r, version t) is: a pool slot, CURRENT, ZERO or INVALID."""
     v = versions[r]
@@ -48,7 +47,7 @@ def lookup(index, versions, r, t):  # pragma: no cover - compiled
     return index[(r, t)]
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def copy_on_write(index, versions, cur_ref, pool, refcnt, free, nfree, src, r):  # pragma: no cover
     """Row r is about to change: if clients hold its current version, copy ``src[r]`` to a slot.
 
@@ -64,7 +63,7 @@ def copy_on_write(index, versions, cur_ref, pool, refcnt, free, nfree, src, r): 
         cur_ref[r] = 0
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def validate(index, versions, rows, tags):  # pragma: no cover - compiled
     """Index of the first entry whose tag names no held version of its row, or -1."""
     for i in range(rows.shape[0]):
@@ -73,7 +72,7 @@ def validate(index, versions, rows, tags):  # pragma: no cover - compiled
     return -1
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def add_holders(versions, cur_ref, rows, n):  # pragma: no cover - compiled
     """Rows were sent at their current versions to ``n`` clients each (version 0 needs no reference)."""
     for i in range(rows.shape[0]):
@@ -82,7 +81,7 @@ def add_holders(versions, cur_ref, rows, n):  # pragma: no cover - compiled
             cur_ref[r] += n
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def release(index, versions, cur_ref, refcnt, free, nfree, rows, tags):  # pragma: no cover - compiled
     """Drop one reference to each (rows[i], tags[i]); frees copies that nobody holds. Returns the
     number of releases that matched nothing (a client bug; they change nothing)."""
