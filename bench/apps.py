@@ -1,4 +1,4 @@
-"""App kernel speed beside well-known libraries, on the same data in the same run (DESIGN §9).
+"""App kernel speed beside well-known libraries, on the same data in the same run (docs/design.md, "Benchmarks").
 
 Each app's ``bench.py`` does the measuring (see their docstrings for the baselines and why):
 MF (ratings/s vs numpy mini-batch SGD), MLR (samples/s vs PyTorch softmax SGD, plus 2-vs-1 worker

@@ -1,4 +1,4 @@
-"""Measured egress against the configured bandwidth budget (DESIGN §6, §9).
+"""Measured egress against the configured bandwidth budget (docs/design.md, "Managed communication" and "Benchmarks").
 
 For each budget, a saturating update load runs against real server processes and the bench reads
 the egress of one side over a steady window:

@@ -1,4 +1,4 @@
-"""Helpers shared by the benchmarks (DESIGN §9): JSON result lines, child processes, memory.
+"""Helpers shared by the benchmarks (docs/design.md, "Benchmarks"): JSON result lines, child processes, memory.
 
 - ``emit(**fields)`` prints one result as a JSON line on stdout (flushed at once).
 - ``Child`` starts a Python subprocess whose output goes to a log file; ``stop()`` always ends it.

@@ -1,4 +1,4 @@
-"""Convergence benchmark (DESIGN §9): the Bösen evaluation in miniature, run as real jobs.
+"""Convergence benchmark (docs/design.md, "Benchmarks"): the Bösen evaluation in miniature, run as real jobs.
 
     python bench/convergence.py [--scenario adarev|managed|all] [--quick] [--out bench/out]
 

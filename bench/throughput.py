@@ -1,5 +1,6 @@
-"""Throughput benchmark (DESIGN §9): update ingest and row fetch MB/s through client and server, beside
-raw pyzmq moving the same frames in the same run; cache-hit read latency; resident memory per byte held.
+"""Throughput benchmark (docs/design.md, "Benchmarks"): update ingest and row fetch MB/s through client
+and server, beside raw pyzmq moving the same frames in the same run; cache-hit read latency; resident
+memory per byte held.
 
     python bench/throughput.py [--quick] [--only ingest,fetch,latency,memory]
 

@@ -2,7 +2,7 @@
 
 ``clock[r]`` is -1 for rows never received, otherwise the clock of the last value received for the
 row. A server clock message (SCLOCK) says every cached row of that server is now valid for its clock
-(SSP, DESIGN §5); rather than raising every such row's clock (work in the table's size, on every
+(SSP, docs/design.md, "Consistency"); rather than raising every such row's clock (work in the table's size, on every
 clock), the cache keeps the last SCLOCK per server, and a cached row's clock is the larger of the two.
 Values of a table are one dense matrix, touched lazily.
 """
@@ -14,10 +14,8 @@ from numba import njit
 
 from bosen import rowmath
 
-_JIT = dict(nogil=True, cache=True)
 
-
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def _claim(clock, requested, rows):  # pragma: no cover - compiled
     out = np.empty_like(rows)
     k = 0
@@ -30,7 +28,7 @@ def _claim(clock, requested, rows):  # pragma: no cover - compiled
     return out[:k]
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def _receive_run(ss, requested, clock, lo, n, msg, c):  # pragma: no cover - compiled
     for i in range(lo, lo + n):
         if ss[i] >= msg:
@@ -43,7 +41,7 @@ def _receive_run(ss, requested, clock, lo, n, msg, c):  # pragma: no cover - com
     return True
 
 
-@njit(**_JIT)
+@njit(nogil=True, cache=True)
 def _count_known(clock, requested, rows):  # pragma: no cover - compiled
     n = 0
     for i in range(rows.shape[0]):

@@ -1,4 +1,5 @@
-"""Client side of parameter versioning (DESIGN §7, thesis §3.2.3), for tables the server marks versioned.
+"""Client side of parameter versioning (docs/design.md, "Versioning protocol"; thesis §3.2.3), for tables
+the server marks versioned.
 
 The cache keeps the version of every row it holds (``version[r]``, 0 = never received or never
 updated on the server). Updates are tagged with the version of the cached row when they are

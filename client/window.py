@@ -30,10 +30,10 @@ from bosen.wire import Msg
 
 # Most update bytes in flight to one server before a flush waits for ACKs. 16 MiB, not 8: the client's
 # ZeroMQ I/O thread then always has a message queued behind the one it sends, and ingest-1MiB took
-# 4-6% less CPU per MiB (docs/design.md, "Throughput mechanics").
+# 4-6% less CPU per MiB (docs/design.md, "Flush window").
 WINDOW_BYTES = 16 << 20
 # A flush's update messages ask for an ACK once per ACK_SPACING_BYTES (and on a pass's last message);
-# acknowledging 1 MiB messages in twos cut ingest's CPU per MiB by ~8% (docs/design.md).
+# acknowledging 1 MiB messages in twos cut ingest's CPU per MiB by ~8% (docs/design.md, "ACK spacing").
 ACK_SPACING_BYTES = 2 << 20
 
 
