@@ -184,8 +184,8 @@ class ProcCounters:
 def thread_cpu_ns(pid: int | None = None) -> dict[str, int]:
     """CPU time of each thread of a process so far, in ns (/proc/PID/task/*/schedstat; empty where
     there is none), keyed by thread name: Python's names for this process's own threads, the OS's
-    for others (a server's loop is "python"); "pyzmq-gc" releases zero-copy buffers. Same-named threads (one ZeroMQ I/O thread per context)
-    are summed."""
+    for others (a server's loop is "python"); "pyzmq-gc" releases zero-copy buffers. Same-named
+    threads (one ZeroMQ I/O thread per context) are summed."""
     pid = pid if pid is not None else os.getpid()
     names = {t.native_id: "pyzmq-gc" if type(t).__name__ == "GarbageCollectorThread" else t.name
              for t in threading.enumerate()} if pid == os.getpid() else {}

@@ -18,9 +18,9 @@ adarev -- thesis §3.2.3 / Fig 3.3 in miniature: SGD matrix factorization (apps/
     initial step sizes alpha spanning 5x, against worker-side SGD with multiplicative decay
     (``configs/mf.yaml``: lr * 0.95^epoch, deltas to ``add`` tables, same mini-batches per epoch)
     at initial steps spanning 5x. Per run: epochs (and seconds) until the epoch loss first reaches
-    the target (default 2.5 x the noise floor nnz * noise^2; --quick: 5 x, smaller data). Summary lines: AdaRevision's worst
-    and best alpha against the best decay schedule (ratio = decay epochs / AdaRevision epochs; the
-    thesis saw 2x), and sensitivity (max/min epochs over the step sizes of each method; ratio =
+    the target (default 2.5 x the noise floor nnz * noise^2; --quick: 5 x, smaller data). Summary
+    lines: AdaRevision's worst and best alpha against the best decay schedule (ratio = decay epochs /
+    AdaRevision epochs; the thesis saw 2x), and sensitivity (max/min epochs over the step sizes of each method; ratio =
     decay's spread / AdaRevision's). A run that never reaches the target counts as ``epochs + 1``
     (a lower bound) and says ``reached: false``.
 
@@ -35,9 +35,10 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, log  # noqa: E402
@@ -107,7 +108,7 @@ def plot(path: Path, title: str, target: float, groups: Sequence[tuple[str, Sequ
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     styles = ["-", "--", ":", "-."]
-    for (label, runs), style in zip(groups, styles):
+    for (label, runs), style in zip(groups, styles, strict=False):
         for run in runs:
             ax.plot(range(1, len(run.losses) + 1), run.losses, style, marker=".",
                     label=f"{label} {run.name}{' (stopped: diverged)' if run.failure else ''}")

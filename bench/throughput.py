@@ -71,17 +71,17 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import msgpack
 import numpy as np
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (MiB, Child, ProcCounters, emit, log, median, peak_rss_bytes,  # noqa: E402
-                    prewarm_memory, rss_bytes, servers)
+from common import Child, MiB, ProcCounters, emit, log, median, peak_rss_bytes, prewarm_memory, rss_bytes, servers  # noqa: E402
 
 from bosen.cluster import free_ports  # noqa: E402
 from bosen.malloc import reuse_large_buffers  # noqa: E402
@@ -113,10 +113,10 @@ class Plan:
 
 
 # Same ingest and fetch table sizes in both modes, so quick and full numbers compare; full repeats more.
-QUICK = Plan(reps=3, ingest_small_MiB=2, ingest_large_MiB=64, ingest_passes=4, fetch_small_calls=1000, fetch_large_calls=24,
-             latency_calls=20_000, latency_loops=5, memory_table_MiB=32)
-FULL = Plan(reps=7, ingest_small_MiB=2, ingest_large_MiB=64, ingest_passes=8, fetch_small_calls=3000, fetch_large_calls=64,
-            latency_calls=100_000, latency_loops=7, memory_table_MiB=128)
+QUICK = Plan(reps=3, ingest_small_MiB=2, ingest_large_MiB=64, ingest_passes=4, fetch_small_calls=1000,
+             fetch_large_calls=24, latency_calls=20_000, latency_loops=5, memory_table_MiB=32)
+FULL = Plan(reps=7, ingest_small_MiB=2, ingest_large_MiB=64, ingest_passes=8, fetch_small_calls=3000,
+            fetch_large_calls=64, latency_calls=100_000, latency_loops=7, memory_table_MiB=128)
 
 
 def result(case: str, metric: str, unit: str, ours: float, baseline: float | None = None,

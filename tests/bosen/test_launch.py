@@ -11,7 +11,6 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-
 from conftest import PY, child_env, run_cmd, write_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -181,7 +180,8 @@ def test_launch_runs_a_job_and_writes_metrics(tmp_path, tracked):
     assert all(not a.endswith(":0") for a in resolved["cluster"]["servers"])
     for name in ("server-0", "server-1", "worker-0", "worker-1"):
         assert (run_dir / "logs" / f"{name}.log").exists()
-    assert sorted(p.name for p in (run_dir / "workers").iterdir()) == ["0.jsonl", "0.stats.json", "1.jsonl", "1.stats.json"]
+    names = sorted(p.name for p in (run_dir / "workers").iterdir())
+    assert names == ["0.jsonl", "0.stats.json", "1.jsonl", "1.stats.json"]
     assert (run_dir / "objective.png").stat().st_size > 0
     out = t.stdout()
     assert "clock    3" in out and "objective 3" in out and "done in" in out
@@ -323,7 +323,7 @@ def test_status_lists_servers_and_fails_when_one_is_down(bosen_cluster):
     assert r.returncode == 0, r.stderr
     lines = [x for x in r.stdout.splitlines() if x.strip()]
     assert len(lines) == 3 and "clock" in lines[0] and "rows" in lines[0]
-    for i, (line, addr) in enumerate(zip(lines[1:], c.addresses)):
+    for i, (line, addr) in enumerate(zip(lines[1:], c.addresses, strict=True)):
         f = line.split()
         assert f[0] == str(i) and f[1] == addr
         assert f[2] == "0"  # clock

@@ -106,7 +106,7 @@ def test_sparse_update_round_trip():
     assert wire.expected_frames(h) == 4 == len(frames) - 1
     out = wire.decode_update(h, frames[1:], 4, np.dtype("int64"))
     assert out.sparse
-    for a, e in zip(out.arrays(), b.arrays()):
+    for a, e in zip(out.arrays(), b.arrays(), strict=True):
         np.testing.assert_array_equal(a, e)
 
 

@@ -11,11 +11,11 @@ import time
 
 import numpy as np
 import pytest
+from conftest import worker
 
 from bosen.client import Client
 from bosen.client.client import HANDOVER_BYTES
 from bosen.errors import BosenError, ClientClosed, ReadTimeout, ServerError
-from conftest import worker
 
 MANAGED = {"enabled": True, "priority": "relative", "client_bandwidth_mbps": 100, "server_bandwidth_mbps": 100}
 
@@ -560,7 +560,7 @@ def test_a_flush_asks_for_an_ack_once_per_2_MiB(bosen_cluster):
         for tick in range(ticks):
             W.inc_rows(np.arange(rows), np.full((rows, cols), tick + 1, np.int64))
             client.clock()  # ticks that pass before a flush share it: wait, to count each one's
-            wait_until(lambda: client.stats()["server_clocks"] == [tick + 1], "the server clock")
+            wait_until(lambda tick=tick: client.stats()["server_clocks"] == [tick + 1], "the server clock")
         s = client.stats()
         assert s["update_batches"] - before["update_batches"] == 4 * ticks
         assert s["msgs_received"] - before["msgs_received"] == 2 * ticks, "one ACK and one SCLOCK per tick"
@@ -682,7 +682,8 @@ def test_pieces_reused_under_pressure_carry_every_tick_exactly(bosen_cluster, mo
                 W.inc_rows(np.arange(lo, lo + 1024), base[lo:lo + 1024] * (tick + 1) + tick)
             client.clock()
             if tick % 2:  # now and then let the flushes catch up, so that later runs are staged again
-                wait_until(lambda: client.stats()["server_clocks"] == [tick + 1] * 2, "both server clocks", 60)
+                wait_until(lambda tick=tick: client.stats()["server_clocks"] == [tick + 1] * 2, "both server clocks",
+                           60)
         wait_until(lambda: client.stats()["server_clocks"] == [ticks, ticks], "both server clocks", 60)
         t = client.stats()["tables"]["W"]
         assert t["pool_bytes"] <= 5 << 20 and t["pool_reused"] >= ticks, t

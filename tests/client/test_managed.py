@@ -8,9 +8,9 @@ import time
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 from bosen.client import Client
-from conftest import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 

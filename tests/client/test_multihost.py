@@ -16,7 +16,6 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import PY, WORKERS, tail
 
 pytestmark = pytest.mark.timeout(180)
@@ -89,7 +88,7 @@ def _workers(link, path, n: int, *args: str) -> list[dict]:
     procs = [_in_ns(link["client_ns"], [PY, str(WORKERS / "link_worker.py"), "--config", str(path), *args], lg)
              for lg in logs]
     out = []
-    for p, lg in zip(procs, logs):
+    for p, lg in zip(procs, logs, strict=True):
         try:
             stdout, _ = p.communicate(timeout=90)
         except subprocess.TimeoutExpired:

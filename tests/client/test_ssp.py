@@ -10,9 +10,9 @@ import json
 
 import numpy as np
 import pytest
+from conftest import worker
 
 from bosen.client import Client
-from conftest import worker
 
 WORKERS = 6
 TICKS = 12
@@ -48,7 +48,7 @@ def test_ssp_invariant_under_random_delays(bosen_cluster, bosen_procs, tmp_path,
 
         results = [json.loads((tmp_path / f"result-{i}.json").read_text()) for i in range(WORKERS)]
         assert sorted(r["rank"] for r in results) == list(range(WORKERS))
-        for i, p in enumerate(ws):
+        for p in ws:
             assert "bad message" not in p.output(), p.tail()
         for r in results:
             assert r["staleness"] == staleness
@@ -64,7 +64,7 @@ def test_ssp_invariant_under_random_delays(bosen_cluster, bosen_procs, tmp_path,
         np.testing.assert_array_equal(final, np.full((ROWS, WORKERS), tri(TICKS), dtype=np.int64))
         assert W.get(ROWS - 1, WORKERS - 1) == tri(TICKS)
         stats = c.status()
-        for s, server in zip(stats, c.servers):
+        for s, server in zip(stats, c.servers, strict=True):
             assert s["client_clocks"][:WORKERS] == ["left"] * WORKERS
             # real clients never send anything a server rejects (not even an ack of a push that
             # crossed their BYE)

@@ -10,14 +10,13 @@
 
 from __future__ import annotations
 
-
 import msgpack
 import numpy as np
 import pytest
+from conftest import wait_until
 
 from bosen import wire
 from bosen.client import Client
-from conftest import wait_until
 from bosen.client.oplog import UpdateBuffer
 from bosen.client.versions import VersionLog
 from bosen.errors import ProtocolError
@@ -45,7 +44,7 @@ def test_receive_retires_buffered_updates_of_an_older_version_and_releases_the_r
     rr, rt, rv, lr, lt = log.take(2, np.dtype("float64"))
     assert (rr.tolist(), rt.tolist()) == ([1, 5], [4, 0])
     np.testing.assert_array_equal(rv, np.ones((2, 2)))
-    assert sorted(zip(lr.tolist(), lt.tolist())) == [(2, 4), (3, 4)]
+    assert sorted(zip(lr.tolist(), lt.tolist(), strict=True)) == [(2, 4), (3, 4)]
     np.testing.assert_array_equal(buf.dirty_rows(), [2])  # row 2 keeps its (still valid) updates
     np.testing.assert_array_equal(importance[[1, 5]], [0, 0])
     assert importance[2] == 7.0
@@ -71,7 +70,7 @@ def test_release_all_hands_back_every_version_held():
     log.receive(np.array([0, 1, 2]), np.array([2, 0, 7]), buf, None)
     log.release_all()
     _, _, _, lr, lt = log.take(1, np.dtype("float64"))
-    assert sorted(zip(lr.tolist(), lt.tolist())) == [(0, 2), (2, 7)]
+    assert sorted(zip(lr.tolist(), lt.tolist(), strict=True)) == [(0, 2), (2, 7)]
     assert not log.version.any()
 
 

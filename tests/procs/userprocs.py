@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from bosen import rowmath
 from bosen.procedure import StoredProcedure
 

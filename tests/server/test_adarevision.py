@@ -17,10 +17,9 @@ import time
 
 import numpy as np
 import pytest
+from conftest import PY, REPO, TESTS, run_cmd, wait_until
 
 from bosen.client import Client
-
-from conftest import PY, REPO, TESTS, run_cmd, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -161,7 +160,7 @@ class TwoClients:
                         self.ref.apply(r, *self.buffered[j].pop(r))
                         self.dirty.add(r)
             for cl in self.clients:
-                assert wait_until(lambda: min(cl.stats()["server_clocks"]) >= self.clock, timeout=30)
+                assert wait_until(lambda cl=cl: min(cl.stats()["server_clocks"]) >= self.clock, timeout=30)
             for cl in self.clients:
                 cl.server_status()  # retired updates and releases have been applied
 
@@ -226,7 +225,7 @@ def test_snapshots_return_to_their_floor_over_many_clocks_with_several_clients(b
             for cl in clients:
                 cl.clock()
             for cl in clients:
-                assert wait_until(lambda: min(cl.stats()["server_clocks"]) >= t + 1, timeout=30)
+                assert wait_until(lambda cl=cl, t=t: min(cl.stats()["server_clocks"]) >= t + 1, timeout=30)
             for cl in clients:
                 cl.server_status()  # everything each client sent (updates, releases) is applied
             tabs = table_stats(c, "V")

@@ -12,13 +12,12 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
+from conftest import PY, run_cmd, write_config
 
 from bosen import config as config_mod
 from bosen import wire
 from bosen.client import Client
 from bosen.wire import Msg
-
-from conftest import PY, run_cmd, write_config
 
 TABLES = {
     "W": {"rows": 10, "cols": 4, "dtype": "int64"},

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import PY, TESTS, run_cmd, write_config
 
 from bosen import config as config_mod
 from bosen.config import CommConfig, TableConfig
@@ -20,8 +21,6 @@ from bosen.server.procedures.adarevision import AdaRevision
 from bosen.server.procedures.versioning import SnapshotStore
 from bosen.server.shard import TableShard
 from bosen.wire import UpdateBatch
-
-from conftest import PY, TESTS, run_cmd, write_config
 
 sys.path.insert(0, str(TESTS / "procs"))
 
@@ -268,7 +267,7 @@ def test_adarevision_with_delays_matches_numpy_reference_and_frees_every_snapsho
     for c in range(3):
         sim.receive(c, np.arange(7))
     peak = 0
-    for step in range(300):
+    for _ in range(300):
         c = int(rng.integers(3))
         rows = np.sort(rng.choice(7, size=rng.integers(1, 5), replace=False))
         if rng.random() < 0.3:

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from bosen.server import sched
-
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="scheduling policies are Linux's")
 
 POLICY = {"batch": os.SCHED_BATCH, "normal": os.SCHED_OTHER} if sys.platform.startswith("linux") else {}
