@@ -19,10 +19,12 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/bosen launch configs/mf.yaml
 
-## make test: fresh virtual environment, install, run the whole test suite
+## make test: fresh virtual environment, install, lint (ruff) and type-check (mypy), run the whole test suite
 test:
 	rm -rf $(VENV)
 	$(MAKE) $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy bosen server client
 	$(PY) -m pytest -q
 
 ## make bench: every benchmark in quick mode (JSON lines on stdout); baselines need the bench extra
