@@ -275,9 +275,9 @@ def read_uci(docword: str | os.PathLike, vocab: str | os.PathLike | None = None)
     st, line, start, k, fld, val = _parse_docword_body(buf, pos, 4, nnz, n_docs, n_vocab, docs, words, counts)
     if st != _OK:
         txt = tp.line_text(buf, start) if start < buf.size else ""
-        names = ("docID", "wordID", "count")
+        fields = ("docID", "wordID", "count")
         msg = {
-            _NOT_INT: f"field {fld + 1} ({names[min(fld, 2)]}) is not an integer in {txt!r}",
+            _NOT_INT: f"field {fld + 1} ({fields[min(fld, 2)]}) is not an integer in {txt!r}",
             _FIELDS: f"expected 3 fields 'docID wordID count', found {fld} in {txt!r}",
             _DOC_RANGE: f"docID {val} out of range 1..{n_docs} (header D)",
             _WORD_RANGE: f"wordID {val} out of vocabulary range 1..{n_vocab} (header W)",
@@ -478,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     write_uci(c, out / "docword.synthetic.txt", out / "vocab.synthetic.txt")
     if a.ldac:
         write_ldac(c, out / "corpus.ldac")
+    assert c.phi is not None  # generated corpora carry their planted topics
     np.save(out / "phi.npy", c.phi)
     print(f"wrote {c.n_docs} docs, {c.n_tokens} tokens, V={c.n_vocab}, K={a.topics} to {out}")
     return 0

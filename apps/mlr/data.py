@@ -19,6 +19,7 @@ import numpy as np
 from numba import njit
 
 from bosen.apps import textparse as tp
+from bosen.apps.mlr.kernels import logits
 from bosen.errors import DataError
 
 __all__ = [
@@ -272,9 +273,7 @@ def synthetic(n: int, features: int, classes: int, nnz: int = 20, seed: int = 0,
     indices = ids[keep].astype(np.int32)
     values = rng.uniform(0.1, 1.0, size=indices.shape[0]).astype(np.float32)
     wstar = rng.normal(0.0, 3.0 / np.sqrt(m), size=(features, classes)).astype(np.float32)
-    from .kernels import logits as _logits  # numba; avoids an (n x K) scatter in numpy
-
-    z = _logits(indptr, indices, values, wstar, np.zeros(classes, np.float32)).astype(np.float64)
+    z = logits(indptr, indices, values, wstar, np.zeros(classes, np.float32)).astype(np.float64)  # numba, no scatter
     z /= max(temperature, 1e-6)
     z -= z.max(axis=1, keepdims=True)
     np.exp(z, out=z)
