@@ -1,16 +1,18 @@
 """SGD matrix factorization worker: ratings r ≈ L_u · R_i with L and R living in the parameter server.
 
-Each worker keeps the ratings of its users (see data.partition) and, once per clock, fetches the L
-rows of its users and the R rows of its items (one get_rows per table), measures the exact loss of
-its chunk at those values, runs one numba SGD pass on local copies and sends ``new - old`` back
-with inc_rows. One clock is one pass over the local data by default (the thesis' setting); with
-``clocks_per_epoch = k`` each pass is split into k fixed chunks, one clock each (Bösen's "BS-k").
+Each worker keeps the ratings of its users (see data.partition), cut into fixed batches
+(model.batches). Per batch it fetches the L rows of the batch's users and the R rows of its items
+(one get_rows per table), measures the exact loss at those values, runs one numba SGD pass on
+local copies and sends ``new - old`` back with inc_rows. One clock is one pass over the local data
+by default (the thesis' setting); with ``clocks_per_epoch = k`` each pass is split into k fixed
+chunks, one clock each (Bösen's "BS-k"), and ``batches_per_clock = b`` splits a clock's chunk into b
+batches, each re-reading its rows from the cache.
 
 ``send: gradient`` is for tables whose stored procedure takes the step on the server (``update:
-sgd | adagrad | adarevision``): each clock the worker computes the gradient of its chunk's loss at
-the values it read and sends it as is (``add`` tables get ``-lr * g`` instead); the chunks are then
-mini-batches, so use several clocks per epoch. ``send: auto`` (default) picks gradient as soon as L
-or R has a procedure other than ``add``.
+sgd | adagrad | adarevision``): per batch the worker computes the gradient of the loss at the
+values it read and sends it as is (``add`` tables get ``-lr * g`` instead); the batches are then
+mini-batches, so use several per epoch. ``send: auto`` (default) picks gradient as soon as L or R
+has a procedure other than ``add``.
 """
 
 from __future__ import annotations
