@@ -1,6 +1,7 @@
-"""App kernel speed beside well-known libraries, on the same data in the same run (docs/design.md, "Benchmarks").
+"""App kernel speed beside well-known libraries, on the same data in the same run (docs/design.md,
+"Benchmarks").
 
-Each app's ``bench.py`` does the measuring (see their docstrings for the baselines and why):
+``bench/apps_<app>.py`` does the measuring for each app (see their docstrings for the baselines and why):
 MF (ratings/s vs numpy mini-batch SGD), MLR (samples/s vs PyTorch softmax SGD, plus 2-vs-1 worker
 scaling), LDA (tokens/s vs the ``lda`` package's collapsed Gibbs sampler at K=20/100/1000, plus
 scaling). Baselines that are not installed are reported as missing, not skipped silently:
@@ -31,7 +32,7 @@ def main() -> None:
         if app not in APPS:
             raise SystemExit(f"bench/apps.py: unknown app {app!r} (one of {', '.join(APPS)})")
         log(f"apps: {app} ...")
-        bench = importlib.import_module(f"bosen.apps.{app}.bench")
+        bench = importlib.import_module(f"apps_{app}")  # bench/apps_<app>.py, beside this file
         for rec in bench.run_bench(args.quick):
             emit(**{"bench": "apps", **rec})
 

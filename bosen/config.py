@@ -14,19 +14,20 @@ import json
 import re
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import yaml
 
 from bosen.errors import ConfigError
 
-DTYPES = ("float32", "float64", "int32", "int64")
-PRIORITIES = ("random", "round_robin", "absolute", "relative")
 
-
-def _check(cond: bool, msg: str) -> None:
+def check(cond: bool, msg: str) -> None:
+    """Raise ValueError(msg) unless ``cond``: the one value check of every config dataclass and of
+    the apps' ``app.args``. ``msg`` starts with the key (``"lr: must be > 0"``); from_dict() prefixes
+    the section, load() the file."""
     if not cond:
         raise ValueError(msg)
 
@@ -41,14 +42,14 @@ class ClusterConfig:
     server_sched: Literal["batch", "normal"] = "batch"
 
     def __post_init__(self) -> None:
-        _check(len(self.servers) >= 1, "servers: at least one server address is required")
+        check(len(self.servers) >= 1, "servers: at least one server address is required")
         for i, s in enumerate(self.servers):
             host, sep, port = s.rpartition(":")
-            _check(bool(sep) and bool(host) and port.isdigit() and int(port) < 65536,
+            check(bool(sep) and bool(host) and port.isdigit() and int(port) < 65536,
                    f"servers[{i}]: {s!r} is not HOST:PORT")
         fixed = [s for s in self.servers if not s.endswith(":0")]  # port 0: the launcher picks one
-        _check(len(set(fixed)) == len(fixed), "servers: duplicate address")
-        _check(self.workers >= 1, "workers: must be >= 1")
+        check(len(set(fixed)) == len(fixed), "servers: duplicate address")
+        check(self.workers >= 1, "workers: must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,8 @@ class ConsistencyConfig:
     read_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
-        _check(self.staleness >= 0, "staleness: must be >= 0 (0 = BSP)")
-        _check(self.read_timeout_s > 0, "read_timeout_s: must be > 0")
+        check(self.staleness >= 0, "staleness: must be >= 0 (0 = BSP)")
+        check(self.read_timeout_s > 0, "read_timeout_s: must be > 0")
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,12 @@ class CommConfig:
     idle_ms: float = 2.0
 
     def __post_init__(self) -> None:
-        _check(self.client_bandwidth_mbps > 0, "client_bandwidth_mbps: must be > 0")
-        _check(self.server_bandwidth_mbps > 0, "server_bandwidth_mbps: must be > 0")
-        _check(self.client_send_rows >= 1, "client_send_rows: must be >= 1")
-        _check(self.server_push_rows >= 1, "server_push_rows: must be >= 1")
-        _check(self.max_unacked >= 1, "max_unacked: must be >= 1")
-        _check(self.idle_ms > 0, "idle_ms: must be > 0")
+        check(self.client_bandwidth_mbps > 0, "client_bandwidth_mbps: must be > 0")
+        check(self.server_bandwidth_mbps > 0, "server_bandwidth_mbps: must be > 0")
+        check(self.client_send_rows >= 1, "client_send_rows: must be >= 1")
+        check(self.server_push_rows >= 1, "server_push_rows: must be >= 1")
+        check(self.max_unacked >= 1, "max_unacked: must be >= 1")
+        check(self.idle_ms > 0, "idle_ms: must be > 0")
 
 
 @dataclass(frozen=True)
@@ -98,12 +99,12 @@ class InitConfig:
 
     def __post_init__(self) -> None:
         chosen = [k for k in ("constant", "normal", "uniform") if getattr(self, k) is not None]
-        _check(len(chosen) <= 1 and not (chosen and self.zeros),
+        check(len(chosen) <= 1 and not (chosen and self.zeros),
                "init: choose one of zeros, constant, normal, uniform")
         if self.normal is not None:
-            _check(self.normal >= 0, "init.normal: the standard deviation must be >= 0")
+            check(self.normal >= 0, "init.normal: the standard deviation must be >= 0")
         if self.uniform is not None:
-            _check(self.uniform[0] <= self.uniform[1], "init.uniform: needs [low, high] with low <= high")
+            check(self.uniform[0] <= self.uniform[1], "init.uniform: needs [low, high] with low <= high")
 
     @property
     def kind(self) -> str:
@@ -128,10 +129,10 @@ class TableConfig:
     read_my_writes: bool | None = None  # None: the stored procedure decides (add: on)
 
     def __post_init__(self) -> None:
-        _check(self.rows >= 1, "rows: must be >= 1")
-        _check(self.cols >= 1, "cols: must be >= 1")
+        check(self.rows >= 1, "rows: must be >= 1")
+        check(self.cols >= 1, "cols: must be >= 1")
         if self.staleness is not None:
-            _check(self.staleness >= 0, "staleness: must be >= 0")
+            check(self.staleness >= 0, "staleness: must be >= 0")
         if self.dtype.startswith("int") and self.init.kind in ("normal", "uniform"):
             raise ValueError(f"init: {self.init.kind} init needs a float dtype, table is {self.dtype}")
 
@@ -232,7 +233,7 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
         if value not in args:
             raise ValueError(f"{key}: {value!r} is not one of {', '.join(map(str, args))}")
         return value
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return from_dict(tp, value, key)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
@@ -241,7 +242,7 @@ def _convert(tp: Any, value: Any, key: str) -> Any:
             return tuple(_convert(args[0], v, f"{key}[{i}]") for i, v in enumerate(value))
         if len(value) != len(args):
             raise ValueError(f"{key}: expected a list of {len(args)} items, got {len(value)}")
-        return tuple(_convert(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        return tuple(_convert(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
     if origin in (collections.abc.Mapping, dict) or tp is dict:
         if not isinstance(value, Mapping):
             raise ValueError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")

@@ -13,6 +13,11 @@ class ConfigError(BosenError, ValueError):
     """A configuration file or override is invalid; the message names the key and the file."""
 
 
+class DataError(BosenError, ValueError):
+    """An input data file is missing, unreadable or malformed. The message starts with ``FILE:LINE:``
+    (or ``FILE:`` when no line is at fault). A ValueError too: bad input, like a bad config."""
+
+
 class ProtocolError(BosenError):
     """A wire message is malformed or inconsistent with the job's tables."""
 

@@ -1,4 +1,4 @@
-"""``python -m bosen.apps.lda``: one LDA worker process (started by ``bosen launch``)."""
+"""``python -m bosen.apps.lda``: one LDA worker process (``bosen launch`` starts K of them)."""
 
 from bosen.apps.lda.worker import train
 from bosen.apps.runner import run_app

@@ -12,7 +12,6 @@ Run ``python -m bosen.apps.lda.data --out DIR`` to write a generated corpus in U
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,12 +19,8 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from bosen.errors import BosenError
-
-
-class DataError(BosenError, ValueError):
-    """An input file is missing, truncated or malformed; the message starts with ``FILE:LINE:``."""
-
+from bosen.apps import textparse as tp
+from bosen.errors import DataError
 
 # ----------------------------------------------------------------------------------------------
 # the corpus
@@ -72,7 +67,7 @@ class Corpus:
         cuts = np.maximum.accumulate(np.clip(cuts, 0, self.n_docs))
         return int(cuts[rank]), int(cuts[rank + 1])
 
-    def subset(self, doc_lo: int, doc_hi: int) -> "Corpus":
+    def subset(self, doc_lo: int, doc_hi: int) -> Corpus:
         """Documents ``[doc_lo, doc_hi)`` renumbered from 0 (vocabulary unchanged)."""
         ptr = self.doc_ptr()
         a, b = int(ptr[doc_lo]), int(ptr[doc_hi])
@@ -107,36 +102,13 @@ def _from_triples(d: np.ndarray, w: np.ndarray, c: np.ndarray, n_docs: int, n_vo
 
 
 # ----------------------------------------------------------------------------------------------
-# byte-level parsing (numba)
+# byte-level parsing (numba, on the shared primitives of bosen.apps.textparse)
 
 _OK, _NOT_INT, _FIELDS, _DOC_RANGE, _WORD_RANGE, _COUNT, _TOO_MANY, _TRUNCATED, _COLON, _OVERFLOW = range(10)
 
 
 @njit(cache=True, nogil=True)
-def _is_space(c: int) -> bool:
-    return c == 32 or c == 9 or c == 13 or c == 11 or c == 12
-
-
-@njit(cache=True, nogil=True)
-def _parse_int(buf, a, b):
-    """Integer in buf[a:b] (optional sign, digits only). Returns (ok, value)."""
-    neg = False
-    if a < b and (buf[a] == 45 or buf[a] == 43):
-        neg = buf[a] == 45
-        a += 1
-    if a >= b or b - a > 18:
-        return False, 0
-    v = 0
-    for j in range(a, b):
-        c = buf[j]
-        if c < 48 or c > 57:
-            return False, 0
-        v = v * 10 + (c - 48)
-    return True, -v if neg else v
-
-
-@njit(cache=True, nogil=True)
-def _parse_docword_body(buf, pos, line, nnz, n_docs, n_vocab, docs, words, counts):
+def _parse_docword_body(buf, pos, line, nnz, n_docs, n_vocab, docs, words, counts):  # pragma: no cover - numba
     """Parse ``docID wordID count`` lines from buf[pos:] into the output arrays.
 
     Returns (status, line, line_start, n_entries, field, value): on an error, the 1-based line, the
@@ -147,26 +119,19 @@ def _parse_docword_body(buf, pos, line, nnz, n_docs, n_vocab, docs, words, count
     vals = np.zeros(3, dtype=np.int64)
     while pos < n:
         start = pos
-        end = pos
-        while end < n and buf[end] != 10:
-            end += 1
-        # split the line into whitespace-separated fields
+        end = tp.line_end(buf, pos)
         nf = 0
-        j = start
+        j = tp.skip_blanks(buf, start, end)
         while j < end:
-            while j < end and _is_space(buf[j]):
-                j += 1
-            if j >= end:
-                break
             a = j
-            while j < end and not _is_space(buf[j]):
-                j += 1
+            j = tp.token_end(buf, a, end)
             if nf < 3:
-                ok, v = _parse_int(buf, a, j)
+                ok, v = tp.parse_int(buf, a, j)
                 if not ok:
                     return _NOT_INT, line, start, k, nf, 0
                 vals[nf] = v
             nf += 1
+            j = tp.skip_blanks(buf, j, end)
         if nf != 0:
             if nf != 3:
                 return _FIELDS, line, start, k, nf, 0
@@ -190,7 +155,7 @@ def _parse_docword_body(buf, pos, line, nnz, n_docs, n_vocab, docs, words, count
 
 
 @njit(cache=True, nogil=True)
-def _parse_ldac(buf, n_vocab, docs, words, counts):
+def _parse_ldac(buf, n_vocab, docs, words, counts):  # pragma: no cover - numba
     """Parse LDA-C lines ``M term:count ...`` (term ids 0-based). n_vocab < 0: ids unchecked.
 
     Returns (status, line, line_start, n_docs, n_entries, field, value, max_term).
@@ -203,34 +168,25 @@ def _parse_ldac(buf, n_vocab, docs, words, counts):
     max_term = -1
     while pos < n:
         start = pos
-        end = pos
-        while end < n and buf[end] != 10:
-            end += 1
-        j = start
+        end = tp.line_end(buf, pos)
         nf = 0
         m = 0
+        j = tp.skip_blanks(buf, start, end)
         while j < end:
-            while j < end and _is_space(buf[j]):
-                j += 1
-            if j >= end:
-                break
             a = j
-            while j < end and not _is_space(buf[j]):
-                j += 1
+            j = tp.token_end(buf, a, end)
             if nf == 0:
-                ok, m = _parse_int(buf, a, j)
+                ok, m = tp.parse_int(buf, a, j)
                 if not ok or m < 0:
                     return _NOT_INT, line, start, d, k, 0, 0, max_term
             else:
-                c = a
-                while c < j and buf[c] != 58:
-                    c += 1
+                c = tp.find_byte(buf, a, j, tp.COLON)
                 if c >= j:
                     return _COLON, line, start, d, k, nf, 0, max_term
-                ok, t = _parse_int(buf, a, c)
+                ok, t = tp.parse_int(buf, a, c)
                 if not ok:
                     return _NOT_INT, line, start, d, k, nf, 0, max_term
-                ok2, cnt = _parse_int(buf, c + 1, j)
+                ok2, cnt = tp.parse_int(buf, c + 1, j)
                 if not ok2:
                     return _NOT_INT, line, start, d, k, nf, 0, max_term
                 if t < 0 or (n_vocab >= 0 and t >= n_vocab) or t > 2147483647:
@@ -246,6 +202,7 @@ def _parse_ldac(buf, n_vocab, docs, words, counts):
                     max_term = t
                 k += 1
             nf += 1
+            j = tp.skip_blanks(buf, j, end)
         if nf != 0:
             if nf - 1 != m:
                 return _FIELDS, line, start, d, k, nf - 1, m, max_term
@@ -259,38 +216,12 @@ def _parse_ldac(buf, n_vocab, docs, words, counts):
 # readers
 
 
-def _read_bytes(path: str | os.PathLike, what: str) -> np.ndarray:
-    p = Path(path)
-    if not p.exists():
-        raise DataError(f"{p}: {what} file not found")
-    if not p.is_file():
-        raise DataError(f"{p}: {what} path is not a regular file")
-    try:
-        if p.suffix == ".gz":
-            with gzip.open(p, "rb") as f:
-                raw = f.read()
-        else:
-            raw = p.read_bytes()
-    except (OSError, EOFError) as e:
-        raise DataError(f"{p}: cannot read {what} file: {e}") from None
-    return np.frombuffer(raw, dtype=np.uint8)
-
-
-def _line_text(buf: np.ndarray, start: int, limit: int = 80) -> str:
-    end = start
-    n = buf.size
-    while end < n and buf[end] != 10 and end - start < limit:
-        end += 1
-    text = bytes(buf[start:end]).decode("utf-8", "replace").rstrip("\r")
-    return text + ("..." if end < n and buf[end] != 10 else "")
-
-
 def read_vocab(path: str | os.PathLike, expected: int | None = None) -> list[str]:
     """One word per line (line i names word id i, 1-based in UCI files, 0-based in LDA-C).
 
     ``expected``: the vocabulary size the corpus declares; a shorter file is reported as truncated.
     """
-    buf = _read_bytes(path, "vocabulary")
+    buf = tp.read_bytes(path, "vocabulary")
     text = bytes(buf).decode("utf-8", "replace")
     words = [ln.strip() for ln in text.split("\n")]
     while words and not words[-1]:  # blank lines at the end are harmless
@@ -328,7 +259,7 @@ def read_uci(docword: str | os.PathLike, vocab: str | os.PathLike | None = None)
     ``vocab``: a ``vocab.NAME.txt`` file; None looks for it next to ``docword`` (optional then).
     """
     path = str(docword)
-    buf = _read_bytes(path, "docword")
+    buf = tp.read_bytes(path, "docword")
     n_docs, pos = _header_line(buf, 0, 1, path, "the number of documents D")
     n_vocab, pos = _header_line(buf, pos, 2, path, "the vocabulary size W")
     nnz, pos = _header_line(buf, pos, 3, path, "the number of entries NNZ")
@@ -343,10 +274,10 @@ def read_uci(docword: str | os.PathLike, vocab: str | os.PathLike | None = None)
     counts = np.empty(nnz, dtype=np.int32)
     st, line, start, k, fld, val = _parse_docword_body(buf, pos, 4, nnz, n_docs, n_vocab, docs, words, counts)
     if st != _OK:
-        txt = _line_text(buf, start) if start < buf.size else ""
-        names = ("docID", "wordID", "count")
+        txt = tp.line_text(buf, start) if start < buf.size else ""
+        fields = ("docID", "wordID", "count")
         msg = {
-            _NOT_INT: f"field {fld + 1} ({names[min(fld, 2)]}) is not an integer in {txt!r}",
+            _NOT_INT: f"field {fld + 1} ({fields[min(fld, 2)]}) is not an integer in {txt!r}",
             _FIELDS: f"expected 3 fields 'docID wordID count', found {fld} in {txt!r}",
             _DOC_RANGE: f"docID {val} out of range 1..{n_docs} (header D)",
             _WORD_RANGE: f"wordID {val} out of vocabulary range 1..{n_vocab} (header W)",
@@ -376,16 +307,16 @@ def read_ldac(path: str | os.PathLike, vocab: str | os.PathLike | None = None) -
     Without a vocabulary the vocabulary size is the largest term id + 1.
     """
     path = str(path)
-    buf = _read_bytes(path, "LDA-C corpus")
+    buf = tp.read_bytes(path, "LDA-C corpus")
     names = read_vocab(vocab) if vocab is not None else None
-    cap = int(np.count_nonzero(buf == 58))
+    cap = int(tp.count_byte(buf, tp.COLON))
     docs = np.empty(cap, dtype=np.int32)
     words = np.empty(cap, dtype=np.int32)
     counts = np.empty(cap, dtype=np.int32)
     nv = len(names) if names is not None else -1
     st, line, start, n_docs, k, fld, val, max_term = _parse_ldac(buf, nv, docs, words, counts)
     if st != _OK:
-        txt = _line_text(buf, start) if start < buf.size else ""
+        txt = tp.line_text(buf, start) if start < buf.size else ""
         msg = {
             _NOT_INT: f"field {fld + 1} is not an integer (or term:count of integers) in {txt!r}",
             _COLON: f"field {fld + 1} is not of the form term:count in {txt!r}",
@@ -491,7 +422,7 @@ def write_ldac(corpus: Corpus, path: str | os.PathLike) -> None:
     lines = []
     for i in range(corpus.n_docs):  # per document, not per token
         a, b = starts[i], starts[i + 1]
-        pairs = " ".join(f"{t}:{c}" for t, c in zip(w[a:b].tolist(), cnt[a:b].tolist()))
+        pairs = " ".join(f"{t}:{c}" for t, c in zip(w[a:b].tolist(), cnt[a:b].tolist(), strict=True))
         lines.append(f"{b - a} {pairs}".rstrip())
     Path(path).write_text("\n".join(lines) + "\n")
 
@@ -547,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     write_uci(c, out / "docword.synthetic.txt", out / "vocab.synthetic.txt")
     if a.ldac:
         write_ldac(c, out / "corpus.ldac")
+    assert c.phi is not None  # generated corpora carry their planted topics
     np.save(out / "phi.npy", c.phi)
     print(f"wrote {c.n_docs} docs, {c.n_tokens} tokens, V={c.n_vocab}, K={a.topics} to {out}")
     return 0

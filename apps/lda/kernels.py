@@ -414,10 +414,3 @@ def loglik_summary(nk: np.ndarray, n_vocab: int, beta: float) -> float:
     for k in range(nk.size):
         ll += lvb - math.lgamma(_pos(nk[k]) + vb)
     return ll
-
-
-def loglikelihood(ndk: np.ndarray, nwk: np.ndarray, nk: np.ndarray, alpha: float, beta: float) -> float:
-    """Complete-data log p(w, z) of a whole model (the formula the ``lda`` package reports)."""
-    mask = np.ones(nwk.shape[0], dtype=np.bool_)
-    return float(loglik_docs(ndk, alpha) + loglik_words(nwk, beta, mask)
-                 + loglik_summary(nk, nwk.shape[0], beta))

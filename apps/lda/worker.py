@@ -33,20 +33,24 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import numpy as np
 
 from bosen.apps.lda import kernels as K_
 from bosen.apps.lda.data import Corpus, generate, load
+from bosen.apps.lda.model import Sampler, top_words
+from bosen.apps.protocol import PSClient, PSTable, require_table
+from bosen.config import check, from_dict
 from bosen.errors import ConfigError
 
 
 @dataclass(frozen=True)
 class LDAArgs:
-    """``app.args`` of an LDA job (validated by ``bosen.config.from_dict``)."""
+    """``app.args`` of an LDA job."""
 
     data: str = "synthetic"            # "synthetic", a UCI docword.*.txt[.gz] path, or an LDA-C path
     vocab: str = ""                    # vocabulary file; UCI default: vocab.NAME.txt beside docword
@@ -74,15 +78,11 @@ class LDAArgs:
     def __post_init__(self) -> None:
         for name in ("K", "iterations", "clocks_per_epoch", "mh_steps", "ll_every", "top_words",
                      "synth_docs", "dense_max_k"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1")
-        if self.synth_vocab < 2:
-            raise ValueError("synth_vocab: must be >= 2")
-        if self.synth_topics < 0:
-            raise ValueError("synth_topics: must be >= 0 (0 = K)")
+            check(getattr(self, name) >= 1, f"{name}: must be >= 1")
+        check(self.synth_vocab >= 2, "synth_vocab: must be >= 2")
+        check(self.synth_topics >= 0, "synth_topics: must be >= 0 (0 = K)")
         for name in ("alpha", "beta", "synth_doc_len", "synth_alpha", "synth_beta"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: must be > 0")
+            check(getattr(self, name) > 0, f"{name}: must be > 0")
 
     def method(self) -> str:
         """The sampler actually used ("dense" or "mh")."""
@@ -100,164 +100,37 @@ def load_corpus(a: LDAArgs) -> Corpus:
 
 
 # ----------------------------------------------------------------------------------------------
-# sampling state of one worker (also used standalone by tests and the benchmark)
-
-
-class Sampler:
-    """Topic assignments and doc-topic counts of one set of documents, plus the sweep logic.
-
-    Word-topic rows and the summary are passed in per sweep: the worker passes its local copies of
-    PS rows, :func:`fit` passes the full model.
-    """
-
-    def __init__(self, corpus: Corpus, K: int, alpha: float, beta: float, n_vocab: int,
-                 method: str = "mh", mh_steps: int = 4, seed: int = 0) -> None:
-        if method not in ("dense", "mh"):
-            raise ValueError(f"sampler method {method!r}: dense or mh")
-        self.K, self.alpha, self.beta = K, float(alpha), float(beta)
-        self.vbeta = n_vocab * self.beta
-        self.method, self.mh_steps, self.seed = method, mh_steps, seed
-        self.doc_ptr = corpus.doc_ptr()
-        self.n_docs = corpus.n_docs
-        self.words = corpus.words
-        self.z = np.empty(corpus.n_tokens, dtype=np.int32)
-        K_.random_init(self.z, K, seed)
-        self.ndk = K_.doc_topic_counts(self.doc_ptr, self.z, K)
-        self.sweeps = 0
-
-    def word_topic_coo(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """This sampler's own contribution to n_wk as sparse (word, topic, count)."""
-        key = self.words.astype(np.int64) * self.K + self.z
-        uk, cnt = np.unique(key, return_counts=True)
-        w, k = np.divmod(uk, self.K)
-        return w, k, cnt.astype(np.int32)
-
-    def topic_counts(self) -> np.ndarray:
-        return np.bincount(self.z, minlength=self.K).astype(np.int32)
-
-    def sweep(self, nwk: np.ndarray, nk: np.ndarray, words_local: np.ndarray, doc_lo: int = 0,
-              doc_hi: int | None = None, stale: np.ndarray | None = None,
-              stale_nk: np.ndarray | None = None) -> dict[str, float]:
-        """Resample the tokens of documents [doc_lo, doc_hi), updating nwk/nk/ndk in place.
-
-        ``words_local`` maps each token to its row in ``nwk``. MH builds its word-proposal alias
-        tables from ``stale``/``stale_nk`` (the rows as fetched; default: a copy of nwk/nk now).
-        """
-        doc_hi = self.n_docs if doc_hi is None else doc_hi
-        seed = (self.seed * 1_000_003 + self.sweeps * 7919 + doc_lo) & 0x7FFFFFFFFFFF
-        self.sweeps += 1
-        t0 = time.perf_counter()
-        if self.method == "dense":
-            changed = K_.sample_dense(self.doc_ptr, words_local, self.z, self.ndk, nwk, nk, self.alpha,
-                                      self.beta, self.vbeta, doc_lo, doc_hi, seed)
-            return {"sample_s": time.perf_counter() - t0, "changed": float(changed)}
-        if stale is None:
-            stale = nwk.copy()
-        if stale_nk is None:
-            stale_nk = nk.copy()
-        need = np.ones(stale.shape[0], dtype=np.bool_)
-        ptr, rec, mass, b_prob, b_alias, b_mass = K_.build_word_alias(stale, stale_nk, self.beta,
-                                                                      self.vbeta, need)
-        ws = np.empty(nwk.shape + (2,), dtype=np.int32)  # fresh and stale counts interleaved
-        ws[:, :, 0] = nwk
-        ws[:, :, 1] = stale
-        t1 = time.perf_counter()
-        acc, prop = K_.sample_mh(self.doc_ptr, words_local, self.z, self.ndk, ws, nk, stale_nk, ptr, rec,
-                                 mass, b_prob, b_alias, b_mass, self.alpha, self.beta, self.vbeta,
-                                 self.mh_steps, doc_lo, doc_hi, seed)
-        t2 = time.perf_counter()
-        nwk[:] = ws[:, :, 0]
-        t3 = time.perf_counter()
-        return {"sample_s": t3 - t0, "alias_s": t1 - t0 + t3 - t2, "accepted": float(acc),
-                "proposed": float(prop)}
-
-    def loglik_docs(self) -> float:
-        return float(K_.loglik_docs(self.ndk, self.alpha))
-
-
-@dataclass
-class FitResult:
-    nwk: np.ndarray                    # (V, K) word-topic counts
-    nk: np.ndarray
-    sampler: Sampler
-    loglik: list[float] = field(default_factory=list)   # after each iteration (if tracked)
-    sample_s: list[float] = field(default_factory=list)  # seconds per iteration (kernel + alias)
-
-    def phi(self) -> np.ndarray:
-        """Topic-word distributions (K, V) from the counts: (n_wk + β) normalized."""
-        p = self.nwk.T.astype(np.float64) + self.sampler.beta
-        return p / p.sum(axis=1, keepdims=True)
-
-
-def fit(corpus: Corpus, K: int, iterations: int, alpha: float = 0.1, beta: float = 0.1,
-        method: str = "mh", mh_steps: int = 4, seed: int = 0, track_loglik: bool = True) -> FitResult:
-    """Single-process LDA on the whole corpus (no PS): the kernels exactly as the worker runs them."""
-    s = Sampler(corpus, K, alpha, beta, corpus.n_vocab, method, mh_steps, seed)
-    nwk = np.zeros((corpus.n_vocab, K), dtype=np.int32)
-    w, k, c = s.word_topic_coo()
-    nwk[w, k] = c
-    nk = s.topic_counts()
-    res = FitResult(nwk, nk, s)
-    for _ in range(iterations):
-        st = s.sweep(nwk, nk, corpus.words)
-        res.sample_s.append(st["sample_s"])
-        if track_loglik:
-            res.loglik.append(K_.loglikelihood(s.ndk, nwk, nk, alpha, beta))
-    return res
-
-
-def top_words(nwk: np.ndarray, names: list[str], n: int) -> list[str]:
-    """One line per topic: its total count and the n most frequent words."""
-    n = min(n, nwk.shape[0])
-    idx = np.argsort(-nwk, axis=0, kind="stable")[:n]  # (n, K)
-    tot = nwk.sum(axis=0)
-    return [f"topic {k:3d} (n={int(tot[k])}): " + " ".join(names[i] for i in idx[:, k])
-            for k in range(nwk.shape[1])]
-
-
-# ----------------------------------------------------------------------------------------------
 # the PS worker
 
 
-def _check_geometry(client: Any, a: LDAArgs, V: int, source: str) -> tuple[Any, Any]:
-    try:
-        wt = client.table("word_topic")
-        ts = client.table("topic_summary")
-    except KeyError as e:
-        raise ConfigError(f"LDA needs tables word_topic (rows = vocabulary, cols = K, int32) and "
-                          f"topic_summary (rows 1, cols = K, int32): {e}") from None
+def _check_geometry(client: PSClient, a: LDAArgs, V: int, source: str) -> tuple[PSTable, PSTable]:
+    need = ("LDA needs tables word_topic (rows = vocabulary, cols = K, int32) and "
+            "topic_summary (rows 1, cols = K, int32)")
+    wt = require_table(client, "word_topic", need)
+    ts = require_table(client, "topic_summary", need)
+    where = client.config.source
     if wt.rows != V:
-        raise ConfigError(f"tables.word_topic.rows={wt.rows} but the corpus {source} has a vocabulary "
+        raise ConfigError(f"{where}: tables.word_topic.rows={wt.rows} but the corpus {source} has a vocabulary "
                           f"of {V} words: set tables.word_topic.rows={V}")
     if wt.cols != a.K:
-        raise ConfigError(f"tables.word_topic.cols={wt.cols} but app.args.K={a.K}: they must be equal")
+        raise ConfigError(f"{where}: tables.word_topic.cols={wt.cols} but app.args.K={a.K}: they must be equal")
     if ts.cols != a.K:
-        raise ConfigError(f"tables.topic_summary.cols={ts.cols} but app.args.K={a.K}: they must be equal")
-    for name, t in (("word_topic", wt), ("topic_summary", ts)):
+        raise ConfigError(f"{where}: tables.topic_summary.cols={ts.cols} but app.args.K={a.K}: they must be equal")
+    for t in (wt, ts):
         if np.dtype(t.dtype).kind != "i":
-            raise ConfigError(f"tables.{name}.dtype={np.dtype(t.dtype).name}: LDA counts need int32 or int64")
+            raise ConfigError(f"{where}: tables.{t.name}.dtype={np.dtype(t.dtype).name}: "
+                              "LDA counts need int32 or int64")
     return wt, ts
 
 
-def _staleness(client: Any, table: Any) -> int:
-    """The word-topic table's SSP bound (how many ticks the barriers must span)."""
-    s = getattr(table, "staleness", None)
-    if s is not None:
-        return int(s)
-    cfg = getattr(client, "config", None)
-    return int(getattr(getattr(cfg, "consistency", None), "staleness", 0) or 0)
-
-
-def train(client: Any, args: Mapping[str, Any]) -> None:
+def train(client: PSClient, args: Mapping[str, Any]) -> None:
     """Run LDA as one worker of a Bösen job (see the module docstring for the protocol)."""
-    from bosen.config import from_dict
-
     a: LDAArgs = from_dict(LDAArgs, args, "app.args")
     corpus = load_corpus(a)
     V = corpus.n_vocab
     wt, ts = _check_geometry(client, a, V, corpus.source)
     rank, P = int(client.rank), int(client.num_workers)
-    stale_bound = _staleness(client, wt)
+    stale_bound = wt.staleness  # how many ticks the barriers must span
     lo, hi = corpus.doc_range(rank, P)
     part = corpus.subset(lo, hi)
     sampler = Sampler(part, a.K, a.alpha, a.beta, V, a.method(), a.mh_steps, a.seed * 7919 + rank + 1)
@@ -277,9 +150,9 @@ def train(client: Any, args: Mapping[str, Any]) -> None:
         slices.append((d0, d1, t1 - t0, U, U_all, np.searchsorted(U_all, U), (U_all % P) == rank))
 
     # initial counts, then (optionally) wait until everyone's are visible
-    w, k, c = sampler.word_topic_coo()
+    w, k, n = sampler.word_topic_coo()
     if w.size:
-        wt.inc_rows(w, c, cols=k)
+        wt.inc_rows(w, n, cols=k)
     ts.inc_rows(np.zeros(1, dtype=np.int64), sampler.topic_counts()[None, :].astype(ts.dtype))
     client.clock()
     for _ in range(stale_bound if a.init_barrier else 0):

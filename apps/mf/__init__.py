@@ -1,4 +1,6 @@
-"""SGD matrix factorization on Bösen-py: tables L (users x rank) and R (items x rank).
+"""SGD matrix factorization on Bösen-py: ratings r ≈ L_u · R_i, tables L (users x rank) and R (items x rank).
 
-Run with ``bosen launch configs/mf.yaml``; the worker is ``bosen.apps.mf.worker.train``.
+``data`` (ratings: CSV reader, generator, partition), ``kernels`` (numba SGD and loss), ``model``
+(a mini-batch's rows and step), ``worker`` (``train``: the loop against the PS). Run with
+``bosen launch configs/mf.yaml``.
 """

@@ -1,4 +1,4 @@
-"""``python -m bosen.apps.mf``: one MF worker process (started by ``bosen launch``)."""
+"""``python -m bosen.apps.mf``: one MF worker process (``bosen launch`` starts K of them)."""
 
 from bosen.apps.mf.worker import train
 from bosen.apps.runner import run_app

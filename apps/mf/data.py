@@ -1,4 +1,4 @@
-"""Rating data for SGD matrix factorization: a synthetic generator, a CSV loader and the partitioner.
+"""Rating data for SGD matrix factorization: a synthetic generator, a CSV reader and the partitioner.
 
 All three return plain numpy triples ``(users int64, items int64, ratings float32)`` so the worker,
 the tests and the benchmark share one representation and no per-rating Python loop is needed.
@@ -6,11 +6,13 @@ the tests and the benchmark share one representation and no per-rating Python lo
 
 from __future__ import annotations
 
-import io
-import re
 from pathlib import Path
 
 import numpy as np
+from numba import njit
+
+from bosen.apps import textparse as tp
+from bosen.errors import DataError
 
 Triples = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -73,64 +75,105 @@ def synthetic(n_users: int, n_items: int, rank: int, nnz: int, noise: float = 0.
     return users.astype(np.int64), items.astype(np.int64), r.astype(np.float32)
 
 
-_NUM = re.compile(r"^\s*[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?\s*$|^\s*[+-]?(nan|inf|infinity)\s*$",
-                  re.IGNORECASE)
-_INT = re.compile(r"^\s*\+?\d+(\.0*)?\s*$")
+# ------------------------------------------------------------------------------------------------
+# ratings CSV (numba pass over the bytes, on the shared primitives of bosen.apps.textparse)
+
+_OK, _COLUMNS, _NUMBER, _ID, _FINITE = range(5)
+_FIELDS = ("user", "item", "rating")
+_MAX_ID = float(2**62)
 
 
-def _first_bad_line(path: Path, lines: list[str], first: int) -> str:
-    """Find the offending line after the vectorized parse failed, for a message that names it."""
-    for n, line in enumerate(lines[first:], start=first + 1):
-        line = line.split("#", 1)[0]
-        if not line.strip():
+@njit(cache=True, nogil=True)
+def _parse_ratings(buf, users, items, ratings):  # pragma: no cover - numba
+    """Parse ``user,item,rating`` lines (``#`` comments, blank lines; a first line that is not all
+    numbers is a header). Returns (status, line, line_start, n, field, header): on an error the
+    1-based line, the byte offset where it starts and the offending field (0-based), or for
+    _COLUMNS the number of fields found."""
+    size = buf.size
+    vals = np.zeros(3, np.float64)
+    bounds = np.zeros(4, np.int64)
+    n = 0
+    line = 0
+    pos = 0
+    header = False
+    first = True
+    while pos < size:
+        line += 1
+        start = pos
+        end = tp.line_end(buf, pos)
+        pos = end + 1
+        a, b = tp.trim(buf, start, tp.find_byte(buf, start, end, tp.HASH))
+        if a == b:
             continue
-        parts = line.split(",")
-        if len(parts) != 3:
-            return f"{path}:{n}: expected 3 columns user,item,rating, got {len(parts)}: {line.strip()!r}"
-        for name, p in zip(("user", "item", "rating"), parts):
-            if not _NUM.match(p):
-                return f"{path}:{n}: {name} {p.strip()!r} is not a number"
-        for name, p in zip(("user", "item"), parts[:2]):
-            if not _INT.match(p):
-                return f"{path}:{n}: {name} id {p.strip()!r} must be a non-negative integer"
-        if not np.isfinite(float(parts[2])):
-            return f"{path}:{n}: rating {parts[2].strip()!r} is not finite"
-    return f"{path}: cannot parse ratings"
+        nf = 1
+        bounds[0] = a
+        c = tp.find_byte(buf, a, b, tp.COMMA)
+        while c < b:
+            if nf < 3:
+                bounds[nf] = c + 1
+            nf += 1
+            c = tp.find_byte(buf, c + 1, b, tp.COMMA)
+        if nf != 3:
+            return _COLUMNS, line, start, n, nf, header
+        bounds[3] = b + 1
+        bad = -1
+        for f in range(3):
+            fa, fb = tp.trim(buf, bounds[f], bounds[f + 1] - 1)
+            ok, v = tp.parse_float(buf, fa, fb)
+            if not ok and bad < 0:
+                bad = f
+            vals[f] = v
+        if first:
+            first = False
+            if bad >= 0:  # the header line
+                header = True
+                continue
+        if bad >= 0:
+            return _NUMBER, line, start, n, bad, header
+        for f in range(2):
+            v = vals[f]
+            if not (v >= 0 and v == np.floor(v) and v < _MAX_ID):
+                return _ID, line, start, n, f, header
+        if not np.isfinite(vals[2]):
+            return _FINITE, line, start, n, 2, header
+        users[n] = np.int64(vals[0])
+        items[n] = np.int64(vals[1])
+        ratings[n] = vals[2]
+        n += 1
+    return _OK, line, size, n, 0, header
 
 
 def load_csv(path: str | Path) -> Triples:
-    """Read ``user,item,rating`` lines into numpy arrays (optional header; blank lines and
-    ``#`` comments are skipped).
+    """Read ``user,item,rating`` lines (``.gz`` too) into numpy arrays: an optional header line,
+    blank lines and ``#`` comments are skipped. Ids must be non-negative integers, ratings finite.
 
-    Parsing is one vectorized ``np.loadtxt`` call; only when it fails, or the values are out of
-    range, is the file scanned line by line to name the first bad line (1-based) in a ValueError.
+    One numba pass over the file's bytes; a bad line fails with a DataError naming the file and the
+    1-based line.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read ratings file: {e.strerror}") from None
-    lines = text.splitlines()
-    first = next((k for k, ln in enumerate(lines) if ln.split("#", 1)[0].strip()), None)
-    if first is None:
-        raise ValueError(f"{path}: empty ratings file (expected user,item,rating lines)")
-    head = lines[first].split(",")
-    if len(head) == 3 and not all(_NUM.match(p) for p in head):
-        first += 1  # header line
-    body = "\n".join(lines[first:])
-    if not body.strip():
-        raise ValueError(f"{path}: no ratings after the header line")
-    try:
-        a = np.loadtxt(io.StringIO(body), delimiter=",", dtype=np.float64, ndmin=2)
-    except ValueError:
-        raise ValueError(_first_bad_line(path, lines, first)) from None
-    if a.shape[1] != 3:
-        raise ValueError(_first_bad_line(path, lines, first))
-    ids = a[:, :2]
-    bad = ~((ids >= 0) & (ids == np.floor(ids)) & np.isfinite(ids)).all(axis=1) | ~np.isfinite(a[:, 2])
-    if bad.any():
-        raise ValueError(_first_bad_line(path, lines, first))
-    return a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), a[:, 2].astype(np.float32)
+    buf = tp.read_bytes(path, "ratings")
+    cap = tp.count_byte(buf, tp.NEWLINE) + 1
+    users = np.empty(cap, np.int64)
+    items = np.empty(cap, np.int64)
+    ratings = np.empty(cap, np.float32)
+    st, line, start, n, field, header = _parse_ratings(buf, users, items, ratings)
+    if st != _OK:
+        text = tp.line_text(buf, start, limit=buf.size).split("#", 1)[0].strip()
+        parts = text.split(",")
+        where = f"{path}:{line}"
+        if st == _COLUMNS:
+            raise DataError(f"{where}: expected 3 columns user,item,rating, got {field}: {text!r}")
+        name, value = _FIELDS[field], parts[field].strip()
+        if st == _NUMBER:
+            raise DataError(f"{where}: {name} {value!r} is not a number")
+        if st == _ID:
+            raise DataError(f"{where}: {name} id {value!r} must be a non-negative integer")
+        raise DataError(f"{where}: rating {value!r} is not finite")
+    if n == 0:
+        if header:
+            raise DataError(f"{path}: no ratings after the header line")
+        raise DataError(f"{path}: empty ratings file (expected user,item,rating lines)")
+    return users[:n].copy(), items[:n].copy(), ratings[:n].copy()
 
 
 def partition(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, rank: int,

@@ -1,29 +1,34 @@
 """SGD matrix factorization worker: ratings r ≈ L_u · R_i with L and R living in the parameter server.
 
-Each worker keeps the ratings of its users (see data.partition) and, once per clock, fetches the L
-rows of its users and the R rows of its items (one get_rows per table), measures the exact loss of
-its chunk at those values, runs one numba SGD pass on local copies and sends ``new - old`` back
-with inc_rows. One clock is one pass over the local data by default (the thesis' setting); with
-``clocks_per_epoch = k`` each pass is split into k fixed chunks, one clock each (Bösen's "BS-k").
+Each worker keeps the ratings of its users (see data.partition), cut into fixed batches
+(model.batches). Per batch it fetches the L rows of the batch's users and the R rows of its items
+(one get_rows per table), measures the exact loss at those values, runs one numba SGD pass on
+local copies and sends ``new - old`` back with inc_rows. One clock is one pass over the local data
+by default (the thesis' setting); with ``clocks_per_epoch = k`` each pass is split into k fixed
+chunks, one clock each (Bösen's "BS-k"), and ``batches_per_clock = b`` splits a clock's chunk into b
+batches, each re-reading its rows from the cache.
 
 ``send: gradient`` is for tables whose stored procedure takes the step on the server (``update:
-sgd | adagrad | adarevision``): each clock the worker computes the gradient of its chunk's loss at
-the values it read and sends it as is (``add`` tables get ``-lr * g`` instead); the chunks are then
-mini-batches, so use several clocks per epoch. ``send: auto`` (default) picks gradient as soon as L
-or R has a procedure other than ``add``.
+sgd | adagrad | adarevision``): per batch the worker computes the gradient of the loss at the
+values it read and sends it as is (``add`` tables get ``-lr * g`` instead); the batches are then
+mini-batches, so use several per epoch. ``send: auto`` (default) picks gradient as soon as L or R
+has a procedure other than ``add``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from bosen.apps.mf.data import Triples, load_csv, partition, synthetic
-from bosen.apps.mf.kernels import grad_pass, sgd_pass, squared_loss
-from bosen.config import from_dict
+from bosen.apps.mf.model import Batch, batches
+from bosen.apps.protocol import PSClient, PSTable, require_table
+from bosen.config import check, from_dict
+from bosen.errors import ConfigError, DataError
 
 
 @dataclass(frozen=True)
@@ -50,78 +55,45 @@ class MFArgs:
     def __post_init__(self) -> None:
         for k in ("n_users", "n_items", "rank"):
             v = getattr(self, k)
-            if v is not None and v < 1:
-                raise ValueError(f"{k}: must be >= 1, got {v}")
-        checks = {"nnz": self.nnz >= 0, "noise": self.noise >= 0, "alpha": self.alpha >= 0,
-                  "lr": self.lr > 0, "lr_decay": 0 < self.lr_decay <= 1, "reg": self.reg >= 0,
-                  "epochs": self.epochs >= 1, "clocks_per_epoch": self.clocks_per_epoch >= 1,
-                  "batches_per_clock": self.batches_per_clock >= 1}
-        for k, ok in checks.items():
-            if not ok:
-                raise ValueError(f"{k}: invalid value {getattr(self, k)!r}")
-        if not self.data:
-            raise ValueError('data: expected "synthetic" or the path of a CSV file')
-        if self.send not in ("auto", "delta", "gradient"):
-            raise ValueError(f"send: expected auto, delta or gradient, got {self.send!r}")
+            check(v is None or v >= 1, f"{k}: must be >= 1, got {v}")
+        check(self.nnz >= 0, f"nnz: must be >= 0, got {self.nnz}")
+        check(self.noise >= 0, f"noise: must be >= 0, got {self.noise}")
+        check(self.alpha >= 0, f"alpha: must be >= 0, got {self.alpha}")
+        check(self.lr > 0, f"lr: must be > 0, got {self.lr}")
+        check(0 < self.lr_decay <= 1, f"lr_decay: must be in (0, 1], got {self.lr_decay}")
+        check(self.reg >= 0, f"reg: must be >= 0, got {self.reg}")
+        check(self.epochs >= 1, f"epochs: must be >= 1, got {self.epochs}")
+        check(self.clocks_per_epoch >= 1, f"clocks_per_epoch: must be >= 1, got {self.clocks_per_epoch}")
+        check(self.batches_per_clock >= 1, f"batches_per_clock: must be >= 1, got {self.batches_per_clock}")
+        check(bool(self.data), 'data: expected "synthetic" or the path of a CSV file')
+        check(self.send in ("auto", "delta", "gradient"), f"send: expected auto, delta or gradient, got {self.send!r}")
 
 
-@dataclass
-class _Chunk:
-    """The ratings of one clock, re-indexed into the local row blocks it fetches."""
-
-    users: np.ndarray  # unique sorted global L row ids
-    items: np.ndarray  # unique sorted global R row ids
-    u_idx: np.ndarray  # per rating: index into users
-    i_idx: np.ndarray  # per rating: index into items
-    r: np.ndarray
-
-
-def _chunks(part: Triples, k: int, rng: np.random.Generator) -> list[_Chunk]:
-    """Split a partition into k fixed random chunks; each clock's loss then covers 1/k of it."""
-    u, i, r = part
-    out = []
-    for sel in np.array_split(rng.permutation(u.size), k):
-        sel = np.sort(sel)
-        users, u_idx = np.unique(u[sel], return_inverse=True)
-        items, i_idx = np.unique(i[sel], return_inverse=True)
-        out.append(_Chunk(users.astype(np.int64), items.astype(np.int64), u_idx.astype(np.int64),
-                          i_idx.astype(np.int64), np.ascontiguousarray(r[sel], dtype=np.float32)))
-    return out
-
-
-def _check_tables(client: Any, a: MFArgs) -> tuple[Any, Any, int, int, int]:
+def _check_tables(client: PSClient, a: MFArgs) -> tuple[PSTable, PSTable]:
     """Tables L (users × rank) and R (items × rank) must exist and agree with the args."""
-    cfg = getattr(client, "config", None)
-    where = getattr(cfg, "source", "the config")
-    tabs = {}
-    for name in ("L", "R"):
-        try:
-            tabs[name] = client.table(name)
-        except KeyError:
-            raise ValueError(f"{where}: MF needs tables L (n_users x rank) and R (n_items x rank); "
-                             f"table {name} is missing") from None
-    L, R = tabs["L"], tabs["R"]
-    for name, T in tabs.items():
+    where = client.config.source
+    need = "MF needs tables L (n_users x rank) and R (n_items x rank)"
+    L, R = require_table(client, "L", need), require_table(client, "R", need)
+    for T in (L, R):
         if np.dtype(T.dtype) != np.float32:
-            raise ValueError(f"{where}: tables.{name}.dtype must be float32, got {np.dtype(T.dtype)}")
+            raise ConfigError(f"{where}: tables.{T.name}.dtype must be float32, got {np.dtype(T.dtype)}")
     if L.cols != R.cols:
-        raise ValueError(f"{where}: tables.L.cols={L.cols} and tables.R.cols={R.cols} must both be the rank")
+        raise ConfigError(f"{where}: tables.L.cols={L.cols} and tables.R.cols={R.cols} must both be the rank")
     want = {"n_users": (a.n_users, "tables.L.rows", L.rows), "n_items": (a.n_items, "tables.R.rows", R.rows),
             "rank": (a.rank, "tables.L.cols", L.cols)}
     for key, (v, tkey, tv) in want.items():
         if v is not None and v != tv:
-            raise ValueError(f"{where}: app.args.{key}={v} does not match {tkey}={tv}")
-    return L, R, L.rows, R.rows, L.cols
+            raise ConfigError(f"{where}: app.args.{key}={v} does not match {tkey}={tv}")
+    return L, R
 
 
-def _gradient_mode(a: MFArgs, L: Any, R: Any) -> bool:
+def _gradient_mode(a: MFArgs, L: PSTable, R: PSTable) -> bool:
     """Whether to send gradients (see the module docstring); delta mode needs ``add`` tables."""
-    takes_gradients = [T.name for T in (L, R) if getattr(T, "update", "add") != "add"]
+    takes_gradients = [T for T in (L, R) if T.update != "add"]
     if a.send == "delta" and takes_gradients:
-        name = takes_gradients[0]
-        raise ValueError(f"app.args.send: delta sends new - old, but table {name} has update: "
-                         f"{getattr(L if name == L.name else R, 'update')}, which takes raw gradients; "
-                         "use send: gradient (or auto)")
+        T = takes_gradients[0]
+        raise ConfigError(f"app.args.send: delta sends new - old, but table {T.name} has update: {T.update}, "
+                          "which takes raw gradients; use send: gradient (or auto)")
     return a.send == "gradient" or (a.send == "auto" and bool(takes_gradients))
 
 
@@ -131,64 +103,53 @@ def load_data(a: MFArgs, n_users: int, n_items: int, rank: int) -> Triples:
         return synthetic(n_users, n_items, rank, a.nnz, a.noise, a.data_seed, a.alpha)
     u, i, r = load_csv(a.data)
     if u.size and u.max() >= n_users:
-        raise ValueError(f"{a.data}: user id {int(u.max())} does not fit table L with {n_users} rows")
+        raise DataError(f"{a.data}: user id {int(u.max())} does not fit table L with {n_users} rows")
     if i.size and i.max() >= n_items:
-        raise ValueError(f"{a.data}: item id {int(i.max())} does not fit table R with {n_items} rows")
+        raise DataError(f"{a.data}: item id {int(i.max())} does not fit table R with {n_items} rows")
     return u, i, r
 
 
-def train(client: Any, args: Mapping[str, Any]) -> None:
+def train(client: PSClient, args: Mapping[str, Any]) -> None:
     """Run ``epochs * clocks_per_epoch`` clocks of data-parallel SGD on this worker's partition."""
     a: MFArgs = from_dict(MFArgs, args, "app.args")
-    L, R, n_users, n_items, rank = _check_tables(client, a)
-    part = partition(*load_data(a, n_users, n_items, rank), client.rank, client.num_workers,
-                     seed=a.data_seed)
+    L, R = _check_tables(client, a)
+    part = partition(*load_data(a, L.rows, R.rows, L.cols), client.rank, client.num_workers, seed=a.data_seed)
     rng = np.random.default_rng([a.seed, client.rank])
     b = a.batches_per_clock
-    batches = _chunks(part, a.clocks_per_epoch * b, rng)
-    clocks = [batches[k:k + b] for k in range(0, len(batches), b)]
+    cut = batches(part, a.clocks_per_epoch * b, rng)
+    clocks = [cut[k:k + b] for k in range(0, len(cut), b)]
     gradient = _gradient_mode(a, L, R)
     for epoch in range(a.epochs):
         lr = a.lr * a.lr_decay ** epoch
         for batch_list in clocks:
             loss = seconds = 0.0
             samples = 0
-            for c in batch_list:
-                dl, ds = _step(c, L, R, a, lr, gradient, rng)
-                loss, seconds, samples = loss + dl, seconds + ds, samples + int(c.r.size)
+            for batch in batch_list:
+                dl, ds = _step(batch, L, R, a, lr, gradient, rng)
+                loss, seconds, samples = loss + dl, seconds + ds, samples + int(batch.r.size)
             client.report(objective=loss, samples=samples, seconds=seconds)
             client.clock()
 
 
-def _step(c: _Chunk, L: Any, R: Any, a: MFArgs, lr: float, gradient: bool,
+def _step(batch: Batch, L: PSTable, R: PSTable, a: MFArgs, lr: float, gradient: bool,
           rng: np.random.Generator) -> tuple[float, float]:
     """One mini-batch: read its rows (fresh as the cache allows), compute, send; (loss, seconds).
 
     The loss is measured at the values read, before this batch's own update. Several batches per
     clock re-read the cache in between, which is what lets early (managed) communication help."""
-    loss, seconds = 0.0, 0.0
-    if c.r.size == 0:
-        return loss, seconds
+    if batch.r.size == 0:
+        return 0.0, 0.0
+    Lv = L.get_rows(batch.users)
+    Rv = R.get_rows(batch.items)
+    t0 = time.perf_counter()
     if gradient:
-        Lv = L.get_rows(c.users)
-        Rv = R.get_rows(c.items)
-        t0 = time.perf_counter()
-        gL = np.zeros(Lv.shape, dtype=np.float32)
-        gR = np.zeros(Rv.shape, dtype=np.float32)
-        loss = grad_pass(c.u_idx, c.i_idx, c.r, np.ascontiguousarray(Lv, dtype=np.float32),
-                         np.ascontiguousarray(Rv, dtype=np.float32), a.reg, gL, gR)
+        loss, gL, gR = batch.gradient(Lv, Rv, a.reg)
         seconds = time.perf_counter() - t0
-        L.inc_rows(c.users, gL if L.update != "add" else gL * np.float32(-lr))
-        R.inc_rows(c.items, gR if R.update != "add" else gR * np.float32(-lr))
+        L.inc_rows(batch.users, gL if L.update != "add" else gL * np.float32(-lr))
+        R.inc_rows(batch.items, gR if R.update != "add" else gR * np.float32(-lr))
     else:
-        Lv = L.get_rows(c.users)
-        Rv = R.get_rows(c.items)
-        t0 = time.perf_counter()
-        Lw = np.array(Lv, dtype=np.float32, order="C")  # local working copies
-        Rw = np.array(Rv, dtype=np.float32, order="C")
-        loss = squared_loss(c.u_idx, c.i_idx, c.r, Lw, Rw)
-        sgd_pass(c.u_idx, c.i_idx, c.r, Lw, Rw, lr, a.reg, rng.permutation(c.r.size))
+        loss, dL, dR = batch.sgd(Lv, Rv, lr, a.reg, rng.permutation(batch.r.size))
         seconds = time.perf_counter() - t0
-        L.inc_rows(c.users, Lw - Lv)
-        R.inc_rows(c.items, Rw - Rv)
+        L.inc_rows(batch.users, dL)
+        R.inc_rows(batch.items, dR)
     return loss, seconds

@@ -1,5 +1,6 @@
 """Multiclass logistic (softmax) regression on Bösen-py: data-parallel minibatch SGD, weights in the PS.
 
-``python -m bosen.apps.mlr`` is the worker; ``configs/mlr.yaml`` a job; ``bench.py`` the kernel and
-scaling benchmarks. See worker.py for the table layout and what one clock does.
+``data`` (libsvm reader, generator, digits, splits), ``kernels`` (numba SGD and evaluation),
+``model`` (the local weight copy), ``worker`` (``train``: the loop against the PS). Run with
+``bosen launch configs/mlr.yaml``.
 """

@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from bosen.apps import textparse as tp
+from bosen.apps.mlr.kernels import logits
+from bosen.errors import DataError
+
 __all__ = [
     "DataError", "Dataset", "read_libsvm", "write_libsvm", "synthetic", "digits", "split_holdout",
     "partition",
 ]
-
-
-class DataError(ValueError):
-    """An input file is missing, truncated or malformed; the message names the file and line."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Dataset:
     def nnz(self) -> int:
         return int(self.indices.shape[0])
 
-    def take(self, rows: np.ndarray) -> "Dataset":
+    def take(self, rows: np.ndarray) -> Dataset:
         """Sub-dataset of the given sample ids (vectorized CSR row gather)."""
         rows = np.asarray(rows, dtype=np.int64)
         starts, stops = self.indptr[rows], self.indptr[rows + 1]
@@ -80,88 +80,21 @@ _E_TRUNC = 6
 _E_NOLABEL_INT = 7
 _E_RANGE = 8
 _E_BASE = 9
+_E_BIG = 10
 
-
-@njit(cache=True, nogil=True)
-def _parse_number(buf: np.ndarray, i: int, end: int) -> tuple[float, bool]:
-    """Decimal float in buf[i:end] (sign, digits, '.', exponent). Returns (value, ok)."""
-    if i >= end:
-        return 0.0, False
-    neg = False
-    c = buf[i]
-    if c == 43 or c == 45:  # + -
-        neg = c == 45
-        i += 1
-    mant = 0.0
-    digits = 0
-    frac_digits = 0
-    while i < end and 48 <= buf[i] <= 57:
-        mant = mant * 10.0 + (buf[i] - 48)
-        i += 1
-        digits += 1
-    if i < end and buf[i] == 46:  # .
-        i += 1
-        while i < end and 48 <= buf[i] <= 57:
-            mant = mant * 10.0 + (buf[i] - 48)
-            i += 1
-            digits += 1
-            frac_digits += 1
-    if digits == 0:
-        return 0.0, False
-    exp = 0
-    if i < end and (buf[i] == 101 or buf[i] == 69):  # e E
-        i += 1
-        eneg = False
-        if i < end and (buf[i] == 43 or buf[i] == 45):
-            eneg = buf[i] == 45
-            i += 1
-        edigits = 0
-        while i < end and 48 <= buf[i] <= 57:
-            if exp < 10000:
-                exp = exp * 10 + (buf[i] - 48)
-            i += 1
-            edigits += 1
-        if edigits == 0:
-            return 0.0, False
-        if eneg:
-            exp = -exp
-    if i != end:
-        return 0.0, False
-    e = exp - frac_digits
-    v = mant * 10.0 ** e if e >= -300 else (mant * 10.0 ** (e + 300)) * 1e-300
-    return (-v if neg else v), True
-
-
-@njit(cache=True, nogil=True)
-def _parse_int(buf: np.ndarray, i: int, end: int) -> tuple[int, bool]:
-    if i >= end or end - i > 12:
-        return 0, False
-    v = 0
-    while i < end:
-        c = buf[i]
-        if c < 48 or c > 57:
-            return 0, False
-        v = v * 10 + (c - 48)
-        i += 1
-    return v, True
+_MAX_ID = 2**31 - 1  # feature ids are stored as int32
 
 
 @njit(cache=True, nogil=True)
 def _parse_libsvm(buf: np.ndarray, min_index: int, max_index: int):  # pragma: no cover - numba
-    """Parse libsvm text. Returns (err, err_line, err_pos, n, labels, indptr, indices, values, lines).
+    """Parse libsvm text. Returns (err, line, line_start, err_pos, n, labels, indptr, indices, values, lines).
 
     Feature ids are returned as written (base not yet applied). Blank and comment-only lines are
     skipped; ``#`` starts a comment; ``qid:`` tokens are ignored. ``max_index`` < 0: no upper bound.
     """
     size = buf.shape[0]
-    nlines = 0
-    ncolon = 0
-    for i in range(size):
-        if buf[i] == 10:
-            nlines += 1
-        elif buf[i] == 58:
-            ncolon += 1
-    cap = nlines + 1
+    cap = tp.count_byte(buf, tp.NEWLINE) + 1
+    ncolon = tp.count_byte(buf, tp.COLON)
     labels = np.empty(cap, np.float64)
     indptr = np.zeros(cap + 1, np.int64)
     indices = np.empty(ncolon, np.int64)
@@ -173,80 +106,55 @@ def _parse_libsvm(buf: np.ndarray, min_index: int, max_index: int):  # pragma: n
     pos = 0
     while pos < size:
         line += 1
-        eol = pos
-        while eol < size and buf[eol] != 10:
-            eol += 1
-        if eol == size:  # the last line has no newline: the file was cut short
-            # an all-blank tail is fine
-            blank = True
-            for q in range(pos, eol):
-                if buf[q] != 32 and buf[q] != 9 and buf[q] != 13:
-                    blank = False
-                    break
-            if not blank:
-                return _E_TRUNC, line, pos, n, labels, indptr, indices, values, lines
-        stop = eol
-        for q in range(pos, eol):
-            if buf[q] == 35:  # '#'
-                stop = q
-                break
-        # tokens separated by blanks
-        i = pos
+        eol = tp.line_end(buf, pos)
+        if eol == size and tp.skip_blanks(buf, pos, eol) < eol:  # no newline at the end: cut short
+            return _E_TRUNC, line, pos, pos, n, labels, indptr, indices, values, lines
+        stop = tp.find_byte(buf, pos, eol, tp.HASH)
         first = True
         prev = -1
-        row_start = nnz
-        while True:
-            while i < stop and (buf[i] == 32 or buf[i] == 9 or buf[i] == 13):
-                i += 1
-            if i >= stop:
-                break
-            j = i
-            while j < stop and buf[j] != 32 and buf[j] != 9 and buf[j] != 13:
-                j += 1
+        i = tp.skip_blanks(buf, pos, stop)
+        while i < stop:
+            j = tp.token_end(buf, i, stop)
             if first:
-                v, ok = _parse_number(buf, i, j)
+                ok, v = tp.parse_float(buf, i, j)
                 if not ok:
-                    return _E_LABEL, line, i, n, labels, indptr, indices, values, lines
+                    return _E_LABEL, line, pos, i, n, labels, indptr, indices, values, lines
                 if v != np.floor(v) or abs(v) > 2.0 ** 31:
-                    return _E_NOLABEL_INT, line, i, n, labels, indptr, indices, values, lines
+                    return _E_NOLABEL_INT, line, pos, i, n, labels, indptr, indices, values, lines
                 labels[n] = v
                 lines[n] = line
                 first = False
             else:
-                colon = -1
-                for q in range(i, j):
-                    if buf[q] == 58:
-                        colon = q
-                        break
-                if colon < 0:
-                    return _E_TOKEN, line, i, n, labels, indptr, indices, values, lines
+                colon = tp.find_byte(buf, i, j, tp.COLON)
+                if colon == j:
+                    return _E_TOKEN, line, pos, i, n, labels, indptr, indices, values, lines
                 if colon - i == 3 and buf[i] == 113 and buf[i + 1] == 105 and buf[i + 2] == 100:
-                    i = j  # qid:N, ranking data; irrelevant for classification
+                    i = tp.skip_blanks(buf, j, stop)  # qid:N, ranking data; irrelevant for classification
                     continue
-                idx, ok = _parse_int(buf, i, colon)
-                if not ok:
-                    return _E_INDEX, line, i, n, labels, indptr, indices, values, lines
-                v, ok = _parse_number(buf, colon + 1, j)
+                ok, idx = tp.parse_int(buf, i, colon)
+                if not ok or buf[i] == 43 or buf[i] == 45:  # digits only: no sign
+                    return _E_INDEX, line, pos, i, n, labels, indptr, indices, values, lines
+                ok, v = tp.parse_float(buf, colon + 1, j)
                 if not ok or not np.isfinite(v):
-                    return _E_VALUE, line, colon + 1, n, labels, indptr, indices, values, lines
+                    return _E_VALUE, line, pos, colon + 1, n, labels, indptr, indices, values, lines
                 if idx <= prev:
-                    return _E_ORDER, line, i, n, labels, indptr, indices, values, lines
+                    return _E_ORDER, line, pos, i, n, labels, indptr, indices, values, lines
                 if idx < min_index:
-                    return _E_BASE, line, i, n, labels, indptr, indices, values, lines
+                    return _E_BASE, line, pos, i, n, labels, indptr, indices, values, lines
                 if max_index >= 0 and idx > max_index:
-                    return _E_RANGE, line, i, n, labels, indptr, indices, values, lines
+                    return _E_RANGE, line, pos, i, n, labels, indptr, indices, values, lines
+                if idx - min_index > _MAX_ID:
+                    return _E_BIG, line, pos, i, n, labels, indptr, indices, values, lines
                 prev = idx
                 indices[nnz] = idx
                 values[nnz] = v
                 nnz += 1
-            i = j
+            i = tp.skip_blanks(buf, j, stop)
         if not first:
             n += 1
             indptr[n] = nnz
-        elif nnz != row_start:  # pragma: no cover - cannot happen
-            return _E_TOKEN, line, pos, n, labels, indptr, indices, values, lines
         pos = eol + 1
-    return _OK, 0, 0, n, labels, indptr, indices, values, lines
+    return _OK, 0, 0, 0, n, labels, indptr, indices, values, lines
 
 
 @njit(cache=True, nogil=True)
@@ -255,12 +163,12 @@ def _has_zero_id(buf: np.ndarray) -> bool:  # pragma: no cover - numba
     comment = False
     for i in range(buf.shape[0] - 1):
         c = buf[i]
-        if c == 10:
+        if c == tp.NEWLINE:
             comment = False
-        elif c == 35:
+        elif c == tp.HASH:
             comment = True
-        elif c == 48 and not comment and buf[i + 1] == 58:
-            if i == 0 or buf[i - 1] == 32 or buf[i - 1] == 9:
+        elif c == 48 and not comment and buf[i + 1] == tp.COLON:
+            if i == 0 or tp.is_blank(buf[i - 1]):
                 return True
     return False
 
@@ -275,28 +183,13 @@ _MESSAGES = {
     _E_TRUNC: "truncated last line (no newline at end of file)",
     _E_RANGE: "feature id exceeds the model's feature count",
     _E_BASE: "feature id 0 in a 1-based file (set zero_based: true or 'auto')",
+    _E_BIG: f"feature id exceeds {_MAX_ID}",
 }
-
-
-def _line_text(buf: bytes, line: int) -> str:
-    start = 0
-    for _ in range(line - 1):
-        start = buf.index(b"\n", start) + 1
-    end = buf.find(b"\n", start)
-    text = buf[start:end if end >= 0 else len(buf)].decode("utf-8", "replace").rstrip("\r")
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _token_at(buf: bytes, pos: int) -> str:
-    end = pos
-    while end < len(buf) and buf[end:end + 1] not in (b" ", b"\t", b"\r", b"\n", b"#"):
-        end += 1
-    return buf[pos:end].decode("utf-8", "replace")
 
 
 def read_libsvm(path: str | os.PathLike, features: int | None = None, zero_based: bool | str = "auto",
                 label_map: np.ndarray | None = None) -> tuple[Dataset, np.ndarray]:
-    """Read a libsvm/svmlight file: ``LABEL [INDEX:VALUE ...] [# comment]`` per line.
+    """Read a libsvm/svmlight file (``.gz`` too): ``LABEL [INDEX:VALUE ...] [# comment]`` per line.
 
     ``zero_based``: "auto" treats ids as 1-based (the libsvm convention) unless an id 0 occurs.
     ``features``: the model's feature count; a larger id is an error naming its line. None: the
@@ -304,31 +197,24 @@ def read_libsvm(path: str | os.PathLike, features: int | None = None, zero_based
     returned for a training file when reading its test file so both use the same classes.
     Returns (dataset, label_map) where ``label_map[k]`` is the file label of class k.
     """
-    p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{p}: data file not found") from None
-    except OSError as e:
-        raise DataError(f"{p}: cannot read data file: {e.strerror}") from None
-    buf = np.frombuffer(raw, dtype=np.uint8)
     if zero_based not in (True, False, "auto"):
         raise ValueError(f"zero_based: expected true, false or 'auto', got {zero_based!r}")
+    p = Path(path)
+    buf = tp.read_bytes(p, "data")
     # pass 1 settles the id base when "auto": libsvm is 1-based, a 0 id means the file is 0-based
     if zero_based == "auto":
-        has_zero = bool(_has_zero_id(buf))
-        base = 0 if has_zero else 1
+        base = 0 if _has_zero_id(buf) else 1
     else:
         base = 0 if zero_based else 1
     max_index = -1 if features is None else features - 1 + base
-    err, line, pos, n, labels, indptr, indices, values, lines = _parse_libsvm(buf, base, max_index)
+    err, line, start, pos, n, labels, indptr, indices, values, lines = _parse_libsvm(buf, base, max_index)
     if err != _OK:
         what = _MESSAGES[err]
         if err == _E_RANGE:
             what += f" (features={features}, ids {base}-based)"
         if err == _E_TRUNC:
-            raise DataError(f"{p}:{line}: {what}: {_line_text(raw, line)!r}")
-        raise DataError(f"{p}:{line}: {what}: {_token_at(raw, pos)!r} in {_line_text(raw, line)!r}")
+            raise DataError(f"{p}:{line}: {what}: {tp.line_text(buf, start)!r}")
+        raise DataError(f"{p}:{line}: {what}: {tp.token_text(buf, pos)!r} in {tp.line_text(buf, start)!r}")
     if n == 0:
         raise DataError(f"{p}: no samples (empty file or only comments)")
     labels = labels[:n]
@@ -357,7 +243,7 @@ def write_libsvm(path: str | os.PathLike, ds: Dataset, one_based: bool = True) -
     with open(path, "w") as f:
         for i in range(ds.n):  # export only; not a training path
             a, b = ds.indptr[i], ds.indptr[i + 1]
-            toks = " ".join(f"{j + base}:{v:.7g}" for j, v in zip(ds.indices[a:b], ds.values[a:b]))
+            toks = " ".join(f"{j + base}:{v:.7g}" for j, v in zip(ds.indices[a:b], ds.values[a:b], strict=True))
             f.write(f"{int(ds.labels[i])} {toks}\n" if toks else f"{int(ds.labels[i])}\n")
 
 
@@ -387,9 +273,7 @@ def synthetic(n: int, features: int, classes: int, nnz: int = 20, seed: int = 0,
     indices = ids[keep].astype(np.int32)
     values = rng.uniform(0.1, 1.0, size=indices.shape[0]).astype(np.float32)
     wstar = rng.normal(0.0, 3.0 / np.sqrt(m), size=(features, classes)).astype(np.float32)
-    from .kernels import logits as _logits  # numba; avoids an (n x K) scatter in numpy
-
-    z = _logits(indptr, indices, values, wstar, np.zeros(classes, np.float32)).astype(np.float64)
+    z = logits(indptr, indices, values, wstar, np.zeros(classes, np.float32)).astype(np.float64)  # numba, no scatter
     z /= max(temperature, 1e-6)
     z -= z.max(axis=1, keepdims=True)
     np.exp(z, out=z)

@@ -8,7 +8,7 @@ Local layout (why it differs from the PS table): the PS keeps one row per class,
 K class weights of feature j contiguous), because a sparse sample touches a few features and needs
 all K classes of each: with V, both the forward pass and the gradient scatter stream contiguous
 K-vectors, which numba turns into SIMD loops; with the class-row layout every nonzero would stride
-through K rows. :class:`LocalModel` converts at synchronization points only.
+through K rows. ``model.LocalModel`` converts at synchronization points only.
 
 L2 is applied exactly but lazily: the local weights are ``W = s * V`` with a scalar ``s``. One SGD
 step W <- (1 - lr reg) W - lr g becomes s <- s (1 - lr reg); V <- V - (lr / s) g, so a minibatch
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["sgd_pass", "evaluate", "logits", "loss_grad", "LocalModel"]
+__all__ = ["sgd_pass", "evaluate", "logits", "loss_grad"]
 
 _RESCALE_BELOW = 1e-3
 
@@ -116,7 +116,7 @@ def sgd_pass(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, labels
 
 @njit(nogil=True, cache=True, fastmath=True)
 def evaluate(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, labels: np.ndarray,
-             V: np.ndarray, b: np.ndarray, s: float) -> tuple[int, float]:  # pragma: no cover - numba
+             V: np.ndarray, b: np.ndarray, s: float | np.float32) -> tuple[int, float]:  # pragma: no cover - numba
     """(correct predictions, summed log-loss) of the model W = s V, b on all samples."""
     K = b.shape[0]
     n = labels.shape[0]
@@ -179,40 +179,3 @@ def loss_grad(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, label
             for k in range(K):
                 G[k, j] += z[k] * values[p]
     return loss, G
-
-
-class LocalModel:
-    """A worker's working copy of the weight table, in the kernels' layout (see module doc).
-
-    float32 whatever the table dtype: the kernels are specialized for it (SIMD width, memory).
-    """
-
-    def __init__(self, classes: int, features: int) -> None:
-        self.V = np.zeros((features, classes), dtype=np.float32)
-        self.b = np.zeros(classes, dtype=np.float32)
-        self.scale = np.ones(1, dtype=np.float64)
-
-    def load(self, W: np.ndarray) -> None:
-        """Take the PS rows (K x (F+1), bias last) as the current weights."""
-        np.copyto(self.V, W[:, :-1].T)
-        np.copyto(self.b, W[:, -1])
-        self.scale[0] = 1.0
-
-    def table(self) -> np.ndarray:
-        """The current weights in the PS layout (K x (F+1))."""
-        K = self.b.shape[0]
-        out = np.empty((K, self.V.shape[0] + 1), dtype=np.float32)
-        np.multiply(self.V.T, np.float32(self.scale[0]), out=out[:, :-1])
-        out[:, -1] = self.b
-        return out
-
-    def train(self, ds, order: np.ndarray, batch_size: int, lr: float, reg: float) -> float:
-        """Minibatch SGD over ``order`` (sample ids of ``ds``); returns the summed training log-loss."""
-        return float(sgd_pass(ds.indptr, ds.indices, ds.values, ds.labels, order, batch_size,
-                              self.V, self.b, self.scale, lr, reg))
-
-    def evaluate(self, ds) -> tuple[int, float]:
-        """(correct, summed log-loss) on ``ds``."""
-        c, l = evaluate(ds.indptr, ds.indices, ds.values, ds.labels, self.V, self.b,
-                        np.float32(self.scale[0]))
-        return int(c), float(l)

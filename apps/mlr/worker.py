@@ -30,22 +30,19 @@ table reads/updates, plus the previous ``clock()`` call); rank 0 also reports ``
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 import numpy as np
 
-from bosen.config import from_dict
-
-from . import data as D
-from .kernels import LocalModel
+from bosen.apps.mlr import data as D
+from bosen.apps.mlr.model import LocalModel
+from bosen.apps.protocol import PSClient, require_table
+from bosen.config import check, from_dict
+from bosen.errors import ConfigError
 
 __all__ = ["MLRArgs", "SyntheticArgs", "load_data", "lr_at", "train"]
-
-
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(msg)
 
 
 @dataclass(frozen=True)
@@ -58,9 +55,9 @@ class SyntheticArgs:
     seed: int = 1
 
     def __post_init__(self) -> None:
-        _check(self.n >= 2, "n: must be >= 2")
-        _check(self.nnz >= 1, "nnz: must be >= 1")
-        _check(self.temperature > 0, "temperature: must be > 0")
+        check(self.n >= 2, "n: must be >= 2")
+        check(self.nnz >= 1, "nnz: must be >= 1")
+        check(self.temperature > 0, "temperature: must be > 0")
 
 
 @dataclass(frozen=True)
@@ -87,22 +84,22 @@ class MLRArgs:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check(self.batch_size >= 1, "batch_size: must be >= 1")
-        _check(self.lr > 0, "lr: must be > 0")
-        _check(self.lr_decay >= 0, "lr_decay: must be >= 0")
+        check(self.batch_size >= 1, "batch_size: must be >= 1")
+        check(self.lr > 0, "lr: must be > 0")
+        check(self.lr_decay >= 0, "lr_decay: must be >= 0")
         if self.lr_schedule == "exponential":
-            _check(0 < self.lr_decay <= 1, "lr_decay: must be in (0, 1] for the exponential schedule")
-        _check(self.reg >= 0, "reg: must be >= 0")
-        _check(self.lr * self.reg < 1, "reg: lr * reg must be < 1 (each step scales the weights by 1 - lr * reg)")
-        _check(self.epochs >= 1, "epochs: must be >= 1")
-        _check(self.clocks_per_epoch >= 1, "clocks_per_epoch: must be >= 1")
-        _check(self.sync_every >= 0, "sync_every: must be >= 0")
-        _check(0 <= self.holdout < 1, "holdout: must be in [0, 1)")
-        _check(self.eval_every >= 0, "eval_every: must be >= 0")
+            check(0 < self.lr_decay <= 1, "lr_decay: must be in (0, 1] for the exponential schedule")
+        check(self.reg >= 0, "reg: must be >= 0")
+        check(self.lr * self.reg < 1, "reg: lr * reg must be < 1 (each step scales the weights by 1 - lr * reg)")
+        check(self.epochs >= 1, "epochs: must be >= 1")
+        check(self.clocks_per_epoch >= 1, "clocks_per_epoch: must be >= 1")
+        check(self.sync_every >= 0, "sync_every: must be >= 0")
+        check(0 <= self.holdout < 1, "holdout: must be in [0, 1)")
+        check(self.eval_every >= 0, "eval_every: must be >= 0")
         if self.classes is not None:
-            _check(self.classes >= 2, "classes: must be >= 2")
+            check(self.classes >= 2, "classes: must be >= 2")
         if self.features is not None:
-            _check(self.features >= 1, "features: must be >= 1")
+            check(self.features >= 1, "features: must be >= 1")
 
 
 def lr_at(a: MLRArgs, clock: int) -> float:
@@ -118,7 +115,7 @@ def lr_at(a: MLRArgs, clock: int) -> float:
 def load_data(a: MLRArgs, classes: int, features: int) -> tuple[D.Dataset, D.Dataset]:
     """(train, held-out) for a model of ``classes`` x ``features``; every worker gets the same split.
 
-    Raises DataError (file and line named) for bad files and ValueError when the data does not fit
+    Raises DataError (file and line named) for bad files and ConfigError when the data does not fit
     the table's geometry.
     """
     if a.data == "digits":
@@ -132,13 +129,13 @@ def load_data(a: MLRArgs, classes: int, features: int) -> tuple[D.Dataset, D.Dat
         if a.test_data:
             test, _ = D.read_libsvm(a.test_data, features=features, zero_based=zb, label_map=label_map)
             if full.classes > classes:
-                raise ValueError(f"{a.data}: {full.classes} classes do not fit a table of {classes} rows")
+                raise ConfigError(f"{a.data}: {full.classes} classes do not fit a table of {classes} rows")
             return _with_geometry(full, classes, features), _with_geometry(test, classes, features)
     if full.features > features:
-        raise ValueError(f"{a.data}: {full.features} features do not fit a table of {features + 1} cols "
+        raise ConfigError(f"{a.data}: {full.features} features do not fit a table of {features + 1} cols "
                          f"(features + 1 bias column)")
     if full.classes > classes:
-        raise ValueError(f"{a.data}: {full.classes} classes do not fit a table of {classes} rows")
+        raise ConfigError(f"{a.data}: {full.classes} classes do not fit a table of {classes} rows")
     train, held = D.split_holdout(_with_geometry(full, classes, features), a.holdout, a.seed)
     return train, held
 
@@ -151,26 +148,26 @@ def _geometry(a: MLRArgs, rows: int, cols: int, name: str) -> tuple[int, int]:
     classes = rows if a.classes is None else a.classes
     features = cols - 1 if a.features is None else a.features
     if classes != rows or features + 1 != cols:
-        raise ValueError(f"app.args: classes={classes}, features={features} need table {name!r} of "
+        raise ConfigError(f"app.args: classes={classes}, features={features} need table {name!r} of "
                          f"rows={classes}, cols={features + 1} (one row per class, bias last); "
                          f"it has rows={rows}, cols={cols}")
     if classes < 2:
-        raise ValueError(f"table {name!r}: MLR needs rows (classes) >= 2")
+        raise ConfigError(f"table {name!r}: MLR needs rows (classes) >= 2")
     return classes, features
 
 
-def train(client: Any, args: Mapping[str, Any]) -> None:
+def train(client: PSClient, args: Mapping[str, Any]) -> None:
     """Run the MLR job as one worker: ``epochs * clocks_per_epoch`` clocks, one report each."""
     a: MLRArgs = from_dict(MLRArgs, args, "app.args")
-    T = client.table(a.table)
+    T = require_table(client, a.table, f"MLR needs table {a.table} (rows = classes, cols = features + 1)")
     if not np.issubdtype(np.dtype(T.dtype), np.floating):
-        raise ValueError(f"table {a.table!r}: MLR needs a float table, it is {np.dtype(T.dtype)}")
+        raise ConfigError(f"table {a.table!r}: MLR needs a float table, it is {np.dtype(T.dtype)}")
     classes, features = _geometry(a, T.rows, T.cols, a.table)
     train_ds, held = load_data(a, classes, features)
     rank, workers = client.rank, client.num_workers
     mine = train_ds.take(D.partition(train_ds.n, rank, workers))
     if mine.n == 0:
-        raise ValueError(f"worker {rank}: no training samples ({train_ds.n} samples, {workers} workers)")
+        raise ConfigError(f"worker {rank}: no training samples ({train_ds.n} samples, {workers} workers)")
 
     rows = np.arange(classes, dtype=np.int64)
     model = LocalModel(classes, features)

@@ -18,15 +18,26 @@ import math
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from inprocess import InProcessClient, InProcessTable
 
 from bosen.apps.lda import kernels as K_
-from bosen.apps.lda.data import (DataError, generate, hellinger, load, match_topics, read_ldac, read_uci,
-                                 read_vocab, write_ldac, write_uci)
-from bosen.apps.lda.worker import LDAArgs, Sampler, fit, top_words, train
+from bosen.apps.lda.data import (
+    DataError,
+    generate,
+    hellinger,
+    load,
+    match_topics,
+    read_ldac,
+    read_uci,
+    read_vocab,
+    write_ldac,
+    write_uci,
+)
+from bosen.apps.lda.model import Sampler, fit, loglikelihood, top_words
+from bosen.apps.lda.worker import LDAArgs, train
 from bosen.errors import ConfigError
 
 # ------------------------------------------------------------------------------------------------
@@ -161,7 +172,7 @@ def test_generator_sanity():
         assert hellinger(emp, c.phi[k]) < 0.12
     # partition by tokens is contiguous, complete and balanced
     cuts = [c.doc_range(r, 3) for r in range(3)]
-    assert cuts[0][0] == 0 and cuts[-1][1] == 400 and all(a[1] == b[0] for a, b in zip(cuts, cuts[1:]))
+    assert cuts[0][0] == 0 and cuts[-1][1] == 400 and all(a[1] == b[0] for a, b in zip(cuts, cuts[1:], strict=False))
     ptr = c.doc_ptr()
     sizes = [ptr[b] - ptr[a] for a, b in cuts]
     assert max(sizes) - min(sizes) < 200
@@ -200,7 +211,7 @@ def test_loglikelihood_matches_reference_and_lda_package():
     c = generate(200, 150, 6, 60.0, seed=2)
     r = fit(c, 6, 3, alpha=0.2, beta=0.05, method="dense", track_loglik=False)
     ndk, nwk, nk = r.sampler.ndk, r.nwk, r.nk
-    got = K_.loglikelihood(ndk, nwk, nk, 0.2, 0.05)
+    got = loglikelihood(ndk, nwk, nk, 0.2, 0.05)
     assert got == pytest.approx(_ll_reference(ndk, nwk, nk, 0.2, 0.05), rel=1e-10)
     # the additive split the worker reports sums to the whole
     mask = np.zeros(150, bool)
@@ -267,7 +278,7 @@ def _exact_posterior(docs, words, K, V, alpha, beta):
         nwk = np.zeros((V, K), np.int32)
         np.add.at(ndk, (docs, z), 1)
         np.add.at(nwk, (words, z), 1)
-        probs[idx] = K_.loglikelihood(ndk, nwk, nwk.sum(0).astype(np.int32), alpha, beta)
+        probs[idx] = loglikelihood(ndk, nwk, nwk.sum(0).astype(np.int32), alpha, beta)
     probs = np.exp(probs - probs.max())
     return probs / probs.sum()
 
@@ -318,7 +329,7 @@ def test_negative_counts_from_staleness_are_clamped(method):
     for _ in range(3):
         s.sweep(nwk, nk, c.words)
     assert s.z.min() >= 0 and s.z.max() < 5
-    assert np.isfinite(K_.loglikelihood(s.ndk, nwk, nk, 0.1, 0.05))
+    assert np.isfinite(loglikelihood(s.ndk, nwk, nk, 0.1, 0.05))
     np.testing.assert_array_equal(s.ndk, K_.doc_topic_counts(s.doc_ptr, s.z, 5))
 
 
@@ -335,7 +346,7 @@ def test_fit_recovers_planted_topics_and_loglik_rises(method):
     assert worst < 0.25 and mean < 0.15, f"{method}: Hellinger mean {mean:.3f} max {worst:.3f}"
     ll = r.loglik
     assert ll[-1] > ll[len(ll) // 2] > ll[0]
-    assert sum(b >= a for a, b in zip(ll[:20], ll[1:21])) >= 17  # rises steadily early on
+    assert sum(b >= a for a, b in zip(ll[:20], ll[1:21], strict=True)) >= 17  # rises steadily early on
 
 
 def test_fit_recovers_with_exact_k_on_easy_corpus():
@@ -355,41 +366,9 @@ def test_top_words():
 # worker logic against an in-process stand-in for the client (one worker, exact reads)
 
 
-class _FakeTable:
-    def __init__(self, rows: int, cols: int, dtype: str = "int32"):
-        self.rows, self.cols, self.dtype, self.staleness = rows, cols, np.dtype(dtype), 2
-        self.data = np.zeros((rows, cols), self.dtype)
-        self.reads: list[np.ndarray] = []
-
-    def get_rows(self, rows):
-        assert rows.dtype == np.int64 and np.all(np.diff(rows) > 0)  # unique, sorted
-        self.reads.append(rows)
-        return self.data[rows].copy()
-
-    def inc_rows(self, rows, deltas, cols=None):
-        if cols is None:
-            np.add.at(self.data, rows, deltas)
-        else:
-            assert rows.shape == cols.shape == deltas.shape
-            np.add.at(self.data, (rows, cols), deltas)
-
-
-class _FakeClient:
-    def __init__(self, V: int, K: int, summary_k: int | None = None, dtype: str = "int32"):
-        self.tables = {"word_topic": _FakeTable(V, K, dtype), "topic_summary": _FakeTable(1, summary_k or K, dtype)}
-        self.rank, self.num_workers, self.clocks, self.reports = 0, 1, 0, []
-        self.config = SimpleNamespace(source="fake.yaml")
-
-    def table(self, name):
-        if name not in self.tables:
-            raise KeyError(f"no table {name!r}")
-        return self.tables[name]
-
-    def report(self, **fields):
-        self.reports.append({"clock": self.clocks, **fields})
-
-    def clock(self):
-        self.clocks += 1
+def _client(V: int, K: int, summary_k: int | None = None, dtype: str = "int32") -> InProcessClient:
+    return InProcessClient(InProcessTable("word_topic", V, K, dtype),
+                           InProcessTable("topic_summary", 1, summary_k or K, dtype))
 
 
 SYN = {"data": "synthetic", "K": 10, "synth_topics": 8, "synth_docs": 1000, "synth_vocab": 300,
@@ -399,7 +378,7 @@ SYN = {"data": "synthetic", "K": 10, "synth_topics": 8, "synth_docs": 1000, "syn
 
 def test_train_in_process(tmp_path, monkeypatch):
     monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
-    c = _FakeClient(300, 10)
+    c = _client(300, 10)
     train(c, {**SYN, "iterations": 30, "clocks_per_epoch": 2, "ll_every": 2})
     wt = c.tables["word_topic"].data
     corpus = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
@@ -423,7 +402,7 @@ def test_train_in_process(tmp_path, monkeypatch):
 def test_train_reads_uci_file(tmp_path):
     c = generate(200, 80, 4, 30.0, seed=2)
     write_uci(c, tmp_path / "docword.t.txt", tmp_path / "vocab.t.txt")
-    fc = _FakeClient(80, 4)
+    fc = _client(80, 4)
     train(fc, {"data": str(tmp_path / "docword.t.txt"), "K": 4, "iterations": 3})
     assert fc.tables["word_topic"].data.sum() == c.n_tokens
 
@@ -440,17 +419,17 @@ def test_train_reads_uci_file(tmp_path):
 ])
 def test_train_rejects_bad_config(V, K, sk, dtype, args, exc, match):
     with pytest.raises(exc, match=match):
-        train(_FakeClient(V, K, sk, dtype), {**SYN, "iterations": 1, **args})
+        train(_client(V, K, sk, dtype), {**SYN, "iterations": 1, **args})
 
 
 def test_train_missing_table_and_bad_file(tmp_path):
-    c = _FakeClient(300, 10)
+    c = _client(300, 10)
     del c.tables["topic_summary"]
     with pytest.raises(ConfigError, match="topic_summary"):
         train(c, {**SYN, "iterations": 1})
     bad = _w(tmp_path / "docword.b.txt", "2\n3\n4\n1 1 2\n")
     with pytest.raises(DataError, match=f"{bad}:5: truncated file"):
-        train(_FakeClient(3, 10), {"data": str(bad), "K": 10})
+        train(_client(3, 10), {"data": str(bad), "K": 10})
 
 
 def test_args_method_choice():
@@ -462,7 +441,8 @@ def test_args_method_choice():
 # end to end through `bosen launch` (2 workers, SSP staleness 2)
 
 
-def _launch(tmp_path: Path, V: int, K: int, args: dict, timeout: float = 60) -> tuple[subprocess.CompletedProcess, Path]:
+def _launch(tmp_path: Path, V: int, K: int, args: dict,
+            timeout: float = 60) -> tuple[subprocess.CompletedProcess, Path]:
     cfg = {
         "cluster": {"servers": ["127.0.0.1:0"], "workers": 2},
         "consistency": {"staleness": 2},

@@ -6,10 +6,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from inprocess import InProcessClient, InProcessTable
 
 from bosen.apps.mf.data import load_csv, partition, synthetic
 from bosen.apps.mf.kernels import sgd_pass, squared_loss
@@ -85,7 +85,7 @@ def test_synthetic_properties():
     assert np.isfinite(r).all() and 0.5 < r.std() < 2.0
     du, di = np.bincount(u, minlength=2000), np.bincount(i, minlength=500)
     assert du.max() > 10 * np.median(du) and di.max() > 10 * np.median(di)  # power-law-ish
-    for a, b in zip(synthetic(2000, 500, 8, 30_000, noise=0.1, seed=3, alpha=0.8), (u, i, r)):
+    for a, b in zip(synthetic(2000, 500, 8, 30_000, noise=0.1, seed=3, alpha=0.8), (u, i, r), strict=True):
         np.testing.assert_array_equal(a, b)  # same seed, same data on every worker
     assert not np.array_equal(synthetic(2000, 500, 8, 30_000, seed=4)[0], u)
 
@@ -164,54 +164,25 @@ def test_load_csv_missing_file(tmp_path):
 # worker logic against an in-process stand-in for the client (one worker, exact reads)
 
 
-class _FakeTable:
-    def __init__(self, rows: int, cols: int, rng: np.random.Generator):
-        self.rows, self.cols, self.dtype = rows, cols, np.dtype(np.float32)
-        self.data = (rng.standard_normal((rows, cols)) * 0.1).astype(np.float32)
-        self.reads = 0
-
-    def get_rows(self, rows):
-        assert rows.dtype == np.int64 and np.all(np.diff(rows) > 0)  # unique, sorted
-        self.reads += 1
-        return self.data[rows].copy()
-
-    def inc_rows(self, rows, deltas):
-        np.add.at(self.data, rows, deltas)
-
-
-class _FakeClient:
-    def __init__(self, shapes: dict[str, tuple[int, int]], dtype: str = "float32"):
-        rng = np.random.default_rng(0)
-        self.tables = {n: _FakeTable(*s, rng) for n, s in shapes.items()}
-        for t in self.tables.values():
-            t.dtype = np.dtype(dtype)
-        self.rank, self.num_workers, self.clocks, self.reports = 0, 1, 0, []
-        self.config = SimpleNamespace(source="fake.yaml")
-
-    def table(self, name):
-        if name not in self.tables:
-            raise KeyError(name)
-        return self.tables[name]
-
-    def report(self, **fields):
-        self.reports.append({"clock": self.clocks, **fields})
-
-    def clock(self):
-        self.clocks += 1
+def _client(shapes: dict[str, tuple[int, int]], dtype: str = "float32") -> InProcessClient:
+    """Tables with small random entries (drawn in the order given), as the PS would initialize them."""
+    rng = np.random.default_rng(0)
+    return InProcessClient(*(InProcessTable(n, r, c, dtype, (rng.standard_normal((r, c)) * 0.1).astype(dtype))
+                             for n, (r, c) in shapes.items()))
 
 
 ARGS = {"nnz": 6000, "epochs": 8, "lr": 0.08, "reg": 0.02, "noise": 0.05}
 
 
 def test_train_in_process_converges_and_reports_each_clock():
-    c = _FakeClient({"L": (400, 8), "R": (100, 8)})
+    c = _client({"L": (400, 8), "R": (100, 8)})
     train(c, {**ARGS, "clocks_per_epoch": 2})
     assert c.clocks == 16 and len(c.reports) == 16
     assert all(r["samples"] > 0 and r["seconds"] >= 0 for r in c.reports)
     assert sum(r["samples"] for r in c.reports[:2]) == 6000  # two chunks cover the data once
     epoch = [c.reports[k]["objective"] + c.reports[k + 1]["objective"] for k in range(0, 16, 2)]
     assert epoch[-1] < 0.3 * epoch[0]
-    assert c.tables["L"].reads == 16 and c.tables["R"].reads == 16  # one get_rows per table/clock
+    assert len(c.tables["L"].reads) == 16 and len(c.tables["R"].reads) == 16  # one get_rows per table/clock
 
 
 @pytest.mark.parametrize("shapes, args, match", [
@@ -224,18 +195,18 @@ def test_train_in_process_converges_and_reports_each_clock():
 ])
 def test_train_rejects_bad_tables_and_args(shapes, args, match):
     with pytest.raises(ValueError, match=match):
-        train(_FakeClient(shapes), {**ARGS, **args})
+        train(_client(shapes), {**ARGS, **args})
 
 
 def test_train_rejects_non_float32_table():
     with pytest.raises(ValueError, match="dtype must be float32"):
-        train(_FakeClient({"L": (400, 8), "R": (100, 8)}, dtype="float64"), ARGS)
+        train(_client({"L": (400, 8), "R": (100, 8)}, dtype="float64"), ARGS)
 
 
 def test_train_csv_ids_must_fit_tables(tmp_path):
     p = _write(tmp_path, "0,1,1.0\n5,99,2.0\n")
     with pytest.raises(ValueError, match="item id 99 does not fit table R with 10 rows"):
-        train(_FakeClient({"L": (10, 4), "R": (10, 4)}), {"data": str(p)})
+        train(_client({"L": (10, 4), "R": (10, 4)}), {"data": str(p)})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -282,7 +253,7 @@ def test_e2e_synthetic_two_workers_ssp(tmp_path):
 def test_e2e_csv_two_workers(tmp_path):
     u, i, r = synthetic(300, 80, 4, 4000, noise=0.05, seed=7)
     csv = tmp_path / "ratings.csv"
-    csv.write_text("user,item,rating\n" + "".join(f"{a},{b},{c:.5f}\n" for a, b, c in zip(u, i, r)))
+    csv.write_text("user,item,rating\n" + "".join(f"{a},{b},{c:.5f}\n" for a, b, c in zip(u, i, r, strict=True)))
     clocks = _launch(tmp_path, 300, 80, 4, {"data": str(csv), "epochs": 15, "lr": 0.08, "reg": 0.01,
                                             "clocks_per_epoch": 1})
     assert len(clocks) == 15 and all(c["samples"] == 4000 for c in clocks)

@@ -6,13 +6,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from inprocess import InProcessClient, InProcessTable
 
 from bosen.apps.mlr import data as D
-from bosen.apps.mlr.kernels import LocalModel, evaluate, logits, loss_grad, sgd_pass
+from bosen.apps.mlr.kernels import evaluate, logits, loss_grad, sgd_pass
+from bosen.apps.mlr.model import LocalModel
 from bosen.apps.mlr.worker import MLRArgs, lr_at, train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -217,7 +218,8 @@ def test_read_libsvm_missing_and_empty(tmp_path):
 def test_synthetic_is_deterministic_sparse_and_learnable():
     a = D.synthetic(2000, 300, 6, nnz=15, seed=5)
     b = D.synthetic(2000, 300, 6, nnz=15, seed=5)
-    for x, y in zip((a.indptr, a.indices, a.values, a.labels), (b.indptr, b.indices, b.values, b.labels)):
+    for x, y in zip((a.indptr, a.indices, a.values, a.labels), (b.indptr, b.indices, b.values, b.labels),
+                    strict=True):
         np.testing.assert_array_equal(x, y)
     assert not np.array_equal(D.synthetic(2000, 300, 6, nnz=15, seed=6).labels, a.labels)
     lens = np.diff(a.indptr)
@@ -246,38 +248,9 @@ def test_digits_split_and_partition():
 # worker logic against an in-process stand-in for the client (exact reads, no staleness)
 
 
-class _FakeTable:
-    def __init__(self, rows: int, cols: int, dtype: str = "float32"):
-        self.rows, self.cols, self.dtype = rows, cols, np.dtype(dtype)
-        self.data = np.zeros((rows, cols), dtype=self.dtype)
-        self.reads = self.incs = 0
-
-    def get_rows(self, rows):
-        self.reads += 1
-        return self.data[rows].copy()
-
-    def inc_rows(self, rows, deltas):
-        self.incs += 1
-        np.add.at(self.data, rows, deltas)
-
-
-class _FakeClient:
-    def __init__(self, rows: int = 10, cols: int = 65, dtype: str = "float32", rank: int = 0, workers: int = 1,
-                 table: _FakeTable | None = None):
-        self.t = table or _FakeTable(rows, cols, dtype)
-        self.rank, self.num_workers, self.clocks, self.reports = rank, workers, 0, []
-        self.config = SimpleNamespace(source="fake.yaml")
-
-    def table(self, name):
-        if name != "W":
-            raise KeyError(name)
-        return self.t
-
-    def report(self, **fields):
-        self.reports.append({"clock": self.clocks, **fields})
-
-    def clock(self):
-        self.clocks += 1
+def _client(rows: int = 10, cols: int = 65, dtype: str = "float32", rank: int = 0, workers: int = 1,
+            table: InProcessTable | None = None) -> InProcessClient:
+    return InProcessClient(table or InProcessTable("W", rows, cols, dtype), rank=rank, num_workers=workers)
 
 
 def _acc(r: dict) -> float:
@@ -285,11 +258,11 @@ def _acc(r: dict) -> float:
 
 
 def test_train_in_process_digits_converges_and_reports_each_clock():
-    c = _FakeClient()
+    c = _client()
     train(c, {"data": "digits", "epochs": 6, "clocks_per_epoch": 2})
     assert c.clocks == 12 and len(c.reports) == 12
     assert sum(r["samples"] for r in c.reports[:2]) == 1438  # two clocks cover the partition once
-    assert c.t.reads == 12 and c.t.incs == 12  # one read and one delta per clock (local buffering)
+    assert len(c.tables["W"].reads) == 12 and c.tables["W"].incs == 12  # one read and one delta per clock
     assert all(r["compute_s"] >= 0 and r["comm_s"] >= 0 and r["heldout_total"] == 359 for r in c.reports)
     assert c.reports[-1]["objective"] < 0.3 * c.reports[0]["objective"]
     assert _acc(c.reports[-1]) >= 0.93
@@ -297,11 +270,11 @@ def test_train_in_process_digits_converges_and_reports_each_clock():
 
 
 def test_train_sync_every_and_two_sequential_workers_share_the_table():
-    t = _FakeTable(10, 65)
-    a, b = _FakeClient(table=t, rank=0, workers=2), _FakeClient(table=t, rank=1, workers=2)
+    t = InProcessTable("W", 10, 65)
+    a, b = _client(table=t, rank=0, workers=2), _client(table=t, rank=1, workers=2)
     args = {"data": "digits", "epochs": 1, "batch_size": 16, "sync_every": 5, "eval_every": 0}
     train(a, args)
-    assert t.reads == 9 and t.incs == 9  # 719 samples in pieces of 5 * 16: 9 deltas, 1 + 8 reads
+    assert len(t.reads) == 9 and t.incs == 9  # 719 samples in pieces of 5 * 16: 9 deltas, 1 + 8 reads
     train(b, args)  # starts from rank 0's model: its deltas add to the table
     assert a.reports[0]["samples"] + b.reports[0]["samples"] == 1438
     assert "heldout_correct" not in a.reports[0] and "lr" in a.reports[0] and "lr" not in b.reports[0]
@@ -313,7 +286,7 @@ def test_train_libsvm_file_with_test_file(tmp_path):
     tr, ho = D.split_holdout(full, 0.25, 0)
     D.write_libsvm(tmp_path / "train.svm", tr)
     D.write_libsvm(tmp_path / "test.svm", ho)
-    c = _FakeClient(4, 41)
+    c = _client(4, 41)
     train(c, {"data": str(tmp_path / "train.svm"), "test_data": str(tmp_path / "test.svm"), "epochs": 8,
               "lr": 1.0, "reg": 0.0})
     assert c.reports[-1]["heldout_total"] == ho.n and sum(r["samples"] for r in c.reports) == 8 * tr.n
@@ -321,7 +294,7 @@ def test_train_libsvm_file_with_test_file(tmp_path):
 
 
 def test_train_synthetic_uses_table_geometry():
-    c = _FakeClient(5, 31)
+    c = _client(5, 31)
     train(c, {"data": "synthetic", "synthetic": {"n": 2000, "nnz": 8}, "epochs": 3, "holdout": 0.1})
     assert c.reports[0]["samples"] == 1800 and c.reports[-1]["heldout_total"] == 200
 
@@ -342,17 +315,17 @@ def test_train_synthetic_uses_table_geometry():
 ])
 def test_train_rejects_bad_args_and_geometry(rows, cols, args, match):
     with pytest.raises(ValueError, match=match):
-        train(_FakeClient(rows, cols), {"data": "digits", **args})
+        train(_client(rows, cols), {"data": "digits", **args})
 
 
 def test_train_rejects_int_table_and_bad_files(tmp_path):
     with pytest.raises(ValueError, match="needs a float table"):
-        train(_FakeClient(dtype="int32"), {})
+        train(_client(dtype="int32"), {})
     with pytest.raises(D.DataError, match="nope.svm: data file not found"):
-        train(_FakeClient(), {"data": str(tmp_path / "nope.svm")})
+        train(_client(), {"data": str(tmp_path / "nope.svm")})
     p = _write(tmp_path, "1 1:1\n2 70:1\n")
     with pytest.raises(D.DataError, match=r"d\.svm:2: feature id exceeds"):
-        train(_FakeClient(), {"data": str(p)})
+        train(_client(), {"data": str(p)})
 
 
 def test_lr_schedules():

@@ -291,7 +291,7 @@ def test_worker_config_error_is_shown_by_the_launcher(tmp_path, tracked):
     err = t.stderr()
     assert rc == 1, err
     assert "app.args.bogus: unknown key" in err, err
-    assert "worker-" in err and "exited with status 1" in err, err
+    assert "worker-" in err and "exited with status 2" in err, err
     assert "Traceback" not in err
     assert not t.survivors(), t.survivors()
 

@@ -30,9 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from bosen.apps.lda import kernels as K_
 from bosen.apps.lda.data import Corpus, generate
-from bosen.apps.lda.worker import Sampler
+from bosen.apps.lda.model import Sampler, loglikelihood
 
 BASELINE = "lda 3.0.2 (collapsed Gibbs, Cython)"
 
@@ -59,7 +58,7 @@ class _Ours:
         return time.perf_counter() - t0
 
     def loglik(self) -> float:
-        return K_.loglikelihood(self.s.ndk, self.nwk, self.nk, self.alpha, self.beta)
+        return loglikelihood(self.s.ndk, self.nwk, self.nk, self.alpha, self.beta)
 
 
 class _Baseline:
@@ -193,7 +192,7 @@ def launch_throughput(workers: int, args: dict[str, Any], V: int, K: int,
 _SOLO = """
 import sys, time
 from bosen.apps.lda.data import generate
-from bosen.apps.lda.worker import fit
+from bosen.apps.lda.model import fit
 docs, vocab, K, iters = map(int, sys.argv[1:5])
 c = generate(docs, vocab, 50, 150.0, 0.1, 0.05, 0)
 fit(c, K, 1, 0.1, 0.01, "mh" if K >= 64 else "dense", 4, 1, track_loglik=False)  # load kernels

@@ -23,7 +23,7 @@ configs/mlr.yaml``) with 1 and with 2 workers; job throughput = samples of clock
 clock holds start-up) over the longest worker's time from its clock-0 report to its last report.
 On 2 cores, two workers share the CPU with the server process, so the ideal ratio is below 2.
 
-``python -m bosen.apps.mlr.bench [--quick]`` prints one JSON line per result.
+``python bench/apps_mlr.py [--quick]`` prints one JSON line per result (``bench/apps.py`` runs it too).
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from . import data as D
-from .kernels import LocalModel
+from bosen.apps.mlr import data as D
+from bosen.apps.mlr.model import LocalModel
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "mlr.yaml"
 
 

@@ -7,7 +7,7 @@ scatter-add the same per-rating gradient steps with ``np.add.at``), same data, s
 factors, same lr/reg, same rating order, same number of passes. Besides ratings/s we report the
 loss each reaches after that work, since minibatching trades per-pass progress for vector speed.
 
-``python -m bosen.apps.mf.bench [--quick]`` prints one JSON line per result.
+``python bench/apps_mf.py [--quick]`` prints one JSON line per result (``bench/apps.py`` runs it too).
 """
 
 from __future__ import annotations

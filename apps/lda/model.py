@@ -1,0 +1,138 @@
+"""The LDA model as a worker holds it: topic assignments, doc-topic counts, the sweep, the objective.
+
+A :class:`Sampler` owns the state that stays local to a worker (the topic of each of its tokens,
+``ndk`` for its documents) and resamples it against word-topic rows passed in per sweep: the worker
+passes its local copies of PS rows, :func:`fit` (single process, no PS: tests and benchmarks) the
+full model. :func:`loglikelihood` is the objective, log p(w, z).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bosen.apps.lda import kernels as K_
+from bosen.apps.lda.data import Corpus
+
+__all__ = ["Sampler", "FitResult", "fit", "loglikelihood", "top_words"]
+
+
+class Sampler:
+    """Topic assignments and doc-topic counts of one set of documents, plus the sweep logic.
+
+    Word-topic rows and the summary are passed in per sweep: the worker passes its local copies of
+    PS rows, :func:`fit` passes the full model.
+    """
+
+    def __init__(self, corpus: Corpus, K: int, alpha: float, beta: float, n_vocab: int,
+                 method: str = "mh", mh_steps: int = 4, seed: int = 0) -> None:
+        if method not in ("dense", "mh"):
+            raise ValueError(f"sampler method {method!r}: dense or mh")
+        self.K, self.alpha, self.beta = K, float(alpha), float(beta)
+        self.vbeta = n_vocab * self.beta
+        self.method, self.mh_steps, self.seed = method, mh_steps, seed
+        self.doc_ptr = corpus.doc_ptr()
+        self.n_docs = corpus.n_docs
+        self.words = corpus.words
+        self.z = np.empty(corpus.n_tokens, dtype=np.int32)
+        K_.random_init(self.z, K, seed)
+        self.ndk = K_.doc_topic_counts(self.doc_ptr, self.z, K)
+        self.sweeps = 0
+
+    def word_topic_coo(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This sampler's own contribution to n_wk as sparse (word, topic, count)."""
+        key = self.words.astype(np.int64) * self.K + self.z
+        uk, cnt = np.unique(key, return_counts=True)
+        w, k = np.divmod(uk, self.K)
+        return w, k, cnt.astype(np.int32)
+
+    def topic_counts(self) -> np.ndarray:
+        return np.bincount(self.z, minlength=self.K).astype(np.int32)
+
+    def sweep(self, nwk: np.ndarray, nk: np.ndarray, words_local: np.ndarray, doc_lo: int = 0,
+              doc_hi: int | None = None, stale: np.ndarray | None = None,
+              stale_nk: np.ndarray | None = None) -> dict[str, float]:
+        """Resample the tokens of documents [doc_lo, doc_hi), updating nwk/nk/ndk in place.
+
+        ``words_local`` maps each token to its row in ``nwk``. MH builds its word-proposal alias
+        tables from ``stale``/``stale_nk`` (the rows as fetched; default: a copy of nwk/nk now).
+        """
+        doc_hi = self.n_docs if doc_hi is None else doc_hi
+        seed = (self.seed * 1_000_003 + self.sweeps * 7919 + doc_lo) & 0x7FFFFFFFFFFF
+        self.sweeps += 1
+        t0 = time.perf_counter()
+        if self.method == "dense":
+            changed = K_.sample_dense(self.doc_ptr, words_local, self.z, self.ndk, nwk, nk, self.alpha,
+                                      self.beta, self.vbeta, doc_lo, doc_hi, seed)
+            return {"sample_s": time.perf_counter() - t0, "changed": float(changed)}
+        if stale is None:
+            stale = nwk.copy()
+        if stale_nk is None:
+            stale_nk = nk.copy()
+        need = np.ones(stale.shape[0], dtype=np.bool_)
+        ptr, rec, mass, b_prob, b_alias, b_mass = K_.build_word_alias(stale, stale_nk, self.beta,
+                                                                      self.vbeta, need)
+        ws = np.empty(nwk.shape + (2,), dtype=np.int32)  # fresh and stale counts interleaved
+        ws[:, :, 0] = nwk
+        ws[:, :, 1] = stale
+        t1 = time.perf_counter()
+        acc, prop = K_.sample_mh(self.doc_ptr, words_local, self.z, self.ndk, ws, nk, stale_nk, ptr, rec,
+                                 mass, b_prob, b_alias, b_mass, self.alpha, self.beta, self.vbeta,
+                                 self.mh_steps, doc_lo, doc_hi, seed)
+        t2 = time.perf_counter()
+        nwk[:] = ws[:, :, 0]
+        t3 = time.perf_counter()
+        return {"sample_s": t3 - t0, "alias_s": t1 - t0 + t3 - t2, "accepted": float(acc),
+                "proposed": float(prop)}
+
+    def loglik_docs(self) -> float:
+        return float(K_.loglik_docs(self.ndk, self.alpha))
+
+
+@dataclass
+class FitResult:
+    nwk: np.ndarray                    # (V, K) word-topic counts
+    nk: np.ndarray
+    sampler: Sampler
+    loglik: list[float] = field(default_factory=list)   # after each iteration (if tracked)
+    sample_s: list[float] = field(default_factory=list)  # seconds per iteration (kernel + alias)
+
+    def phi(self) -> np.ndarray:
+        """Topic-word distributions (K, V) from the counts: (n_wk + β) normalized."""
+        p = self.nwk.T.astype(np.float64) + self.sampler.beta
+        return p / p.sum(axis=1, keepdims=True)
+
+
+def fit(corpus: Corpus, K: int, iterations: int, alpha: float = 0.1, beta: float = 0.1,
+        method: str = "mh", mh_steps: int = 4, seed: int = 0, track_loglik: bool = True) -> FitResult:
+    """Single-process LDA on the whole corpus (no PS): the kernels exactly as the worker runs them."""
+    s = Sampler(corpus, K, alpha, beta, corpus.n_vocab, method, mh_steps, seed)
+    nwk = np.zeros((corpus.n_vocab, K), dtype=np.int32)
+    w, k, c = s.word_topic_coo()
+    nwk[w, k] = c
+    nk = s.topic_counts()
+    res = FitResult(nwk, nk, s)
+    for _ in range(iterations):
+        st = s.sweep(nwk, nk, corpus.words)
+        res.sample_s.append(st["sample_s"])
+        if track_loglik:
+            res.loglik.append(loglikelihood(s.ndk, nwk, nk, alpha, beta))
+    return res
+
+
+def top_words(nwk: np.ndarray, names: list[str], n: int) -> list[str]:
+    """One line per topic: its total count and the n most frequent words."""
+    n = min(n, nwk.shape[0])
+    idx = np.argsort(-nwk, axis=0, kind="stable")[:n]  # (n, K)
+    tot = nwk.sum(axis=0)
+    return [f"topic {k:3d} (n={int(tot[k])}): " + " ".join(names[i] for i in idx[:, k])
+            for k in range(nwk.shape[1])]
+
+
+def loglikelihood(ndk: np.ndarray, nwk: np.ndarray, nk: np.ndarray, alpha: float, beta: float) -> float:
+    """Complete-data log p(w, z) of a whole model (the formula the ``lda`` package reports)."""
+    mask = np.ones(nwk.shape[0], dtype=np.bool_)
+    return float(K_.loglik_docs(ndk, alpha) + K_.loglik_words(nwk, beta, mask)
+                 + K_.loglik_summary(nk, nwk.shape[0], beta))

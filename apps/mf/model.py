@@ -1,0 +1,62 @@
+"""The MF model as a worker computes on it: the L and R rows one mini-batch reads, and its step.
+
+L (users x rank) and R (items x rank) live in the PS. A worker cuts its ratings into fixed batches
+(:func:`batches`); each :class:`Batch` reads exactly the rows it needs (``users``, ``items``: unique
+sorted ids, one ``get_rows`` per table) and the kernels work on local copies indexed by
+``u_idx``/``i_idx``. What goes back to the PS: ``new - old`` after a local SGD pass (:meth:`Batch.sgd`,
+for ``add`` tables), or the gradient at the values read (:meth:`Batch.gradient`, for tables whose
+stored procedure takes the step on the server).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bosen.apps.mf.data import Triples
+from bosen.apps.mf.kernels import grad_pass, sgd_pass, squared_loss
+
+__all__ = ["Batch", "batches"]
+
+
+@dataclass
+class Batch:
+    """The ratings of one mini-batch, re-indexed into the local row blocks it reads."""
+
+    users: np.ndarray  # unique sorted global L row ids
+    items: np.ndarray  # unique sorted global R row ids
+    u_idx: np.ndarray  # per rating: index into users
+    i_idx: np.ndarray  # per rating: index into items
+    r: np.ndarray
+
+    def sgd(self, Lv: np.ndarray, Rv: np.ndarray, lr: float, reg: float,
+            order: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """Loss at the rows read (``Lv``, ``Rv``), then one SGD pass in ``order`` on local copies;
+        returns (loss, new L - Lv, new R - Rv)."""
+        Lw = np.array(Lv, dtype=np.float32, order="C")
+        Rw = np.array(Rv, dtype=np.float32, order="C")
+        loss = float(squared_loss(self.u_idx, self.i_idx, self.r, Lw, Rw))
+        sgd_pass(self.u_idx, self.i_idx, self.r, Lw, Rw, lr, reg, order)
+        return loss, Lw - Lv, Rw - Rv
+
+    def gradient(self, Lv: np.ndarray, Rv: np.ndarray, reg: float) -> tuple[float, np.ndarray, np.ndarray]:
+        """(loss, gradient w.r.t. the L rows, gradient w.r.t. the R rows) at the rows read."""
+        gL = np.zeros(Lv.shape, dtype=np.float32)
+        gR = np.zeros(Rv.shape, dtype=np.float32)
+        loss = float(grad_pass(self.u_idx, self.i_idx, self.r, np.ascontiguousarray(Lv, dtype=np.float32),
+                               np.ascontiguousarray(Rv, dtype=np.float32), reg, gL, gR))
+        return loss, gL, gR
+
+
+def batches(part: Triples, k: int, rng: np.random.Generator) -> list[Batch]:
+    """Cut a worker's ratings into k fixed random batches (each clock's loss then covers 1/k of them)."""
+    u, i, r = part
+    out = []
+    for sel in np.array_split(rng.permutation(u.size), k):
+        sel = np.sort(sel)
+        users, u_idx = np.unique(u[sel], return_inverse=True)
+        items, i_idx = np.unique(i[sel], return_inverse=True)
+        out.append(Batch(users.astype(np.int64), items.astype(np.int64), u_idx.astype(np.int64),
+                         i_idx.astype(np.int64), np.ascontiguousarray(r[sel], dtype=np.float32)))
+    return out

@@ -1,0 +1,92 @@
+"""What an app may use of a parameter-server client: the types every app's ``train()`` takes.
+
+An app's worker loop is written against these protocols, not against ``bosen.client.Client``, so
+that it names exactly what it relies on and runs unchanged on anything that provides it: the real
+client (tests/apps/test_protocol.py checks that ``Client`` satisfies them, with mypy and at run
+time) or an in-process stand-in that tests a worker loop without servers. They are
+``runtime_checkable``, so ``isinstance`` checks that the members exist (not their signatures).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from bosen.errors import ConfigError
+
+__all__ = ["PSTable", "PSWorker", "PSClient", "JobConfig", "require_table"]
+
+
+@runtime_checkable
+class PSTable(Protocol):
+    """A worker's handle on one shared table (``client.table(name)``); see docs/app-contract.md."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def cols(self) -> int: ...
+    @property
+    def dtype(self) -> np.dtype: ...
+    @property
+    def staleness(self) -> int:
+        """The table's SSP bound: reads at tick c see every update of ticks < c - staleness."""
+    @property
+    def update(self) -> str:
+        """The table's stored procedure (``add``, ``sgd``, ``adagrad``, ``adarevision``, ...)."""
+
+    def get(self, row: int, col: int) -> Any: ...
+    def get_row(self, row: int) -> np.ndarray: ...
+    def get_rows(self, rows: Any) -> np.ndarray: ...
+    def inc(self, row: int, col: int, delta: Any) -> None: ...
+    def inc_row(self, row: int, deltas: Any) -> None: ...
+    def inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None: ...
+
+
+@runtime_checkable
+class PSWorker(Protocol):
+    """One more worker thread of the process (``with client.worker() as w``): own tables, own clock."""
+
+    def table(self, name: str) -> PSTable: ...
+    def clock(self) -> None: ...
+
+
+@runtime_checkable
+class JobConfig(Protocol):
+    """The part of the job's configuration an app may read: where it came from, for messages."""
+
+    @property
+    def source(self) -> str: ...
+
+
+@runtime_checkable
+class PSClient(Protocol):
+    """A worker process's connection to the job, as ``train(client, args)`` receives it."""
+
+    @property
+    def rank(self) -> int:
+        """This process's worker rank, 0..num_workers-1."""
+    @property
+    def num_workers(self) -> int: ...
+    @property
+    def config(self) -> JobConfig: ...
+
+    def table(self, name: str) -> PSTable:
+        """The main worker's handle on a table declared in the config; KeyError if there is none."""
+    def clock(self) -> None:
+        """End of the main worker's tick."""
+    def report(self, **fields: Any) -> Any:
+        """One metrics record for the current tick (additive fields; see docs/app-contract.md)."""
+    def stats(self) -> dict[str, Any]: ...
+    def worker(self) -> AbstractContextManager[PSWorker]: ...
+
+
+def require_table(client: PSClient, name: str, need: str) -> PSTable:
+    """``client.table(name)``, or a ConfigError naming the config and what the app needs (``need``)."""
+    try:
+        return client.table(name)
+    except KeyError:
+        raise ConfigError(f"{client.config.source}: {need}; table {name} is missing") from None

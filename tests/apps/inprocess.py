@@ -1,0 +1,91 @@
+"""An in-process stand-in for the PS client, to test an app's worker loop without servers.
+
+One worker, exact reads (every read sees every increment at once, no staleness), tables as numpy
+arrays. It implements ``bosen.apps.protocol.PSClient`` (test_protocol.py checks), and it records what
+the app did: the rows of every ``get_rows``, the number of ``inc_rows`` calls, every report, the clocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class _Config:
+    source: str
+
+
+class InProcessTable:
+    """A table held in one numpy array; reads must ask for unique sorted int64 rows, as apps do."""
+
+    def __init__(self, name: str, rows: int, cols: int, dtype: str = "float32", data: np.ndarray | None = None,
+                 staleness: int = 2, update: str = "add") -> None:
+        self.name, self.rows, self.cols, self.dtype = name, rows, cols, np.dtype(dtype)
+        self.staleness, self.update = staleness, update
+        self.data = np.zeros((rows, cols), self.dtype) if data is None else data
+        self.reads: list[np.ndarray] = []  # the rows of every get_rows call
+        self.incs = 0  # inc_rows calls
+
+    def get(self, row: int, col: int) -> Any:
+        return self.data[row, col].item()
+
+    def get_row(self, row: int) -> np.ndarray:
+        return self.data[row].copy()
+
+    def get_rows(self, rows: Any) -> np.ndarray:
+        assert rows.dtype == np.int64 and np.all(np.diff(rows) > 0)  # unique, sorted
+        self.reads.append(rows)
+        return self.data[rows].copy()
+
+    def inc(self, row: int, col: int, delta: Any) -> None:
+        self.data[row, col] += delta
+
+    def inc_row(self, row: int, deltas: Any) -> None:
+        self.data[row] += deltas
+
+    def inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:
+        self.incs += 1
+        if cols is None:
+            np.add.at(self.data, rows, deltas)
+        else:
+            assert rows.shape == cols.shape == deltas.shape
+            np.add.at(self.data, (rows, cols), deltas)
+
+
+class InProcessClient:
+    """The client of worker ``rank`` of ``num_workers`` over the given tables (shareable between
+    clients, so workers run one after the other on one model)."""
+
+    def __init__(self, *tables: InProcessTable, rank: int = 0, num_workers: int = 1,
+                 source: str = "fake.yaml") -> None:
+        self.tables = {t.name: t for t in tables}
+        self.rank, self.num_workers = rank, num_workers
+        self.config = _Config(source)
+        self.clocks = 0
+        self.reports: list[dict[str, Any]] = []
+
+    def table(self, name: str) -> InProcessTable:
+        if name not in self.tables:
+            raise KeyError(f"no table {name!r}")
+        return self.tables[name]
+
+    def clock(self) -> None:
+        self.clocks += 1
+
+    def report(self, **fields: Any) -> dict[str, Any]:
+        rec = {"clock": self.clocks, **fields}
+        self.reports.append(rec)
+        return rec
+
+    def stats(self) -> dict[str, Any]:
+        return {"clocks": self.clocks, "reports": len(self.reports)}
+
+    @contextlib.contextmanager
+    def worker(self) -> Iterator[InProcessClient]:
+        """The stand-in has one worker: extra worker threads share its tables and clock."""
+        yield self
