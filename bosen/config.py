@@ -11,6 +11,7 @@ import collections.abc
 import dataclasses
 import hashlib
 import json
+import os
 import re
 import types
 import typing
@@ -378,7 +379,7 @@ def build(data: Mapping[str, Any], source: str = "<dict>", overrides: Any = ()) 
         raise ConfigError(f"{source}: {e}") from None
 
 
-def load(path_or_data: str | Path | Mapping[str, Any] | Config, overrides: Any = ()) -> Config:
+def load(path_or_data: str | os.PathLike[str] | Mapping[str, Any] | Config, overrides: Any = ()) -> Config:
     """Load a YAML file (or plain mapping) and apply ``key=value`` overrides."""
     if isinstance(path_or_data, Config):
         if overrides:
