@@ -32,6 +32,7 @@ import numpy as np
 
 from bosen.apps.lda.data import Corpus, generate
 from bosen.apps.lda.model import Sampler, loglikelihood
+from bosen.jobs import run_job
 
 BASELINE = "lda 3.0.2 (collapsed Gibbs, Cython)"
 
@@ -160,14 +161,8 @@ def launch_throughput(workers: int, args: dict[str, Any], V: int, K: int,
     with tempfile.TemporaryDirectory(prefix="lda-bench-") as tmp:
         cfg = Path(tmp, "lda.yaml")
         cfg.write_text(yaml.safe_dump(_lda_config(V, K, workers, args)))
-        run_dir = Path(tmp, "run")
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "bosen", "launch", str(cfg), "--workers", str(workers),
-                            "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=timeout)
-        wall = time.perf_counter() - t0
-        if p.returncode != 0:
-            raise RuntimeError(f"bosen launch failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
-        recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        job = run_job(cfg, Path(tmp, "run"), workers=workers, timeout=timeout).check()
+        wall, recs = job.seconds, job.records
     work = [r for r in recs if r.get("kind") == "worker" and "tokens" in r and "step_s" in r]
     if not work:
         raise RuntimeError("no worker records with tokens in metrics.jsonl")

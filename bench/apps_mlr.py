@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +40,7 @@ import numpy as np
 
 from bosen.apps.mlr import data as D
 from bosen.apps.mlr.model import LocalModel
+from bosen.jobs import JobRun, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "mlr.yaml"
@@ -149,11 +149,10 @@ def kernel_case(name: str, full: D.Dataset, epochs: int, batch: int, lr: float, 
 # scaling through the real system
 
 
-def _job_throughput(run_dir: Path) -> tuple[float, float, int]:
-    """(samples/s over clocks 1..T-1, final held-out accuracy, clocks) from a run's metrics.jsonl."""
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    workers = [r for r in recs if r.get("kind") == "worker"]
-    clocks = sorted((r for r in recs if r.get("kind") == "clock"), key=lambda r: r["clock"])
+def _job_throughput(job: JobRun) -> tuple[float, float, int]:
+    """(samples/s over clocks 1..T-1, final held-out accuracy, clocks) from a run's metrics."""
+    workers = job.kind("worker")
+    clocks = sorted(job.kind("clock"), key=lambda r: r["clock"])
     last = clocks[-1]["clock"]
     samples = sum(r["samples"] for r in workers if r["clock"] >= 1)
     spans = []
@@ -162,17 +161,6 @@ def _job_throughput(run_dir: Path) -> tuple[float, float, int]:
         spans.append(t[last] - t[0])
     final = clocks[-1]
     return samples / max(spans), final["heldout_correct"] / final["heldout_total"], len(clocks)
-
-
-def _launch(workers: int, sets: list[str], run_dir: Path, timeout: float) -> None:
-    cmd = [sys.executable, "-m", "bosen", "launch", str(CONFIG), "--workers", str(workers),
-           "--run-dir", str(run_dir), "--quiet", "--no-plot"]
-    for s in sets:
-        cmd += ["--set", s]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    if p.returncode != 0:
-        raise RuntimeError(f"bosen launch --workers {workers} failed ({p.returncode}):\n"
-                           f"{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
 
 
 def scaling_case(quick: bool) -> dict[str, Any]:
@@ -186,9 +174,8 @@ def scaling_case(quick: bool) -> dict[str, Any]:
     out: dict[int, tuple[float, float, int]] = {}
     with tempfile.TemporaryDirectory(prefix="bosen-mlr-bench-") as tmp:
         for w in (1, 2):
-            rd = Path(tmp) / f"w{w}"
-            _launch(w, sets, rd, timeout=600)
-            out[w] = _job_throughput(rd)
+            job = run_job(CONFIG, Path(tmp) / f"w{w}", workers=w, sets=sets, timeout=600, cwd=REPO).check()
+            out[w] = _job_throughput(job)
     (t1, a1, c1), (t2, a2, _) = out[1], out[2]
     return {"bench": "apps", "case": "mlr-scaling", "metric": "job_throughput", "unit": "samples/s",
             "ours": t2, "baseline": t1, "baseline_name": "same job, 1 worker", "ratio": t2 / t1,
