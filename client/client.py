@@ -228,6 +228,7 @@ class Client:
             self._shut_down()
 
     def _shut_down(self) -> None:
+        self._notify()  # threads waiting for rows see the client closed now, not at their next wake-up
         self._close_readers()
         self._comm.stop()
         if self._report_file is not None:
