@@ -19,21 +19,19 @@ COMM = {"enabled": True, "client_bandwidth_mbps": 100, "server_bandwidth_mbps": 
 
 def blocked_readers(client: Client, n: int, row: int) -> tuple[list[threading.Thread], list]:
     """``n`` worker threads, each at tick 1 reading ``row``: with staleness 0 and a second client
-    that never joins, each read blocks. Returns the threads and, per thread, (error, seconds
-    from the start of its read to the error)."""
+    that never joins, each read blocks. Returns the threads and, per thread, (error or None, when
+    the read ended: time.monotonic())."""
     results: list = []
 
     def read() -> None:
         with client.worker() as w:
             t = w.table("W")
             w.clock()
-            start = time.monotonic()
             try:
                 t.get_row(row)
-                results.append((None, 0.0))
+                results.append((None, time.monotonic()))
             except BaseException as e:
                 results.append((e, time.monotonic()))
-            del start
 
     threads = [threading.Thread(target=read, daemon=True) for _ in range(n)]
     for t in threads:
