@@ -73,7 +73,10 @@ def test_a_failure_is_raised_in_every_thread_not_just_the_first(bosen_cluster):
     c = bosen_cluster(1, workers=1, staleness=0, tables={"W": {"rows": 4, "cols": 2}})
     client = Client.connect(c.path, rank=0, main_worker=False)
     try:
-        client._comm.submit(lambda: (_ for _ in ()).throw(BosenError("boom")))
+        def fail() -> None:  # work handed to the communication thread that fails there
+            raise BosenError("boom")
+
+        client._comm.submit(fail)
         assert wait_until(lambda: client._comm.error is not None, timeout=5)
         errors = []
 
@@ -164,8 +167,9 @@ def test_the_process_clock_callback_runs_outside_the_clocks_lock():
     assert not t.is_alive() and clocks.clock == 1
 
 
-def test_buffer_counters_have_one_owner_each(bosen_cluster):
-    """Worker threads count their own increments; stats() adds them up, those of workers that left too."""
+def test_worker_counters_add_up_including_workers_that_left(bosen_cluster):
+    """Worker threads count their own increments; stats() adds them up, those of workers that left too
+    (here every worker has left by the time stats() is read)."""
     c = bosen_cluster(1, workers=1, staleness=4, tables={"W": {"rows": 64, "cols": 8}})
     with Client.connect(c.path, main_worker=False) as client:
         def work() -> None:

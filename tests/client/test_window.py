@@ -41,6 +41,21 @@ def inc(nbytes: int) -> tuple[dict, np.ndarray, np.ndarray]:
     return header, np.arange(rows), np.ones((rows, 128), np.int64)
 
 
+def owing_window(rows: int, clock: int) -> tuple[FlushWindow, RecordingSocket]:
+    """A window that owes its server ``rows`` rows of table 0 and then ``clock``."""
+    link, sock = make_link()
+    window = FlushWindow(link)
+    window.owe(0, np.arange(rows))
+    window.owe_clock(clock)
+    return window, sock
+
+
+def send_update(link: ServerLink, nbytes: int) -> None:
+    """An update message of ``nbytes`` of values, sent at once and counted as in flight."""
+    h, rows, vals = inc(nbytes)
+    link.sent_update(link.send(h, rows, vals))
+
+
 def test_link_numbers_counts_and_charges_every_message():
     bucket = LeakyBucket(1000)
     link, sock = make_link(bucket)
@@ -56,8 +71,7 @@ def test_link_numbers_counts_and_charges_every_message():
 def test_link_acknowledgements_are_cumulative_and_settle_bytes_in_flight():
     link, _ = make_link()
     for size in (100, 200, 300):
-        h, rows, vals = inc(size * 1024)
-        link.sent_update(link.send(h, rows, vals))
+        send_update(link, size * 1024)
     assert link.unacked == 3 and link.inflight_bytes > 0
     settled, ms = link.acked(2)  # covers messages 1 and 2
     assert settled == 2 and ms is not None and ms >= 0
@@ -100,10 +114,7 @@ def test_a_pass_holds_back_its_latest_message_and_thins_acks():
 
 
 def test_the_clock_waits_while_rows_are_due_and_goes_alone_when_nothing_is_held():
-    link, sock = make_link()
-    window = FlushWindow(link)
-    window.owe(0, np.arange(3))
-    window.owe_clock(2)
+    window, sock = owing_window(3, clock=2)
     window.start()
     window.close()
     assert sock.sent == [] and window.busy, "rows still due: no clock yet"
@@ -118,11 +129,9 @@ def test_the_window_has_room_until_its_bytes_are_in_flight():
     link, _ = make_link()
     window = FlushWindow(link, window_bytes=2 * MIB)
     assert window.has_room()
-    h, rows, vals = inc(MIB)
-    link.sent_update(link.send(h, rows, vals))
+    send_update(link, MIB)
     assert window.has_room()
-    h, rows, vals = inc(MIB)
-    link.sent_update(link.send(h, rows, vals))
+    send_update(link, MIB)
     assert not window.has_room()
     link.acked(1)
     assert window.has_room()
@@ -140,10 +149,7 @@ def test_send_outside_a_pass_and_a_second_start_are_errors():
 
 
 def test_abort_drops_the_held_message_and_everything_owed():
-    link, sock = make_link()
-    window = FlushWindow(link)
-    window.owe(0, np.arange(3))
-    window.owe_clock(1)
+    window, sock = owing_window(3, clock=1)
     window.start()
     h, rows, vals = inc(MIB)
     window.send(h, rows, vals)
