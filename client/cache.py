@@ -58,11 +58,24 @@ class RowCache:
         self.ss = np.zeros(rows, dtype=np.int64)  # the server's number of the ROWS message last applied
         self.num_servers = num_servers
         self.server_clock = np.zeros(num_servers, dtype=np.int64)  # last SCLOCK of each server
+        # rows whose value came in a budgeted (mid-clock) push since their server's last clock message
+        self.early = np.zeros(rows, dtype=bool)
 
     def raise_clock(self, server: int, clock: int) -> None:
         """A server clock message: every cached row of that server is now valid for ``clock``."""
         if clock > self.server_clock[server]:
             self.server_clock[server] = clock
+            self.early[server::self.num_servers] = False  # rows are partitioned by row % servers
+
+    def read_stats(self, rows: np.ndarray, index: slice | np.ndarray, tick: int) -> tuple[int, int]:
+        """(rows of ``rows`` holding an early-pushed value, Σ tick - their clocks) for read counters."""
+        early = int(np.count_nonzero(self.early[index]))
+        own = self.clock[index]
+        if self.num_servers == 1:
+            fresh = np.maximum(own, self.server_clock[0])
+        else:
+            fresh = np.maximum(own, self.server_clock[rows % self.num_servers])
+        return early, tick * rows.shape[0] - int(fresh.sum())
 
     def fresh_clock(self, rows: np.ndarray) -> np.ndarray:
         """The clock each row's cached value is valid for (-1: not cached)."""

@@ -33,7 +33,11 @@ HANDOVER_BYTES = 4 << 20
 POLL_SLICE_S = 0.05  # a direct read checks for close() and errors this often while it waits
 
 
-WORKER_COUNTERS = ("updates_buffered", "inc_bytes", "blocked_reads", "blocked_s")
+# rows_read: rows handed to the worker by reads; rows_read_early: of those, rows whose value came in a
+# budgeted push since their server's last clock (managed communication's mid-clock values);
+# read_staleness_sum: Σ over rows read of (worker tick - the clock the row's value is valid for)
+WORKER_COUNTERS = ("updates_buffered", "inc_bytes", "blocked_reads", "blocked_s", "rows_read", "rows_read_early",
+                   "read_staleness_sum")
 
 
 class Worker:
@@ -48,6 +52,9 @@ class Worker:
         self.inc_bytes = 0  # bytes of increments made
         self.blocked_reads = 0
         self.blocked_s = 0.0
+        self.rows_read = 0
+        self.rows_read_early = 0
+        self.read_staleness_sum = 0
 
     def counters(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in WORKER_COUNTERS}
@@ -167,6 +174,8 @@ class Client:
         w = self._worker_totals()
         s.update(rank=self.rank, clock=self._clocks.clock, blocked_s=round(w["blocked_s"], 6),
                  blocked_reads=w["blocked_reads"], updates_buffered=w["updates_buffered"],
+                 rows_read=w["rows_read"], rows_read_early=w["rows_read_early"],
+                 read_staleness_sum=w["read_staleness_sum"],
                  server_clocks=[link.server_clock for link in self._comm.links], uptime_s=round(uptime, 3))
         lat = self._comm.ack_latency
         s.update(ack_latency_ms_last=round(lat["last_ms"], 3), ack_latency_ms_max=round(lat["max_ms"], 3),
@@ -197,7 +206,7 @@ class Client:
         rec = {"rank": self.rank, "clock": self.tick if self._main else self._clocks.clock,
                "time": round(time.time() - self._t0, 6), "bytes_sent": c["bytes_sent"],
                "bytes_received": c["bytes_received"], "rows_sent": c["rows_sent"],
-               "rows_sent_budgeted": c["rows_sent_budgeted"], **fields}
+               "rows_sent_budgeted": c["rows_sent_budgeted"], **self._read_totals(), **fields}
         self.reports.append(rec)
         if self._report_file is not None:
             self._report_file.write(json.dumps(rec, default=float) + "\n")
@@ -275,6 +284,11 @@ class Client:
         for w in self._workers:
             n += w.inc_bytes
         return n
+
+    def _read_totals(self) -> dict[str, int]:
+        """Rows read so far, how many held mid-clock values and their summed staleness (all workers)."""
+        w = self._worker_totals()
+        return {k: int(w[k]) for k in ("rows_read", "rows_read_early", "read_staleness_sum")}
 
     def _worker_totals(self) -> dict[str, float]:
         with self._workers_lock:

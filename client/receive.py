@@ -90,6 +90,7 @@ def apply_rows(st: TableState, j: int, h: dict[str, Any], rows: np.ndarray, vals
             np.maximum(cache.clock[index], h["c"], out=cache.clock[index])
         else:
             cache.clock[rows] = np.maximum(cache.clock[rows], h["c"])
+    cache.early[index] = isinstance(h.get("ps"), int)  # a budgeted push: a value from mid-clock
     if st.read_my_writes:
         log_j = st.inflight[j]
         log_j.settle(h["a"])

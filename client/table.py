@@ -77,6 +77,7 @@ class Table:
         self._values = state.cache.values
         self._clock = state.cache.clock
         self._server_clock = state.cache.server_clock
+        self._early = state.cache.early
         self._servers = state.cache.num_servers
         self.name = state.name
         self.rows = state.rows
@@ -116,7 +117,13 @@ class Table:
             need = 0
         if type(row) in _FAST_INDEX and 0 <= row < self.rows:
             c = self._clock[row]  # the row's own clock, else the last server clock if it is cached
-            if c >= need or (c >= 0 and self._server_clock[row % self._servers] >= need):
+            sc = self._server_clock[row % self._servers]
+            if c >= need or (c >= 0 and sc >= need):
+                w = self._worker
+                w.rows_read += 1
+                w.read_staleness_sum += w.tick - (c if c > sc else sc)
+                if self._early[row]:
+                    w.rows_read_early += 1
                 with self._st.lock:
                     return self._values[row].copy()
         return self.get_rows(np.array([self._row(row)], dtype=np.int64))[0]
@@ -129,7 +136,12 @@ class Table:
     def get_rows(self, rows: Any) -> np.ndarray:
         """Copies of many rows as a 2-D array (one request per server for those not fresh)."""
         rows, index = self._rows_index(rows)
-        fresh = self._client._wait_fresh(self._st, rows, self._worker, index)
+        w = self._worker
+        fresh = self._client._wait_fresh(self._st, rows, w, index)
+        early, stale = self._st.cache.read_stats(rows, index, w.tick)
+        w.rows_read += rows.shape[0]
+        w.rows_read_early += early
+        w.read_staleness_sum += stale
         if fresh is not None:  # just read and not shared: no copy needed
             return fresh
         with self._st.lock:

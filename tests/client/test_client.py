@@ -690,3 +690,26 @@ def test_pieces_reused_under_pressure_carry_every_tick_exactly(bosen_cluster, mo
         assert not client._comm.flushing() and client._comm.unacked() == 0
         want = base * tri(ticks) + tri(ticks - 1)
         np.testing.assert_array_equal(W.get_rows(np.arange(rows)), want)
+
+
+def test_read_counters_count_rows_and_their_staleness(bosen_cluster):
+    """rows_read counts rows handed out; read_staleness_sum adds (tick - the row's clock) per row."""
+    c = bosen_cluster(1, 2, staleness=2, tables={"W": {"rows": 4, "cols": 2}})
+    a, b = Client.connect(c.path), Client.connect(c.path)  # b never clocks: the server stays at 0
+    try:
+        W = a.table("W")
+        W.get_rows(np.arange(4))  # tick 0, rows valid for clock 0: fresh
+        W.get_row(1)
+        s = a.stats()
+        assert (s["rows_read"], s["read_staleness_sum"], s["rows_read_early"]) == (5, 0, 0)
+        a.clock()
+        a.clock()  # tick 2 with the server's clock at 0: every row read is 2 clocks stale
+        W.get_rows(np.array([0, 2]))
+        W.get_row(3)
+        s = a.stats()
+        assert (s["rows_read"], s["read_staleness_sum"]) == (8, 3 * 2), s
+        rec = a.report(x=1)  # every report carries the totals
+        assert (rec["rows_read"], rec["read_staleness_sum"], rec["rows_read_early"]) == (8, 6, 0)
+    finally:
+        a.close()
+        b.close()

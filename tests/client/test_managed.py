@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
 
 import numpy as np
 import pytest
-from conftest import wait_until
+from conftest import wait_until, worker
 
 from bosen.client import Client
 
@@ -137,3 +138,27 @@ def test_float16_wire_halves_update_bytes_and_loses_nothing(bosen_cluster, wire)
     np.testing.assert_allclose(got, exact, atol=2e-3 if wire == "float16" else 1e-4)
     if len(FLOAT_BYTES) == 2:
         assert FLOAT_BYTES["float16"] < 0.6 * FLOAT_BYTES["float32"], FLOAT_BYTES
+
+
+@pytest.mark.parametrize("managed", [True, False], ids=["managed", "plain-ssp"])
+def test_row_pushed_mid_clock_is_read_by_the_next_mini_batch_of_the_same_clock(bosen_cluster, bosen_procs, tmp_path,
+                                                                               managed):
+    """Two worker processes in clock 0: one adds to a row in its mini-batch; the other's next
+    mini-batches read it from their cache before anyone clocks, under managed communication only."""
+    comm = {"client_bandwidth_mbps": 100, "server_bandwidth_mbps": 100} if managed else None
+    c = bosen_cluster(1, 2, staleness=2, comm=comm, tables={"W": {"rows": 8, "cols": 4}})
+    extra = [] if managed else ["--max-batches", "60"]
+    ws = [worker(bosen_procs, "minibatch_worker.py", c.path, "--role", role, "--dir", tmp_path, *extra, name=role)
+          for role in ("reader", "writer")]
+    codes = bosen_procs.wait_all(ws, timeout=60)
+    assert codes == [0, 0], "\n".join(f"{p.name} exit {p.returncode}:\n{p.tail()}" for p in ws)
+    r = json.loads((tmp_path / "result.json").read_text())
+    assert r["tick"] == 0 and r["server_clocks"] == [0], r  # nobody had clocked when it was read
+    # rows handed out: the subscribing read, one read per mini-batch, and the read that saw the value
+    assert r["rows_read"] == 8 * (1 + r["batches"] + (r["seen_at"] is not None)), r
+    if managed:
+        assert r["seen_at"] is not None and r["seen_at"] >= 1, r  # a later mini-batch of the same clock
+        assert r["rows_read_early"] >= 1, r  # counted as a value pushed mid-clock
+    else:
+        assert r["seen_at"] is None and r["batches"] == 60, r  # plain SSP: buffered until the clock
+        assert r["rows_read_early"] == 0, r
