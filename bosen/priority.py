@@ -109,3 +109,20 @@ def accumulate_coo(importance, rows, cols, deltas, base, known, relative):  # pr
             if x > 0.0:
                 d = d / x
         importance[r] += d
+
+
+@njit(nogil=True, cache=True)
+def accumulate_csr(importance, rows, indptr, cols, deltas, base, relative):  # pragma: no cover - compiled
+    """importance[rows[i]] += Σ |δ / x| over row i's entries ``indptr[i]:indptr[i+1]`` (x = base,
+    the values before the update; |δ| where x = 0 or when not relative)."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        s = 0.0
+        for k in range(indptr[i], indptr[i + 1]):
+            d = abs(float(deltas[k]))
+            if relative:
+                x = abs(float(base[r, cols[k]]))
+                if x > 0.0:
+                    d = d / x
+            s += d
+        importance[r] += s

@@ -45,6 +45,9 @@ class TableShard:
         self.policy = priority.make(comm.priority, seed=1000 + index) if comm.enabled else None
         self.importance = np.zeros(n) if self.policy is not None and self.policy.uses_importance else None
         self.relative = comm.priority == "relative"
+        # plain add (no transforming procedure): scores come from the deltas, no before/after gathers
+        self._adds = type(self.procedure) is StoredProcedure
+        self._known = np.zeros(n, dtype=np.int64)  # every row of a shard has a value (accumulate_dense)
         self.send_count = np.zeros(n, dtype=np.int32)
 
     def local_rows(self, rows: np.ndarray, what: str) -> tuple[np.ndarray, slice | np.ndarray]:
@@ -97,6 +100,16 @@ class TableShard:
 
     def _apply(self, batch: UpdateBatch, local: np.ndarray, index: slice | np.ndarray, client: int) -> int:
         if self.importance is None:
+            self.procedure.apply(self.values, local, batch, client)
+        elif self._adds and batch.values.dtype != np.float16:  # plain add: the change applied is the
+            # delta itself, scored in one pass first (numba has no float16: those take the path below)
+            if batch.indptr is not None:
+                assert batch.cols is not None
+                priority.accumulate_csr(self.importance, local, batch.indptr, batch.cols, batch.values, self.values,
+                                        self.relative)
+            else:
+                priority.accumulate_dense(self.importance, local, batch.values, self.values, self._known,
+                                          self.relative)
             self.procedure.apply(self.values, local, batch, client)
         else:  # priority from the change actually applied (|Δx|), whatever the procedure did
             before = self.values[local]

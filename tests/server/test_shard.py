@@ -65,3 +65,23 @@ def test_local_rows_come_with_their_index_a_slice_for_a_run():
         two.local_rows(np.array([3, 4], dtype=np.int64), "INC")
     with pytest.raises(ProtocolError, match="row 9 out of range"):
         s.local_rows(np.array([2, 9], dtype=np.int64), "READ")
+
+
+@pytest.mark.parametrize("update", ["add", "sgd"])
+def test_relative_scores_match_the_change_applied_for_dense_and_sparse_batches(update):
+    """Plain add scores the deltas in one pass before applying them; a transforming procedure (sgd)
+    is scored by the change it made. Either way: Σ |Δx / x_before| per row, |Δx| where x was 0."""
+    cfg = TableConfig(name="W", rows=8, cols=2, dtype="float64", update=update,
+                      update_args={"lr": 0.5} if update == "sgd" else {})
+    comm = CommConfig(enabled=True, priority="relative", client_bandwidth_mbps=10, server_bandwidth_mbps=10)
+    s = TableShard(0, cfg, Partition(1), 0, 1, procedures.load(cfg, "test.yaml"), comm)
+    s.values[:] = [[2.0, 4.0]] * 4 + [[0.0, 0.0]] * 4
+    before = s.values.copy()
+    s.apply(UpdateBatch(np.array([0, 5], dtype=np.int64), np.array([[1.0, 2.0], [3.0, -1.0]])), client=0)
+    s.apply(UpdateBatch(np.array([1, 6], dtype=np.int64), np.array([4.0, -2.0, 1.0]),  # CSR: row 1 cols 0, 1
+                        indptr=np.array([0, 2, 3], dtype=np.int64), cols=np.array([0, 1, 1], dtype=np.int64)),
+              client=0)
+    change = np.abs(s.values - before)
+    want = np.where(before != 0, change / np.where(before != 0, np.abs(before), 1), change).sum(axis=1)
+    np.testing.assert_allclose(s.importance, want)
+    assert want[[0, 1, 5, 6]].min() > 0 and want[[2, 3, 4, 7]].max() == 0
