@@ -367,7 +367,7 @@ def _draw_categorical(rows, cdf, u, out):
 
 def generate(n_docs: int = 1000, n_vocab: int = 500, n_topics: int = 10, doc_len: float = 100.0,
              alpha: float = 0.1, beta: float = 0.1, seed: int = 0) -> Corpus:
-    """Sample a corpus from the LDA generative process (thesis §7.2) with known topics.
+    """Sample a corpus from the LDA generative process (Blei, Ng and Jordan 2003) with known topics.
 
     phi_k ~ Dir(beta) over the vocabulary, theta_d ~ Dir(alpha), N_d ~ Poisson(doc_len) (at least 1),
     z ~ Cat(theta_d), w ~ Cat(phi_z). Returns the corpus with ``phi`` (K x V) and ``theta`` (D x K)

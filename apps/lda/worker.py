@@ -7,21 +7,28 @@ Tables (declared in the job's config, both int32):
 
 Doc-topic counts ``n_dk`` stay local to the worker that owns the document. Documents are split among
 workers in contiguous ranges balanced by token count; a worker's range is split again into
-``clocks_per_epoch`` slices, one per clock tick (default: one pass over the partition per tick).
+``clocks_per_epoch`` slices, one per clock tick (default: one pass over the partition per tick), and
+each slice into ``batches_per_clock`` mini-batches of documents.
 
-Per tick a worker fetches the word rows its slice needs (one ``get_rows`` call, unique sorted ids)
-plus the summary row, samples its tokens against these local copies while updating them (Bösen's
-read-my-writes, thesis §7.2: "the new statistics are used for sampling the next topic"), then sends
-the net count changes as sparse COO increments and clocks.
+Per mini-batch the worker reads the word rows it needs (one ``get_rows``, unique sorted ids) and the
+summary row from the client's cache, samples the mini-batch's tokens against those copies while
+updating them (each draw sees the counts the previous ones left, as collapsed Gibbs sampling wants),
+and sends the net count changes as sparse COO increments at once. So a row that managed
+communication refreshed while the tick runs is sampled against by the next mini-batch, and this
+worker's changes can leave under the bandwidth budget before the tick ends (docs/design.md,
+"Apps on the live cache", says why mini-batches rather than kernels on views of the cache).
 
-Log-likelihood, reported as ``objective`` each tick (additive over workers, the launcher sums):
+Log-likelihood, reported as ``objective`` every ``ll_every`` ticks (additive over workers, the
+launcher sums):
 
 * doc part ``Σ_d lgamma(Kα) - lgamma(N_d+Kα) + Σ_k lgamma(n_dk+α) - lgamma(α)``: each worker, over
   its own documents (exact: doc-topic counts are local).
 * word part ``Σ_{w,k} lgamma(n_wk+β) - lgamma(β)``: each worker over the words it *owns* for this
-  purpose (``w % num_workers == rank``), from the rows it fetched this tick plus its own updates, so
-  the word part lags the truth by at most the staleness bound.
+  purpose (``w % num_workers == rank``), read from its cache at the end of the tick (its own updates
+  included), so the word part lags the truth by at most the staleness bound.
 * topic part ``Σ_k lgamma(Vβ) - lgamma(n_k+Vβ)``: rank 0 only.
+
+Each report also has ``compute_s`` (sampling) and ``comm_s`` (reads, sends and the previous clock).
 
 After the last tick all workers clock ``staleness`` more times, so rank 0 can then read the complete
 table; it reports the exact final log-likelihood (``final_loglik``), writes top words per topic to
@@ -60,6 +67,7 @@ class LDAArgs:
     beta: float = 0.1                  # topic-word Dirichlet prior (thesis: 0.1)
     iterations: int = 20               # passes over the data (epochs)
     clocks_per_epoch: int = 1          # clock ticks per pass: work per tick = 1/clocks_per_epoch pass
+    batches_per_clock: int = 8         # mini-batches of documents per tick, each read from the live cache
     sampler: Literal["auto", "dense", "mh"] = "auto"
     dense_max_k: int = 64              # auto: exact dense Gibbs below this K, LightLDA MH at or above
     mh_steps: int = 4                  # MH steps per token (alternating word / doc proposals)
@@ -76,7 +84,7 @@ class LDAArgs:
     save_model: bool = True            # rank 0 writes word_topic.npy to $BOSEN_RUN_DIR
 
     def __post_init__(self) -> None:
-        for name in ("K", "iterations", "clocks_per_epoch", "mh_steps", "ll_every", "top_words",
+        for name in ("K", "iterations", "clocks_per_epoch", "batches_per_clock", "mh_steps", "ll_every", "top_words",
                      "synth_docs", "dense_max_k"):
             check(getattr(self, name) >= 1, f"{name}: must be >= 1")
         check(self.synth_vocab >= 2, "synth_vocab: must be >= 2")
@@ -135,19 +143,23 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     part = corpus.subset(lo, hi)
     sampler = Sampler(part, a.K, a.alpha, a.beta, V, a.method(), a.mh_steps, a.seed * 7919 + rank + 1)
 
-    # slices (one per tick within an epoch) and their word sets
-    m = a.clocks_per_epoch
+    # the mini-batches of each tick (documents balanced by tokens) and their word sets, made once
+    m, b = a.clocks_per_epoch, a.batches_per_clock
     ptr = sampler.doc_ptr
-    cuts = [part.doc_range(i, m) for i in range(m)] if part.n_docs else [(0, 0)] * m
     owned = np.arange(rank, V, P, dtype=np.int64)
-    words_local = np.empty(part.n_tokens, dtype=np.int32)
-    slices = []
-    for d0, d1 in cuts:
-        t0, t1 = int(ptr[d0]), int(ptr[d1])
-        U = np.unique(part.words[t0:t1]).astype(np.int64)
-        words_local[t0:t1] = np.searchsorted(U, part.words[t0:t1])
-        U_all = np.union1d(U, owned)
-        slices.append((d0, d1, t1 - t0, U, U_all, np.searchsorted(U_all, U), (U_all % P) == rank))
+    words_local = np.empty(part.n_tokens, dtype=np.int32)  # each token's row in its batch's read
+    ticks: list[list[tuple[int, int, np.ndarray]]] = []
+    for i in range(m):
+        d0, d1 = part.doc_range(i, m) if part.n_docs else (0, 0)
+        batches = []
+        for j in range(b):
+            s0, s1 = part.subset(d0, d1).doc_range(j, b) if d1 > d0 else (0, 0)
+            lo, hi = d0 + s0, d0 + s1
+            k0, k1 = int(ptr[lo]), int(ptr[hi])
+            U = np.unique(part.words[k0:k1]).astype(np.int64)
+            words_local[k0:k1] = np.searchsorted(U, part.words[k0:k1])
+            batches.append((lo, hi, U))
+        ticks.append(batches)
 
     # initial counts, then (optionally) wait until everyone's are visible
     w, k, n = sampler.word_topic_coo()
@@ -160,37 +172,34 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
 
     zero = np.zeros(1, dtype=np.int64)
     T = a.iterations * m
+    clock_wait = 0.0  # time in the previous clock() call: counted in the next report
     for c in range(T):
-        d0, d1, ntok, U, U_all, pos, owned_mask = slices[c % m]
         do_ll = (c + 1) % a.ll_every == 0 or c == T - 1
-        t_start = time.perf_counter()
-        fetched = wt.get_rows(U_all if do_ll else U)
-        nk = np.array(ts.get_rows(zero)[0], dtype=np.int32)
-        t_fetch = time.perf_counter()
-        cur = np.ascontiguousarray(fetched[pos] if do_ll else fetched, dtype=np.int32)
-        snap = cur.copy()
-        nk_snap = nk.copy()
-        st = sampler.sweep(cur, nk, words_local, d0, d1, snap, nk_snap)
-        # net changes as sparse COO (most entries of a dense delta are zero)
-        delta = cur - snap
-        r, kk = np.nonzero(delta)
-        if r.size:
-            wt.inc_rows(U[r], delta[r, kk], cols=kk.astype(np.int64))
-        dn = nk - nk_snap
-        if dn.any():
-            ts.inc_rows(zero, dn[None, :].astype(ts.dtype))
-        rec: dict[str, float] = {"tokens": ntok, "fetch_s": t_fetch - t_start, **st}
+        rec: dict[str, float] = {"tokens": 0.0, "compute_s": 0.0, "comm_s": clock_wait}
+        for lo, hi, U in ticks[c % m]:
+            if hi <= lo:
+                continue
+            st = _minibatch(sampler, wt, ts, U, words_local, lo, hi, zero)
+            for key, v in st.items():
+                rec[key] = rec.get(key, 0.0) + v
+            rec["tokens"] += float(ptr[hi] - ptr[lo])
         if do_ll:
-            fetched = np.asarray(fetched, dtype=np.int32)
-            fetched[pos] = cur
+            t0 = time.perf_counter()
+            # the rows this worker scores, as its cache has them now (its own updates included)
+            mine = np.asarray(wt.get_rows(owned), dtype=np.int32) if owned.size else np.zeros((0, a.K), np.int32)
+            nk = np.asarray(ts.get_rows(zero)[0], dtype=np.int32)
+            t1 = time.perf_counter()
             ll_doc = sampler.loglik_docs()
-            ll_word = float(K_.loglik_words(fetched, a.beta, owned_mask))
+            ll_word = float(K_.loglik_words(mine, a.beta, np.ones(mine.shape[0], dtype=np.bool_)))
             if rank == 0:
                 ll_word += float(K_.loglik_summary(nk, V, a.beta))
             rec.update(objective=ll_doc + ll_word, ll_doc=ll_doc, ll_word=ll_word)
-        rec["step_s"] = time.perf_counter() - t_start
+            rec["comm_s"] += t1 - t0
+            rec["ll_s"] = time.perf_counter() - t1
         client.report(**rec)
+        t2 = time.perf_counter()
         client.clock()
+        clock_wait = time.perf_counter() - t2
 
     # closing barrier: after `staleness` more ticks every training update is readable
     for _ in range(stale_bound):
@@ -214,3 +223,25 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         if neg:
             print(f"lda: {neg} negative word-topic counts in the final table", file=sys.stderr)
     client.report(final_loglik=final)
+
+
+def _minibatch(sampler: Sampler, wt: PSTable, ts: PSTable, U: np.ndarray, words_local: np.ndarray, lo: int,
+               hi: int, zero: np.ndarray) -> dict[str, float]:
+    """Documents [lo, hi): read their word rows and the summary from the cache, sample, send the change."""
+    t0 = time.perf_counter()
+    cur = np.ascontiguousarray(wt.get_rows(U), dtype=np.int32)
+    nk = np.array(ts.get_rows(zero)[0], dtype=np.int32)
+    t1 = time.perf_counter()
+    snap = cur.copy()
+    nk_snap = nk.copy()
+    st = sampler.sweep(cur, nk, words_local, lo, hi, snap, nk_snap)
+    t2 = time.perf_counter()
+    delta = cur - snap  # net changes as sparse COO: most entries of a dense delta are zero
+    r, kk = np.nonzero(delta)
+    if r.size:
+        wt.inc_rows(U[r], delta[r, kk], cols=kk.astype(np.int64))
+    dn = nk - nk_snap
+    if dn.any():
+        ts.inc_rows(zero, dn[None, :].astype(ts.dtype))
+    t3 = time.perf_counter()
+    return {**st, "compute_s": t2 - t1, "comm_s": (t1 - t0) + (t3 - t2)}

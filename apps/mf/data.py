@@ -180,7 +180,7 @@ def partition(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, rank: i
               num_workers: int, seed: int = 0) -> Triples:
     """The ratings worker ``rank`` of ``num_workers`` trains on: all ratings of a set of users.
 
-    Partitioning by user (as Bösen's MF does, thesis L1040) makes every L row private to one
+    Partitioning by user (as Bösen's MF does: ratings are split among workers by user) makes every L row private to one
     worker, so only R rows see concurrent updates under SSP and each worker fetches just its own L
     rows. To keep work even despite power-law degrees, users are shuffled (fixed ``seed``, so all
     workers agree) and cut where the cumulative rating count crosses multiples of nnz/num_workers;

@@ -1,12 +1,14 @@
 """SGD matrix factorization worker: ratings r ≈ L_u · R_i with L and R living in the parameter server.
 
 Each worker keeps the ratings of its users (see data.partition), cut into fixed batches
-(model.batches). Per batch it fetches the L rows of the batch's users and the R rows of its items
-(one get_rows per table), measures the exact loss at those values, runs one numba SGD pass on
-local copies and sends ``new - old`` back with inc_rows. One clock is one pass over the local data
-by default (the thesis' setting); with ``clocks_per_epoch = k`` each pass is split into k fixed
-chunks, one clock each (Bösen's "BS-k"), and ``batches_per_clock = b`` splits a clock's chunk into b
-batches, each re-reading its rows from the cache.
+(model.batches). One clock is one pass over the local data by default (the thesis' setting); with
+``clocks_per_epoch = k`` each pass is split into k fixed chunks, one clock each (Bösen's "BS-k"), and
+``batches_per_clock = b`` (default 10) splits a clock's chunk into b mini-batches. Per mini-batch
+the worker reads the L rows of its users and the R rows of its items from the client's cache (one
+get_rows per table: rows managed communication refreshed mid-clock are seen), measures the exact
+loss at those values, runs one numba SGD pass on the copies and sends ``new - old`` with inc_rows at
+once, so it can leave under the budget before the tick ends (docs/design.md,
+"Apps on the live cache").
 
 ``send: gradient`` is for tables whose stored procedure takes the step on the server (``update:
 sgd | adagrad | adarevision``): per batch the worker computes the gradient of the loss at the
@@ -48,7 +50,7 @@ class MFArgs:
     reg: float = 0.02
     epochs: int = 25
     clocks_per_epoch: int = 1
-    batches_per_clock: int = 1  # mini-batches per clock, each re-reading its rows from the cache
+    batches_per_clock: int = 10  # mini-batches per clock, each reading its rows from the live cache
     seed: int = 0  # shuffling order (mixed with the worker's rank)
     send: str = "auto"  # "delta" (local SGD, new - old), "gradient" (raw gradients), "auto"
 

@@ -6,14 +6,13 @@ all K rows (dense access, as Bösen's MLR does) and sends a dense K x (F+1) delt
 
 One clock = 1 / ``clocks_per_epoch`` of a pass over this worker's partition (default: a whole pass,
 Bösen's setting: "1 logical clock tick to be 1 pass through the worker's local data partition").
-Within a clock the worker follows Bösen's local buffering: it reads the table once at the start of
-the clock into a local copy, runs its minibatches on that copy (seeing its own updates at once),
-and sends the accumulated delta (new copy - copy read) with one ``inc_rows`` before ``clock()``.
-Reading per minibatch would cost a K x (F+1) copy and a round of client-library calls per step,
-which outweighs the step itself for small minibatches; one read per clock is what SSP's staleness
-bound is about anyway. ``sync_every = n`` sends the delta and re-reads the table every n minibatches
-instead, so other workers' updates (pushed early under managed communication) reach this worker
-within a clock: the knob the convergence benchmarks turn.
+Within a clock the worker cuts its minibatches into ``batches_per_clock`` pieces. Each piece reads
+the table from the client's cache into the local model (rows that managed communication refreshed
+since the last piece included), runs its minibatches on that copy (seeing its own updates at once)
+and sends the accumulated delta (new copy - copy read) with one ``inc_rows``, so it can leave under
+the bandwidth budget before the tick ends (docs/design.md, "Apps on the live cache"). Reading per
+minibatch would cost a K x (F+1) copy and a round of client-library calls per step, which outweighs
+the step itself for small minibatches; a few pieces per clock keep that cost small.
 
 Data parallelism follows Bösen: the training set is split evenly across workers, each sample is used
 once per pass whatever the number of workers, and each worker's deltas add up in the table.
@@ -78,7 +77,7 @@ class MLRArgs:
     reg: float = 1e-4  # L2 on the weights (not the biases)
     epochs: int = 10
     clocks_per_epoch: int = 1
-    sync_every: int = 0  # minibatches between delta send + re-read within a clock; 0 = once a clock
+    batches_per_clock: int = 4  # pieces of a clock's minibatches; each reads the table and sends its delta
     holdout: float = 0.2
     eval_every: int = 1  # clocks between held-out evaluations on rank 0 (the last clock always); 0 = never
     seed: int = 0
@@ -93,7 +92,7 @@ class MLRArgs:
         check(self.lr * self.reg < 1, "reg: lr * reg must be < 1 (each step scales the weights by 1 - lr * reg)")
         check(self.epochs >= 1, "epochs: must be >= 1")
         check(self.clocks_per_epoch >= 1, "clocks_per_epoch: must be >= 1")
-        check(self.sync_every >= 0, "sync_every: must be >= 0")
+        check(self.batches_per_clock >= 1, "batches_per_clock: must be >= 1")
         check(0 <= self.holdout < 1, "holdout: must be in [0, 1)")
         check(self.eval_every >= 0, "eval_every: must be >= 0")
         if self.classes is not None:
@@ -174,7 +173,6 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     rng = np.random.default_rng([a.seed, rank])
     cpe = a.clocks_per_epoch
     bounds = np.linspace(0, mine.n, cpe + 1).round().astype(np.int64)
-    step = a.sync_every * a.batch_size
     total = a.epochs * cpe
     order = np.arange(mine.n, dtype=np.int64)
     clock_wait = 0.0  # time in the previous clock() call: counted in the next report
@@ -188,23 +186,22 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         compute_s, comm_s = 0.0, clock_wait
         loss = 0.0
 
-        t0 = time.perf_counter()
-        w0 = np.asarray(T.get_rows(rows), dtype=np.float32)
-        t1 = time.perf_counter()
-        comm_s += t1 - t0
-        model.load(w0)
-        pieces = [seg] if step == 0 else [seg[i:i + step] for i in range(0, len(seg), step)] or [seg]
-        for k, piece in enumerate(pieces):
+        # the clock's minibatches in batches_per_clock pieces; each reads the table from the cache
+        nb = -(-len(seg) // a.batch_size)
+        cuts = np.linspace(0, nb, a.batches_per_clock + 1).round().astype(np.int64) * a.batch_size
+        for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
+            piece = seg[lo:hi]
+            if piece.shape[0] == 0:
+                continue
+            t0 = time.perf_counter()
+            w0 = np.asarray(T.get_rows(rows), dtype=np.float32)
+            model.load(w0)
             t1 = time.perf_counter()
             loss += model.train(mine, piece, a.batch_size, lr, a.reg)
             t2 = time.perf_counter()
+            T.inc_rows(rows, (model.table() - w0).astype(T.dtype, copy=False))
             compute_s += t2 - t1
-            w1 = model.table()
-            T.inc_rows(rows, (w1 - w0).astype(T.dtype, copy=False))
-            if k + 1 < len(pieces):  # mid-clock sync: pick up what other workers sent so far
-                w0 = np.asarray(T.get_rows(rows), dtype=np.float32)
-                model.load(w0)
-            comm_s += time.perf_counter() - t2
+            comm_s += (t1 - t0) + (time.perf_counter() - t2)
 
         fields: dict[str, float] = {}
         last = c == total - 1

@@ -376,17 +376,19 @@ SYN = {"data": "synthetic", "K": 10, "synth_topics": 8, "synth_docs": 1000, "syn
        "top_words": 5}
 
 
-def test_train_in_process(tmp_path, monkeypatch):
+@pytest.mark.parametrize("batches", [1, 4])
+def test_train_in_process(tmp_path, monkeypatch, batches):
     monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
     c = _client(300, 10)
-    train(c, {**SYN, "iterations": 30, "clocks_per_epoch": 2, "ll_every": 2})
+    train(c, {**SYN, "iterations": 30, "clocks_per_epoch": 2, "ll_every": 2, "batches_per_clock": batches})
     wt = c.tables["word_topic"].data
     corpus = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
     # barriers: 1 + staleness ticks before training, staleness after
     assert c.clocks == 1 + 2 + 60 + 2
     work = [r for r in c.reports if "tokens" in r]
     assert len(work) == 60 and sum(r["tokens"] for r in work[:2]) == corpus.n_tokens
-    assert len(c.tables["word_topic"].reads) == 60 + 1  # one get_rows per tick + the final read
+    # one get_rows per mini-batch, one per scored tick (its owned rows), the final read
+    assert len(c.tables["word_topic"].reads) == 60 * batches + 30 + 1
     ll = [r["objective"] for r in work if "objective" in r]
     assert len(ll) == 30 and ll[-1] > ll[0]
     assert wt.min() >= 0 and wt.sum() == corpus.n_tokens
@@ -441,8 +443,8 @@ def test_args_method_choice():
 # end to end through `bosen launch` (2 workers, SSP staleness 2)
 
 
-def _launch(tmp_path: Path, V: int, K: int, args: dict,
-            timeout: float = 60) -> tuple[subprocess.CompletedProcess, Path]:
+def _launch(tmp_path: Path, V: int, K: int, args: dict, timeout: float = 60,
+            comm: dict | None = None) -> tuple[subprocess.CompletedProcess, Path]:
     cfg = {
         "cluster": {"servers": ["127.0.0.1:0"], "workers": 2},
         "consistency": {"staleness": 2},
@@ -450,6 +452,8 @@ def _launch(tmp_path: Path, V: int, K: int, args: dict,
                    "topic_summary": {"rows": 1, "cols": K, "dtype": "int32"}},
         "app": {"module": "bosen.apps.lda", "args": args},
     }
+    if comm:
+        cfg["comm"] = comm
     path = tmp_path / "lda.yaml"
     path.write_text(json.dumps(cfg))  # JSON is YAML
     run_dir = tmp_path / "run"
@@ -489,6 +493,24 @@ def test_e2e_two_workers_ssp_recovers_planted_topics(tmp_path):
     best6 = np.sort(dist)[:6]
     assert best6.max() < 0.25 and best6.mean() < 0.15, f"Hellinger per planted topic {np.round(dist, 3)}"
     assert (run_dir / "topics.txt").read_text().startswith("topic   0")
+
+
+@pytest.mark.timeout(90)
+def test_e2e_managed_comm_mini_batches_read_mid_clock_values_and_keep_counts_exact(tmp_path):
+    """Mini-batches on the live cache under managed communication: reads see rows pushed mid-clock,
+    and the table still ends with exactly the corpus' counts."""
+    p, run_dir = _launch(tmp_path, 300, 10, {**SYN, "iterations": 10, "batches_per_clock": 8},
+                         comm={"client_bandwidth_mbps": 50, "server_bandwidth_mbps": 50, "priority": "relative"})
+    assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    corpus = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
+    clocks = _clocks(run_dir)
+    work = [c for c in clocks if "tokens" in c]
+    assert len(work) == 10 and all(c["tokens"] == corpus.n_tokens for c in work)
+    assert work[-1]["objective"] > work[0]["objective"]
+    assert work[-1]["rows_read_early"] > 0 and work[-1]["rows_sent_budgeted"] > 0, work[-1]
+    wt = np.load(run_dir / "word_topic.npy")
+    assert wt.min() >= 0 and wt.sum() == corpus.n_tokens
+    np.testing.assert_array_equal(wt.sum(axis=1), np.bincount(corpus.words, minlength=300))
 
 
 @pytest.mark.timeout(90)

@@ -174,15 +174,17 @@ def _client(shapes: dict[str, tuple[int, int]], dtype: str = "float32") -> InPro
 ARGS = {"nnz": 6000, "epochs": 8, "lr": 0.08, "reg": 0.02, "noise": 0.05}
 
 
-def test_train_in_process_converges_and_reports_each_clock():
+@pytest.mark.parametrize("batches", [1, 3])
+def test_train_in_process_converges_and_reports_each_clock(batches):
     c = _client({"L": (400, 8), "R": (100, 8)})
-    train(c, {**ARGS, "clocks_per_epoch": 2})
+    train(c, {**ARGS, "clocks_per_epoch": 2, "batches_per_clock": batches})
     assert c.clocks == 16 and len(c.reports) == 16
     assert all(r["samples"] > 0 and r["seconds"] >= 0 for r in c.reports)
     assert sum(r["samples"] for r in c.reports[:2]) == 6000  # two chunks cover the data once
     epoch = [c.reports[k]["objective"] + c.reports[k + 1]["objective"] for k in range(0, 16, 2)]
     assert epoch[-1] < 0.3 * epoch[0]
-    assert len(c.tables["L"].reads) == 16 and len(c.tables["R"].reads) == 16  # one get_rows per table/clock
+    # one get_rows per table and mini-batch
+    assert len(c.tables["L"].reads) == 16 * batches and len(c.tables["R"].reads) == 16 * batches
 
 
 @pytest.mark.parametrize("shapes, args, match", [

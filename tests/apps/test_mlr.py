@@ -259,7 +259,7 @@ def _acc(r: dict) -> float:
 
 def test_train_in_process_digits_converges_and_reports_each_clock():
     c = _client()
-    train(c, {"data": "digits", "epochs": 6, "clocks_per_epoch": 2})
+    train(c, {"data": "digits", "epochs": 6, "clocks_per_epoch": 2, "batches_per_clock": 1})
     assert c.clocks == 12 and len(c.reports) == 12
     assert sum(r["samples"] for r in c.reports[:2]) == 1438  # two clocks cover the partition once
     assert len(c.tables["W"].reads) == 12 and c.tables["W"].incs == 12  # one read and one delta per clock
@@ -269,12 +269,12 @@ def test_train_in_process_digits_converges_and_reports_each_clock():
     assert c.reports[0]["lr"] == 0.5 and c.reports[2]["lr"] == pytest.approx(0.5 / 1.1)
 
 
-def test_train_sync_every_and_two_sequential_workers_share_the_table():
+def test_train_batches_per_clock_and_two_sequential_workers_share_the_table():
     t = InProcessTable("W", 10, 65)
     a, b = _client(table=t, rank=0, workers=2), _client(table=t, rank=1, workers=2)
-    args = {"data": "digits", "epochs": 1, "batch_size": 16, "sync_every": 5, "eval_every": 0}
+    args = {"data": "digits", "epochs": 1, "batch_size": 16, "batches_per_clock": 9, "eval_every": 0}
     train(a, args)
-    assert len(t.reads) == 9 and t.incs == 9  # 719 samples in pieces of 5 * 16: 9 deltas, 1 + 8 reads
+    assert len(t.reads) == 9 and t.incs == 9  # 719 samples = 45 minibatches of 16, in 9 pieces of 5
     train(b, args)  # starts from rank 0's model: its deltas add to the table
     assert a.reports[0]["samples"] + b.reports[0]["samples"] == 1438
     assert "heldout_correct" not in a.reports[0] and "lr" in a.reports[0] and "lr" not in b.reports[0]
@@ -365,7 +365,7 @@ def test_e2e_digits_two_workers_staleness_2_reaches_90_percent(tmp_path):
 
 
 def test_e2e_managed_comm_with_mid_clock_syncs(tmp_path):
-    p = _launch(tmp_path, "comm.enabled=true", "comm.client_bandwidth_mbps=50", "app.args.sync_every=4",
+    p = _launch(tmp_path, "comm.enabled=true", "comm.client_bandwidth_mbps=50", "app.args.batches_per_clock=4",
                 "app.args.epochs=8", "app.args.clocks_per_epoch=2", "consistency.staleness=1")
     assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     clocks = _clocks(tmp_path)
