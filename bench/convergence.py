@@ -1,16 +1,30 @@
-"""Convergence benchmark (docs/design.md, "Benchmarks"): the Bösen evaluation in miniature, run as real jobs.
+"""Convergence benchmark (docs/evaluation.md): the Bösen evaluation in miniature, run as real jobs.
 
-    python bench/convergence.py [--scenario adarev|managed|all] [--quick] [--out bench/out]
+    python bench/convergence.py [--scenario lda|mf|mlr|adarev|all] [--quick] [--out bench/out]
+                                [--workers 4,8] [--seeds 0,1,2] [--budgets 4,16] [--ks 2,4,8]
+                                [--link-mbit N]
 
 Every job is ``python -m bosen launch CONFIG --set ...`` (servers and workers as processes, run by
-``bosen.jobs.run_job``); the bench reads ``RUN_DIR/metrics.jsonl`` (per-clock objective summed over
-workers) and turns it into a per-epoch curve: epoch e's loss is the sum of its clocks' objectives
-(the running training loss).
-Each result is one JSON line on stdout (progress on stderr) with ``bench="convergence"``, ``case``,
-``metric``, ``unit``, ``ours`` and, where a baseline ran in the same invocation, ``baseline``,
-``baseline_name`` and ``ratio`` (> 1 means ours is better); a plot per scenario goes to ``--out``.
+``bosen.jobs.run_job``); the bench reads ``RUN_DIR/metrics.jsonl`` (per-clock records summed over
+workers) and turns them into per-epoch curves (bench/curves.py): the objective, seconds since the
+launch and bytes the clients sent and received. Each result is one JSON line on stdout (progress on
+stderr) with ``bench="convergence"``, ``case``, ``metric``, ``unit``, ``ours`` and, against a
+baseline of the same run, ``baseline``, ``baseline_name`` and ``ratio`` (> 1 means ours is better);
+figures go to ``--out`` (bench/figures.py).
 
-Scenarios (add one by writing ``def scenario_NAME(args) -> None`` and listing it in SCENARIOS):
+lda, mf, mlr -- thesis §3.3 in miniature, per app at P = 4 and 8 worker processes and three seeds:
+    BS (bounded staleness s = 2, one clock per pass, no managed communication); MC-X-R and MC-X-RM
+    (managed communication at X Mbps per node: X per client, the servers together as much as the
+    clients together; random and relative-magnitude priority); at the
+    largest P also BS-k (k clocks per pass, s = 2k: the same bound of two passes) and BS/b1 (one
+    mini-batch per clock: the apps as they read before the live cache, the overhead reference).
+    Every mode has the same data, seeds, step sizes and mini-batches per pass. The target of a seed
+    and P is the best BS reaches in 75% of its epochs (``--target-frac``); each run reports epochs,
+    seconds and bytes to it (``epochs + 1`` and ``reached: false`` if never), time and bytes per
+    epoch, how much of its budget it used, the share of rows read that held a value pushed mid-clock
+    and the mean staleness of the rows read. Per mode the medians over seeds (and min/max epochs),
+    then one line per goal of the evaluation with ``met``. ``--link-mbit N`` runs it all inside a
+    network namespace whose loopback is shaped to N Mbit/s (bench/shaped_link.py).
 
 adarev -- thesis §3.2.3 / Fig 3.3 in miniature: SGD matrix factorization (apps/mf, synthetic
     Netflix-shaped ratings, 2 servers, 2 workers, staleness 2) with AdaRevision on the servers
@@ -20,28 +34,30 @@ adarev -- thesis §3.2.3 / Fig 3.3 in miniature: SGD matrix factorization (apps/
     at initial steps spanning 5x. Per run: epochs (and seconds) until the epoch loss first reaches
     the target (default 2.5 x the noise floor nnz * noise^2; --quick: 5 x, smaller data). Summary
     lines: AdaRevision's worst and best alpha against the best decay schedule (ratio = decay epochs /
-    AdaRevision epochs; the thesis saw 2x), and sensitivity (max/min epochs over the step sizes of each method; ratio =
-    decay's spread / AdaRevision's). A run that never reaches the target counts as ``epochs + 1``
-    (a lower bound) and says ``reached: false``.
-
-managed -- BS vs MC-X-R vs MC-X-RM (thesis Fig 3.4/3.6 in miniature): MF from configs/mf.yaml with 10
-    mini-batches per clock (each re-reads its rows from the cache), plain bounded staleness against
-    managed communication at per-process budgets X with random (R) and relative-magnitude (RM)
-    priority; 4 workers, lr 0.02. Target = the best loss BS reaches; ratio = BS epochs / MC epochs.
+    AdaRevision epochs; the thesis saw 2x), and sensitivity (max/min epochs over the step sizes of
+    each method; ratio = decay's spread / AdaRevision's). A run that never reaches the target counts
+    as ``epochs + 1`` (a lower bound) and says ``reached: false``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import shaped_link  # noqa: E402
 from common import emit, log  # noqa: E402
+from curves import Aggregate, Run, read_run  # noqa: E402
+from figures import app_figure, send_count_figure  # noqa: E402
 
 from bosen.jobs import run_job  # noqa: E402
 
@@ -54,48 +70,15 @@ BENCH = "convergence"
 # running jobs
 
 
-@dataclass
-class Run:
-    """One finished job: its name, per-epoch loss and end time, and the servers' final stats."""
-
-    name: str
-    losses: list[float]
-    times: list[float]
-    seconds: float
-    servers: list[dict[str, Any]] = field(default_factory=list)
-    settings: dict[str, Any] = field(default_factory=dict)
-    failure: str | None = None  # the job stopped early (e.g. SGD diverged: non-finite deltas)
-
-    def epochs_to(self, target: float) -> int | None:
-        """1-based index of the first epoch whose loss is <= target (None: never)."""
-        for e, loss in enumerate(self.losses):
-            if loss <= target:
-                return e + 1
-        return None
-
-    def seconds_to(self, target: float) -> float | None:
-        e = self.epochs_to(target)
-        return None if e is None else self.times[e - 1]
-
-
-def launch(name: str, config: Path, sets: dict[str, Any], clocks_per_epoch: int, work: Path,
-           timeout: float) -> Run:
-    """Run one job with ``bosen launch`` and return its per-epoch curve."""
+def launch(name: str, config: Path, sets: dict[str, Any], clocks_per_epoch: int, work: Path, timeout: float, *,
+           seed: int = 0, workers: int = 0, aggregate: Aggregate = "sum", maximize: bool = False) -> Run:
+    """Run one job with ``bosen launch`` and return its per-epoch curves."""
     log(f"[{BENCH}] {name}: {config.name} {' '.join(f'{k}={v}' for k, v in sets.items())}")
-    job = run_job(config, work / name, sets=sets, timeout=timeout, cwd=REPO)
-    failure = None
-    if not job.ok:
-        lines = [x.strip() for x in job.output().splitlines() if x.strip()]
-        failure = next((x for x in reversed(lines) if x.startswith("worker")), lines[-1] if lines else "?")
-        log(f"[{BENCH}] {name}: job failed ({job.returncode}): {failure}")
-    clocks = sorted(job.kind("clock"), key=lambda x: x["clock"])
-    n = len(clocks) // clocks_per_epoch
-    losses = [sum(c["objective"] for c in clocks[e * clocks_per_epoch:(e + 1) * clocks_per_epoch]) for e in range(n)]
-    times = [max(c["time"] for c in clocks[e * clocks_per_epoch:(e + 1) * clocks_per_epoch]) for e in range(n)]
-    if failure is None and n == 0:
-        failure = "no complete epoch"
-    run = Run(name, losses, times, job.seconds, job.kind("server"), dict(sets), failure)
-    log(f"[{BENCH}] {name}: {run.seconds:.1f}s, epoch losses {[round(x) for x in losses]}")
+    job = run_job(config, work / f"{name}-s{seed}-p{workers}", sets=sets, timeout=timeout, cwd=REPO)
+    run = read_run(job, name, seed, workers, clocks_per_epoch, aggregate, maximize, sets)
+    if run.failure:
+        log(f"[{BENCH}] {name}: job failed ({job.returncode}): {run.failure}")
+    log(f"[{BENCH}] {name}: {run.seconds:.1f}s, per epoch {[float(f'{x:.4g}') for x in run.objective]}")
     return run
 
 
@@ -110,7 +93,7 @@ def plot(path: Path, title: str, target: float, groups: Sequence[tuple[str, Sequ
     styles = ["-", "--", ":", "-."]
     for (label, runs), style in zip(groups, styles, strict=False):
         for run in runs:
-            ax.plot(range(1, len(run.losses) + 1), run.losses, style, marker=".",
+            ax.plot(range(1, len(run.objective) + 1), run.objective, style, marker=".",
                     label=f"{label} {run.name}{' (stopped: diverged)' if run.failure else ''}")
     ax.axhline(target, color="gray", lw=0.8, label="target")
     ax.set_yscale("log")
@@ -180,7 +163,7 @@ def scenario_adarev(args: argparse.Namespace) -> None:
             if run.failure:
                 extra["failed"] = run.failure
             emit(**base, case=f"mf/{method}/{run.name}", metric="epochs_to_target", unit="epochs", ours=e,
-                 reached=reached, seconds_to_target=s, final_loss=run.losses[-1] if run.losses else None,
+                 reached=reached, seconds_to_target=s, final_loss=run.objective[-1] if run.objective else None,
                  seconds_per_epoch=run.times[-1] / len(run.times) if run.times else None, **extra)
     ea = {run.name: _epochs_or_bound(run, target) for run in ada}
     es = {run.name: _epochs_or_bound(run, target) for run in sgd}
@@ -208,81 +191,306 @@ def scenario_adarev(args: argparse.Namespace) -> None:
          [("adarevision", ada), ("sgd-decay", sgd)])
 
 
-def scenario_managed(args: argparse.Namespace) -> None:
-    """BS vs MC-X-R vs MC-X-RM on MF (configs/mf.yaml, same data, seed and step sizes).
+# ----------------------------------------------------------------------------------------------
+# the evaluation: BS against MC-X-R / MC-X-RM and BS-k, per app (thesis §3.3 in miniature)
 
-    Workers run ``batches_per_clock`` mini-batches per clock and re-read their rows from the cache
-    before each, so values that managed communication delivers early are used within the clock.
-    The target is the best loss BS reaches in its run ("the same training loss"); each MC run reports
-    epochs and seconds to it, ratio = BS epochs / MC epochs (> 1: fewer epochs)."""
-    if args.quick:
-        data = {"tables.L.rows": 4000, "tables.R.rows": 1000, "app.args.nnz": 100_000}
-        epochs, budgets = 10, [200]
-    else:
-        data = {}
-        epochs, budgets = 20, [50, 200]
-    epochs = args.epochs or epochs
-    work = Path(args.work)
-    timeout = args.job_timeout
-    # 4 workers: enough data parallelism for staleness to matter; lr 0.02 keeps BS stable longest
-    common = {**data, "cluster.workers": 4, "app.args.epochs": epochs, "app.args.batches_per_clock": 10,
-              "app.args.lr": 0.02}
-    launch("warmup-mf", CONFIGS / "mf.yaml", {"tables.L.rows": 300, "tables.R.rows": 100, "app.args.nnz": 3000,
-                                               "app.args.epochs": 1}, 1, work, timeout)
-    bs = launch("BS", CONFIGS / "mf.yaml", common, 1, work, timeout)
-    runs = []
-    for mbps in budgets:
-        for pol, tag in (("random", "R"), ("relative", "RM")):
-            sets = {**common, "comm.enabled": True, "comm.priority": pol, "comm.client_bandwidth_mbps": mbps,
-                    "comm.server_bandwidth_mbps": mbps}
-            runs.append(launch(f"MC-{mbps}-{tag}", CONFIGS / "mf.yaml", sets, 1, work, timeout))
-    if not bs.losses:
-        raise SystemExit(f"[{BENCH}] BS run failed: {bs.failure}")
-    target = min(bs.losses)  # BS's best (its curve can turn unstable late)
-    bs_epochs = bs.epochs_to(target)
-    base = {"bench": BENCH, "target_loss": target, "epochs_run": epochs, "batches_per_clock": 10}
-    emit(**base, case="mf/BS", metric="epochs_to_target", unit="epochs", ours=bs_epochs,
-         seconds_to_target=bs.seconds_to(target), seconds_per_epoch=bs.times[-1] / len(bs.times))
-    for run in runs:
-        e = run.epochs_to(target)
-        mbytes = sum(srv.get("bytes_out", 0) + srv.get("bytes_in", 0) for srv in run.servers) / 1e6
-        emit(**base, case=f"mf/{run.name}", metric="epochs_to_target", unit="epochs",
-             ours=e if e is not None else epochs + 1, reached=e is not None, baseline=bs_epochs,
-             baseline_name="BS", ratio=bs_epochs / (e if e is not None else epochs + 1),
-             seconds_to_target=run.seconds_to(target), baseline_seconds=bs.seconds_to(target),
-             seconds_per_epoch=run.times[-1] / len(run.times) if run.times else None,
-             bs_seconds_per_epoch=bs.times[-1] / len(bs.times), server_traffic_mb=mbytes,
-             final_loss=run.losses[-1] if run.losses else None, failed=run.failure)
-    plot(Path(args.out) / f"convergence-managed{'-quick' if args.quick else ''}.png",
-         "MF: bounded staleness (BS) vs managed communication (MC-Mbps-policy)", target,
-         [("", [bs]), ("", runs)])
+
+@dataclass(frozen=True)
+class AppSpec:
+    """How the evaluation runs one app: config, sizes, the settings every mode shares, the objective."""
+
+    config: str
+    epochs_key: str
+    epochs: int
+    quick_epochs: int
+    data: dict[str, Any]           # full-size data (overrides of the config)
+    quick_data: dict[str, Any]
+    common: dict[str, Any]         # the same in every mode: step sizes, priors
+    batches: int                   # mini-batches per epoch (a BS-k clock gets batches // k of them)
+    budgets: tuple[float, ...]     # Mbps per process (client and server alike)
+    quick_budgets: tuple[float, ...]
+    aggregate: Aggregate           # how an epoch's clock objectives combine
+    maximize: bool
+    ylabel: str
+    table: str                     # the table whose per-row send counts are drawn
+    ll_every: bool = False         # LDA: compute the objective once per epoch (ll_every = clocks per epoch)
+    send_rows: int = 100           # rows per budgeted message (client_send_rows, server_push_rows)
+
+
+APPS: dict[str, AppSpec] = {
+    # 8000 documents x ~100 tokens, 2000 words, K = 20 (configs/lda.yaml); objective log p(w, z)
+    "lda": AppSpec("lda.yaml", "app.args.iterations", 30, 8, {"app.args.synth_docs": 8000},
+                   {"app.args.synth_docs": 1000, "app.args.synth_vocab": 500, "tables.word_topic.rows": 500},
+                   {}, 8, (10.0, 40.0), (40.0,), "last", True, "log-likelihood (higher is better)", "word_topic",
+                   ll_every=True, send_rows=800),
+    # 20000 users x 5000 items, rank 16, 500k ratings (configs/mf.yaml); objective: training squared loss
+    "mf": AppSpec("mf.yaml", "app.args.epochs", 20, 6, {},
+                  {"tables.L.rows": 4000, "tables.R.rows": 1000, "app.args.nnz": 100_000},
+                  {"app.args.lr": 0.01}, 10, (10.0, 40.0), (40.0,), "sum", False,
+                  "training squared loss (sum over the epoch)", "R", send_rows=1000),
+    # softmax regression, 20000 synthetic samples, 1000 features, 10 classes; objective: training log-loss
+    "mlr": AppSpec("mlr.yaml", "app.args.epochs", 20, 6,
+                   {"app.args.data": "synthetic", "tables.W.cols": 1001, "app.args.synthetic.n": 20000},
+                   {"app.args.data": "synthetic", "tables.W.cols": 201, "app.args.synthetic.n": 4000},
+                   {"app.args.lr": 0.05}, 8, (10.0, 40.0), (40.0,), "sum", False,
+                   "training log-loss (sum over the epoch)", "W"),
+}
+SEED_KEY = "app.args.seed"
+BASE_STALENESS = 2  # thesis: s = 2 at one clock per pass; BS-k keeps the bound at 2 passes (s = 2k)
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One way of running an app: BS (plain SSP), MC-X-P (managed, X Mbps, policy P), BS-k."""
+
+    name: str
+    workers: int | None = None            # None: the P being evaluated (SN: 1)
+    clocks_per_epoch: int = 1
+    batches_per_clock: int | None = None  # None: the app's mini-batches per epoch / clocks per epoch
+    budget: float | None = None
+    priority: str = ""
+
+    def sets(self, spec: AppSpec, workers: int, servers: int) -> dict[str, Any]:
+        """Config overrides of this mode. The budget X is per node, as in the thesis, where every node
+        runs a client and a server share: clients get X each, and the servers together as much as the
+        clients together (X * workers / servers each), since a server pushes to every subscriber."""
+        k = self.clocks_per_epoch
+        b = self.batches_per_clock or max(1, spec.batches // k)
+        out: dict[str, Any] = {"app.args.clocks_per_epoch": k, "app.args.batches_per_clock": b,
+                               "consistency.staleness": BASE_STALENESS * k}
+        if spec.ll_every:
+            out["app.args.ll_every"] = k
+        if self.budget is not None:
+            out.update({"comm.enabled": True, "comm.priority": self.priority,
+                        "comm.client_bandwidth_mbps": self.budget,
+                        "comm.server_bandwidth_mbps": self.budget * workers / servers,
+                        "comm.client_send_rows": spec.send_rows, "comm.server_push_rows": spec.send_rows})
+        return out
+
+
+def modes_for(spec: AppSpec, budgets: Sequence[float], ks: Sequence[int], largest: bool) -> list[Mode]:
+    """BS, MC at every budget with R and RM, and at the largest worker count BS-k, BS with one
+    mini-batch per clock (the apps as they read before the live cache: the overhead reference) and SN
+    (one worker: every read fresh, the fewest epochs any mode can hope for)."""
+    modes = [Mode("BS")]
+    for x in budgets:
+        modes += [Mode(f"MC-{x:g}-R", budget=x, priority="random"), Mode(f"MC-{x:g}-RM", budget=x, priority="relative")]
+    if largest:
+        modes += [Mode(f"BS-{k}", clocks_per_epoch=k) for k in ks]
+        modes.append(Mode("BS/b1", batches_per_clock=1))
+        modes.append(Mode("SN", workers=1))
+    return modes
+
+
+def _epochs(run: Run, target: float, epochs: int) -> tuple[int, bool]:
+    e = run.epochs_to(target)
+    return (e, True) if e is not None else (epochs + 1, False)
+
+
+def _med(xs: Sequence[float | None]) -> float | None:
+    vals = [x for x in xs if x is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _target(bs: Run, frac: float) -> float:
+    """The best objective BS reaches in its first ceil(frac * epochs) epochs: where BS improves
+    steadily, its value there; where it turns unstable (stale SGD can), its best before that."""
+    n = math.ceil(frac * int(bs.settings["_epochs"]))
+    got = bs.objective[:n]
+    if not got:
+        raise SystemExit(f"[{BENCH}] BS run (seed {bs.seed}, P {bs.workers}) has no epoch: {bs.failure}")
+    return max(got) if bs.maximize else min(got)
+
+
+def scenario_app(app: str, args: argparse.Namespace) -> None:
+    """BS vs MC-X-R vs MC-X-RM vs BS-k for one app at each worker count and seed (module docstring)."""
+    spec = APPS[app]
+    quick = args.quick
+    epochs = args.epochs or (spec.quick_epochs if quick else spec.epochs)
+    workers = args.workers or ([4] if quick else [4, 8])
+    seeds = args.seeds or ([0] if quick else [0, 1, 2])
+    budgets = args.budgets or (spec.quick_budgets if quick else spec.budgets)
+    ks = args.ks or ([2] if quick else [2, 4, 8])
+    data = spec.quick_data if quick else spec.data
+    work, timeout, cfg = Path(args.work), args.job_timeout, CONFIGS / spec.config
+    servers = len(yaml.safe_load(cfg.read_text())["cluster"]["servers"])
+    tag = f"{app}{'-quick' if quick else ''}{args.tag}"
+    warm = {**data, **spec.common, spec.epochs_key: 1, "cluster.workers": 2, "app.args.batches_per_clock": 2}
+    launch(f"warmup-{app}", cfg, warm, 1, work, timeout)  # numba caches filled before any timed run
+    runs: dict[int, dict[str, list[Run]]] = {}
+    targets: dict[tuple[int, int], float] = {}
+    for P in workers:
+        modes = modes_for(spec, budgets, ks, P == max(workers))
+        runs[P] = {m.name: [] for m in modes}
+        for seed in seeds:  # modes alternate within a seed, so machine noise spreads over all of them
+            for m in modes:
+                sets = {**data, **spec.common, spec.epochs_key: epochs, "cluster.workers": m.workers or P,
+                        SEED_KEY: seed, **m.sets(spec, m.workers or P, servers)}
+                # with ll_every = k only an epoch's last clock has an objective: one record per epoch
+                per_epoch = 1 if spec.ll_every else m.clocks_per_epoch
+                run = launch(f"{app}-P{P}-{m.name.replace('/', '_')}", cfg, sets, per_epoch, work,
+                             timeout, seed=seed, workers=P, aggregate=spec.aggregate, maximize=spec.maximize)
+                run.name = m.name
+                run.settings["_epochs"] = epochs
+                runs[P][m.name].append(run)
+            targets[(P, seed)] = _target(runs[P]["BS"][-1], args.target_frac)
+        _report_app(app, spec, P, runs[P], targets, epochs, budgets, ks if P == max(workers) else [])
+    out = Path(args.out)
+    mid = {P: statistics.median(targets[(P, s)] for s in seeds) for P in workers}
+    app_figure(out / f"convergence-{tag}.png", f"{app.upper()}", spec.ylabel, runs, mid)
+    P = max(workers)
+    hists = {name: _sum_hists([r.send_counts(spec.table) for r in rs]) for name, rs in runs[P].items()
+             if name.startswith("MC-")}
+    send_count_figure(out / f"convergence-{tag}-sendcounts.png",
+                      f"{app.upper()} P = {P}: how often each row's updates left a client (table {spec.table})", hists)
+    log(f"[{BENCH}] plots: {out}/convergence-{tag}.png, -sendcounts.png")
+
+
+def _sum_hists(hs: Sequence[dict[int, int]]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for h in hs:
+        for k, v in h.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+def _report_app(app: str, spec: AppSpec, P: int, by_mode: dict[str, list[Run]],
+                targets: dict[tuple[int, int], float], epochs: int, budgets: Sequence[float],
+                ks: Sequence[int]) -> None:
+    """Per run, per mode (median over seeds) and per goal: one JSON line each."""
+    base = {"bench": BENCH, "app": app, "workers": P, "epochs_run": epochs}
+    summary: dict[str, dict[str, Any]] = {}
+    for name, rs in by_mode.items():
+        per = []
+        for r in rs:
+            t = targets[(P, r.seed)]
+            e, reached = _epochs(r, t, epochs)
+            c = r.client_totals()
+            row = {"epochs": e, "reached": reached, "seconds": r.seconds_to(t), "bytes": r.bytes_to(t),
+                   "seconds_per_epoch": r.seconds_per_epoch(), "bytes_per_epoch": r.bytes_per_epoch(),
+                   "budget_use": r.budget_use(),
+                   "early_read_share": c["rows_read_early"] / c["rows_read"] if c["rows_read"] else None,
+                   "read_staleness_mean": c["read_staleness_sum"] / c["rows_read"] if c["rows_read"] else None,
+                   "rows_pushed_early_share": (c["rows_pushed_early_to_us"] / c["rows_pushed_to_us"]
+                                               if c["rows_pushed_to_us"] else None),
+                   "budgeted_row_share": c["rows_sent_budgeted"] / c["rows_sent"] if c["rows_sent"] else None,
+                   "blocked_s": c["blocked_s"]}
+            per.append(row)
+            emit(**base, case=f"{app}/P{P}/{name}/seed{r.seed}", metric="epochs_to_target", unit="epochs",
+                 ours=e, target=t, final=r.objective[-1] if r.objective else None, failed=r.failure,
+                 **{k: v for k, v in row.items() if k != "epochs"})
+        s = {k: _med([p[k] for p in per]) for k in per[0] if k not in ("reached",)}
+        s["epochs_min"] = min(p["epochs"] for p in per)
+        s["epochs_max"] = max(p["epochs"] for p in per)
+        s["reached"] = sum(p["reached"] for p in per)
+        summary[name] = s
+    bs = summary["BS"]
+    for name, s in summary.items():
+        extra = {} if name == "BS" else {
+            "baseline": bs["epochs"], "baseline_name": "BS", "ratio": bs["epochs"] / s["epochs"],
+            "seconds_ratio": (bs["seconds"] / s["seconds"]) if bs["seconds"] and s["seconds"] else None}
+        emit(**base, case=f"{app}/P{P}/{name}", metric="epochs_to_target_median", unit="epochs", ours=s["epochs"],
+             seeds=len(by_mode[name]), **{k: v for k, v in s.items() if k != "epochs"}, **extra)
+    _goals(app, P, summary, budgets, ks, base)
+
+
+def _goal(base: dict[str, Any], case: str, goal: str, met: bool, **fields: Any) -> None:
+    emit(**base, case=case, goal=goal, met=bool(met), **fields)
+
+
+def _goals(app: str, P: int, s: dict[str, dict[str, Any]], budgets: Sequence[float], ks: Sequence[int],
+           base: dict[str, Any]) -> None:
+    """The issue's goals, as measured in this run (``met`` says whether each holds)."""
+    bs = s["BS"]
+    rm = {x: s[f"MC-{x:g}-RM"] for x in budgets}
+    r = {x: s[f"MC-{x:g}-R"] for x in budgets}
+    best_x = min(budgets, key=lambda x: (rm[x]["epochs"], rm[x]["seconds"] or math.inf))
+    best = rm[best_x]
+    secs_ok = best["seconds"] is not None and bs["seconds"] is not None and best["seconds"] < bs["seconds"]
+    _goal(base, f"{app}/P{P}/goal/mc-rm-vs-bs", "MC-RM reaches the target in <= 0.5x BS's epochs and in less time",
+          best["epochs"] <= 0.5 * bs["epochs"] and secs_ok, metric="epochs_to_target", unit="epochs",
+          ours=best["epochs"], ours_name=f"MC-{best_x:g}-RM", baseline=bs["epochs"], baseline_name="BS",
+          ratio=bs["epochs"] / best["epochs"], seconds=best["seconds"], baseline_seconds=bs["seconds"])
+    for x in budgets:
+        _goal(base, f"{app}/P{P}/goal/rm-vs-r-{x:g}", "RM needs <= 0.8x the epochs of R at the same budget",
+              rm[x]["epochs"] <= 0.8 * r[x]["epochs"], metric="epochs_to_target", unit="epochs",
+              ours=rm[x]["epochs"], baseline=r[x]["epochs"], baseline_name=f"MC-{x:g}-R",
+              ratio=r[x]["epochs"] / rm[x]["epochs"])
+    lo = min(budgets)
+    ov = s[f"MC-{lo:g}-R"]["seconds_per_epoch"], s[f"MC-{lo:g}-RM"]["seconds_per_epoch"]
+    if bs["seconds_per_epoch"] and all(ov):
+        worst = max(v for v in ov if v is not None)
+        _goal(base, f"{app}/P{P}/goal/mc-overhead-per-epoch", "MC's time per epoch <= 1.15x BS's at the smallest "
+              "budget", worst <= 1.15 * bs["seconds_per_epoch"], metric="seconds_per_epoch", unit="s", ours=worst,
+              baseline=bs["seconds_per_epoch"], baseline_name="BS", ratio=bs["seconds_per_epoch"] / worst)
+    if ks:
+        cand = [f"BS-{k}" for k in ks if s[f"BS-{k}"]["seconds"] is not None]
+        if cand:
+            bk = min(cand, key=lambda n: s[n]["seconds"])
+            cheap = [x for x in budgets if rm[x]["bytes"] is not None and s[bk]["bytes"] is not None
+                     and rm[x]["bytes"] <= s[bk]["bytes"] and rm[x]["seconds"] is not None]
+            pick = min(cheap, key=lambda x: rm[x]["seconds"]) if cheap else best_x
+            m = rm[pick]
+            _goal(base, f"{app}/P{P}/goal/mc-rm-vs-best-bs-k", "MC-RM beats the best BS-k at equal or less bandwidth",
+                  bool(cheap) and m["seconds"] < s[bk]["seconds"], metric="seconds_to_target", unit="s",
+                  ours=m["seconds"], ours_name=f"MC-{pick:g}-RM", baseline=s[bk]["seconds"], baseline_name=bk,
+                  ratio=s[bk]["seconds"] / m["seconds"] if m["seconds"] else None,
+                  bytes_ratio=(m["bytes"] / s[bk]["bytes"]) if m["bytes"] and s[bk]["bytes"] else None)
+    b1 = s.get("BS/b1")
+    if b1 and b1["seconds_per_epoch"] and bs["seconds_per_epoch"]:
+        _goal(base, f"{app}/P{P}/goal/minibatch-overhead", "BS with mini-batches on the live cache costs <= 1.10x "
+              "BS reading once per clock, per epoch", bs["seconds_per_epoch"] <= 1.10 * b1["seconds_per_epoch"],
+              metric="seconds_per_epoch", unit="s", ours=bs["seconds_per_epoch"], baseline=b1["seconds_per_epoch"],
+              baseline_name="BS/b1", ratio=b1["seconds_per_epoch"] / bs["seconds_per_epoch"])
 
 
 SCENARIOS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "lda": lambda a: scenario_app("lda", a),
+    "mf": lambda a: scenario_app("mf", a),
+    "mlr": lambda a: scenario_app("mlr", a),
     "adarev": scenario_adarev,
-    "managed": scenario_managed,
 }
+
+
+def _ints(v: str) -> list[int]:
+    return [int(x) for x in v.split(",")]
+
+
+def _floats(v: str) -> list[float]:
+    return [float(x) for x in v.split(",")]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
-    p.add_argument("--quick", action="store_true", help="small data, fewer runs (CI)")
+    p.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all", help="all = lda, mf, mlr, adarev")
+    p.add_argument("--quick", action="store_true", help="small data, P = 4, one seed, one budget (CI)")
     p.add_argument("--out", default=str(REPO / "bench" / "out"), help="where plots go")
     p.add_argument("--work", default=None, help="keep run directories here (default: a temporary folder)")
-    p.add_argument("--target", type=float, default=None, help="adarev: target training loss (default 2.5 x floor)")
     p.add_argument("--job-timeout", type=float, default=900.0, help="seconds one job may take")
-    p.add_argument("--alphas", type=lambda v: [float(x) for x in v.split(",")], default=None,
-                   help="adarev: AdaRevision initial step sizes, comma-separated")
-    p.add_argument("--lrs", type=lambda v: [float(x) for x in v.split(",")], default=None,
-                   help="adarev: SGD initial learning rates, comma-separated")
-    p.add_argument("--epochs", type=int, default=None, help="adarev: epochs per job")
+    p.add_argument("--epochs", type=int, default=None, help="epochs per job")
+    p.add_argument("--workers", type=_ints, default=None, help="worker processes, e.g. 4,8 (default 4,8)")
+    p.add_argument("--seeds", type=_ints, default=None, help="seeds, e.g. 0,1,2 (default)")
+    p.add_argument("--budgets", type=_floats, default=None, help="MC budgets in Mbps per process, e.g. 4,16")
+    p.add_argument("--ks", type=_ints, default=None, help="BS-k clocks per pass (default 2,4,8)")
+    p.add_argument("--target-frac", type=float, default=0.75,
+                   help="target = BS's best objective within this fraction of the epochs (per seed and P)")
+    p.add_argument("--tag", default="", help="suffix of the plot names")
+    p.add_argument("--link-mbit", type=float, default=None,
+                   help="run inside a network namespace whose loopback is shaped to this rate (needs root)")
+    p.add_argument("--target", type=float, default=None, help="adarev: target training loss (default 2.5 x floor)")
+    p.add_argument("--alphas", type=_floats, default=None, help="adarev: AdaRevision initial step sizes")
+    p.add_argument("--lrs", type=_floats, default=None, help="adarev: SGD initial learning rates")
     p.add_argument("--clocks-per-epoch", type=int, default=None, help="adarev: mini-batches (clocks) per epoch")
     args = p.parse_args(argv)
+    if args.link_mbit is not None:
+        rest = list(argv if argv is not None else sys.argv[1:])
+        i = rest.index("--link-mbit")
+        return shaped_link.run_inside([sys.executable, str(Path(__file__).resolve()), *rest[:i], *rest[i + 2:],
+                                       f"--tag={args.tag}-link{args.link_mbit:g}"], args.link_mbit)
     with tempfile.TemporaryDirectory(prefix="bosen-conv-") as tmp:
         if args.work is None:
             args.work = tmp
-        names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+        names = ["lda", "mf", "mlr", "adarev"] if args.scenario == "all" else [args.scenario]
         for name in names:
             SCENARIOS[name](args)
     return 0
