@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import shaped_link  # noqa: E402
 from common import emit, log  # noqa: E402
 from curves import Aggregate, Run, read_run  # noqa: E402
-from figures import app_figure, send_count_figure  # noqa: E402
+from figures import app_figure, loss_figure, send_count_figure  # noqa: E402
 
 from bosen.jobs import run_job  # noqa: E402
 
@@ -80,33 +80,6 @@ def launch(name: str, config: Path, sets: dict[str, Any], clocks_per_epoch: int,
         log(f"[{BENCH}] {name}: job failed ({job.returncode}): {run.failure}")
     log(f"[{BENCH}] {name}: {run.seconds:.1f}s, per epoch {[float(f'{x:.4g}') for x in run.objective]}")
     return run
-
-
-def plot(path: Path, title: str, target: float, groups: Sequence[tuple[str, Sequence[Run]]]) -> None:
-    """Loss per epoch (log scale) of every run, one line style per group."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    styles = ["-", "--", ":", "-."]
-    for (label, runs), style in zip(groups, styles, strict=False):
-        for run in runs:
-            ax.plot(range(1, len(run.objective) + 1), run.objective, style, marker=".",
-                    label=f"{label} {run.name}{' (stopped: diverged)' if run.failure else ''}")
-    ax.axhline(target, color="gray", lw=0.8, label="target")
-    ax.set_yscale("log")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("training loss (sum over the epoch)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    log(f"[{BENCH}] plot: {path}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -186,7 +159,7 @@ def scenario_adarev(args: argparse.Namespace) -> None:
     emit(**base, case="mf/step-size-sensitivity", metric="epochs_max_over_min", unit="x", ours=spread_a,
          ours_steps=alphas, baseline=spread_s, baseline_name="sgd-decay", baseline_steps=lrs,
          ratio=spread_s / spread_a, reached=all(v[1] for v in ea.values()) and all(v[1] for v in es.values()))
-    plot(Path(args.out) / f"convergence-adarev{'-quick' if args.quick else ''}.png",
+    loss_figure(Path(args.out) / f"convergence-adarev{'-quick' if args.quick else ''}.png",
          f"MF: AdaRevision (alpha) vs SGD with x0.95/epoch decay (lr), {k} clocks/epoch", target,
          [("adarevision", ada), ("sgd-decay", sgd)])
 

@@ -3,7 +3,7 @@
 :func:`app_figure` draws one app: objective against epochs, against seconds, and bytes against
 epochs, a row per worker count, a line per mode (median over seeds, the band their min and max).
 :func:`send_count_figure` draws thesis Fig 3.5 in miniature: for each mode, the share of rows sent
-at most n times.
+at most n times. :func:`loss_figure` draws the adarev scenario's loss curves.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from curves import Run, median_curve
 
@@ -22,6 +23,15 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _save(fig: Any, path: Path, dpi: int) -> None:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
 
 
 def _style(mode: str) -> dict[str, object]:
@@ -68,10 +78,7 @@ def app_figure(path: Path, title: str, ylabel: str, groups: Mapping[int, Mapping
         ax_t.set_title(f"P = {P}: objective vs wall time", fontsize=9)
         ax_b.set_title(f"P = {P}: bytes vs epoch", fontsize=9)
         ax_e.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path, 90)
 
 
 def send_count_figure(path: Path, title: str, hists: Mapping[str, Mapping[int, int]]) -> None:
@@ -95,7 +102,22 @@ def send_count_figure(path: Path, title: str, hists: Mapping[str, Mapping[int, i
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(fig, path, 90)
+
+
+def loss_figure(path: Path, title: str, target: float, groups: Sequence[tuple[str, Sequence[Run]]]) -> None:
+    """Loss per epoch (log scale) of every run, one line style per group (the adarev scenario)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (label, runs), style in zip(groups, ["-", "--", ":", "-."], strict=False):
+        for run in runs:
+            ax.plot(range(1, len(run.objective) + 1), run.objective, style, marker=".",
+                    label=f"{label} {run.name}{' (stopped: diverged)' if run.failure else ''}")
+    ax.axhline(target, color="gray", lw=0.8, label="target")
+    ax.set_yscale("log")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("training loss (sum over the epoch)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    _save(fig, path, 110)
