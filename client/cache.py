@@ -50,6 +50,21 @@ def _count_known(clock, requested, rows):  # pragma: no cover - compiled
     return n
 
 
+@njit(nogil=True, cache=True)
+def _read_stats(early, clock, server_clock, rows, tick):  # pragma: no cover - compiled
+    n_early = 0
+    stale = 0
+    servers = server_clock.shape[0]
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        if early[r]:
+            n_early += 1
+        c = clock[r]
+        sc = server_clock[r % servers]
+        stale += tick - (c if c > sc else sc)
+    return n_early, stale
+
+
 class RowCache:
     def __init__(self, rows: int, cols: int, dtype: np.dtype, num_servers: int = 1) -> None:
         self.values = np.zeros((rows, cols), dtype=dtype)
@@ -67,15 +82,10 @@ class RowCache:
             self.server_clock[server] = clock
             self.early[server::self.num_servers] = False  # rows are partitioned by row % servers
 
-    def read_stats(self, rows: np.ndarray, index: slice | np.ndarray, tick: int) -> tuple[int, int]:
-        """(rows of ``rows`` holding an early-pushed value, Σ tick - their clocks) for read counters."""
-        early = int(np.count_nonzero(self.early[index]))
-        own = self.clock[index]
-        if self.num_servers == 1:
-            fresh = np.maximum(own, self.server_clock[0])
-        else:
-            fresh = np.maximum(own, self.server_clock[rows % self.num_servers])
-        return early, tick * rows.shape[0] - int(fresh.sum())
+    def read_stats(self, rows: np.ndarray, tick: int) -> tuple[int, int]:
+        """(rows of ``rows`` holding an early-pushed value, Σ tick - their clocks) for read counters:
+        one compiled pass, no temporaries (a numpy version doubled a one-row cache hit's cost)."""
+        return _read_stats(self.early, self.clock, self.server_clock, rows, tick)  # Python ints
 
     def fresh_clock(self, rows: np.ndarray) -> np.ndarray:
         """The clock each row's cached value is valid for (-1: not cached)."""

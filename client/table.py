@@ -138,7 +138,7 @@ class Table:
         rows, index = self._rows_index(rows)
         w = self._worker
         fresh = self._client._wait_fresh(self._st, rows, w, index)
-        early, stale = self._st.cache.read_stats(rows, index, w.tick)
+        early, stale = self._st.cache.read_stats(rows, w.tick)
         w.rows_read += rows.shape[0]
         w.rows_read_early += early
         w.read_staleness_sum += stale
