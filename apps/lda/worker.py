@@ -152,8 +152,9 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     for i in range(m):
         d0, d1 = part.doc_range(i, m) if part.n_docs else (0, 0)
         batches = []
+        piece = part.subset(d0, d1) if d1 > d0 else None
         for j in range(b):
-            s0, s1 = part.subset(d0, d1).doc_range(j, b) if d1 > d0 else (0, 0)
+            s0, s1 = piece.doc_range(j, b) if piece is not None else (0, 0)
             lo, hi = d0 + s0, d0 + s1
             k0, k1 = int(ptr[lo]), int(ptr[hi])
             U = np.unique(part.words[k0:k1]).astype(np.int64)
