@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from bosen.apps.datasets.packaged import prepare_hint
 from bosen.errors import DataError
 
 __all__ = [
@@ -208,7 +209,7 @@ def read_bytes(path: str | os.PathLike, what: str) -> np.ndarray:
     ``what`` file could not be read (``what``: "ratings", "docword", ...)."""
     p = Path(path)
     if not p.exists():
-        raise DataError(f"{p}: {what} file not found, cannot read it")
+        raise DataError(f"{p}: {what} file not found, cannot read it{prepare_hint(p)}")
     if not p.is_file():
         raise DataError(f"{p}: {what} path is not a regular file, cannot read it")
     try:

@@ -1,4 +1,4 @@
-"""The ``bosen`` command: ``bosen launch CONFIG`` and ``bosen status CONFIG``."""
+"""The ``bosen`` command: ``bosen launch CONFIG``, ``bosen status CONFIG`` and ``bosen data NAME``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 from bosen import config as config_mod
 from bosen import status as status_mod
+from bosen.apps.datasets.packaged import NAMES as DATASET_NAMES
 from bosen.errors import BosenError
 
 
@@ -36,6 +37,17 @@ def _status(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _data(args: argparse.Namespace) -> int:
+    from bosen.apps import datasets
+
+    meta = datasets.prepare(args.name, args.out, libsvm=args.libsvm)
+    where = args.out or datasets.DEFAULT_ROOT / args.name
+    shape = ", ".join(f"{k} {v}" for k, v in meta.items() if isinstance(v, int))
+    print(f"{args.name}: {shape}; files in {where}: {', '.join(meta['files'].values())} "
+          f"({meta['seconds']:.1f}s)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bosen", description="Bösen parameter server tools.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -54,10 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--timeout", type=float, default=3.0)
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=_status)
+    dp = sub.add_parser("data", help="prepare a real data set that ships in a package (no network)")
+    dp.add_argument("name", choices=DATASET_NAMES)
+    dp.add_argument("--out", default=None, help="directory to write (default: data/NAME)")
+    dp.add_argument("--libsvm", action="store_true", help="image sets: libsvm text files too")
+    dp.set_defaults(fn=_data)
     args = p.parse_args(argv)
     try:
         return args.fn(args)
-    except BosenError as e:
+    except (BosenError, ValueError) as e:
         print(f"bosen {args.command}: {e}", file=sys.stderr)
         return 2
 

@@ -5,7 +5,8 @@ RUN_DIR/metrics.jsonl (``MetricsMerger``); ``run_job`` runs a whole job through 
 reads that file back. One JSON object per line; ``kind`` says what it is:
 
 - ``worker``: one worker's record of one clock (``rank``, ``clock``, ``time`` and what it reported);
-- ``clock``: one clock summed over the workers (``time``: the latest), once every worker reported it;
+- ``clock``: one clock summed over the workers (``time``: the latest), once every worker reported it,
+  with the held-out measures derived from the summed held-out counts (``bosen.metrics.HELDOUT_MEASURES``);
 - ``client``: each worker's final ``client.stats()``; ``server``: each server's final STATUS;
 - ``summary``: the last line (seconds, clocks, workers, the final clock record).
 """
@@ -25,6 +26,7 @@ from typing import Any, TextIO
 import yaml
 
 from bosen.errors import BosenError
+from bosen.metrics import derive_heldout
 from bosen.supervise import Env, Process, ProcessGroup, describe_exit, tail
 
 METRICS = "metrics.jsonl"
@@ -118,6 +120,7 @@ class MetricsMerger:
         for c in sorted(self.partial):
             if len(self.ranks[c]) >= need:
                 rec = {"kind": "clock", "clock": c, "workers": len(self.ranks[c]), **self.partial.pop(c)}
+                rec.update(derive_heldout(rec))
                 del self.ranks[c]
                 self.out.write(json.dumps(rec) + "\n")
                 self.done.append(rec)

@@ -24,6 +24,7 @@ from bosen.cluster import LocalCluster, resolve_ports
 from bosen.config import Config
 from bosen.errors import BosenError
 from bosen.jobs import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, start_worker
+from bosen.metrics import HELDOUT_MEASURES
 from bosen.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
 
 POLL_S = 0.2
@@ -157,6 +158,9 @@ class Launcher:
         parts = [f"clock {rec['clock']:>4}"]
         if "objective" in rec:
             parts.append(f"objective {rec['objective']:.6g}")
+        for k in HELDOUT_MEASURES:
+            if k in rec:
+                parts.append(f"{k.removeprefix('heldout_').replace('_', ' ')} {rec[k]:.4g} (held out)")
         t = rec.get("time")
         prev = self._last_time
         for k in ("samples", "tokens"):
@@ -177,7 +181,9 @@ class Launcher:
         return out
 
     def _plot(self, records: list[dict[str, Any]]) -> None:
+        """objective.png: the objective per clock and, beside it, the held-out measure if any."""
         pts = [(r["clock"], r["objective"]) for r in records if "objective" in r]
+        held = next((k for k in HELDOUT_MEASURES if any(k in r for r in records)), None)
         if len(pts) < 2:
             return
         import matplotlib
@@ -185,12 +191,16 @@ class Launcher:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".")
-        ax.set_xlabel("clock")
-        ax.set_ylabel("objective")
-        ax.set_title(self.config.app.module)
-        ax.grid(alpha=0.3)
+        fig, axes = plt.subplots(1, 2 if held else 1, figsize=(11 if held else 6, 4), squeeze=False)
+        panels = [("objective", pts)]
+        if held:
+            panels.append((held.replace("_", " "), [(r["clock"], r[held]) for r in records if held in r]))
+        for ax, (label, series) in zip(axes[0], panels, strict=True):
+            ax.plot([p[0] for p in series], [p[1] for p in series], marker=".")
+            ax.set_xlabel("clock")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        fig.suptitle(self.config.app.module)
         fig.tight_layout()
         fig.savefig(self.run_dir / "objective.png", dpi=100)
         plt.close(fig)

@@ -14,3 +14,23 @@ def send_histogram(send_count: np.ndarray) -> dict[str, int]:
 
 def mbps(nbytes: float, seconds: float) -> float:
     return nbytes * 8 / 1e6 / seconds if seconds > 0 else 0.0
+
+
+# Held-out quality: workers report sums (each scores its share of the held-out data); the clock
+# record gets the quality measure of the whole job, derived from the sums over workers.
+HELDOUT_MEASURES: dict[str, tuple[str, str, bool]] = {
+    # measure: (numerator, denominator, square root of the ratio)
+    "heldout_accuracy": ("heldout_correct", "heldout_total", False),
+    "heldout_rmse": ("heldout_se", "heldout_count", True),
+    "heldout_ll_per_token": ("heldout_ll", "heldout_tokens", False),
+}
+
+
+def derive_heldout(rec: dict) -> dict:
+    """The held-out measures whose sums ``rec`` holds (a denominator of 0 gives none)."""
+    out = {}
+    for name, (num, den, root) in HELDOUT_MEASURES.items():
+        if num in rec and rec.get(den, 0) > 0:
+            v = rec[num] / rec[den]
+            out[name] = float(np.sqrt(max(v, 0.0))) if root else float(v)
+    return out

@@ -414,3 +414,74 @@ def loglik_summary(nk: np.ndarray, n_vocab: int, beta: float) -> float:
     for k in range(nk.size):
         ll += lvb - math.lgamma(_pos(nk[k]) + vb)
     return ll
+
+
+# ----------------------------------------------------------------------------------------------
+# held-out log-likelihood by document completion
+
+
+@njit(nogil=True, cache=True)
+def fold_in(doc_ptr: np.ndarray, words: np.ndarray, phi: np.ndarray, alpha: float, sweeps: int, burn_in: int,
+            seed: int) -> np.ndarray:
+    """θ of each document from its observed tokens with the topics ``phi`` held fixed.
+
+    ``words`` index rows of ``phi`` (local ids, W x K, each column a topic's word distribution over
+    the rows it has). Gibbs sampling of the tokens' topics with p(k) ∝ (n_dk + α) φ_wk; θ_d is
+    (n_dk + α)/(N_d + Kα) averaged over the sweeps after ``burn_in``.
+    """
+    D = doc_ptr.size - 1
+    K = phi.shape[1]
+    s = seed_state(seed)
+    theta = np.zeros((D, K), dtype=np.float64)
+    p = np.empty(K, dtype=np.float64)
+    ndk = np.zeros(K, dtype=np.int64)
+    start = burn_in if sweeps > burn_in else 0  # sweeps whose θ is averaged: start..sweeps-1
+    kept = sweeps - start
+    for d in range(D):
+        a, b = doc_ptr[d], doc_ptr[d + 1]
+        n = b - a
+        z = np.empty(n, dtype=np.int64)
+        ndk[:] = 0
+        for t in range(n):
+            s, u = _rand(s)
+            k = min(int(u * K), K - 1)
+            z[t] = k
+            ndk[k] += 1
+        for sweep in range(sweeps):
+            for t in range(n):
+                w = words[a + t]
+                ndk[z[t]] -= 1
+                total = 0.0
+                for k in range(K):
+                    total += (ndk[k] + alpha) * phi[w, k]
+                    p[k] = total
+                s, u = _rand(s)
+                x = u * total
+                k = 0
+                while k < K - 1 and p[k] <= x:
+                    k += 1
+                z[t] = k
+                ndk[k] += 1
+            if sweep >= start:
+                norm = 1.0 / (n + K * alpha)
+                for k in range(K):
+                    theta[d, k] += (ndk[k] + alpha) * norm / kept
+        if sweeps == 0:
+            for k in range(K):
+                theta[d, k] = (ndk[k] + alpha) / (n + K * alpha)
+    return theta
+
+
+@njit(nogil=True, cache=True)
+def completion_loglik(doc_ptr: np.ndarray, words: np.ndarray, theta: np.ndarray, phi: np.ndarray) -> float:
+    """Σ over the tokens of log Σ_k θ_dk φ_wk: the log-likelihood of each document's unseen half."""
+    K = phi.shape[1]
+    ll = 0.0
+    for d in range(doc_ptr.size - 1):
+        for t in range(doc_ptr[d], doc_ptr[d + 1]):
+            w = words[t]
+            q = 0.0
+            for k in range(K):
+                q += theta[d, k] * phi[w, k]
+            ll += math.log(q)
+    return ll

@@ -30,6 +30,11 @@ launcher sums):
 
 Each report also has ``compute_s`` (sampling) and ``comm_s`` (reads, sends and the previous clock).
 
+With ``test_data`` (held-out documents in the training vocabulary) each worker scores its share of
+them every ``eval_every`` ticks by document completion (``model.DocumentCompletion``) against the
+rows its cache holds, and reports ``heldout_ll`` and ``heldout_tokens``; the launcher turns their
+sums into ``heldout_ll_per_token``.
+
 After the last tick all workers clock ``staleness`` more times, so rank 0 can then read the complete
 table; it reports the exact final log-likelihood (``final_loglik``), writes top words per topic to
 stdout and ``$BOSEN_RUN_DIR/topics.txt``, and the counts to ``$BOSEN_RUN_DIR/word_topic.npy``.
@@ -49,10 +54,10 @@ import numpy as np
 
 from bosen.apps.lda import kernels as K_
 from bosen.apps.lda.data import Corpus, generate, load
-from bosen.apps.lda.model import Sampler, top_words
+from bosen.apps.lda.model import DocumentCompletion, Sampler, top_words
 from bosen.apps.protocol import PSClient, PSTable, require_table
 from bosen.config import check, from_dict
-from bosen.errors import ConfigError
+from bosen.errors import ConfigError, DataError
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,9 @@ class LDAArgs:
     data: str = "synthetic"            # "synthetic", a UCI docword.*.txt[.gz] path, or an LDA-C path
     vocab: str = ""                    # vocabulary file; UCI default: vocab.NAME.txt beside docword
     format: Literal["auto", "uci", "ldac"] = "auto"
+    test_data: str = ""                # held-out documents (same format and vocabulary) for document completion
+    eval_every: int = 1                # ticks between held-out log-likelihoods (and the last); 0 = never
+    foldin_sweeps: int = 20            # Gibbs sweeps that fold in θ on each held-out document's seen half
     K: int = 20                        # topics (= cols of both tables)
     alpha: float = 0.1                 # doc-topic Dirichlet prior (thesis: 0.1)
     beta: float = 0.1                  # topic-word Dirichlet prior (thesis: 0.1)
@@ -89,6 +97,8 @@ class LDAArgs:
             check(getattr(self, name) >= 1, f"{name}: must be >= 1")
         check(self.synth_vocab >= 2, "synth_vocab: must be >= 2")
         check(self.synth_topics >= 0, "synth_topics: must be >= 0 (0 = K)")
+        check(self.eval_every >= 0, "eval_every: must be >= 0")
+        check(self.foldin_sweeps >= 1, "foldin_sweeps: must be >= 1")
         for name in ("alpha", "beta", "synth_doc_len", "synth_alpha", "synth_beta"):
             check(getattr(self, name) > 0, f"{name}: must be > 0")
 
@@ -105,6 +115,19 @@ def load_corpus(a: LDAArgs) -> Corpus:
         return generate(a.synth_docs, a.synth_vocab, a.synth_topics or a.K, a.synth_doc_len,
                         a.synth_alpha, a.synth_beta, a.seed)
     return load(a.data, a.vocab or None, a.format)
+
+
+def _held_out(a: LDAArgs, V: int, rank: int, P: int) -> DocumentCompletion | None:
+    """This worker's share of the held-out documents (``test_data``), or None."""
+    if not a.test_data:
+        return None
+    test = load(a.test_data, None, a.format)
+    if test.n_vocab != V:
+        raise DataError(f"{a.test_data}: a vocabulary of {test.n_vocab} words, but the training corpus "
+                        f"has {V}: held-out documents must use the training vocabulary")
+    lo, hi = test.doc_range(rank, P)
+    return DocumentCompletion(test.subset(lo, hi), a.alpha, a.beta, a.foldin_sweeps, a.foldin_sweeps // 2,
+                              a.seed * 7919 + rank + 1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -142,6 +165,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     lo, hi = corpus.doc_range(rank, P)
     part = corpus.subset(lo, hi)
     sampler = Sampler(part, a.K, a.alpha, a.beta, V, a.method(), a.mh_steps, a.seed * 7919 + rank + 1)
+    held = _held_out(a, V, rank, P)
 
     # the mini-batches of each tick (documents balanced by tokens) and their word sets, made once
     m, b = a.clocks_per_epoch, a.batches_per_clock
@@ -197,6 +221,12 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             rec.update(objective=ll_doc + ll_word, ll_doc=ll_doc, ll_word=ll_word)
             rec["comm_s"] += t1 - t0
             rec["ll_s"] = time.perf_counter() - t1
+        if held is not None and a.eval_every and ((c + 1) % a.eval_every == 0 or c == T - 1):
+            t0 = time.perf_counter()
+            rows = np.asarray(wt.get_rows(held.rows), dtype=np.int32)
+            nk = np.asarray(ts.get_rows(zero)[0], dtype=np.int32)
+            rec.update(heldout_ll=held.loglik(rows, nk), heldout_tokens=held.tokens,
+                       heldout_s=time.perf_counter() - t0)
         client.report(**rec)
         t2 = time.perf_counter()
         client.clock()

@@ -176,27 +176,43 @@ def load_csv(path: str | Path) -> Triples:
     return users[:n].copy(), items[:n].copy(), ratings[:n].copy()
 
 
-def partition(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, rank: int,
-              num_workers: int, seed: int = 0) -> Triples:
-    """The ratings worker ``rank`` of ``num_workers`` trains on: all ratings of a set of users.
+def user_owner(users: np.ndarray, n_users: int, num_workers: int, seed: int = 0) -> np.ndarray:
+    """The worker that owns each user id in ``[0, n_users)``, from the training ratings' ``users``.
 
-    Partitioning by user (as Bösen's MF does: ratings are split among workers by user) makes every L row private to one
-    worker, so only R rows see concurrent updates under SSP and each worker fetches just its own L
-    rows. To keep work even despite power-law degrees, users are shuffled (fixed ``seed``, so all
-    workers agree) and cut where the cumulative rating count crosses multiples of nnz/num_workers;
-    parts then differ by at most about one user's degree. Every rating lands in exactly one part.
+    Partitioning by user (as Bösen's MF does: ratings are split among workers by user) makes every L
+    row private to one worker, so only R rows see concurrent updates under SSP and each worker fetches
+    just its own L rows. To keep work even despite power-law degrees, users are shuffled (fixed
+    ``seed``, so all workers agree) and cut where the cumulative rating count crosses multiples of
+    nnz/num_workers; parts then differ by at most about one user's degree. Held-out ratings go to
+    the owner of their user (users with no training rating are spread by id).
     """
+    if num_workers < 1:
+        raise ValueError(f"partition: num_workers={num_workers} must be >= 1")
+    n_users = max(n_users, int(users.max()) + 1 if users.size else 0)
+    counts = np.bincount(users, minlength=n_users)
+    perm = np.random.default_rng(seed).permutation(n_users)
+    cum = np.cumsum(counts[perm])
+    total = max(int(cum[-1]), 1) if cum.size else 1
+    owner_in_perm = np.minimum(((cum - counts[perm]) * num_workers) // total, num_workers - 1)
+    owner = np.empty(n_users, dtype=np.int64)
+    owner[perm] = owner_in_perm
+    idle = counts == 0
+    owner[idle] = np.nonzero(idle)[0] % num_workers
+    return owner
+
+
+def partition(users: np.ndarray, items: np.ndarray, ratings: np.ndarray, rank: int,
+              num_workers: int, seed: int = 0, owner: np.ndarray | None = None) -> Triples:
+    """The ratings worker ``rank`` of ``num_workers`` trains on: all ratings of its users
+    (:func:`user_owner`; pass ``owner`` to split held-out ratings the way the training ones were).
+    Every rating lands in exactly one part."""
     if not 0 <= rank < num_workers:
         raise ValueError(f"partition: rank {rank} not in [0, {num_workers})")
     if users.size == 0:
         return users[:0], items[:0], ratings[:0]
-    n_users = int(users.max()) + 1
-    counts = np.bincount(users, minlength=n_users)
-    perm = np.random.default_rng(seed).permutation(n_users)
-    cum = np.cumsum(counts[perm])
-    owner_in_perm = np.minimum(((cum - counts[perm]) * num_workers) // max(int(cum[-1]), 1),
-                               num_workers - 1)
-    owner = np.empty(n_users, dtype=np.int64)
-    owner[perm] = owner_in_perm
+    if owner is None:
+        owner = user_owner(users, 0, num_workers, seed)
+    if int(users.max()) >= owner.size:
+        raise ValueError(f"partition: user id {int(users.max())} has no owner (owner covers {owner.size} users)")
     mask = owner[users] == rank
     return users[mask], items[mask], ratings[mask]

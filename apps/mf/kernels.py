@@ -89,3 +89,22 @@ def squared_loss(u_idx: np.ndarray, i_idx: np.ndarray, r: np.ndarray, L: np.ndar
         e = np.float64(r[j]) - np.float64(pred)
         sse += e * e
     return sse
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def clipped_squared_error(u_idx: np.ndarray, i_idx: np.ndarray, r: np.ndarray, L: np.ndarray, R: np.ndarray,
+                          lo: float, hi: float) -> float:
+    """Σ (r - clip(L_u·R_i, lo, hi))²: the held-out error of predictions kept to the rating scale
+    (what scikit-surprise reports, so test RMSEs compare)."""
+    k = L.shape[1]
+    sse = 0.0
+    for j in range(r.shape[0]):
+        u = u_idx[j]
+        i = i_idx[j]
+        pred = np.float32(0.0)
+        for f in range(k):
+            pred += L[u, f] * R[i, f]
+        p = min(max(np.float64(pred), lo), hi)
+        e = np.float64(r[j]) - p
+        sse += e * e
+    return sse

@@ -10,6 +10,10 @@ loss at those values, runs one numba SGD pass on the copies and sends ``new - ol
 once, so it can leave under the budget before the tick ends (docs/design.md,
 "Apps on the live cache").
 
+Held-out ratings (``test_data``, or a ``holdout`` share of synthetic data) go to the worker that
+owns their user; after each clock (every ``eval_every``) it scores them against its cache and
+reports the sums the launcher turns into ``heldout_rmse``.
+
 ``send: gradient`` is for tables whose stored procedure takes the step on the server (``update:
 sgd | adagrad | adarevision``): per batch the worker computes the gradient of the loss at the
 values it read and sends it as is (``add`` tables get ``-lr * g`` instead); the batches are then
@@ -26,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from bosen.apps.mf.data import Triples, load_csv, partition, synthetic
+from bosen.apps.mf.data import Triples, load_csv, partition, synthetic, user_owner
+from bosen.apps.mf.kernels import clipped_squared_error
 from bosen.apps.mf.model import Batch, batches
 from bosen.apps.protocol import PSClient, PSTable, require_table
 from bosen.config import check, from_dict
@@ -38,6 +43,9 @@ class MFArgs:
     """``app.args`` of an MF job. ``None`` sizes default to the geometry of tables L and R."""
 
     data: str = "synthetic"  # "synthetic" or the path of a user,item,rating CSV file
+    test_data: str = ""  # held-out ratings (CSV); "" with synthetic data: a seeded `holdout` share of it
+    holdout: float = 0.0  # synthetic data only: the share of ratings held out
+    eval_every: int = 1  # clocks between held-out RMSE measurements (the last clock always); 0 = never
     n_users: int | None = None
     n_items: int | None = None
     rank: int | None = None
@@ -69,6 +77,9 @@ class MFArgs:
         check(self.batches_per_clock >= 1, f"batches_per_clock: must be >= 1, got {self.batches_per_clock}")
         check(bool(self.data), 'data: expected "synthetic" or the path of a CSV file')
         check(self.send in ("auto", "delta", "gradient"), f"send: expected auto, delta or gradient, got {self.send!r}")
+        check(0 <= self.holdout < 1, f"holdout: must be in [0, 1), got {self.holdout}")
+        check(self.eval_every >= 0, f"eval_every: must be >= 0, got {self.eval_every}")
+        check(not (self.holdout and self.test_data), "holdout and test_data: give one of them, not both")
 
 
 def _check_tables(client: PSClient, a: MFArgs) -> tuple[PSTable, PSTable]:
@@ -99,28 +110,65 @@ def _gradient_mode(a: MFArgs, L: PSTable, R: PSTable) -> bool:
     return a.send == "gradient" or (a.send == "auto" and bool(takes_gradients))
 
 
-def load_data(a: MFArgs, n_users: int, n_items: int, rank: int) -> Triples:
-    """All ratings of the job (every worker loads the same, deterministically) with ids checked."""
-    if a.data == "synthetic":
-        return synthetic(n_users, n_items, rank, a.nnz, a.noise, a.data_seed, a.alpha)
-    u, i, r = load_csv(a.data)
+def _check_ids(path: str, data: Triples, n_users: int, n_items: int) -> Triples:
+    u, i, r = data
     if u.size and u.max() >= n_users:
-        raise DataError(f"{a.data}: user id {int(u.max())} does not fit table L with {n_users} rows")
+        raise DataError(f"{path}: user id {int(u.max())} does not fit table L with {n_users} rows")
     if i.size and i.max() >= n_items:
-        raise DataError(f"{a.data}: item id {int(i.max())} does not fit table R with {n_items} rows")
+        raise DataError(f"{path}: item id {int(i.max())} does not fit table R with {n_items} rows")
     return u, i, r
+
+
+def load_data(a: MFArgs, n_users: int, n_items: int, rank: int) -> tuple[Triples, Triples]:
+    """(training, held-out) ratings of the job, ids checked; every worker loads the same ones."""
+    if a.data == "synthetic":
+        u, i, r = synthetic(n_users, n_items, rank, a.nnz, a.noise, a.data_seed, a.alpha)
+        k = int(round(u.size * a.holdout))  # synthetic() returns its ratings in random order
+        return (u[k:], i[k:], r[k:]), (u[:k], i[:k], r[:k])
+    train = _check_ids(a.data, load_csv(a.data), n_users, n_items)
+    if a.test_data:
+        return train, _check_ids(a.test_data, load_csv(a.test_data), n_users, n_items)
+    return train, (train[0][:0], train[1][:0], train[2][:0])
+
+
+class HeldOut:
+    """One worker's share of the held-out ratings, scored against the rows its cache holds now."""
+
+    def __init__(self, test: Triples, lo: float, hi: float) -> None:
+        u, i, r = test
+        self.users, u_idx = np.unique(u, return_inverse=True)
+        self.items, i_idx = np.unique(i, return_inverse=True)
+        self.u_idx, self.i_idx = u_idx.astype(np.int64), i_idx.astype(np.int64)
+        self.r = np.ascontiguousarray(r, dtype=np.float32)
+        self.lo, self.hi = lo, hi
+
+    def score(self, L: PSTable, R: PSTable) -> dict[str, float]:
+        """``heldout_se`` (Σ squared error, predictions clipped to the training ratings' range) and
+        ``heldout_count``; the launcher reports sqrt(Σ se / Σ count) over workers as ``heldout_rmse``."""
+        if self.r.size == 0:
+            return {"heldout_se": 0.0, "heldout_count": 0}
+        Lv = np.ascontiguousarray(L.get_rows(self.users), dtype=np.float32)
+        Rv = np.ascontiguousarray(R.get_rows(self.items), dtype=np.float32)
+        se = clipped_squared_error(self.u_idx, self.i_idx, self.r, Lv, Rv, self.lo, self.hi)
+        return {"heldout_se": float(se), "heldout_count": int(self.r.size)}
 
 
 def train(client: PSClient, args: Mapping[str, Any]) -> None:
     """Run ``epochs * clocks_per_epoch`` clocks of data-parallel SGD on this worker's partition."""
     a: MFArgs = from_dict(MFArgs, args, "app.args")
     L, R = _check_tables(client, a)
-    part = partition(*load_data(a, L.rows, R.rows, L.cols), client.rank, client.num_workers, seed=a.data_seed)
+    train_all, test_all = load_data(a, L.rows, R.rows, L.cols)
+    owner = user_owner(train_all[0], L.rows, client.num_workers, seed=a.data_seed)
+    part = partition(*train_all, client.rank, client.num_workers, owner=owner)
+    scale = (float(train_all[2].min()), float(train_all[2].max())) if train_all[2].size else (0.0, 0.0)
+    held = HeldOut(partition(*test_all, client.rank, client.num_workers, owner=owner), *scale)
+    evaluate = a.eval_every > 0 and test_all[2].size > 0
     rng = np.random.default_rng([a.seed, client.rank])
     b = a.batches_per_clock
     cut = batches(part, a.clocks_per_epoch * b, rng)
     clocks = [cut[k:k + b] for k in range(0, len(cut), b)]
     gradient = _gradient_mode(a, L, R)
+    tick, last = 0, a.epochs * len(clocks)
     for epoch in range(a.epochs):
         lr = a.lr * a.lr_decay ** epoch
         for batch_list in clocks:
@@ -129,7 +177,9 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             for batch in batch_list:
                 dl, ds = _step(batch, L, R, a, lr, gradient, rng)
                 loss, seconds, samples = loss + dl, seconds + ds, samples + int(batch.r.size)
-            client.report(objective=loss, samples=samples, seconds=seconds)
+            tick += 1
+            fields = held.score(L, R) if evaluate and (tick % a.eval_every == 0 or tick == last) else {}
+            client.report(objective=loss, samples=samples, seconds=seconds, **fields)
             client.clock()
 
 

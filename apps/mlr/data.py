@@ -19,12 +19,13 @@ import numpy as np
 from numba import njit
 
 from bosen.apps import textparse as tp
+from bosen.apps.datasets.packaged import prepare_hint
 from bosen.apps.mlr.kernels import logits
 from bosen.errors import DataError
 
 __all__ = [
-    "DataError", "Dataset", "read_libsvm", "write_libsvm", "synthetic", "digits", "split_holdout",
-    "partition",
+    "DataError", "Dataset", "read_libsvm", "read_libsvm_cached", "write_libsvm", "save_npz", "load_npz",
+    "from_dense", "synthetic", "digits", "split_holdout", "partition",
 ]
 
 
@@ -248,6 +249,95 @@ def write_libsvm(path: str | os.PathLike, ds: Dataset, one_based: bool = True) -
 
 
 # ----------------------------------------------------------------------------------------------
+# the binary form: a .npz of the CSR arrays, read in milliseconds (no pickle)
+
+_NPZ_KEYS = ("indptr", "indices", "values", "labels", "shape")
+CACHE_SUFFIX = ".bosen.npz"  # a libsvm file's parsed form, written beside it
+
+
+def save_npz(path: str | os.PathLike, ds: Dataset, **extra: np.ndarray) -> None:
+    """Write ``ds`` as an uncompressed .npz (atomically: a temporary file, then rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.npz")
+    arrays: dict[str, np.ndarray] = {"indptr": ds.indptr, "indices": ds.indices, "values": ds.values,
+                                     "labels": ds.labels,
+                                     "shape": np.array([ds.features, ds.classes], dtype=np.int64), **extra}
+    np.savez(tmp, allow_pickle=False, **arrays)
+    os.replace(tmp, path)
+
+
+def load_npz(path: str | os.PathLike) -> tuple[Dataset, dict[str, np.ndarray]]:
+    """Read a file written by :func:`save_npz`; (dataset, its other arrays). Checked like a text file:
+    a malformed one is a DataError naming the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"{p}: data file not found, cannot read it{prepare_hint(p)}")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise DataError(f"{p}: not a readable .npz file: {e}") from None
+    missing = [k for k in _NPZ_KEYS if k not in arrays]
+    if missing:
+        raise DataError(f"{p}: not an MLR data file: no {', '.join(missing)} array")
+    indptr, indices = arrays["indptr"].astype(np.int64), arrays["indices"].astype(np.int32)
+    values, labels = arrays["values"].astype(np.float32), arrays["labels"].astype(np.int32)
+    features, classes = (int(v) for v in arrays["shape"][:2])
+    n = labels.shape[0]
+    ok = (indptr.shape == (n + 1,) and indptr[0] == 0 and np.all(np.diff(indptr) >= 0)
+          and indptr[-1] == indices.shape[0] == values.shape[0])
+    if not ok:
+        raise DataError(f"{p}: inconsistent CSR arrays (indptr does not match indices/values/labels)")
+    if indices.size and (indices.min() < 0 or indices.max() >= features):
+        raise DataError(f"{p}: a feature id is outside 0..{features - 1}")
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise DataError(f"{p}: a label is outside 0..{classes - 1}")
+    extra = {k: v for k, v in arrays.items() if k not in _NPZ_KEYS}
+    return Dataset(indptr, indices, values, labels, features, classes), extra
+
+
+def read_libsvm_cached(path: str | os.PathLike, features: int | None = None, zero_based: bool | str = "auto",
+                       label_map: np.ndarray | None = None) -> tuple[Dataset, np.ndarray]:
+    """:func:`read_libsvm`, but the parsed arrays are kept beside the file (``FILE.bosen.npz``) and
+    read from there while the file's size and modification time are unchanged. Parsing text is what
+    dominated jobs on large files (every worker parses the whole file); a directory we may not
+    write to just means no cache."""
+    p = Path(path)
+    cache = p.with_name(p.name + CACHE_SUFFIX)
+    try:
+        st = p.stat()
+    except OSError:
+        return read_libsvm(p, features, zero_based, label_map)
+    key = np.array([st.st_size, st.st_mtime_ns, -1 if features is None else features,
+                    {True: 0, False: 1, "auto": 2}[zero_based]], dtype=np.int64)
+    if cache.is_file():
+        try:
+            ds, extra = load_npz(cache)
+            if "source_key" in extra and np.array_equal(extra["source_key"], key):
+                # the file's own labels: remap them through the caller's training classes
+                file_labels = extra["label_map"][ds.labels]
+                lm = extra["label_map"] if label_map is None else label_map
+                return _relabel(ds, file_labels, lm, p), lm
+        except DataError:
+            pass  # a stale or torn cache is rebuilt
+    ds, lm = read_libsvm(p, features, zero_based, label_map)
+    try:
+        save_npz(cache, ds, label_map=lm, source_key=key)
+    except OSError:
+        pass
+    return ds, lm
+
+
+def _relabel(ds: Dataset, file_labels: np.ndarray, label_map: np.ndarray, path: Path) -> Dataset:
+    pos = np.minimum(np.searchsorted(label_map, file_labels), len(label_map) - 1)
+    bad = np.nonzero(label_map[pos] != file_labels)[0]
+    if len(bad):
+        raise DataError(f"{path}: label {int(file_labels[bad[0]])} (sample {int(bad[0]) + 1}) is not one of the "
+                        f"training classes {label_map.tolist()}")
+    return Dataset(ds.indptr, ds.indices, ds.values, pos.astype(np.int32), ds.features, len(label_map))
+
+
+# ----------------------------------------------------------------------------------------------
 # generated and packaged data
 
 
@@ -283,18 +373,23 @@ def synthetic(n: int, features: int, classes: int, nnz: int = 20, seed: int = 0,
     return Dataset(indptr, indices, values, labels, features, classes)
 
 
+def from_dense(x: np.ndarray, labels: np.ndarray, classes: int) -> Dataset:
+    """A dense (n, features) matrix as CSR rows without its zeros."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    mask = x != 0
+    indptr = np.zeros(x.shape[0] + 1, dtype=np.int64)
+    np.cumsum(mask.sum(axis=1), out=indptr[1:])
+    indices = np.nonzero(mask)[1].astype(np.int32)
+    return Dataset(indptr, indices, x[mask], np.asarray(labels, dtype=np.int32), x.shape[1], classes)
+
+
 def digits() -> Dataset:
     """sklearn's handwritten digits (1797 8x8 images, 10 classes): a real data set shipped with
     scikit-learn, so tests need no download. Pixels are scaled from 0..16 to [0, 1]."""
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    x = (d.data / 16.0).astype(np.float32)
-    mask = x != 0
-    indptr = np.zeros(x.shape[0] + 1, dtype=np.int64)
-    np.cumsum(mask.sum(axis=1), out=indptr[1:])
-    indices = np.nonzero(mask)[1].astype(np.int32)
-    return Dataset(indptr, indices, x[mask], d.target.astype(np.int32), x.shape[1], 10)
+    return from_dense(d.data / 16.0, d.target, 10)
 
 
 def split_holdout(ds: Dataset, fraction: float, seed: int) -> tuple[Dataset, Dataset]:

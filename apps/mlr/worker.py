@@ -63,8 +63,8 @@ class SyntheticArgs:
 class MLRArgs:
     """``app.args`` of the MLR worker."""
 
-    data: str = "digits"  # "digits" | "synthetic" | path of a libsvm/svmlight file
-    test_data: str = ""  # libsvm file of held-out samples; "" = cut ``holdout`` off ``data``
+    data: str = "digits"  # "digits" | "synthetic" | a .npz (``bosen data``) or libsvm/svmlight file
+    test_data: str = ""  # file of held-out samples, same format; "" = cut ``holdout`` off ``data``
     zero_based: bool | None = None  # libsvm feature ids; None = auto (1-based unless an id 0 occurs)
     table: str = "W"
     classes: int | None = None  # None: the table's rows
@@ -123,10 +123,9 @@ def load_data(a: MLRArgs, classes: int, features: int) -> tuple[D.Dataset, D.Dat
         s = a.synthetic
         full = D.synthetic(s.n, features, classes, s.nnz, seed=s.seed, temperature=s.temperature)
     else:
-        zb = "auto" if a.zero_based is None else a.zero_based
-        full, label_map = D.read_libsvm(a.data, features=features, zero_based=zb)
+        full, label_map = _read_file(a, a.data, features, None)
         if a.test_data:
-            test, _ = D.read_libsvm(a.test_data, features=features, zero_based=zb, label_map=label_map)
+            test, _ = _read_file(a, a.test_data, features, label_map)
             if full.classes > classes:
                 raise ConfigError(f"{a.data}: {full.classes} classes do not fit a table of {classes} rows")
             return _with_geometry(full, classes, features), _with_geometry(test, classes, features)
@@ -137,6 +136,18 @@ def load_data(a: MLRArgs, classes: int, features: int) -> tuple[D.Dataset, D.Dat
         raise ConfigError(f"{a.data}: {full.classes} classes do not fit a table of {classes} rows")
     train, held = D.split_holdout(_with_geometry(full, classes, features), a.holdout, a.seed)
     return train, held
+
+
+def _read_file(a: MLRArgs, path: str, features: int, label_map: np.ndarray | None) -> tuple[D.Dataset, np.ndarray]:
+    """A ``.npz`` (``bosen data``, :func:`D.save_npz`) or a libsvm file, parsed once and cached beside it."""
+    if path.endswith(".npz"):
+        ds, _ = D.load_npz(path)
+        if ds.features > features:
+            raise ConfigError(f"{path}: {ds.features} features do not fit a table of {features + 1} cols "
+                              f"(features + 1 bias column)")
+        return ds, np.arange(ds.classes, dtype=np.int64)
+    zb = "auto" if a.zero_based is None else a.zero_based
+    return D.read_libsvm_cached(path, features=features, zero_based=zb, label_map=label_map)
 
 
 def _with_geometry(ds: D.Dataset, classes: int, features: int) -> D.Dataset:
