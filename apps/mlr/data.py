@@ -262,7 +262,7 @@ def save_npz(path: str | os.PathLike, ds: Dataset, **extra: np.ndarray) -> None:
     arrays: dict[str, np.ndarray] = {"indptr": ds.indptr, "indices": ds.indices, "values": ds.values,
                                      "labels": ds.labels,
                                      "shape": np.array([ds.features, ds.classes], dtype=np.int64), **extra}
-    np.savez(tmp, allow_pickle=False, **arrays)
+    np.savez(tmp, **arrays)  # type: ignore[arg-type]  # numeric arrays: nothing is pickled
     os.replace(tmp, path)
 
 
