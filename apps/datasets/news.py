@@ -2,8 +2,10 @@
 
 3,824 English news articles (title and text). Tokens are lower-case runs of letters of length 3 or
 more, minus English stop words; a word is kept if it occurs in at least ``MIN_DF`` training documents
-and in at most ``MAX_DF`` of them. A seeded 10% of the articles is held out (``docword.news-heldout.txt``,
-same vocabulary, for document completion); the vocabulary comes from the training articles only.
+and in at most a ``MAX_DF`` share of them; documents left with fewer than ``MIN_TOKENS`` tokens are
+then dropped (a few words can fall below ``MIN_DF`` that way). A seeded 10% of the articles is held
+out (``docword.news-heldout.txt``, same vocabulary, for document completion); the vocabulary comes
+from the training articles only.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from bosen.apps.lda.data import (
     write_ldac,
     write_uci,
 )
-from bosen.apps.lda.model import Sampler, fit, loglikelihood, top_words
+from bosen.apps.lda.model import DocumentCompletion, Sampler, fit, loglikelihood, top_words
 from bosen.apps.lda.worker import LDAArgs, train
 from bosen.errors import ConfigError
 
@@ -440,6 +440,70 @@ def test_args_method_choice():
 
 
 # ------------------------------------------------------------------------------------------------
+# held-out log-likelihood by document completion
+
+
+def test_completion_loglik_matches_numpy():
+    rng = np.random.default_rng(0)
+    phi = rng.dirichlet(np.ones(30), size=5).T.copy()  # (W=30, K=5), columns sum to 1
+    theta = rng.dirichlet(np.ones(5), size=3)
+    ptr = np.array([0, 4, 4, 9], np.int64)
+    words = rng.integers(0, 30, size=9).astype(np.int64)
+    docs = np.repeat(np.arange(3), np.diff(ptr))
+    direct = float(np.sum(np.log(np.sum(theta[docs] * phi[words], axis=1))))
+    assert K_.completion_loglik(ptr, words, theta, phi) == pytest.approx(direct, rel=1e-12)
+
+
+def test_fold_in_recovers_the_topic_mix_of_planted_documents():
+    corpus = generate(200, 300, 6, 200.0, alpha=0.1, beta=0.02, seed=4)
+    phi = corpus.phi.T.copy()  # the true topics, (V, K)
+    ptr = corpus.doc_ptr()
+    theta = K_.fold_in(ptr, corpus.words.astype(np.int64), phi, 0.1, 30, 10, 1)
+    np.testing.assert_allclose(theta.sum(axis=1), 1.0, rtol=1e-9)
+    assert np.abs(theta - corpus.theta).sum(axis=1).mean() < 0.25  # L1 between topic mixes (max 2)
+    uniform = np.full_like(theta, 1 / 6)
+    words = corpus.words.astype(np.int64)
+    gain = K_.completion_loglik(ptr, words, theta, phi) - K_.completion_loglik(ptr, words, uniform, phi)
+    assert gain > 0.3 * words.size
+
+
+def test_document_completion_scores_the_unseen_half_with_the_true_model_best():
+    corpus = generate(300, 200, 5, 80.0, alpha=0.1, beta=0.05, seed=6)
+    dc = DocumentCompletion(corpus, alpha=0.1, beta=0.05, sweeps=20, burn_in=10, seed=3)
+    lens = np.diff(corpus.doc_ptr())
+    assert dc.tokens == int((lens // 2).sum()) and dc.obs_words.size == corpus.n_tokens - dc.tokens
+    # each document's two halves together are its tokens
+    d0 = sorted(dc.rows[np.concatenate([dc.obs_words[dc.obs_ptr[0]:dc.obs_ptr[1]],
+                                        dc.held_words[dc.held_ptr[0]:dc.held_ptr[1]]])].tolist())
+    assert d0 == sorted(corpus.words[:lens[0]].tolist())
+    true_counts = np.round(corpus.phi.T * 1e5).astype(np.int32)[dc.rows]  # phi as large counts
+    good = dc.loglik(true_counts, true_counts.sum(axis=0)) / dc.tokens
+    flat = np.ones_like(true_counts)
+    bad = dc.loglik(flat, np.full(5, 200)) / dc.tokens  # every one of the V = 200 words counted once
+    assert bad == pytest.approx(-np.log(200), abs=0.01)  # uniform topics: every word 1/V
+    assert good > bad + 0.3
+
+
+def test_train_in_process_reports_heldout_loglik_of_the_table_it_read(tmp_path):
+    corpus = generate(240, 120, 4, 50.0, alpha=0.1, beta=0.05, seed=8)
+    write_uci(corpus.subset(0, 200), tmp_path / "docword.t.txt")
+    write_uci(corpus.subset(200, 240), tmp_path / "docword.t-heldout.txt")
+    c = _client(120, 4)
+    train(c, {"data": str(tmp_path / "docword.t.txt"), "test_data": str(tmp_path / "docword.t-heldout.txt"),
+              "K": 4, "iterations": 6, "eval_every": 2, "foldin_sweeps": 8, "save_model": False})
+    held = [r for r in c.reports if "heldout_ll" in r]
+    assert len(held) == 3
+    wt, ts = c.tables["word_topic"].data, c.tables["topic_summary"].data[0]
+    dc = DocumentCompletion(corpus.subset(200, 240), 0.1, 0.1, 8, 4, 1)  # seed * 7919 + rank + 1
+    assert held[-1]["heldout_tokens"] == dc.tokens
+    assert held[-1]["heldout_ll"] == pytest.approx(dc.loglik(wt[dc.rows], ts), rel=1e-12)
+    with pytest.raises(DataError, match="a vocabulary of 7 words, but the training corpus has 120"):
+        write_uci(generate(5, 7, 2, 10.0, seed=1), tmp_path / "docword.small.txt")
+        train(_client(120, 4), {"data": str(tmp_path / "docword.t.txt"), "K": 4, "iterations": 1,
+                                "test_data": str(tmp_path / "docword.small.txt")})
+
+
+# ------------------------------------------------------------------------------------------------
 # end to end through `bosen launch` (2 workers, SSP staleness 2)
 
 
@@ -516,15 +580,21 @@ def test_e2e_managed_comm_mini_batches_read_mid_clock_values_and_keep_counts_exa
 @pytest.mark.timeout(90)
 def test_e2e_uci_file_finer_clocks_mh(tmp_path):
     c = generate(600, 400, 6, 60.0, alpha=0.1, beta=0.05, seed=9)
-    write_uci(c, tmp_path / "docword.e.txt", tmp_path / "vocab.e.txt")
+    write_uci(c.subset(0, 500), tmp_path / "docword.e.txt", tmp_path / "vocab.e.txt")
+    write_uci(c.subset(500, 600), tmp_path / "docword.e-heldout.txt")
+    c = c.subset(0, 500)
     args = {"data": str(tmp_path / "docword.e.txt"), "K": 8, "iterations": 10, "clocks_per_epoch": 2,
-            "sampler": "mh", "beta": 0.01}
+            "sampler": "mh", "beta": 0.01, "test_data": str(tmp_path / "docword.e-heldout.txt"), "eval_every": 4}
     p, run_dir = _launch(tmp_path, 400, 8, args)
     assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     work = [x for x in _clocks(run_dir) if "tokens" in x]
     assert len(work) == 20 and sum(x["tokens"] for x in work[:2]) == c.n_tokens
     assert work[-1]["objective"] > work[0]["objective"]
     assert "w00" in (run_dir / "topics.txt").read_text()  # vocabulary names from vocab.e.txt
+    held = [x for x in work if "heldout_ll_per_token" in x]
+    assert len(held) == 5 and all(x["workers"] == 2 for x in held)  # ticks 4, 8, ..., 20 (the last)
+    assert held[-1]["heldout_ll_per_token"] > held[0]["heldout_ll_per_token"] > -np.log(400)
+    assert "ll per token" in p.stdout
 
 
 @pytest.mark.timeout(90)

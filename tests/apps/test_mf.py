@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from inprocess import InProcessClient, InProcessTable
 
-from bosen.apps.mf.data import load_csv, partition, synthetic
-from bosen.apps.mf.kernels import sgd_pass, squared_loss
+from bosen.apps.mf.data import load_csv, partition, synthetic, user_owner
+from bosen.apps.mf.kernels import clipped_squared_error, sgd_pass, squared_loss
 from bosen.apps.mf.worker import train
 
 # ------------------------------------------------------------------------------------------------
@@ -205,6 +205,37 @@ def test_train_rejects_non_float32_table():
         train(_client({"L": (400, 8), "R": (100, 8)}, dtype="float64"), ARGS)
 
 
+def test_heldout_rmse_is_the_rmse_of_the_final_model_on_the_heldout_ratings():
+    c = _client({"L": (400, 8), "R": (100, 8)})
+    train(c, {**ARGS, "holdout": 0.2, "eval_every": 3})
+    held = [r for r in c.reports if "heldout_se" in r]
+    assert [c.reports.index(r) for r in held] == [2, 5, 7]  # every 3rd clock and the last
+    u, i, r = synthetic(400, 100, 8, 6000, 0.05, 0, 0.8)
+    k = 1200  # the first 20% of the (shuffled) synthetic ratings are held out
+    pred = np.einsum("ij,ij->i", c.tables["L"].data[u[:k]], c.tables["R"].data[i[:k]]).astype(np.float64)
+    pred = np.clip(pred, r[k:].min(), r[k:].max())  # clipped to the training ratings' range
+    direct = float(np.sqrt(np.mean((r[:k] - pred) ** 2)))
+    last = held[-1]
+    assert last["heldout_count"] == k
+    assert np.sqrt(last["heldout_se"] / last["heldout_count"]) == pytest.approx(direct, rel=1e-5)
+    assert direct < 0.9 * np.sqrt(held[0]["heldout_se"] / k)  # it learned something
+
+
+def test_clipped_squared_error_and_owner_of_heldout_users():
+    L = np.array([[1.0, 0.0], [0.0, 3.0]], np.float32)
+    R = np.array([[2.0, 0.0], [0.0, 2.0]], np.float32)
+    u, i = np.array([0, 1, 1]), np.array([0, 1, 0])
+    r = np.array([1.5, 5.0, 0.5], np.float32)  # predictions 2, 6 -> 5, 0 -> 1
+    assert clipped_squared_error(u, i, r, L, R, 1.0, 5.0) == pytest.approx(0.25 + 0.0 + 0.25)
+    users = np.array([0, 0, 1, 2, 2, 2, 5], np.int64)
+    owner = user_owner(users, 8, 2)
+    assert owner.shape == (8,) and set(owner.tolist()) <= {0, 1}
+    assert owner[3] == 3 % 2 and owner[7] == 7 % 2  # no training ratings: spread by id
+    test_u = np.array([0, 3, 7, 2], np.int64)
+    parts = [partition(test_u, test_u, test_u.astype(np.float32), k, 2, owner=owner)[0] for k in range(2)]
+    assert sorted(np.concatenate(parts).tolist()) == sorted(test_u.tolist())
+
+
 def test_train_csv_ids_must_fit_tables(tmp_path):
     p = _write(tmp_path, "0,1,1.0\n5,99,2.0\n")
     with pytest.raises(ValueError, match="item id 99 does not fit table R with 10 rows"):
@@ -261,3 +292,17 @@ def test_e2e_csv_two_workers(tmp_path):
     assert len(clocks) == 15 and all(c["samples"] == 4000 for c in clocks)
     obj = [c["objective"] for c in clocks]
     assert obj[-1] < 0.3 * obj[0], f"MF did not converge: {obj}"
+
+
+def test_e2e_heldout_rmse_from_a_test_file_in_every_clock_record(tmp_path):
+    u, i, r = synthetic(300, 80, 4, 5000, noise=0.05, seed=7)
+    for name, sl in (("train.csv", slice(1000, None)), ("test.csv", slice(0, 1000))):
+        body = "".join(f"{a},{b},{c:.5f}\n" for a, b, c in zip(u[sl], i[sl], r[sl], strict=True))
+        (tmp_path / name).write_text("user,item,rating\n" + body)
+    args = {"data": str(tmp_path / "train.csv"), "test_data": str(tmp_path / "test.csv"), "epochs": 10,
+            "lr": 0.08, "reg": 0.01}
+    clocks = _launch(tmp_path, 300, 80, 4, args)
+    assert all(c["heldout_count"] == 1000 for c in clocks)  # both workers' shares, every clock
+    rmse = [c["heldout_rmse"] for c in clocks]
+    assert rmse[-1] < 0.75 * rmse[0] and rmse[-1] == min(rmse), rmse
+    assert (tmp_path / "run" / "objective.png").stat().st_size > 0

@@ -293,6 +293,60 @@ def test_train_libsvm_file_with_test_file(tmp_path):
     assert _acc(c.reports[-1]) > 0.6
 
 
+def test_npz_round_trip_and_malformed_files(tmp_path):
+    ds = D.synthetic(200, 30, 3, nnz=6, seed=1)
+    D.save_npz(tmp_path / "d.npz", ds)
+    back, extra = D.load_npz(tmp_path / "d.npz")
+    assert extra == {} and (back.features, back.classes) == (30, 3)
+    for k in ("indptr", "indices", "values", "labels"):
+        np.testing.assert_array_equal(getattr(back, k), getattr(ds, k))
+    np.savez(tmp_path / "bad.npz", indptr=np.array([0, 5]), indices=np.arange(2), values=np.ones(2),
+             labels=np.zeros(1), shape=np.array([30, 3]))
+    with pytest.raises(D.DataError, match="bad.npz: inconsistent CSR arrays"):
+        D.load_npz(tmp_path / "bad.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(D.DataError, match="junk.npz: not a readable .npz file"):
+        D.load_npz(tmp_path / "junk.npz")
+
+
+def test_libsvm_cache_is_used_until_the_file_changes(tmp_path):
+    full = D.synthetic(500, 40, 4, nnz=8, seed=3)
+    tr, ho = D.split_holdout(full, 0.3, 0)
+    D.write_libsvm(tmp_path / "tr.svm", tr)
+    D.write_libsvm(tmp_path / "te.svm", ho)
+    a, lm = D.read_libsvm_cached(tmp_path / "tr.svm", features=40)
+    cache = tmp_path / ("tr.svm" + D.CACHE_SUFFIX)
+    assert cache.is_file()
+    t_a, _ = D.read_libsvm_cached(tmp_path / "te.svm", features=40, label_map=lm)
+    # a second read comes from the cache (mark it to tell) and equals the parse
+    ds, extra = D.load_npz(cache)
+    D.save_npz(cache, D.Dataset(ds.indptr, ds.indices, ds.values * 0 + 7, ds.labels, ds.features, ds.classes),
+               **extra)
+    b, lm_b = D.read_libsvm_cached(tmp_path / "tr.svm", features=40)
+    assert np.all(b.values == 7) and np.array_equal(lm_b, lm) and np.array_equal(b.labels, a.labels)
+    t_b, _ = D.read_libsvm_cached(tmp_path / "te.svm", features=40, label_map=lm)
+    np.testing.assert_array_equal(t_b.labels, t_a.labels)
+    # the file changes: parsed again
+    D.write_libsvm(tmp_path / "tr.svm", tr.take(np.arange(100)))
+    c, _ = D.read_libsvm_cached(tmp_path / "tr.svm", features=40)
+    assert c.n == 100 and not np.any(c.values == 7)
+
+
+def test_train_npz_files_report_heldout_accuracy_of_the_final_model(tmp_path):
+    full = D.synthetic(3000, 40, 4, nnz=10, seed=3, temperature=0.1)
+    tr, ho = D.split_holdout(full, 0.25, 0)
+    D.save_npz(tmp_path / "train.npz", tr)
+    D.save_npz(tmp_path / "test.npz", ho)
+    c = _client(4, 41)
+    train(c, {"data": str(tmp_path / "train.npz"), "test_data": str(tmp_path / "test.npz"), "epochs": 5,
+              "lr": 1.0, "reg": 0.0})
+    W = c.tables["W"].data
+    direct = float(np.mean(np.argmax(ho.dense() @ W[:, :-1].T + W[:, -1], axis=1) == ho.labels))
+    last = c.reports[-1]
+    assert last["heldout_total"] == ho.n and last["heldout_correct"] / ho.n == pytest.approx(direct, abs=1e-9)
+    assert direct > 0.6
+
+
 def test_train_synthetic_uses_table_geometry():
     c = _client(5, 31)
     train(c, {"data": "synthetic", "synthetic": {"n": 2000, "nnz": 8}, "epochs": 3, "holdout": 0.1})

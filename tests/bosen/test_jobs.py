@@ -65,3 +65,16 @@ def test_the_merger_sums_a_clock_once_every_worker_reported(tmp_path: Path) -> N
         f.write('{"rank": 1, "clock": 1')  # half a line: not read yet
     assert m.poll() == [{"kind": "clock", "clock": 0, "workers": 2, "time": 2.0, "samples": 12}]
     assert m.finish() == []
+
+
+def test_the_merger_derives_heldout_measures_from_the_workers_sums(tmp_path: Path) -> None:
+    (tmp_path / "workers").mkdir()
+    m = MetricsMerger(tmp_path, 2, io.StringIO())
+    for rank, (se, n, ll, tok, ok) in enumerate([(8.0, 10, -30.0, 10, 3), (10.0, 10, -50.0, 30, 0)]):
+        rec = {"rank": rank, "clock": 0, "heldout_se": se, "heldout_count": n, "heldout_ll": ll,
+               "heldout_tokens": tok, "heldout_correct": ok, "heldout_total": 4 if rank == 0 else 0}
+        (tmp_path / "workers" / f"{rank}.jsonl").write_text(json.dumps(rec) + "\n")
+    (rec,) = m.poll()
+    assert rec["heldout_rmse"] == pytest.approx((18.0 / 20) ** 0.5)  # over all ratings, not a mean of RMSEs
+    assert rec["heldout_ll_per_token"] == pytest.approx(-80.0 / 40)
+    assert rec["heldout_accuracy"] == pytest.approx(3 / 4)
