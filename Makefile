@@ -33,6 +33,7 @@ test:
 ## make bench: every benchmark in quick mode (JSON lines on stdout); baselines need the bench extra
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
+	for d in movielens news fashion-mnist; do test -f data/$$d/dataset.json || $(VENV)/bin/bosen data $$d; done
 	$(PY) bench/throughput.py --quick
 	$(PY) bench/budget.py --quick
 	$(PY) bench/convergence.py --quick
