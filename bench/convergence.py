@@ -2,7 +2,7 @@
 
     python bench/convergence.py [--scenario lda|mf|mlr|adarev|all] [--quick] [--out bench/out]
                                 [--workers 4,8] [--seeds 0,1,2] [--budgets 4,16] [--ks 2,4,8]
-                                [--link-mbit N]
+                                [--link-mbit N] [--data synthetic|real]
 
 Every job is ``python -m bosen launch CONFIG --set ...`` (servers and workers as processes, run by
 ``bosen.jobs.run_job``); the bench reads ``RUN_DIR/metrics.jsonl`` (per-clock records summed over
@@ -24,7 +24,9 @@ lda, mf, mlr -- thesis §3.3 in miniature, per app at P = 4 and 8 worker process
     epoch, how much of its budget it used, the share of rows read that held a value pushed mid-clock
     and the mean staleness of the rows read. Per mode the medians over seeds (and min/max epochs),
     then one line per goal of the evaluation with ``met``. ``--link-mbit N`` runs it all inside a
-    network namespace whose loopback is shaped to N Mbit/s (bench/shaped_link.py).
+    network namespace whose loopback is shaped to N Mbit/s (bench/shaped_link.py). ``--data real``
+    runs each app on its real data set instead (``REAL_APPS``: news articles, MovieLens-100K,
+    Fashion-MNIST, prepared with ``bosen data`` into data/ when missing).
 
 adarev -- thesis §3.2.3 / Fig 3.3 in miniature: SGD matrix factorization (apps/mf, synthetic
     Netflix-shaped ratings, 2 servers, 2 workers, staleness 2) with AdaRevision on the servers
@@ -188,6 +190,7 @@ class AppSpec:
     table: str                     # the table whose per-row send counts are drawn
     ll_every: bool = False         # LDA: compute the objective once per epoch (ll_every = clocks per epoch)
     send_rows: int = 100           # rows per budgeted message (client_send_rows, server_push_rows)
+    dataset: str = ""              # a `bosen data` set the config reads (prepared into data/ when missing)
 
 
 APPS: dict[str, AppSpec] = {
@@ -207,6 +210,22 @@ APPS: dict[str, AppSpec] = {
                    {"app.args.data": "synthetic", "tables.W.cols": 201, "app.args.synthetic.n": 4000},
                    {"app.args.lr": 0.05}, 8, (10.0, 40.0), (40.0,), "sum", False,
                    "training log-loss (sum over the epoch)", "W"),
+}
+# --data real: the data sets of `bosen data` (issue 17), each through its own config; the held-out
+# measures are off (eval_every 0) so that the time per epoch is training alone
+REAL_APPS: dict[str, AppSpec] = {
+    # 3,421 news articles, 945k tokens, V = 13,994, K = 20
+    "lda": AppSpec("lda-news.yaml", "app.args.iterations", 30, 6, {}, {}, {"app.args.eval_every": 0}, 8,
+                   (10.0, 40.0), (40.0,), "last", True, "log-likelihood (higher is better)", "word_topic",
+                   ll_every=True, send_rows=800, dataset="news"),
+    # MovieLens-100K: 80,000 training ratings, 943 users, 1,682 movies, rank 16
+    "mf": AppSpec("mf-movielens.yaml", "app.args.epochs", 20, 6, {}, {},
+                  {"app.args.eval_every": 0, "app.args.lr": 0.01}, 10, (10.0, 40.0), (40.0,), "sum", False,
+                  "training squared loss (sum over the epoch)", "R", send_rows=1000, dataset="movielens"),
+    # Fashion-MNIST: 60,000 training images, 784 pixels, 10 classes
+    "mlr": AppSpec("mlr-fashion.yaml", "app.args.epochs", 20, 4, {}, {}, {"app.args.eval_every": 0}, 8,
+                   (10.0, 40.0), (40.0,), "sum", False, "training log-loss (sum over the epoch)", "W",
+                   dataset="fashion-mnist"),
 }
 SEED_KEY = "app.args.seed"
 BASE_STALENESS = 2  # thesis: s = 2 at one clock per pass; BS-k keeps the bound at 2 passes (s = 2k)
@@ -277,7 +296,7 @@ def _target(bs: Run, frac: float) -> float:
 
 def scenario_app(app: str, args: argparse.Namespace) -> None:
     """BS vs MC-X-R vs MC-X-RM vs BS-k for one app at each worker count and seed (module docstring)."""
-    spec = APPS[app]
+    spec = (REAL_APPS if args.data == "real" else APPS)[app]
     quick = args.quick
     epochs = args.epochs or (spec.quick_epochs if quick else spec.epochs)
     workers = args.workers or ([4] if quick else [4, 8])
@@ -287,7 +306,9 @@ def scenario_app(app: str, args: argparse.Namespace) -> None:
     data = spec.quick_data if quick else spec.data
     work, timeout, cfg = Path(args.work), args.job_timeout, CONFIGS / spec.config
     servers = len(yaml.safe_load(cfg.read_text())["cluster"]["servers"])
-    tag = f"{app}{'-quick' if quick else ''}{args.tag}"
+    tag = f"{app}{'-real' if spec.dataset else ''}{'-quick' if quick else ''}{args.tag}"
+    if spec.dataset:
+        data = {**data, **_prepared(spec.dataset, yaml.safe_load(cfg.read_text())["app"]["args"])}
     warm = {**data, **spec.common, spec.epochs_key: 1, "cluster.workers": 2, "app.args.batches_per_clock": 2}
     launch(f"warmup-{app}", cfg, warm, 1, work, timeout)  # numba caches filled before any timed run
     runs: dict[int, dict[str, list[Run]]] = {}
@@ -317,6 +338,17 @@ def scenario_app(app: str, args: argparse.Namespace) -> None:
     send_count_figure(out / f"convergence-{tag}-sendcounts.png",
                       f"{app.upper()} P = {P}: how often each row's updates left a client (table {spec.table})", hists)
     log(f"[{BENCH}] plots: {out}/convergence-{tag}.png, -sendcounts.png")
+
+
+def _prepared(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Prepare data set ``name`` into REPO/data/NAME when missing; the config's data paths made
+    absolute (jobs run in their own directories)."""
+    from bosen.apps import datasets
+
+    if not (REPO / "data" / name / "dataset.json").is_file():
+        log(f"[{BENCH}] bosen data {name} ...")
+        datasets.prepare(name, REPO / "data" / name)
+    return {f"app.args.{k}": str(REPO / args[k]) for k in ("data", "test_data") if args.get(k)}
 
 
 def _sum_hists(hs: Sequence[dict[int, int]]) -> dict[int, int]:
@@ -437,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all", help="all = lda, mf, mlr, adarev")
     p.add_argument("--quick", action="store_true", help="small data, P = 4, one seed, one budget (CI)")
+    p.add_argument("--data", choices=["synthetic", "real"], default="synthetic",
+                   help="lda, mf, mlr: generated data, or the real data sets of `bosen data` (news, MovieLens-100K, "
+                        "Fashion-MNIST)")
     p.add_argument("--out", default=str(REPO / "bench" / "out"), help="where plots go")
     p.add_argument("--work", default=None, help="keep run directories here (default: a temporary folder)")
     p.add_argument("--job-timeout", type=float, default=900.0, help="seconds one job may take")
