@@ -40,8 +40,11 @@ def _status(args: argparse.Namespace) -> int:
 def _data(args: argparse.Namespace) -> int:
     from bosen.apps import datasets
 
-    meta = datasets.prepare(args.name, args.out, libsvm=args.libsvm)
     where = args.out or datasets.DEFAULT_ROOT / args.name
+    try:
+        meta = datasets.prepare(args.name, args.out, libsvm=args.libsvm)
+    except OSError as e:
+        raise BosenError(f"cannot write {where}: {e.strerror or e}") from None
     shape = ", ".join(f"{k} {v}" for k, v in meta.items() if isinstance(v, int))
     print(f"{args.name}: {shape}; files in {where}: {', '.join(meta['files'].values())} "
           f"({meta['seconds']:.1f}s)")

@@ -96,3 +96,6 @@ def test_cli_prepares_a_data_set(tmp_path, capsys):
     assert cli.main(["data", "mnist-5k", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "train_samples 4000" in out and "train.npz" in out
+    (tmp_path / "afile").write_text("")
+    assert cli.main(["data", "mnist-5k", "--out", str(tmp_path / "afile")]) == 2
+    assert f"bosen data: cannot write {tmp_path / 'afile'}" in capsys.readouterr().err
