@@ -88,28 +88,36 @@ class CommConfig:
         check(self.idle_ms > 0, "idle_ms: must be > 0")
 
 
+INIT_KINDS = ("constant", "normal", "uniform", "file")
+
+
 @dataclass(frozen=True)
 class InitConfig:
-    """How a table's rows start: exactly one of zeros / constant / normal (std) / uniform ([lo, hi])."""
+    """How a table's rows start: exactly one of zeros / constant / normal (std) / uniform ([lo, hi]) /
+    file (a ``.npy`` array of shape (rows, cols): values made elsewhere, e.g. a model's own
+    initialization, which a seeded generator on the servers cannot reproduce)."""
 
     zeros: bool = False
     constant: float | None = None
     normal: float | None = None
     uniform: tuple[float, float] | None = None
+    file: str | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
-        chosen = [k for k in ("constant", "normal", "uniform") if getattr(self, k) is not None]
+        chosen = [k for k in INIT_KINDS if getattr(self, k) is not None]
         check(len(chosen) <= 1 and not (chosen and self.zeros),
-               "init: choose one of zeros, constant, normal, uniform")
+               "init: choose one of zeros, constant, normal, uniform, file")
+        if self.file is not None:
+            check(self.file.endswith(".npy"), f"file: {self.file!r} must be a .npy file")
         if self.normal is not None:
-            check(self.normal >= 0, "init.normal: the standard deviation must be >= 0")
+            check(self.normal >= 0, "normal: the standard deviation must be >= 0")
         if self.uniform is not None:
-            check(self.uniform[0] <= self.uniform[1], "init.uniform: needs [low, high] with low <= high")
+            check(self.uniform[0] <= self.uniform[1], "uniform: needs [low, high] with low <= high")
 
     @property
     def kind(self) -> str:
-        for k in ("constant", "normal", "uniform"):
+        for k in INIT_KINDS:
             if getattr(self, k) is not None:
                 return k
         return "zeros"
@@ -298,20 +306,23 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
         raise ValueError(f"{prefix}{e}") from None
 
 
-def _init_from(value: Any, key: str) -> InitConfig:
+def _init_from(value: Any, key: str, base: Path | None) -> InitConfig:
     if value is None or value == "zeros":
         return InitConfig(zeros=True)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return InitConfig(constant=float(value))
-    return from_dict(InitConfig, value, key)
+    init = from_dict(InitConfig, value, key)
+    if init.file is not None and base is not None and not Path(init.file).is_absolute():
+        init = dataclasses.replace(init, file=str(base / init.file))  # relative to the config file
+    return init
 
 
-def _table_from(name: str, value: Any) -> TableConfig:
+def _table_from(name: str, value: Any, base: Path | None = None) -> TableConfig:
     key = f"tables.{name}"
     if not isinstance(value, Mapping):
         raise ValueError(f"{key}: expected a mapping with rows and cols, got {value!r}")
     value = dict(value)
-    init = _init_from(value.pop("init", None), f"{key}.init")
+    init = _init_from(value.pop("init", None), f"{key}.init", base)
     t = from_dict(TableConfig, {**value, "name": name}, key) if "name" not in value else None
     if t is None:
         raise ValueError(f"{key}.name: unknown key (the table's name is its key)")
@@ -367,11 +378,12 @@ def build(data: Mapping[str, Any], source: str = "<dict>", overrides: Any = ()) 
         if not isinstance(tables, Mapping):
             raise ValueError("tables: expected a mapping of table name to its settings")
         comm = data.get("comm")
+        base = Path(source).resolve().parent if Path(source).is_file() else None
         return Config(
             cluster=from_dict(ClusterConfig, data["cluster"], "cluster"),
             consistency=from_dict(ConsistencyConfig, data.get("consistency"), "consistency"),
             comm=_NO_COMM if comm is None else from_dict(CommConfig, comm, "comm"),
-            tables=tuple(_table_from(str(n), v) for n, v in tables.items()),
+            tables=tuple(_table_from(str(n), v, base) for n, v in tables.items()),
             app=from_dict(AppConfig, data.get("app"), "app"),
             source=source,
         )

@@ -36,3 +36,7 @@ class ReadTimeout(BosenError, TimeoutError):
 
 class ClientClosed(BosenError):
     """The client was used after close()."""
+
+
+class UsageError(BosenError, RuntimeError):
+    """An API called out of order or on the wrong object (e.g. ``step()`` before ``backward()``)."""

@@ -260,9 +260,10 @@ def _fill_random(out, global_rows, ncols_total, seed, normal, a, b):  # pragma: 
                 out[i, j] = a + (b - a) * u1
 
 
-def init_rows(init, global_rows: np.ndarray, ncols: int, dtype: np.dtype, table_seed: int) -> np.ndarray:
+def init_rows(init, global_rows: np.ndarray, shape: tuple[int, int], dtype: np.dtype, table_seed: int) -> np.ndarray:
     """Initial values of the given global rows. Deterministic per (seed, row, col), so the result
     does not depend on how many servers share the table."""
+    ncols = shape[1]
     out = np.zeros((global_rows.shape[0], ncols), dtype=dtype)
     kind = init.kind
     if kind == "constant":
@@ -273,4 +274,19 @@ def init_rows(init, global_rows: np.ndarray, ncols: int, dtype: np.dtype, table_
     elif kind == "uniform":
         lo, hi = init.uniform
         _fill_random(out, global_rows.astype(np.int64), ncols, init.seed * 1000003 + table_seed, False, lo, hi)
+    elif kind == "file":
+        out[:] = _rows_of_file(init.file, global_rows, shape, out.dtype)
     return out
+
+
+def _rows_of_file(path: str, global_rows: np.ndarray, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+    """Rows of a ``.npy`` file holding the whole table; ValueError naming the file if it does not fit."""
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"init.file: cannot read {path}: {e}") from None
+    if arr.shape != tuple(shape):
+        raise ValueError(f"init.file: {path} holds an array of shape {arr.shape}; the table is {tuple(shape)}")
+    if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
+        raise ValueError(f"init.file: {path} holds {arr.dtype} values; the table is {dtype}")
+    return np.asarray(arr[global_rows], dtype=dtype)

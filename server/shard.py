@@ -6,7 +6,7 @@ import numpy as np
 
 from bosen import priority, rowmath
 from bosen.config import CommConfig, TableConfig
-from bosen.errors import ProtocolError
+from bosen.errors import ConfigError, ProtocolError
 from bosen.partition import Partition
 from bosen.procedure import StoredProcedure
 from bosen.wire import UpdateBatch
@@ -31,7 +31,10 @@ class TableShard:
         self.rank = rank
         self.dtype = np.dtype(cfg.dtype)
         self.global_rows = partition.global_rows(rank, cfg.rows)
-        self.values = rowmath.init_rows(cfg.init, self.global_rows, cfg.cols, self.dtype, index)
+        try:
+            self.values = rowmath.init_rows(cfg.init, self.global_rows, (cfg.rows, cfg.cols), self.dtype, index)
+        except ValueError as e:
+            raise ConfigError(f"tables.{cfg.name}.{e}") from None
         self.procedure = procedure
         procedure.create(self.global_rows, self.values)
         n = self.global_rows.shape[0]

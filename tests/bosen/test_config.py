@@ -367,3 +367,19 @@ def test_float_knobs_accept_exponent_without_dot():
     assert cfgmod.load(base, ["consistency.read_timeout_s=1e-3"]).consistency.read_timeout_s == 1e-3
     with pytest.raises(cfgmod.ConfigError, match="read_timeout_s"):
         cfgmod.load(base, ["consistency.read_timeout_s=soon"])
+
+
+def test_an_init_file_is_relative_to_the_config_file(tmp_path):
+    (tmp_path / "job.yaml").write_text(
+        'cluster: {servers: ["127.0.0.1:9600"], workers: 1}\n'
+        "tables: {W: {rows: 2, cols: 2, init: {file: init/W.npy}}}\n")
+    cfg = config_mod.load(tmp_path / "job.yaml")
+    assert cfg.tables[0].init.kind == "file"
+    assert cfg.tables[0].init.file == str(tmp_path.resolve() / "init" / "W.npy")
+    def table(init):
+        return {"cluster": {"servers": ["127.0.0.1:9600"]}, "tables": {"W": {"rows": 1, "cols": 1, "init": init}}}
+
+    with pytest.raises(ConfigError, match=r"tables.W.init.file: 'W.txt' must be a .npy file"):
+        config_mod.load(table({"file": "W.txt"}))
+    with pytest.raises(ConfigError, match="choose one of zeros, constant, normal, uniform, file"):
+        config_mod.load(table({"file": "W.npy", "normal": 1}))

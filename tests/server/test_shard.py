@@ -85,3 +85,29 @@ def test_relative_scores_match_the_change_applied_for_dense_and_sparse_batches(u
     want = np.where(before != 0, change / np.where(before != 0, np.abs(before), 1), change).sum(axis=1)
     np.testing.assert_allclose(s.importance, want)
     assert want[[0, 1, 5, 6]].min() > 0 and want[[2, 3, 4, 7]].max() == 0
+
+
+def test_rows_start_from_a_npy_file_split_across_servers(tmp_path):
+    from bosen.config import InitConfig
+    values = np.arange(7 * 3, dtype=np.float32).reshape(7, 3)
+    np.save(tmp_path / "w.npy", values)
+    cfg = TableConfig(name="W", rows=7, cols=3, init=InitConfig(file=str(tmp_path / "w.npy")))
+    for rank in (0, 1):
+        s = TableShard(0, cfg, Partition(2), rank, 1, procedures.load(cfg, "t.yaml"), CommConfig(enabled=False))
+        assert np.array_equal(s.values, values[s.global_rows])
+
+
+@pytest.mark.parametrize("content, message", [
+    (np.zeros((6, 3), np.float32), r"shape \(6, 3\); the table is \(7, 3\)"),
+    (np.zeros((7, 3), np.complex64), "complex64 values; the table is float32"),
+    (None, "cannot read"),
+])
+def test_an_init_file_that_does_not_fit_names_table_and_file(tmp_path, content, message):
+    from bosen.config import InitConfig
+    from bosen.errors import ConfigError
+    path = tmp_path / "w.npy"
+    if content is not None:
+        np.save(path, content)
+    cfg = TableConfig(name="W", rows=7, cols=3, init=InitConfig(file=str(path)))
+    with pytest.raises(ConfigError, match=f"tables.W.init.file: .*{message}"):
+        TableShard(0, cfg, Partition(1), 0, 1, procedures.load(cfg, "t.yaml"), CommConfig(enabled=False))

@@ -1,0 +1,87 @@
+"""Optimizers for a ``PSModule``: the training loop keeps ``zero_grad()`` / ``backward()`` / ``step()``.
+
+- ``ServerOptimizer(model, "sgd" | "adagrad" | "adarevision", lr=...)`` pushes raw gradients; the
+  table's stored procedure takes the step on the servers (one float32 master copy, no optimizer
+  state on the workers).
+- ``DeltaOptimizer(model, torch_optimizer)`` steps any local torch optimizer and pushes the change
+  of the parameters, on an ``add`` table whose cache shows this worker's own deltas at once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bosen.apps.pytorch.module import PSModule, _table_config
+from bosen.apps.pytorch.tables import STEP_ARG
+from bosen.errors import ConfigError, UsageError
+
+
+class _PSOptimizer:
+    def __init__(self, model: PSModule) -> None:
+        if not isinstance(model, PSModule):
+            raise TypeError(f"expected a PSModule, got {type(model).__name__}: wrap the model first")
+        self.model = model
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.model.module.zero_grad(set_to_none=set_to_none)
+
+    def _table_error(self, what: str) -> ConfigError:
+        return ConfigError(f"{self.model.client.config.source}: table {self.model.layout.table} {what}")
+
+
+class ServerOptimizer(_PSOptimizer):
+    """Pushes gradients for the table's stored procedure ``name`` with step size ``lr``; both must be
+    what the tables were declared with (``declare(..., update=name, lr=lr)``), which the servers run."""
+
+    def __init__(self, model: PSModule, name: str, lr: float) -> None:
+        super().__init__(model)
+        if name not in STEP_ARG:
+            raise ValueError(f"ServerOptimizer: {name!r} is not a server optimizer (one of {', '.join(STEP_ARG)})")
+        table = model.table
+        if table.update != name:
+            raise self._table_error(f"applies {table.update!r} on the servers, not {name!r}: declare the tables "
+                                    f"with update={name!r}")
+        cfg = _table_config(model.client, model.layout.table)
+        if cfg is not None:
+            have = cfg.update_args.get(STEP_ARG[name])
+            if have is None or abs(float(have) - lr) > 1e-12 * max(1.0, abs(lr)):
+                raise self._table_error(f"steps with {STEP_ARG[name]}={have} on the servers, not lr={lr}: "
+                                        "declare the tables with the same lr")
+        self.name, self.lr = name, lr
+        self._grads = torch.zeros(model.flat.numel(), dtype=model.flat.dtype)
+
+    def step(self) -> None:
+        self.model.gradients(self._grads)
+        self.model.push(self._grads.numpy())
+
+
+class DeltaOptimizer(_PSOptimizer):
+    """Steps ``optimizer`` (built on ``model.parameters()``) here and pushes the parameters' change."""
+
+    def __init__(self, model: PSModule, optimizer: torch.optim.Optimizer) -> None:
+        super().__init__(model)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if model.table.update != "add":
+            raise self._table_error(f"applies {model.table.update!r} on the servers, which takes gradients: "
+                                    "DeltaOptimizer pushes parameter deltas and needs update='add' "
+                                    "(or use ServerOptimizer)")
+        ours = {id(p) for p in model.params}
+        theirs = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        if theirs != ours:
+            raise ValueError("DeltaOptimizer: the torch optimizer must be built on model.parameters() "
+                             f"({len(theirs & ours)} of its {len(theirs)} parameters are the model's {len(ours)})")
+        self.optimizer = optimizer
+        self._grads = torch.zeros(model.flat.numel(), dtype=model.flat.dtype)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        if all(p.grad is None for p in self.model.params):
+            raise UsageError("step() before backward(): no parameter has a gradient")
+        before = self.model.values()
+        self.optimizer.step()
+        after = self.model.values()
+        after -= before
+        self.model.push(after)

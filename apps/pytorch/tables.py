@@ -1,0 +1,67 @@
+"""The job's tables for a model, declared from the model itself rather than written by hand.
+
+``declare(model, out_dir, update=...)`` returns the ``tables:`` entries for the config and writes the
+model's initial parameters (``<table>.npy``, the table's ``init: {file: ...}``) and its layout
+(``<table>.layout.json``) into ``out_dir``. The servers start from the model's own initialization
+(a seeded generator on the servers could not reproduce PyTorch's per-layer schemes), and ``PSModule``
+later compares the model it wraps with the saved layout, parameter by parameter.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from bosen.apps.pytorch.layout import DEFAULT_ROW_WIDTH, Layout
+
+# each built-in server optimizer's step-size argument (its update_args key)
+STEP_ARG = {"sgd": "lr", "adagrad": "alpha", "adarevision": "alpha"}
+
+
+def step_args(update: str, lr: float | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The table's ``update_args`` for a server optimizer with step size ``lr`` (``add``: none)."""
+    args = dict(extra or {})
+    if update == "add":
+        if lr is not None:
+            raise ValueError("lr: the 'add' table takes deltas; the step size belongs to the local optimizer")
+        return args
+    if update not in STEP_ARG:
+        raise ValueError(f"update: {update!r} is not a server optimizer (one of add, {', '.join(STEP_ARG)})")
+    if lr is None or not lr > 0:
+        raise ValueError(f"lr: {update} needs a positive step size, got {lr!r}")
+    args[STEP_ARG[update]] = float(lr)
+    return args
+
+
+def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: float | None = None,
+            update_args: dict[str, Any] | None = None, prefix: str = "",
+            row_width: int = DEFAULT_ROW_WIDTH, staleness: int | None = None) -> dict[str, dict[str, Any]]:
+    """Config entries (``tables:``) for ``model``'s parameters; writes their initial values and layout.
+
+    ``update``: ``add`` for ``DeltaOptimizer`` (workers push parameter deltas), or ``sgd`` /
+    ``adagrad`` / ``adarevision`` with step size ``lr`` for ``ServerOptimizer`` (workers push
+    gradients, the server takes the step).
+    """
+    layout = Layout.of(model, prefix, row_width)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    init = out / f"{layout.table}.npy"
+    np.save(init, layout.values(model))
+    (out / f"{layout.table}.layout.json").write_text(json.dumps(layout.describe()))
+    entry: dict[str, Any] = {"rows": layout.rows, "cols": layout.row_width, "dtype": layout.dtype,
+                             "update": update, "update_args": step_args(update, lr, update_args),
+                             "init": {"file": str(init.resolve())}}
+    if staleness is not None:
+        entry["staleness"] = staleness
+    return {layout.table: entry}
+
+
+
+def layout_file(init_file: str) -> Path:
+    """Where ``declare`` saved the layout of the table whose initial values are ``init_file``."""
+    p = Path(init_file)
+    return p.with_name(p.name[:-len(".npy")] + ".layout.json")
