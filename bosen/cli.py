@@ -1,4 +1,5 @@
-"""The ``bosen`` command: ``bosen launch CONFIG``, ``bosen status CONFIG`` and ``bosen data NAME``."""
+"""The ``bosen`` command: ``bosen launch CONFIG``, ``bosen status CONFIG``, ``bosen data NAME`` and
+``bosen tables CONFIG --out DIR``."""
 
 from __future__ import annotations
 
@@ -51,6 +52,25 @@ def _data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tables(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from bosen import app_tables
+
+    cfg = config_mod.load(args.config, args.set)
+    if not cfg.app.tables:
+        raise BosenError(f"{cfg.source}: app.tables is not set: the YAML's tables are all there is")
+    out = Path(args.out)
+    resolved = app_tables.resolve(cfg, out / "tables")
+    try:
+        config_mod.dump(resolved, out / "config.yaml")
+    except OSError as e:
+        raise BosenError(f"cannot write {out / 'config.yaml'}: {e.strerror or e}") from None
+    shapes = ", ".join(f"{t.name} {t.rows}x{t.cols}" for t in resolved.tables)
+    print(f"{out / 'config.yaml'}: tables {shapes}; start servers and workers from it")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bosen", description="Bösen parameter server tools.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -74,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     dp.add_argument("--out", default=None, help="directory to write (default: data/NAME)")
     dp.add_argument("--libsvm", action="store_true", help="image sets: libsvm text files too")
     dp.set_defaults(fn=_data)
+    tp = sub.add_parser("tables", help="declare the app's tables from its model (app.tables) into a full config")
+    tp.add_argument("config")
+    tp.add_argument("--out", required=True, help="directory for config.yaml and the tables' initial values")
+    tp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    tp.set_defaults(fn=_tables)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

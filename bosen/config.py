@@ -153,9 +153,15 @@ class TableConfig:
 
 @dataclass(frozen=True)
 class AppConfig:
-    """The worker program ``bosen launch`` runs: ``python -m MODULE`` with ``args`` in its config."""
+    """The worker program ``bosen launch`` runs: ``python -m MODULE`` with ``args`` in its config.
+
+    ``tables``: ``package.module:function`` that declares tables from the app's model,
+    ``function(args, out_dir) -> {name: table settings}`` (``bosen.app_tables``); the launcher and
+    ``bosen tables`` call it before any server starts, so nobody writes one YAML entry per tensor.
+    """
 
     module: str = ""
+    tables: str = ""
     args: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -191,6 +197,13 @@ class Config:
         if not self.comm.enabled:
             d["comm"] = {"enabled": False}
         return d
+
+    def require_tables(self) -> None:
+        """Servers and clients need the tables themselves: a config whose app declares them must first
+        go through ``bosen tables`` (``bosen launch`` does that on its own)."""
+        if not self.tables:
+            raise ConfigError(f"{self.source}: no tables yet: app.tables ({self.app.tables}) declares them from the "
+                              "model; start from the config that `bosen tables CONFIG --out DIR` writes")
 
     def fingerprint(self) -> str:
         """Hash of what server and client must agree on, checked when a client joins."""
@@ -372,9 +385,11 @@ def build(data: Mapping[str, Any], source: str = "<dict>", overrides: Any = ()) 
             raise ValueError(f"{unknown[0]}: unknown key (known: {', '.join(sorted(allowed))})")
         if "cluster" not in data:
             raise ValueError("cluster: required section is missing")
-        tables = data.get("tables")
-        if not tables:
-            raise ValueError("tables: at least one table is required")
+        tables = data.get("tables") or {}
+        declared = isinstance(data.get("app"), Mapping) and bool(data["app"].get("tables"))
+        if not tables and not declared:
+            raise ValueError("tables: at least one table is required (or app.tables: a function that declares "
+                             "them from the model)")
         if not isinstance(tables, Mapping):
             raise ValueError("tables: expected a mapping of table name to its settings")
         comm = data.get("comm")

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bosen import app_tables
 from bosen import config as config_mod
 from bosen import status as status_mod
 from bosen.cluster import LocalCluster, resolve_ports
@@ -68,6 +69,7 @@ class Launcher:
     def run(self) -> int:
         """Run the job to completion; 0 on success, 1 on failure (with the reason printed)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.config = app_tables.resolve(self.config, self.run_dir / "tables")
         stale = self.run_dir / WORKER_RECORDS  # records of an earlier run in the same directory
         if stale.exists():
             shutil.rmtree(stale)

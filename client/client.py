@@ -80,6 +80,7 @@ class Client:
 
     def __init__(self, config: Config, rank: int | None = None, main_worker: bool = True,
                  join_timeout: float = JOIN_TIMEOUT_S) -> None:
+        config.require_tables()
         self.config = config
         servers = len(config.cluster.servers)
         self._tables = [TableState(i, t, config.staleness_of(t), servers, config.comm)

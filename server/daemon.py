@@ -64,6 +64,7 @@ class Server:
         if not 0 <= rank < len(config.cluster.servers):
             raise ValueError(f"--rank {rank}: the config lists {len(config.cluster.servers)} servers "
                              f"(ranks 0..{len(config.cluster.servers) - 1}) in {config.source}")
+        config.require_tables()
         self.config = config
         self.rank = rank
         self.address = config.cluster.servers[rank]
