@@ -1,11 +1,15 @@
-"""How a module's parameters map onto a PS table: fixed-width chunked rows.
+"""How a module's parameters map onto PS tables.
 
-Every dense parameter, in ``named_parameters()`` order, is laid end to end in one flat vector that is
-cut into rows of ``row_width`` values (the last row padded with zeros): table ``<prefix>params`` of
-``ceil(total / row_width)`` rows. One table for the whole model means one read and one update message
-per server per step, whatever the number of tensors; fixed-width rows give the server's priority
-(relative magnitude) and the partition an even grain. ``row_width`` trades priority resolution
-against per-row overhead; 1024 float32 values (4 KiB) keeps the per-row cost under 1%.
+Dense parameters: every one, in ``named_parameters()`` order, is laid end to end in one flat vector
+that is cut into rows of ``row_width`` values (the last row padded with zeros): table
+``<prefix>params`` of ``ceil(total / row_width)`` rows. One table for the whole dense model means one
+read and one update message per server per step, whatever the number of tensors; fixed-width rows
+give the server's priority (relative magnitude) and the partition an even grain. ``row_width`` trades
+priority resolution against per-row overhead; 1024 float32 values (4 KiB) keeps it under 1%.
+
+Sparse embeddings: the weight of each ``nn.Embedding`` / ``nn.EmbeddingBag`` built with
+``sparse=True`` is a table of its own, ``<prefix><module name>``, one row per embedding, so a step
+reads and writes only the rows its batch touches.
 """
 
 from __future__ import annotations
@@ -35,13 +39,26 @@ class Slot:
 
 
 @dataclass(frozen=True)
+class Sparse:
+    """A sparse embedding's weight: table ``table`` of ``rows`` x ``cols``."""
+
+    module: str  # the embedding module's name in the model
+    param: str  # its weight's parameter name
+    table: str
+    rows: int
+    cols: int
+
+
+@dataclass(frozen=True)
 class Layout:
-    """The table a module's dense parameters live in, and where each parameter sits in it."""
+    """The table a module's dense parameters live in (``slots`` in order; none when every parameter
+    is a sparse embedding), and one table per sparse embedding."""
 
     table: str
     row_width: int
     dtype: str
     slots: tuple[Slot, ...]
+    sparse: tuple[Sparse, ...] = ()
 
     @classmethod
     def of(cls, module: nn.Module, prefix: str = "", row_width: int = DEFAULT_ROW_WIDTH) -> Layout:
@@ -49,25 +66,31 @@ class Layout:
             raise TypeError(f"expected a torch.nn.Module, got {type(module).__name__}")
         if not isinstance(row_width, int) or row_width < 1:
             raise ValueError(f"row_width: must be a positive integer, got {row_width!r}")
-        slots, offset, dtypes = [], 0, set()
+        sparse = {f"{name}.weight" if name else "weight": name for name, m in module.named_modules()
+                  if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse}
+        slots, embeddings, offset, dtypes = [], [], 0, set()
         for name, p in module.named_parameters():
             if not p.requires_grad:
                 continue  # frozen parameters stay local, as in DDP
             if p.dtype not in DTYPES:
                 raise ConfigError(f"parameter {name}: dtype {p.dtype} is not supported (float32 or float64)")
             dtypes.add(DTYPES[p.dtype])
+            if name in sparse:
+                embeddings.append(Sparse(sparse[name], name, f"{prefix}{sparse[name] or 'embedding'}",
+                                         p.shape[0], p.shape[1]))
+                continue
             slots.append(Slot(name, tuple(p.shape), offset, p.numel()))
             offset += p.numel()
-        if not slots:
+        if not slots and not embeddings:
             raise ConfigError("the module has no trainable parameters: nothing to keep in the parameter server")
         if len(dtypes) > 1:
             raise ConfigError(f"the module mixes parameter dtypes ({', '.join(sorted(dtypes))}): one table "
                               "holds one dtype; convert the module with .float() or .double()")
-        return cls(f"{prefix}params", row_width, dtypes.pop(), tuple(slots))
+        return cls(f"{prefix}params", row_width, dtypes.pop(), tuple(slots), tuple(embeddings))
 
     @property
     def numel(self) -> int:
-        return self.slots[-1].offset + self.slots[-1].numel
+        return self.slots[-1].offset + self.slots[-1].numel if self.slots else 0
 
     @property
     def rows(self) -> int:
@@ -76,7 +99,8 @@ class Layout:
     def describe(self) -> dict[str, Any]:
         """Plain data saved beside the table's initial values, to tell later which parameters changed."""
         return {"row_width": self.row_width, "dtype": self.dtype,
-                "params": [[s.name, list(s.shape)] for s in self.slots]}
+                "params": [[s.name, list(s.shape)] for s in self.slots],
+                "sparse": [[e.param, [e.rows, e.cols]] for e in self.sparse]}
 
     def values(self, module: nn.Module) -> np.ndarray:
         """The module's current parameters as the table's (rows, row_width) array, zero padded."""
@@ -99,4 +123,9 @@ class Layout:
             elif then[name] != shape:
                 out.append(f"parameter {name}: shape {shape} here, {then[name]} when the tables were made")
         out += [f"parameter {name} {then[name]} is gone since the tables were made" for name in then if name not in now]
+        was_sparse = {name: tuple(shape) for name, shape in saved.get("sparse", [])}
+        for e in self.sparse:
+            if was_sparse.get(e.param, (e.rows, e.cols)) != (e.rows, e.cols):
+                out.append(f"embedding {e.param}: shape ({e.rows}, {e.cols}) here, {was_sparse[e.param]} when the "
+                           "tables were made")
         return out

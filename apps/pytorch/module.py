@@ -1,23 +1,25 @@
-"""``PSModule``: a torch module whose parameters are read from the parameter server before each forward.
+"""``PSModule``: a torch module whose parameters are read from the parameter server as it runs.
 
-The module's dense parameters become views of one flat tensor (the table's rows end to end), so a
-pull is one ``get_rows`` and one copy, and the optimizers read gradients and values in one piece. On
-CUDA the copy goes through a persistent pinned host buffer with a non-blocking transfer.
+The module's dense parameters become views of one flat tensor (the dense table's rows end to end),
+so a pull before each forward is one ``get_rows`` and one copy, and the optimizers read gradients and
+values in one piece. On CUDA that copy goes through a persistent pinned host buffer with a
+non-blocking transfer. A sparse embedding (``sparse=True``) keeps its full local weight, but a
+forward pre-hook reads only the rows of the ids in its input into it, and the optimizers send only
+the rows its sparse gradient touches.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from bosen.apps.protocol import PSClient, require_table
-from bosen.apps.pytorch.layout import DEFAULT_ROW_WIDTH, Layout
+from bosen.apps.protocol import PSClient, PSTable, require_table
+from bosen.apps.pytorch.layout import DEFAULT_ROW_WIDTH, Layout, Sparse
 from bosen.apps.pytorch.tables import layout_file
 from bosen.errors import ConfigError, UsageError
 
@@ -38,15 +40,16 @@ class PSModule(nn.Module):
         self.client = client
         self.clock_every = clock_every
         self.layout = layout = Layout.of(module, prefix, row_width)
-        self.table = require_table(client, layout.table, "PSModule keeps the model's parameters in it "
-                                   "(declare the tables with bosen.apps.pytorch.declare)")
-        self._check_table()
+        need = "PSModule keeps the model's parameters in it (declare the tables with bosen.apps.pytorch.declare)"
+        self.table = require_table(client, layout.table, need) if layout.slots else None
+        self.sparse_tables = [require_table(client, e.table, need) for e in layout.sparse]
+        self._check_tables()
         self.device = self._device(device)
-        n = layout.rows * layout.row_width
-        dtype = next(p.dtype for p in module.parameters() if p.requires_grad)
-        self.flat = torch.zeros(n, dtype=dtype, device=self.device)
-        self.params: list[nn.Parameter] = []
         named = dict(module.named_parameters())
+        dtype = getattr(torch, layout.dtype)
+        n = layout.rows * layout.row_width
+        self.flat = torch.zeros(n, dtype=dtype, device=self.device)
+        self.params: list[nn.Parameter] = []  # the dense ones, in layout order
         with torch.no_grad():
             for s in layout.slots:
                 p = named[s.name]
@@ -54,11 +57,17 @@ class PSModule(nn.Module):
                 view.copy_(p)
                 p.data = view  # the parameter now lives in the flat tensor
                 self.params.append(p)
+        self.embeddings: list[nn.Parameter] = [named[e.param] for e in layout.sparse]
+        modules = dict(module.named_modules())
+        for e, table, weight in zip(layout.sparse, self.sparse_tables, self.embeddings, strict=True):
+            modules[e.module].register_forward_pre_hook(self._embedding_hook(e, table, weight))
         cuda = self.device.type == "cuda"
-        self._host = torch.empty(n, dtype=dtype, pin_memory=cuda) if cuda else None
+        self._host = torch.empty(n, dtype=dtype, pin_memory=True) if cuda and n else None
         self._rows = np.arange(layout.rows, dtype=np.int64)
         self.steps = 0
-        self.pull_s = 0.0  # seconds spent reading the parameters (waiting at the SSP bound included)
+        self.pull_s = 0.0  # seconds spent reading parameters (waiting at the SSP bound included)
+        self.rows_pulled = 0  # embedding rows read
+        self.rows_pushed = 0  # embedding rows sent
 
     # -- the training loop's side ------------------------------------------------------------------
 
@@ -67,7 +76,9 @@ class PSModule(nn.Module):
         return self.module(*args, **kwargs)
 
     def pull(self) -> None:
-        """Read the parameters as fresh as the table's staleness bound requires into the module."""
+        """Read the dense parameters, as fresh as the table's staleness bound requires, into the module."""
+        if self.table is None:
+            return
         t0 = time.perf_counter()
         values = torch.from_numpy(self.table.get_rows(self._rows)).view(-1)
         with torch.no_grad():
@@ -78,10 +89,28 @@ class PSModule(nn.Module):
                 self.flat.copy_(self._host, non_blocking=True)
         self.pull_s += time.perf_counter() - t0
 
+    def _embedding_hook(self, e: Sparse, table: PSTable, weight: nn.Parameter) -> Any:
+        def pull_rows(module: nn.Module, inputs: tuple[Any, ...]) -> None:
+            ids = inputs[0]
+            if not isinstance(ids, torch.Tensor):
+                return  # the embedding's own forward will complain
+            t0 = time.perf_counter()
+            rows = torch.unique(ids.detach()).cpu()
+            if rows.numel() and (int(rows[0]) < 0 or int(rows[-1]) >= e.rows):
+                raise IndexError(f"embedding {e.module}: ids must be in [0, {e.rows}), got {int(rows[0])}.."
+                                 f"{int(rows[-1])}")
+            values = torch.from_numpy(table.get_rows(rows.numpy()))
+            with torch.no_grad():
+                weight[rows.to(weight.device)] = values.to(weight.device, non_blocking=True)
+            self.rows_pulled += rows.numel()
+            self.pull_s += time.perf_counter() - t0
+        return pull_rows
+
     # -- the optimizers' side ----------------------------------------------------------------------
 
-    def gradients(self, out: torch.Tensor) -> None:
-        """The parameters' gradients into ``out`` (flat, on the host; zeros where a parameter has none)."""
+    def gradients(self, out: torch.Tensor) -> bool:
+        """The dense parameters' gradients into ``out`` (flat, on the host; zeros where a parameter has
+        none); whether any had one."""
         have = False
         for s, p in zip(self.layout.slots, self.params, strict=True):
             g = p.grad
@@ -94,47 +123,73 @@ class PSModule(nn.Module):
                                  f"{self.layout.table!r}: build its nn.Embedding with sparse=False")
             seg.copy_(g.reshape(-1))
             have = True
-        if not have:
-            raise UsageError("step() before backward(): no parameter has a gradient")
+        return have
+
+    def sparse_gradients(self) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+        """Per sparse embedding with a gradient: (its index, touched rows, their gradient rows)."""
+        out = []
+        for i, (e, w) in enumerate(zip(self.layout.sparse, self.embeddings, strict=True)):
+            g = w.grad
+            if g is None:
+                continue
+            if not g.is_sparse:
+                raise UsageError(f"sparse and dense gradients mixed on table {e.table}: {e.param} got a dense "
+                                 "gradient (is its weight also used outside the embedding?)")
+            g = g.coalesce()
+            out.append((i, g.indices()[0].cpu(), g.values().cpu()))
+        return out
 
     def values(self) -> np.ndarray:
-        """A host copy of the current parameters, flat."""
+        """A host copy of the current dense parameters, flat."""
         return self.flat.detach().cpu().numpy().copy()
 
-    def push(self, block: np.ndarray) -> None:
-        """Send one update for every row (gradients or deltas, as the table's procedure takes), and
-        end the clock tick every ``clock_every`` steps."""
-        self.table.inc_rows(self._rows, block.reshape(self.layout.rows, self.layout.row_width))
+    def push(self, block: np.ndarray | None, rows: list[tuple[int, torch.Tensor, torch.Tensor]] = ()) -> None:
+        """Send one update: ``block`` for every dense row, ``rows`` (index, rows, values) for sparse
+        embeddings (gradients or deltas, as the tables' procedure takes); end the clock tick every
+        ``clock_every`` steps."""
+        if block is not None and self.table is not None:
+            self.table.inc_rows(self._rows, block.reshape(self.layout.rows, self.layout.row_width))
+        for i, r, v in rows:
+            self.sparse_tables[i].inc_rows(r.numpy(), v.numpy())
+            self.rows_pushed += r.numel()
         self.steps += 1
         if self.steps % self.clock_every == 0:
             self.client.clock()
 
     # -- checks ------------------------------------------------------------------------------------
 
-    def _check_table(self) -> None:
-        lay, t = self.layout, self.table
+    def _check_tables(self) -> None:
+        lay = self.layout
         source = self.client.config.source
-        if t.cols != lay.row_width:
-            raise ConfigError(f"{source}: table {lay.table} has {t.cols} cols; the model's layout uses rows of "
-                              f"{lay.row_width} values (row_width)")
-        if np.dtype(t.dtype) != np.dtype(lay.dtype):
-            raise ConfigError(f"{source}: table {lay.table} is {t.dtype}; the model's parameters are {lay.dtype}")
-        cfg = _table_config(self.client, lay.table)
+        cfg = _table_config(self.client, (lay.slots and lay.table) or lay.sparse[0].table)
         init = getattr(cfg, "init", None)
-        if init is not None and init.kind == "file" and layout_file(init.file).is_file():
-            saved = json.loads(Path(layout_file(init.file)).read_text())
-            diff = lay.differences(saved)
+        saved = layout_file(init.file, lay.table) if init is not None and init.kind == "file" else None
+        if saved is not None and saved.is_file():
+            diff = lay.differences(json.loads(saved.read_text()))
             if diff:
-                raise ConfigError(f"{source}: the model's parameters changed since table {lay.table} was made "
-                                  f"({layout_file(init.file)}): " + "; ".join(diff[:3])
-                                  + ("; ..." if len(diff) > 3 else ""))
-        if t.rows < lay.rows:
-            raise ConfigError(f"{source}: table {lay.table} is too small: {t.rows} rows x {t.cols} hold "
-                              f"{t.rows * t.cols:,} values; the model has {lay.numel:,} parameters "
-                              f"({lay.rows} rows)")
-        if t.rows > lay.rows:
-            raise ConfigError(f"{source}: table {lay.table} has {t.rows} rows; the model's {lay.numel:,} parameters "
-                              f"fill {lay.rows}: was it made for another model?")
+                raise ConfigError(f"{source}: the model's parameters changed since its tables were made ({saved}): "
+                                  + "; ".join(diff[:3]) + ("; ..." if len(diff) > 3 else ""))
+        for t, (rows, cols, what) in zip([self.table, *self.sparse_tables],
+                                         [(lay.rows, lay.row_width, f"model's {lay.numel:,} dense parameters"),
+                                          *((e.rows, e.cols, f"model's embedding {e.param}") for e in lay.sparse)],
+                                         strict=True):
+            if t is None:
+                continue
+            if np.dtype(t.dtype) != np.dtype(lay.dtype):
+                raise ConfigError(f"{source}: table {t.name} is {t.dtype}; the model's parameters are {lay.dtype}")
+            if t.cols != cols:
+                raise ConfigError(f"{source}: table {t.name} has {t.cols} cols; the {what} need rows of "
+                                  f"{cols} values")
+            if t.rows < rows:
+                raise ConfigError(f"{source}: table {t.name} is too small: {t.rows} rows x {t.cols} hold "
+                                  f"{t.rows * t.cols:,} values; the {what} need {rows} rows")
+            if t.rows > rows:
+                raise ConfigError(f"{source}: table {t.name} has {t.rows} rows; the {what} fill {rows}: "
+                                  "was it made for another model?")
+        ups = {t.update for t in [self.table, *self.sparse_tables] if t is not None}
+        if len(ups) > 1:
+            raise ConfigError(f"{source}: the model's tables apply different procedures ({', '.join(sorted(ups))}); "
+                              "one optimizer steps them all")
 
     def _device(self, want: str | torch.device | None) -> torch.device:
         devices = sorted({str(p.device) for p in self.module.parameters() if p.requires_grad})
@@ -147,6 +202,11 @@ class PSModule(nn.Module):
             raise ConfigError(f"model on unexpected device: its parameters are on {have}, expected {want}; "
                               f"call model.to({str(want)!r}) before PSModule")
         return have
+
+    @property
+    def update(self) -> str:
+        """The stored procedure every table of the model applies."""
+        return (self.table or self.sparse_tables[0]).update
 
 
 def _table_config(client: PSClient, name: str) -> Any:

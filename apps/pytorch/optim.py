@@ -37,11 +37,11 @@ class ServerOptimizer(_PSOptimizer):
         super().__init__(model)
         if name not in STEP_ARG:
             raise ValueError(f"ServerOptimizer: {name!r} is not a server optimizer (one of {', '.join(STEP_ARG)})")
-        table = model.table
-        if table.update != name:
-            raise self._table_error(f"applies {table.update!r} on the servers, not {name!r}: declare the tables "
+        if model.update != name:
+            raise self._table_error(f"applies {model.update!r} on the servers, not {name!r}: declare the tables "
                                     f"with update={name!r}")
-        cfg = _table_config(model.client, model.layout.table)
+        cfg = _table_config(model.client, model.layout.table if model.table is not None else
+                            model.layout.sparse[0].table)
         if cfg is not None:
             have = cfg.update_args.get(STEP_ARG[name])
             if have is None or abs(float(have) - lr) > 1e-12 * max(1.0, abs(lr)):
@@ -51,8 +51,11 @@ class ServerOptimizer(_PSOptimizer):
         self._grads = torch.zeros(model.flat.numel(), dtype=model.flat.dtype)
 
     def step(self) -> None:
-        self.model.gradients(self._grads)
-        self.model.push(self._grads.numpy())
+        dense = self.model.gradients(self._grads)
+        rows = self.model.sparse_gradients()
+        if not dense and not rows:
+            raise UsageError("step() before backward(): no parameter has a gradient")
+        self.model.push(self._grads.numpy() if dense else None, rows)
 
 
 class DeltaOptimizer(_PSOptimizer):
@@ -62,26 +65,32 @@ class DeltaOptimizer(_PSOptimizer):
         super().__init__(model)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if model.table.update != "add":
-            raise self._table_error(f"applies {model.table.update!r} on the servers, which takes gradients: "
+        if model.update != "add":
+            raise self._table_error(f"applies {model.update!r} on the servers, which takes gradients: "
                                     "DeltaOptimizer pushes parameter deltas and needs update='add' "
                                     "(or use ServerOptimizer)")
-        ours = {id(p) for p in model.params}
+        ours = {id(p) for p in [*model.params, *model.embeddings]}
         theirs = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if theirs != ours:
             raise ValueError("DeltaOptimizer: the torch optimizer must be built on model.parameters() "
                              f"({len(theirs & ours)} of its {len(theirs)} parameters are the model's {len(ours)})")
         self.optimizer = optimizer
-        self._grads = torch.zeros(model.flat.numel(), dtype=model.flat.dtype)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
-        if all(p.grad is None for p in self.model.params):
+        m = self.model
+        touched = [(i, rows) for i, rows, _ in m.sparse_gradients()]
+        if not touched and all(p.grad is None for p in m.params):
             raise UsageError("step() before backward(): no parameter has a gradient")
-        before = self.model.values()
+        before = m.values() if m.table is not None else None
+        rows_before = [m.embeddings[i].detach()[rows].clone() for i, rows in touched]
         self.optimizer.step()
-        after = self.model.values()
-        after -= before
-        self.model.push(after)
+        dense = None
+        if before is not None:
+            dense = m.values()
+            dense -= before
+        deltas = [(i, rows, m.embeddings[i].detach()[rows].cpu() - old.cpu())
+                  for (i, rows), old in zip(touched, rows_before, strict=True)]
+        m.push(dense, deltas)

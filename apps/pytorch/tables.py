@@ -44,24 +44,33 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
 
     ``update``: ``add`` for ``DeltaOptimizer`` (workers push parameter deltas), or ``sgd`` /
     ``adagrad`` / ``adarevision`` with step size ``lr`` for ``ServerOptimizer`` (workers push
-    gradients, the server takes the step).
+    gradients, the server takes the step). Every table of the model gets the same procedure.
     """
     layout = Layout.of(model, prefix, row_width)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    init = out / f"{layout.table}.npy"
-    np.save(init, layout.values(model))
-    (out / f"{layout.table}.layout.json").write_text(json.dumps(layout.describe()))
-    entry: dict[str, Any] = {"rows": layout.rows, "cols": layout.row_width, "dtype": layout.dtype,
-                             "update": update, "update_args": step_args(update, lr, update_args),
-                             "init": {"file": str(init.resolve())}}
-    if staleness is not None:
-        entry["staleness"] = staleness
-    return {layout.table: entry}
+    args = step_args(update, lr, update_args)
+    entries: dict[str, dict[str, Any]] = {}
+
+    def entry(name: str, values: np.ndarray) -> None:
+        init = out / f"{name}.npy"
+        np.save(init, values)
+        entries[name] = {"rows": values.shape[0], "cols": values.shape[1], "dtype": layout.dtype, "update": update,
+                         "update_args": dict(args), "init": {"file": str(init.resolve())}}
+        if staleness is not None:
+            entries[name]["staleness"] = staleness
+
+    if layout.slots:
+        entry(layout.table, layout.values(model))
+    params = dict(model.named_parameters())
+    for e in layout.sparse:
+        entry(e.table, params[e.param].detach().cpu().numpy())
+    layout_file(out / f"{layout.table}.npy").write_text(json.dumps(layout.describe()))
+    return entries
 
 
-
-def layout_file(init_file: str) -> Path:
-    """Where ``declare`` saved the layout of the table whose initial values are ``init_file``."""
+def layout_file(init_file: str | Path, table: str | None = None) -> Path:
+    """Where ``declare`` saved the layout beside a table's initial values ``init_file``: named for the
+    model's dense table (``table``; by default the one ``init_file`` belongs to)."""
     p = Path(init_file)
-    return p.with_name(p.name[:-len(".npy")] + ".layout.json")
+    return p.with_name(f"{table or p.name[:-len('.npy')]}.layout.json")
