@@ -75,7 +75,7 @@ class CommConfig:
     client_send_rows: int = 100
     server_push_rows: int = 100
     priority: Literal["random", "round_robin", "absolute", "relative"] = "relative"
-    wire_dtype: Literal["float32", "float16"] = "float32"
+    wire_dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # updates of float tables (residual kept)
     max_unacked: int = 200
     idle_ms: float = 2.0
 
@@ -136,9 +136,16 @@ class TableConfig:
     update_args: Mapping[str, Any] = field(default_factory=dict)
     init: InitConfig = field(default_factory=InitConfig)
     read_my_writes: bool | None = None  # None: the stored procedure decides (add: on)
+    # how this table's updates travel (float tables; the rounding residual stays in the client's
+    # buffer and goes out later, the servers keep full precision); None: comm.wire_dtype under managed
+    # communication, else the table's own dtype
+    wire_dtype: Literal["float32", "float16", "bfloat16"] | None = None
 
     def __post_init__(self) -> None:
         check(self.rows >= 1, "rows: must be >= 1")
+        if self.wire_dtype not in (None, "float32"):
+            check(self.dtype.startswith("float"), f"wire_dtype: {self.wire_dtype} needs a float table, "
+                                                  f"table is {self.dtype}")
         check(self.cols >= 1, "cols: must be >= 1")
         if self.staleness is not None:
             check(self.staleness >= 0, "staleness: must be >= 0")

@@ -34,8 +34,23 @@ from bosen.errors import ProtocolError
 ROW_DTYPE = np.dtype(np.int64)
 COL_DTYPE = np.dtype(np.int32)
 PTR_DTYPE = np.dtype(np.int64)
+# bfloat16 travels as the top 16 bits of a float32 (numpy has no bfloat16; uint16 is no other value type)
+BFLOAT16 = np.dtype("<u2")
 VALUE_DTYPES = {name: np.dtype(name) for name in ("float16", "float32", "float64", "int32", "int64")}
+VALUE_DTYPES["bfloat16"] = BFLOAT16
 DTYPE_NAMES = {dt: name for name, dt in VALUE_DTYPES.items()}  # numpy computes ``dtype.name`` anew each call
+NARROW = (np.dtype(np.float16), BFLOAT16)  # update formats narrower than a float table, rounding kept as residual
+
+
+def to_bfloat16(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to the nearest bfloat16 (ties to even), as their 16-bit patterns."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + (((u >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
+
+
+def from_bfloat16(b: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns back to float32 (exact)."""
+    return (b.astype(np.uint32) << 16).view(np.float32)
 MAX_HEADER_BYTES = 4096
 MAX_HEADER_ARRAY = 1024  # longest list in a header (WELCOME's per-table flags)
 VERSION_DTYPE = np.dtype(np.int64)
@@ -208,6 +223,11 @@ def array(frame: Any, dtype: np.dtype, count: int, what: str) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype, count=count)
 
 
+def _widen(values: np.ndarray) -> np.ndarray:
+    """bfloat16 updates become float32 here, so that no procedure sees bit patterns."""
+    return from_bfloat16(values) if values.dtype == BFLOAT16 else values
+
+
 def value_dtype(name: str) -> np.dtype:
     try:
         return VALUE_DTYPES[name]
@@ -266,11 +286,11 @@ def decode_update(h: dict[str, Any], frames: Sequence[Any], ncols: int, dtype: n
     if n < 0:
         raise ProtocolError(f"INC: negative row count {n}")
     wire_dt = value_dtype(h["dt"])
-    if wire_dt != dtype and not (wire_dt == np.float16 and dtype.kind == "f"):
+    if wire_dt != dtype and not (wire_dt in NARROW and dtype.kind == "f"):
         raise ProtocolError(f"INC: dtype {h['dt']} does not match the table's {dtype.name}")
     rows = array(frames[0], ROW_DTYPE, n, "INC rows")
     if not h["sp"]:
-        batch = UpdateBatch(rows, array(frames[1], wire_dt, n * ncols, "INC values").reshape(n, ncols))
+        batch = UpdateBatch(rows, _widen(array(frames[1], wire_dt, n * ncols, "INC values")).reshape(n, ncols))
         rest = frames[2:]
     else:
         indptr = array(frames[1], PTR_DTYPE, n + 1, "INC indptr")
@@ -280,7 +300,7 @@ def decode_update(h: dict[str, Any], frames: Sequence[Any], ncols: int, dtype: n
         cols = array(frames[2], COL_DTYPE, nnz, "INC cols")
         if nnz and (cols.min() < 0 or cols.max() >= ncols):
             raise ProtocolError(f"INC: column index out of range [0, {ncols})")
-        batch = UpdateBatch(rows, array(frames[3], wire_dt, nnz, "INC values"), indptr, cols)
+        batch = UpdateBatch(rows, _widen(array(frames[3], wire_dt, nnz, "INC values")), indptr, cols)
         rest = frames[4:]
     if is_versioned(h):
         nr = h.get("nr")

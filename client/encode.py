@@ -20,6 +20,7 @@ from bosen.partition import Partition
 from bosen.wire import Msg, UpdateBatch
 
 F16_MAX = float(np.finfo(np.float16).max)
+BF16_MAX = 3.3895313892515355e38  # the largest finite bfloat16
 
 
 # One INC message's content: the batch; an array that goes on the wire without a copy (nothing
@@ -149,13 +150,17 @@ def take_versioned(st: TableState, rows: np.ndarray, partition: Partition) -> li
 
 def quantize(st: TableState, rows: np.ndarray, block: np.ndarray,
              keep_residual: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(what goes on the wire, what the server will add). With a float16 wire the rounding
+    """(what goes on the wire, what the server will add). With a float16 or bfloat16 wire the rounding
     residual goes back into the buffer, so it is sent later rather than lost (except where
     ``keep_residual`` is False: retired updates of a version being released)."""
     if st.wire_dtype == st.dtype:
         return block, block
-    q = np.clip(block, -F16_MAX, F16_MAX).astype(st.wire_dtype)
-    applied = q.astype(st.dtype)
+    if st.wire_dtype == wire.BFLOAT16:
+        q = wire.to_bfloat16(np.clip(block, -BF16_MAX, BF16_MAX))
+        applied = wire.from_bfloat16(q).astype(st.dtype, copy=False)
+    else:
+        q = np.clip(block, -F16_MAX, F16_MAX).astype(st.wire_dtype)
+        applied = q.astype(st.dtype)
     resid = block - applied
     keep_rows = (resid != 0).any(axis=1)
     if keep_residual is not None:

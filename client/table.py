@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bosen import priority, rowmath
+from bosen import priority, rowmath, wire
 from bosen.client.cache import RowCache
 from bosen.client.oplog import InflightLog, UpdateBuffer
 from bosen.client.versions import VersionLog
@@ -42,9 +42,12 @@ class TableState:
         self.importance = np.zeros(cfg.rows) if self.policy and self.policy.uses_importance else None
         self.relative = comm.priority == "relative"
         self.send_count = np.zeros(cfg.rows, dtype=np.int32)
-        # float16 is the only narrower wire format; every other table travels in its own dtype
-        f16 = comm.enabled and comm.wire_dtype == "float16" and self.dtype.kind == "f"
-        self.wire_dtype = np.dtype(np.float16) if f16 else self.dtype
+        # float16 / bfloat16 updates for float tables that ask (or whose managed job does)
+        narrow = cfg.wire_dtype or (comm.wire_dtype if comm.enabled else None)
+        if narrow in ("float16", "bfloat16") and self.dtype.kind == "f":
+            self.wire_dtype = wire.VALUE_DTYPES[narrow]
+        else:
+            self.wire_dtype = self.dtype
 
     @property
     def direct_reads(self) -> bool:

@@ -39,12 +39,15 @@ def step_args(update: str, lr: float | None, extra: dict[str, Any] | None = None
 
 def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: float | None = None,
             update_args: dict[str, Any] | None = None, prefix: str = "",
-            row_width: int = DEFAULT_ROW_WIDTH, staleness: int | None = None) -> dict[str, dict[str, Any]]:
+            row_width: int = DEFAULT_ROW_WIDTH, staleness: int | None = None,
+            wire_dtype: str | None = None) -> dict[str, dict[str, Any]]:
     """Config entries (``tables:``) for ``model``'s parameters; writes their initial values and layout.
 
     ``update``: ``add`` for ``DeltaOptimizer`` (workers push parameter deltas), or ``sgd`` /
     ``adagrad`` / ``adarevision`` with step size ``lr`` for ``ServerOptimizer`` (workers push
     gradients, the server takes the step). Every table of the model gets the same procedure.
+    ``wire_dtype``: ``bfloat16`` or ``float16`` pushes half the bytes; each worker keeps the rounding
+    residual and sends it later (nothing is lost), and the servers keep float32 values.
     """
     layout = Layout.of(model, prefix, row_width)
     out = Path(out_dir)
@@ -59,6 +62,8 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
                          "update_args": dict(args), "init": {"file": str(init.resolve())}}
         if staleness is not None:
             entries[name]["staleness"] = staleness
+        if wire_dtype is not None:
+            entries[name]["wire_dtype"] = wire_dtype
 
     if layout.slots:
         entry(layout.table, layout.values(model))

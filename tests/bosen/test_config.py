@@ -383,3 +383,12 @@ def test_an_init_file_is_relative_to_the_config_file(tmp_path):
         config_mod.load(table({"file": "W.txt"}))
     with pytest.raises(ConfigError, match="choose one of zeros, constant, normal, uniform, file"):
         config_mod.load(table({"file": "W.npy", "normal": 1}))
+
+
+def test_a_narrow_wire_dtype_needs_a_float_table():
+    data = {"cluster": {"servers": ["127.0.0.1:9600"]},
+            "tables": {"W": {"rows": 1, "cols": 1, "dtype": "int64", "wire_dtype": "bfloat16"}}}
+    with pytest.raises(ConfigError, match="tables.W.wire_dtype: bfloat16 needs a float table, table is int64"):
+        config_mod.load(data)
+    data["tables"]["W"]["dtype"] = "float32"
+    assert config_mod.load(data).tables[0].wire_dtype == "bfloat16"

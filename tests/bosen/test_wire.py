@@ -304,3 +304,26 @@ def test_array_checks_exact_length():
         wire.array(buf, wire.ROW_DTYPE, 3, "x")
     with pytest.raises(ProtocolError):
         wire.array(buf, wire.ROW_DTYPE, -4, "x")
+
+
+def test_bfloat16_rounds_to_nearest_even_and_widens_exactly():
+    x = np.array([1.0, 1.00390625, 1.01171875, -2.5e-8, 3e38, 0.1, 0.0, -7.0], np.float32)
+    b = wire.to_bfloat16(x)
+    assert b.dtype == np.uint16
+    # ties to even: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7 and goes to 1; 1 + 3 * 2^-8 goes up
+    np.testing.assert_array_equal(wire.from_bfloat16(b)[:3], np.array([1.0, 1.0, 1.015625], np.float32))
+    back = wire.from_bfloat16(b)
+    assert np.all(np.abs(back - x) <= np.abs(x) * 2.0 ** -8)
+    assert wire.from_bfloat16(wire.to_bfloat16(back)).tobytes() == back.tobytes()  # exact once rounded
+
+
+def test_a_bfloat16_update_reaches_a_float_table_as_float32():
+    rows = np.array([3, 5], np.int64)
+    vals = np.array([[0.5, -1.25], [3.0, 0.1]], np.float32)
+    b = wire.to_bfloat16(vals)
+    h = {"t": wire.Msg.INC, "s": 1, "tb": 0, "n": 2, "dt": "bfloat16", "sp": False}
+    batch = wire.decode_update(h, [rows.tobytes(), b.tobytes()], 2, np.dtype(np.float32))
+    assert batch.values.dtype == np.float32
+    np.testing.assert_array_equal(batch.values, wire.from_bfloat16(b).reshape(2, 2))
+    with pytest.raises(ProtocolError, match="dtype bfloat16 does not match the table's int64"):
+        wire.decode_update(h, [rows.tobytes(), b.tobytes()], 2, np.dtype(np.int64))
