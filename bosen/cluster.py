@@ -88,6 +88,7 @@ class LocalCluster:
         self.server_args = list(server_args)
         self.servers: list[Process] = []
         self._on_purpose: set[int] = set()  # stopped by stop_server: their exit is no failure
+        self._terminated = False  # terminate() sent SIGTERM to all
         self._died: dict[int, int] = {}  # exited on their own before stop(): index -> status
 
     def __iter__(self) -> Iterator[Any]:  # ``path, cfg = cluster``
@@ -143,12 +144,14 @@ class LocalCluster:
                 raise ProcessFailed(f"{p.name} {describe_exit(code)} {when}. Last log lines:\n{p.tail()}")
 
     def terminate(self) -> None:
-        """Send every running server SIGTERM (``stop`` waits); lets several clusters stop in parallel."""
+        """Send every running server SIGTERM (``stop`` waits); lets several clusters stop in parallel.
+        A server that exited before the first call died on its own; after it, our SIGTERM stopped it."""
         for i, p in enumerate(self.servers):
             code = p.returncode
-            if code is not None and i not in self._on_purpose:
+            if code is not None and i not in self._on_purpose and not self._terminated:
                 self._died.setdefault(i, code)
             p.terminate()
+        self._terminated = True
 
     def stop(self, check: bool = True, grace: float = STOP_GRACE_S) -> None:
         """Stop every server (SIGTERM, ``grace`` seconds, SIGKILL); with ``check``, then raise

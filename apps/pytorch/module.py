@@ -1,17 +1,23 @@
 """``PSModule``: a torch module whose parameters are read from the parameter server as it runs.
 
 The module's dense parameters become views of one flat tensor (the dense table's rows end to end),
-so a pull before each forward is one ``get_rows`` and one copy, and the optimizers read gradients and
-values in one piece. On CUDA that copy goes through a persistent pinned host buffer with a
-non-blocking transfer. A sparse embedding (``sparse=True``) keeps its full local weight, but a
-forward pre-hook reads only the rows of the ids in its input into it, and the optimizers send only
-the rows its sparse gradient touches.
+so a pull is one ``get_rows`` and one copy, and the optimizers read gradients and values in one
+piece. The next step's pull starts in a background thread as soon as a step's update is pushed, so
+it overlaps whatever the loop does before the next forward (loading the batch, waiting at the SSP
+bound); the forward then only waits for what is left. On CUDA the copy goes through a persistent
+pinned host buffer with a non-blocking transfer.
+
+A sparse embedding (``sparse=True``) keeps its full local weight, but a forward pre-hook reads only
+the rows of the ids in its input into it (``prefetch_rows`` starts that read early, by ids), and the
+optimizers send only the rows its sparse gradient touches.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -28,11 +34,13 @@ class PSModule(nn.Module):
     """Wraps ``module``; ``clock_every``: optimizer steps per clock tick (the SSP unit of staleness).
 
     ``device``: where the module is expected to be (e.g. ``Ranks.device()``); a module elsewhere is
-    an error rather than a silent copy.
+    an error rather than a silent copy. ``prefetch``: read the next step's dense parameters in the
+    background right after each push (off: read them in ``forward``).
     """
 
     def __init__(self, module: nn.Module, client: PSClient, clock_every: int = 1, *, prefix: str = "",
-                 row_width: int = DEFAULT_ROW_WIDTH, device: str | torch.device | None = None) -> None:
+                 row_width: int = DEFAULT_ROW_WIDTH, device: str | torch.device | None = None,
+                 prefetch: bool = True) -> None:
         super().__init__()
         if not isinstance(clock_every, int) or clock_every < 1:
             raise ValueError(f"clock_every: must be a positive integer, got {clock_every!r}")
@@ -59,11 +67,17 @@ class PSModule(nn.Module):
                 self.params.append(p)
         self.embeddings: list[nn.Parameter] = [named[e.param] for e in layout.sparse]
         modules = dict(module.named_modules())
-        for e, table, weight in zip(layout.sparse, self.sparse_tables, self.embeddings, strict=True):
-            modules[e.module].register_forward_pre_hook(self._embedding_hook(e, table, weight))
+        for i, (e, table, weight) in enumerate(zip(layout.sparse, self.sparse_tables, self.embeddings, strict=True)):
+            modules[e.module].register_forward_pre_hook(self._embedding_hook(i, e, table, weight))
         cuda = self.device.type == "cuda"
         self._host = torch.empty(n, dtype=dtype, pin_memory=True) if cuda and n else None
         self._rows = np.arange(layout.rows, dtype=np.int64)
+        self.prefetch = prefetch
+        # one background reader, owned here; a read in flight is always waited for before the next
+        # use of the tables, so the tables are used by one thread at a time
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="bosen-prefetch")
+        self._next: Future[np.ndarray] | None = None
+        self._next_rows: dict[int, tuple[torch.Tensor, Future[np.ndarray]]] = {}
         self.steps = 0
         self.pull_s = 0.0  # seconds spent reading parameters (waiting at the SSP bound included)
         self.rows_pulled = 0  # embedding rows read
@@ -76,11 +90,13 @@ class PSModule(nn.Module):
         return self.module(*args, **kwargs)
 
     def pull(self) -> None:
-        """Read the dense parameters, as fresh as the table's staleness bound requires, into the module."""
+        """Read the dense parameters, as fresh as the table's staleness bound requires, into the module
+        (what a prefetch read, else a read now)."""
         if self.table is None:
             return
         t0 = time.perf_counter()
-        values = torch.from_numpy(self.table.get_rows(self._rows)).view(-1)
+        ahead, self._next = self._next, None
+        values = torch.from_numpy(ahead.result() if ahead is not None else self.table.get_rows(self._rows)).view(-1)
         with torch.no_grad():
             if self._host is None:
                 self.flat.copy_(values)
@@ -89,17 +105,54 @@ class PSModule(nn.Module):
                 self.flat.copy_(self._host, non_blocking=True)
         self.pull_s += time.perf_counter() - t0
 
-    def _embedding_hook(self, e: Sparse, table: PSTable, weight: nn.Parameter) -> Any:
+    def prefetch_rows(self, ids: Mapping[str, torch.Tensor]) -> None:
+        """Start reading the rows the next batch needs, by ids per sparse embedding (its module name in
+        the model, as in ``layout.sparse``), in the background; its forward takes them from there."""
+        self._settle()
+        index = {e.module: i for i, e in enumerate(self.layout.sparse)}
+        for name, x in ids.items():
+            if name not in index:
+                raise KeyError(f"prefetch_rows: {name!r} is not a sparse embedding of the model "
+                               f"(they are: {', '.join(index) or 'none'})")
+            i = index[name]
+            rows = self._check_ids(self.layout.sparse[i], x)
+            self._next_rows[i] = (rows, self._pool.submit(self.sparse_tables[i].get_rows, rows.numpy()))
+
+    def _check_ids(self, e: Sparse, ids: torch.Tensor) -> torch.Tensor:
+        rows = torch.unique(ids.detach()).cpu()
+        if rows.numel() and (int(rows[0]) < 0 or int(rows[-1]) >= e.rows):
+            raise IndexError(f"embedding {e.module}: ids must be in [0, {e.rows}), got {int(rows[0])}.."
+                             f"{int(rows[-1])}")
+        return rows
+
+    def _settle(self) -> None:
+        """Wait for a dense read in flight (its result is kept for the next pull)."""
+        if self._next is not None:
+            self._next.exception()
+
+    def _embedding_hook(self, i: int, e: Sparse, table: PSTable, weight: nn.Parameter) -> Any:
         def pull_rows(module: nn.Module, inputs: tuple[Any, ...]) -> None:
             ids = inputs[0]
             if not isinstance(ids, torch.Tensor):
                 return  # the embedding's own forward will complain
             t0 = time.perf_counter()
-            rows = torch.unique(ids.detach()).cpu()
-            if rows.numel() and (int(rows[0]) < 0 or int(rows[-1]) >= e.rows):
-                raise IndexError(f"embedding {e.module}: ids must be in [0, {e.rows}), got {int(rows[0])}.."
-                                 f"{int(rows[-1])}")
-            values = torch.from_numpy(table.get_rows(rows.numpy()))
+            self._settle()
+            rows = self._check_ids(e, ids)
+            values = None
+            if i in self._next_rows:
+                ahead, future = self._next_rows.pop(i)
+                got = torch.from_numpy(future.result())
+                if torch.equal(ahead, rows):
+                    values = got
+                else:  # other ids than announced: use what was read, read the rest now
+                    pos = torch.searchsorted(ahead, rows).clamp(max=max(ahead.numel() - 1, 0))
+                    hit = ahead[pos] == rows if ahead.numel() else torch.zeros_like(rows, dtype=torch.bool)
+                    values = torch.empty(rows.numel(), e.cols, dtype=got.dtype)
+                    values[hit] = got[pos[hit]]
+                    if not bool(hit.all()):
+                        values[~hit] = torch.from_numpy(table.get_rows(rows[~hit].numpy()))
+            if values is None:
+                values = torch.from_numpy(table.get_rows(rows.numpy()))
             with torch.no_grad():
                 weight[rows.to(weight.device)] = values.to(weight.device, non_blocking=True)
             self.rows_pulled += rows.numel()
@@ -147,6 +200,7 @@ class PSModule(nn.Module):
         """Send one update: ``block`` for every dense row, ``rows`` (index, rows, values) for sparse
         embeddings (gradients or deltas, as the tables' procedure takes); end the clock tick every
         ``clock_every`` steps."""
+        self._settle()
         if block is not None and self.table is not None:
             self.table.inc_rows(self._rows, block.reshape(self.layout.rows, self.layout.row_width))
         for i, r, v in rows:
@@ -155,6 +209,14 @@ class PSModule(nn.Module):
         self.steps += 1
         if self.steps % self.clock_every == 0:
             self.client.clock()
+        if self.prefetch and self.table is not None:
+            # a read started before this push may miss it (read-my-writes): read again
+            self._next = self._pool.submit(self.table.get_rows, self._rows)
+
+    def close(self) -> None:
+        """Stop the background reader (a read in flight finishes first)."""
+        self._settle()
+        self._pool.shutdown(wait=True)
 
     # -- checks ------------------------------------------------------------------------------------
 

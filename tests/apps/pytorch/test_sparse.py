@@ -102,3 +102,34 @@ def test_sparse_pushes_move_about_the_rows_the_batch_touched(bosen_cluster, tmp_
         assert touched < 40 * 64 * 4 and touched * 10 < 40 * ROWS  # the table is far larger than the traffic
     finally:
         client.close()
+
+
+@pytest.mark.timeout(120)
+def test_rows_prefetched_by_ids_are_the_rows_the_forward_would_read(bosen_cluster, tmp_path):
+    m, ref = Clicks(), Clicks()
+    c = bosen_cluster(1, workers=1, staleness=0, tables=declare(m, tmp_path / "t"))
+    client = Client.connect(c.path, rank=0)
+    try:
+        model = PSModule(m, client, clock_every=1)
+        opt = DeltaOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05))
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+        for step in range(12):
+            ids, y = batch(step)
+            if step % 3 == 1:
+                model.prefetch_rows({"emb": ids})  # exactly the batch's ids
+            elif step % 3 == 2:
+                model.prefetch_rows({"emb": ids[:32]})  # some of them: the rest is read in the forward
+            for mod, o in ((model, opt), (ref, ref_opt)):
+                loss = ((mod(ids) - y) ** 2).mean()
+                o.zero_grad()
+                loss.backward()
+                o.step()
+        np.testing.assert_allclose(client.table("emb").get_rows(np.arange(ROWS)), ref.emb.weight.detach().numpy(),
+                                   rtol=1e-5, atol=1e-6)
+        with pytest.raises(KeyError, match="'out' is not a sparse embedding of the model .they are: emb"):
+            model.prefetch_rows({"out": ids})
+        with pytest.raises(IndexError, match=r"embedding emb: ids must be in \[0, 5000\), got -1"):
+            model.prefetch_rows({"emb": torch.tensor([-1, 3])})
+        model.close()
+    finally:
+        client.close()
