@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from bosen import config
+from bosen import app_tables, config
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
-def test_shipped_config_is_valid(path):
-    cfg = config.load(path)
+def test_shipped_config_is_valid(path, tmp_path):
+    cfg = app_tables.resolve(config.load(path), tmp_path)  # tables an app declares from its model, too
     assert cfg.tables and cfg.app.module
     importlib.import_module(cfg.app.module)
 
