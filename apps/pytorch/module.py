@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -196,7 +196,7 @@ class PSModule(nn.Module):
         """A host copy of the current dense parameters, flat."""
         return self.flat.detach().cpu().numpy().copy()
 
-    def push(self, block: np.ndarray | None, rows: list[tuple[int, torch.Tensor, torch.Tensor]] = ()) -> None:
+    def push(self, block: np.ndarray | None, rows: Sequence[tuple[int, torch.Tensor, torch.Tensor]] = ()) -> None:
         """Send one update: ``block`` for every dense row, ``rows`` (index, rows, values) for sparse
         embeddings (gradients or deltas, as the tables' procedure takes); end the clock tick every
         ``clock_every`` steps."""
