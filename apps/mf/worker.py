@@ -5,9 +5,9 @@ Each worker keeps the ratings of its users (see data.partition), cut into fixed 
 ``clocks_per_epoch = k`` each pass is split into k fixed chunks, one clock each (Bösen's "BS-k"), and
 ``batches_per_clock = b`` (default 10) splits a clock's chunk into b mini-batches. Per mini-batch
 the worker reads the L rows of its users and the R rows of its items from the client's cache (one
-get_rows per table: rows managed communication refreshed mid-clock are seen), measures the exact
-loss at those values, runs one numba SGD pass on the copies and sends ``new - old`` with inc_rows at
-once, so it can leave under the budget before the tick ends (docs/design.md,
+get_rows per table: rows managed communication refreshed mid-clock are seen), runs one numba SGD
+pass on the copies (its running loss, each rating's error just before its update, is the clock's
+objective) and sends ``new - old`` with inc_rows at once, so it can leave under the budget before the tick ends (docs/design.md,
 "Apps on the live cache").
 
 Held-out ratings (``test_data``, or a ``holdout`` share of synthetic data) go to the worker that
@@ -187,8 +187,9 @@ def _step(batch: Batch, L: PSTable, R: PSTable, a: MFArgs, lr: float, gradient: 
           rng: np.random.Generator) -> tuple[float, float]:
     """One mini-batch: read its rows (fresh as the cache allows), compute, send; (loss, seconds).
 
-    The loss is measured at the values read, before this batch's own update. Several batches per
-    clock re-read the cache in between, which is what lets early (managed) communication help."""
+    The loss: sgd_pass's running loss (delta mode) or the exact loss at the values read (gradient
+    mode). Several batches per clock re-read the cache in between, which is what lets early
+    (managed) communication help."""
     if batch.r.size == 0:
         return 0.0, 0.0
     Lv = L.get_rows(batch.users)
