@@ -15,6 +15,9 @@ penalty at C=1, so both minimize the same objective; biases unpenalized in both)
 measured after every epoch and not timed; the time to a peer's accuracy is the training time of the
 epochs up to the first that reaches it. Ours runs over several shuffling seeds (the margin over
 LogisticRegression's accuracy is small, so one seed could be lucky); runs alternate with the peers'.
+``ours`` is the median over seeds (a seed that never gets there counts as infinitely slow, so the
+goal needs most seeds to reach it); ``seeds_reached`` and the per-seed times are in the record, and
+so are the times to within 0.001 of the peer's accuracy.
 
 Jobs (case "mlr-job"). The same data through ``bosen launch`` (bosen.jobs.run_job) with
 configs/mlr-fashion.yaml, 1 and 2 workers, beside the bare kernel doing the same epochs in one
@@ -141,14 +144,15 @@ def kernel_case(name: str, data: tuple[D.Dataset, D.Dataset], epochs: int, seeds
         target = fits[0]["accuracy"]
         fit_s = statistics.median(f["fit_s"] for f in fits)
         hits = [_time_to(r, target) for r in ours]
-        reached = [t for _, t in hits if t is not None]
-        all_reached = len(reached) == len(hits)
-        t_med = statistics.median(reached) if all_reached else None
+        # median over seeds, a seed that never reaches the target counting as infinitely slow
+        times = sorted(float("inf") if t is None else t for _, t in hits)
+        t_med = times[len(times) // 2] if times[len(times) // 2] != float("inf") else None
         rec: dict[str, Any] = {
             **common, "metric": f"time_to_{key}_accuracy", "unit": "s", "baseline_name": PEERS[key],
             "baseline": fit_s, "baseline_fit_s": [f["fit_s"] for f in fits], "baseline_accuracy": target,
             "baseline_n_iter": fits[0]["n_iter"], "baseline_converged": fits[0]["converged"],
             "ours": t_med, "ours_per_seed_s": [t for _, t in hits], "ours_epochs_per_seed": [e for e, _ in hits],
+            "seeds_reached": sum(t is not None for _, t in hits),
             # the same within 0.001 of the peer's accuracy (a stated tolerance; the goal uses the exact target)
             "ours_per_seed_s_within_0.001": [_time_to(r, target - 0.001)[1] for r in ours],
             "ours_epochs_per_seed_within_0.001": [_time_to(r, target - 0.001)[0] for r in ours],
@@ -159,7 +163,7 @@ def kernel_case(name: str, data: tuple[D.Dataset, D.Dataset], epochs: int, seeds
             "seeds": seeds}
         if key == "logreg":
             rec.update(goal="reach LogisticRegression's test accuracy in <= 0.5x its fit time",
-                       met=bool(all_reached and t_med is not None and t_med <= 0.5 * fit_s))
+                       met=bool(t_med is not None and t_med <= 0.5 * fit_s))
         out.append(rec)
     return out
 

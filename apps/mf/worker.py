@@ -7,8 +7,8 @@ Each worker keeps the ratings of its users (see data.partition), cut into fixed 
 the worker reads the L rows of its users and the R rows of its items from the client's cache (one
 get_rows per table: rows managed communication refreshed mid-clock are seen), runs one numba SGD
 pass on the copies (its running loss, each rating's error just before its update, is the clock's
-objective) and sends ``new - old`` with inc_rows at once, so it can leave under the budget before the tick ends (docs/design.md,
-"Apps on the live cache").
+objective) and sends ``new - old`` with inc_rows at once, so it can leave under the budget before
+the tick ends (docs/design.md, "Apps on the live cache").
 
 Held-out ratings (``test_data``, or a ``holdout`` share of synthetic data) go to the worker that
 owns their user; after each clock (every ``eval_every``) it scores them against its cache and
