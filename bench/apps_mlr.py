@@ -26,8 +26,8 @@ span from its clock-0 report to its last (epochs 2..E); the worker's own ``compu
 split it. The goal: 1-worker job / bare <= 1.3x.
 
 ``python bench/apps_mlr.py [--quick]`` prints one JSON line per result (``bench/apps.py`` runs it too).
-``--quick`` uses slices of Fashion-MNIST (or synthetic data when it is missing) and records a missing
-peer or data set as missing.
+``--quick`` uses slices of Fashion-MNIST (or synthetic data when it is missing; the job then runs on
+the slice, one worker) and records a missing peer or data set as missing.
 """
 
 from __future__ import annotations
@@ -213,29 +213,36 @@ def _bare(train: D.Dataset, test: D.Dataset, a: dict[str, Any], epochs: int) -> 
     return total
 
 
-def job_case(epochs: int, reps: int, sets: dict[str, Any] | None = None) -> dict[str, Any]:
-    """configs/mlr-fashion.yaml (its whole data set) with 1 and 2 workers beside the bare kernel,
-    alternated; medians."""
-    data = fashion()
-    if data is None:
-        raise FileNotFoundError(f"{FASHION}/train.npz, test.npz (run: bosen data fashion-mnist)")
-    train, test = data
+def job_case(epochs: int, reps: int, workers: tuple[int, ...] = (1, 2),
+             data: tuple[D.Dataset, D.Dataset] | None = None) -> dict[str, Any]:
+    """configs/mlr-fashion.yaml with 1 and 2 workers beside the bare kernel, alternated; medians.
+    ``data``: a slice to run on instead of the config's files (written to .npz files for the job)."""
     a = _config_args()
     if a.get("lr_schedule", "inverse") != "inverse":
         raise ValueError(f"{CONFIG}: the bench's bare run follows lr_schedule inverse")
-    sets = {"app.args.epochs": epochs, **(sets or {})}
-    bare, jobs = [], {1: [], 2: []}
+    sets: dict[str, Any] = {"app.args.epochs": epochs}
+    bare: list[float] = []
+    jobs: dict[int, list[dict[str, Any]]] = {w: [] for w in workers}
     with tempfile.TemporaryDirectory(prefix="bosen-mlr-bench-") as tmp:
+        if data is None:
+            data = fashion()
+            if data is None:
+                raise FileNotFoundError(f"{FASHION}/train.npz, test.npz (run: bosen data fashion-mnist)")
+        else:
+            for part, ds in zip(("data", "test_data"), data, strict=True):
+                D.save_npz(Path(tmp) / f"{part}.npz", ds)
+                sets[f"app.args.{part}"] = str(Path(tmp) / f"{part}.npz")
+        train, test = data
         for rep in range(reps):
             bare.append(_bare(train, test, a, epochs))
-            for w in (1, 2) if rep % 2 == 0 else (2, 1):
+            for w in workers if rep % 2 == 0 else workers[::-1]:
                 job = run_job(CONFIG, Path(tmp) / f"{rep}-{w}", workers=w, sets=sets, timeout=600, cwd=REPO).check()
                 jobs[w].append(_job_span(job))
-    rec: dict[str, Any] = {"bench": "apps", "case": "mlr-job", "dataset": "fashion-mnist",
+    rec: dict[str, Any] = {"bench": "apps", "case": "mlr-job", "dataset": f"fashion-mnist ({train.n} training samples)",
                            "metric": "job_time_over_bare", "unit": "x (lower is better)",
                            "config": str(CONFIG.relative_to(REPO)), "sets": sets, "epochs_timed": epochs - 1,
                            "bare_s": statistics.median(bare), "repeats": reps}
-    for w in (1, 2):
+    for w in workers:
         rec[f"job_{w}w"] = sorted(jobs[w], key=lambda j: j["span_s"])[len(jobs[w]) // 2]
         rec[f"ratio_{w}w"] = statistics.median(j["span_s"] / b for j, b in zip(jobs[w], bare, strict=True))
     rec.update(ours=rec["job_1w"]["span_s"], baseline=rec["bare_s"], baseline_name="bare kernel, one process",
@@ -246,7 +253,7 @@ def job_case(epochs: int, reps: int, sets: dict[str, Any] | None = None) -> dict
 def run_bench(quick: bool = False) -> list[dict[str, Any]]:
     """Kernel vs scikit-learn on Fashion-MNIST (slices when quick), then jobs vs the bare kernel."""
     out: list[dict[str, Any]] = []
-    data = fashion(6000, 2000) if quick else fashion()
+    data = fashion(3000, 1000) if quick else fashion()
     if data is None:
         out.append({"bench": "apps", "case": "mlr", "dataset": "fashion-mnist", "ours": None, "baseline": None,
                     "ratio": None, "missing": f"{FASHION}/train.npz, test.npz (run: bosen data fashion-mnist)"})
@@ -254,10 +261,10 @@ def run_bench(quick: bool = False) -> list[dict[str, Any]]:
         data = D.split_holdout(full, 0.2, 0)
         name = "synthetic-6k"
     else:
-        name = "fashion-mnist" + ("-6k-slice" if quick else "")
-    out += kernel_case(name, data, epochs=4 if quick else 15, seeds=1 if quick else 3, with_sgd=True)
+        name = "fashion-mnist" + ("-3k-slice" if quick else "")
+    out += kernel_case(name, data, epochs=8 if quick else 15, seeds=1 if quick else 3, with_sgd=True)
     if not name.startswith("synthetic"):
-        out.append(job_case(epochs=3 if quick else 10, reps=1 if quick else 2))
+        out.append(job_case(epochs=3, reps=1, workers=(1,), data=data) if quick else job_case(epochs=10, reps=2))
     else:
         out.append({"bench": "apps", "case": "mlr-job", "dataset": "fashion-mnist", "ours": None, "baseline": None,
                     "ratio": None, "missing": f"{FASHION}/train.npz, test.npz (run: bosen data fashion-mnist)"})
