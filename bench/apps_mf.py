@@ -228,18 +228,18 @@ def _job_span(job: JobRun) -> dict[str, Any]:
     """Slowest worker's span from its clock-0 report to its last, and the per-clock split of it."""
     work = [r for r in job.kind("worker") if "samples" in r]
     spans, parts = [], {p: 0.0 for p in PARTS}
-    clocks = 0
+    clocks, span0 = 0, 0.0
     for rank in {r["rank"] for r in work}:
         mine = sorted((r for r in work if r["rank"] == rank), key=lambda r: r["clock"])
         spans.append(mine[-1]["time"] - mine[0]["time"])
-        clocks = len(mine) - 1
         if rank == 0:
+            clocks, span0 = len(mine) - 1, spans[-1]
             for r in mine[1:]:
                 for p in PARTS:
                     parts[p] += r.get(p, 0.0)
     span = max(spans)
     per_clock = {p: v / clocks for p, v in parts.items()}
-    per_clock["other"] = spans[0] / clocks - sum(per_clock.values()) if clocks else 0.0
+    per_clock["other"] = span0 / clocks - sum(per_clock.values()) if clocks else 0.0
     final = sorted(job.kind("clock"), key=lambda r: r["clock"])[-1]
     return {"span_s": span, "clocks": clocks, "per_clock_s_rank0": per_clock,
             "heldout_rmse": final.get("heldout_rmse"), "launch_wall_s": job.seconds}
