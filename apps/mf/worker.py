@@ -5,14 +5,19 @@ Each worker keeps the ratings of its users (see data.partition), cut into fixed 
 ``clocks_per_epoch = k`` each pass is split into k fixed chunks, one clock each (Bösen's "BS-k"), and
 ``batches_per_clock = b`` (default 10) splits a clock's chunk into b mini-batches. Per mini-batch
 the worker reads the L rows of its users and the R rows of its items from the client's cache (one
-get_rows per table: rows managed communication refreshed mid-clock are seen), measures the exact
-loss at those values, runs one numba SGD pass on the copies and sends ``new - old`` with inc_rows at
-once, so it can leave under the budget before the tick ends (docs/design.md,
-"Apps on the live cache").
+get_rows per table: rows managed communication refreshed mid-clock are seen), runs one numba SGD
+pass on the copies (its running loss, each rating's error just before its update, is the clock's
+objective) and sends ``new - old`` with inc_rows at once, so it can leave under the budget before
+the tick ends (docs/design.md, "Apps on the live cache").
 
 Held-out ratings (``test_data``, or a ``holdout`` share of synthetic data) go to the worker that
 owns their user; after each clock (every ``eval_every``) it scores them against its cache and
 reports the sums the launcher turns into ``heldout_rmse``.
+
+Per clock the worker reports ``objective`` and ``samples``, and where the clock's time went (all
+additive over workers): ``seconds`` in the kernels, ``read_s`` in get_rows, ``send_s`` in inc_rows,
+``eval_s`` scoring held-out ratings and ``clock_s`` in the previous ``clock()`` call (bench/apps_mf.py
+uses them to show the PS's cost beside the bare kernel).
 
 ``send: gradient`` is for tables whose stored procedure takes the step on the server (``update:
 sgd | adagrad | adarevision``): per batch the worker computes the gradient of the loss at the
@@ -169,39 +174,48 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     clocks = [cut[k:k + b] for k in range(0, len(cut), b)]
     gradient = _gradient_mode(a, L, R)
     tick, last = 0, a.epochs * len(clocks)
+    clock_s = 0.0  # time in the previous clock() call: counted in the next report
     for epoch in range(a.epochs):
         lr = a.lr * a.lr_decay ** epoch
         for batch_list in clocks:
-            loss = seconds = 0.0
+            cost = np.zeros(4)  # loss, compute s, read s, send s
             samples = 0
             for batch in batch_list:
-                dl, ds = _step(batch, L, R, a, lr, gradient, rng)
-                loss, seconds, samples = loss + dl, seconds + ds, samples + int(batch.r.size)
+                cost += _step(batch, L, R, a, lr, gradient, rng)
+                samples += int(batch.r.size)
             tick += 1
+            t0 = time.perf_counter()
             fields = held.score(L, R) if evaluate and (tick % a.eval_every == 0 or tick == last) else {}
-            client.report(objective=loss, samples=samples, seconds=seconds, **fields)
+            eval_s = time.perf_counter() - t0
+            client.report(objective=float(cost[0]), samples=samples, seconds=float(cost[1]),
+                          read_s=float(cost[2]), send_s=float(cost[3]), eval_s=eval_s, clock_s=clock_s, **fields)
+            t0 = time.perf_counter()
             client.clock()
+            clock_s = time.perf_counter() - t0
 
 
 def _step(batch: Batch, L: PSTable, R: PSTable, a: MFArgs, lr: float, gradient: bool,
-          rng: np.random.Generator) -> tuple[float, float]:
-    """One mini-batch: read its rows (fresh as the cache allows), compute, send; (loss, seconds).
+          rng: np.random.Generator) -> tuple[float, float, float, float]:
+    """One mini-batch: read its rows (fresh as the cache allows), compute, send; (loss, compute
+    seconds, seconds in get_rows, seconds in inc_rows): where a clock's time goes, for the report.
 
-    The loss is measured at the values read, before this batch's own update. Several batches per
-    clock re-read the cache in between, which is what lets early (managed) communication help."""
+    The loss: sgd_pass's running loss (delta mode) or the exact loss at the values read (gradient
+    mode). Several batches per clock re-read the cache in between, which is what lets early
+    (managed) communication help."""
     if batch.r.size == 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0, 0.0
+    t0 = time.perf_counter()
     Lv = L.get_rows(batch.users)
     Rv = R.get_rows(batch.items)
-    t0 = time.perf_counter()
+    t1 = time.perf_counter()
     if gradient:
         loss, gL, gR = batch.gradient(Lv, Rv, a.reg)
-        seconds = time.perf_counter() - t0
+        t2 = time.perf_counter()
         L.inc_rows(batch.users, gL if L.update != "add" else gL * np.float32(-lr))
         R.inc_rows(batch.items, gR if R.update != "add" else gR * np.float32(-lr))
     else:
         loss, dL, dR = batch.sgd(Lv, Rv, lr, a.reg, rng.permutation(batch.r.size))
-        seconds = time.perf_counter() - t0
+        t2 = time.perf_counter()
         L.inc_rows(batch.users, dL)
         R.inc_rows(batch.items, dR)
-    return loss, seconds
+    return loss, t2 - t1, t1 - t0, time.perf_counter() - t2

@@ -12,7 +12,8 @@ import pytest
 from inprocess import InProcessClient, InProcessTable
 
 from bosen.apps.mf.data import load_csv, partition, synthetic, user_owner
-from bosen.apps.mf.kernels import clipped_squared_error, sgd_pass, squared_loss
+from bosen.apps.mf.kernels import GATHER, clipped_squared_error, sgd_pass, squared_loss
+from bosen.apps.mf.model import batches
 from bosen.apps.mf.worker import train
 
 # ------------------------------------------------------------------------------------------------
@@ -57,6 +58,32 @@ def test_sgd_pass_matches_sequential_reference():
     assert sse == pytest.approx(want_sse, rel=1e-4)
     np.testing.assert_allclose(L2, want_L, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(R2, want_R, rtol=1e-4, atol=1e-5)
+
+
+def test_sgd_pass_in_gathered_blocks_matches_the_sequential_reference():
+    # more ratings than one gathered block, a partial last block, repeats across block edges
+    u, i, r, L, R, rng = _small(seed=3, nu=30, ni=20, k=5, n=GATHER + 300)
+    order = np.concatenate([rng.permutation(r.size), rng.permutation(r.size)[:GATHER + 7]])
+    want_sse, want_L, want_R = _ref_pass(u, i, r, L, R, 0.01, 0.05, order)
+    L2, R2 = L.copy(), R.copy()
+    sse = sgd_pass(u, i, r, L2, R2, 0.01, 0.05, order)
+    assert sse == pytest.approx(want_sse, rel=1e-4)
+    np.testing.assert_allclose(L2, want_L, rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(R2, want_R, rtol=1e-3, atol=1e-5)
+    assert sgd_pass(u, i, r, L2, R2, 0.01, 0.05, order[:0]) == 0.0  # an empty order is a no-op
+
+
+def test_batch_sgd_returns_the_running_loss_and_the_deltas():
+    u, i, r, L, R, rng = _small(seed=4, nu=20, ni=10, n=200)
+    (b,) = batches((u, i, r), 1, rng)
+    Lv, Rv = L[b.users].copy(), R[b.items].copy()
+    order = rng.permutation(b.r.size)
+    loss, dL, dR = b.sgd(Lv, Rv, 0.05, 0.02, order)
+    Lw, Rw = Lv.copy(), Rv.copy()
+    assert loss == pytest.approx(sgd_pass(b.u_idx, b.i_idx, b.r, Lw, Rw, 0.05, 0.02, order), rel=1e-6)
+    np.testing.assert_allclose(Lv + dL, Lw, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(Rv + dR, Rw, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(Lv, L[b.users])  # the rows read are not changed
 
 
 def test_sgd_pass_only_touches_rows_in_order_and_lowers_loss():
@@ -185,6 +212,9 @@ def test_train_in_process_converges_and_reports_each_clock(batches):
     assert epoch[-1] < 0.3 * epoch[0]
     # one get_rows per table and mini-batch
     assert len(c.tables["L"].reads) == 16 * batches and len(c.tables["R"].reads) == 16 * batches
+    # where each clock's time went
+    for rec in c.reports:
+        assert all(rec[k] >= 0 for k in ("seconds", "read_s", "send_s", "eval_s", "clock_s"))
 
 
 @pytest.mark.parametrize("shapes, args, match", [
@@ -306,3 +336,53 @@ def test_e2e_heldout_rmse_from_a_test_file_in_every_clock_record(tmp_path):
     rmse = [c["heldout_rmse"] for c in clocks]
     assert rmse[-1] < 0.75 * rmse[0] and rmse[-1] == min(rmse), rmse
     assert (tmp_path / "run" / "objective.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------------------------------
+# the benchmark's helpers (bench/apps_mf.py) and the MovieLens config
+
+
+def _bench_mf():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    try:
+        import apps_mf
+    finally:
+        sys.path.pop(0)
+    return apps_mf
+
+
+def test_bench_scorer_is_clipped_rmse_with_the_mean_for_unseen_ids():
+    B = _bench_mf()
+    rng = np.random.default_rng(0)
+    train_t = (np.array([0, 1, 2, 0]), np.array([0, 1, 0, 2]), np.array([1.0, 5.0, 3.0, 4.0], np.float32))
+    test_t = (np.array([0, 3, 1]), np.array([1, 0, 3]), np.array([2.0, 4.0, 5.0], np.float32))
+    L = rng.standard_normal((4, 3)).astype(np.float32)
+    R = rng.standard_normal((4, 3)).astype(np.float32)
+    # (0, 1): both seen -> clip(L0·R1, 1, 5); (3, 0): user 3 unseen; (1, 3): item 3 unseen -> mean 3.25
+    pred = np.array([np.clip(L[0] @ R[1], 1, 5), 3.25, 3.25])
+    want = np.sqrt(np.mean((test_t[2] - pred) ** 2))
+    assert B.Scorer(train_t, test_t, 4, 4).rmse(L, R) == pytest.approx(want, rel=1e-6)
+
+
+def test_bench_surprise_order_is_the_order_surprise_visits():
+    B = _bench_mf()
+    pytest.importorskip("surprise")
+    u = np.array([5, 2, 5, 7, 2, 2, 9])
+    i = np.arange(u.size)
+    r = np.ones(u.size, np.float32)
+    ts = B.surprise_trainset((u, i, r))
+    visited = [(ts.to_raw_uid(a), ts.to_raw_iid(b)) for a, b, _ in ts.all_ratings()]
+    order = B.surprise_order(u)
+    assert [(int(u[j]), int(i[j])) for j in order] == visited
+
+
+def test_movielens_config_args_are_valid():
+    import yaml
+
+    from bosen.apps.mf.worker import MFArgs
+    from bosen.config import from_dict
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "mf-movielens.yaml").read_text())
+    a = from_dict(MFArgs, cfg["app"]["args"], "app.args")
+    assert (a.lr, a.reg, a.lr_decay, a.batches_per_clock) == (0.005, 0.02, 1.0, 1)
+    assert cfg["tables"]["L"]["cols"] == cfg["tables"]["R"]["cols"] == 16

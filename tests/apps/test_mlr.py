@@ -432,3 +432,27 @@ def test_e2e_bad_data_file_fails_naming_file_and_line(tmp_path):
     assert p.returncode != 0
     logs = p.stdout + p.stderr + "".join(f.read_text() for f in (tmp_path / "run").rglob("*.log"))
     assert f"{bad}:2: feature value is not a finite number" in logs
+
+
+def test_fashion_config_is_logistic_regressions_objective():
+    import yaml
+
+    from bosen.config import from_dict
+
+    cfg = yaml.safe_load((REPO / "configs" / "mlr-fashion.yaml").read_text())
+    a = from_dict(MLRArgs, cfg["app"]["args"], "app.args")
+    # reg = 1 / n_train: scikit-learn LogisticRegression's C=1 penalty per sample (bench/apps_mlr.py)
+    assert a.reg == pytest.approx(1 / 60_000, rel=1e-3)
+    assert (a.batch_size, a.lr, a.lr_schedule, a.lr_decay) == (16, 0.1, "inverse", 1.0)
+    assert lr_at(a, 3) == pytest.approx(0.1 / 4)
+
+
+def test_bench_time_to_accuracy_counts_training_seconds_up_to_the_first_hit():
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import apps_mlr
+    finally:
+        sys.path.pop(0)
+    run = {"epoch_s": [1.0, 2.0, 4.0], "accuracy": [0.5, 0.8, 0.9]}
+    assert apps_mlr._time_to(run, 0.8) == (2, 3.0)
+    assert apps_mlr._time_to(run, 0.95) == (None, None)
