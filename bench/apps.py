@@ -1,11 +1,20 @@
-"""App kernel speed beside well-known libraries, on the same data in the same run (docs/design.md,
-"Benchmarks").
+"""App kernels beside the strongest libraries at equal quality, and whole jobs beside the bare kernel
+(issue 17; docs/design.md, "Benchmarks").
 
-``bench/apps_<app>.py`` does the measuring for each app (see their docstrings for the baselines and why):
-MF (ratings/s vs numpy mini-batch SGD), MLR (samples/s vs PyTorch softmax SGD, plus 2-vs-1 worker
-scaling), LDA (tokens/s vs the ``lda`` package's collapsed Gibbs sampler at K=20/100/1000, plus
-scaling). Baselines that are not installed are reported as missing, not skipped silently:
-``pip install lda==3.0.2 torch==2.13.0`` (torch: the local CPU build).
+``bench/apps_<app>.py`` does the measuring for each app (their docstrings give the method):
+
+- LDA on the news corpus at K = 20, 100, 1000: tokens/s and time to equal log p(w, z) beside tomotopy
+  (fixed priors, 1 and 2 threads) and the ``lda`` package;
+- MF on MovieLens-100K and ~2M synthetic ratings: ratings/s, epochs and time to scikit-surprise
+  ``SVD(biased=False)``'s test RMSE;
+- MLR on Fashion-MNIST: time to scikit-learn ``LogisticRegression``'s held-out accuracy, beside
+  ``SGDClassifier(loss="log_loss")``;
+- each app's data through ``bosen launch`` with 1 and 2 workers beside the bare kernel doing the same
+  work, with where a clock's extra time goes.
+
+Every goal is a record with ``goal`` and ``met``. Peers come from the ``bench`` extra
+(``pip install -e '.[bench]'``) and data from ``bosen data NAME``; a missing one is reported as
+missing, not skipped silently.
 
     python bench/apps.py [--quick] [--only mf,mlr,lda]
 """
