@@ -319,6 +319,41 @@ def test_samplers_target_the_exact_posterior(method):
     assert tv < 0.035, f"total variation {tv:.4f} between the chain and the exact posterior"
 
 
+@pytest.mark.parametrize("K", [5, 40, 100])
+def test_dense_draws_follow_the_exact_conditional(K):
+    """Both forms of the dense sampler (running sum below 32 topics, blocks of 16 above, with a
+    partial last block at K=40 and 100) draw one token's topic from the collapsed conditional.
+
+    Document 1 holds a single token, so each sweep over it redraws that token from the same
+    conditional given all other tokens (which stay fixed): the draws are i.i.d. from it.
+    """
+    rng = np.random.default_rng(3)
+    V, alpha, beta = 6, 0.3, 0.2
+    words = np.concatenate([rng.integers(0, V, 200), [2]]).astype(np.int32)
+    doc_ptr = np.array([0, 200, 201], np.int64)
+    # a skewed state, so the conditional is far from uniform
+    z = np.concatenate([rng.integers(0, max(K // 4, 2), 200), [0]]).astype(np.int32)
+    ndk = K_.doc_topic_counts(doc_ptr, z, K)
+    nwk = np.zeros((V, K), np.int32)
+    np.add.at(nwk, (words, z), 1)
+    nk = nwk.sum(0).astype(np.int32)
+    # the exact conditional of token 200 (word 2, document 1 alone) given the others
+    nwk_o, nk_o = nwk.copy(), nk.copy()
+    nwk_o[2, 0] -= 1
+    nk_o[0] -= 1
+    p = alpha * (nwk_o[2] + beta) / (nk_o + V * beta)
+    p /= p.sum()
+    n = 40_000
+    draws = np.empty(n, np.int64)
+    for it in range(n):
+        K_.sample_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, V * beta, 1, 2, it)
+        draws[it] = z[200]
+    freq = np.bincount(draws, minlength=K) / n
+    tv = 0.5 * np.abs(freq - p).sum()
+    assert tv < 0.02 + 0.5 * math.sqrt(K / n), f"K={K}: total variation {tv:.4f} from the exact conditional"
+    np.testing.assert_array_equal(nwk.sum(0), nk)
+
+
 @pytest.mark.parametrize("method", ["dense", "mh"])
 def test_negative_counts_from_staleness_are_clamped(method):
     c = generate(100, 50, 4, 30.0, seed=6)
