@@ -5,7 +5,9 @@ working copies of the word-topic rows it needs, ``nk`` the topic summary) and bo
 token by token, so the worker sees its own writes at once (Bösen's read-my-writes):
 
 * :func:`sample_dense` is plain collapsed Gibbs, O(K) per token, exact. With divisions hoisted out of
-  the inner loop it is the fastest choice for small K (about K < 64).
+  the inner loop, and from 32 topics on the weights computed in a vectorized loop and drawn through
+  block sums, it reaches a given log-likelihood faster than MH up to about K = 1000 on the news
+  corpus (measured: K=100 and 300 clearly, K=1000 a tie after 10 iterations).
 * :func:`sample_mh` is the LightLDA sampler (Yuan et al., WWW 2015): Metropolis–Hastings that
   alternates a *word proposal* ``q_w(k) ∝ (n_wk + β)/(n_k + Vβ)`` drawn in O(1) from alias tables built
   once per clock from the (stale) rows fetched from the PS, and a *doc proposal*
@@ -324,11 +326,14 @@ def build_word_alias(stale_nwk: np.ndarray, stale_nk: np.ndarray, beta: float, v
 def sample_mh(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.ndarray, ws: np.ndarray,
               nk: np.ndarray, stale_nk: np.ndarray, a_ptr: np.ndarray, a_rec: np.ndarray, a_mass: np.ndarray,
               b_prob: np.ndarray, b_alias: np.ndarray, b_mass: float, alpha: float, beta: float,
-              vbeta: float, mh_steps: int, doc_lo: int, doc_hi: int, seed: int) -> tuple[int, int]:
+              vbeta: float, mh_steps: int, doc_lo: int, doc_hi: int, seed: int,
+              amap: np.ndarray) -> tuple[int, int]:
     """One MH sweep over documents [doc_lo, doc_hi): O(mh_steps) per token, independent of K.
 
     ``ws[r, k, 0]`` is the fresh local count n_wk (updated in place) and ``ws[r, k, 1]`` the stale
-    count the alias tables were built from, interleaved so both cost one cache miss. Steps alternate
+    count the alias tables were built from, interleaved so both cost one cache miss; ``amap[r]`` is
+    row r's row in the alias tables (the worker builds them once per clock over all the words of the
+    clock's mini-batches, while ``ws`` holds one mini-batch's rows). Steps alternate
     word proposal (even) and doc proposal (odd); the word proposal's own density is evaluated from
     the stale counts, the target from the fresh ones (``ndk``, ``ws[..., 0]``, ``nk``, updated in
     place). Returns (accepted, proposed) counts of proposals with t != s.
@@ -353,10 +358,11 @@ def sample_mh(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.nda
             ws[w, s, 0] -= 1
             nk[s] -= 1
             inv[s] = 1.0 / (_pos(nk[s]) + vbeta)
-            am = a_mass[w]
+            aw = amap[w]
+            am = a_mass[aw]
             ab = am + b_mass
-            aptr = a_ptr[w]
-            an = a_ptr[w + 1] - aptr
+            aptr = a_ptr[aw]
+            an = a_ptr[aw + 1] - aptr
             for step in range(mh_steps):
                 st, u = _rand(st)
                 if step % 2 == 0:
@@ -561,3 +567,35 @@ def completion_loglik(doc_ptr: np.ndarray, words: np.ndarray, theta: np.ndarray,
                 q += theta[d, k] * phi[w, k]
             ll += math.log(q)
     return ll
+
+
+# ----------------------------------------------------------------------------------------------
+# the worker's count changes
+
+
+@njit(nogil=True, cache=True)
+def count_changes(cur: np.ndarray, snap: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Net changes ``cur - snap`` of a (rows x K) block as COO (row, col, delta), in one pass.
+
+    What a mini-batch sends: most entries of the dense difference are zero, and numpy's
+    subtract / nonzero / gather would pass over the block three times with two temporaries.
+    """
+    R, K = cur.shape
+    n = 0
+    for r in range(R):
+        for k in range(K):
+            if cur[r, k] != snap[r, k]:
+                n += 1
+    rows = np.empty(n, dtype=np.int64)
+    cols = np.empty(n, dtype=np.int64)
+    vals = np.empty(n, dtype=cur.dtype)
+    j = 0
+    for r in range(R):
+        for k in range(K):
+            v = cur[r, k] - snap[r, k]
+            if v != 0:
+                rows[j] = r
+                cols[j] = k
+                vals[j] = v
+                j += 1
+    return rows, cols, vals
