@@ -44,8 +44,8 @@ class Sampler:
 
     def __init__(self, corpus: Corpus, K: int, alpha: float, beta: float, n_vocab: int,
                  method: str = "mh", mh_steps: int = 4, seed: int = 0) -> None:
-        if method not in ("dense", "mh"):
-            raise ValueError(f"sampler method {method!r}: dense or mh")
+        if method not in ("dense", "sparse", "mh"):
+            raise ValueError(f"sampler method {method!r}: dense, sparse or mh")
         self.K, self.alpha, self.beta = K, float(alpha), float(beta)
         self.vbeta = n_vocab * self.beta
         self.method, self.mh_steps, self.seed = method, mh_steps, seed
@@ -92,9 +92,10 @@ class Sampler:
         seed = (self.seed * 1_000_003 + self.sweeps * 7919 + doc_lo) & 0x7FFFFFFFFFFF
         self.sweeps += 1
         t0 = time.perf_counter()
-        if self.method == "dense":
-            changed = K_.sample_dense(self.doc_ptr, words_local, self.z, self.ndk, nwk, nk, self.alpha,
-                                      self.beta, self.vbeta, doc_lo, doc_hi, seed)
+        if self.method != "mh":  # exact: dense or sparse, same arguments
+            kernel = K_.sample_dense if self.method == "dense" else K_.sample_sparse
+            changed = kernel(self.doc_ptr, words_local, self.z, self.ndk, nwk, nk, self.alpha, self.beta,
+                             self.vbeta, doc_lo, doc_hi, seed)
             return {"sample_s": time.perf_counter() - t0, "changed": float(changed)}
         alias_s = 0.0
         if tables is None:

@@ -84,8 +84,8 @@ class LDAArgs:
     iterations: int = 20               # passes over the data (epochs)
     clocks_per_epoch: int = 1          # clock ticks per pass: work per tick = 1/clocks_per_epoch pass
     batches_per_clock: int = 8         # mini-batches of documents per tick, each read from the live cache
-    sampler: Literal["auto", "dense", "mh"] = "auto"
-    dense_max_k: int = 1000            # auto: exact dense Gibbs below this K, LightLDA MH at or above
+    sampler: Literal["auto", "dense", "sparse", "mh"] = "auto"
+    dense_max_k: int = 64              # auto: exact dense Gibbs below this K, exact sparse (SparseLDA) at or above
     mh_steps: int = 4                  # MH steps per token (alternating word / doc proposals)
     ll_every: int = 1                  # compute the log-likelihood every this many ticks (and last)
     top_words: int = 10
@@ -111,10 +111,10 @@ class LDAArgs:
             check(getattr(self, name) > 0, f"{name}: must be > 0")
 
     def method(self) -> str:
-        """The sampler actually used ("dense" or "mh")."""
+        """The sampler actually used ("dense", "sparse" or "mh")."""
         if self.sampler != "auto":
             return self.sampler
-        return "dense" if self.K < self.dense_max_k else "mh"
+        return "dense" if self.K < self.dense_max_k else "sparse"
 
 
 def load_corpus(a: LDAArgs) -> Corpus:

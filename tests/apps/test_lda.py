@@ -247,7 +247,7 @@ def _consistent(s, nwk, nk, words):
     np.testing.assert_array_equal(nk, np.bincount(s.z, minlength=K))
 
 
-@pytest.mark.parametrize("method", ["dense", "mh"])
+@pytest.mark.parametrize("method", ["dense", "sparse", "mh"])
 def test_sweeps_keep_counts_consistent(method):
     c = generate(300, 120, 5, 40.0, seed=5)
     s, nwk, nk = _model(c, 7)
@@ -283,7 +283,7 @@ def _exact_posterior(docs, words, K, V, alpha, beta):
     return probs / probs.sum()
 
 
-@pytest.mark.parametrize("method", ["dense", "mh"])
+@pytest.mark.parametrize("method", ["dense", "sparse", "mh"])
 def test_samplers_target_the_exact_posterior(method):
     """Run the chain on a 4-token corpus and compare visit frequencies with the enumerated posterior.
 
@@ -310,8 +310,9 @@ def test_samplers_target_the_exact_posterior(method):
         tables = K_.build_word_alias(stale, stale_nk, beta, vbeta, np.ones(V, np.bool_))
         ws = np.stack([nwk, stale], axis=-1).copy()
     for it in range(n):
-        if method == "dense":
-            K_.sample_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, 0, 2, it)
+        if method != "mh":
+            kernel = K_.sample_dense if method == "dense" else K_.sample_sparse
+            kernel(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, 0, 2, it)
         else:
             K_.sample_mh(doc_ptr, words, z, ndk, ws, nk, stale_nk, *tables, alpha, beta, vbeta, 2, 0, 2, it,
                          np.arange(V, dtype=np.int64))
@@ -321,9 +322,11 @@ def test_samplers_target_the_exact_posterior(method):
 
 
 @pytest.mark.parametrize("K", [5, 40, 100])
-def test_dense_draws_follow_the_exact_conditional(K):
+@pytest.mark.parametrize("kernel", ["sample_dense", "sample_sparse"])
+def test_exact_draws_follow_the_conditional(kernel, K):
     """Both forms of the dense sampler (running sum below 32 topics, blocks of 16 above, with a
-    partial last block at K=40 and 100) draw one token's topic from the collapsed conditional.
+    partial last block at K=40 and 100) and the sparse one (buckets s, r, q) draw one token's topic
+    from the collapsed conditional.
 
     Document 1 holds a single token, so each sweep over it redraws that token from the same
     conditional given all other tokens (which stay fixed): the draws are i.i.d. from it.
@@ -347,7 +350,7 @@ def test_dense_draws_follow_the_exact_conditional(K):
     n = 40_000
     draws = np.empty(n, np.int64)
     for it in range(n):
-        K_.sample_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, V * beta, 1, 2, it)
+        getattr(K_, kernel)(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, V * beta, 1, 2, it)
         draws[it] = z[200]
     freq = np.bincount(draws, minlength=K) / n
     tv = 0.5 * np.abs(freq - p).sum()
@@ -384,7 +387,7 @@ def test_mh_with_tables_over_more_rows_draws_the_same_chain():
         s.sweep(nwk, nk, c.words, tables=s.alias_tables(nwk[:10].copy(), nk.copy()))
 
 
-@pytest.mark.parametrize("method", ["dense", "mh"])
+@pytest.mark.parametrize("method", ["dense", "sparse", "mh"])
 def test_negative_counts_from_staleness_are_clamped(method):
     c = generate(100, 50, 4, 30.0, seed=6)
     s, nwk, nk = _model(c, 5)
@@ -403,7 +406,7 @@ def _recovery(phi_hat, phi_true):
     return dist.mean(), dist.max()
 
 
-@pytest.mark.parametrize("method", ["dense", "mh"])
+@pytest.mark.parametrize("method", ["dense", "sparse", "mh"])
 def test_fit_recovers_planted_topics_and_loglik_rises(method):
     c = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
     r = fit(c, 10, 60, alpha=0.1, beta=0.01, method=method, mh_steps=4, seed=0)
@@ -534,9 +537,9 @@ def test_train_missing_table_and_bad_file(tmp_path):
 
 
 def test_args_method_choice():
-    assert LDAArgs(K=20).method() == "dense" and LDAArgs(K=100).method() == "dense"
-    assert LDAArgs(K=999).method() == "dense" and LDAArgs(K=1000).method() == "mh"
-    assert LDAArgs(K=100, dense_max_k=64).method() == "mh"
+    assert LDAArgs(K=20).method() == "dense" and LDAArgs(K=63).method() == "dense"
+    assert LDAArgs(K=64).method() == "sparse" and LDAArgs(K=1000).method() == "sparse"
+    assert LDAArgs(K=100, dense_max_k=200).method() == "dense"
     assert LDAArgs(K=20, sampler="mh").method() == "mh"
 
 
