@@ -6,7 +6,8 @@ Kernels (issue 17, point 3), per K in 20, 100, 1000 on the news corpus (``bosen 
 articles, 944,694 tokens, V = 13,994), α = 0.1, β = 0.01, the same iterations for every sampler:
 
 * ours: :class:`bosen.apps.lda.model.Sampler` with the method an LDA job picks at that K
-  (``LDAArgs.method()``: exact dense collapsed Gibbs below ``dense_max_k``, LightLDA MH at or above);
+  (``LDAArgs.method()``: exact dense collapsed Gibbs below ``dense_max_k`` = 64, the exact sparse
+  sampler (SparseLDA buckets) at or above);
 * tomotopy 0.14 ``LDAModel`` with fixed priors (``optim_interval=0``, ``min_cf=0``, ``rm_top=0``),
   trained with ``workers=1`` and with ``workers=2`` (``ParallelScheme.PARTITION``, named explicitly);
 * ``lda`` 3.0.2 (collapsed Gibbs in Cython; its ``_sample_topics`` loop driven as its ``fit`` does).
@@ -35,6 +36,7 @@ import json
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +76,8 @@ class _Ours:
 
     def __init__(self, corpus: Corpus, K: int, alpha: float, beta: float, seed: int = 1) -> None:
         self.method = LDAArgs(K=K).method()
-        self.name = "ours: " + ("exact dense collapsed Gibbs" if self.method == "dense" else "LightLDA MH (4 steps)")
+        self.name = "ours: " + {"dense": "exact dense collapsed Gibbs", "sparse": "exact sparse collapsed Gibbs "
+                                "(SparseLDA buckets)", "mh": "LightLDA MH (4 steps)"}[self.method]
         s = Sampler(corpus, K, alpha, beta, corpus.n_vocab, self.method, 4, seed)
         self.nwk = np.zeros((corpus.n_vocab, K), dtype=np.int32)
         w, k, c = s.word_topic_coo()
@@ -100,6 +103,9 @@ class _Tomotopy:
 
     def __init__(self, corpus: Corpus, K: int, alpha: float, beta: float, workers: int, seed: int = 1) -> None:
         import tomotopy as tp  # ImportError when missing
+
+        # with workers > 1 tomotopy warns that results depend on the thread schedule: known, not news
+        warnings.filterwarnings("ignore", message="The training result may differ", category=RuntimeWarning)
 
         self.name = f"{TOMOTOPY}, {workers} thread{'s' if workers > 1 else ''}"
         self.workers = workers
@@ -369,7 +375,9 @@ def run_bench(quick: bool) -> list[dict[str, Any]]:
         out.append({"bench": "apps", "case": "lda-kernel", "missing": True, "ours": None,
                     "error": f"{NEWS} missing (run: bosen data news); measured on a generated corpus instead"})
     for K, iters in cases:
+        print(f"apps_lda: K={K}, {iters} iterations ...", file=sys.stderr, flush=True)
         out.extend(kernel_case(corpus, K, iters, data=data))
+    print("apps_lda: jobs ...", file=sys.stderr, flush=True)
     try:
         out.extend(job_case(quick, corpus, data, 1 if quick else 3))
     except Exception as e:  # noqa: BLE001 - report, do not hide the kernel results

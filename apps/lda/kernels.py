@@ -220,7 +220,7 @@ def _sample_dense_blocked(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, d
 # exact sparse collapsed Gibbs (SparseLDA)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, fastmath=True)
 def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.ndarray, nwk: np.ndarray,
                   nk: np.ndarray, alpha: float, beta: float, vbeta: float, doc_lo: int, doc_hi: int,
                   seed: int) -> int:
@@ -241,16 +241,21 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
     c = np.empty(K)          # (n_dk + α) / (n_k + Vβ) of the current document
     for k in range(K):
         inv[k] = 1.0 / (_pos(nk[k]) + vbeta)
-    # each word row's topics with a positive count (unordered; removal swaps in the last one)
+    # each word row's topics with a positive count and that count, side by side (unordered; removal
+    # swaps in the last one): q reads one short contiguous list instead of K_w lines of a long row
     wn = np.zeros(R, dtype=np.int32)
-    wtop = np.empty((R, K), dtype=np.int32)
+    wl = np.empty((R, K, 2), dtype=np.int32)
     for r in range(R):
         n = 0
         for k in range(K):
             if nwk[r, k] > 0:
-                wtop[r, n] = k
+                wl[r, n, 0] = k
+                wl[r, n, 1] = nwk[r, k]
                 n += 1
         wn[r] = n
+    B = 32
+    nb = (K + B - 1) // B
+    sblk = np.empty(nb)      # s in blocks of B topics, so drawing from it scans about K/(2B) + B/2
     dtop = np.empty(K, dtype=np.int32)  # the current document's topics with n_dk > 0
     qv = np.empty(K)
     s = seed_state(seed)
@@ -260,7 +265,10 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
         r_sum = 0.0
         dn = 0
         for k in range(K):
+            if k % B == 0:
+                sblk[k // B] = 0.0
             s_sum += ab * inv[k]
+            sblk[k // B] += ab * inv[k]
             ndk_k = ndk[d, k]
             c[k] = (ndk_k + alpha) * inv[k]
             if ndk_k > 0:
@@ -271,13 +279,25 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
             w = words[i]
             old = z[i]
             # remove the token
-            s_sum -= ab * inv[old]
             r_sum -= ndk[d, old] * beta * inv[old]
             ndk[d, old] -= 1
+            if nwk[w, old] > 0:  # listed: find it, count down, drop it at 0
+                n = wn[w]
+                for j in range(n):
+                    if wl[w, j, 0] == old:
+                        if wl[w, j, 1] == 1:
+                            wl[w, j, 0] = wl[w, n - 1, 0]
+                            wl[w, j, 1] = wl[w, n - 1, 1]
+                            wn[w] = n - 1
+                        else:
+                            wl[w, j, 1] -= 1
+                        break
             nwk[w, old] -= 1
             nk[old] -= 1
-            inv[old] = 1.0 / (_pos(nk[old]) + vbeta)
-            s_sum += ab * inv[old]
+            x = 1.0 / (_pos(nk[old]) + vbeta)
+            s_sum += ab * (x - inv[old])
+            sblk[old // B] += ab * (x - inv[old])
+            inv[old] = x
             r_sum += ndk[d, old] * beta * inv[old]
             c[old] = (ndk[d, old] + alpha) * inv[old]
             if ndk[d, old] == 0:
@@ -286,31 +306,23 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
                         dn -= 1
                         dtop[j] = dtop[dn]
                         break
-            # q over the word's topics; a topic whose count just fell to 0 (``old``) leaves the list here
+            # q over the word's topics
             n = wn[w]
             q_sum = 0.0
-            j = 0
-            while j < n:
-                k = wtop[w, j]
-                cnt = nwk[w, k]
-                if cnt <= 0:
-                    n -= 1
-                    wtop[w, j] = wtop[w, n]
-                    continue
-                v = c[k] * cnt
+            for j in range(n):
+                v = c[wl[w, j, 0]] * wl[w, j, 1]
                 qv[j] = v
                 q_sum += v
-                j += 1
-            wn[w] = n
             s, u = _rand(s)
             u *= q_sum + r_sum + s_sum
-            t = -1
+            jq = -1  # t's place in the word's list when drawn from q
             if u < q_sum and n > 0:
                 j = 0
                 while j < n - 1 and qv[j] <= u:
                     u -= qv[j]
                     j += 1
-                t = wtop[w, j]
+                jq = j
+                t = wl[w, j, 0]
             else:
                 u -= q_sum
                 if u < r_sum and dn > 0:
@@ -324,8 +336,13 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
                     t = dtop[j]
                 else:
                     u -= r_sum
-                    k = 0
-                    while k < K - 1:
+                    b = 0
+                    while b < nb - 1 and sblk[b] <= u:
+                        u -= sblk[b]
+                        b += 1
+                    k = b * B
+                    last = min(k + B, K) - 1
+                    while k < last:
                         v = ab * inv[k]
                         if u < v:
                             break
@@ -334,21 +351,30 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
                     t = k
             # add it back with topic t
             z[i] = t
-            s_sum -= ab * inv[t]
             r_sum -= ndk[d, t] * beta * inv[t]
             ndk[d, t] += 1
             nwk[w, t] += 1
             nk[t] += 1
-            inv[t] = 1.0 / (_pos(nk[t]) + vbeta)
-            s_sum += ab * inv[t]
+            x = 1.0 / (_pos(nk[t]) + vbeta)
+            s_sum += ab * (x - inv[t])
+            sblk[t // B] += ab * (x - inv[t])
+            inv[t] = x
             r_sum += ndk[d, t] * beta * inv[t]
             c[t] = (ndk[d, t] + alpha) * inv[t]
             if ndk[d, t] == 1:
                 dtop[dn] = t
                 dn += 1
-            if nwk[w, t] == 1:
-                wtop[w, wn[w]] = t
-                wn[w] += 1
+            if jq >= 0:
+                wl[w, jq, 1] += 1
+            elif nwk[w, t] == 1:
+                wl[w, n, 0] = t
+                wl[w, n, 1] = 1
+                wn[w] = n + 1
+            elif nwk[w, t] > 1:
+                for j in range(n):
+                    if wl[w, j, 0] == t:
+                        wl[w, j, 1] += 1
+                        break
             if t != old:
                 changed += 1
     return changed
