@@ -487,20 +487,20 @@ def build_word_alias(stale_nwk: np.ndarray, stale_nk: np.ndarray, beta: float, v
 
 
 @njit(nogil=True, cache=True)
-def sample_mh(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.ndarray, ws: np.ndarray,
-              nk: np.ndarray, stale_nk: np.ndarray, a_ptr: np.ndarray, a_rec: np.ndarray, a_mass: np.ndarray,
-              b_prob: np.ndarray, b_alias: np.ndarray, b_mass: float, alpha: float, beta: float,
-              vbeta: float, mh_steps: int, doc_lo: int, doc_hi: int, seed: int,
-              amap: np.ndarray) -> tuple[int, int]:
+def sample_mh(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.ndarray, nwk: np.ndarray,
+              stale: np.ndarray, amap: np.ndarray, nk: np.ndarray, stale_nk: np.ndarray, a_ptr: np.ndarray,
+              a_rec: np.ndarray, a_mass: np.ndarray, b_prob: np.ndarray, b_alias: np.ndarray, b_mass: float,
+              alpha: float, beta: float, vbeta: float, mh_steps: int, doc_lo: int, doc_hi: int,
+              seed: int) -> tuple[int, int]:
     """One MH sweep over documents [doc_lo, doc_hi): O(mh_steps) per token, independent of K.
 
-    ``ws[r, k, 0]`` is the fresh local count n_wk (updated in place) and ``ws[r, k, 1]`` the stale
-    count the alias tables were built from, interleaved so both cost one cache miss; ``amap[r]`` is
-    row r's row in the alias tables (the worker builds them once per clock over all the words of the
-    clock's mini-batches, while ``ws`` holds one mini-batch's rows). Steps alternate
-    word proposal (even) and doc proposal (odd); the word proposal's own density is evaluated from
-    the stale counts, the target from the fresh ones (``ndk``, ``ws[..., 0]``, ``nk``, updated in
-    place). Returns (accepted, proposed) counts of proposals with t != s.
+    ``nwk`` holds the fresh local counts n_wk (updated in place); the alias tables and ``stale`` (the
+    counts they were built from) may cover more rows: ``amap[r]`` is nwk's row r among them (the
+    worker builds them once per clock over all the words of the clock's mini-batches, while ``nwk``
+    holds one mini-batch's rows). Steps alternate word proposal (even) and doc proposal (odd); the
+    word proposal's own density is evaluated from the stale counts, the target from the fresh ones
+    (``ndk``, ``nwk``, ``nk``, updated in place), so the chain stays exact. Returns (accepted,
+    proposed) counts of proposals with t != s.
     """
     K = nk.shape[0]
     Kalpha = K * alpha
@@ -519,7 +519,7 @@ def sample_mh(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.nda
             w = words[i]
             s = z[i]
             ndk[d, s] -= 1
-            ws[w, s, 0] -= 1
+            nwk[w, s] -= 1
             nk[s] -= 1
             inv[s] = 1.0 / (_pos(nk[s]) + vbeta)
             aw = amap[w]
@@ -554,10 +554,10 @@ def sample_mh(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.nda
                         continue
                     proposed += 1
                     # target p(k) ∝ (n_dk+α)(n_wk+β)/(n_k+Vβ); proposal q(k) from the stale counts
-                    pt = (ndk[d, t] + alpha) * (_pos(ws[w, t, 0]) + beta) * inv[t]
-                    ps = (ndk[d, s] + alpha) * (_pos(ws[w, s, 0]) + beta) * inv[s]
-                    qt = (_pos(ws[w, t, 1]) + beta) * qinv[t]
-                    qs = (_pos(ws[w, s, 1]) + beta) * qinv[s]
+                    pt = (ndk[d, t] + alpha) * (_pos(nwk[w, t]) + beta) * inv[t]
+                    ps = (ndk[d, s] + alpha) * (_pos(nwk[w, s]) + beta) * inv[s]
+                    qt = (_pos(stale[aw, t]) + beta) * qinv[t]
+                    qs = (_pos(stale[aw, s]) + beta) * qinv[s]
                     st, v = _rand(st)
                     if v * ps * qt < pt * qs:
                         s = t
@@ -580,13 +580,13 @@ def sample_mh(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.nda
                     proposed += 1
                     # the doc factors cancel against the proposal: ratio of word factors only
                     st, v = _rand(st)
-                    if v * (_pos(ws[w, s, 0]) + beta) * inv[s] < (_pos(ws[w, t, 0]) + beta) * inv[t]:
+                    if v * (_pos(nwk[w, s]) + beta) * inv[s] < (_pos(nwk[w, t]) + beta) * inv[t]:
                         s = t
                         z[i] = t
                         accepted += 1
             z[i] = s
             ndk[d, s] += 1
-            ws[w, s, 0] += 1
+            nwk[w, s] += 1
             nk[s] += 1
             inv[s] = 1.0 / (_pos(nk[s]) + vbeta)
     return accepted, proposed

@@ -56,7 +56,6 @@ class Sampler:
         K_.random_init(self.z, K, seed)
         self.ndk = K_.doc_topic_counts(self.doc_ptr, self.z, K)
         self.sweeps = 0
-        self._ws: np.ndarray | None = None
         self._ident: np.ndarray | None = None
 
     def word_topic_coo(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -104,31 +103,16 @@ class Sampler:
             alias_s = tables.build_s
             rows = None
         R = nwk.shape[0]
-        ws = self._ws_buffer(R)  # fresh and stale counts interleaved
-        ws[:, :, 0] = nwk
         if rows is None:
             if tables.stale.shape[0] != R:
                 raise ValueError(f"alias tables over {tables.stale.shape[0]} rows for {R} word-topic rows: "
                                  "pass rows=")
-            ws[:, :, 1] = tables.stale
             rows = self._identity(R)
-        else:
-            ws[:, :, 1] = tables.stale[rows]
-        t1 = time.perf_counter()
-        acc, prop = K_.sample_mh(self.doc_ptr, words_local, self.z, self.ndk, ws, nk, tables.stale_nk, tables.ptr,
-                                 tables.rec, tables.mass, tables.b_prob, tables.b_alias, tables.b_mass, self.alpha,
-                                 self.beta, self.vbeta, self.mh_steps, doc_lo, doc_hi, seed, rows)
+        acc, prop = K_.sample_mh(self.doc_ptr, words_local, self.z, self.ndk, nwk, tables.stale, rows, nk,
+                                 tables.stale_nk, tables.ptr, tables.rec, tables.mass, tables.b_prob, tables.b_alias,
+                                 tables.b_mass, self.alpha, self.beta, self.vbeta, self.mh_steps, doc_lo, doc_hi, seed)
         t2 = time.perf_counter()
-        nwk[:] = ws[:, :, 0]
-        t3 = time.perf_counter()
-        return {"sample_s": t3 - t0 + alias_s, "alias_s": alias_s, "copy_s": t1 - t0 + t3 - t2,
-                "accepted": float(acc), "proposed": float(prop)}
-
-    def _ws_buffer(self, R: int) -> np.ndarray:
-        """A (R, K, 2) int32 view of a buffer kept across sweeps (grown when a read has more rows)."""
-        if self._ws is None or self._ws.shape[0] < R:
-            self._ws = np.empty((max(R, 1), self.K, 2), dtype=np.int32)
-        return self._ws[:R]
+        return {"sample_s": t2 - t0, "alias_s": alias_s, "accepted": float(acc), "proposed": float(prop)}
 
     def _identity(self, R: int) -> np.ndarray:
         if self._ident is None or self._ident.shape[0] < R:

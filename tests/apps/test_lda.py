@@ -308,14 +308,13 @@ def test_samplers_target_the_exact_posterior(method):
         stale = np.array([[5, 0, 1], [0, 0, 3], [2, 7, 0]], np.int32)
         stale_nk = stale.sum(0).astype(np.int32)
         tables = K_.build_word_alias(stale, stale_nk, beta, vbeta, np.ones(V, np.bool_))
-        ws = np.stack([nwk, stale], axis=-1).copy()
     for it in range(n):
         if method != "mh":
             kernel = K_.sample_dense if method == "dense" else K_.sample_sparse
             kernel(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, 0, 2, it)
         else:
-            K_.sample_mh(doc_ptr, words, z, ndk, ws, nk, stale_nk, *tables, alpha, beta, vbeta, 2, 0, 2, it,
-                         np.arange(V, dtype=np.int64))
+            K_.sample_mh(doc_ptr, words, z, ndk, nwk, stale, np.arange(V, dtype=np.int64), nk, stale_nk, *tables,
+                         alpha, beta, vbeta, 2, 0, 2, it)
         visits[int(z @ weights)] += 1
     tv = 0.5 * np.abs(visits / n - exact).sum()
     assert tv < 0.035, f"total variation {tv:.4f} between the chain and the exact posterior"
