@@ -22,9 +22,11 @@ first reach the peer's final log-likelihood (> 1: ours is faster at equal qualit
 Jobs (point 4): the news corpus through ``bosen.jobs.run_job`` (``bosen launch``) with the settings of
 ``configs/lda-news.yaml`` (held-out scoring off, log-likelihood at the last tick only, so the work is
 the sampling) with 1 and 2 workers, beside the bare kernel doing the same iterations in this process.
-The job's time is each worker's span from the start of its first sampling tick to its last report;
-the breakdown (sampling, word-row reads, sends, clock waits, alias tables) comes from the worker's
-per-tick reports.
+The job's time is each worker's span from the start of its first sampling tick to its last report
+(the first tick also opens the client's read connection, reported apart as ``first_tick_s``); the
+breakdown (sampling, word-row reads, sends, clock waits, alias tables) comes from the worker's
+per-tick reports. The 1-worker job also runs with one mini-batch per tick, to show what the
+mini-batches' extra reads and sends cost.
 
 Goal records carry ``goal`` (text) and ``met`` (bool). ``--quick`` uses a small generated corpus and
 reports any peer that is not installed as missing (goals against it: ``met`` false, ``missing``).
@@ -287,6 +289,7 @@ def run_lda_job(args: dict[str, Any], V: int, K: int, workers: int, timeout: flo
         mine = sorted((r for r in work if r["rank"] == rank), key=lambda r: r["clock"])
         # from the start of the first sampling tick to the last report (clock waits in between included)
         spans.append(mine[-1]["time"] - (mine[0]["time"] - mine[0]["tick_s"]))
+        parts.setdefault("first_tick_s", []).append(mine[0]["tick_s"])
         for key in ("compute_s", "read_s", "send_s", "clock_wait_s", "alias_s", "ll_s", "tick_s"):
             parts.setdefault(key, []).append(sum(r.get(key, 0.0) for r in mine))
     final = next((r["final_loglik"] for r in reversed(job.records)
@@ -296,19 +299,19 @@ def run_lda_job(args: dict[str, Any], V: int, K: int, workers: int, timeout: flo
             **{k: v[slow] for k, v in parts.items()}}
 
 
-def _bare(corpus: Corpus, a: LDAArgs) -> tuple[float, float]:
-    """The kernel alone, the job's iterations in this process: (seconds, final log p(w, z))."""
+def _bare(corpus: Corpus, a: LDAArgs) -> tuple[list[float], float]:
+    """The kernel alone, the job's iterations in this process: (seconds per iteration, final log p(w, z))."""
     s = Sampler(corpus, a.K, a.alpha, a.beta, corpus.n_vocab, a.method(), a.mh_steps, a.seed * 7919 + 1)
     nwk = np.zeros((corpus.n_vocab, a.K), dtype=np.int32)
     w, k, c = s.word_topic_coo()
     nwk[w, k] = c
     nk = s.topic_counts()
-    t = 0.0
+    times = []
     for _ in range(a.iterations):
         t0 = time.perf_counter()
         s.sweep(nwk, nk, corpus.words)
-        t += time.perf_counter() - t0
-    return t, loglikelihood(s.ndk, nwk, nk, a.alpha, a.beta)
+        times.append(time.perf_counter() - t0)
+    return times, loglikelihood(s.ndk, nwk, nk, a.alpha, a.beta)
 
 
 def job_case(quick: bool, corpus: Corpus, data: str, repeats: int) -> list[dict[str, Any]]:
@@ -327,12 +330,16 @@ def job_case(quick: bool, corpus: Corpus, data: str, repeats: int) -> list[dict[
     _bare(corpus.subset(0, min(2, corpus.n_docs)), a)  # compile outside the timing
     rounds = []
     for _ in range(repeats):
-        bare_s, bare_ll = _bare(corpus, a)
+        bare_t, bare_ll = _bare(corpus, a)
         one = run_lda_job(args, corpus.n_vocab, a.K, 1)
+        one_b1 = run_lda_job({**args, "batches_per_clock": 1}, corpus.n_vocab, a.K, 1)
         two = run_lda_job(args, corpus.n_vocab, a.K, 2)
-        rounds.append((one["seconds"] / bare_s, bare_s, bare_ll, one, two))
+        bare_s = sum(bare_t)
+        rounds.append((one["seconds"] / bare_s, bare_s, bare_ll, one, two, one_b1,
+                       (one["seconds"] - one["first_tick_s"]) / sum(bare_t[1:]),
+                       one_b1["seconds"] / bare_s))
     rounds.sort(key=lambda r: r[0])
-    ratio, bare_s, bare_ll, one, two = rounds[len(rounds) // 2]
+    ratio, bare_s, bare_ll, one, two, one_b1, steady, ratio_b1 = rounds[len(rounds) // 2]
     base = {"bench": "apps", "case": "lda-job", "data": data, "K": a.K, "alpha": a.alpha, "beta": a.beta,
             "iterations": a.iterations, "sampler": a.method(), "batches_per_clock": a.batches_per_clock,
             "clocks_per_epoch": a.clocks_per_epoch, "tokens": corpus.n_tokens, "repeats": repeats}
@@ -340,6 +347,12 @@ def job_case(quick: bool, corpus: Corpus, data: str, repeats: int) -> list[dict[
     out = [{**base, "metric": "seconds", "unit": "s", "ours": round(one["seconds"], 3), "baseline": round(bare_s, 3),
             "baseline_name": "bare kernel, same iterations, one process", "workers": 1,
             "ratio": round(ratio, 3), "ratios": [round(r[0], 3) for r in rounds],
+            # the first tick opens the read connection to the server (one-off); after it:
+            "first_tick_s": round(one["first_tick_s"], 3), "ratio_after_first_tick": round(steady, 3),
+            "ratios_after_first_tick": [round(r[6], 3) for r in rounds],
+            # the same job with one mini-batch per tick (one read and one send per tick)
+            "ratio_1_batch_per_clock": round(ratio_b1, 3), "ratios_1_batch_per_clock": [round(r[7], 3) for r in rounds],
+            "read_rows_s_1_batch": round(one_b1["read_s"], 3), "send_s_1_batch": round(one_b1["send_s"], 3),
             "launch_wall_s": round(one["launch_wall_s"], 2),
             "job_loglik": one["final_loglik"], "bare_loglik": round(bare_ll, 1),
             # where the job's extra time goes (the 1-worker job's own per-tick reports, summed)
