@@ -231,7 +231,9 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
     (r, non-zero only on the document's topics) + ``(n_dk+α) n_wk/(n_k+Vβ)`` (q, non-zero only on the
     word's topics). The masses of s and r are kept up to date as counts change, q is summed over the
     word's non-zero topics (lists built at the start of the sweep, kept as counts change), and the
-    draw picks a bucket, then a topic within it. Same arguments and updates as :func:`sample_dense`;
+    draw picks a bucket, then a topic within it. While the sweep runs, a positive n_wk lives in its
+    word's list (counts go back into ``nwk`` at the end), so a token touches one short list, not the
+    long row. Same arguments and updates as :func:`sample_dense`;
     negative counts (staleness) count as 0. Returns the number of tokens whose topic changed.
     """
     K = nk.shape[0]
@@ -281,18 +283,22 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
             # remove the token
             r_sum -= ndk[d, old] * beta * inv[old]
             ndk[d, old] -= 1
-            if nwk[w, old] > 0:  # listed: find it, count down, drop it at 0
-                n = wn[w]
-                for j in range(n):
-                    if wl[w, j, 0] == old:
-                        if wl[w, j, 1] == 1:
-                            wl[w, j, 0] = wl[w, n - 1, 0]
-                            wl[w, j, 1] = wl[w, n - 1, 1]
-                            wn[w] = n - 1
-                        else:
-                            wl[w, j, 1] -= 1
-                        break
-            nwk[w, old] -= 1
+            # the word's count: in its list while positive (written back to nwk at the end), else in nwk
+            n = wn[w]
+            listed = False
+            for j in range(n):
+                if wl[w, j, 0] == old:
+                    listed = True
+                    if wl[w, j, 1] == 1:
+                        wl[w, j, 0] = wl[w, n - 1, 0]
+                        wl[w, j, 1] = wl[w, n - 1, 1]
+                        wn[w] = n - 1
+                        nwk[w, old] = 0
+                    else:
+                        wl[w, j, 1] -= 1
+                    break
+            if not listed:
+                nwk[w, old] -= 1
             nk[old] -= 1
             x = 1.0 / (_pos(nk[old]) + vbeta)
             s_sum += ab * (x - inv[old])
@@ -353,7 +359,6 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
             z[i] = t
             r_sum -= ndk[d, t] * beta * inv[t]
             ndk[d, t] += 1
-            nwk[w, t] += 1
             nk[t] += 1
             x = 1.0 / (_pos(nk[t]) + vbeta)
             s_sum += ab * (x - inv[t])
@@ -366,17 +371,24 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
                 dn += 1
             if jq >= 0:
                 wl[w, jq, 1] += 1
-            elif nwk[w, t] == 1:
-                wl[w, n, 0] = t
-                wl[w, n, 1] = 1
-                wn[w] = n + 1
-            elif nwk[w, t] > 1:
+            else:
+                listed = False
                 for j in range(n):
                     if wl[w, j, 0] == t:
                         wl[w, j, 1] += 1
+                        listed = True
                         break
+                if not listed:
+                    nwk[w, t] += 1
+                    if nwk[w, t] == 1:
+                        wl[w, n, 0] = t
+                        wl[w, n, 1] = 1
+                        wn[w] = n + 1
             if t != old:
                 changed += 1
+    for r in range(R):  # the listed counts back into the rows
+        for j in range(wn[r]):
+            nwk[r, wl[r, j, 0]] = wl[r, j, 1]
     return changed
 
 
