@@ -5,7 +5,9 @@ working copies of the word-topic rows it needs, ``nk`` the topic summary) and bo
 token by token, so the worker sees its own writes at once (Bösen's read-my-writes):
 
 * :func:`sample_dense` is plain collapsed Gibbs, O(K) per token, exact. With divisions hoisted out of
-  the inner loop it is the fastest choice for small K (about K < 64).
+  the inner loop, and from 32 topics on the weights computed in a vectorized loop and drawn through
+  block sums, it reaches a given log-likelihood faster than MH up to about K = 1000 on the news
+  corpus (measured: K=100 and 300 clearly, K=1000 a tie after 10 iterations).
 * :func:`sample_mh` is the LightLDA sampler (Yuan et al., WWW 2015): Metropolis–Hastings that
   alternates a *word proposal* ``q_w(k) ∝ (n_wk + β)/(n_k + Vβ)`` drawn in O(1) from alias tables built
   once per clock from the (stale) rows fetched from the PS, and a *doc proposal*
@@ -94,6 +96,9 @@ def doc_topic_counts(doc_ptr: np.ndarray, z: np.ndarray, K: int) -> np.ndarray:
 # exact dense collapsed Gibbs
 
 
+_BLOCK = 16  # topics per block of the blocked dense sampler
+
+
 @njit(nogil=True, cache=True)
 def sample_dense(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.ndarray, nwk: np.ndarray,
                  nk: np.ndarray, alpha: float, beta: float, vbeta: float, doc_lo: int, doc_hi: int,
@@ -102,8 +107,17 @@ def sample_dense(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.
 
     ``words`` are row indices into ``nwk`` (the worker's local copy of word-topic rows); ``nk`` is
     its copy of the topic summary. All three count arrays are updated in place. Returns the number of
-    tokens whose topic changed.
+    tokens whose topic changed. Below 2 blocks of topics a running cumulative sum is cheapest; from
+    there on the blocked form (:func:`_sample_dense_blocked`) is.
     """
+    if nk.shape[0] < 2 * _BLOCK:
+        return _sample_dense_cdf(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, doc_lo, doc_hi, seed)
+    return _sample_dense_blocked(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, doc_lo, doc_hi, seed)
+
+
+@njit(nogil=True, cache=True)
+def _sample_dense_cdf(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, doc_lo, doc_hi, seed):
+    """Small K: one pass builds the cumulative weights, a linear scan finds the draw."""
     K = nk.shape[0]
     inv = np.empty(K)
     cdf = np.empty(K)
@@ -135,6 +149,246 @@ def sample_dense(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.
             inv[t] = 1.0 / (_pos(nk[t]) + vbeta)
             if t != old:
                 changed += 1
+    return changed
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def _sample_dense_blocked(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, doc_lo, doc_hi, seed):
+    """Larger K: the same draw with the dependency chain of a running sum broken up.
+
+    The doc factor ``c_k = (n_dk+α)/(n_k+Vβ)`` is kept per document (only the old and new topic of a
+    token change it), so a weight is one multiply ``c_k (n_wk+β)`` in a loop the compiler
+    vectorizes; weights are summed in blocks of ``_BLOCK`` topics, and the draw scans block sums,
+    then one block (about K/32 + 8 steps instead of K/2).
+    """
+    K = nk.shape[0]
+    B = _BLOCK
+    nb = (K + B - 1) // B
+    inv = np.empty(K)
+    c = np.zeros(nb * B)
+    p = np.zeros(nb * B)  # the padding stays 0
+    bs = np.empty(nb)
+    for k in range(K):
+        inv[k] = 1.0 / (_pos(nk[k]) + vbeta)
+    s = seed_state(seed)
+    changed = 0
+    for d in range(doc_lo, doc_hi):
+        for k in range(K):
+            c[k] = (ndk[d, k] + alpha) * inv[k]
+        for i in range(doc_ptr[d], doc_ptr[d + 1]):
+            w = words[i]
+            old = z[i]
+            ndk[d, old] -= 1
+            nwk[w, old] -= 1
+            nk[old] -= 1
+            inv[old] = 1.0 / (_pos(nk[old]) + vbeta)
+            c[old] = (ndk[d, old] + alpha) * inv[old]
+            row = nwk[w]
+            for k in range(K):
+                p[k] = c[k] * (max(row[k], 0) + beta)
+            total = 0.0
+            for b in range(nb):
+                acc = 0.0
+                o = b * B
+                for j in range(B):
+                    acc += p[o + j]
+                bs[b] = acc
+                total += acc
+            s, u = _rand(s)
+            u *= total
+            b = 0
+            while b < nb - 1 and bs[b] <= u:
+                u -= bs[b]
+                b += 1
+            t = b * B
+            last = min(t + B, K) - 1
+            while t < last and p[t] <= u:
+                u -= p[t]
+                t += 1
+            z[i] = t
+            ndk[d, t] += 1
+            nwk[w, t] += 1
+            nk[t] += 1
+            inv[t] = 1.0 / (_pos(nk[t]) + vbeta)
+            c[t] = (ndk[d, t] + alpha) * inv[t]
+            if t != old:
+                changed += 1
+    return changed
+
+
+# ----------------------------------------------------------------------------------------------
+# exact sparse collapsed Gibbs (SparseLDA)
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.ndarray, nwk: np.ndarray,
+                  nk: np.ndarray, alpha: float, beta: float, vbeta: float, doc_lo: int, doc_hi: int,
+                  seed: int) -> int:
+    """The draw of :func:`sample_dense` (exact collapsed Gibbs) in time O(nonzeros), not O(K).
+
+    SparseLDA's split (Yao, Mimno and McCallum, KDD 2009) of the weight of topic k,
+    ``(n_dk+α)(n_wk+β)/(n_k+Vβ)`` = ``αβ/(n_k+Vβ)`` (s, the same for every token) + ``n_dk β/(n_k+Vβ)``
+    (r, non-zero only on the document's topics) + ``(n_dk+α) n_wk/(n_k+Vβ)`` (q, non-zero only on the
+    word's topics). The masses of s and r are kept up to date as counts change, q is summed over the
+    word's non-zero topics (lists built at the start of the sweep, kept as counts change), and the
+    draw picks a bucket, then a topic within it. While the sweep runs, a positive n_wk lives in its
+    word's list (counts go back into ``nwk`` at the end), so a token touches one short list, not the
+    long row. Same arguments and updates as :func:`sample_dense`;
+    negative counts (staleness) count as 0. Returns the number of tokens whose topic changed.
+    """
+    K = nk.shape[0]
+    R = nwk.shape[0]
+    ab = alpha * beta
+    inv = np.empty(K)
+    c = np.empty(K)          # (n_dk + α) / (n_k + Vβ) of the current document
+    for k in range(K):
+        inv[k] = 1.0 / (_pos(nk[k]) + vbeta)
+    # each word row's topics with a positive count and that count, side by side (unordered; removal
+    # swaps in the last one): q reads one short contiguous list instead of K_w lines of a long row
+    wn = np.zeros(R, dtype=np.int32)
+    wl = np.empty((R, K, 2), dtype=np.int32)
+    for r in range(R):
+        n = 0
+        for k in range(K):
+            if nwk[r, k] > 0:
+                wl[r, n, 0] = k
+                wl[r, n, 1] = nwk[r, k]
+                n += 1
+        wn[r] = n
+    B = 32
+    nb = (K + B - 1) // B
+    sblk = np.empty(nb)      # s in blocks of B topics, so drawing from it scans about K/(2B) + B/2
+    dtop = np.empty(K, dtype=np.int32)  # the current document's topics with n_dk > 0
+    qv = np.empty(K)
+    s = seed_state(seed)
+    changed = 0
+    for d in range(doc_lo, doc_hi):
+        s_sum = 0.0
+        r_sum = 0.0
+        dn = 0
+        for k in range(K):
+            if k % B == 0:
+                sblk[k // B] = 0.0
+            s_sum += ab * inv[k]
+            sblk[k // B] += ab * inv[k]
+            ndk_k = ndk[d, k]
+            c[k] = (ndk_k + alpha) * inv[k]
+            if ndk_k > 0:
+                dtop[dn] = k
+                dn += 1
+                r_sum += ndk_k * beta * inv[k]
+        for i in range(doc_ptr[d], doc_ptr[d + 1]):
+            w = words[i]
+            old = z[i]
+            # remove the token
+            r_sum -= ndk[d, old] * beta * inv[old]
+            ndk[d, old] -= 1
+            # the word's count: in its list while positive (written back to nwk at the end), else in nwk
+            n = wn[w]
+            listed = False
+            for j in range(n):
+                if wl[w, j, 0] == old:
+                    listed = True
+                    if wl[w, j, 1] == 1:
+                        wl[w, j, 0] = wl[w, n - 1, 0]
+                        wl[w, j, 1] = wl[w, n - 1, 1]
+                        wn[w] = n - 1
+                        nwk[w, old] = 0
+                    else:
+                        wl[w, j, 1] -= 1
+                    break
+            if not listed:
+                nwk[w, old] -= 1
+            nk[old] -= 1
+            x = 1.0 / (_pos(nk[old]) + vbeta)
+            s_sum += ab * (x - inv[old])
+            sblk[old // B] += ab * (x - inv[old])
+            inv[old] = x
+            r_sum += ndk[d, old] * beta * inv[old]
+            c[old] = (ndk[d, old] + alpha) * inv[old]
+            if ndk[d, old] == 0:
+                for j in range(dn):
+                    if dtop[j] == old:
+                        dn -= 1
+                        dtop[j] = dtop[dn]
+                        break
+            # q over the word's topics
+            n = wn[w]
+            q_sum = 0.0
+            for j in range(n):
+                v = c[wl[w, j, 0]] * wl[w, j, 1]
+                qv[j] = v
+                q_sum += v
+            s, u = _rand(s)
+            u *= q_sum + r_sum + s_sum
+            jq = -1  # t's place in the word's list when drawn from q
+            if u < q_sum and n > 0:
+                j = 0
+                while j < n - 1 and qv[j] <= u:
+                    u -= qv[j]
+                    j += 1
+                jq = j
+                t = wl[w, j, 0]
+            else:
+                u -= q_sum
+                if u < r_sum and dn > 0:
+                    j = 0
+                    while j < dn - 1:
+                        v = ndk[d, dtop[j]] * beta * inv[dtop[j]]
+                        if u < v:
+                            break
+                        u -= v
+                        j += 1
+                    t = dtop[j]
+                else:
+                    u -= r_sum
+                    b = 0
+                    while b < nb - 1 and sblk[b] <= u:
+                        u -= sblk[b]
+                        b += 1
+                    k = b * B
+                    last = min(k + B, K) - 1
+                    while k < last:
+                        v = ab * inv[k]
+                        if u < v:
+                            break
+                        u -= v
+                        k += 1
+                    t = k
+            # add it back with topic t
+            z[i] = t
+            r_sum -= ndk[d, t] * beta * inv[t]
+            ndk[d, t] += 1
+            nk[t] += 1
+            x = 1.0 / (_pos(nk[t]) + vbeta)
+            s_sum += ab * (x - inv[t])
+            sblk[t // B] += ab * (x - inv[t])
+            inv[t] = x
+            r_sum += ndk[d, t] * beta * inv[t]
+            c[t] = (ndk[d, t] + alpha) * inv[t]
+            if ndk[d, t] == 1:
+                dtop[dn] = t
+                dn += 1
+            if jq >= 0:
+                wl[w, jq, 1] += 1
+            else:
+                listed = False
+                for j in range(n):
+                    if wl[w, j, 0] == t:
+                        wl[w, j, 1] += 1
+                        listed = True
+                        break
+                if not listed:
+                    nwk[w, t] += 1
+                    if nwk[w, t] == 1:
+                        wl[w, n, 0] = t
+                        wl[w, n, 1] = 1
+                        wn[w] = n + 1
+            if t != old:
+                changed += 1
+    for r in range(R):  # the listed counts back into the rows
+        for j in range(wn[r]):
+            nwk[r, wl[r, j, 0]] = wl[r, j, 1]
     return changed
 
 
@@ -245,17 +499,20 @@ def build_word_alias(stale_nwk: np.ndarray, stale_nk: np.ndarray, beta: float, v
 
 
 @njit(nogil=True, cache=True)
-def sample_mh(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.ndarray, ws: np.ndarray,
-              nk: np.ndarray, stale_nk: np.ndarray, a_ptr: np.ndarray, a_rec: np.ndarray, a_mass: np.ndarray,
-              b_prob: np.ndarray, b_alias: np.ndarray, b_mass: float, alpha: float, beta: float,
-              vbeta: float, mh_steps: int, doc_lo: int, doc_hi: int, seed: int) -> tuple[int, int]:
+def sample_mh(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.ndarray, nwk: np.ndarray,
+              stale: np.ndarray, amap: np.ndarray, nk: np.ndarray, stale_nk: np.ndarray, a_ptr: np.ndarray,
+              a_rec: np.ndarray, a_mass: np.ndarray, b_prob: np.ndarray, b_alias: np.ndarray, b_mass: float,
+              alpha: float, beta: float, vbeta: float, mh_steps: int, doc_lo: int, doc_hi: int,
+              seed: int) -> tuple[int, int]:
     """One MH sweep over documents [doc_lo, doc_hi): O(mh_steps) per token, independent of K.
 
-    ``ws[r, k, 0]`` is the fresh local count n_wk (updated in place) and ``ws[r, k, 1]`` the stale
-    count the alias tables were built from, interleaved so both cost one cache miss. Steps alternate
-    word proposal (even) and doc proposal (odd); the word proposal's own density is evaluated from
-    the stale counts, the target from the fresh ones (``ndk``, ``ws[..., 0]``, ``nk``, updated in
-    place). Returns (accepted, proposed) counts of proposals with t != s.
+    ``nwk`` holds the fresh local counts n_wk (updated in place); the alias tables and ``stale`` (the
+    counts they were built from) may cover more rows: ``amap[r]`` is nwk's row r among them (the
+    worker builds them once per clock over all the words of the clock's mini-batches, while ``nwk``
+    holds one mini-batch's rows). Steps alternate word proposal (even) and doc proposal (odd); the
+    word proposal's own density is evaluated from the stale counts, the target from the fresh ones
+    (``ndk``, ``nwk``, ``nk``, updated in place), so the chain stays exact. Returns (accepted,
+    proposed) counts of proposals with t != s.
     """
     K = nk.shape[0]
     Kalpha = K * alpha
@@ -274,13 +531,14 @@ def sample_mh(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.nda
             w = words[i]
             s = z[i]
             ndk[d, s] -= 1
-            ws[w, s, 0] -= 1
+            nwk[w, s] -= 1
             nk[s] -= 1
             inv[s] = 1.0 / (_pos(nk[s]) + vbeta)
-            am = a_mass[w]
+            aw = amap[w]
+            am = a_mass[aw]
             ab = am + b_mass
-            aptr = a_ptr[w]
-            an = a_ptr[w + 1] - aptr
+            aptr = a_ptr[aw]
+            an = a_ptr[aw + 1] - aptr
             for step in range(mh_steps):
                 st, u = _rand(st)
                 if step % 2 == 0:
@@ -308,10 +566,10 @@ def sample_mh(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.nda
                         continue
                     proposed += 1
                     # target p(k) ∝ (n_dk+α)(n_wk+β)/(n_k+Vβ); proposal q(k) from the stale counts
-                    pt = (ndk[d, t] + alpha) * (_pos(ws[w, t, 0]) + beta) * inv[t]
-                    ps = (ndk[d, s] + alpha) * (_pos(ws[w, s, 0]) + beta) * inv[s]
-                    qt = (_pos(ws[w, t, 1]) + beta) * qinv[t]
-                    qs = (_pos(ws[w, s, 1]) + beta) * qinv[s]
+                    pt = (ndk[d, t] + alpha) * (_pos(nwk[w, t]) + beta) * inv[t]
+                    ps = (ndk[d, s] + alpha) * (_pos(nwk[w, s]) + beta) * inv[s]
+                    qt = (_pos(stale[aw, t]) + beta) * qinv[t]
+                    qs = (_pos(stale[aw, s]) + beta) * qinv[s]
                     st, v = _rand(st)
                     if v * ps * qt < pt * qs:
                         s = t
@@ -334,13 +592,13 @@ def sample_mh(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.nda
                     proposed += 1
                     # the doc factors cancel against the proposal: ratio of word factors only
                     st, v = _rand(st)
-                    if v * (_pos(ws[w, s, 0]) + beta) * inv[s] < (_pos(ws[w, t, 0]) + beta) * inv[t]:
+                    if v * (_pos(nwk[w, s]) + beta) * inv[s] < (_pos(nwk[w, t]) + beta) * inv[t]:
                         s = t
                         z[i] = t
                         accepted += 1
             z[i] = s
             ndk[d, s] += 1
-            ws[w, s, 0] += 1
+            nwk[w, s] += 1
             nk[s] += 1
             inv[s] = 1.0 / (_pos(nk[s]) + vbeta)
     return accepted, proposed
@@ -485,3 +743,35 @@ def completion_loglik(doc_ptr: np.ndarray, words: np.ndarray, theta: np.ndarray,
                 q += theta[d, k] * phi[w, k]
             ll += math.log(q)
     return ll
+
+
+# ----------------------------------------------------------------------------------------------
+# the worker's count changes
+
+
+@njit(nogil=True, cache=True)
+def count_changes(cur: np.ndarray, snap: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Net changes ``cur - snap`` of a (rows x K) block as COO (row, col, delta), in one pass.
+
+    What a mini-batch sends: most entries of the dense difference are zero, and numpy's
+    subtract / nonzero / gather would pass over the block three times with two temporaries.
+    """
+    R, K = cur.shape
+    n = 0
+    for r in range(R):
+        for k in range(K):
+            if cur[r, k] != snap[r, k]:
+                n += 1
+    rows = np.empty(n, dtype=np.int64)
+    cols = np.empty(n, dtype=np.int64)
+    vals = np.empty(n, dtype=cur.dtype)
+    j = 0
+    for r in range(R):
+        for k in range(K):
+            v = cur[r, k] - snap[r, k]
+            if v != 0:
+                rows[j] = r
+                cols[j] = k
+                vals[j] = v
+                j += 1
+    return rows, cols, vals

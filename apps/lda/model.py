@@ -16,7 +16,23 @@ import numpy as np
 from bosen.apps.lda import kernels as K_
 from bosen.apps.lda.data import Corpus
 
-__all__ = ["Sampler", "FitResult", "DocumentCompletion", "fit", "loglikelihood", "top_words"]
+__all__ = ["AliasTables", "Sampler", "FitResult", "DocumentCompletion", "fit", "loglikelihood", "top_words"]
+
+
+@dataclass
+class AliasTables:
+    """The MH word proposal's alias tables and the counts they were built from (see
+    ``kernels.build_word_alias``); ``build_s`` is the time building them took."""
+
+    stale: np.ndarray        # (R, K) word-topic rows as read
+    stale_nk: np.ndarray     # (K,) topic summary as read
+    ptr: np.ndarray
+    rec: np.ndarray
+    mass: np.ndarray
+    b_prob: np.ndarray
+    b_alias: np.ndarray
+    b_mass: float
+    build_s: float = 0.0
 
 
 class Sampler:
@@ -28,8 +44,8 @@ class Sampler:
 
     def __init__(self, corpus: Corpus, K: int, alpha: float, beta: float, n_vocab: int,
                  method: str = "mh", mh_steps: int = 4, seed: int = 0) -> None:
-        if method not in ("dense", "mh"):
-            raise ValueError(f"sampler method {method!r}: dense or mh")
+        if method not in ("dense", "sparse", "mh"):
+            raise ValueError(f"sampler method {method!r}: dense, sparse or mh")
         self.K, self.alpha, self.beta = K, float(alpha), float(beta)
         self.vbeta = n_vocab * self.beta
         self.method, self.mh_steps, self.seed = method, mh_steps, seed
@@ -40,6 +56,7 @@ class Sampler:
         K_.random_init(self.z, K, seed)
         self.ndk = K_.doc_topic_counts(self.doc_ptr, self.z, K)
         self.sweeps = 0
+        self._ident: np.ndarray | None = None
 
     def word_topic_coo(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """This sampler's own contribution to n_wk as sparse (word, topic, count)."""
@@ -51,41 +68,56 @@ class Sampler:
     def topic_counts(self) -> np.ndarray:
         return np.bincount(self.z, minlength=self.K).astype(np.int32)
 
+    def alias_tables(self, stale: np.ndarray, stale_nk: np.ndarray) -> AliasTables:
+        """MH word-proposal tables from word-topic rows and a summary as read (kept, not copied)."""
+        need = np.ones(stale.shape[0], dtype=np.bool_)
+        t0 = time.perf_counter()
+        built = K_.build_word_alias(stale, stale_nk, self.beta, self.vbeta, need)
+        return AliasTables(stale, stale_nk, *built, build_s=time.perf_counter() - t0)
+
     def sweep(self, nwk: np.ndarray, nk: np.ndarray, words_local: np.ndarray, doc_lo: int = 0,
               doc_hi: int | None = None, stale: np.ndarray | None = None,
-              stale_nk: np.ndarray | None = None) -> dict[str, float]:
+              stale_nk: np.ndarray | None = None, tables: AliasTables | None = None,
+              rows: np.ndarray | None = None) -> dict[str, float]:
         """Resample the tokens of documents [doc_lo, doc_hi), updating nwk/nk/ndk in place.
 
-        ``words_local`` maps each token to its row in ``nwk``. MH builds its word-proposal alias
-        tables from ``stale``/``stale_nk`` (the rows as fetched; default: a copy of nwk/nk now).
+        ``words_local`` maps each token to its row in ``nwk``. MH proposes from ``tables`` (built by
+        :meth:`alias_tables`, possibly over more rows than ``nwk`` has: ``rows[r]`` is nwk's row r
+        among them); without them it builds tables from ``stale``/``stale_nk`` (the rows as fetched;
+        default: a copy of nwk/nk now). Stale tables keep MH exact: the acceptance test evaluates the
+        proposal from the counts the tables were built from and the target from the live ones.
         """
         doc_hi = self.n_docs if doc_hi is None else doc_hi
         seed = (self.seed * 1_000_003 + self.sweeps * 7919 + doc_lo) & 0x7FFFFFFFFFFF
         self.sweeps += 1
         t0 = time.perf_counter()
-        if self.method == "dense":
-            changed = K_.sample_dense(self.doc_ptr, words_local, self.z, self.ndk, nwk, nk, self.alpha,
-                                      self.beta, self.vbeta, doc_lo, doc_hi, seed)
+        if self.method != "mh":  # exact: dense or sparse, same arguments
+            kernel = K_.sample_dense if self.method == "dense" else K_.sample_sparse
+            changed = kernel(self.doc_ptr, words_local, self.z, self.ndk, nwk, nk, self.alpha, self.beta,
+                             self.vbeta, doc_lo, doc_hi, seed)
             return {"sample_s": time.perf_counter() - t0, "changed": float(changed)}
-        if stale is None:
-            stale = nwk.copy()
-        if stale_nk is None:
-            stale_nk = nk.copy()
-        need = np.ones(stale.shape[0], dtype=np.bool_)
-        ptr, rec, mass, b_prob, b_alias, b_mass = K_.build_word_alias(stale, stale_nk, self.beta,
-                                                                      self.vbeta, need)
-        ws = np.empty(nwk.shape + (2,), dtype=np.int32)  # fresh and stale counts interleaved
-        ws[:, :, 0] = nwk
-        ws[:, :, 1] = stale
-        t1 = time.perf_counter()
-        acc, prop = K_.sample_mh(self.doc_ptr, words_local, self.z, self.ndk, ws, nk, stale_nk, ptr, rec,
-                                 mass, b_prob, b_alias, b_mass, self.alpha, self.beta, self.vbeta,
-                                 self.mh_steps, doc_lo, doc_hi, seed)
+        alias_s = 0.0
+        if tables is None:
+            tables = self.alias_tables(nwk.copy() if stale is None else stale,
+                                       nk.copy() if stale_nk is None else stale_nk)
+            alias_s = tables.build_s
+            rows = None
+        R = nwk.shape[0]
+        if rows is None:
+            if tables.stale.shape[0] != R:
+                raise ValueError(f"alias tables over {tables.stale.shape[0]} rows for {R} word-topic rows: "
+                                 "pass rows=")
+            rows = self._identity(R)
+        acc, prop = K_.sample_mh(self.doc_ptr, words_local, self.z, self.ndk, nwk, tables.stale, rows, nk,
+                                 tables.stale_nk, tables.ptr, tables.rec, tables.mass, tables.b_prob, tables.b_alias,
+                                 tables.b_mass, self.alpha, self.beta, self.vbeta, self.mh_steps, doc_lo, doc_hi, seed)
         t2 = time.perf_counter()
-        nwk[:] = ws[:, :, 0]
-        t3 = time.perf_counter()
-        return {"sample_s": t3 - t0, "alias_s": t1 - t0 + t3 - t2, "accepted": float(acc),
-                "proposed": float(prop)}
+        return {"sample_s": t2 - t0, "alias_s": alias_s, "accepted": float(acc), "proposed": float(prop)}
+
+    def _identity(self, R: int) -> np.ndarray:
+        if self._ident is None or self._ident.shape[0] < R:
+            self._ident = np.arange(max(R, 1), dtype=np.int64)
+        return self._ident[:R]
 
     def loglik_docs(self) -> float:
         return float(K_.loglik_docs(self.ndk, self.alpha))

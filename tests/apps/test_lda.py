@@ -247,7 +247,7 @@ def _consistent(s, nwk, nk, words):
     np.testing.assert_array_equal(nk, np.bincount(s.z, minlength=K))
 
 
-@pytest.mark.parametrize("method", ["dense", "mh"])
+@pytest.mark.parametrize("method", ["dense", "sparse", "mh"])
 def test_sweeps_keep_counts_consistent(method):
     c = generate(300, 120, 5, 40.0, seed=5)
     s, nwk, nk = _model(c, 7)
@@ -283,7 +283,7 @@ def _exact_posterior(docs, words, K, V, alpha, beta):
     return probs / probs.sum()
 
 
-@pytest.mark.parametrize("method", ["dense", "mh"])
+@pytest.mark.parametrize("method", ["dense", "sparse", "mh"])
 def test_samplers_target_the_exact_posterior(method):
     """Run the chain on a 4-token corpus and compare visit frequencies with the enumerated posterior.
 
@@ -308,18 +308,85 @@ def test_samplers_target_the_exact_posterior(method):
         stale = np.array([[5, 0, 1], [0, 0, 3], [2, 7, 0]], np.int32)
         stale_nk = stale.sum(0).astype(np.int32)
         tables = K_.build_word_alias(stale, stale_nk, beta, vbeta, np.ones(V, np.bool_))
-        ws = np.stack([nwk, stale], axis=-1).copy()
     for it in range(n):
-        if method == "dense":
-            K_.sample_dense(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, 0, 2, it)
+        if method != "mh":
+            kernel = K_.sample_dense if method == "dense" else K_.sample_sparse
+            kernel(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, 0, 2, it)
         else:
-            K_.sample_mh(doc_ptr, words, z, ndk, ws, nk, stale_nk, *tables, alpha, beta, vbeta, 2, 0, 2, it)
+            K_.sample_mh(doc_ptr, words, z, ndk, nwk, stale, np.arange(V, dtype=np.int64), nk, stale_nk, *tables,
+                         alpha, beta, vbeta, 2, 0, 2, it)
         visits[int(z @ weights)] += 1
     tv = 0.5 * np.abs(visits / n - exact).sum()
     assert tv < 0.035, f"total variation {tv:.4f} between the chain and the exact posterior"
 
 
-@pytest.mark.parametrize("method", ["dense", "mh"])
+@pytest.mark.parametrize("K", [5, 40, 100])
+@pytest.mark.parametrize("kernel", ["sample_dense", "sample_sparse"])
+def test_exact_draws_follow_the_conditional(kernel, K):
+    """Both forms of the dense sampler (running sum below 32 topics, blocks of 16 above, with a
+    partial last block at K=40 and 100) and the sparse one (buckets s, r, q) draw one token's topic
+    from the collapsed conditional.
+
+    Document 1 holds a single token, so each sweep over it redraws that token from the same
+    conditional given all other tokens (which stay fixed): the draws are i.i.d. from it.
+    """
+    rng = np.random.default_rng(3)
+    V, alpha, beta = 6, 0.3, 0.2
+    words = np.concatenate([rng.integers(0, V, 200), [2]]).astype(np.int32)
+    doc_ptr = np.array([0, 200, 201], np.int64)
+    # a skewed state, so the conditional is far from uniform
+    z = np.concatenate([rng.integers(0, max(K // 4, 2), 200), [0]]).astype(np.int32)
+    ndk = K_.doc_topic_counts(doc_ptr, z, K)
+    nwk = np.zeros((V, K), np.int32)
+    np.add.at(nwk, (words, z), 1)
+    nk = nwk.sum(0).astype(np.int32)
+    # the exact conditional of token 200 (word 2, document 1 alone) given the others
+    nwk_o, nk_o = nwk.copy(), nk.copy()
+    nwk_o[2, 0] -= 1
+    nk_o[0] -= 1
+    p = alpha * (nwk_o[2] + beta) / (nk_o + V * beta)
+    p /= p.sum()
+    n = 40_000
+    draws = np.empty(n, np.int64)
+    for it in range(n):
+        getattr(K_, kernel)(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, V * beta, 1, 2, it)
+        draws[it] = z[200]
+    freq = np.bincount(draws, minlength=K) / n
+    tv = 0.5 * np.abs(freq - p).sum()
+    assert tv < 0.02 + 0.5 * math.sqrt(K / n), f"K={K}: total variation {tv:.4f} from the exact conditional"
+    np.testing.assert_array_equal(nwk.sum(0), nk)
+
+
+def test_mh_with_tables_over_more_rows_draws_the_same_chain():
+    """The worker builds MH alias tables once per tick over all its words and passes each mini-batch
+    its rows among them: a table row depends only on that word's counts, so sampling through a
+    shuffled superset of rows must give exactly the chain of tables built over the batch's own rows."""
+    c = generate(200, 60, 4, 40.0, seed=8)
+    runs = []
+    for superset in (False, True):
+        s, nwk, nk = _model(c, 6, seed=3)
+        s.method = "mh"
+        for it in range(3):
+            stale, stale_nk = nwk.copy(), nk.copy()
+            if superset:
+                extra = np.random.default_rng(it).integers(0, 9, (25, 6)).astype(np.int32)
+                big = np.concatenate([extra, stale])
+                perm = np.random.default_rng(10 + it).permutation(big.shape[0])
+                tables = s.alias_tables(big[perm], stale_nk)
+                rows = np.argsort(perm)[25:].astype(np.int64)  # nwk's row r sits at rows[r]
+                s.sweep(nwk, nk, c.words, tables=tables, rows=rows)
+            else:
+                s.sweep(nwk, nk, c.words, tables=s.alias_tables(stale, stale_nk))
+            _consistent(s, nwk, nk, c.words)
+        runs.append(s.z.copy())
+    np.testing.assert_array_equal(runs[0], runs[1])
+    s, nwk, nk = _model(c, 6)
+    s.method = "mh"
+    with pytest.raises(ValueError, match="pass rows="):
+        s.sweep(nwk, nk, c.words, tables=s.alias_tables(nwk[:10].copy(), nk.copy()))
+
+
+@pytest.mark.parametrize("method", ["dense", "sparse", "mh"])
 def test_negative_counts_from_staleness_are_clamped(method):
     c = generate(100, 50, 4, 30.0, seed=6)
     s, nwk, nk = _model(c, 5)
@@ -338,7 +405,7 @@ def _recovery(phi_hat, phi_true):
     return dist.mean(), dist.max()
 
 
-@pytest.mark.parametrize("method", ["dense", "mh"])
+@pytest.mark.parametrize("method", ["dense", "sparse", "mh"])
 def test_fit_recovers_planted_topics_and_loglik_rises(method):
     c = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
     r = fit(c, 10, 60, alpha=0.1, beta=0.01, method=method, mh_steps=4, seed=0)
@@ -401,6 +468,40 @@ def test_train_in_process(tmp_path, monkeypatch, batches):
     np.testing.assert_array_equal(np.load(tmp_path / "word_topic.npy"), wt)
 
 
+def test_train_in_process_mh_builds_alias_tables_once_per_tick(tmp_path, monkeypatch):
+    monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
+    c = _client(300, 10)
+    train(c, {**SYN, "sampler": "mh", "iterations": 30, "clocks_per_epoch": 2, "ll_every": 2,
+              "batches_per_clock": 4})
+    wt = c.tables["word_topic"].data
+    corpus = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
+    # per tick: one read of all the tick's words (the alias tables), one per mini-batch; one per
+    # scored tick; the final read
+    assert len(c.tables["word_topic"].reads) == 60 * (1 + 4) + 30 + 1
+    work = [r for r in c.reports if "tokens" in r]
+    assert all(r["alias_s"] > 0 and r["read_s"] > 0 and r["send_s"] > 0 for r in work)
+    assert all(r["tick_s"] >= r["compute_s"] for r in work)
+    assert wt.min() >= 0 and wt.sum() == corpus.n_tokens
+    np.testing.assert_array_equal(c.tables["topic_summary"].data[0], wt.sum(0))
+    ll = [r["objective"] for r in work if "objective" in r]
+    assert ll[-1] > ll[0]
+    mean, worst = _recovery((wt.T + 0.01), corpus.phi)
+    assert worst < 0.25 and mean < 0.15
+
+
+def test_count_changes_is_the_sparse_difference():
+    rng = np.random.default_rng(0)
+    snap = rng.integers(0, 5, (30, 7)).astype(np.int32)
+    cur = snap.copy()
+    cur[rng.random(cur.shape) < 0.2] += rng.integers(-3, 4, 1)[0] or 1
+    r, k, v = K_.count_changes(cur, snap)
+    want = np.zeros_like(cur)
+    want[r, k] = v
+    np.testing.assert_array_equal(want, cur - snap)
+    assert np.all(v != 0) and r.dtype == np.int64 and k.dtype == np.int64
+    assert K_.count_changes(snap, snap)[0].size == 0
+
+
 def test_train_reads_uci_file(tmp_path):
     c = generate(200, 80, 4, 30.0, seed=2)
     write_uci(c, tmp_path / "docword.t.txt", tmp_path / "vocab.t.txt")
@@ -435,7 +536,9 @@ def test_train_missing_table_and_bad_file(tmp_path):
 
 
 def test_args_method_choice():
-    assert LDAArgs(K=20).method() == "dense" and LDAArgs(K=100).method() == "mh"
+    assert LDAArgs(K=20).method() == "dense" and LDAArgs(K=63).method() == "dense"
+    assert LDAArgs(K=64).method() == "sparse" and LDAArgs(K=1000).method() == "sparse"
+    assert LDAArgs(K=100, dense_max_k=200).method() == "dense"
     assert LDAArgs(K=20, sampler="mh").method() == "mh"
 
 
