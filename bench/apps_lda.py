@@ -368,8 +368,11 @@ def job_case(quick: bool, corpus: Corpus, data: str, repeats: int) -> list[dict[
             "job_loglik": two["final_loglik"], "sampling_s": round(two["compute_s"], 3),
             "read_rows_s": round(two["read_s"], 3), "send_s": round(two["send_s"], 3),
             "clock_wait_s": round(two["clock_wait_s"], 3)},
-           {**base, "case": "lda-goal", "goal": "a 1-worker LDA job through the PS within 1.3x the bare kernel's time",
-            "met": bool(ratio <= 1.3), "ratio": round(ratio, 3)}]
+           # as bench/apps_mf.py: iterations 2..E on both sides (the job's first tick opens the read
+           # connection and fills a cold cache: start-up, which the bare kernel's timing leaves out too)
+           {**base, "case": "lda-goal", "goal": "a 1-worker LDA job through the PS within 1.3x the bare kernel's time "
+            "(iterations 2..E)", "met": bool(steady <= 1.3), "ratio": round(steady, 3),
+            "ratio_with_first_tick": round(ratio, 3)}]
     return out
 
 
