@@ -72,8 +72,9 @@ class Sampler:
         """MH word-proposal tables from word-topic rows and a summary as read (kept, not copied)."""
         need = np.ones(stale.shape[0], dtype=np.bool_)
         t0 = time.perf_counter()
-        built = K_.build_word_alias(stale, stale_nk, self.beta, self.vbeta, need)
-        return AliasTables(stale, stale_nk, *built, build_s=time.perf_counter() - t0)
+        ptr, rec, mass, b_prob, b_alias, b_mass = K_.build_word_alias(stale, stale_nk, self.beta, self.vbeta, need)
+        return AliasTables(stale, stale_nk, ptr, rec, mass, b_prob, b_alias, b_mass,
+                           build_s=time.perf_counter() - t0)
 
     def sweep(self, nwk: np.ndarray, nk: np.ndarray, words_local: np.ndarray, doc_lo: int = 0,
               doc_hi: int | None = None, stale: np.ndarray | None = None,
