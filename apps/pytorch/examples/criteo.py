@@ -42,7 +42,10 @@ class CriteoSpec:
     rows: tuple[int, ...] = ()  # explicit cardinalities of the 26 features (default: Kaggle's, capped)
     zipf: float = 1.1  # exponent of the id distribution of each feature: P(rank k) ~ k^-zipf
     teacher_dim: int = 8  # width of the teacher's id embeddings
-    teacher_scale: float = 3.0  # sharpness of the teacher's logit (higher: more separable, higher AUC)
+    teacher_scale: float = 4.5  # sharpness of the teacher's logit (higher: more separable, higher AUC)
+    # weight of the teacher's pairwise-dot part against its first-order part (as on real Criteo, where
+    # logistic regression on the ids gets most of DLRM's AUC)
+    teacher_pairwise: float = 0.5
     ctr: float = 0.25  # about the mean click rate (the teacher's bias is set for it)
     seed: int = 0
     cardinalities: tuple[int, ...] = field(init=False)
@@ -55,6 +58,7 @@ class CriteoSpec:
         check(self.zipf > 0, "zipf: must be > 0")
         check(self.teacher_dim >= 1, "teacher_dim: must be >= 1")
         check(self.teacher_scale > 0, "teacher_scale: must be > 0")
+        check(self.teacher_pairwise >= 0, "teacher_pairwise: must be >= 0")
         check(0 < self.ctr < 1, "ctr: must be in (0, 1)")
         check(self.seed >= 0, "seed: must be >= 0")
         object.__setattr__(self, "cardinalities", rows)
@@ -182,7 +186,8 @@ def _logits(spec: CriteoSpec, t: _Teacher, raw: np.ndarray, ids: np.ndarray) -> 
     pairs = ((total * total).sum(1) - (vecs * vecs).sum((1, 2))) / 2
     npairs = (SPARSE + 1) * SPARSE / 2
     first = vecs @ t.linear / np.sqrt(k)
-    return spec.teacher_scale * (pairs / np.sqrt(npairs) + first.sum(1) / np.sqrt(SPARSE + 1)) + t.bias
+    mixed = spec.teacher_pairwise * pairs / np.sqrt(npairs) + first.sum(1) / np.sqrt(SPARSE + 1)
+    return spec.teacher_scale * mixed + t.bias
 
 
 def chunk(spec: CriteoSpec, stream: int, index: int) -> Samples:
