@@ -218,6 +218,10 @@ def run_ddp(spec: dict[str, Any]) -> None:
     loop = Loop(spec, task, rank, world)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank, world_size=world)
     net = task.model()
+    if spec.get("dense_embedding"):  # dense embedding gradients, as with NCCL (no sparse all-reduce)
+        for m in net.modules():
+            if isinstance(m, (nn.Embedding, nn.EmbeddingBag)):
+                m.sparse = False
     model = DDP(net)
     moved = {"sent": 0, "received": 0}
 
@@ -246,6 +250,18 @@ def run_ddp(spec: dict[str, Any]) -> None:
         loss.backward()
         opt.step()
 
+    if spec.get("max_steps"):  # time per step only: the first few steps warm up, the rest are timed
+        warm, times = 3, []
+        for n, inputs, y in loop.batches():
+            t = time.perf_counter()
+            step(inputs, y)
+            times.append(time.perf_counter() - t)
+            if n >= spec["max_steps"]:
+                break
+        dist.destroy_process_group()
+        write(spec, step_s=float(np.median(times[warm:])), steps=len(times) - warm, bytes_sent=moved["sent"],
+              bytes_received=moved["received"], points=[], final=None, train_s=sum(times))
+        return
     train_s = loop.run(step, lambda: task.score(net, loop.test))
     final = task.score(net, loop.test) if rank == 0 else None  # replicas are equal after every step
     dist.destroy_process_group()
