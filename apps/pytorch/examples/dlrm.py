@@ -1,0 +1,215 @@
+"""A DLRM-style click model on Criteo-shaped data, its parameters in the PS (``configs/torch-dlrm.yaml``).
+
+The model (Naumov et al. 2019, "Deep Learning Recommendation Model"): a bottom MLP turns the 13 dense
+features into a vector of the embedding width; each of the 26 categorical features has its own
+``nn.Embedding(rows, dim, sparse=True)``, so each is a PS table of its own and a step reads and writes
+only the rows its batch touches; the 27 vectors interact by pairwise dot products (or are
+concatenated), and a top MLP gives the click logit (binary cross-entropy).
+
+Data: ``criteo.py``'s generator; each worker makes its own contiguous share of the training samples,
+rank 0 the held-out samples. Rank 0 scores the held-out set ``evals_per_epoch`` times per epoch and
+reports ``heldout_auc`` (exact, over the whole held-out set) beside the teacher's, which is the
+ceiling (``teacher_auc``). AUC is not a sum, so only rank 0 reports it: the launcher's sum over
+workers of a field that one worker reports is that worker's value.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bosen.apps.protocol import PSClient
+from bosen.apps.pytorch import DeltaOptimizer, PSModule, ServerOptimizer, declare
+from bosen.apps.pytorch.examples import criteo
+from bosen.config import check, from_dict
+
+SERVER = ("sgd", "adagrad", "adarevision")
+# server AdaGrad's accumulator start: torch.optim.Adagrad starts at 0 (its first step is about lr * sign(g));
+# the procedure's default of 1 would make the first steps of small embedding gradients vanish
+INIT_Z = 1e-8
+
+
+@dataclass(frozen=True)
+class DLRMArgs:
+    """``app.args`` of the DLRM example."""
+
+    # sgd / adagrad / adarevision: gradients to the servers, which keep one accumulator per coordinate
+    # for every worker; delta-*: a local torch optimizer pushing deltas (read-my-writes inside a clock)
+    optimizer: Literal["sgd", "adagrad", "adarevision", "delta-sgd", "delta-adagrad"] = "adagrad"
+    lr: float = 0.05
+    batch_size: int = 128
+    epochs: int = 1
+    evals_per_epoch: int = 4  # held-out AUC this many times per epoch (rank 0), at equal step counts
+    clock_every: int = 4  # optimizer steps per clock tick
+    train_samples: int = 200_000  # the job's training samples, split among the workers
+    test_samples: int = 20_000  # held-out samples (rank 0 scores them all)
+    dim: int = 16  # embedding width (and the bottom MLP's output)
+    bottom: int = 64  # hidden width of the bottom MLP
+    top: int = 64  # hidden width of the top MLP
+    interaction: Literal["dot", "cat"] = "dot"
+    # per_feature: one nn.Embedding (one PS table) per feature; fused: the 26 features' rows end to end
+    # in one nn.Embedding (row offsets per feature, as FBGEMM's table-batched embeddings do): the same
+    # model and values, but a step reads and writes one table (one round trip per server, not 26)
+    embedding: Literal["per_feature", "fused"] = "fused"
+    init_scale: float = 0.05  # embeddings start uniform in [-init_scale, init_scale]
+    max_rows: int = 10_000  # the data's cardinality cap (Criteo's largest features have 10M ids)
+    zipf: float = 1.1
+    data_seed: int = 0
+    threads: int = 1  # torch intra-op threads per worker
+    seed: int = 0  # the model's initialization and the sample order
+
+    def __post_init__(self) -> None:
+        check(self.lr > 0, "lr: must be > 0")
+        check(self.batch_size >= 1, "batch_size: must be >= 1")
+        check(self.epochs >= 1, "epochs: must be >= 1")
+        check(self.evals_per_epoch >= 1, "evals_per_epoch: must be >= 1")
+        check(self.clock_every >= 1, "clock_every: must be >= 1")
+        check(self.train_samples >= 1 and self.test_samples >= 1, "train_samples, test_samples: must be >= 1")
+        check(self.dim >= 1 and self.bottom >= 1 and self.top >= 1, "dim, bottom, top: must be >= 1")
+        check(self.init_scale > 0, "init_scale: must be > 0")
+        check(self.threads >= 1, "threads: must be >= 1")
+        _ = self.spec  # the data's own checks (max_rows, zipf), named as app.args keys
+
+    @property
+    def spec(self) -> criteo.CriteoSpec:
+        return criteo.CriteoSpec(max_rows=self.max_rows, zipf=self.zipf, seed=self.data_seed)
+
+
+class DLRM(nn.Module):
+    """Bottom MLP, one sparse embedding per categorical feature, dot (or concat) interaction, top MLP."""
+
+    def __init__(self, rows: tuple[int, ...], dim: int = 16, bottom: int = 64, top: int = 64,
+                 interaction: str = "dot", init_scale: float = 0.05, fused: bool = False) -> None:
+        super().__init__()
+        self.bottom = nn.Sequential(nn.Linear(criteo.DENSE, bottom), nn.ReLU(), nn.Linear(bottom, dim), nn.ReLU())
+        self.fused = fused
+        if fused:
+            self.emb = nn.Embedding(sum(rows), dim, sparse=True)
+            self.register_buffer("offsets", torch.tensor(np.cumsum((0, *rows[:-1])), dtype=torch.int64),
+                                 persistent=False)
+            embs = [self.emb]
+        else:
+            self.emb = nn.ModuleList(nn.Embedding(r, dim, sparse=True) for r in rows)
+            embs = list(self.emb)
+        for e in embs:
+            nn.init.uniform_(e.weight, -init_scale, init_scale)
+        n = len(rows) + 1
+        self.interaction = interaction
+        width = dim + n * (n - 1) // 2 if interaction == "dot" else n * dim
+        self.top = nn.Sequential(nn.Linear(width, top), nn.ReLU(), nn.Linear(top, 1))
+        iu = torch.triu_indices(n, n, 1)
+        self.register_buffer("pairs", iu[0] * n + iu[1], persistent=False)
+
+    def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        x = self.bottom(dense)
+        if self.fused:
+            v = torch.cat([x.unsqueeze(1), self.emb(ids + self.offsets)], 1)
+        else:
+            v = torch.stack([x] + [e(ids[:, f]) for f, e in enumerate(self.emb)], 1)
+        if self.interaction == "dot":
+            z = torch.bmm(v, v.transpose(1, 2)).flatten(1)[:, self.pairs]
+            h = torch.cat([x, z], 1)
+        else:
+            h = v.flatten(1)
+        return self.top(h).squeeze(1)
+
+
+def model(a: DLRMArgs) -> DLRM:
+    """The seeded model (same initial values wherever it is built)."""
+    torch.manual_seed(a.seed)
+    return DLRM(a.spec.cardinalities, a.dim, a.bottom, a.top, a.interaction, a.init_scale, a.embedding == "fused")
+
+
+def tables(args: Mapping[str, Any], out_dir: Path) -> dict[str, dict[str, Any]]:
+    """``app.tables``: the dense table and one table per embedding, initial values from ``model()``."""
+    a: DLRMArgs = from_dict(DLRMArgs, args, "app.args")
+    if a.optimizer in SERVER:
+        extra = {"init_z": INIT_Z} if a.optimizer == "adagrad" else None
+        return declare(model(a), out_dir, update=a.optimizer, lr=a.lr, update_args=extra)
+    return declare(model(a), out_dir)
+
+
+def optimizer(a: DLRMArgs, m: PSModule) -> ServerOptimizer | DeltaOptimizer:
+    if a.optimizer in SERVER:
+        return ServerOptimizer(m, a.optimizer, lr=a.lr)
+    if a.optimizer == "delta-sgd":
+        return DeltaOptimizer(m, torch.optim.SGD(m.parameters(), lr=a.lr))
+    return DeltaOptimizer(m, torch.optim.Adagrad(m.parameters(), lr=a.lr))
+
+
+def scores(m: nn.Module, s: criteo.Samples, batch: int = 8192) -> np.ndarray:
+    """The model's click logits for samples ``s`` (in batches)."""
+    out = []
+    with torch.no_grad():
+        for lo in range(0, len(s), batch):
+            out.append(m(torch.from_numpy(s.dense[lo:lo + batch]), torch.from_numpy(s.ids[lo:lo + batch])).numpy())
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+def heldout(m: nn.Module, s: criteo.Samples) -> dict[str, float]:
+    """``heldout_auc`` and the summed log-loss over ``s``."""
+    z = scores(m, s)
+    loss = float(F.binary_cross_entropy_with_logits(torch.from_numpy(z), torch.from_numpy(s.labels),
+                                                    reduction="sum"))
+    return {"heldout_auc": criteo.auc(z, s.labels), "heldout_logloss": loss, "heldout_count": len(s)}
+
+
+def eval_steps(steps: int, evals: int, clock_every: int) -> list[int]:
+    """The steps (1-based, within an epoch) after which to evaluate: ``evals`` about even points on
+    clock boundaries where possible, the last one the epoch's end."""
+    pts = {max(1, round(steps * (i + 1) / evals / clock_every) * clock_every) for i in range(evals - 1)}
+    return sorted({min(p, steps) for p in pts} | {steps})
+
+
+def train(client: PSClient, args: Mapping[str, Any]) -> None:
+    a: DLRMArgs = from_dict(DLRMArgs, args, "app.args")
+    torch.set_num_threads(a.threads)
+    spec = a.spec
+    data = criteo.shard(spec, client.rank, client.num_workers, a.train_samples)
+    # every worker takes the same number of steps, so the job's clocks line up
+    steps = (a.train_samples // client.num_workers) // a.batch_size
+    check(steps >= 1, f"train_samples: {a.train_samples} samples give {client.num_workers} workers no batch of "
+                      f"{a.batch_size}")
+    test = criteo.generate(spec, 0, a.test_samples, criteo.HELDOUT) if client.rank == 0 else None
+    m = PSModule(model(a), client, clock_every=a.clock_every)
+    opt = optimizer(a, m)
+    dense, ids, labels = (torch.from_numpy(x) for x in (data.dense, data.ids, data.labels))
+    rng = np.random.default_rng(a.seed * 1000 + client.rank)
+    evals = eval_steps(steps, a.evals_per_epoch, a.clock_every)
+    teacher = criteo.auc(test.prob, test.labels) if test is not None else None
+    t_train, eval_s = time.perf_counter(), 0.0
+    for _epoch in range(a.epochs):
+        order = torch.from_numpy(rng.permutation(len(data))[:steps * a.batch_size])
+        loss_sum, done, t0 = 0.0, 0, time.perf_counter()
+        for i in range(steps):
+            idx = order[i * a.batch_size:(i + 1) * a.batch_size]
+            loss = F.binary_cross_entropy_with_logits(m(dense[idx], ids[idx]), labels[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss_sum += float(loss) * idx.shape[0]
+            if i + 1 not in evals:
+                continue
+            fields: dict[str, Any] = {"compute_s": time.perf_counter() - t0, "pull_s": m.pull_s,
+                                      "rows_pulled": m.rows_pulled, "rows_pushed": m.rows_pushed}
+            if test is not None:
+                te = time.perf_counter()
+                fields.update(heldout(m, test))
+                eval_s += time.perf_counter() - te
+                fields.update(train_s=time.perf_counter() - t_train - eval_s, eval_s=eval_s, teacher_auc=teacher)
+            client.report(objective=loss_sum, samples=(i + 1 - done) * a.batch_size, **fields)
+            loss_sum, done, t0 = 0.0, i + 1, time.perf_counter()
+
+
+if __name__ == "__main__":
+    from bosen.apps.runner import run_app
+
+    run_app(train)
