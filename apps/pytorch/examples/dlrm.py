@@ -4,8 +4,9 @@ The model (Naumov et al. 2019, "Deep Learning Recommendation Model"): a bottom M
 features into a vector of the embedding width; the 26 categorical features' embeddings are sparse
 (``sparse=True``), by default fused into one ``nn.Embedding`` with per-feature row offsets (one PS
 table: one read per step instead of 26, measured 4.4x faster per step), or one table per feature
-(``embedding: per_feature``); a step reads and writes only the rows its batch touches; the 27 vectors interact by pairwise dot products (or are
-concatenated), and a top MLP gives the click logit (binary cross-entropy).
+(``embedding: per_feature``); a step reads and writes only the rows its batch touches; the 27 vectors
+interact by pairwise dot products (or are concatenated), and a top MLP gives the click logit (binary
+cross-entropy).
 
 Data: ``criteo.py``'s generator; each worker makes its own contiguous share of the training samples,
 rank 0 the held-out samples. Rank 0 scores the held-out set ``evals_per_epoch`` times per epoch and
