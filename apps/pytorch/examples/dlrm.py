@@ -88,19 +88,20 @@ class DLRMArgs:
 class DLRM(nn.Module):
     """Bottom MLP, one sparse embedding per categorical feature, dot (or concat) interaction, top MLP."""
 
+    offsets: torch.Tensor  # buffers
+    pairs: torch.Tensor
+
     def __init__(self, rows: tuple[int, ...], dim: int = 16, bottom: int = 64, top: int = 64,
                  interaction: str = "dot", init_scale: float = 0.05, fused: bool = False) -> None:
         super().__init__()
         self.bottom = nn.Sequential(nn.Linear(criteo.DENSE, bottom), nn.ReLU(), nn.Linear(bottom, dim), nn.ReLU())
         self.fused = fused
+        embs = [nn.Embedding(sum(rows), dim, sparse=True)] if fused else [nn.Embedding(r, dim, sparse=True)
+                                                                          for r in rows]
+        self.emb: nn.Module = embs[0] if fused else nn.ModuleList(embs)
         if fused:
-            self.emb = nn.Embedding(sum(rows), dim, sparse=True)
             self.register_buffer("offsets", torch.tensor(np.cumsum((0, *rows[:-1])), dtype=torch.int64),
                                  persistent=False)
-            embs = [self.emb]
-        else:
-            self.emb = nn.ModuleList(nn.Embedding(r, dim, sparse=True) for r in rows)
-            embs = list(self.emb)
         for e in embs:
             nn.init.uniform_(e.weight, -init_scale, init_scale)
         n = len(rows) + 1
@@ -115,7 +116,7 @@ class DLRM(nn.Module):
         if self.fused:
             v = torch.cat([x.unsqueeze(1), self.emb(ids + self.offsets)], 1)
         else:
-            v = torch.stack([x] + [e(ids[:, f]) for f, e in enumerate(self.emb)], 1)
+            v = torch.stack([x] + [e(ids[:, f]) for f, e in enumerate(self.emb.children())], 1)
         if self.interaction == "dot":
             z = torch.bmm(v, v.transpose(1, 2)).flatten(1)[:, self.pairs]
             h = torch.cat([x, z], 1)
