@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(PY) bench/budget.py --quick
 	$(PY) bench/convergence.py --quick
 	$(PY) bench/apps.py --quick
+	$(PY) bench/torch.py --quick
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
