@@ -23,6 +23,7 @@ from bosen.config import Config
 from bosen.errors import ProtocolError
 from bosen.metrics import mbps, send_histogram
 from bosen.partition import Partition
+from bosen.procedure import StoredProcedure
 from bosen.ratelimit import LeakyBucket, paced_sender
 from bosen.server import procedures
 from bosen.server.shard import TableShard
@@ -80,6 +81,9 @@ class Server:
         # per table, what clients may do (WELCOME "tf"): the server is the source of truth
         self.table_flags = [(wire.TF_READ_MY_WRITES if procedures.read_my_writes(s.cfg, s.procedure) else 0)
                             | (wire.TF_VERSIONED if s.procedure.versioned else 0) for s in self.shards]
+        for s, f in zip(self.shards, self.table_flags, strict=True):
+            # plain addition mirrored in the writer's cache: a row only it changed need not go back to it
+            s.skip_own = bool(f & wire.TF_READ_MY_WRITES) and type(s.procedure) is StoredProcedure
         self.comm = config.comm
         self.bucket = LeakyBucket(config.comm.server_bandwidth_mbps) if config.comm.enabled else None
         self._rotation = 0
@@ -366,10 +370,9 @@ class Server:
 
     def _push(self, shard: TableShard, local: np.ndarray, live: list[Peer], budgeted: bool) -> int:
         """Send rows ``local`` to every client subscribed to them; returns bytes sent."""
-        subs = shard.subs[local]
         sent = 0
         for p in live:
-            sel = local[subs[:, p.rank]]
+            sel = shard.push_to(local, p.rank)
             if sel.shape[0]:
                 sent += self._send_rows(p, shard, sel, -1, p.ident, budgeted)
         shard.mark_sent(local)

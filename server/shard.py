@@ -12,6 +12,7 @@ from bosen.procedure import StoredProcedure
 from bosen.wire import UpdateBatch
 
 _NO_ROWS = np.empty(0, dtype=np.int64)
+NOBODY, SEVERAL = -1, -2  # TableShard.writer, beside a client's rank
 
 
 class TableShard:
@@ -52,6 +53,12 @@ class TableShard:
         self._adds = type(self.procedure) is StoredProcedure
         self._known = np.zeros(n, dtype=np.int64)  # every row of a shard has a value (accumulate_dense)
         self.send_count = np.zeros(n, dtype=np.int32)
+        # Who changed each row since it was last pushed: NOBODY, one client's rank, or SEVERAL. Where
+        # clients mirror their own increments in their caches (plain add with read-my-writes), a row
+        # only its reader changed is not pushed back to it: its cache already holds that value, and
+        # SCLOCK makes it fresh. ``skip_own`` is set by the server, which knows the table's flags.
+        self.writer = np.full(n, NOBODY, dtype=np.int32)
+        self.skip_own = False
 
     def local_rows(self, rows: np.ndarray, what: str) -> tuple[np.ndarray, slice | np.ndarray]:
         """Local indices of ``rows`` and them as an index (a slice for a run, ``rowmath.rows_index``);
@@ -126,7 +133,18 @@ class TableShard:
             if read.any():
                 self.dirty[index] |= read
                 self.pending = True
+                if self.skip_own:
+                    w = self.writer[index]
+                    self.writer[index] = np.where((w == NOBODY) | (w == client), client, SEVERAL)
         return local.shape[0]
+
+    def push_to(self, local: np.ndarray, client: int) -> np.ndarray:
+        """Which of ``local`` (rows being pushed) go to subscriber ``client``: all it reads, except,
+        where clients mirror their own writes, those that nobody but it changed."""
+        mine = self.subs[local, client]
+        if self.skip_own:
+            mine &= self.writer[local] != client
+        return local[mine]
 
     def subscribe(self, local: np.ndarray, client: int, index: slice | np.ndarray | None = None) -> None:
         """``client`` reads ``local`` (``index``: them as an index, if known) and gets their changes."""
@@ -143,6 +161,7 @@ class TableShard:
     def mark_sent(self, local: np.ndarray) -> None:
         """These rows went to all their subscribers: nothing of theirs is pending any more."""
         self.dirty[local] = False
+        self.writer[local] = NOBODY
         if self.importance is not None:
             self.importance[local] = 0
         self.send_count[local] += 1
