@@ -107,7 +107,9 @@ class PSModule(nn.Module):
 
     def prefetch_rows(self, ids: Mapping[str, torch.Tensor]) -> None:
         """Start reading the rows the next batch needs, by ids per sparse embedding (its module name in
-        the model, as in ``layout.sparse``), in the background; its forward takes them from there."""
+        the model, as in ``layout.sparse``), in the background; its forward takes them from there.
+        Call it after ``step()``: a read is as fresh as the tick it starts in, so the next push drops
+        reads started before it (they could miss that push and the clock it may end)."""
         self._settle()
         index = {e.module: i for i, e in enumerate(self.layout.sparse)}
         for name, x in ids.items():
@@ -126,9 +128,13 @@ class PSModule(nn.Module):
         return rows
 
     def _settle(self) -> None:
-        """Wait for a dense read in flight (its result is kept for the next pull)."""
-        if self._next is not None:
-            self._next.exception()
+        """Wait for the reads in flight (their results are kept for the next forward); a read that
+        failed raises here, at the next use of the tables."""
+        for future in [self._next, *(f for _, f in self._next_rows.values())]:
+            error = future.exception() if future is not None else None
+            if error is not None:
+                self._next, self._next_rows = None, {}
+                raise error
 
     def _embedding_hook(self, i: int, e: Sparse, table: PSTable, weight: nn.Parameter) -> Any:
         def pull_rows(module: nn.Module, inputs: tuple[Any, ...]) -> None:
@@ -201,6 +207,7 @@ class PSModule(nn.Module):
         embeddings (gradients or deltas, as the tables' procedure takes); end the clock tick every
         ``clock_every`` steps."""
         self._settle()
+        self._next_rows.clear()  # read for the tick before this push: the forward reads them again
         if block is not None and self.table is not None:
             self.table.inc_rows(self._rows, block.reshape(self.layout.rows, self.layout.row_width))
         for i, r, v in rows:

@@ -37,10 +37,11 @@ def fashion() -> None:
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("staleness, optimizer, lr, target", [(0, "delta-sgd", 0.1, 0.70), (2, "adagrad", 0.05, 0.62)])
+@pytest.mark.parametrize("staleness, optimizer, lr, target", [(0, "delta-sgd", 0.1, 0.70), (2, "adagrad", 0.01, 0.62)])
 def test_cnn_on_fashion_mnist_learns_through_the_launcher(fashion, tmp_path, staleness, optimizer, lr, target):
     """Stated targets on a slice (one epoch of 20,000 training images, 2 workers, held-out accuracy
-    on 2,000 test images; measured 0.76 and 0.68). The full config reaches about 0.82 in one epoch."""
+    on 2,000 test images; measured 0.76, and 0.67-0.71 over three runs). The full config reaches
+    about 0.82 in one epoch."""
     clocks = launch(CNN, tmp_path / "run", f"consistency.staleness={staleness}", f"app.args.optimizer={optimizer}",
                     f"app.args.lr={lr}", "app.args.epochs=1", "app.args.train_samples=20000",
                     "app.args.test_samples=2000")
