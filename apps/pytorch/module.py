@@ -230,7 +230,7 @@ class PSModule(nn.Module):
     def _check_tables(self) -> None:
         lay = self.layout
         source = self.client.config.source
-        cfg = _table_config(self.client, (lay.slots and lay.table) or lay.sparse[0].table)
+        cfg = self.config_entry
         init = getattr(cfg, "init", None)
         saved = layout_file(init.file, lay.table) if init is not None and init.kind == "file" else None
         if saved is not None and saved.is_file():
@@ -273,12 +273,15 @@ class PSModule(nn.Module):
         return have
 
     @property
+    def config_entry(self) -> Any:
+        """The config entry of the model's first table (all its tables share procedure and step size),
+        where the client exposes its config's tables (the real client does); else None."""
+        lay = self.layout
+        table = getattr(self.client.config, "table", None)
+        return table(lay.table if lay.slots else lay.sparse[0].table) if callable(table) else None
+
+    @property
     def update(self) -> str:
         """The stored procedure every table of the model applies."""
         return (self.table or self.sparse_tables[0]).update
 
-
-def _table_config(client: PSClient, name: str) -> Any:
-    """The table's config entry, where the client exposes it (the real client does)."""
-    table = getattr(client.config, "table", None)
-    return table(name) if callable(table) else None

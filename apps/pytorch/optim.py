@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from bosen.apps.pytorch.module import PSModule, _table_config
+from bosen.apps.pytorch.module import PSModule
 from bosen.apps.pytorch.tables import STEP_ARG
 from bosen.errors import ConfigError, UsageError
 
@@ -40,8 +40,7 @@ class ServerOptimizer(_PSOptimizer):
         if model.update != name:
             raise self._table_error(f"applies {model.update!r} on the servers, not {name!r}: declare the tables "
                                     f"with update={name!r}")
-        cfg = _table_config(model.client, model.layout.table if model.table is not None else
-                            model.layout.sparse[0].table)
+        cfg = model.config_entry
         if cfg is not None:
             have = cfg.update_args.get(STEP_ARG[name])
             if have is None or abs(float(have) - lr) > 1e-12 * max(1.0, abs(lr)):

@@ -20,11 +20,16 @@ from bosen.apps.pytorch.layout import DEFAULT_ROW_WIDTH, Layout
 
 # each built-in server optimizer's step-size argument (its update_args key)
 STEP_ARG = {"sgd": "lr", "adagrad": "alpha", "adarevision": "alpha"}
+# what declare() adds unless told otherwise, so a server optimizer means what its torch namesake does:
+# AdaGrad's accumulator starts near 0 as torch.optim.Adagrad's (the procedure's default of 1 suits
+# hand-tuned apps, but turns AdaGrad into plain SGD for the first steps on small gradients)
+TORCH_DEFAULTS = {"adagrad": {"init_z": 1e-8}}
 
 
 def step_args(update: str, lr: float | None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The table's ``update_args`` for a server optimizer with step size ``lr`` (``add``: none)."""
-    args = dict(extra or {})
+    """The table's ``update_args`` for a server optimizer with step size ``lr`` (``add``: none), with
+    ``TORCH_DEFAULTS`` under ``extra``."""
+    args = {**TORCH_DEFAULTS.get(update, {}), **(extra or {})}
     if update == "add":
         if lr is not None:
             raise ValueError("lr: the 'add' table takes deltas; the step size belongs to the local optimizer")

@@ -75,10 +75,7 @@ def tables(args: Mapping[str, Any], out_dir: Path) -> dict[str, dict[str, Any]]:
     a: CNNArgs = from_dict(CNNArgs, args, "app.args")
     torch.manual_seed(a.seed)
     if a.optimizer in SERVER:
-        # AdaGrad's accumulator starts near 0, as torch.optim.Adagrad's (the procedure's default of 1
-        # turns it into plain SGD for the first steps)
-        extra = {"init_z": 1e-8} if a.optimizer == "adagrad" else None
-        return declare(Net(), out_dir, update=a.optimizer, lr=a.lr, update_args=extra)
+        return declare(Net(), out_dir, update=a.optimizer, lr=a.lr)
     return declare(Net(), out_dir)
 
 

@@ -34,9 +34,6 @@ from bosen.apps.pytorch.examples import criteo
 from bosen.config import check, from_dict
 
 SERVER = ("sgd", "adagrad", "adarevision")
-# server AdaGrad's accumulator start: torch.optim.Adagrad starts at 0 (its first step is about lr * sign(g));
-# the procedure's default of 1 would make the first steps of small embedding gradients vanish
-INIT_Z = 1e-8
 
 
 @dataclass(frozen=True)
@@ -135,8 +132,7 @@ def tables(args: Mapping[str, Any], out_dir: Path) -> dict[str, dict[str, Any]]:
     """``app.tables``: the dense table and one table per embedding, initial values from ``model()``."""
     a: DLRMArgs = from_dict(DLRMArgs, args, "app.args")
     if a.optimizer in SERVER:
-        extra = {"init_z": INIT_Z} if a.optimizer == "adagrad" else None
-        return declare(model(a), out_dir, update=a.optimizer, lr=a.lr, update_args=extra)
+        return declare(model(a), out_dir, update=a.optimizer, lr=a.lr)
     return declare(model(a), out_dir)
 
 

@@ -52,7 +52,9 @@ def test_declare_writes_initial_values_and_layout_for_the_servers(tmp_path):
     (name, entry), = tables.items()
     assert name == "params"
     assert entry["rows"] == 3 and entry["cols"] == 32 and entry["dtype"] == "float32"
-    assert entry["update"] == "adagrad" and entry["update_args"] == {"alpha": 0.05} and entry["staleness"] == 1
+    # AdaGrad as torch's: the accumulator starts near 0
+    assert entry["update"] == "adagrad" and entry["update_args"] == {"init_z": 1e-8, "alpha": 0.05}
+    assert entry["staleness"] == 1
     np.testing.assert_array_equal(np.load(entry["init"]["file"]), Layout.of(m, row_width=32).values(m))
     saved = json.loads(layout_file(entry["init"]["file"]).read_text())
     assert Layout.of(m, row_width=32).differences(saved) == []
@@ -65,6 +67,7 @@ def test_declare_writes_initial_values_and_layout_for_the_servers(tmp_path):
 def test_step_sizes_go_to_each_procedures_own_argument():
     assert step_args("sgd", 0.1) == {"lr": 0.1}
     assert step_args("adarevision", 0.2) == {"alpha": 0.2}
+    assert step_args("adagrad", 0.2, {"init_z": 1.0}) == {"init_z": 1.0, "alpha": 0.2}  # told otherwise
     assert step_args("add", None) == {}
     with pytest.raises(ValueError, match="'add' table takes deltas"):
         step_args("add", 0.1)
