@@ -9,6 +9,7 @@ time) or an in-process stand-in that tests a worker loop without servers. They a
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -82,6 +83,10 @@ class PSClient(Protocol):
         """One metrics record for the current tick (additive fields; see docs/app-contract.md)."""
     def stats(self) -> dict[str, Any]: ...
     def worker(self) -> AbstractContextManager[PSWorker]: ...
+    def checkpoint_state(self, provider: Callable[[], Mapping[str, np.ndarray]]) -> None:
+        """What this process saves at each checkpoint (``provider()``, called at the boundary)."""
+    def restored_state(self) -> dict[str, np.ndarray] | None:
+        """The arrays saved by this rank in the checkpoint the job resumed from; None if it did not."""
 
 
 def require_table(client: PSClient, name: str, need: str) -> PSTable:

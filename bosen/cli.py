@@ -17,7 +17,7 @@ def _launch(args: argparse.Namespace) -> int:
     from bosen.launch import Launcher
 
     launcher = Launcher(args.config, workers=args.workers, overrides=args.set, run_dir=args.run_dir,
-                        timeout=args.timeout, quiet=args.quiet, plot=not args.no_plot)
+                        timeout=args.timeout, quiet=args.quiet, plot=not args.no_plot, resume=args.resume)
     return launcher.run()
 
 
@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     lp.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
     lp.add_argument("--quiet", action="store_true", help="no progress lines")
     lp.add_argument("--no-plot", action="store_true", help="skip objective.png")
+    lp.add_argument("--resume", default=None, metavar="RUN_DIR",
+                    help="go on with the job of RUN_DIR from its newest complete checkpoint")
     lp.set_defaults(fn=_launch)
     sp = sub.add_parser("status", help="print each server's clocks, rows and traffic")
     sp.add_argument("config")

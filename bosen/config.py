@@ -11,6 +11,7 @@ import collections.abc
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import types
@@ -176,12 +177,43 @@ _NO_COMM = CommConfig(enabled=False)
 
 
 @dataclass(frozen=True)
+class CheckpointConfig:
+    """Consistent checkpoints (``bosen.checkpoint``). Clocks that are multiples of ``every_clocks``
+    are checkpoint boundaries: clients cut their update stream there, and servers save their shards
+    as of strictly after the clock before. By default every boundary is saved; with ``every_s`` only
+    the first boundary after that many seconds since the last save, and with ``mttf_s`` after Young's
+    interval √(2·Ts·Tf/N) (Ts: the measured time to save, Tf: a machine's mean time to failure,
+    N: the job's processes)."""
+
+    every_clocks: int = 10
+    dir: str = "checkpoints"  # relative paths are relative to the run directory
+    keep: int = 2  # newest complete checkpoints kept; older ones are deleted once a newer one is complete
+    every_s: float | None = None
+    mttf_s: float | None = None
+
+    def __post_init__(self) -> None:
+        check(self.every_clocks >= 1, "every_clocks: must be >= 1")
+        check(bool(self.dir), "dir: must not be empty")
+        check(self.keep >= 1, "keep: must be >= 1")
+        check(self.every_s is None or self.every_s > 0, "every_s: must be > 0")
+        check(self.mttf_s is None or self.mttf_s > 0, "mttf_s: must be > 0")
+        check(self.every_s is None or self.mttf_s is None, "every_s, mttf_s: choose at most one")
+
+    def interval_s(self, save_s: float, processes: int) -> float:
+        """Seconds to wait between saves: 0 (every boundary), ``every_s``, or Young's interval."""
+        if self.mttf_s is not None:
+            return math.sqrt(2.0 * save_s * self.mttf_s / max(processes, 1))
+        return self.every_s or 0.0
+
+
+@dataclass(frozen=True)
 class Config:
     cluster: ClusterConfig
     tables: tuple[TableConfig, ...]
     consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
     comm: CommConfig = _NO_COMM
     app: AppConfig = field(default_factory=AppConfig)
+    checkpoint: CheckpointConfig | None = None  # None: no checkpoints
     source: str = "<dict>"
 
     def table(self, name: str) -> TableConfig:
@@ -203,6 +235,8 @@ class Config:
         d["tables"] = {t.pop("name"): t for t in d["tables"]}
         if not self.comm.enabled:
             d["comm"] = {"enabled": False}
+        if self.checkpoint is None:
+            d.pop("checkpoint")
         return d
 
     def require_tables(self) -> None:
@@ -386,7 +420,7 @@ def build(data: Mapping[str, Any], source: str = "<dict>", overrides: Any = ()) 
         key, value = parse_override(item) if isinstance(item, str) else item
         set_dotted(data, key, value)
     try:
-        allowed = {"cluster", "consistency", "comm", "tables", "app"}
+        allowed = {"cluster", "consistency", "comm", "tables", "app", "checkpoint"}
         unknown = sorted(set(data) - allowed)
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown key (known: {', '.join(sorted(allowed))})")
@@ -407,6 +441,8 @@ def build(data: Mapping[str, Any], source: str = "<dict>", overrides: Any = ()) 
             comm=_NO_COMM if comm is None else from_dict(CommConfig, comm, "comm"),
             tables=tuple(_table_from(str(n), v, base) for n, v in tables.items()),
             app=from_dict(AppConfig, data.get("app"), "app"),
+            checkpoint=None if data.get("checkpoint") is None else from_dict(CheckpointConfig, data["checkpoint"],
+                                                                             "checkpoint"),
             source=source,
         )
     except ValueError as e:

@@ -61,17 +61,40 @@ def write_config(path: str | Path, cfg: Mapping[str, Any]) -> Path:
     return path
 
 
-def worker_env(config: str | Path, rank: int, run_dir: str | Path, t0: float) -> dict[str, str]:
+def worker_env(config: str | Path, rank: int, run_dir: str | Path, t0: float,
+               resume: str | Path | None = None) -> dict[str, str]:
     """What a launched worker finds in its environment: the job's YAML, its rank, where its records
-    go and the job's start time (``bosen.client.Client`` reads them)."""
-    return {"BOSEN_CONFIG": str(config), "BOSEN_RANK": str(rank), "BOSEN_RUN_DIR": str(run_dir),
-            "BOSEN_T0": repr(t0)}
+    go, the job's start time and, resuming, the checkpoint (``bosen.client.Client`` reads them)."""
+    env = {"BOSEN_CONFIG": str(config), "BOSEN_RANK": str(rank), "BOSEN_RUN_DIR": str(run_dir),
+           "BOSEN_T0": repr(t0)}
+    if resume is not None:
+        env["BOSEN_RESUME"] = str(resume)
+    return env
 
 
 def start_worker(group: ProcessGroup, module: str, config: str | Path, rank: int, run_dir: str | Path,
-                 t0: float) -> Process:
+                 t0: float, resume: str | Path | None = None) -> Process:
     """``python -m MODULE`` as worker ``rank`` of the job (member ``worker-RANK`` of ``group``)."""
-    return group.python(f"worker-{rank}", "-m", module, env=worker_env(config, rank, run_dir, t0))
+    return group.python(f"worker-{rank}", "-m", module, env=worker_env(config, rank, run_dir, t0, resume))
+
+
+def truncate_records(run_dir: Path, clock: int) -> float | None:
+    """Keep only the worker records of clocks below ``clock`` (a job resumed from a checkpoint at
+    ``clock`` reports the later ones again); returns the last kept record's time, if any."""
+    last = None
+    for path in sorted((run_dir / WORKER_RECORDS).glob("*.jsonl")):
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut off when the job died
+            if isinstance(rec, dict) and isinstance(rec.get("clock"), int) and rec["clock"] < clock:
+                kept.append(line)
+                if isinstance(rec.get("time"), (int, float)):
+                    last = max(last or 0.0, float(rec["time"]))
+        path.write_text("".join(line + "\n" for line in kept))
+    return last
 
 
 class MetricsMerger:

@@ -10,6 +10,7 @@ progress, and plots the objective at the end.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import signal
@@ -18,17 +19,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bosen import app_tables
+from bosen import app_tables, checkpoint
 from bosen import config as config_mod
 from bosen import status as status_mod
 from bosen.cluster import LocalCluster, resolve_ports
 from bosen.config import Config
 from bosen.errors import BosenError
-from bosen.jobs import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, start_worker
+from bosen.jobs import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, start_worker, truncate_records
 from bosen.metrics import HELDOUT_MEASURES
 from bosen.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
 
 POLL_S = 0.2
+PRUNE_EVERY_S = 2.0  # how often old checkpoints are looked for and deleted while the job runs
 SERVER_READY_TIMEOUT_S = 60.0
 
 
@@ -43,7 +45,7 @@ def _stop_on_signal(signum: int, frame: Any) -> None:
 class Launcher:
     def __init__(self, config: str | Config, workers: int | None = None, overrides: Any = (),
                  run_dir: str | Path | None = None, timeout: float | None = None, quiet: bool = False,
-                 plot: bool = True) -> None:
+                 plot: bool = True, resume: str | Path | None = None) -> None:
         overrides = list(overrides)
         if workers is not None:
             overrides.append(("cluster.workers", workers))
@@ -51,6 +53,17 @@ class Launcher:
         if not self.config.app.module:
             raise BosenError(f"{self.config.source}: app.module is not set: nothing to launch")
         name = self.config.app.module.rsplit(".", 1)[-1]
+        if resume is not None:
+            if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
+                raise BosenError(f"--resume {resume} and --run-dir {run_dir}: a resumed job goes on in its own run "
+                                 "directory")
+            if not Path(resume).is_dir():
+                raise BosenError(f"--resume {resume}: no such run directory")
+            if self.config.checkpoint is None:
+                raise BosenError(f"--resume {resume}: {self.config.source} has no checkpoint section, so the job "
+                                 "made no checkpoints")
+            run_dir = resume
+        self.resume = resume is not None
         self.run_dir = Path(run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
         self.timeout = timeout
         self.quiet = quiet
@@ -70,13 +83,26 @@ class Launcher:
         """Run the job to completion; 0 on success, 1 on failure (with the reason printed)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.config = app_tables.resolve(self.config, self.run_dir / "tables")
-        stale = self.run_dir / WORKER_RECORDS  # records of an earlier run in the same directory
-        if stale.exists():
-            shutil.rmtree(stale)
+        ck = self.config.checkpoint
+        if ck is not None and not Path(ck.dir).is_absolute():  # every process finds it, whatever its cwd
+            self.config = dataclasses.replace(self.config, checkpoint=dataclasses.replace(
+                ck, dir=str((self.run_dir / ck.dir).resolve())))
+        start = self._t0 = time.time()
+        resume_from = None
+        if self.resume:
+            try:
+                resume_from, earlier = self._find_checkpoint()
+            except checkpoint.CheckpointError as e:
+                print(f"bosen launch: cannot resume: {e}", file=sys.stderr, flush=True)
+                return 1
+            self._t0 = start - (earlier or 0.0)  # record times go on from where the kept ones stop
+        else:
+            stale = self.run_dir / WORKER_RECORDS  # records of an earlier run in the same directory
+            if stale.exists():
+                shutil.rmtree(stale)
         cfg_path = self.run_dir / "config.yaml"
         config_mod.dump(self.config, cfg_path)
         metrics_path = self.run_dir / METRICS
-        start = self._t0 = time.time()
         # explicit handlers: SIGINT may arrive ignored (background jobs), SIGTERM has no default cleanup
         previous = {sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -85,8 +111,8 @@ class Launcher:
                 # children get their own process groups, so Ctrl-C in a terminal reaches only the
                 # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
                 with ProcessGroup(self.run_dir / "logs") as group:
-                    self._start_servers(cfg_path, group)
-                    self._start_workers(cfg_path, group)
+                    self._start_servers(cfg_path, group, resume_from)
+                    self._start_workers(cfg_path, group, resume_from)
                     self._watch(merger, start)
                     for rec in merger.finish():
                         self._progress(rec)
@@ -115,19 +141,35 @@ class Launcher:
         self.say(f"done in {time.time() - start:.1f}s: {len(merger.done)} clocks; run directory {self.run_dir}")
         return 0
 
-    def _start_servers(self, cfg_path: Path, group: ProcessGroup) -> None:
-        self.cluster = LocalCluster(cfg_path, self.config.cluster.servers, group, name="server")
+    def _find_checkpoint(self) -> tuple[Path, float | None]:
+        """The newest complete checkpoint of the run (newer unusable ones named), with the worker
+        records of the clocks it holds kept and the rest dropped; and the last kept record's time."""
+        ck = self.config.checkpoint
+        assert ck is not None
+        base = Path(ck.dir)
+        clock, _, skipped = checkpoint.newest_complete(base, len(self.config.cluster.servers),
+                                                       self.config.cluster.workers,
+                                                       checkpoint.model_fingerprint(self.config))
+        for why in skipped:
+            self.say(f"skipping checkpoint {why}")
+        self.say(f"resuming from the checkpoint at clock {clock} ({checkpoint.clock_dir(base, clock)})")
+        return checkpoint.clock_dir(base, clock), truncate_records(self.run_dir, clock)
+
+    def _start_servers(self, cfg_path: Path, group: ProcessGroup, resume: Path | None) -> None:
+        args = ["--resume", str(resume)] if resume is not None else []
+        self.cluster = LocalCluster(cfg_path, self.config.cluster.servers, group, name="server", server_args=args)
         try:
             self.cluster.start(SERVER_READY_TIMEOUT_S)
         except ProcessFailed as e:
             raise JobFailed(str(e)) from None
         self.say(f"{len(self.cluster.servers)} servers up: {', '.join(self.config.cluster.servers)}")
 
-    def _start_workers(self, cfg_path: Path, group: ProcessGroup) -> None:
+    def _start_workers(self, cfg_path: Path, group: ProcessGroup, resume: Path | None) -> None:
         k = self.config.cluster.workers
         module = self.config.app.module
         assert module is not None  # checked in __init__
-        self.workers = [start_worker(group, module, cfg_path, rank, self.run_dir, self._t0) for rank in range(k)]
+        self.workers = [start_worker(group, module, cfg_path, rank, self.run_dir, self._t0, resume)
+                        for rank in range(k)]
         self.say(f"{k} workers running {module}; run directory {self.run_dir}")
 
     def _check_alive(self) -> bool:
@@ -146,15 +188,24 @@ class Launcher:
         return workers_done
 
     def _watch(self, merger: MetricsMerger, start: float) -> None:
+        pruned = time.time()
         while True:
             done = self._check_alive()
             for rec in merger.poll():
                 self._progress(rec)
+            if done or time.time() - pruned > PRUNE_EVERY_S:
+                self._prune()
+                pruned = time.time()
             if done:
                 return
             if self.timeout is not None and time.time() - start > self.timeout:
                 raise JobFailed(f"timed out after {self.timeout:g}s")
             time.sleep(POLL_S)
+
+    def _prune(self) -> None:
+        ck = self.config.checkpoint
+        if ck is not None:
+            checkpoint.prune(Path(ck.dir), ck.keep, len(self.config.cluster.servers), self.config.cluster.workers)
 
     def _progress(self, rec: dict[str, Any]) -> None:
         parts = [f"clock {rec['clock']:>4}"]

@@ -7,12 +7,13 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bosen import checkpoint
 from bosen import config as config_mod
 from bosen.client.comm import START_TIMEOUT_S, CommThread
 from bosen.client.reader import OWN_BUFFER_BYTES, Reader
@@ -66,9 +67,12 @@ class Worker:
         return t
 
     def clock(self) -> None:
-        """End of this worker's tick: tick c becomes c + 1."""
+        """End of this worker's tick: tick c becomes c + 1. At a checkpoint boundary it returns once
+        the process's CLOCK went out (see ``Client._cross_boundary``)."""
         self._client._check()
         self.tick = self._client._clocks.tick(self.id)
+        if self._client._every and self.tick % self._client._every == 0:
+            self._client._cross_boundary(self.tick)
 
 
 class Client:
@@ -95,6 +99,13 @@ class Client:
         self._flush_taken = threading.Condition(self._flush_lock)  # notified when a flush is taken up
         self._taken_bytes = 0  # increments made (all workers) when the last flush was taken up
         self._clocks = WorkerClocks(self._on_process_clock)
+        # checkpoints (bosen/checkpoint.py): boundaries every ``_every`` clocks; what the app saves
+        ck = config.checkpoint
+        self._every = ck.every_clocks if ck is not None else 0
+        self._state_provider: Callable[[], Mapping[str, np.ndarray]] | None = None
+        self._parts = checkpoint.PartWriter(checkpoint.root(config), checkpoint.model_fingerprint(config)) \
+            if ck is not None else None
+        self._restored: dict[str, np.ndarray] | None = None
         # workers in this process, and the counters of those that left
         self._workers: tuple[Worker, ...] = ()  # replaced, never changed in place: read without the lock
         self._workers_lock = threading.Lock()
@@ -112,10 +123,16 @@ class Client:
         self._comm.start(min(join_timeout, START_TIMEOUT_S))
         want = rank if rank is not None else int(os.environ.get("BOSEN_RANK", -1))
         try:
-            self.rank: int = self._comm.call(self._comm.join(want, config.fingerprint(), join_timeout),
-                                             join_timeout + 5)
+            self.rank, start = self._comm.call(self._comm.join(want, config.fingerprint(), join_timeout),
+                                               join_timeout + 5)
+            self._clocks.clock = start  # 0, or the clock of the checkpoint the servers resumed from
+            resume = os.environ.get("BOSEN_RESUME")
+            if resume:
+                self._restored = self._load_state(Path(resume), start)
         except BaseException:
             self._comm.stop()
+            if self._parts is not None:
+                self._parts.close()
             raise
         self.num_workers: int = config.cluster.workers
         self._main = self._add_worker() if main_worker else None
@@ -147,6 +164,18 @@ class Client:
     @property
     def tick(self) -> int:
         return self._main_worker().tick
+
+    def checkpoint_state(self, provider: Callable[[], Mapping[str, np.ndarray]]) -> None:
+        """What this process saves at each checkpoint: ``provider()`` is called when the process clock
+        reaches a boundary (every worker of the process waits there), and its arrays (copied at once,
+        written in the background) are the worker's part of the checkpoint; ``restored_state()`` gives
+        them back to the process that resumes from it. Without a provider the part holds no arrays."""
+        self._state_provider = provider
+
+    def restored_state(self) -> dict[str, np.ndarray] | None:
+        """The arrays this rank saved in the checkpoint the job resumed from (``$BOSEN_RESUME``), or
+        None in a job that did not resume. The worker's tick is then that checkpoint's clock."""
+        return self._restored
 
     @contextlib.contextmanager
     def worker(self) -> Iterator[Worker]:
@@ -230,6 +259,8 @@ class Client:
             self._shut_down()
         if self._comm.error is not None:
             raise _again(self._comm.error)
+        if self._parts is not None and self._parts.error is not None:
+            raise BosenError(f"cannot write this worker's checkpoint: {self._parts.error}")
 
     def abort(self) -> None:
         """Stop communicating without leaving the job (after an unrecoverable error)."""
@@ -241,6 +272,8 @@ class Client:
         self._notify()  # threads waiting for rows see the client closed now, not at their next wake-up
         self._close_readers()
         self._comm.stop()
+        if self._parts is not None:
+            self._parts.close()  # what was saved so far reaches the disk
         if self._report_file is not None:
             self._report_file.close()
             # final counters (traffic vs budget, send-count histograms) for the run's metrics
@@ -323,6 +356,8 @@ class Client:
         it can starve until the worker stops, and nothing goes out meanwhile. So once HANDOVER_BYTES
         of increments were made since it last took up a flush, the worker waits until it has taken
         up the pending one (not until anything is sent)."""
+        if self._every and clock % self._every == 0 and self._parts is not None:
+            self._save_state(clock)
         with self._flush_lock:
             self._flush_to = max(self._flush_to, clock)
             if self._flush_pending:
@@ -332,6 +367,35 @@ class Client:
                 return
             self._flush_pending = True
         self._comm.submit(self._flush_clock)
+
+    def _cross_boundary(self, clock: int) -> None:
+        """A worker entered boundary tick ``clock``: wait until every server got this process's
+        CLOCK(clock), so that no update of a later tick joins the updates before it (the servers'
+        checkpoint at ``clock`` holds exactly the ticks below; server/checkpoints.py). With several
+        workers, those that come first wait for the last."""
+        links = self._comm.links
+        with self._fresh:
+            while min(link.window.clock_sent for link in links) < clock:
+                self._check()
+                self._fresh.wait(POLL_SLICE_S)
+
+    def _save_state(self, clock: int) -> None:
+        """The process clock reached boundary ``clock``: the app's state goes to the writer (copies)."""
+        assert self._parts is not None
+        state = self._state_provider() if self._state_provider is not None else {}
+        arrays = {k: np.array(v, copy=True) for k, v in state.items()}
+        self._parts.submit(clock, "worker", self.rank, arrays, {"tick": clock})
+
+    def _load_state(self, path: Path, clock: int) -> dict[str, np.ndarray]:
+        """This rank's part of checkpoint ``path`` (``$BOSEN_RESUME``), which must be at ``clock``."""
+        try:
+            part = checkpoint.read_part(path / checkpoint.part_name("worker", self.rank),
+                                        checkpoint.model_fingerprint(self.config))
+        except checkpoint.CheckpointError as e:
+            raise BosenError(f"BOSEN_RESUME: {e}") from None
+        if part.meta["clock"] != clock:
+            raise BosenError(f"BOSEN_RESUME: {part.path} is at clock {part.meta['clock']}, the servers at {clock}")
+        return part.load()
 
     def _flush_clock(self) -> None:  # on the communication thread
         with self._flush_lock:

@@ -193,18 +193,25 @@ class CommThread:
         finally:
             link.pending.pop(seq, None)
 
-    async def join(self, rank: int, fingerprint: str, timeout: float) -> int:
-        """HELLO to server 0 (which assigns a rank if ``rank`` is -1), then to the others."""
+    async def join(self, rank: int, fingerprint: str, timeout: float) -> tuple[int, int]:
+        """HELLO to server 0 (which assigns a rank if ``rank`` is -1), then to the others; returns the
+        rank and the servers' clock (where this process's workers start: 0, or a resumed checkpoint's)."""
         first, rest = self.links[0], self.links[1:]
         h = await self._request(first, {"t": Msg.HELLO, "rank": rank, "fp": fingerprint}, timeout)
         first.joined = True
         rank = h["rank"]
         self._set_capabilities(h.get("tf"))
-        await asyncio.gather(*(self._request(link, {"t": Msg.HELLO, "rank": rank, "fp": fingerprint}, timeout)
-                               for link in rest))
+        welcomes = await asyncio.gather(*(self._request(link, {"t": Msg.HELLO, "rank": rank, "fp": fingerprint},
+                                                        timeout) for link in rest))
         for link in rest:
             link.joined = True
-        return rank
+        clocks = {h["c"], *(w["c"] for w in welcomes)}
+        if len(clocks) != 1:
+            raise ProtocolError(f"WELCOME: the servers are at different clocks {sorted(clocks)} (resumed from "
+                                "different checkpoints?)")
+        for link in self.links:
+            link.server_clock = h["c"]
+        return rank, h["c"]
 
     def _set_capabilities(self, flags: Any) -> None:
         """Per-table flags from server 0's WELCOME: read-my-writes and versioning (absent: the config's
@@ -273,6 +280,7 @@ class CommThread:
         """One pass of ``link``'s flush window: what the flush owes its server while the window has
         room; then its clock, if nothing is left."""
         window = link.window
+        sent = window.clock_sent
         window.start()
         try:
             for tb in list(window.due):
@@ -288,6 +296,8 @@ class CommThread:
                 del window.due[tb]
         finally:
             window.close()
+        if window.clock_sent != sent:
+            self.notify()  # workers waiting at a checkpoint boundary for this clock to go out
         if self._flush_waiters and not self.flushing():
             self._wake_flush_waiters()
 

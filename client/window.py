@@ -56,6 +56,7 @@ class FlushWindow:
         self.ack_spacing = ack_spacing
         self.due: dict[int, deque[np.ndarray]] = {}  # rows still to send, by table, in order
         self.clock_due: int | None = None  # the clock to send once nothing is due
+        self.clock_sent = -1  # the last clock that went out (checkpoint boundaries wait for it)
         self._open = False
         self._held: tuple[dict[str, Any], list[Any]] | None = None
         self._unasked = 0  # update bytes sent since one asked for an ACK
@@ -110,6 +111,7 @@ class FlushWindow:
         clock = None
         if self.clock_due is not None and not self.due:
             clock, self.clock_due = self.clock_due, None
+            self.clock_sent = clock
         if held is None:
             if clock is not None:
                 self.link.send({"t": Msg.CLOCK, "c": clock})

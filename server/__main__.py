@@ -8,6 +8,7 @@ import gc
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import uvloop
 
@@ -23,6 +24,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", required=True, help="job YAML (the same file every process uses)")
     p.add_argument("--rank", type=int, required=True, help="index of this server in cluster.servers")
     p.add_argument("--bind", default=None, help="host/interface to bind (default: the host in the config)")
+    p.add_argument("--resume", default=None, metavar="DIR",
+                   help="start from a checkpoint: DIR/clock-N, or the newest complete one under DIR")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -45,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s server{args.rank} %(levelname)s %(message)s")
     try:
         cfg = config_mod.load(args.config, args.set)
-        server = Server(cfg, args.rank, bind=args.bind)
+        server = Server(cfg, args.rank, bind=args.bind, resume=Path(args.resume) if args.resume else None)
     except (BosenError, ValueError) as e:
         print(f"bosen-server: {e}", file=sys.stderr)
         return 2

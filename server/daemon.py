@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from bosen.partition import Partition
 from bosen.procedure import StoredProcedure
 from bosen.ratelimit import LeakyBucket, paced_sender
 from bosen.server import procedures
+from bosen.server.checkpoints import ServerCheckpoints, restore
 from bosen.server.shard import TableShard
 from bosen.wire import Msg
 from bosen.zsocket import LoopSocket
@@ -61,7 +63,7 @@ class Reader:
 
 
 class Server:
-    def __init__(self, config: Config, rank: int, bind: str | None = None) -> None:
+    def __init__(self, config: Config, rank: int, bind: str | None = None, resume: Path | None = None) -> None:
         if not 0 <= rank < len(config.cluster.servers):
             raise ValueError(f"--rank {rank}: the config lists {len(config.cluster.servers)} servers "
                              f"(ranks 0..{len(config.cluster.servers) - 1}) in {config.source}")
@@ -87,8 +89,10 @@ class Server:
         self.comm = config.comm
         self.bucket = LeakyBucket(config.comm.server_bandwidth_mbps) if config.comm.enabled else None
         self._rotation = 0
-        self.clock = 0
-        self.client_clock = np.zeros(self.num_clients, dtype=np.int64)
+        self.clock = restore(config, rank, self.shards, resume) if resume is not None else 0
+        self.client_clock = np.full(self.num_clients, self.clock, dtype=np.int64)
+        self.checkpoints = ServerCheckpoints(config, rank) if config.checkpoint is not None else None
+        self._advancing = False
         self.peers: dict[bytes, Peer] = {}
         self.by_rank: dict[int, Peer] = {}
         self.readers: dict[bytes, Reader] = {}
@@ -147,6 +151,8 @@ class Server:
         self._stopped.set()
 
     def close(self) -> None:
+        if self.checkpoints is not None:
+            self.checkpoints.close()  # what was saved so far reaches the disk
         if self._sock is not None:
             self._sock.close(linger=0)
             self._sock = None
@@ -273,8 +279,21 @@ class Server:
         log.info("client rank %d joined (%d/%d)", rank, len(self.by_rank), self.num_clients)
         self._send(ident, {"t": Msg.WELCOME, "rq": h["s"], "rank": rank, "c": self.clock, "tf": self.table_flags})
 
+    def _held(self, peer: Peer, handle: Callable[[], None]) -> bool:
+        """Hold a message of ``peer`` (in order) while it is past a checkpoint boundary the server has
+        not reached (server/checkpoints.py); True if held."""
+        ck = self.checkpoints
+        if ck is None or not (ck.holding(peer.rank) or ck.holds(int(self.client_clock[peer.rank]), self.clock)):
+            return False
+        ck.hold(peer.rank, handle)
+        return True
+
     def on_inc(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
+        if not self._held(peer, lambda: self._on_inc(peer, ident, h, frames)):
+            self._on_inc(peer, ident, h, frames)
+
+    def _on_inc(self, peer: Peer, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         shard = self._shard(h)
         batch = wire.decode_update(h, frames, shard.cfg.cols, shard.dtype)
         clock = h.get("c")  # the end-of-tick flush's last update carries the sender's new clock
@@ -306,6 +325,10 @@ class Server:
 
     def on_clock(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
+        if not self._held(peer, lambda: self._on_clock(peer, h)):
+            self._on_clock(peer, h)
+
+    def _on_clock(self, peer: Peer, h: dict[str, Any]) -> None:
         self._check_clock(peer, h["c"], "CLOCK")
         self.client_clock[peer.rank] = h["c"]
         self._maybe_advance()
@@ -320,6 +343,10 @@ class Server:
 
     def on_bye(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
+        if not self._held(peer, lambda: self._on_bye(peer, ident, h)):  # after its held updates
+            self._on_bye(peer, ident, h)
+
+    def _on_bye(self, peer: Peer, ident: bytes, h: dict[str, Any]) -> None:
         if h.get("ph") is True:  # prepare: no more pushes, so the client can release its row versions
             peer.leaving = True
             self._send(ident, {"t": Msg.BYE_OK, "rq": h["s"]})
@@ -341,16 +368,36 @@ class Server:
 
     def _leave(self, peer: Peer) -> None:
         peer.gone = True
+        if self.checkpoints is not None and self.checkpoints.drop(peer.rank):
+            log.warning("client rank %d left with updates held past a checkpoint boundary: they are dropped",
+                        peer.rank)
         self.readers = {k: r for k, r in self.readers.items() if r.peer is not peer}
         self.client_clock[peer.rank] = GONE
         self._maybe_advance()
 
     def _maybe_advance(self) -> bool:
-        """Advance the server clock if every client has passed it: push, then SCLOCK to each client."""
+        """Advance the server clock if every client has passed it: push, then SCLOCK to each client.
+        At a checkpoint boundary, save first, then apply what was held (which may advance again)."""
+        if self._advancing:  # a held message applied below: the loop there looks again
+            return False
+        self._advancing = True
+        try:
+            advanced = False
+            while self._advance_once():
+                advanced = True
+            return advanced
+        finally:
+            self._advancing = False
+
+    def _advance_once(self) -> bool:
         new = int(self.client_clock.min())
         if new <= self.clock or new == GONE:
             return False
-        self.clock = new
+        old, self.clock = self.clock, new
+        ck = self.checkpoints
+        boundary = ck.crossed(old, new) if ck is not None else None
+        if ck is not None and boundary is not None:
+            ck.save(boundary, self.shards, {"client_clocks": self.client_clock.tolist()})
         self.counters["clock_advances"] += 1
         live = self._live()
         for shard in self.shards:
@@ -363,7 +410,26 @@ class Server:
                     self._send_rows(peer, shard, local, seq, ident)
         for p in live:
             self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied})
+        if ck is not None and ck.held:
+            self._release_held(ck)
         return True
+
+    def _release_held(self, ck: ServerCheckpoints) -> None:
+        """Handle the held messages in order, each client's until one must be held again (it is past
+        the next boundary)."""
+        for rank in list(ck.held):
+            queue = ck.held.pop(rank)
+            peer = self.by_rank[rank]
+            for k, handle in enumerate(queue):
+                if ck.holds(int(self.client_clock[rank]), self.clock):
+                    ck.held[rank] = queue[k:]
+                    break
+                try:
+                    handle()
+                except ProtocolError as e:  # the sender learns it now; its later messages still apply
+                    self.counters["errors"] += 1
+                    log.warning("rejected held message from client rank %d: %s", rank, e)
+                    self._send(peer.ident, {"t": Msg.ERROR, "rq": -1, "m": str(e)})
 
     def _live(self) -> list[Peer]:
         return [p for p in self.by_rank.values() if not p.gone and not p.leaving]
@@ -454,6 +520,8 @@ class Server:
         if self.bucket is not None:
             comm = {"budget_mbps": self.comm.server_bandwidth_mbps, "egress_mbps": round(mbps(
                 self.counters["bytes_out"], uptime), 3), "priority": self.comm.priority}
+        if self.checkpoints is not None:
+            comm["checkpoints"] = self.checkpoints.stats()
         return {**comm,
             "rank": self.rank,
             "address": self.address,

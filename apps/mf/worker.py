@@ -39,6 +39,7 @@ from bosen.apps.mf.data import Triples, load_csv, partition, synthetic, user_own
 from bosen.apps.mf.kernels import clipped_squared_error
 from bosen.apps.mf.model import Batch, batches
 from bosen.apps.protocol import PSClient, PSTable, require_table
+from bosen.apps.state import restored, rng_state, set_rng_state
 from bosen.config import check, from_dict
 from bosen.errors import ConfigError, DataError
 
@@ -174,24 +175,30 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     clocks = [cut[k:k + b] for k in range(0, len(cut), b)]
     gradient = _gradient_mode(a, L, R)
     tick, last = 0, a.epochs * len(clocks)
+    # a checkpoint holds the clocks done and the generator (the batches' order is fixed by the seed)
+    client.checkpoint_state(lambda: {"tick": np.array([tick]), "rng": rng_state(rng)})
+    saved = restored(client.restored_state(), ("tick", "rng"))
+    if saved is not None:
+        tick = int(saved["tick"][0])
+        set_rng_state(rng, saved["rng"])
     clock_s = 0.0  # time in the previous clock() call: counted in the next report
-    for epoch in range(a.epochs):
+    while tick < last:
+        epoch, k = divmod(tick, len(clocks))
         lr = a.lr * a.lr_decay ** epoch
-        for batch_list in clocks:
-            cost = np.zeros(4)  # loss, compute s, read s, send s
-            samples = 0
-            for batch in batch_list:
-                cost += _step(batch, L, R, a, lr, gradient, rng)
-                samples += int(batch.r.size)
-            tick += 1
-            t0 = time.perf_counter()
-            fields = held.score(L, R) if evaluate and (tick % a.eval_every == 0 or tick == last) else {}
-            eval_s = time.perf_counter() - t0
-            client.report(objective=float(cost[0]), samples=samples, seconds=float(cost[1]),
-                          read_s=float(cost[2]), send_s=float(cost[3]), eval_s=eval_s, clock_s=clock_s, **fields)
-            t0 = time.perf_counter()
-            client.clock()
-            clock_s = time.perf_counter() - t0
+        cost = np.zeros(4)  # loss, compute s, read s, send s
+        samples = 0
+        for batch in clocks[k]:
+            cost += _step(batch, L, R, a, lr, gradient, rng)
+            samples += int(batch.r.size)
+        tick += 1
+        t0 = time.perf_counter()
+        fields = held.score(L, R) if evaluate and (tick % a.eval_every == 0 or tick == last) else {}
+        eval_s = time.perf_counter() - t0
+        client.report(objective=float(cost[0]), samples=samples, seconds=float(cost[1]),
+                      read_s=float(cost[2]), send_s=float(cost[3]), eval_s=eval_s, clock_s=clock_s, **fields)
+        t0 = time.perf_counter()
+        client.clock()
+        clock_s = time.perf_counter() - t0
 
 
 def _step(batch: Batch, L: PSTable, R: PSTable, a: MFArgs, lr: float, gradient: bool,

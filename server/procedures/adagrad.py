@@ -64,5 +64,8 @@ class AdaGrad(StoredProcedure):
         else:
             adagrad_dense(values, self.z, local_rows, g, self.alpha)
 
+    def state(self) -> dict[str, np.ndarray]:
+        return {"z": self.z}
+
     def stats(self) -> dict[str, Any]:
         return {"procedure": "adagrad", "alpha": self.alpha}

@@ -160,6 +160,11 @@ class AdaRevision(StoredProcedure):
     def allow_push(self) -> bool:
         return self.store.live <= self.max_snapshots
 
+    def state(self) -> dict[str, np.ndarray]:
+        """Accumulators and row versions. Snapshots held by clients are not saved: a job resumed from a
+        checkpoint starts with clients that hold nothing."""
+        return {"z": self.z, "zmax": self.zmax, "gsum": self.gsum, "versions": self.store.versions}
+
     def stats(self) -> dict[str, Any]:
         return {"procedure": "adarevision", "alpha": self.alpha, "snapshot_cap": self.max_snapshots,
                 **self.store.stats()}

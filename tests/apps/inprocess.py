@@ -8,7 +8,7 @@ the app did: the rows of every ``get_rows``, the number of ``inc_rows`` calls, e
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +68,8 @@ class InProcessClient:
         self.config = _Config(source)
         self.clocks = 0
         self.reports: list[dict[str, Any]] = []
+        self.provider: Callable[[], Mapping[str, np.ndarray]] | None = None
+        self.restored: dict[str, np.ndarray] | None = None
 
     def table(self, name: str) -> InProcessTable:
         if name not in self.tables:
@@ -84,6 +86,12 @@ class InProcessClient:
 
     def stats(self) -> dict[str, Any]:
         return {"clocks": self.clocks, "reports": len(self.reports)}
+
+    def checkpoint_state(self, provider: Callable[[], Mapping[str, np.ndarray]]) -> None:
+        self.provider = provider  # the stand-in makes no checkpoints; tests may call it
+
+    def restored_state(self) -> dict[str, np.ndarray] | None:
+        return self.restored
 
     @contextlib.contextmanager
     def worker(self) -> Iterator[InProcessClient]:

@@ -1,0 +1,275 @@
+"""Checkpoints on disk: how a server's shard or a worker's state is saved, found and verified.
+
+A checkpoint is a directory per boundary clock B, holding one *part* per process of the job:
+
+    DIR/clock-000000B0/server-J/   TABLE.values.npy, TABLE.<state>.npy (stored-procedure state), meta.json
+    DIR/clock-000000B0/worker-R/   NAME.npy (what the app saved), meta.json
+
+A part holds every update of ticks < B and none later (servers), or a worker's state as it entered
+tick B. Files are plain ``.npy`` (``numpy.load(path)`` reads them; no pickle). A part is written in
+``NAME.partial/``: each file written and fsynced, then ``meta.json`` (sha256 and size of every file,
+the job's model fingerprint, the clock), then the directory renamed to its final name and its parent
+fsynced. A checkpoint is *complete* when every server part and every worker part exists and every
+file matches its checksum; resuming takes the newest complete one and says why newer ones were
+skipped.
+
+This module has no event loop and no threads of its own except ``PartWriter``'s, which saves parts
+one after another while training goes on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import re
+import shutil
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bosen.config import Config
+from bosen.errors import BosenError
+
+log = logging.getLogger("bosen.checkpoint")
+
+FORMAT = 1
+META = "meta.json"
+_CLOCK_DIR = re.compile(r"^clock-(\d{8})$")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+class CheckpointError(BosenError):
+    """A checkpoint cannot be used: missing, incomplete, corrupt, or made for another job."""
+
+
+def model_fingerprint(config: Config) -> str:
+    """What a checkpoint must match to be resumed: the tables, the number of servers and of workers
+    (not the addresses: a resumed job may listen on other ports)."""
+    d = config.to_dict()
+    core = {"servers": len(config.cluster.servers), "workers": config.cluster.workers, "tables": d["tables"]}
+    return hashlib.sha1(json.dumps(core, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def root(config: Config) -> Path:
+    """The checkpoint directory of ``config`` (relative paths: to the working directory; the launcher
+    makes it absolute, inside the run directory)."""
+    if config.checkpoint is None:
+        raise CheckpointError(f"{config.source}: no checkpoint section")
+    return Path(config.checkpoint.dir)
+
+
+def clock_dir(base: Path, clock: int) -> Path:
+    return base / f"clock-{clock:08d}"
+
+
+def part_name(kind: str, rank: int) -> str:
+    return f"{kind}-{rank}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_part(base: Path, clock: int, kind: str, rank: int, arrays: Mapping[str, np.ndarray],
+               info: Mapping[str, Any], fingerprint: str) -> Path:
+    """Write one part atomically (see the module docstring); returns its directory."""
+    final = clock_dir(base, clock) / part_name(kind, rank)
+    tmp = final.with_name(final.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    files = {}
+    for name, arr in arrays.items():
+        if not _NAME.match(name):
+            raise ValueError(f"checkpoint array name {name!r}: use letters, digits, '_', '.', '-'")
+        path = tmp / f"{name}.npy"
+        with path.open("wb") as f:
+            np.save(f, np.asarray(arr, order="C"), allow_pickle=False)
+            f.flush()
+            os.fsync(f.fileno())
+        files[path.name] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+    meta = {"format": FORMAT, "kind": kind, "rank": rank, "clock": clock, "fingerprint": fingerprint,
+            "written": time.time(), "files": files, "info": dict(info)}
+    with (tmp / META).open("w") as f:
+        json.dump(meta, f, indent=1, default=_json_default)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    if final.exists():  # a part of an earlier attempt at the same clock
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    return final
+
+
+def _json_default(x: Any) -> Any:
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(f"not JSON: {type(x).__name__}")
+
+
+@dataclass
+class Part:
+    """One verified part: its metadata and arrays (loaded on demand)."""
+
+    path: Path
+    meta: dict[str, Any]
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.meta["info"]
+
+    def load(self) -> dict[str, np.ndarray]:
+        return {name[:-4]: np.load(self.path / name, allow_pickle=False) for name in self.meta["files"]}
+
+
+def read_part(path: Path, fingerprint: str | None = None, verify: bool = True) -> Part:
+    """A part's metadata, checked: format, fingerprint, every file present with its size and
+    (``verify``) its checksum. CheckpointError says what is wrong."""
+    meta_path = path / META
+    try:
+        meta = json.loads(meta_path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no {META} (the part was never finished)") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{meta_path}: unreadable: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{meta_path}: not a format-{FORMAT} checkpoint part")
+    if fingerprint is not None and meta.get("fingerprint") != fingerprint:
+        raise CheckpointError(f"{path}: made for another job (tables/servers/workers fingerprint "
+                              f"{meta.get('fingerprint')}, this job's is {fingerprint})")
+    for name, f in meta["files"].items():
+        p = path / name
+        if not p.is_file():
+            raise CheckpointError(f"{p}: missing")
+        if p.stat().st_size != f["bytes"]:
+            raise CheckpointError(f"{p}: {p.stat().st_size} bytes, the manifest says {f['bytes']} (torn write?)")
+        if verify and _sha256(p) != f["sha256"]:
+            raise CheckpointError(f"{p}: checksum mismatch (corrupt)")
+    return Part(path, meta)
+
+
+def clocks(base: Path) -> list[int]:
+    """Clocks that have a checkpoint directory under ``base``, newest first."""
+    if not base.is_dir():
+        return []
+    found = [int(m.group(1)) for p in base.iterdir() if (m := _CLOCK_DIR.match(p.name)) and p.is_dir()]
+    return sorted(found, reverse=True)
+
+
+def check_complete(base: Path, clock: int, servers: int, workers: int, fingerprint: str | None,
+                   verify: bool = True) -> dict[str, Part]:
+    """Every part of checkpoint ``clock``, verified; CheckpointError names the first problem."""
+    d = clock_dir(base, clock)
+    parts = {}
+    for kind, n in (("server", servers), ("worker", workers)):
+        for r in range(n):
+            name = part_name(kind, r)
+            part = read_part(d / name, fingerprint, verify)
+            if part.meta["clock"] != clock or part.meta["kind"] != kind or part.meta["rank"] != r:
+                raise CheckpointError(f"{d / name}: metadata says {part.meta['kind']}-{part.meta['rank']} "
+                                      f"at clock {part.meta['clock']}")
+            parts[name] = part
+    return parts
+
+
+def newest_complete(base: Path, servers: int, workers: int, fingerprint: str | None,
+                    verify: bool = True) -> tuple[int, dict[str, Part], list[str]]:
+    """The newest complete checkpoint under ``base``: (clock, parts, why newer ones were skipped)."""
+    skipped: list[str] = []
+    for c in clocks(base):
+        try:
+            return c, check_complete(base, c, servers, workers, fingerprint, verify), skipped
+        except CheckpointError as e:
+            skipped.append(f"clock {c}: {e}")
+    detail = ("; ".join(skipped)) if skipped else "none was written"
+    raise CheckpointError(f"{base}: no complete checkpoint ({detail})")
+
+
+def prune(base: Path, keep: int, servers: int, workers: int) -> list[int]:
+    """Delete all but the ``keep`` newest complete checkpoints, and unfinished ones older than the
+    newest complete one (checked by sizes, not checksums: a cheap test that runs often). Returns
+    the clocks deleted."""
+    complete: list[int] = []
+    deleted = []
+    for c in clocks(base):
+        try:
+            check_complete(base, c, servers, workers, None, verify=False)
+            ok = True
+        except CheckpointError:
+            ok = False
+        if ok and len(complete) < keep:
+            complete.append(c)
+        elif complete:  # beyond the newest ``keep``, or unfinished and older than a complete one
+            shutil.rmtree(clock_dir(base, c), ignore_errors=True)
+            deleted.append(c)
+    return deleted
+
+
+class PartWriter:
+    """A thread that writes parts in the order they are submitted, so training goes on meanwhile.
+
+    ``submit`` hands over arrays nobody changes any more (copies); ``close`` waits for what was
+    submitted. A failed write is kept in ``error`` and logged; the owner raises it where its user
+    will see it (``check``)."""
+
+    def __init__(self, base: Path, fingerprint: str) -> None:
+        self.base = base
+        self.fingerprint = fingerprint
+        self._queue: queue.Queue[tuple[int, str, int, dict[str, np.ndarray], dict[str, Any]] | None] = queue.Queue()
+        self.error: BaseException | None = None
+        self.written: list[tuple[int, float, int]] = []  # (clock, seconds, bytes) per part
+        self._thread = threading.Thread(target=self._run, name="bosen-checkpoint", daemon=True)
+        self._thread.start()
+
+    def submit(self, clock: int, kind: str, rank: int, arrays: dict[str, np.ndarray], info: dict[str, Any]) -> None:
+        self._queue.put((clock, kind, rank, arrays, info))
+
+    def pending(self) -> int:
+        return self._queue.qsize()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            clock, kind, rank, arrays, info = item
+            t = time.perf_counter()
+            try:
+                path = write_part(self.base, clock, kind, rank, arrays, info, self.fingerprint)
+            except BaseException as e:  # kept and raised by the owner; later parts still try
+                log.error("cannot write checkpoint part %s-%d at clock %d: %s", kind, rank, clock, e)
+                if self.error is None:
+                    self.error = e
+                continue
+            dt = time.perf_counter() - t
+            nbytes = sum(a.nbytes for a in arrays.values())
+            self.written.append((clock, dt, nbytes))
+            log.info("checkpoint part %s written at clock %d: %.1f MB in %.3fs", path, clock, nbytes / 1e6, dt)
+
+    def mean_save_s(self) -> float:
+        return sum(w[1] for w in self.written) / len(self.written) if self.written else 0.0
+
+    def close(self, timeout: float | None = None) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
