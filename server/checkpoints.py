@@ -108,7 +108,8 @@ class ServerCheckpoints:
     def stats(self) -> dict[str, Any]:
         w = self.writer.written
         return {"saved": self.saved[-5:], "written": len(w), "write_s": round(sum(x[1] for x in w), 4),
-                "snapshot_s": round(self.snapshot_s, 4), "held_msgs": self.held_msgs, "held_clients": sum(1 for v in self.held.values() if v),
+                "snapshot_s": round(self.snapshot_s, 4), "held_msgs": self.held_msgs,
+                "held_clients": sum(1 for v in self.held.values() if v),
                 "error": None if self.writer.error is None else str(self.writer.error)}
 
 
