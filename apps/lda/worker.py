@@ -64,6 +64,7 @@ from bosen.apps.lda import kernels as K_
 from bosen.apps.lda.data import Corpus, generate, load
 from bosen.apps.lda.model import AliasTables, DocumentCompletion, Sampler, top_words
 from bosen.apps.protocol import PSClient, PSTable, require_table
+from bosen.apps.state import restored
 from bosen.config import check, from_dict
 from bosen.errors import ConfigError, DataError
 
@@ -200,19 +201,35 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         tick_words.append((allU, [np.searchsorted(allU, U).astype(np.int64) for _, _, U in batches]))
     mh = sampler.method == "mh"
 
-    # initial counts, then (optionally) wait until everyone's are visible
-    w, k, n = sampler.word_topic_coo()
-    if w.size:
-        wt.inc_rows(w, n, cols=k)
-    ts.inc_rows(np.zeros(1, dtype=np.int64), sampler.topic_counts()[None, :].astype(ts.dtype))
-    client.clock()
-    for _ in range(stale_bound if a.init_barrier else 0):
+    # clocks: the initial counts' tick, the opening barrier, T training ticks, the closing barrier
+    T = a.iterations * m
+    pre = 1 + (stale_bound if a.init_barrier else 0)
+    tick = 0  # clocks done (the client's tick)
+    # a checkpoint holds the clocks done and the chain's state (the sweeps' seeds follow from it)
+    client.checkpoint_state(lambda: {"tick": np.array([tick]), "z": sampler.z, "ndk": sampler.ndk,
+                                     "sweeps": np.array([sampler.sweeps])})
+    saved = restored(client.restored_state(), ("tick", "z", "ndk", "sweeps"))
+    if saved is not None:
+        if saved["z"].shape != sampler.z.shape or saved["ndk"].shape != sampler.ndk.shape:
+            raise ConfigError(f"{client.config.source}: the checkpoint's topic assignments {saved['z'].shape} / "
+                              f"doc-topic counts {saved['ndk'].shape} do not fit this worker's documents "
+                              f"{sampler.z.shape} / {sampler.ndk.shape}: another corpus or K?")
+        tick = int(saved["tick"][0])
+        sampler.z[:] = saved["z"]
+        sampler.ndk[:] = saved["ndk"]
+        sampler.sweeps = int(saved["sweeps"][0])
+    if tick == 0:  # initial counts (in the checkpoint's tables otherwise)
+        w, k, n = sampler.word_topic_coo()
+        if w.size:
+            wt.inc_rows(w, n, cols=k)
+        ts.inc_rows(np.zeros(1, dtype=np.int64), sampler.topic_counts()[None, :].astype(ts.dtype))
+    while tick < pre:  # then (optionally) wait until everyone's are visible
+        tick += 1
         client.clock()
 
     zero = np.zeros(1, dtype=np.int64)
-    T = a.iterations * m
     clock_wait = 0.0  # time in the previous clock() call: counted in the next report
-    for c in range(T):
+    for c in range(tick - pre, T):
         do_ll = (c + 1) % a.ll_every == 0 or c == T - 1
         t_tick = time.perf_counter()
         rec: dict[str, float] = {"tokens": 0.0, "compute_s": 0.0, "comm_s": clock_wait, "clock_wait_s": clock_wait,
@@ -260,11 +277,13 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         rec["tick_s"] = time.perf_counter() - t_tick + clock_wait
         client.report(**rec)
         t2 = time.perf_counter()
+        tick += 1
         client.clock()
         clock_wait = time.perf_counter() - t2
 
     # closing barrier: after `staleness` more ticks every training update is readable
-    for _ in range(stale_bound):
+    while tick < pre + T + stale_bound:
+        tick += 1
         client.clock()
     final = sampler.loglik_docs()
     if rank == 0:

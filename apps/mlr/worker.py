@@ -38,6 +38,7 @@ import numpy as np
 from bosen.apps.mlr import data as D
 from bosen.apps.mlr.model import LocalModel
 from bosen.apps.protocol import PSClient, require_table
+from bosen.apps.state import restored, rng_state, set_rng_state
 from bosen.config import check, from_dict
 from bosen.errors import ConfigError
 
@@ -186,9 +187,19 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     bounds = np.linspace(0, mine.n, cpe + 1).round().astype(np.int64)
     total = a.epochs * cpe
     order = np.arange(mine.n, dtype=np.int64)
+    c = 0  # clocks done
+    # a checkpoint holds the clocks done, the generator and this epoch's sample order
+    client.checkpoint_state(lambda: {"tick": np.array([c]), "rng": rng_state(rng), "order": order})
+    saved = restored(client.restored_state(), ("tick", "rng", "order"))
+    if saved is not None:
+        if saved["order"].shape != order.shape:
+            raise ConfigError(f"{client.config.source}: the checkpoint's sample order has {saved['order'].size} "
+                              f"samples, this worker has {order.size}: another data set?")
+        c, order = int(saved["tick"][0]), saved["order"].astype(np.int64)
+        set_rng_state(rng, saved["rng"])
     clock_wait = 0.0  # time in the previous clock() call: counted in the next report
 
-    for c in range(total):
+    while c < total:
         part = c % cpe
         if part == 0:
             order = rng.permutation(mine.n).astype(np.int64)
@@ -224,5 +235,6 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         client.report(objective=loss, samples=int(len(seg)), compute_s=compute_s,
                       comm_s=comm_s, **fields)
         t3 = time.perf_counter()
+        c += 1
         client.clock()
         clock_wait = time.perf_counter() - t3

@@ -1,0 +1,46 @@
+"""Stop a launched job once a given checkpoint is complete, then resume it (the apps' resume tests)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bosen import checkpoint
+
+
+def run_until_checkpoint(config: Path, run_dir: Path, clock: int, servers: int, workers: int,
+                         timeout: float = 60) -> None:
+    """``bosen launch`` in the background; SIGTERM once checkpoint ``clock`` is complete, like a
+    machine lost after it (the job must not have finished by then)."""
+    p = subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(config), "--run-dir", str(run_dir),
+                          "--no-plot", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                checkpoint.check_complete(run_dir / "checkpoints", clock, servers, workers, None)
+                break
+            except checkpoint.CheckpointError:
+                pass
+            if p.poll() is not None:
+                out = p.stdout.read().decode() if p.stdout else ""
+                raise AssertionError(f"the job ended (status {p.returncode}) before checkpoint {clock}:\n{out}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no complete checkpoint at clock {clock} within {timeout:g}s")
+            time.sleep(0.02)
+        os.killpg(p.pid, signal.SIGTERM)
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def resume(config: Path, run_dir: Path, timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bosen", "launch", str(config), "--resume", str(run_dir),
+                           "--no-plot"], capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,73 @@
+"""Worker state in checkpoints (apps/state.py): the generator's words, and MF / MLR jobs resumed
+through ``bosen launch --resume`` continuing their curves exactly (LDA's: tests/apps/test_lda.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from resume import resume, run_until_checkpoint
+
+from bosen.apps.state import restored, rng_state, set_rng_state
+from bosen.errors import BosenError
+
+
+def test_rng_state_round_trips() -> None:
+    rng = np.random.default_rng([3, 1])
+    rng.random(7)
+    words = rng_state(rng)
+    ahead = rng.random(5)
+    other = np.random.default_rng(99)
+    set_rng_state(other, words)
+    np.testing.assert_array_equal(other.random(5), ahead)
+
+
+def test_restored_names_what_is_missing() -> None:
+    assert restored(None, ("tick",)) is None
+    with pytest.raises(BosenError, match="no worker state 'rng'.*holds: tick"):
+        restored({"tick": np.array([3])}, ("tick", "rng"))
+
+
+JOBS = {
+    "mf": {"tables": {"L": {"rows": 400, "cols": 8, "init": {"normal": 0.1, "seed": 1}},
+                      "R": {"rows": 100, "cols": 8, "init": {"normal": 0.1, "seed": 2}}},
+           "app": {"module": "bosen.apps.mf", "args": {"nnz": 8000, "epochs": 9, "batches_per_clock": 3}}},
+    "mlr": {"tables": {"W": {"rows": 10, "cols": 65, "init": {"zeros": True}}},
+            "app": {"module": "bosen.apps.mlr", "args": {"data": "digits", "epochs": 4, "clocks_per_epoch": 2,
+                                                          "batches_per_clock": 2, "eval_every": 1}}},
+}
+
+
+def _clocks(run_dir: Path) -> list[dict]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [x for x in lines if x.get("kind") == "clock"]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("app", sorted(JOBS))
+def test_resumed_job_continues_the_curve_exactly(tmp_path: Path, app: str) -> None:
+    """One worker at staleness 0: stopped after its checkpoint at clock 3 and resumed, the job reports
+    the objective and held-out measure of the job that ran through, to float32 rounding (the client's
+    cache, which the resumed job reads from the servers, sums a clock's increments in another order
+    than the servers do; int tables resume bit for bit, tests/apps/test_lda.py)."""
+    cfg = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 1}, "consistency": {"staleness": 0},
+           "checkpoint": {"every_clocks": 3}, **JOBS[app]}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(cfg))
+    whole = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(tmp_path / "a"),
+                            "--no-plot"], capture_output=True, text=True, timeout=90)
+    assert whole.returncode == 0, whole.stdout[-2000:] + whole.stderr[-2000:]
+    run_until_checkpoint(path, tmp_path / "b", 3, 2, 1)
+    p = resume(path, tmp_path / "b")
+    assert p.returncode == 0 and "resuming from the checkpoint at clock" in p.stdout, p.stdout[-2000:] + p.stderr
+    keys = ("clock", "objective", "heldout_rmse", "heldout_accuracy")
+    a = [{k: x.get(k) for k in keys} for x in _clocks(tmp_path / "a")]
+    b = [{k: x.get(k) for k in keys} for x in _clocks(tmp_path / "b")]
+    assert [x["clock"] for x in b] == [x["clock"] for x in a]
+    for x, y in zip(b, a, strict=True):
+        for k in keys[1:]:
+            assert x[k] == (None if y[k] is None else pytest.approx(y[k], rel=1e-6)), (x, y)
