@@ -106,6 +106,7 @@ class Client:
         self._parts = checkpoint.PartWriter(checkpoint.root(config), checkpoint.model_fingerprint(config)) \
             if ck is not None else None
         self._restored: dict[str, np.ndarray] | None = None
+        self._last_choice = time.monotonic()  # rank 0: when it last chose a checkpoint (time rules)
         # workers in this process, and the counters of those that left
         self._workers: tuple[Worker, ...] = ()  # replaced, never changed in place: read without the lock
         self._workers_lock = threading.Lock()
@@ -358,6 +359,8 @@ class Client:
         up the pending one (not until anything is sent)."""
         if self._every and clock % self._every == 0 and self._parts is not None:
             self._save_state(clock)
+            if self.rank == 0 and self._chooses(clock):
+                self._comm.choose_checkpoint(clock)
         with self._flush_lock:
             self._flush_to = max(self._flush_to, clock)
             if self._flush_pending:
@@ -378,6 +381,23 @@ class Client:
             while min(link.window.clock_sent for link in links) < clock:
                 self._check()
                 self._fresh.wait(POLL_SLICE_S)
+
+    def _chooses(self, clock: int) -> bool:
+        """Rank 0, at boundary ``clock``: whether the servers save there. Every boundary, or under a
+        time rule the first one after its interval since the last save (Young's interval from the
+        servers' measured save time). The other workers save their part at every boundary: the
+        checkpoints the servers skip stay incomplete and are deleted."""
+        ck = self.config.checkpoint
+        assert ck is not None
+        if ck.every_s is None and ck.mttf_s is None:
+            return True
+        processes = len(self.config.cluster.servers) + self.num_workers
+        interval = ck.interval_s(max(link.save_s for link in self._comm.links), processes)
+        now = time.monotonic()
+        if now - self._last_choice < interval:
+            return False
+        self._last_choice = now
+        return True
 
     def _save_state(self, clock: int) -> None:
         """The process clock reached boundary ``clock``: the app's state goes to the writer (copies)."""

@@ -249,6 +249,12 @@ class CommThread:
 
     # -- the end-of-tick flush -----------------------------------------------------------------
 
+    def choose_checkpoint(self, clock: int) -> None:
+        """Ask every server to save at boundary ``clock``: rank 0 decides under a time rule
+        (``checkpoint.every_s`` / ``mttf_s``), and its CLOCK(clock) carries the word (``ck``)."""
+        for link in self.links:
+            link.window.checkpoint_clocks.add(clock)
+
     def flush(self, clock: int | None) -> None:
         """Send every buffered update; then, if ``clock`` is given, CLOCK(clock) to every server.
 
@@ -475,6 +481,9 @@ class CommThread:
     def _on_sclock(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
         c = h["c"]
         link.server_clock = c
+        save_s = h.get("ts")
+        if isinstance(save_s, float):  # the server's mean time to save a checkpoint (Young's Ts)
+            link.save_s = save_s
         for st in self.tables:
             with st.lock:
                 st.inflight[link.index].settle(h["a"])

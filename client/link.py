@@ -29,6 +29,7 @@ class ServerLink:
         self.bucket = bucket
         self.seq = 0  # number of the last message sent
         self.server_clock = 0
+        self.save_s = 0.0  # the server's mean time to save a checkpoint, from SCLOCK "ts"
         self.joined = False  # the server welcomed us: losing the connection now is fatal
         # updates: messages sent and acknowledged, the highest acknowledged number, bytes in flight,
         # and per unacknowledged one (number, send time, bytes) for the update latency

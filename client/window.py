@@ -57,6 +57,7 @@ class FlushWindow:
         self.due: dict[int, deque[np.ndarray]] = {}  # rows still to send, by table, in order
         self.clock_due: int | None = None  # the clock to send once nothing is due
         self.clock_sent = -1  # the last clock that went out (checkpoint boundaries wait for it)
+        self.checkpoint_clocks: set[int] = set()  # clocks whose message asks the servers to save (rank 0)
         self._open = False
         self._held: tuple[dict[str, Any], list[Any]] | None = None
         self._unasked = 0  # update bytes sent since one asked for an ACK
@@ -112,9 +113,12 @@ class FlushWindow:
         if self.clock_due is not None and not self.due:
             clock, self.clock_due = self.clock_due, None
             self.clock_sent = clock
+        save = clock is not None and clock in self.checkpoint_clocks
+        if save:
+            self.checkpoint_clocks.discard(clock)
         if held is None:
             if clock is not None:
-                self.link.send({"t": Msg.CLOCK, "c": clock})
+                self.link.send({"t": Msg.CLOCK, "c": clock, **({"ck": True} if save else {})})
             return
         header, frames = held
         repack = header.pop("na", False)
@@ -122,6 +126,8 @@ class FlushWindow:
             self._unasked = 0
         if clock is not None:
             header["c"] = clock
+            if save:
+                header["ck"] = True
             repack = True
         if repack:
             frames[0] = wire.pack_header(header)

@@ -50,6 +50,8 @@ class ServerCheckpoints:
         self.saved: list[int] = []  # boundary clocks saved (submitted to the writer)
         self.snapshot_s = 0.0  # time spent copying shards, all saves
         self.held_msgs = 0  # messages ever held
+        self.timed = self.cfg.every_s is not None or self.cfg.mttf_s is not None
+        self.chosen: set[int] = set()  # under a time rule: boundaries rank 0 chose (CLOCK "ck")
 
     def boundary_after(self, clock: int) -> int:
         """The first boundary above ``clock``."""
@@ -72,11 +74,21 @@ class ServerCheckpoints:
         """A client is gone: its held messages with it. Returns how many."""
         return len(self.held.pop(rank, []))
 
+    def choose(self, clock: int) -> None:
+        """Client rank 0 asked for a save at boundary ``clock`` (under a time rule)."""
+        if clock % self.cfg.every_clocks == 0:
+            self.chosen.add(clock)
+
     def crossed(self, old: int, new: int) -> int | None:
-        """The boundary the server clock reached moving from ``old`` to ``new``, if any."""
+        """The boundary to save at, reached moving the server clock from ``old`` to ``new``, if any:
+        every boundary, or under a time rule those client rank 0 chose."""
         b = self.boundary_after(old)
         if b > new:
             return None
+        if self.timed:
+            if b not in self.chosen:
+                return None
+            self.chosen.discard(b)
         if b != new:  # clients cut at every boundary, so the min of their clocks lands on it
             log.error("server clock jumped from %d to %d over boundary %d: no checkpoint", old, new, b)
             return None
@@ -104,6 +116,10 @@ class ServerCheckpoints:
         self.writer.close()
         if self.writer.error is not None:
             log.error("a checkpoint write failed: %s", self.writer.error)
+
+    def mean_save_s(self) -> float:
+        """Mean seconds a save took (copy and write): Young's Ts, sent to clients in SCLOCK."""
+        return (self.snapshot_s / len(self.saved) if self.saved else 0.0) + self.writer.mean_save_s()
 
     def stats(self) -> dict[str, Any]:
         w = self.writer.written

@@ -304,6 +304,8 @@ class Server:
         peer.applied = h["s"]
         if clock is not None:
             self.client_clock[peer.rank] = clock
+            if h.get("ck") is True and peer.rank == 0 and self.checkpoints is not None:
+                self.checkpoints.choose(clock)
             if self._maybe_advance() and not peer.leaving:
                 return  # its SCLOCK carries "a" (this message's number): that acknowledges it
         if ack:
@@ -331,6 +333,8 @@ class Server:
     def _on_clock(self, peer: Peer, h: dict[str, Any]) -> None:
         self._check_clock(peer, h["c"], "CLOCK")
         self.client_clock[peer.rank] = h["c"]
+        if h.get("ck") is True and peer.rank == 0 and self.checkpoints is not None:
+            self.checkpoints.choose(h["c"])
         self._maybe_advance()
 
     def _check_clock(self, peer: Peer, c: Any, what: str) -> None:
@@ -408,8 +412,9 @@ class Server:
             for peer, seq, ident, shard, local in self.parked.pop(c):
                 if not peer.gone and (ident == peer.ident or ident in self.readers):
                     self._send_rows(peer, shard, local, seq, ident)
+        extra = {"ts": ck.mean_save_s()} if ck is not None and ck.timed else {}
         for p in live:
-            self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied})
+            self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied, **extra})
         if ck is not None and ck.held:
             self._release_held(ck)
         return True

@@ -6,18 +6,20 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from conftest import PY, run_cmd, write_config
 
 from bosen import checkpoint
 
 
-def job(tmp_path: Path, args: dict, staleness: int = 3, every: int = 2, comm: bool = False) -> Path:
+def job(tmp_path: Path, args: dict, staleness: int = 3, every: int = 2, comm: bool = False,
+        **ckpt: object) -> Path:
     cfg = {
         "cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
         "consistency": {"staleness": staleness, "read_timeout_s": 30},
         "tables": {"W": {"rows": 8, "cols": 2, "dtype": "int64"}},
         "app": {"module": "checkpoint_worker", "args": args},
-        "checkpoint": {"every_clocks": every, "keep": 100},
+        "checkpoint": {"every_clocks": every, "keep": 100, **ckpt},
     }
     if comm:  # budgeted sends and pushes mid-clock, besides the end-of-tick flushes
         cfg["comm"] = {"client_bandwidth_mbps": 1, "server_bandwidth_mbps": 1, "client_send_rows": 2,
@@ -103,3 +105,38 @@ def test_a_torn_part_is_not_a_checkpoint(tmp_path: Path) -> None:
     clock, parts, skipped = checkpoint.newest_complete(tmp_path, 2, 2, fp)
     assert clock == 4 and len(parts) == 4
     assert len(skipped) == 1 and "server-1" in skipped[0] and "never finished" in skipped[0]
+
+
+def test_time_rule_saves_at_the_boundaries_rank_0_chooses(tmp_path: Path) -> None:
+    """``every_s``: the servers save at the first boundary after that many seconds, as client rank 0
+    decides for all; those checkpoints are exact, the boundaries between them incomplete (workers
+    save their part at every boundary) and deleted once a newer one is complete."""
+    cfg = job(tmp_path, {"ticks": 16, "slow_rank": 0, "slow_s": 0.1}, staleness=1, every=1, every_s=0.35)
+    code, out = launch(cfg, "--run-dir", tmp_path / "run")
+    assert code == 0, out
+    base = tmp_path / "run" / "checkpoints"
+    complete = [c for c in checkpoint.clocks(base) if not _incomplete(base, c)]
+    assert 2 <= len(complete) <= 8, complete  # about one per 4 ticks of >= 0.1 s
+    for b in complete:
+        np.testing.assert_array_equal(saved_sums(base, b), tri(b), err_msg=f"checkpoint at clock {b}")
+    older = [c for c in checkpoint.clocks(base) if c < complete[0] and _incomplete(base, c)]
+    assert older == [], f"incomplete checkpoints {older} left behind the newest complete one"
+
+
+def _incomplete(base: Path, clock: int) -> bool:
+    try:
+        checkpoint.check_complete(base, clock, 2, 2, None)
+        return False
+    except checkpoint.CheckpointError:
+        return True
+
+
+def test_young_interval() -> None:
+    from bosen.config import CheckpointConfig
+
+    ck = CheckpointConfig(mttf_s=3600.0)
+    assert ck.interval_s(2.0, 8) == pytest.approx((2 * 2.0 * 3600.0 / 8) ** 0.5)
+    assert CheckpointConfig(every_s=5.0).interval_s(2.0, 8) == 5.0
+    assert CheckpointConfig().interval_s(2.0, 8) == 0.0
+    with pytest.raises(ValueError, match="every_s, mttf_s: choose at most one"):
+        CheckpointConfig(every_s=1.0, mttf_s=1.0)
