@@ -78,6 +78,7 @@ class Msg(IntEnum):
     ERROR = 24
     BYE_OK = 25
     STATUS_REPLY = 26
+    PING = 27  # liveness probe: a client that is gone makes the send fail (nothing is answered)
 
 
 _MSG = {int(m): m for m in Msg}
@@ -100,6 +101,7 @@ _SCHEMA: dict[Msg, dict[str, type]] = {
     Msg.ERROR: {"rq": _INT, "m": str},
     Msg.BYE_OK: {"rq": _INT},
     Msg.STATUS_REPLY: {"rq": _INT},
+    Msg.PING: {},
 }
 # Number of array frames after the header; INC depends on the sparse flag.
 _FRAMES = {Msg.READ: 1, Msg.ROWS: 2, Msg.STATUS_REPLY: 1}

@@ -93,6 +93,7 @@ class CommThread:
             Msg.WELCOME: self._on_reply,
             Msg.BYE_OK: self._on_reply,
             Msg.STATUS_REPLY: self._on_reply,
+            Msg.PING: lambda link, h, arrays: None,  # the server checks that we are still there
         }
         self.thread = LoopThread("bosen-comm", self._fail)
         self._ctx: zmq.Context | None = None

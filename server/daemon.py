@@ -37,6 +37,13 @@ log = logging.getLogger("bosen.server")
 GONE = np.iinfo(np.int64).max  # clock of a client that left: it holds nobody back
 YIELD_EVERY = 8  # messages handled before other tasks (the push loop) get a turn
 CHUNK_BYTES = 1 << 20  # most value bytes in one ROWS message
+# Every joined client gets a PING this often. A client that died without BYE (killed, its machine gone)
+# has no connection left (its TCP connection closed, or ZeroMQ's heartbeats below timed out), so the
+# send fails and the client is let go: the job's clock no longer waits for it, and the row versions it
+# held are released.
+PROBE_S = 1.0
+HEARTBEAT_IVL_MS = 2000
+HEARTBEAT_TIMEOUT_MS = 10000
 
 
 @dataclass
@@ -100,7 +107,8 @@ class Server:
         self.parked: dict[int, list[tuple[Peer, int, bytes, TableShard, np.ndarray]]] = {}
         self.counters = dict(bytes_in=0, bytes_out=0, msgs_in=0, msgs_out=0, rows_applied=0,
                              rows_pushed=0, rows_pushed_budgeted=0, budgeted_pushes=0, push_holds=0, idle_polls=0,
-                             rows_read=0, reads_parked=0, errors=0, clock_advances=0, window_paused_s=0.0)
+                             rows_read=0, reads_parked=0, errors=0, clock_advances=0, window_paused_s=0.0,
+                             clients_lost=0)
         self.started = time.time()
         self.handlers: dict[Msg, Callable[[bytes, dict[str, Any], list[Any]], None]] = {
             Msg.HELLO: self.on_hello,
@@ -124,6 +132,8 @@ class Server:
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer is an error, not a silent drop
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         sock.bind(self.bind_address)
         self._sock = LoopSocket(sock, asyncio.get_running_loop(), self._dispatch, batch=YIELD_EVERY)
         rows = sum(s.global_rows.shape[0] for s in self.shards)
@@ -133,7 +143,7 @@ class Server:
     async def serve(self) -> None:
         assert self._sock is not None, "start() first"
         self._sock.start()  # messages are handled by the socket's reader callback from here on
-        tasks = []
+        tasks = [asyncio.ensure_future(self._probe_loop())]
         if self.bucket is not None:
             tasks.append(asyncio.ensure_future(self._push_loop()))
         stopper = asyncio.ensure_future(self._stopped.wait())
@@ -357,7 +367,7 @@ class Server:
             return
         self._send(ident, {"t": Msg.BYE_OK, "rq": h["s"]})
         log.info("client rank %d left at clock %d", peer.rank, self.client_clock[peer.rank])
-        self._leave(peer)
+        self._leave(peer, lost=False)
 
     def on_push_ack(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
@@ -370,8 +380,21 @@ class Server:
 
     # -- clocks and pushes ---------------------------------------------------------------------
 
-    def _leave(self, peer: Peer) -> None:
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PROBE_S)
+            for p in [p for p in self.by_rank.values() if not p.gone]:
+                self._send(p.ident, {"t": Msg.PING})  # a failed send lets the client go (_send_failed)
+
+    def _leave(self, peer: Peer, lost: bool = True) -> None:
+        """``peer`` is gone: it said BYE, or it was ``lost`` (its connection closed or stopped
+        answering heartbeats), in which case the row versions it held are released for it."""
         peer.gone = True
+        released = sum(s.release_client(peer.rank, lost) for s in self.shards)
+        if lost:
+            self.counters["clients_lost"] += 1
+        if released:
+            log.warning("client rank %d was lost without BYE: released %d row versions it held", peer.rank, released)
         if self.checkpoints is not None and self.checkpoints.drop(peer.rank):
             log.warning("client rank %d left with updates held past a checkpoint boundary: they are dropped",
                         peer.rank)
@@ -472,7 +495,7 @@ class Server:
             peer.pushes_sent += 1
             header["ps"] = peer.pushes_sent
             self.counters["rows_pushed_budgeted"] += n
-        versions = shard.rows_sent(local)
+        versions = shard.rows_sent(local, peer.rank)
         if index is None:
             index = rowmath.rows_index(local)
         if type(index) is slice and rq >= 0:

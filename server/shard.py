@@ -9,6 +9,7 @@ from bosen.config import CommConfig, TableConfig
 from bosen.errors import ConfigError, ProtocolError
 from bosen.partition import Partition
 from bosen.procedure import StoredProcedure
+from bosen.server.holdings import Holdings
 from bosen.wire import UpdateBatch
 
 _NO_ROWS = np.empty(0, dtype=np.int64)
@@ -59,6 +60,8 @@ class TableShard:
         # SCLOCK makes it fresh. ``skip_own`` is set by the server, which knows the table's flags.
         self.writer = np.full(n, NOBODY, dtype=np.int32)
         self.skip_own = False
+        # versioned tables: each client's row-version references, released for it if it is lost
+        self.holdings = [Holdings() for _ in range(num_clients)] if procedure.versioned else []
 
     def local_rows(self, rows: np.ndarray, what: str) -> tuple[np.ndarray, slice | np.ndarray]:
         """Local indices of ``rows`` and them as an index (a slice for a run, ``rowmath.rows_index``);
@@ -103,8 +106,9 @@ class TableShard:
             released, _ = self.local_rows(rel_rows, "INC release")
             n = self._apply(batch, local, index, client) if local.shape[0] else 0
             if eov.any() or released.shape[0]:
-                self.procedure.release(np.concatenate([local[eov], released]),
-                                       np.concatenate([tags[eov], rel_tags]))
+                rows, versions = np.concatenate([local[eov], released]), np.concatenate([tags[eov], rel_tags])
+                self.procedure.release(rows, versions)
+                self.holdings[client].released(rows, versions)
             return n
         return self._apply(batch, local, index, client)
 
@@ -173,14 +177,28 @@ class TableShard:
         self.pending = False
         return np.flatnonzero(self.dirty)
 
-    def rows_sent(self, local: np.ndarray) -> np.ndarray | None:
-        """Tell the procedure these rows go to one client; their versions (versioned tables) or None."""
+    def rows_sent(self, local: np.ndarray, client: int) -> np.ndarray | None:
+        """Tell the procedure these rows go to ``client``; their versions (versioned tables) or None."""
         proc = self.procedure
         proc.rows_sent(local, 1)
         if not proc.versioned:
             return None
         assert proc.versions is not None  # set by ``create`` in every versioned procedure
-        return proc.versions[local]
+        versions = proc.versions[local]
+        self.holdings[client].sent(local, versions)
+        return versions
+
+    def release_client(self, client: int, lost: bool) -> int:
+        """``client`` left: if it was ``lost`` (no BYE, so it released nothing), release the row
+        versions it still held; returns how many. A client that said BYE released them itself."""
+        if not self.holdings:
+            return 0
+        h = self.holdings[client]
+        rows, versions = h.outstanding() if lost else (np.empty(0, np.int64), np.empty(0, np.int64))
+        h.clear()
+        if rows.shape[0]:
+            self.procedure.release(rows, versions)
+        return int(rows.shape[0])
 
     @property
     def nbytes(self) -> int:
