@@ -135,6 +135,34 @@ class LocalCluster:
         p = self.servers[i]
         return p.kill() if sig == signal.SIGKILL else p.stop()
 
+    def replace_server(self, i: int, extra_args: Sequence[str], ready_timeout: float = READY_TIMEOUT_S) -> Process:
+        """Start a new server ``i`` in place of one that exited (``extra_args``: how it restores its
+        state), and wait until it answers; ProcessFailed if it does not."""
+        old = self.servers[i]
+        if old.returncode is None:
+            raise ProcessFailed(f"{old.name} is still running: nothing to replace")
+        n = sum(1 for p in self.group.procs if p.name.startswith(f"{self.name}-{i}"))
+        new = self.group.python(f"{self.name}-{i}.{n}", "-m", "bosen.server", "--config", self.path, "--rank", i,
+                                *self.server_args, *extra_args)
+        self.servers[i] = new
+        self._died.pop(i, None)
+        deadline = time.monotonic() + ready_timeout
+        ctx = zmq.Context()
+        try:
+            while True:
+                if new.returncode is not None:
+                    raise ProcessFailed(f"{new.name} (replacing {old.name}) {describe_exit(new.returncode)}:\n"
+                                        f"{new.tail()}")
+                try:
+                    status_mod.query(self.addresses[i], timeout=0.5, ctx=ctx)
+                    return new
+                except BosenError:
+                    if time.monotonic() > deadline:
+                        raise ProcessFailed(f"{new.name} did not answer within {ready_timeout:g}s:\n"
+                                            f"{new.tail()}") from None
+        finally:
+            ctx.term()
+
     def check(self, when: str = "while its cluster was running") -> None:
         """Raise ProcessFailed if a server has exited without being asked to."""
         for i, p in enumerate(self.servers):

@@ -30,6 +30,7 @@ from bosen.metrics import HELDOUT_MEASURES
 from bosen.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
 
 POLL_S = 0.2
+MAX_REPLACEMENTS = 3  # per server and job: a replacement that keeps dying ends the job
 PRUNE_EVERY_S = 2.0  # how often old checkpoints are looked for and deleted while the job runs
 SERVER_READY_TIMEOUT_S = 60.0
 
@@ -72,6 +73,7 @@ class Launcher:
         self.workers: list[Process] = []
         self._last_time: float | None = None
         self._t0 = time.time()
+        self._replaced: dict[int, int] = {}
 
     def say(self, msg: str) -> None:
         if not self.quiet:
@@ -141,6 +143,22 @@ class Launcher:
         self.say(f"done in {time.time() - start:.1f}s: {len(merger.done)} clocks; run directory {self.run_dir}")
         return 0
 
+    def _replace_server(self, i: int, lost: Process) -> None:
+        """Partial recovery (server/checkpoints.py): server ``i`` restarts from its newest
+        checkpoint part; the others keep their values, and the workers resend what came later."""
+        assert self.cluster is not None and self.config.checkpoint is not None
+        code = lost.returncode
+        assert code is not None
+        gone = [str(r) for r, w in enumerate(self.workers) if w.returncode == 0]
+        self.say(f"{lost.name} {describe_exit(code)}: starting a replacement from its newest checkpoint")
+        self._replaced[i] = self._replaced.get(i, 0) + 1
+        try:
+            new = self.cluster.replace_server(i, ["--resume", self.config.checkpoint.dir, "--recover",
+                                                  "--gone", ",".join(gone)], SERVER_READY_TIMEOUT_S)
+        except ProcessFailed as e:
+            raise JobFailed(f"{lost.name} {describe_exit(code)} and its replacement failed: {e}") from None
+        self.say(f"{new.name} replaces {lost.name}; the workers resend their updates since its checkpoint")
+
     def _find_checkpoint(self) -> tuple[Path, float | None]:
         """The newest complete checkpoint of the run (newer unusable ones named), with the worker
         records of the clocks it holds kept and the rest dropped; and the last kept record's time."""
@@ -173,11 +191,15 @@ class Launcher:
         self.say(f"{k} workers running {module}; run directory {self.run_dir}")
 
     def _check_alive(self) -> bool:
-        """Raise JobFailed if any process failed; True when every worker has finished."""
-        for p in self.cluster.servers if self.cluster is not None else []:
+        """Raise JobFailed if any process failed (a lost server is replaced where the job makes
+        checkpoints); True when every worker has finished."""
+        for i, p in enumerate(self.cluster.servers if self.cluster is not None else []):
             code = p.returncode
             if code is not None:
-                raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n{p.tail(15)}")
+                if self.config.checkpoint is None or self._replaced.get(i, 0) >= MAX_REPLACEMENTS:
+                    raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n"
+                                    f"{p.tail(15)}")
+                self._replace_server(i, p)
         workers_done = True
         for p in self.workers:
             code = p.returncode

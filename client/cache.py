@@ -118,6 +118,16 @@ class RowCache:
         True; else change nothing and return False."""
         return _receive_run(self.ss, self.requested, self.clock, lo, n, msg, clock)
 
+    def forget_server(self, server: int) -> None:
+        """``server`` was replaced by one restarted from a checkpoint: nothing cached from it holds,
+        and its clock and message numbers start again. Its rows are read anew (and so subscribed)."""
+        sl = slice(server, None, self.num_servers)
+        self.clock[sl] = -1
+        self.requested[sl] = False
+        self.ss[sl] = 0
+        self.early[sl] = False
+        self.server_clock[server] = 0
+
     def cached_clocks(self) -> np.ndarray:
         """Clocks of every cached row (for staleness statistics)."""
         return self.fresh_clock(np.flatnonzero(self.clock >= 0))

@@ -445,14 +445,14 @@ class Client:
         worker.blocked_reads += 1
         got = None
         try:
-            if missing.shape[0] and st.direct_reads:
+            if missing.shape[0] and st.direct_reads and not self._comm.lost_a_server:
                 got = self._read_direct(st, missing, need, tick, deadline)
                 if got is not None and (type(index) is not slice or missing.shape[0] != rows.shape[0]):
                     got = None
             elif missing.shape[0]:
                 self._comm.submit(self._comm.request_rows, st, missing, need)
-            with self._fresh:
-                while True:
+            while True:
+                with self._fresh:
                     self._check()
                     if cache.min_clock(rows, index) >= need:
                         return got
@@ -460,7 +460,11 @@ class Client:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         raise self._timeout(st, rows, tick, need)
-                    self._fresh.wait(min(left, 1.0))
+                    self._fresh.wait(min(left, POLL_SLICE_S * 4))
+                with st.lock:  # rows asked of a server that was lost meanwhile are asked again
+                    again = cache.claim(rows)
+                if again.shape[0]:
+                    self._comm.submit(self._comm.request_rows, st, np.sort(again), need)
         finally:
             worker.blocked_s += time.monotonic() - start
 
@@ -483,6 +487,8 @@ class Client:
                     left[j] = (reader.send_read(j, st.index, rj, need, timeout, self._check), rj.shape[0])
                 while left:
                     self._check()
+                    if any(self._comm.links[j].recovering for j in left):
+                        return None  # its replacement gets the rows asked again (``_wait_fresh``)
                     wait = min(POLL_SLICE_S, deadline - time.monotonic())
                     if wait <= 0:
                         raise self._timeout(st, rows, tick, need)

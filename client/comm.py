@@ -19,6 +19,8 @@ import functools
 import logging
 import os
 import secrets
+import time
+from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -43,6 +45,9 @@ from bosen.zsocket import LoopSocket
 log = logging.getLogger("bosen.client")
 YIELD_EVERY = 32  # messages handled (then readers woken) before other tasks (the budget loop) get a turn
 START_TIMEOUT_S = 10.0  # the thread's sockets are set up within this, or Client.connect raises
+# Partial recovery: a lost server's replacement must welcome us within RECOVERY_TIMEOUT_S, and apply
+# what we resend within it too.
+RECOVERY_TIMEOUT_S = 120.0
 # ZeroMQ heartbeats: a server that stops answering them (its machine is gone, no TCP reset comes) is
 # lost after HEARTBEAT_TIMEOUT_MS, like one whose connection closed. libzmq answers them on its own
 # I/O thread, so a server busy in Python still does.
@@ -75,10 +80,18 @@ class CommThread:
         self.counters: dict[str, Any] = dict(bytes_sent=0, bytes_received=0, msgs_sent=0, msgs_received=0, rows_sent=0,
                              rows_sent_budgeted=0, budgeted_sends=0, rows_received=0, rows_pushed_to_us=0,
                              rows_pushed_early_to_us=0, update_batches=0, sparse_batches=0, acks=0,
-                             server_errors=0, window_paused_s=0.0, idle_polls=0, flushes=0)
+                             server_errors=0, window_paused_s=0.0, idle_polls=0, flushes=0, bytes_resent=0,
+                             recoveries=0)
         self.ack_latency = {"last_ms": 0.0, "max_ms": 0.0, "sum_ms": 0.0, "count": 0}
         self.bucket = LeakyBucket(config.comm.client_bandwidth_mbps) if config.comm.enabled else None
         self.links = [ServerLink(j, addr, self.counters, self.bucket) for j, addr in enumerate(config.cluster.servers)]
+        if config.checkpoint is not None:  # what was sent since each server's checkpoint, for a replacement
+            for link in self.links:
+                link.log = deque()
+        self.rank = -1
+        self.lost_a_server = False
+        self._fingerprint = config.fingerprint()
+        self._token = secrets.token_hex(8)
         for st in tables:
             st.oplog.send_pieces_as_frames(_AckedSeqs(self.links))
         self._flush_waiters: list[asyncio.Future] = []
@@ -109,29 +122,46 @@ class CommThread:
     def _open(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the thread, before its loop runs: a DEALER per server, watched for disconnection."""
         self._ctx = zmq.Context()
-        # A ROUTER silently drops a second connection under an identity it already knows, so the
-        # identity must be unique across every client of the job: pids repeat across hosts and
-        # containers, and several clients may share a process. 64 random bits make a clash moot.
-        token = secrets.token_hex(8)
         for link in self.links:
-            dealer = self._ctx.socket(zmq.DEALER)
-            dealer.setsockopt(zmq.SNDHWM, 0)
-            dealer.setsockopt(zmq.RCVHWM, 0)
-            dealer.setsockopt(zmq.LINGER, 2000)
-            dealer.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
-            dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-            dealer.setsockopt(zmq.IDENTITY, f"c{os.getpid()}-{token}-{link.index}".encode())
-            monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            dealer.connect(f"tcp://{link.address}")
-            # readers are woken after each batch of messages (or when the queue is drained)
-            link.sock = LoopSocket(dealer, loop, functools.partial(self._dispatch, link),
-                                   after_batch=self.notify, batch=YIELD_EVERY)
-            self._socks.append(link.sock)
-            self._socks.append(LoopSocket(monitor, loop, functools.partial(self._on_monitor, link)))
+            self._connect(link, loop, start=False)
         for s in self._socks:
             s.start()
         if self.bucket is not None:
             self._tasks.append(loop.create_task(self._budget_loop()))
+
+    def _connect(self, link: ServerLink, loop: asyncio.AbstractEventLoop, start: bool = True, attempt: int = 0) -> None:
+        """A DEALER to ``link``'s server, watched for disconnection (again, after a loss)."""
+        assert self._ctx is not None
+        # A ROUTER silently drops a second connection under an identity it already knows, so the
+        # identity must be unique across every client of the job: pids repeat across hosts and
+        # containers, and several clients may share a process. 64 random bits make a clash moot.
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.SNDHWM, 0)
+        dealer.setsockopt(zmq.RCVHWM, 0)
+        dealer.setsockopt(zmq.LINGER, 2000)
+        dealer.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+        dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+        dealer.setsockopt(zmq.IDENTITY, f"c{os.getpid()}-{self._token}-{link.index}-{attempt}".encode())
+        monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        dealer.connect(f"tcp://{link.address}")
+        # readers are woken after each batch of messages (or when the queue is drained)
+        link.sock = LoopSocket(dealer, loop, functools.partial(self._dispatch, link),
+                               after_batch=self.notify, batch=YIELD_EVERY)
+        link.monitor = LoopSocket(monitor, loop, functools.partial(self._on_monitor, link))
+        self._socks += [link.sock, link.monitor]
+        if start:
+            link.sock.start()
+            link.monitor.start()
+
+    def _disconnect(self, link: ServerLink) -> None:
+        """Close ``link``'s sockets at once: what is queued there was for a server that is gone."""
+        if link.sock is not None:
+            link.sock.sock.disable_monitor()
+        for s in (link.sock, link.monitor):
+            if s is not None:
+                s.close(linger=0)
+                self._socks.remove(s)
+        link.sock = link.monitor = None
 
     def _close(self) -> None:
         """On the thread, once its loop stopped: tasks cancelled, sockets closed, context ended."""
@@ -145,6 +175,7 @@ class CommThread:
                 link.sock.sock.disable_monitor()
         for s in self._socks:
             s.close()
+        self._socks.clear()
         if self._ctx is not None:
             self._ctx.term()
 
@@ -181,9 +212,12 @@ class CommThread:
 
     # -- requests ------------------------------------------------------------------------------
 
-    async def _request(self, link: ServerLink, header: dict[str, Any], timeout: float) -> dict[str, Any]:
+    async def _request(self, link: ServerLink, header: dict[str, Any], timeout: float,
+                       during_recovery: bool = False) -> dict[str, Any]:
         if self.error is not None:
             raise self.error
+        if link.recovering and not during_recovery:
+            raise BosenError(f"{link} was lost and is being replaced; try again")
         seq = link.seq + 1
         fut = link.request(header, self.thread.loop)
         try:
@@ -200,7 +234,7 @@ class CommThread:
         first, rest = self.links[0], self.links[1:]
         h = await self._request(first, {"t": Msg.HELLO, "rank": rank, "fp": fingerprint}, timeout)
         first.joined = True
-        rank = h["rank"]
+        rank = self.rank = h["rank"]
         self._set_capabilities(h.get("tf"))
         welcomes = await asyncio.gather(*(self._request(link, {"t": Msg.HELLO, "rank": rank, "fp": fingerprint},
                                                         timeout) for link in rest))
@@ -227,6 +261,11 @@ class CommThread:
 
     async def leave(self, timeout: float) -> None:
         """Flush everything, say BYE, and wait until every server has processed it."""
+        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+        while any(link.recovering for link in self.links) and self.error is None:  # its replacement first
+            if time.monotonic() > deadline:
+                raise BosenError("leaving: a lost server was not replaced in time")
+            await asyncio.sleep(0.1)
         self.flush(None)
         await self._until_flushed(timeout)
         self.leaving = True  # pushes that cross our BYE are not acknowledged: we are gone
@@ -286,6 +325,8 @@ class CommThread:
     def _pump(self, link: ServerLink) -> None:
         """One pass of ``link``'s flush window: what the flush owes its server while the window has
         room; then its clock, if nothing is left."""
+        if link.recovering:
+            return  # goes on once the replacement has what the lost server had (``_recover``)
         window = link.window
         sent = window.clock_sent
         window.start()
@@ -415,6 +456,8 @@ class CommThread:
 
     def _send_budgeted(self) -> int:
         k = self.comm.client_send_rows
+        if any(link.recovering for link in self.links):
+            return 0  # the flush sends everything once the lost server is replaced
         for i in range(len(self.tables)):
             st = self.tables[(self._rotation + i) % len(self.tables)]
             with st.lock:
@@ -437,6 +480,10 @@ class CommThread:
 
     def request_rows(self, st: TableState, rows: np.ndarray, min_clock: int) -> None:
         for j, rj in self.partition.rows_by_server(rows):
+            if self.links[j].recovering:  # asked again once it is back (Client._wait_fresh)
+                with st.lock:
+                    st.cache.requested[rj] = False
+                continue
             self.links[j].send({"t": Msg.READ, "tb": st.index, "n": int(rj.shape[0]), "c": min_clock}, rj)
 
     # -- receiving -----------------------------------------------------------------------------
@@ -461,9 +508,73 @@ class CommThread:
 
     def _on_monitor(self, link: ServerLink, frames: list[Any]) -> None:
         event = parse_monitor_message([f.bytes for f in frames])["event"]
-        if event == zmq.EVENT_DISCONNECTED and link.joined and not self.leaving:
-            log.error("lost the connection to %s", link)
-            self._fail(ServerLost(f"lost the connection to {link}: it stopped, crashed or stopped answering"))
+        if event != zmq.EVENT_DISCONNECTED or not link.joined or self.leaving or link.recovering:
+            return
+        if link.log is not None and all(st.vlog is None for st in self.tables):
+            log.warning("lost the connection to %s: waiting for a replacement", link)
+            link.recovering = True
+            self.counters["recoveries"] += 1
+            self._tasks.append(self.thread.loop.create_task(self._recover(link)))
+            return
+        log.error("lost the connection to %s", link)
+        self._fail(ServerLost(f"lost the connection to {link}: it stopped, crashed or stopped answering"))
+
+    async def _recover(self, link: ServerLink) -> None:
+        """Partial recovery: rejoin ``link``'s replacement (restarted from its newest checkpoint, at
+        clock C), resend every update and clock sent to it since C, and once it has applied them
+        read its rows anew. Meanwhile nothing else goes to it, and workers wait only where they
+        need it. A replacement that does not come, or comes without the checkpoint this process
+        kept its updates for, fails the client with the reason."""
+        try:
+            self.lost_a_server = True  # workers' read connections know only the lost server: no more direct reads
+            link.fail_requests(BosenError(f"{link} was lost; waiting for its replacement"))
+            deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+            # a new connection (what the old one queued was for the lost server); the HELLO waits in
+            # it until a replacement listens at the address
+            self._disconnect(link)
+            self._connect(link, self.thread.loop, attempt=1 + self.counters["recoveries"])
+            try:
+                h = await self._request(link, {"t": Msg.HELLO, "rank": self.rank, "fp": self._fingerprint},
+                                        RECOVERY_TIMEOUT_S, during_recovery=True)
+            except ServerError as e:
+                raise ServerLost(f"{link} was lost and came back refusing this client: {e}") from None
+            except BosenError:
+                raise ServerLost(f"{link} was lost and no replacement answered within {RECOVERY_TIMEOUT_S:g}s") \
+                    from None
+            since = h.get("rc")
+            if not isinstance(since, int) or isinstance(since, bool):
+                raise ServerLost(f"{link} was lost and came back without its checkpoint (start the replacement "
+                                 "with --resume DIR --recover): the updates it had are gone")
+            if since < link.log_floor:
+                raise ServerLost(f"{link} came back from its checkpoint at clock {since}, but this client kept "
+                                 f"its updates only from clock {link.log_floor} on: they cannot be replayed")
+            for st in self.tables:  # read anew from the replacement (and so subscribed to it)
+                with st.lock:
+                    st.inflight[link.index].entries.clear()
+                    st.cache.forget_server(link.index)
+            last = link.resend(since)
+            log.warning("%s is back from its checkpoint at clock %d: resent %d messages", link, since,
+                        len(link.log or ()))
+            while link.acked_seq < last:  # applied (held past a boundary, until the others catch up)
+                if self.error is not None:
+                    return
+                if time.monotonic() > deadline:
+                    raise ServerLost(f"{link}'s replacement did not apply the resent updates within "
+                                     f"{RECOVERY_TIMEOUT_S:g}s")
+                await asyncio.sleep(0.005)
+            for st in self.tables:  # acknowledged: nothing resent is in flight any more
+                with st.lock:
+                    st.inflight[link.index].entries.clear()
+            link.recovering = False
+            self.notify()
+            self._pump(link)
+        except BosenError as e:
+            self._fail(e)
+        except Exception as e:
+            log.exception("recovering %s failed", link)
+            err = BosenError(f"recovering {link} failed: {e!r}")
+            err.__cause__ = e
+            self._fail(err)
 
     def _on_rows(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
         got = receive.receive_rows(self.tables, link.index, h, arrays)
@@ -482,6 +593,9 @@ class CommThread:
     def _on_sclock(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
         c = h["c"]
         link.server_clock = c
+        durable = h.get("cp")
+        if isinstance(durable, int) and not isinstance(durable, bool):
+            link.forget(durable)
         save_s = h.get("ts")
         if isinstance(save_s, float):  # the server's mean time to save a checkpoint (Young's Ts)
             link.save_s = save_s

@@ -25,6 +25,7 @@ class ServerLink:
         self.index = index
         self.address = address
         self.sock: LoopSocket | None = None  # set once the communication thread's loop runs
+        self.monitor: LoopSocket | None = None  # tells of the connection's loss
         self.counters = counters  # the client's traffic counters (the communication thread's)
         self.bucket = bucket
         self.seq = 0  # number of the last message sent
@@ -40,6 +41,13 @@ class ServerLink:
         self._inc_times: deque[tuple[int, float, int]] = deque()
         self.pending: dict[int, asyncio.Future] = {}  # requests by number, until answered
         self.window = FlushWindow(self)
+        # Partial recovery (checkpoints on): every INC and CLOCK sent since the server's newest
+        # checkpoint, as (the last clock sent before it, its header, its array frames), to resend to
+        # a replacement that restarts from that checkpoint. ``log_floor``: the clock from which the
+        # log is complete. ``recovering``: the server was lost; nothing goes to it until it is back.
+        self.log: deque[tuple[int, dict[str, Any], list[Any]]] | None = None
+        self.log_floor = 0
+        self.recovering = False
 
     def __repr__(self) -> str:
         return f"server {self.index} ({self.address})"
@@ -53,6 +61,9 @@ class ServerLink:
         self.seq += 1
         header["s"] = self.seq
         frames = wire.encode(header, *arrays, owned=owned, frame=frame)
+        if self.log is not None and header["t"] in (wire.Msg.INC, wire.Msg.CLOCK):
+            # the header itself: a flush window adds the clock to its pass's last message after this
+            self.log.append((self.window.clock_sent, header, frames[1:]))
         nbytes = len(frames[0])  # the header, then one frame per array
         for a in arrays:
             nbytes += a.nbytes
@@ -108,6 +119,52 @@ class ServerLink:
     @property
     def unacked(self) -> int:
         return self.incs_sent - self.incs_acked
+
+    def forget(self, durable: int) -> None:
+        """The server's checkpoint at clock ``durable`` is on disk: what was sent before that clock
+        went out is in it, and need not be kept for a replacement."""
+        log = self.log
+        if log is None or durable <= self.log_floor:
+            return
+        while log and log[0][0] < durable:
+            log.popleft()
+        self.log_floor = durable
+
+    def resend(self, since: int) -> int:
+        """Send again, in order and renumbered, what the log holds from clock ``since`` on (to a
+        replacement restarted from its checkpoint at ``since``); the last update asks for an ACK.
+        Returns the number of that update (0: none). Nothing sent before is counted in flight any
+        more: the lost server will never acknowledge it."""
+        assert self.log is not None
+        self.inflight_bytes = 0
+        self._inc_times.clear()
+        self.incs_acked = self.incs_sent
+        self.acked_seq = self.seq
+        while self.log and self.log[0][0] < since:
+            self.log.popleft()
+        last_inc = 0
+        entries = list(self.log)
+        final = max((k for k, e in enumerate(entries) if e[1]["t"] == wire.Msg.INC), default=-1)
+        for k, (_, header, payload) in enumerate(entries):
+            self.seq += 1
+            header["s"] = self.seq
+            if k == final:
+                header.pop("na", None)
+                last_inc = self.seq
+            nbytes = self._charge(header, payload)
+            self.transmit([wire.pack_header(header), *payload])
+            if header["t"] == wire.Msg.INC:
+                self.sent_update(nbytes)
+        return last_inc
+
+    def _charge(self, header: dict[str, Any], payload: list[Any]) -> int:
+        nbytes = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in payload) + 32
+        self.counters["msgs_sent"] += 1
+        self.counters["bytes_sent"] += nbytes
+        self.counters["bytes_resent"] += nbytes
+        if self.bucket is not None:
+            self.bucket.charge(nbytes)
+        return nbytes
 
     def fail_requests(self, err: BaseException) -> None:
         """The connection is gone: nothing will answer what is pending."""

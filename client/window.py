@@ -112,13 +112,13 @@ class FlushWindow:
         clock = None
         if self.clock_due is not None and not self.due:
             clock, self.clock_due = self.clock_due, None
-            self.clock_sent = clock
         save = clock is not None and clock in self.checkpoint_clocks
         if save:
             self.checkpoint_clocks.discard(clock)
         if held is None:
             if clock is not None:
                 self.link.send({"t": Msg.CLOCK, "c": clock, **({"ck": True} if save else {})})
+                self.clock_sent = clock
             return
         header, frames = held
         repack = header.pop("na", False)
@@ -132,6 +132,8 @@ class FlushWindow:
         if repack:
             frames[0] = wire.pack_header(header)
         self.link.transmit(frames)
+        if clock is not None:
+            self.clock_sent = clock
 
     def abort(self) -> None:
         """Drop the pass and everything owed: the connection is gone."""

@@ -26,6 +26,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bind", default=None, help="host/interface to bind (default: the host in the config)")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="start from a checkpoint: DIR/clock-N, or the newest complete one under DIR")
+    p.add_argument("--recover", action="store_true",
+                   help="with --resume DIR: replace a lost server of a running job from this server's newest part")
+    p.add_argument("--gone", default="", metavar="RANKS", help="worker ranks that already left (comma-separated)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -48,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"%(asctime)s server{args.rank} %(levelname)s %(message)s")
     try:
         cfg = config_mod.load(args.config, args.set)
-        server = Server(cfg, args.rank, bind=args.bind, resume=Path(args.resume) if args.resume else None)
+        if args.recover and not args.resume:
+            raise ValueError("--recover needs --resume DIR (the job's checkpoint directory)")
+        gone = tuple(int(x) for x in args.gone.split(",") if x.strip())
+        server = Server(cfg, args.rank, bind=args.bind, resume=Path(args.resume) if args.resume else None,
+                        recover=args.recover, gone=gone)
     except (BosenError, ValueError) as e:
         print(f"bosen-server: {e}", file=sys.stderr)
         return 2

@@ -117,6 +117,12 @@ class ServerCheckpoints:
         if self.writer.error is not None:
             log.error("a checkpoint write failed: %s", self.writer.error)
 
+    def durable(self) -> int:
+        """The newest clock whose part is on disk (-1: none yet): clients may forget what they sent
+        before it (partial recovery starts from it)."""
+        w = self.writer.written
+        return w[-1][0] if w else -1
+
     def mean_save_s(self) -> float:
         """Mean seconds a save took (copy and write): Young's Ts, sent to clients in SCLOCK."""
         return (self.snapshot_s / len(self.saved) if self.saved else 0.0) + self.writer.mean_save_s()
@@ -129,15 +135,20 @@ class ServerCheckpoints:
                 "error": None if self.writer.error is None else str(self.writer.error)}
 
 
-def restore(config: Config, rank: int, shards: list[TableShard], path: Path) -> int:
+def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own: bool = False) -> int:
     """Load this server's part of a checkpoint into ``shards``; returns its clock.
 
-    ``path`` is a checkpoint (``.../clock-N``) or a directory of them (the newest complete one is
-    used, and the newer ones skipped are logged). ConfigError says what does not fit."""
+    ``path`` is a checkpoint (``.../clock-N``) or a directory of them: then the newest complete one
+    is used (every process's part), or with ``own`` (partial recovery: the other servers keep their
+    live values and the clients resend what came later) the newest valid part of this server's.
+    The newer ones skipped are logged. ConfigError says what does not fit."""
     fp = checkpoint.model_fingerprint(config)
     servers, workers = len(config.cluster.servers), config.cluster.workers
     try:
-        if checkpoint.clocks(path):
+        if checkpoint.clocks(path) and own:
+            part = _newest_own(path, rank, fp)
+            clock = int(part.meta["clock"])
+        elif checkpoint.clocks(path):
             clock, parts, skipped = checkpoint.newest_complete(path, servers, workers, fp)
             for why in skipped:
                 log.warning("skipped checkpoint %s", why)
@@ -168,3 +179,15 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path) -> 
             raise ConfigError(f"--resume {part.path}: table {name!r}: {e}") from None
     log.info("server %d resumed from %s at clock %d", rank, part.path, clock)
     return clock
+
+
+def _newest_own(base: Path, rank: int, fp: str) -> checkpoint.Part:
+    name = checkpoint.part_name("server", rank)
+    problems = []
+    for c in checkpoint.clocks(base):
+        try:
+            return checkpoint.read_part(checkpoint.clock_dir(base, c) / name, fp)
+        except checkpoint.CheckpointError as e:
+            problems.append(str(e))
+            log.warning("skipped checkpoint part: %s", e)
+    raise checkpoint.CheckpointError(f"{base}: no valid part {name} ({'; '.join(problems) or 'none written'})")

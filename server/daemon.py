@@ -53,6 +53,7 @@ class Peer:
     ident: bytes
     rank: int
     last_seq: int
+    hello_seq: int = -1  # its HELLO's number: a peer that sent nothing since may be replaced by a new HELLO
     applied: int = -1  # sequence number of the last INC applied
     gone: bool = False
     leaving: bool = False  # sent BYE with "ph" (prepare): gets no more pushes
@@ -70,7 +71,11 @@ class Reader:
 
 
 class Server:
-    def __init__(self, config: Config, rank: int, bind: str | None = None, resume: Path | None = None) -> None:
+    def __init__(self, config: Config, rank: int, bind: str | None = None, resume: Path | None = None,
+                 recover: bool = False, gone: tuple[int, ...] = ()) -> None:
+        """``resume``: start from a checkpoint (the whole job's, or with ``recover`` this server's own
+        newest part, replacing a lost server while the others run on); ``gone``: worker ranks that
+        already left the job (a replacement does not wait for them)."""
         if not 0 <= rank < len(config.cluster.servers):
             raise ValueError(f"--rank {rank}: the config lists {len(config.cluster.servers)} servers "
                              f"(ranks 0..{len(config.cluster.servers) - 1}) in {config.source}")
@@ -96,8 +101,16 @@ class Server:
         self.comm = config.comm
         self.bucket = LeakyBucket(config.comm.server_bandwidth_mbps) if config.comm.enabled else None
         self._rotation = 0
-        self.clock = restore(config, rank, self.shards, resume) if resume is not None else 0
+        self.clock = restore(config, rank, self.shards, resume, own=recover) if resume is not None else 0
+        self.restored = self.clock if resume is not None else None  # WELCOME "rc": clients resend from it
+        if recover and any(s.procedure.versioned for s in self.shards):
+            raise ValueError("--recover: versioned tables (AdaRevision) cannot be recovered on their own (clients "
+                             "hold row versions of the lost server); resume the whole job instead")
         self.client_clock = np.full(self.num_clients, self.clock, dtype=np.int64)
+        for r in gone:
+            if not 0 <= r < self.num_clients:
+                raise ValueError(f"--gone {r}: no such worker rank (cluster.workers is {self.num_clients})")
+            self.client_clock[r] = GONE
         self.checkpoints = ServerCheckpoints(config, rank) if config.checkpoint is not None else None
         self._advancing = False
         self.peers: dict[bytes, Peer] = {}
@@ -280,14 +293,22 @@ class Server:
             rank = free[0]
         if not 0 <= rank < self.num_clients:
             raise ProtocolError(f"HELLO: rank {rank} out of range: cluster.workers is {self.num_clients}")
-        if rank in self.by_rank:
-            state = "left the job" if self.by_rank[rank].gone else "already joined"
+        old = self.by_rank.get(rank)
+        if old is not None and self.restored is not None and not old.gone and old.last_seq == old.hello_seq:
+            # a client rejoining a replacement server whose first WELCOME it gave up waiting for
+            del self.peers[old.ident]
+            del self.by_rank[rank]
+        elif old is not None:
+            state = "left the job" if old.gone else "already joined"
             raise ProtocolError(f"HELLO: worker rank {rank} {state}")
-        peer = Peer(ident, rank, last_seq=h["s"])
+        peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"])
         self.peers[ident] = peer
         self.by_rank[rank] = peer
         log.info("client rank %d joined (%d/%d)", rank, len(self.by_rank), self.num_clients)
-        self._send(ident, {"t": Msg.WELCOME, "rq": h["s"], "rank": rank, "c": self.clock, "tf": self.table_flags})
+        welcome = {"t": Msg.WELCOME, "rq": h["s"], "rank": rank, "c": self.clock, "tf": self.table_flags}
+        if self.restored is not None:
+            welcome["rc"] = self.restored
+        self._send(ident, welcome)
 
     def _held(self, peer: Peer, handle: Callable[[], None]) -> bool:
         """Hold a message of ``peer`` (in order) while it is past a checkpoint boundary the server has
@@ -435,7 +456,11 @@ class Server:
             for peer, seq, ident, shard, local in self.parked.pop(c):
                 if not peer.gone and (ident == peer.ident or ident in self.readers):
                     self._send_rows(peer, shard, local, seq, ident)
-        extra = {"ts": ck.mean_save_s()} if ck is not None and ck.timed else {}
+        extra: dict[str, Any] = {}
+        if ck is not None:  # the newest part on disk; Young's Ts for rank 0's time rule
+            extra["cp"] = ck.durable()
+            if ck.timed:
+                extra["ts"] = ck.mean_save_s()
         for p in live:
             self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied, **extra})
         if ck is not None and ck.held:
