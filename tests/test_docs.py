@@ -12,7 +12,8 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 def schema_keys() -> set[str]:
     keys = set()
     for section, cls in (("cluster", config.ClusterConfig), ("consistency", config.ConsistencyConfig),
-                         ("comm", config.CommConfig), ("app", config.AppConfig)):
+                         ("comm", config.CommConfig), ("app", config.AppConfig),
+                         ("checkpoint", config.CheckpointConfig)):
         keys |= {f"{section}.{f.name}" for f in dataclasses.fields(cls)}
     keys |= {f"tables.NAME.{f.name}" for f in dataclasses.fields(config.TableConfig) if f.name != "name"}
     return keys
