@@ -122,8 +122,8 @@ def scenario_adarev(args: argparse.Namespace) -> None:
     ada = [launch(f"alpha={a:g}", CONFIGS / "mf-adarev.yaml",
                   {**common, "tables.L.update_args.alpha": a, "tables.R.update_args.alpha": a}, k, work, timeout)
            for a in alphas]
-    sgd = [launch(f"lr={lr:g}", CONFIGS / "mf.yaml", {**common, "app.args.lr": lr, "app.args.lr_decay": 0.95}, k,
-                  work, timeout)
+    sgd = [launch(f"lr={lr:g}", CONFIGS / "mf.yaml", {**common, "app.args.lr": lr, "app.args.lr_decay": 0.95,
+                                                      "checkpoint": None}, k, work, timeout)
            for lr in lrs]
     base = {"bench": BENCH, "target_loss": target, "epochs_run": epochs, "clocks_per_epoch": k, "nnz": nnz}
     for method, runs in (("adarevision", ada), ("sgd-decay", sgd)):
