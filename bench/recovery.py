@@ -1,0 +1,385 @@
+"""SCAR's recovery experiments in miniature (thesis ch. 5, E3-E5 of ../shared/reference/seed-qiao-litz.md):
+rework after a failure, full restart vs partial recovery, priority checkpoints, and what checkpoints cost.
+
+Every run is a real job through ``bosen launch`` (MF on MovieLens-100K, configs/mf-movielens.yaml:
+2 servers, 2 workers, staleness 2). Method (docs/recovery.md, "SCAR's experiments in miniature"):
+
+1. A failure-free *baseline* run of E clocks with a checkpoint at every clock (``keep`` large) gives
+   the exact state after every clock: each server part holds ``t{i}.values`` and their global rows
+   ``t{i}.rows``. The target objective is the baseline's training objective at clock K.
+2. A failure at clock T (seeded, uniform over the non-boundary clocks of [C+1, 3C)) loses a random
+   fraction f of the rows of each table (seeded). With full checkpoints every C clocks:
+   *full restart* resumes the job from the checkpoint at B = C·floor(T/C), as saved;
+   *partial recovery* resumes from a checkpoint at T that holds the live rows at T and the lost rows
+   from the running checkpoint (here: the full checkpoint at B). Workers keep their state at T
+   (their parts of the checkpoint at T): in a live partial recovery they would go on.
+   *Priority checkpoints* (f = 1/2): the running checkpoint starts at w(0) and every r·C clocks saves
+   the fraction r of rows chosen by ``bosen.scar`` (priority / round_robin / random), emulated offline
+   from the per-clock states; the lost rows come back from it.
+   Each modified checkpoint is written with ``bosen.checkpoint.write_part`` (same format, clock and
+   fingerprint) into a copy of the run directory, and ``bosen launch CONFIG --resume COPY`` runs the
+   rest of the job.
+3. Rework = clocks executed to reach the target (before the failure and after the resume, the
+   crossing interpolated linearly between clocks) minus the baseline's K. A *control* resumes at T
+   with nothing lost: its rework is the run-to-run noise of an SSP job.
+4. Cost: the same job with a checkpoint every 1 and every 8 clocks and without, runs alternated;
+   time per clock from the clock records (clocks 3..E, start-up left out); ratio to the paired run
+   without checkpoints.
+
+``python bench/recovery.py [--quick] [--seeds N]`` prints JSON lines (bench/common.py ``emit``) and
+draws bench/out/recovery_partial.png and bench/out/recovery_priority.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import emit, log  # noqa: E402
+
+from bosen import checkpoint, scar  # noqa: E402
+from bosen.config import load as load_config  # noqa: E402
+from bosen.rowmath import init_rows  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = REPO / "configs" / "mf-movielens.yaml"
+OUT = REPO / "bench" / "out"
+BENCH = "recovery"
+THESIS_PARTIAL = {0.75: (12, 42), 0.5: (31, 62), 0.25: (59, 89)}  # % less rework, T:1686
+THESIS_PRIORITY = (78, 95)  # % less rework at r = 1/8, f = 1/2, T:1696
+
+
+# ----------------------------------------------------------------------------------------------
+# jobs
+
+
+def write_job(path: Path, epochs: int, every_clocks: int | None, keep: int = 1000) -> Path:
+    """configs/mf-movielens.yaml with absolute data paths, ``epochs`` and a checkpoint section."""
+    c = yaml.safe_load(CONFIG.read_text())
+    for k in ("data", "test_data"):
+        c["app"]["args"][k] = str((REPO / c["app"]["args"][k]).resolve())
+    c["app"]["args"]["epochs"] = epochs
+    c["checkpoint"] = {"every_clocks": every_clocks or 100000, "keep": keep, "dir": "checkpoints"}
+    path.write_text(yaml.safe_dump(c, sort_keys=False))
+    return path
+
+
+def launch(cfg: Path, run_dir: Path, *, resume: bool = False, timeout: float = 300.0) -> list[dict[str, Any]]:
+    """Run ``bosen launch`` (a fresh run, or ``--resume`` of ``run_dir``); the clock records."""
+    cmd = [sys.executable, "-m", "bosen", "launch", str(cfg), "--quiet", "--no-plot", "--timeout", str(timeout)]
+    cmd += ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout + 60)
+    if p.returncode != 0:
+        raise RuntimeError(f"bosen launch {'--resume ' if resume else ''}{run_dir} failed ({p.returncode}):\n"
+                           f"{p.stdout[-3000:]}{p.stderr[-3000:]}")
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in recs if r.get("kind") == "clock"]
+
+
+def curve(records: list[dict[str, Any]]) -> np.ndarray:
+    """Training objective per clock (index = clock)."""
+    obj = np.full(max(r["clock"] for r in records) + 1, np.nan)
+    for r in records:
+        obj[r["clock"]] = r["objective"]
+    return obj
+
+
+def clocks_to(obj: np.ndarray, target: float, after: int) -> float:
+    """Clock (fractional, interpolated) at which ``obj`` first reaches ``target`` among clocks >=
+    ``after``; inf if it never does."""
+    for k in range(max(after, 1), obj.shape[0]):
+        if obj[k] <= target:
+            prev = obj[k - 1]
+            if k - 1 >= after and np.isfinite(prev) and prev > target:
+                return k - 1 + (prev - target) / (prev - obj[k])
+            return float(k)
+    return float("inf")
+
+
+# ----------------------------------------------------------------------------------------------
+# states of the baseline run
+
+
+class States:
+    """The baseline's state after every clock: per table the whole array (rows in global order)."""
+
+    def __init__(self, run_dir: Path, cfg_path: Path) -> None:
+        self.run_dir = run_dir
+        self.base = run_dir / "checkpoints"
+        self.config = load_config(cfg_path)
+        self.tables = list(self.config.tables)
+        self.servers = len(self.config.cluster.servers)
+        self._cache: dict[int, list[np.ndarray]] = {}
+        part = checkpoint.read_part(checkpoint.clock_dir(self.base, 1) / "server-0", verify=False)
+        self.fingerprint = part.meta["fingerprint"]
+
+    def initial(self) -> list[np.ndarray]:
+        out = []
+        for i, t in enumerate(self.tables):
+            rows = np.arange(t.rows, dtype=np.int64)
+            out.append(init_rows(t.init, rows, (t.rows, t.cols), np.dtype(t.dtype), i))
+        return out
+
+    def at(self, clock: int) -> list[np.ndarray]:
+        """Every table's values after ``clock`` clocks (the checkpoint at boundary ``clock``)."""
+        if clock == 0:
+            return self.initial()
+        if clock not in self._cache:
+            arrays = [np.zeros((t.rows, t.cols), np.dtype(t.dtype)) for t in self.tables]
+            for j in range(self.servers):
+                a = checkpoint.read_part(checkpoint.clock_dir(self.base, clock) / f"server-{j}", verify=False).load()
+                for i in range(len(self.tables)):
+                    arrays[i][a[f"t{i}.rows"]] = a[f"t{i}.values"]
+            self._cache[clock] = arrays
+        return self._cache[clock]
+
+    def write_resume(self, dst: Path, clock: int, values: list[np.ndarray]) -> None:
+        """A run directory ``dst`` to resume at ``clock``: the baseline's records, its checkpoint at
+        ``clock`` (worker parts as saved), the server parts holding ``values``."""
+        if dst.exists():
+            shutil.rmtree(dst)
+        dst.mkdir(parents=True)
+        shutil.copytree(self.run_dir / "workers", dst / "workers")
+        shutil.copy(self.run_dir / "metrics.jsonl", dst / "metrics.jsonl")
+        src = checkpoint.clock_dir(self.base, clock)
+        shutil.copytree(src, checkpoint.clock_dir(dst / "checkpoints", clock))
+        for j in range(self.servers):
+            part = checkpoint.read_part(src / f"server-{j}", self.fingerprint)
+            arrays = part.load()
+            for i in range(len(self.tables)):
+                arrays[f"t{i}.values"] = values[i][arrays[f"t{i}.rows"]]
+            checkpoint.write_part(dst / "checkpoints", clock, "server", j, arrays, part.info, self.fingerprint)
+
+
+def stacked(values: list[np.ndarray]) -> np.ndarray:
+    """MF's tables as one matrix of rows (L's rows, then R's): the unit SCAR saves and loses."""
+    return np.concatenate(values, axis=0)
+
+
+def unstacked(m: np.ndarray, like: list[np.ndarray]) -> list[np.ndarray]:
+    out, at = [], 0
+    for a in like:
+        out.append(m[at:at + a.shape[0]].astype(a.dtype))
+        at += a.shape[0]
+    return out
+
+
+def lost_rows(like: list[np.ndarray], f: float, rng: np.random.Generator) -> np.ndarray:
+    """Rows (of the stacked matrix) lost: a random fraction f of each table's rows."""
+    out, at = [], 0
+    for a in like:
+        n = a.shape[0]
+        out.append(at + rng.choice(n, size=int(round(f * n)), replace=False))
+        at += n
+    return np.sort(np.concatenate(out))
+
+
+def running_checkpoint(states: States, policy: str, r: float, period: int, until: int,
+                       seed: int) -> scar.RunningCheckpoint:
+    """SCAR's running checkpoint at clock ``until``: from w(0), every r·period clocks the fraction r
+    of rows chosen by ``policy`` saved from that clock's state."""
+    ck = scar.RunningCheckpoint(stacked(states.initial()), "l2", seed=seed)
+    step = max(1, int(round(r * period)))
+    for c in range(step, until + 1, step):
+        ck.step(policy, stacked(states.at(c)), r, c)  # type: ignore[arg-type]
+    return ck
+
+
+# ----------------------------------------------------------------------------------------------
+# experiments
+
+
+def rework_run(states: States, cfg: Path, work: Path, name: str, clock: int, values: list[np.ndarray],
+               failed_at: int, target: float, k_target: float) -> dict[str, Any]:
+    run = work / name
+    states.write_resume(run, clock, values)
+    t = time.perf_counter()
+    obj = curve(launch(cfg, run, resume=True))
+    shutil.rmtree(run / "checkpoints", ignore_errors=True)
+    reach = clocks_to(obj, target, clock)
+    rework = failed_at - clock + reach - k_target
+    return {"rework": float(rework), "resumed_at": clock, "reached": float(reach), "seconds": time.perf_counter() - t}
+
+
+def summary(xs: list[float]) -> dict[str, float]:
+    a = np.asarray(xs, float)
+    return {"median": float(np.median(a)), "min": float(a.min()), "max": float(a.max()), "reps": int(a.size)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true",
+                   help="one seed, f = 1/2, r = 1/8 priority only, no control or cost runs (~1 min)")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--period", type=int, default=8, help="clocks between full checkpoints (C)")
+    p.add_argument("--no-cost", action="store_true", help="skip the checkpoint-cost runs")
+    args = p.parse_args(argv)
+    quick = args.quick
+    C = args.period
+    seeds = 1 if quick else args.seeds
+    fractions = [0.5] if quick else [0.25, 0.5, 0.75]
+    ratios = [1 / 8] if quick else [1 / 2, 1 / 4, 1 / 8]
+    policies = ["priority"] if quick else list(scar.POLICIES)
+    k_target = 3 * C + 6 if not quick else 3 * C + 2  # the baseline's clock whose objective is the target
+    epochs = k_target + C + 4  # resumed runs go on past the target by at least the longest rework
+    base_meta = {"bench": BENCH, "app": "mf-movielens", "servers": 2, "workers": 2, "staleness": 2,
+                 "full_checkpoint_every": C, "target_clock": k_target, "quick": quick}
+    OUT.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bosen-recovery-"))
+    try:
+        cfg_base = write_job(work / "base.yaml", epochs, 1)
+        cfg_resume = write_job(work / "resume.yaml", epochs, None, keep=1)
+        log(f"recovery: baseline run ({epochs} clocks, a checkpoint every clock) in {work}")
+        base_dir = work / "base"
+        obj = curve(launch(cfg_base, base_dir))
+        target = float(obj[k_target])
+        states = States(base_dir, cfg_base)
+        emit(**base_meta, case="baseline", metric="objective_at_target_clock", value=target,
+             clocks=int(obj.shape[0]), curve=[float(x) for x in obj])
+
+        rng_master = np.random.default_rng(12345)
+        failures = []
+        for _ in range(seeds):
+            choices = [c for c in range(C + 1, 3 * C) if c % C]
+            failures.append(int(rng_master.choice(choices)))
+        results: dict[str, list[float]] = {}
+
+        def record(key: str, seed: int, res: dict[str, Any], **fields: Any) -> None:
+            results.setdefault(key, []).append(res["rework"])
+            emit(**base_meta, case=f"{key}/seed{seed}", metric="rework", unit="clocks", value=res["rework"],
+                 failed_at=failures[seed], resumed_at=res["resumed_at"], reached=res["reached"], **fields)
+
+        for s, T in enumerate(failures):
+            B = C * (T // C)
+            live = states.at(T)
+            log(f"recovery: seed {s}: failure at clock {T}, last full checkpoint at {B}")
+            if not quick:  # the run-to-run noise: resumed at T with nothing lost
+                record("control", s, rework_run(states, cfg_resume, work, f"control{s}", T, live, T, target, k_target))
+            record("full", s, rework_run(states, cfg_resume, work, f"full{s}", B, states.at(B), T, target, k_target))
+            saved = stacked(states.at(B))
+            for f in fractions:
+                lost = lost_rows(live, f, np.random.default_rng(1000 + s))
+                mixed = stacked(live).copy()
+                mixed[lost] = saved[lost]
+                delta = float(np.linalg.norm(stacked(live).astype(np.float64) - mixed))
+                res = rework_run(states, cfg_resume, work, f"partial{s}-{f}", T, unstacked(mixed, live), T, target,
+                                 k_target)
+                record(f"partial/f={f:g}", s, res, lost_fraction=f, perturbation_l2=delta)
+            lost = lost_rows(live, 0.5, np.random.default_rng(1000 + s))
+            for r in ratios:
+                for pol in policies:
+                    ck = running_checkpoint(states, pol, r, C, T, seed=s)
+                    mixed = ck.recover(stacked(live), lost)
+                    delta = float(np.linalg.norm(stacked(live).astype(np.float64) - mixed))
+                    res = rework_run(states, cfg_resume, work, f"prio{s}-{pol}-{r}", T, unstacked(mixed, live), T,
+                                     target, k_target)
+                    record(f"priority/{pol}/r={r:g}", s, res, policy=pol, r=r, lost_fraction=0.5, perturbation_l2=delta,
+                           rows_saved=ck.rows_saved)
+
+        full = float(np.median(results["full"]))
+        for key, xs in results.items():
+            emit(**base_meta, case=f"{key}/median", metric="rework_median", unit="clocks", **summary(xs))
+
+        def cut(xs: list[float]) -> float:
+            return 100.0 * (1.0 - float(np.median(xs)) / full) if full > 0 else float("nan")
+
+        for f in fractions:
+            lo, hi = THESIS_PARTIAL[f]
+            c = cut(results[f"partial/f={f:g}"])
+            emit(**base_meta, case=f"goal/partial/f={f:g}", metric="rework_cut_vs_full_restart", unit="%", value=c,
+                 thesis=[lo, hi], goal=f">= {lo}% (the thesis' range {lo}-{hi}%)", met=bool(c >= lo))
+        for pol in policies:
+            c = cut(results[f"priority/{pol}/r=0.125"])
+            emit(**base_meta, case=f"goal/priority/{pol}/r=0.125", metric="rework_cut_vs_full_restart", unit="%",
+                 value=c, thesis=list(THESIS_PRIORITY), goal=">= 78%" if pol == "priority" else "(no goal)",
+                 met=bool(c >= THESIS_PRIORITY[0]) if pol == "priority" else None)
+        plot(results, fractions, ratios, policies, full)
+        if not (args.no_cost or quick):
+            cost(work, base_meta, quick)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def cost(work: Path, base_meta: dict[str, Any], quick: bool) -> None:
+    """Time per clock with a checkpoint every 1 and every 8 clocks vs none, alternated and paired."""
+    epochs = 20 if quick else 40
+    reps = 1 if quick else 3
+    intervals = [1, 8]
+    per: dict[int | None, list[float]] = {}
+    ratios: dict[int, list[float]] = {n: [] for n in intervals}
+    for rep in range(reps):
+        order: list[int | None] = [None, *intervals] if rep % 2 == 0 else [*intervals[::-1], None]
+        got: dict[int | None, float] = {}
+        for n in order:
+            cfg = write_job(work / f"cost-{n}.yaml", epochs, n, keep=2)
+            run = work / f"cost-{n}-{rep}"
+            recs = launch(cfg, run)
+            times = sorted((r["clock"], r["time"]) for r in recs)
+            got[n] = (times[-1][1] - times[2][1]) / (times[-1][0] - times[2][0])
+            per.setdefault(n, []).append(got[n])
+            shutil.rmtree(run, ignore_errors=True)
+        for n in intervals:
+            ratios[n].append(got[n] / got[None])
+    for n in intervals:
+        s = summary(ratios[n])
+        emit(**base_meta, case=f"cost/every={n}", metric="clock_time_ratio_vs_no_checkpoint", unit="x", **s,
+             clock_s=summary(per[n]), clock_s_without=summary(per[None]), goal="<= 1.05",
+             met=bool(s["median"] <= 1.05))
+
+
+def plot(results: dict[str, list[float]], fractions: list[float], ratios: list[float], policies: list[str],
+         full: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def bars(xs: list[float]) -> tuple[float, list[float]]:
+        m = float(np.median(xs))
+        return m, [m - min(xs), max(xs) - m]
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ms, errs = zip(*(bars(results[f"partial/f={f:g}"]) for f in fractions), strict=True)
+    ax.errorbar(fractions, ms, yerr=np.array(errs).T, marker="o", capsize=3, label="partial recovery")
+    ax.axhline(full, color="k", ls="--", label="full restart (median)")
+    if "control" in results:
+        ax.axhline(float(np.median(results["control"])), color="grey", ls=":", label="no loss (noise)")
+    ax.set_xlabel("fraction of rows lost")
+    ax.set_ylabel("rework (clocks)")
+    ax.set_title("MF MovieLens-100K: partial vs full recovery")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(OUT / "recovery_partial.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    xs = [1.0] + [1 / r for r in ratios]
+    for pol in policies:
+        series = [results.get("partial/f=0.5", [np.nan])] + [results[f"priority/{pol}/r={r:g}"] for r in ratios]
+        ms, errs = zip(*(bars(s) for s in series), strict=True)
+        ax.errorbar(xs, ms, yerr=np.array(errs).T, marker="o", capsize=3, label=pol)
+    ax.axhline(full, color="k", ls="--", label="full restart (median)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("checkpoint frequency relative to full (fraction saved = 1/x)")
+    ax.set_ylabel("rework (clocks), half the rows lost")
+    ax.set_title("MF MovieLens-100K: priority checkpoints")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(OUT / "recovery_priority.png", dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
