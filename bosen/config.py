@@ -190,9 +190,15 @@ class CheckpointConfig:
     keep: int = 2  # newest complete checkpoints kept; older ones are deleted once a newer one is complete
     every_s: float | None = None
     mttf_s: float | None = None
+    # SCAR's priority checkpoints: each save writes this fraction r of every shard's rows, chosen by
+    # ``policy`` against the server's in-memory running checkpoint (bosen/scar.py); over 1/r saves
+    # that is the bytes of one full checkpoint
+    priority_fraction: float = 1.0
+    policy: Literal["priority", "round_robin", "random"] = "priority"
 
     def __post_init__(self) -> None:
         check(self.every_clocks >= 1, "every_clocks: must be >= 1")
+        check(0.0 < self.priority_fraction <= 1.0, "priority_fraction: must be in (0, 1]")
         check(bool(self.dir), "dir: must not be empty")
         check(self.keep >= 1, "keep: must be >= 1")
         check(self.every_s is None or self.every_s > 0, "every_s: must be > 0")

@@ -226,7 +226,7 @@ class Launcher:
 
     def _prune(self) -> None:
         ck = self.config.checkpoint
-        if ck is not None:
+        if ck is not None and ck.priority_fraction == 1.0:  # priority parts build on every earlier one
             checkpoint.prune(Path(ck.dir), ck.keep, len(self.config.cluster.servers), self.config.cluster.workers)
 
     def _progress(self, rec: dict[str, Any]) -> None:

@@ -15,8 +15,8 @@ Hooks, in the order the server calls them (local row indices index this server's
 - ``release(local_rows, versions)``: versioned only; clients no longer hold these row versions
   (one reference each), after their last update computed from them was applied.
 - ``allow_push()``: whether budgeted (early) pushes may go out now; ``stats()``: for STATUS.
-- ``state()`` / ``load_state(arrays)``: the per-row state a checkpoint saves beside the values
-  (arrays indexed by local row, e.g. AdaGrad's accumulators) and its restore after ``create``.
+- ``state()``: the live per-row state a checkpoint saves beside the values and restores into
+  (arrays indexed by local row, e.g. AdaGrad's accumulators; their rows are written in place).
 
 A *versioned* procedure (``versioned = True``) keeps ``self.versions`` (int64 per local row, 0 until
 the row is first updated); the server sends them with row values, clients tag their updates with the
@@ -26,7 +26,6 @@ exactly once, either by an update marked end-of-version or by an explicit releas
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -73,24 +72,9 @@ class StoredProcedure:
         """Versioned procedures: one client holder each of these (row, version) pairs is gone."""
 
     def state(self) -> dict[str, np.ndarray]:
-        """The live arrays a checkpoint must save to restore this procedure (none for plain addition).
-        Names are file names: letters, digits and '_'."""
+        """The live arrays, one row per local row, a checkpoint saves and restores in place (none for
+        plain addition). Names are file names: letters, digits and '_'."""
         return {}
-
-    def load_state(self, saved: Mapping[str, np.ndarray]) -> None:
-        """Copy a checkpoint's arrays into the live ones of ``state()``; a missing or misshapen array
-        is a ValueError naming it."""
-        live = self.state()
-        extra = sorted(set(saved) - set(live))
-        if extra:
-            raise ValueError(f"procedure state {extra[0]!r} is not kept by update {self.table.update!r}")
-        for name, arr in live.items():
-            got = saved.get(name)
-            if got is None:
-                raise ValueError(f"procedure state {name!r} of update {self.table.update!r} is missing")
-            if got.shape != arr.shape:
-                raise ValueError(f"procedure state {name!r}: shape {got.shape}, expected {arr.shape}")
-            arr[...] = got
 
     def allow_push(self) -> bool:
         """Whether budgeted (early) pushes may go out now."""

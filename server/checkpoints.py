@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from bosen import checkpoint
+from bosen import checkpoint, scar
 from bosen.config import Config
-from bosen.errors import ConfigError
+from bosen.errors import ConfigError, ProtocolError
 from bosen.server.shard import TableShard
 
 log = logging.getLogger("bosen.server")
@@ -52,6 +52,15 @@ class ServerCheckpoints:
         self.held_msgs = 0  # messages ever held
         self.timed = self.cfg.every_s is not None or self.cfg.mttf_s is not None
         self.chosen: set[int] = set()  # under a time rule: boundaries rank 0 chose (CLOCK "ck")
+        self.running: list[scar.RunningCheckpoint] = []  # priority checkpoints: the saved copy per shard
+
+    def start_running(self, shards: list[TableShard]) -> None:
+        """Priority checkpoints: the in-memory running checkpoint starts as the shards are now
+        (initial or restored values); counts rows are compared as distributions (SCAR's scaled
+        total variation), float rows by L2."""
+        if self.cfg.priority_fraction < 1.0:
+            self.running = [scar.RunningCheckpoint(s.values, "tv" if s.dtype.kind == "i" else "l2",
+                                                   seed=1000 * self.rank + s.index) for s in shards]
 
     def boundary_after(self, clock: int) -> int:
         """The first boundary above ``clock``."""
@@ -101,15 +110,23 @@ class ServerCheckpoints:
         tables = {}
         for s in shards:  # files are named by table index (names may hold any character)
             key = f"t{s.index}"
-            arrays[f"{key}.values"] = s.values.copy()
-            arrays[f"{key}.rows"] = s.global_rows  # never changes: no copy
             state = s.procedure.state()
-            for k, v in state.items():
-                arrays[f"{key}.{k}"] = v.copy()
+            if self.running:  # priority checkpoint: the rows the policy picks, and their state
+                rows = self.running[s.index].step(self.cfg.policy, s.values, self.cfg.priority_fraction, clock)
+                arrays[f"{key}.values"] = s.values[rows]
+                arrays[f"{key}.rows"] = s.global_rows[rows]
+                for k, v in state.items():
+                    arrays[f"{key}.{k}"] = v[rows]
+            else:
+                arrays[f"{key}.values"] = s.values.copy()
+                arrays[f"{key}.rows"] = s.global_rows  # never changes: no copy
+                for k, v in state.items():
+                    arrays[f"{key}.{k}"] = v.copy()
             tables[key] = {"name": s.cfg.name, "rows": int(s.global_rows.shape[0]), "cols": s.cfg.cols,
                            "dtype": s.dtype.name, "update": s.cfg.update, "state": sorted(state)}
         self.snapshot_s += time.perf_counter() - t
-        self.writer.submit(clock, "server", self.rank, arrays, {"tables": tables, **info})
+        partial = {"partial": self.cfg.priority_fraction, "policy": self.cfg.policy} if self.running else {}
+        self.writer.submit(clock, "server", self.rank, arrays, {"tables": tables, **partial, **info})
         self.saved.append(clock)
 
     def close(self) -> None:
@@ -141,9 +158,12 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
     ``path`` is a checkpoint (``.../clock-N``) or a directory of them: then the newest complete one
     is used (every process's part), or with ``own`` (partial recovery: the other servers keep their
     live values and the clients resend what came later) the newest valid part of this server's.
-    The newer ones skipped are logged. ConfigError says what does not fit."""
+    The newer ones skipped are logged. Priority checkpoints (parts of some rows each) are put
+    together: every valid part of this server up to that clock, oldest first, over the initial
+    values. ConfigError says what does not fit."""
     fp = checkpoint.model_fingerprint(config)
     servers, workers = len(config.cluster.servers), config.cluster.workers
+    base = path
     try:
         if checkpoint.clocks(path) and own:
             part = _newest_own(path, rank, fp)
@@ -156,8 +176,29 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
         else:
             part = checkpoint.read_part(path / checkpoint.part_name("server", rank), fp)
             clock = int(part.meta["clock"])
+            base = path.parent
     except checkpoint.CheckpointError as e:
         raise ConfigError(f"--resume {path}: {e}") from None
+    chain = [part]
+    if part.info.get("partial"):
+        chain = []
+        for c in sorted(checkpoint.clocks(base)):
+            if c > clock:
+                break
+            try:
+                chain.append(checkpoint.read_part(checkpoint.clock_dir(base, c) / part.path.name, fp))
+            except checkpoint.CheckpointError as e:  # its rows keep an older save
+                log.warning("priority checkpoint part skipped: %s", e)
+    for p in chain:
+        _load(shards, p)
+    log.info("server %d resumed from %s at clock %d (%d part%s)", rank, part.path, clock, len(chain),
+             "" if len(chain) == 1 else "s")
+    return clock
+
+
+def _load(shards: list[TableShard], part: checkpoint.Part) -> None:
+    """Put a part's rows (all of a shard's, or those a priority checkpoint saved) and their
+    stored-procedure state into ``shards``."""
     arrays = part.load()
     saved = part.info.get("tables", {})
     for s in shards:
@@ -166,19 +207,26 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
         rows = arrays.get(f"{key}.rows")
         if values is None or rows is None or saved.get(key, {}).get("name") != name:
             raise ConfigError(f"--resume {part.path}: table {name!r} is not in the checkpoint")
-        if values.shape != s.values.shape or values.dtype != s.values.dtype or not np.array_equal(rows, s.global_rows):
+        if values.ndim != 2 or values.shape[1:] != s.values.shape[1:] or values.dtype != s.values.dtype \
+                or rows.shape != values.shape[:1]:
             raise ConfigError(f"--resume {part.path}: table {name!r} is {values.shape} {values.dtype} there, "
-                              f"{s.values.shape} {s.values.dtype} here")
-        s.values[...] = values
-        prefix = f"{key}."
-        state = {k[len(prefix):]: v for k, v in arrays.items()
-                 if k.startswith(prefix) and k not in (f"{key}.values", f"{key}.rows")}
+                              f"rows of {s.values.shape[1]} {s.values.dtype} here")
         try:
-            s.procedure.load_state(state)
-        except ValueError as e:
-            raise ConfigError(f"--resume {part.path}: table {name!r}: {e}") from None
-    log.info("server %d resumed from %s at clock %d", rank, part.path, clock)
-    return clock
+            local, _ = s.local_rows(rows.astype(np.int64), "checkpoint")
+        except ProtocolError as e:
+            raise ConfigError(f"--resume {part.path}: {e}") from None
+        s.values[local] = values
+        live = s.procedure.state()
+        extra = sorted({k[len(key) + 1:] for k in arrays if k.startswith(f"{key}.")} - {"values", "rows", *live})
+        if extra:
+            raise ConfigError(f"--resume {part.path}: table {name!r}: procedure state {extra[0]!r} is not kept by "
+                              f"update {s.cfg.update!r}")
+        for k, arr in live.items():
+            got = arrays.get(f"{key}.{k}")
+            if got is None or got.shape[1:] != arr.shape[1:] or got.shape[0] != local.shape[0]:
+                raise ConfigError(f"--resume {part.path}: table {name!r}: procedure state {k!r} is missing or "
+                                  f"misshapen")
+            arr[local] = got
 
 
 def _newest_own(base: Path, rank: int, fp: str) -> checkpoint.Part:

@@ -112,6 +112,8 @@ class Server:
                 raise ValueError(f"--gone {r}: no such worker rank (cluster.workers is {self.num_clients})")
             self.client_clock[r] = GONE
         self.checkpoints = ServerCheckpoints(config, rank) if config.checkpoint is not None else None
+        if self.checkpoints is not None:
+            self.checkpoints.start_running(self.shards)
         self._advancing = False
         self.peers: dict[bytes, Peer] = {}
         self.by_rank: dict[int, Peer] = {}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from conftest import PY, run_cmd, write_config
 
 from bosen import checkpoint
@@ -182,3 +183,39 @@ def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp
     np.testing.assert_array_equal(saved_sums(base, 40), tri(40))
     clients = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"kind": "client"' in x]
     assert all(c["recoveries"] == 1 and c["bytes_resent"] > 0 for c in clients), clients
+
+
+def test_priority_checkpoints_save_a_fraction_of_rows_and_resume_puts_them_together(tmp_path: Path) -> None:
+    """``priority_fraction: 0.5`` (round robin): each save holds half of every shard's rows, exactly as
+    of its clock; a server resumed from them holds every row as of the last save that held it."""
+    from bosen.client import Client
+    from bosen.cluster import start_cluster
+    from bosen.supervise import ProcessGroup
+
+    cfg_path = job(tmp_path, {"ticks": 12}, staleness=1, every=2, priority_fraction=0.5, policy="round_robin")
+    code, out = launch(cfg_path, "--run-dir", tmp_path / "run")
+    assert code == 0, out
+    base = tmp_path / "run" / "checkpoints"
+    last_save = {}
+    for b in sorted(checkpoint.clocks(base)):
+        parts = checkpoint.check_complete(base, b, 2, 2, None)
+        for j in range(2):
+            arrays = parts[f"server-{j}"].load()
+            assert parts[f"server-{j}"].info["partial"] == 0.5
+            assert arrays["t0.rows"].shape == (2,)  # half of the server's 4 rows
+            np.testing.assert_array_equal(arrays["t0.values"], tri(b))
+            last_save.update(dict.fromkeys(arrays["t0.rows"].tolist(), b))
+    assert sorted(last_save) == list(range(8)) and set(last_save.values()) == {10, 12}
+
+    data = yaml.safe_load(cfg_path.read_text())
+    with ProcessGroup(tmp_path / "logs2") as group:
+        c = start_cluster(data, tmp_path / "again", group=group, server_args=["--resume", str(base)])
+        client = Client.connect(c.path, rank=0)
+        try:
+            assert client.tick == 12
+            got = client.table("W").get_rows(np.arange(8))
+        finally:
+            client.abort()
+            c.stop(check=False)
+    want = np.array([[tri(last_save[r])] * 2 for r in range(8)])
+    np.testing.assert_array_equal(got, want)
