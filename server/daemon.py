@@ -37,11 +37,11 @@ log = logging.getLogger("bosen.server")
 GONE = np.iinfo(np.int64).max  # clock of a client that left: it holds nobody back
 YIELD_EVERY = 8  # messages handled before other tasks (the push loop) get a turn
 CHUNK_BYTES = 1 << 20  # most value bytes in one ROWS message
-# Every joined client gets a PING this often. A client that died without BYE (killed, its machine gone)
-# has no connection left (its TCP connection closed, or ZeroMQ's heartbeats below timed out), so the
-# send fails and the client is let go: the job's clock no longer waits for it, and the row versions it
-# held are released.
-PROBE_S = 1.0
+# A joined client not heard from for this long gets a PING. A client that died without BYE (killed,
+# its machine gone) has no connection left (its TCP connection closed, or ZeroMQ's heartbeats below
+# timed out), so the send fails and the client is let go: the job's clock no longer waits for it, and
+# the row versions it held are released. Busy clients are never pinged.
+PROBE_S = 2.0
 HEARTBEAT_IVL_MS = 2000
 HEARTBEAT_TIMEOUT_MS = 10000
 
@@ -57,6 +57,7 @@ class Peer:
     applied: int = -1  # sequence number of the last INC applied
     gone: bool = False
     leaving: bool = False  # sent BYE with "ph" (prepare): gets no more pushes
+    heard: float = 0.0  # when its last message came (time.monotonic)
     pushes_sent: int = 0  # budgeted pushes, acknowledged with PUSH_ACK
     pushes_acked: int = 0
     rows_msgs: int = 0  # ROWS messages sent to it, on any of its connections ("ss": their order)
@@ -261,6 +262,7 @@ class Server:
         if h["s"] <= peer.last_seq:
             raise ProtocolError(f"{h['t'].name}: sequence number {h['s']} not above {peer.last_seq}")
         peer.last_seq = h["s"]
+        peer.heard = time.monotonic()
         return peer
 
     def _shard(self, h: dict[str, Any]) -> TableShard:
@@ -303,7 +305,7 @@ class Server:
         elif old is not None:
             state = "left the job" if old.gone else "already joined"
             raise ProtocolError(f"HELLO: worker rank {rank} {state}")
-        peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"])
+        peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic())
         self.peers[ident] = peer
         self.by_rank[rank] = peer
         log.info("client rank %d joined (%d/%d)", rank, len(self.by_rank), self.num_clients)
@@ -405,8 +407,9 @@ class Server:
 
     async def _probe_loop(self) -> None:
         while True:
-            await asyncio.sleep(PROBE_S)
-            for p in [p for p in self.by_rank.values() if not p.gone]:
+            await asyncio.sleep(PROBE_S / 2)
+            quiet = time.monotonic() - PROBE_S
+            for p in [p for p in self.by_rank.values() if not p.gone and p.heard < quiet]:
                 self._send(p.ident, {"t": Msg.PING})  # a failed send lets the client go (_send_failed)
 
     def _leave(self, peer: Peer, lost: bool = True) -> None:
