@@ -117,7 +117,8 @@ def run_system(task: str, case: dict[str, Any], system: str, work: Path, table_c
                          read_timeout_s=300)
         with servers(job, int(cfg.get("servers", 1)), workdir=run_dir) as cluster:
             procs = [spawn(f"ours-{r}", {**base, "system": "ours", "rank": r, "config": str(cluster.path),
-                                         "staleness": cfg["staleness"], "out": str(outs[r])})
+                                         "staleness": cfg["staleness"], "out": str(outs[r]),
+                                         **{k: cfg[k] for k in ("read_ahead", "prefault") if k in cfg}})
                      for r in range(WORKERS)]
             _wait(procs, 900)
     elif kind == "ddp":

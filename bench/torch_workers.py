@@ -147,10 +147,17 @@ class Loop:
                 n += 1
                 yield n, tuple(x[idx] for x in self.inputs), self.labels[idx]
 
-    def run(self, step: Any, score: Any) -> float:
-        """``step(inputs, y)`` for every batch, ``score()`` at the evaluation points; training seconds."""
+    def run(self, step: Any, score: Any, ahead: Any = None) -> float:
+        """``step(inputs, y)`` for every batch, ``score()`` at the evaluation points; training seconds.
+        ``ahead(inputs)``, where given, is told the next batch's inputs before each step (reads ahead)."""
         t0, eval_s = time.perf_counter(), 0.0
-        for n, inputs, y in self.batches():
+        batches = self.batches()
+        nxt = next(batches, None)
+        while nxt is not None:
+            n, inputs, y = nxt
+            nxt = next(batches, None)
+            if ahead is not None and nxt is not None:
+                ahead(nxt[1])
             step(inputs, y)
             if n in self.evals and self.rank == 0:
                 te = time.perf_counter()
@@ -159,6 +166,19 @@ class Loop:
                 eval_s += time.perf_counter() - te
                 self.points.append({"step": n, "train_s": train_s, "metric": m})
         return time.perf_counter() - t0 - eval_s
+
+
+def _profile(phases: dict[str, float], step_times: list[float], model: Any, stats: dict[str, Any]) -> dict:
+    """Where a worker's steps went: per phase, per segment of SEGMENT steps (and the first 40 steps, in
+    ms), the module's read waits, and the client's blocked reads (background reads included)."""
+    seg = [round(sum(step_times[i:i + SEGMENT]), 3) for i in range(0, len(step_times), SEGMENT)]
+    waits = {k: round(getattr(model, k), 3) for k in ("pull_s", "rows_s", "settle_s", "prefault_s")}
+    return {**{k: round(v, 3) for k, v in phases.items()}, **waits, "segments": seg, "segment_steps": SEGMENT,
+            "first_ms": [round(t * 1000, 1) for t in step_times[:40]], "blocked_s": stats.get("blocked_s"),
+            "blocked_reads": stats.get("blocked_reads")}
+
+
+SEGMENT = 196  # steps per profile segment (an eighth of the DLRM epoch)
 
 
 def write(spec: dict[str, Any], **fields: Any) -> None:
@@ -176,7 +196,7 @@ def run_ours(spec: dict[str, Any]) -> None:
     rank, world = int(spec["rank"]), int(spec["world"])
     loop = Loop(spec, task, rank, world)
     client = Client.connect(spec["config"], rank=rank)
-    model = PSModule(task.model(), client, clock_every=int(spec["clock_every"]))
+    model = PSModule(task.model(), client, clock_every=int(spec["clock_every"]), prefault=spec.get("prefault", True))
     # start together, as DDP's and RPC's set-up does: once every worker has clocked staleness + 1
     # times, a read waits for all of them
     for _ in range(int(spec["staleness"]) + 1):
@@ -188,13 +208,30 @@ def run_ours(spec: dict[str, Any]) -> None:
     else:
         opt = ServerOptimizer(model, opt_name, lr=lr)
 
+    phases = {"forward_s": 0.0, "backward_s": 0.0, "step_s": 0.0}
+    step_times: list[float] = []
+
     def step(inputs: tuple[torch.Tensor, ...], y: torch.Tensor) -> None:
+        t0 = time.perf_counter()
         loss = task.loss(model(*inputs), y)
+        t1 = time.perf_counter()
         opt.zero_grad()
         loss.backward()
+        t2 = time.perf_counter()
         opt.step()
+        t3 = time.perf_counter()
+        phases["forward_s"] += t1 - t0
+        phases["backward_s"] += t2 - t1
+        phases["step_s"] += t3 - t2
+        step_times.append(t3 - t0)
 
-    train_s = loop.run(step, lambda: task.score(model, loop.test))
+    ahead = None
+    sparse = [e.module for e in model.layout.sparse]
+    if spec.get("read_ahead", True) and sparse:
+        def ahead(inputs: tuple[torch.Tensor, ...]) -> None:  # the next batch's rows, read during this step
+            model.prefetch_rows({sparse[0]: task.rows(inputs)})
+
+    train_s = loop.run(step, lambda: task.score(model, loop.test), ahead)
     # a barrier under SSP: once every worker is staleness + 1 clocks past its last step, rank 0 reads
     # values that hold every update of the job
     for _ in range(int(spec["staleness"]) + 1):
@@ -203,7 +240,7 @@ def run_ours(spec: dict[str, Any]) -> None:
     s = client.stats()
     client.close()
     write(spec, points=loop.points, train_s=train_s, final=final, bytes_sent=s["bytes_sent"],
-          bytes_received=s["bytes_received"])
+          bytes_received=s["bytes_received"], profile=_profile(phases, step_times, model, s))
 
 
 # -- DistributedDataParallel -------------------------------------------------------------------------
