@@ -66,8 +66,8 @@ class CNNTask:
         mine = torch.arange(rank, x.shape[0], world)
         return (x[mine],), y[mine]
 
-    def test(self) -> Any:
-        return self.cnn.images(False, self.a.test_samples)
+    def test(self, n: int | None = None) -> Any:
+        return self.cnn.images(False, self.a.test_samples)  # the whole test set already
 
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(out, y)
@@ -101,8 +101,8 @@ class DLRMTask:
         s = self.criteo.shard(self.a.spec, rank, world, self.a.train_samples)
         return (torch.from_numpy(s.dense), torch.from_numpy(s.ids)), torch.from_numpy(s.labels)
 
-    def test(self) -> Any:
-        return self.criteo.generate(self.a.spec, 0, self.a.test_samples, self.criteo.HELDOUT)
+    def test(self, n: int | None = None) -> Any:
+        return self.criteo.generate(self.a.spec, 0, n or self.a.test_samples, self.criteo.HELDOUT)
 
     def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(out, y)
@@ -133,6 +133,10 @@ class Loop:
         self.epochs = int(spec["epochs"])
         self.evals = set(spec["evals"])
         self.test = task.test() if rank == 0 else None
+        # the final metric on a larger held-out set where asked (its first samples are ``test``): the
+        # evaluation's own sampling noise (about 0.004 AUC at 20,000 samples) shrinks with it
+        n = spec.get("final_samples")
+        self.final_test = (task.test(int(n)) if n else self.test) if rank == 0 else None
         self.points: list[dict[str, Any]] = []
         rng = np.random.default_rng(int(spec.get("seed", 0)) * 1000 + rank)
         self.orders = [torch.from_numpy(rng.permutation(self.labels.shape[0])[:self.steps * task.batch])
@@ -147,10 +151,17 @@ class Loop:
                 n += 1
                 yield n, tuple(x[idx] for x in self.inputs), self.labels[idx]
 
-    def run(self, step: Any, score: Any) -> float:
-        """``step(inputs, y)`` for every batch, ``score()`` at the evaluation points; training seconds."""
+    def run(self, step: Any, score: Any, ahead: Any = None) -> float:
+        """``step(inputs, y)`` for every batch, ``score()`` at the evaluation points; training seconds.
+        ``ahead(inputs)``, where given, is told the next batch's inputs before each step (reads ahead)."""
         t0, eval_s = time.perf_counter(), 0.0
-        for n, inputs, y in self.batches():
+        batches = self.batches()
+        nxt = next(batches, None)
+        while nxt is not None:
+            n, inputs, y = nxt
+            nxt = next(batches, None)
+            if ahead is not None and nxt is not None:
+                ahead(nxt[1])
             step(inputs, y)
             if n in self.evals and self.rank == 0:
                 te = time.perf_counter()
@@ -159,6 +170,19 @@ class Loop:
                 eval_s += time.perf_counter() - te
                 self.points.append({"step": n, "train_s": train_s, "metric": m})
         return time.perf_counter() - t0 - eval_s
+
+
+def _profile(phases: dict[str, float], step_times: list[float], model: Any, stats: dict[str, Any]) -> dict:
+    """Where a worker's steps went: per phase, per segment of SEGMENT steps (and the first 40 steps, in
+    ms), the module's read waits, and the client's blocked reads (background reads included)."""
+    seg = [round(sum(step_times[i:i + SEGMENT]), 3) for i in range(0, len(step_times), SEGMENT)]
+    waits = {k: round(getattr(model, k), 3) for k in ("pull_s", "rows_s", "settle_s", "prefault_s")}
+    return {**{k: round(v, 3) for k, v in phases.items()}, **waits, "segments": seg, "segment_steps": SEGMENT,
+            "first_ms": [round(t * 1000, 1) for t in step_times[:40]], "blocked_s": stats.get("blocked_s"),
+            "blocked_reads": stats.get("blocked_reads")}
+
+
+SEGMENT = 196  # steps per profile segment (an eighth of the DLRM epoch)
 
 
 def write(spec: dict[str, Any], **fields: Any) -> None:
@@ -176,7 +200,7 @@ def run_ours(spec: dict[str, Any]) -> None:
     rank, world = int(spec["rank"]), int(spec["world"])
     loop = Loop(spec, task, rank, world)
     client = Client.connect(spec["config"], rank=rank)
-    model = PSModule(task.model(), client, clock_every=int(spec["clock_every"]))
+    model = PSModule(task.model(), client, clock_every=int(spec["clock_every"]), prefault=spec.get("prefault", True))
     # start together, as DDP's and RPC's set-up does: once every worker has clocked staleness + 1
     # times, a read waits for all of them
     for _ in range(int(spec["staleness"]) + 1):
@@ -188,22 +212,39 @@ def run_ours(spec: dict[str, Any]) -> None:
     else:
         opt = ServerOptimizer(model, opt_name, lr=lr)
 
+    phases = {"forward_s": 0.0, "backward_s": 0.0, "step_s": 0.0}
+    step_times: list[float] = []
+
     def step(inputs: tuple[torch.Tensor, ...], y: torch.Tensor) -> None:
+        t0 = time.perf_counter()
         loss = task.loss(model(*inputs), y)
+        t1 = time.perf_counter()
         opt.zero_grad()
         loss.backward()
+        t2 = time.perf_counter()
         opt.step()
+        t3 = time.perf_counter()
+        phases["forward_s"] += t1 - t0
+        phases["backward_s"] += t2 - t1
+        phases["step_s"] += t3 - t2
+        step_times.append(t3 - t0)
 
-    train_s = loop.run(step, lambda: task.score(model, loop.test))
+    ahead = None
+    sparse = [e.module for e in model.layout.sparse]
+    if spec.get("read_ahead", True) and sparse:
+        def ahead(inputs: tuple[torch.Tensor, ...]) -> None:  # the next batch's rows, read during this step
+            model.prefetch_rows({sparse[0]: task.rows(inputs)})
+
+    train_s = loop.run(step, lambda: task.score(model, loop.test), ahead)
     # a barrier under SSP: once every worker is staleness + 1 clocks past its last step, rank 0 reads
     # values that hold every update of the job
     for _ in range(int(spec["staleness"]) + 1):
         client.clock()
-    final = task.score(model, loop.test) if rank == 0 else None
+    final = task.score(model, loop.final_test) if rank == 0 else None
     s = client.stats()
     client.close()
     write(spec, points=loop.points, train_s=train_s, final=final, bytes_sent=s["bytes_sent"],
-          bytes_received=s["bytes_received"])
+          bytes_received=s["bytes_received"], profile=_profile(phases, step_times, model, s))
 
 
 # -- DistributedDataParallel -------------------------------------------------------------------------
@@ -263,7 +304,7 @@ def run_ddp(spec: dict[str, Any]) -> None:
               bytes_received=moved["received"], points=[], final=None, train_s=sum(times))
         return
     train_s = loop.run(step, lambda: task.score(net, loop.test))
-    final = task.score(net, loop.test) if rank == 0 else None  # replicas are equal after every step
+    final = task.score(net, loop.final_test) if rank == 0 else None  # replicas are equal after every step
     dist.destroy_process_group()
     write(spec, points=loop.points, train_s=train_s, final=final, bytes_sent=moved["sent"],
           bytes_received=moved["received"])
@@ -399,8 +440,8 @@ def run_rpc_trainer(spec: dict[str, Any]) -> None:
         rpc.rpc_sync("ps", ps_push, args=(grad, r, v))
         moved["sent"] += nbytes(grad, r, v)
 
-    def score() -> float:
-        test = loop.test
+    def score(test: Any = None) -> float:
+        test = test if test is not None else loop.test
         rows = task.rows((torch.from_numpy(test.dense), torch.from_numpy(test.ids))) if emb is not None else None
         pull(rows)
         return task.score(net, test)
@@ -411,7 +452,7 @@ def run_rpc_trainer(spec: dict[str, Any]) -> None:
     if rank == 0:  # once every trainer is done, the server holds every update
         while rpc.rpc_sync("ps", ps_done) < world:
             time.sleep(0.05)
-        final = score()
+        final = score(loop.final_test)
     write(spec, points=loop.points, train_s=train_s, final=final, bytes_sent=moved["sent"],
           bytes_received=moved["received"])
     rpc.shutdown()

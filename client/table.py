@@ -108,6 +108,13 @@ class Table:
         gradients for the built-ins (sgd, adagrad, adarevision): the server takes the step."""
         return self._st.cfg.update
 
+    def prefault(self) -> tuple[int, float]:
+        """Fault in this process's buffers of the table now (client/prefault.py): for large tables read
+        and written at scattered rows, whose first touches would otherwise land mid-run. Returns
+        (bytes, seconds)."""
+        from bosen.client.prefault import prefault
+        return prefault(self._st)
+
     # -- reads ---------------------------------------------------------------------------------
 
     def get_row(self, row: int) -> np.ndarray:

@@ -8,8 +8,12 @@ bound); the forward then only waits for what is left. On CUDA the copy goes thro
 pinned host buffer with a non-blocking transfer.
 
 A sparse embedding (``sparse=True``) keeps its full local weight, but a forward pre-hook reads only
-the rows of the ids in its input into it (``prefetch_rows`` starts that read early, by ids), and the
-optimizers send only the rows its sparse gradient touches.
+the rows of the ids in its input into it, and the optimizers send only the rows its sparse gradient
+touches. ``prefetch_rows`` reads a coming batch's rows into the client's cache in the background, a
+step ahead if asked, so that read overlaps the current step; the hook always reads through the cache,
+which serves them as far as the SSP bound allows (a row read too early for its tick is read again).
+The tables' process-local buffers are faulted in when the module is made (``Table.prefault``), not
+by a sparse table's scattered first touches mid-run.
 """
 
 from __future__ import annotations
@@ -35,12 +39,14 @@ class PSModule(nn.Module):
 
     ``device``: where the module is expected to be (e.g. ``Ranks.device()``); a module elsewhere is
     an error rather than a silent copy. ``prefetch``: read the next step's dense parameters in the
-    background right after each push (off: read them in ``forward``).
+    background right after each push (off: read them in ``forward``). ``prefault``: fault in the
+    client's buffers of the sparse tables now (seconds in ``prefault_s``), where a run would otherwise
+    fault a page with nearly every row of its first steps.
     """
 
     def __init__(self, module: nn.Module, client: PSClient, clock_every: int = 1, *, prefix: str = "",
                  row_width: int = DEFAULT_ROW_WIDTH, device: str | torch.device | None = None,
-                 prefetch: bool = True) -> None:
+                 prefetch: bool = True, prefault: bool = True) -> None:
         super().__init__()
         if not isinstance(clock_every, int) or clock_every < 1:
             raise ValueError(f"clock_every: must be a positive integer, got {clock_every!r}")
@@ -52,6 +58,12 @@ class PSModule(nn.Module):
         self.table = require_table(client, layout.table, need) if layout.slots else None
         self.sparse_tables = [require_table(client, e.table, need) for e in layout.sparse]
         self._check_tables()
+        self.prefault_s = 0.0
+        if prefault:
+            for t in self.sparse_tables:
+                touch = getattr(t, "prefault", None)  # the real client's tables have it
+                if touch is not None:
+                    self.prefault_s += touch()[1]
         self.device = self._device(device)
         named = dict(module.named_parameters())
         dtype = getattr(torch, layout.dtype)
@@ -73,13 +85,17 @@ class PSModule(nn.Module):
         self._host = torch.empty(n, dtype=dtype, pin_memory=True) if cuda and n else None
         self._rows = np.arange(layout.rows, dtype=np.int64)
         self.prefetch = prefetch
-        # one background reader, owned here; a read in flight is always waited for before the next
-        # use of the tables, so the tables are used by one thread at a time
+        # one background reader, owned here. Its reads run beside the forward's own row reads (the
+        # client serves one worker's reads from several threads: a row asked for by one is waited for
+        # by the other), but every read in flight is waited for before a push, so increments and
+        # clocks never overlap a read of this module's.
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="bosen-prefetch")
         self._next: Future[np.ndarray] | None = None
-        self._next_rows: dict[int, tuple[torch.Tensor, Future[np.ndarray]]] = {}
+        self._ahead: list[Future[np.ndarray]] = []  # row reads into the cache (prefetch_rows)
         self.steps = 0
         self.pull_s = 0.0  # seconds spent reading parameters (waiting at the SSP bound included)
+        self.rows_s = 0.0  # of which reading embedding rows in the forward
+        self.settle_s = 0.0  # seconds a push waited for reads in flight
         self.rows_pulled = 0  # embedding rows read
         self.rows_pushed = 0  # embedding rows sent
 
@@ -106,11 +122,12 @@ class PSModule(nn.Module):
         self.pull_s += time.perf_counter() - t0
 
     def prefetch_rows(self, ids: Mapping[str, torch.Tensor]) -> None:
-        """Start reading the rows the next batch needs, by ids per sparse embedding (its module name in
-        the model, as in ``layout.sparse``), in the background; its forward takes them from there.
-        Call it after ``step()``: a read is as fresh as the tick it starts in, so the next push drops
-        reads started before it (they could miss that push and the clock it may end)."""
-        self._settle()
+        """Start reading the rows a coming batch needs, by ids per sparse embedding (its module name in
+        the model, as in ``layout.sparse``), into the client's cache in the background. Call it for the
+        next batch before the current one's forward, and the read overlaps the whole step: its forward
+        reads through the cache, which serves what was read as far as the SSP bound allows; a row read
+        too early for the tick it is used in (or not announced) is read then."""
+        self._raise_failed()
         index = {e.module: i for i, e in enumerate(self.layout.sparse)}
         for name, x in ids.items():
             if name not in index:
@@ -118,7 +135,8 @@ class PSModule(nn.Module):
                                f"(they are: {', '.join(index) or 'none'})")
             i = index[name]
             rows = self._check_ids(self.layout.sparse[i], x)
-            self._next_rows[i] = (rows, self._pool.submit(self.sparse_tables[i].get_rows, rows.numpy()))
+            if rows.numel():
+                self._ahead.append(self._pool.submit(self.sparse_tables[i].get_rows, rows.numpy()))
 
     def _check_ids(self, e: Sparse, ids: torch.Tensor) -> torch.Tensor:
         rows = torch.unique(ids.detach()).cpu()
@@ -128,13 +146,21 @@ class PSModule(nn.Module):
         return rows
 
     def _settle(self) -> None:
-        """Wait for the reads in flight (their results are kept for the next forward); a read that
+        """Wait for the reads in flight (a dense read's result is kept for the next pull); a read that
         failed raises here, at the next use of the tables."""
-        for future in [self._next, *(f for _, f in self._next_rows.values())]:
+        ahead, self._ahead = self._ahead, []
+        for future in [self._next, *ahead]:
             error = future.exception() if future is not None else None
             if error is not None:
-                self._next, self._next_rows = None, {}
+                self._next = None
                 raise error
+
+    def _raise_failed(self) -> None:
+        """Raise the failure of a row read that already ended, without waiting for the others."""
+        for k, future in enumerate(self._ahead):
+            if future.done() and future.exception() is not None:
+                del self._ahead[k]
+                raise future.exception()  # type: ignore[misc]
 
     def _embedding_hook(self, i: int, e: Sparse, table: PSTable, weight: nn.Parameter) -> Any:
         def pull_rows(module: nn.Module, inputs: tuple[Any, ...]) -> None:
@@ -142,27 +168,16 @@ class PSModule(nn.Module):
             if not isinstance(ids, torch.Tensor):
                 return  # the embedding's own forward will complain
             t0 = time.perf_counter()
-            self._settle()
+            self._raise_failed()
             rows = self._check_ids(e, ids)
-            values = None
-            if i in self._next_rows:
-                ahead, future = self._next_rows.pop(i)
-                got = torch.from_numpy(future.result())
-                if torch.equal(ahead, rows):
-                    values = got
-                else:  # other ids than announced: use what was read, read the rest now
-                    pos = torch.searchsorted(ahead, rows).clamp(max=max(ahead.numel() - 1, 0))
-                    hit = ahead[pos] == rows if ahead.numel() else torch.zeros_like(rows, dtype=torch.bool)
-                    values = torch.empty(rows.numel(), e.cols, dtype=got.dtype)
-                    values[hit] = got[pos[hit]]
-                    if not bool(hit.all()):
-                        values[~hit] = torch.from_numpy(table.get_rows(rows[~hit].numpy()))
-            if values is None:
-                values = torch.from_numpy(table.get_rows(rows.numpy()))
+            # through the cache: rows a read-ahead brought are served from there where fresh enough
+            values = torch.from_numpy(table.get_rows(rows.numpy()))
             with torch.no_grad():
                 weight[rows.to(weight.device)] = values.to(weight.device, non_blocking=True)
             self.rows_pulled += rows.numel()
-            self.pull_s += time.perf_counter() - t0
+            dt = time.perf_counter() - t0
+            self.pull_s += dt
+            self.rows_s += dt
         return pull_rows
 
     # -- the optimizers' side ----------------------------------------------------------------------
@@ -206,8 +221,9 @@ class PSModule(nn.Module):
         """Send one update: ``block`` for every dense row, ``rows`` (index, rows, values) for sparse
         embeddings (gradients or deltas, as the tables' procedure takes); end the clock tick every
         ``clock_every`` steps."""
+        t0 = time.perf_counter()
         self._settle()
-        self._next_rows.clear()  # read for the tick before this push: the forward reads them again
+        self.settle_s += time.perf_counter() - t0
         if block is not None and self.table is not None:
             self.table.inc_rows(self._rows, block.reshape(self.layout.rows, self.layout.row_width))
         for i, r, v in rows:

@@ -133,3 +133,34 @@ def test_rows_prefetched_by_ids_are_the_rows_the_forward_would_read(bosen_cluste
         model.close()
     finally:
         client.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["server-sgd", "delta-sgd"])
+def test_rows_read_a_step_ahead_give_the_steps_of_single_process_torch(bosen_cluster, tmp_path, kind):
+    """The next batch's rows are read in the background before the current forward (one tick early,
+    before this step's push): at staleness 0 the forward must not use them as they were read, but as
+    fresh as its own tick requires, with the step just pushed in them."""
+    m, ref = Clicks(), Clicks()
+    update, lr = ("sgd", 0.05) if kind == "server-sgd" else ("add", None)
+    c = bosen_cluster(1, workers=1, staleness=0, tables=declare(m, tmp_path / "t", update=update, lr=lr))
+    client = Client.connect(c.path, rank=0)
+    try:
+        model = PSModule(m, client, clock_every=1)
+        assert model.prefault_s > 0  # the sparse table's buffers were faulted in up front
+        opt = (ServerOptimizer(model, "sgd", lr=0.05) if kind == "server-sgd"
+               else DeltaOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.05)))
+        ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+        for step in range(12):
+            ids, y = batch(step)
+            model.prefetch_rows({"emb": batch(step + 1)[0]})  # the next batch's rows, during this step
+            for mod, o in ((model, opt), (ref, ref_opt)):
+                loss = ((mod(ids) - y) ** 2).mean()
+                o.zero_grad()
+                loss.backward()
+                o.step()
+        np.testing.assert_allclose(client.table("emb").get_rows(np.arange(ROWS)), ref.emb.weight.detach().numpy(),
+                                   rtol=1e-5, atol=1e-6)
+        model.close()
+    finally:
+        client.close()
