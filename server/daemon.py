@@ -27,7 +27,7 @@ from bosen.procedure import StoredProcedure
 from bosen.ratelimit import LeakyBucket, paced_sender
 from bosen.server import procedures
 from bosen.server.shard import TableShard
-from bosen.server.warmup import start_warm_up
+from bosen.server.warmup import warm_up
 from bosen.wire import Msg
 from bosen.zsocket import LoopSocket
 
@@ -115,6 +115,7 @@ class Server:
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        warm_up(self.config, self.rank)  # numba kernels loaded before anyone is answered (server/warmup.py)
         self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.SNDHWM, 0)  # never drop: flow control is the clients' unacked window
@@ -122,7 +123,6 @@ class Server:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer is an error, not a silent drop
         sock.setsockopt(zmq.LINGER, 0)
         sock.bind(self.bind_address)
-        start_warm_up(self.config, self.rank)  # numba's kernels load while the workers start (server/warmup.py)
         self._sock = LoopSocket(sock, asyncio.get_running_loop(), self._dispatch, batch=YIELD_EVERY)
         rows = sum(s.global_rows.shape[0] for s in self.shards)
         log.info("server %d listening on %s: %d tables, %d rows, %d clients expected", self.rank,

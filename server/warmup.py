@@ -1,21 +1,22 @@
-"""Load the numba kernels a server's first messages use while its workers are still starting.
+"""Load the numba kernels a server's first messages use before it answers anyone.
 
 Every ``@njit(cache=True)`` kernel is loaded from numba's cache on its first call, per argument
 types: the first call in a process also sets numba itself up (~0.2 s on an idle machine, most of it
 numba's BLAS check importing scipy.linalg), each further kernel a few milliseconds. Without this the
-first read or increment of a job paid for it, inside the workers' first clock. So the server, once
-bound, runs a tiny increment and a subscription through scratch shards shaped like its own tables
-(the same code paths, on throwaway values) on a thread of its own: it answers at once, and the
-loading overlaps the workers' start-up (``bosen launch`` starts them once every server answers), so
-the job's start-up gets shorter rather than the wait moving to before "ready". A message that needs a
-kernel meanwhile waits on numba's compiler lock, as it would have waited for the load.
+first read or increment of a job paid for it, inside the workers' first clock. So the server, before
+it binds, runs a tiny increment and a subscription through scratch shards shaped like its own tables
+(the same code paths, on throwaway values).
+
+Why not on a thread while the server already answers (overlapping the workers' start-up, since
+``bosen launch`` starts them once every server answers): a first message that needs a kernel then
+waits on numba's compiler lock, which the warm-up thread takes again for each kernel it loads; on a
+loaded 2-core machine a first read waited for the whole warm-up and overran a 2 s read timeout.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 
 import numpy as np
@@ -59,12 +60,3 @@ def warm_up(config: Config, rank: int) -> float:
             log.debug("warm-up of table %s skipped: %s", t.name, e)
     return time.perf_counter() - t0
 
-
-def start_warm_up(config: Config, rank: int) -> threading.Thread:
-    """``warm_up`` on a daemon thread (see the module docstring); the thread is returned, started."""
-    def run() -> None:
-        log.debug("server %d: numba kernels warmed in %.3fs", rank, warm_up(config, rank))
-
-    t = threading.Thread(target=run, name="numba-warm-up", daemon=True)
-    t.start()
-    return t
