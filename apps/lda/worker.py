@@ -316,8 +316,8 @@ def _minibatch(sampler: Sampler, wt: PSTable, ts: PSTable, U: np.ndarray, words_
 
     ``tables`` (MH) are the tick's alias tables, ``amap`` this batch's rows among theirs."""
     t0 = time.perf_counter()
-    cur = np.require(wt.get_rows(U), np.int32, "CW")  # the read is a new array: ours to sample on
-    nk2 = np.require(ts.get_rows(zero), np.int32, "CW")
+    cur = np.require(wt.get_rows(U), np.int32, ("C", "W"))  # the read is a new array: ours to sample on
+    nk2 = np.require(ts.get_rows(zero), np.int32, ("C", "W"))
     t1 = time.perf_counter()
     snap = cur.copy()
     nk_snap = nk2.copy()

@@ -217,7 +217,7 @@ def _step(batch: Batch, snap: tuple[np.ndarray, np.ndarray], L: PSTable, R: PSTa
     else:
         # Batch.sgd's step, on the rows as read (get_rows returns fresh arrays, the worker's own) with
         # the values read kept in the batch's buffers: no new arrays per mini-batch
-        Lw, Rw = np.require(Lv, np.float32, "CW"), np.require(Rv, np.float32, "CW")
+        Lw, Rw = np.require(Lv, np.float32, ("C", "W")), np.require(Rv, np.float32, ("C", "W"))
         Lold, Rold = snap
         np.copyto(Lold, Lw)
         np.copyto(Rold, Rw)
