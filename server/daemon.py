@@ -29,6 +29,7 @@ from bosen.ratelimit import LeakyBucket, paced_sender
 from bosen.server import procedures
 from bosen.server.checkpoints import ServerCheckpoints, restore
 from bosen.server.shard import TableShard
+from bosen.server.warmup import warm_up
 from bosen.wire import Msg
 from bosen.zsocket import LoopSocket
 
@@ -142,6 +143,7 @@ class Server:
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        warm_up(self.config, self.rank)  # numba kernels loaded before anyone is answered (server/warmup.py)
         self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.SNDHWM, 0)  # never drop: flow control is the clients' unacked window

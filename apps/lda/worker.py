@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from numba import njit
 
 from bosen.apps.lda import kernels as K_
 from bosen.apps.lda.data import Corpus, generate, load
@@ -67,6 +68,28 @@ from bosen.apps.protocol import PSClient, PSTable, require_table
 from bosen.apps.state import restored
 from bosen.config import check, from_dict
 from bosen.errors import ConfigError, DataError
+
+
+@njit(nogil=True, cache=True)
+def _changed_rows(cur, snap, ids):  # pragma: no cover - compiled
+    """(``ids`` of the rows where ``cur`` differs from ``snap``, ``cur - snap`` of those rows) in one
+    pass, where numpy took a subtraction, a reduction, a nonzero and two gathers."""
+    n, k = cur.shape
+    out_ids = np.empty(n, np.int64)
+    delta = np.empty((n, k), cur.dtype)
+    m = 0
+    for i in range(n):
+        changed = False
+        for j in range(k):
+            d = cur[i, j] - snap[i, j]
+            delta[m, j] = d
+            if d != 0:
+                changed = True
+        if changed:
+            out_ids[m] = ids[i]
+            m += 1
+    return out_ids[:m], delta[:m]
+
 
 DENSE_SEND_MAX_K = 64  # up to this many topics a mini-batch sends its changed rows whole, above it COO
 
@@ -312,27 +335,27 @@ def _minibatch(sampler: Sampler, wt: PSTable, ts: PSTable, U: np.ndarray, words_
 
     ``tables`` (MH) are the tick's alias tables, ``amap`` this batch's rows among theirs."""
     t0 = time.perf_counter()
-    cur = np.ascontiguousarray(wt.get_rows(U), dtype=np.int32)
-    nk = np.array(ts.get_rows(zero)[0], dtype=np.int32)
+    cur = np.require(wt.get_rows(U), np.int32, ("C", "W"))  # the read is a new array: ours to sample on
+    nk2 = np.require(ts.get_rows(zero), np.int32, ("C", "W"))
     t1 = time.perf_counter()
     snap = cur.copy()
-    nk_snap = nk.copy()
+    nk_snap = nk2.copy()
+    nk = nk2[0]
     st = sampler.sweep(cur, nk, words_local, lo, hi, tables=tables, rows=amap) if tables is not None \
-        else sampler.sweep(cur, nk, words_local, lo, hi, snap, nk_snap)
+        else sampler.sweep(cur, nk, words_local, lo, hi, snap, nk_snap[0])
     t2 = time.perf_counter()
     if cur.shape[1] <= DENSE_SEND_MAX_K:
         # few topics: most rows read have changes, and whole rows cost the client less than COO triples
-        # (K=20 on news: 0.44 vs 0.60 ms per mini-batch, measured)
-        delta = cur - snap
-        ch = np.flatnonzero(delta.any(axis=1))
-        if ch.size:
-            wt.inc_rows(U[ch], delta[ch])
+        # (K=20 on news: 0.44 vs 0.60 ms per mini-batch, measured); changed rows found in one pass
+        ids, delta = _changed_rows(cur, snap, U)
+        if ids.size:
+            wt.inc_rows(ids, delta)
     else:
         r, kk, dv = K_.count_changes(cur, snap)  # net changes as sparse COO: most entries are zero
         if r.size:
             wt.inc_rows(U[r], dv, cols=kk)
-    dn = nk - nk_snap
-    if dn.any():
-        ts.inc_rows(zero, dn[None, :].astype(ts.dtype))
+    np.subtract(nk2, nk_snap, out=nk2)
+    if nk2.any():
+        ts.inc_rows(zero, nk2 if nk2.dtype == ts.dtype else nk2.astype(ts.dtype))
     t3 = time.perf_counter()
     return {**st, "compute_s": t2 - t1, "comm_s": (t1 - t0) + (t3 - t2), "read_s": t1 - t0, "send_s": t3 - t2}

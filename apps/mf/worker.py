@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from bosen.apps.mf.data import Triples, load_csv, partition, synthetic, user_owner
-from bosen.apps.mf.kernels import clipped_squared_error
+from bosen.apps.mf.kernels import clipped_squared_error, sgd_pass
 from bosen.apps.mf.model import Batch, batches
 from bosen.apps.protocol import PSClient, PSTable, require_table
 from bosen.apps.state import restored, rng_state, set_rng_state
@@ -172,7 +172,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     rng = np.random.default_rng([a.seed, client.rank])
     b = a.batches_per_clock
     cut = batches(part, a.clocks_per_epoch * b, rng)
-    clocks = [cut[k:k + b] for k in range(0, len(cut), b)]
+    snaps = [(np.empty((x.users.size, L.cols), np.float32), np.empty((x.items.size, R.cols), np.float32)) for x in cut]
+    clocks = [list(zip(cut[k:k + b], snaps[k:k + b], strict=True)) for k in range(0, len(cut), b)]
     gradient = _gradient_mode(a, L, R)
     tick, last = 0, a.epochs * len(clocks)
     # a checkpoint holds the clocks done and the generator (the batches' order is fixed by the seed)
@@ -187,8 +188,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         lr = a.lr * a.lr_decay ** epoch
         cost = np.zeros(4)  # loss, compute s, read s, send s
         samples = 0
-        for batch in clocks[k]:
-            cost += _step(batch, L, R, a, lr, gradient, rng)
+        for batch, snap in clocks[k]:
+            cost += _step(batch, snap, L, R, a, lr, gradient, rng)
             samples += int(batch.r.size)
         tick += 1
         t0 = time.perf_counter()
@@ -201,14 +202,14 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         clock_s = time.perf_counter() - t0
 
 
-def _step(batch: Batch, L: PSTable, R: PSTable, a: MFArgs, lr: float, gradient: bool,
-          rng: np.random.Generator) -> tuple[float, float, float, float]:
+def _step(batch: Batch, snap: tuple[np.ndarray, np.ndarray], L: PSTable, R: PSTable, a: MFArgs, lr: float,
+          gradient: bool, rng: np.random.Generator) -> tuple[float, float, float, float]:
     """One mini-batch: read its rows (fresh as the cache allows), compute, send; (loss, compute
     seconds, seconds in get_rows, seconds in inc_rows): where a clock's time goes, for the report.
 
     The loss: sgd_pass's running loss (delta mode) or the exact loss at the values read (gradient
     mode). Several batches per clock re-read the cache in between, which is what lets early
-    (managed) communication help."""
+    (managed) communication help. ``snap``: the batch's buffers for the L and R rows as read."""
     if batch.r.size == 0:
         return 0.0, 0.0, 0.0, 0.0
     t0 = time.perf_counter()
@@ -221,8 +222,17 @@ def _step(batch: Batch, L: PSTable, R: PSTable, a: MFArgs, lr: float, gradient: 
         L.inc_rows(batch.users, gL if L.update != "add" else gL * np.float32(-lr))
         R.inc_rows(batch.items, gR if R.update != "add" else gR * np.float32(-lr))
     else:
-        loss, dL, dR = batch.sgd(Lv, Rv, lr, a.reg, rng.permutation(batch.r.size))
+        # Batch.sgd's step, on the rows as read (get_rows returns fresh arrays, the worker's own) with
+        # the values read kept in the batch's buffers: no new arrays per mini-batch
+        Lw, Rw = np.require(Lv, np.float32, ("C", "W")), np.require(Rv, np.float32, ("C", "W"))
+        Lold, Rold = snap
+        np.copyto(Lold, Lw)
+        np.copyto(Rold, Rw)
+        loss = float(sgd_pass(batch.u_idx, batch.i_idx, batch.r, Lw, Rw, lr, a.reg, rng.permutation(batch.r.size)))
+        np.subtract(Lw, Lold, out=Lw)
+        np.subtract(Rw, Rold, out=Rw)
         t2 = time.perf_counter()
-        L.inc_rows(batch.users, dL)
-        R.inc_rows(batch.items, dR)
+        L.inc_rows(batch.users, Lw)
+        R.inc_rows(batch.items, Rw)
     return loss, t2 - t1, t1 - t0, time.perf_counter() - t2
+

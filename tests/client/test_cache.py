@@ -51,3 +51,22 @@ def test_receive_run_records_a_run_only_if_no_row_has_a_newer_message():
     assert c.receive_run(2, 4, 7, 5)
     assert not c.requested.any()
     assert c.ss[2:6].tolist() == [7] * 4 and c.clock[2:6].tolist() == [5, 9, 5, 5]  # clocks never go back
+
+
+def test_read_fresh_copies_and_counts_only_when_every_row_is_fresh():
+    c = RowCache(6, 2, np.float32, num_servers=2)  # rows 0, 2, 4 on server 0; 1, 3, 5 on server 1
+    c.values[:] = np.arange(12, dtype=np.float32).reshape(6, 2)
+    c.clock[[0, 1, 2, 3]] = [3, 0, 1, 2]
+    c.raise_clock(1, 2)  # rows 1 and 3 of server 1: valid for clock 2 as cached rows
+    c.early[1] = True
+    rows = np.array([3, 0, 1, 0], dtype=np.int64)  # any order, repeats allowed
+    out = np.full((4, 2), -1, np.float32)
+    status, early, stale = c.read_fresh(rows, 2, 5, out)
+    assert status == 0 and early == 1 and stale == (5 - 2) + (5 - 3) + (5 - 2) + (5 - 3)
+    np.testing.assert_array_equal(out, c.values[rows])
+    out[:] = 0  # a copy: the cache is untouched
+    assert c.values[3, 1] == 7
+    assert c.read_fresh(np.array([0, 2], dtype=np.int64), 2, 5, out[:2])[:2] == (2, 1)  # row 2: clock 1 < 2
+    assert c.read_fresh(np.array([0, 4], dtype=np.int64), 0, 5, out[:2])[:2] == (2, 1)  # row 4: never received
+    assert c.read_fresh(np.array([0, 6], dtype=np.int64), 0, 5, out[:2])[:2] == (1, 1)  # out of range
+    assert c.read_fresh(np.array([-1], dtype=np.int64), 0, 5, out[:1])[:2] == (1, 0)
