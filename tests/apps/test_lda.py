@@ -707,3 +707,56 @@ def test_e2e_malformed_input_fails_naming_file_and_line(tmp_path):
     assert p.returncode != 0
     out = p.stdout + p.stderr + "".join(f.read_text() for f in (run_dir / "logs").glob("worker-*.log"))
     assert f"{bad}:5: field 2 (wordID) is not an integer" in out
+
+
+def test_mean_list_length_matches_numpy():
+    c = generate(50, 40, 4, 30.0, seed=3)
+    s, nwk, nk = _model(c, 9)
+    ptr = s.doc_ptr
+    want = (nwk > 0).sum(1)[c.words[ptr[5]:ptr[30]]].mean()
+    assert K_.mean_list_length(nwk, c.words, ptr, 5, 30) == pytest.approx(want)
+    assert K_.dense_is_cheaper(9.0, 9) and not K_.dense_is_cheaper(1.0, 1000)
+
+
+def test_sparse_sampler_starts_dense_then_switches_and_stays_consistent():
+    """The sparse method sweeps densely while the word lists are long (after a random start), then
+    sparsely for good; counts stay exact across the switch, and the chain improves as a dense one does."""
+    c = generate(400, 800, 4, 80.0, alpha=0.1, beta=0.05, seed=4)
+    K = 100  # far more topics than the corpus uses: lists start long (~40 entries), end short
+    s, nwk, nk = _model(c, K)
+    s.method, s.dense_phase = "sparse", True
+    used = []
+    for _ in range(12):
+        used.append(s.sweep(nwk, nk, c.words)["dense_sweep"])
+        _consistent(s, nwk, nk, c.words)
+    assert used[0] == 1.0 and used[-1] == 0.0
+    assert used == sorted(used, reverse=True)  # one switch, never back
+    assert not s.dense_phase
+    # the same number of sweeps of the plain dense sampler reaches a comparable log-likelihood
+    d, dn, dk = _model(c, K)
+    for _ in range(12):
+        d.sweep(dn, dk, c.words)
+    ll_s = loglikelihood(s.ndk, nwk, nk, 0.1, 0.05)
+    ll_d = loglikelihood(d.ndk, dn, dk, 0.1, 0.05)
+    assert abs(ll_s - ll_d) < 0.02 * abs(ll_d)
+
+
+def test_sparse_word_lists_survive_long_runs_of_one_word():
+    """Many tokens of a few words in one document: the sorted word lists see long runs of equal counts,
+    removals from the middle and additions that move entries up; the counts must come back exact."""
+    rng = np.random.default_rng(0)
+    words = np.sort(rng.integers(0, 3, 600)).astype(np.int64)
+    doc_ptr = np.array([0, 200, 600], np.int64)
+    K = 12
+    z = rng.integers(0, K, 600).astype(np.int32)
+    ndk = K_.doc_topic_counts(doc_ptr, z, K)
+    nwk = np.zeros((3, K), np.int32)
+    np.add.at(nwk, (words, z), 1)
+    nk = nwk.sum(0).astype(np.int32)
+    for it in range(20):
+        K_.sample_sparse(doc_ptr, words, z, ndk, nwk, nk, 0.1, 0.01, 0.03, 0, 2, it)
+        want = np.zeros_like(nwk)
+        np.add.at(want, (words, z), 1)
+        np.testing.assert_array_equal(nwk, want)
+        np.testing.assert_array_equal(ndk, K_.doc_topic_counts(doc_ptr, z, K))
+        np.testing.assert_array_equal(nk, np.bincount(z, minlength=K))
