@@ -7,7 +7,7 @@ articles, 944,694 tokens, V = 13,994), α = 0.1, β = 0.01, the same iterations 
 
 * ours: :class:`bosen.apps.lda.model.Sampler` with the method an LDA job picks at that K
   (``LDAArgs.method()``: exact dense collapsed Gibbs below ``dense_max_k`` = 64, the exact sparse
-  sampler (SparseLDA buckets) at or above);
+  sampler (SparseLDA buckets) at or above, which sweeps densely while that is cheaper);
 * tomotopy 0.14 ``LDAModel`` with fixed priors (``optim_interval=0``, ``min_cf=0``, ``rm_top=0``),
   trained with ``workers=1`` and with ``workers=2`` (``ParallelScheme.PARTITION``, named explicitly);
 * ``lda`` 3.0.2 (collapsed Gibbs in Cython; its ``_sample_topics`` loop driven as its ``fit`` does).
