@@ -89,6 +89,8 @@ class Sampler:
         among them); without them it builds tables from ``stale``/``stale_nk`` (the rows as fetched;
         default: a copy of nwk/nk now). Stale tables keep MH exact: the acceptance test evaluates the
         proposal from the counts the tables were built from and the target from the live ones.
+        Returns timings and counts; ``dense_sweeps`` (exact methods) is 1 where this sweep ran dense
+        (a worker's tick report sums it over its mini-batches).
         """
         doc_hi = self.n_docs if doc_hi is None else doc_hi
         seed = (self.seed * 1_000_003 + self.sweeps * 7919 + doc_lo) & 0x7FFFFFFFFFFF
@@ -108,7 +110,7 @@ class Sampler:
             kernel = K_.sample_dense if dense else K_.sample_sparse
             changed = kernel(self.doc_ptr, words_local, self.z, self.ndk, nwk, nk, self.alpha, self.beta,
                              self.vbeta, doc_lo, doc_hi, seed)
-            return {"sample_s": time.perf_counter() - t0, "changed": float(changed), "dense_sweep": float(dense)}
+            return {"sample_s": time.perf_counter() - t0, "changed": float(changed), "dense_sweeps": float(dense)}
         alias_s = 0.0
         if tables is None:
             tables = self.alias_tables(nwk.copy() if stale is None else stale,

@@ -727,7 +727,7 @@ def test_sparse_sampler_starts_dense_then_switches_and_stays_consistent():
     s.method, s.dense_phase = "sparse", True
     used = []
     for _ in range(12):
-        used.append(s.sweep(nwk, nk, c.words)["dense_sweep"])
+        used.append(s.sweep(nwk, nk, c.words)["dense_sweeps"])
         _consistent(s, nwk, nk, c.words)
     assert used[0] == 1.0 and used[-1] == 0.0
     assert used == sorted(used, reverse=True)  # one switch, never back
