@@ -28,7 +28,8 @@ breakdown (sampling, word-row reads, sends, clock waits, alias tables) comes fro
 per-tick reports. The 1-worker job also runs with one mini-batch per tick, to show what the
 mini-batches' extra reads and sends cost.
 
-Goal records carry ``goal`` (text) and ``met`` (bool). ``--quick`` uses a small generated corpus and
+``--kernel K:ITERS`` (repeatable) runs only those kernel cases on the news corpus. Goal records
+carry ``goal`` (text) and ``met`` (bool). ``--quick`` uses a small generated corpus and
 reports any peer that is not installed as missing (goals against it: ``met`` false, ``missing``).
 """
 
@@ -403,6 +404,21 @@ def run_bench(quick: bool) -> list[dict[str, Any]]:
     return out
 
 
+def kernels_only(specs: list[str]) -> list[dict[str, Any]]:
+    """Only the kernel cases ``K:iterations`` named (e.g. ``100:50``) on the news corpus."""
+    if not NEWS.exists():
+        raise SystemExit(f"{NEWS} missing (run: bosen data news)")
+    corpus = load(str(NEWS))
+    out: list[dict[str, Any]] = []
+    for spec in specs:
+        K, _, iters = spec.partition(":")
+        out.extend(kernel_case(corpus, int(K), int(iters or 50), data="news (bosen data news)"))
+    return out
+
+
 if __name__ == "__main__":
-    for r in run_bench("--quick" in sys.argv):
+    # python bench/apps_lda.py [--quick] | --kernel K:ITERS [--kernel K:ITERS ...]
+    args = sys.argv[1:]
+    ks = [args[j + 1] for j, x in enumerate(args) if x == "--kernel" and j + 1 < len(args)]
+    for r in kernels_only(ks) if ks else run_bench("--quick" in args):
         print(json.dumps(r), flush=True)

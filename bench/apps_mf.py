@@ -29,7 +29,8 @@ score theirs). Job time = the slowest worker's span from its clock-0 report to i
 reports (kernel ``seconds``, ``read_s``, ``send_s``, ``eval_s``, ``clock_s``; the rest is the
 worker's Python between them).
 
-``python bench/apps_mf.py [--quick]`` prints one JSON line per result (``bench/apps.py`` runs it too).
+``python bench/apps_mf.py [--quick]`` prints one JSON line per result (``bench/apps.py`` runs it too);
+``--kernels`` runs the kernel cases only.
 ``--quick`` uses small synthetic data and a short MovieLens run, and records the missing peer or
 data set as missing.
 """
@@ -345,6 +346,15 @@ def run_bench(quick: bool = False) -> list[dict[str, Any]]:
     return out
 
 
+def kernels_only() -> list[dict[str, Any]]:
+    """Only the kernel cases (MovieLens-100K when prepared, the 2M synthetic set), 3 pairs each."""
+    ml = movielens()
+    syn = synthetic_split(50_000, 10_000, 2_200_000)
+    return (kernel_case("movielens-100k", ml, 3) if ml else [_missing_data("mf")]) + \
+        kernel_case(f"synthetic-{syn[0][2].size // 1000}k", syn, 3)
+
+
 if __name__ == "__main__":
-    for rec in run_bench(quick="--quick" in sys.argv[1:]):
+    # python bench/apps_mf.py [--quick | --kernels]
+    for rec in kernels_only() if "--kernels" in sys.argv[1:] else run_bench(quick="--quick" in sys.argv[1:]):
         print(json.dumps(rec), flush=True)
