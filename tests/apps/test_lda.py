@@ -760,3 +760,17 @@ def test_sparse_word_lists_survive_long_runs_of_one_word():
         np.testing.assert_array_equal(nwk, want)
         np.testing.assert_array_equal(ndk, K_.doc_topic_counts(doc_ptr, z, K))
         np.testing.assert_array_equal(nk, np.bincount(z, minlength=K))
+
+
+def test_sparse_sweep_reads_no_word_rows_of_tokens_outside_its_documents():
+    """A worker's token -> row map holds rows of other mini-batches' reads past the range swept; the
+    sweep must not look at them (an index far out of the block would fault if it did)."""
+    c = generate(40, 30, 3, 20.0, seed=2)
+    s, nwk, nk = _model(c, 70)
+    ptr = s.doc_ptr
+    words = c.words.astype(np.int64).copy()
+    words[ptr[10]:] = 1 << 40
+    mine = nwk.copy()
+    s.method, s.dense_phase = "sparse", False
+    s.sweep(mine, nk, words, 0, 10)
+    assert (s.z[ptr[10]:] == _model(c, 70)[0].z[ptr[10]:]).all()
