@@ -7,7 +7,7 @@ articles, 944,694 tokens, V = 13,994), α = 0.1, β = 0.01, the same iterations 
 
 * ours: :class:`bosen.apps.lda.model.Sampler` with the method an LDA job picks at that K
   (``LDAArgs.method()``: exact dense collapsed Gibbs below ``dense_max_k`` = 64, the exact sparse
-  sampler (SparseLDA buckets) at or above);
+  sampler (SparseLDA buckets) at or above, which sweeps densely while that is cheaper);
 * tomotopy 0.14 ``LDAModel`` with fixed priors (``optim_interval=0``, ``min_cf=0``, ``rm_top=0``),
   trained with ``workers=1`` and with ``workers=2`` (``ParallelScheme.PARTITION``, named explicitly);
 * ``lda`` 3.0.2 (collapsed Gibbs in Cython; its ``_sample_topics`` loop driven as its ``fit`` does).
@@ -28,7 +28,8 @@ breakdown (sampling, word-row reads, sends, clock waits, alias tables) comes fro
 per-tick reports. The 1-worker job also runs with one mini-batch per tick, to show what the
 mini-batches' extra reads and sends cost.
 
-Goal records carry ``goal`` (text) and ``met`` (bool). ``--quick`` uses a small generated corpus and
+``--kernel K:ITERS`` (repeatable) runs only those kernel cases on the news corpus. Goal records
+carry ``goal`` (text) and ``met`` (bool). ``--quick`` uses a small generated corpus and
 reports any peer that is not installed as missing (goals against it: ``met`` false, ``missing``).
 """
 
@@ -86,9 +87,11 @@ class _Ours:
         self.nwk[w, k] = c
         self.nk = s.topic_counts()
         # compile / load the kernels outside the timing, on a throwaway copy of the state
-        z, ndk = s.z.copy(), s.ndk.copy()
-        s.sweep(self.nwk.copy(), self.nk.copy(), corpus.words, 0, min(2, corpus.n_docs))
-        s.z[:], s.ndk[:] = z, ndk
+        z, ndk, phase = s.z.copy(), s.ndk.copy(), s.dense_phase
+        for dense_phase in (True, False):  # both kernels where the sparse sampler starts dense
+            s.dense_phase = dense_phase and phase
+            s.sweep(self.nwk.copy(), self.nk.copy(), corpus.words, 0, min(2, corpus.n_docs))
+        s.z[:], s.ndk[:], s.dense_phase = z, ndk, phase
         self.s, self.corpus = s, corpus
 
     def step(self) -> float:
@@ -401,6 +404,21 @@ def run_bench(quick: bool) -> list[dict[str, Any]]:
     return out
 
 
+def kernels_only(specs: list[str]) -> list[dict[str, Any]]:
+    """Only the kernel cases ``K:iterations`` named (e.g. ``100:50``) on the news corpus."""
+    if not NEWS.exists():
+        raise SystemExit(f"{NEWS} missing (run: bosen data news)")
+    corpus = load(str(NEWS))
+    out: list[dict[str, Any]] = []
+    for spec in specs:
+        K, _, iters = spec.partition(":")
+        out.extend(kernel_case(corpus, int(K), int(iters or 50), data="news (bosen data news)"))
+    return out
+
+
 if __name__ == "__main__":
-    for r in run_bench("--quick" in sys.argv):
+    # python bench/apps_lda.py [--quick] | --kernel K:ITERS [--kernel K:ITERS ...]
+    args = sys.argv[1:]
+    ks = [args[j + 1] for j, x in enumerate(args) if x == "--kernel" and j + 1 < len(args)]
+    for r in kernels_only(ks) if ks else run_bench("--quick" in args):
         print(json.dumps(r), flush=True)

@@ -230,8 +230,9 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     tick = 0  # clocks done (the client's tick)
     # a checkpoint holds the clocks done and the chain's state (the sweeps' seeds follow from it)
     client.checkpoint_state(lambda: {"tick": np.array([tick]), "z": sampler.z, "ndk": sampler.ndk,
-                                     "sweeps": np.array([sampler.sweeps])})
-    saved = restored(client.restored_state(), ("tick", "z", "ndk", "sweeps"))
+                                     "sweeps": np.array([sampler.sweeps]),
+                                     "dense_phase": np.array([sampler.dense_phase])})
+    saved = restored(client.restored_state(), ("tick", "z", "ndk", "sweeps", "dense_phase"))
     if saved is not None:
         if saved["z"].shape != sampler.z.shape or saved["ndk"].shape != sampler.ndk.shape:
             raise ConfigError(f"{client.config.source}: the checkpoint's topic assignments {saved['z'].shape} / "
@@ -241,6 +242,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         sampler.z[:] = saved["z"]
         sampler.ndk[:] = saved["ndk"]
         sampler.sweeps = int(saved["sweeps"][0])
+        sampler.dense_phase = bool(saved["dense_phase"][0])
     if tick == 0:  # initial counts (in the checkpoint's tables otherwise)
         w, k, n = sampler.word_topic_coo()
         if w.size:

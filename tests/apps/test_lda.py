@@ -734,3 +734,70 @@ def test_e2e_resume_continues_the_chain_exactly(tmp_path):
     a, b = _clocks(tmp_path / "a"), _clocks(tmp_path / "b")
     assert [x["clock"] for x in b] == [x["clock"] for x in a]
     assert [x.get("objective") for x in b] == [x.get("objective") for x in a]  # the curve continues the original
+
+
+def test_mean_list_length_matches_numpy():
+    c = generate(50, 40, 4, 30.0, seed=3)
+    s, nwk, nk = _model(c, 9)
+    ptr = s.doc_ptr
+    want = (nwk > 0).sum(1)[c.words[ptr[5]:ptr[30]]].mean()
+    assert K_.mean_list_length(nwk, c.words, ptr, 5, 30) == pytest.approx(want)
+    assert K_.dense_is_cheaper(9.0, 9) and not K_.dense_is_cheaper(1.0, 1000)
+
+
+def test_sparse_sampler_starts_dense_then_switches_and_stays_consistent():
+    """The sparse method sweeps densely while the word lists are long (after a random start), then
+    sparsely for good; counts stay exact across the switch, and the chain improves as a dense one does."""
+    c = generate(400, 800, 4, 80.0, alpha=0.1, beta=0.05, seed=4)
+    K = 100  # far more topics than the corpus uses: lists start long (~40 entries), end short
+    s, nwk, nk = _model(c, K)
+    s.method, s.dense_phase = "sparse", True
+    used = []
+    for _ in range(12):
+        used.append(s.sweep(nwk, nk, c.words)["dense_sweeps"])
+        _consistent(s, nwk, nk, c.words)
+    assert used[0] == 1.0 and used[-1] == 0.0
+    assert used == sorted(used, reverse=True)  # one switch, never back
+    assert not s.dense_phase
+    # the same number of sweeps of the plain dense sampler reaches a comparable log-likelihood
+    d, dn, dk = _model(c, K)
+    for _ in range(12):
+        d.sweep(dn, dk, c.words)
+    ll_s = loglikelihood(s.ndk, nwk, nk, 0.1, 0.05)
+    ll_d = loglikelihood(d.ndk, dn, dk, 0.1, 0.05)
+    assert abs(ll_s - ll_d) < 0.02 * abs(ll_d)
+
+
+def test_sparse_word_lists_survive_long_runs_of_one_word():
+    """Many tokens of a few words in one document: the sorted word lists see long runs of equal counts,
+    removals from the middle and additions that move entries up; the counts must come back exact."""
+    rng = np.random.default_rng(0)
+    words = np.sort(rng.integers(0, 3, 600)).astype(np.int64)
+    doc_ptr = np.array([0, 200, 600], np.int64)
+    K = 12
+    z = rng.integers(0, K, 600).astype(np.int32)
+    ndk = K_.doc_topic_counts(doc_ptr, z, K)
+    nwk = np.zeros((3, K), np.int32)
+    np.add.at(nwk, (words, z), 1)
+    nk = nwk.sum(0).astype(np.int32)
+    for it in range(20):
+        K_.sample_sparse(doc_ptr, words, z, ndk, nwk, nk, 0.1, 0.01, 0.03, 0, 2, it)
+        want = np.zeros_like(nwk)
+        np.add.at(want, (words, z), 1)
+        np.testing.assert_array_equal(nwk, want)
+        np.testing.assert_array_equal(ndk, K_.doc_topic_counts(doc_ptr, z, K))
+        np.testing.assert_array_equal(nk, np.bincount(z, minlength=K))
+
+
+def test_sparse_sweep_reads_no_word_rows_of_tokens_outside_its_documents():
+    """A worker's token -> row map holds rows of other mini-batches' reads past the range swept; the
+    sweep must not look at them (an index far out of the block would fault if it did)."""
+    c = generate(40, 30, 3, 20.0, seed=2)
+    s, nwk, nk = _model(c, 70)
+    ptr = s.doc_ptr
+    words = c.words.astype(np.int64).copy()
+    words[ptr[10]:] = 1 << 40
+    mine = nwk.copy()
+    s.method, s.dense_phase = "sparse", False
+    s.sweep(mine, nk, words, 0, 10)
+    assert (s.z[ptr[10]:] == _model(c, 70)[0].z[ptr[10]:]).all()

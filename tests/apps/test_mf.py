@@ -376,6 +376,33 @@ def test_bench_surprise_order_is_the_order_surprise_visits():
     assert [(int(u[j]), int(i[j])) for j in order] == visited
 
 
+def test_bench_same_start_and_order_reproduce_surprise_svd():
+    """From the factors surprise draws (bench's surprise_init) and in its order, our sgd_pass takes
+    surprise SVD(biased=False)'s steps: the factors after 3 epochs agree to float32 rounding."""
+    B = _bench_mf()
+    pytest.importorskip("surprise")
+    from surprise import SVD
+
+    rng = np.random.default_rng(1)
+    u = rng.integers(0, 30, 400)
+    i = rng.integers(0, 20, 400)
+    keep = np.unique(u * 20 + i, return_index=True)[1]
+    u, i = u[np.sort(keep)], i[np.sort(keep)]
+    r = rng.integers(1, 6, u.size).astype(np.float32)
+    ts = B.surprise_trainset((u, i, r))
+    algo = SVD(biased=False, n_factors=B.RANK, n_epochs=3, lr_all=B.LR, reg_all=B.REG, init_mean=0.0,
+               init_std_dev=B.INIT_STD, random_state=4)
+    algo.fit(ts)
+    L, R = B.surprise_init(ts, 30, 20, 4)
+    order = B.surprise_order(u)
+    for _ in range(3):
+        B.sgd_pass(u, i, r, L, R, B.LR, B.REG, order)
+    for raw, inner in ts._raw2inner_id_users.items():
+        np.testing.assert_allclose(L[raw], algo.pu[inner], atol=2e-5)
+    for raw, inner in ts._raw2inner_id_items.items():
+        np.testing.assert_allclose(R[raw], algo.qi[inner], atol=2e-5)
+
+
 def test_movielens_config_args_are_valid():
     import yaml
 
