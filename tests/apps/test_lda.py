@@ -711,15 +711,17 @@ def test_e2e_malformed_input_fails_naming_file_and_line(tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_e2e_resume_continues_the_chain_exactly(tmp_path):
+@pytest.mark.parametrize("sampler", ["dense", "sparse"])
+def test_e2e_resume_continues_the_chain_exactly(tmp_path, sampler):
     """One worker at staleness 0 is deterministic, so a job stopped after its checkpoint at clock 6
     and resumed ends with exactly the counts of the job that ran through (topic assignments,
-    doc-topic counts and the sweep count come back from the worker's part)."""
+    doc-topic counts, the sweep count and the sparse sampler's phase come back from the worker's part)."""
     cfg = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 1},
            "consistency": {"staleness": 0},
            "tables": {"word_topic": {"rows": 300, "cols": 10, "dtype": "int32"},
                       "topic_summary": {"rows": 1, "cols": 10, "dtype": "int32"}},
-           "app": {"module": "bosen.apps.lda", "args": {**SYN, "iterations": 12, "batches_per_clock": 2}},
+           "app": {"module": "bosen.apps.lda", "args": {**SYN, "iterations": 12, "batches_per_clock": 2,
+                                                         "sampler": sampler}},
            "checkpoint": {"every_clocks": 3}}
     path = tmp_path / "lda.yaml"
     path.write_text(json.dumps(cfg))
