@@ -75,8 +75,9 @@ def write_job(path: Path, epochs: int, every_clocks: int | None, keep: int = 100
     return path
 
 
-def launch(cfg: Path, run_dir: Path, *, resume: bool = False, timeout: float = 300.0) -> list[dict[str, Any]]:
-    """Run ``bosen launch`` (a fresh run, or ``--resume`` of ``run_dir``); the clock records."""
+def launch(cfg: Path, run_dir: Path, *, resume: bool = False, timeout: float = 300.0,
+           kinds: tuple[str, ...] = ("clock",)) -> list[dict[str, Any]]:
+    """Run ``bosen launch`` (a fresh run, or ``--resume`` of ``run_dir``); its records of ``kinds``."""
     cmd = [sys.executable, "-m", "bosen", "launch", str(cfg), "--quiet", "--no-plot", "--timeout", str(timeout)]
     cmd += ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout + 60)
@@ -84,7 +85,7 @@ def launch(cfg: Path, run_dir: Path, *, resume: bool = False, timeout: float = 3
         raise RuntimeError(f"bosen launch {'--resume ' if resume else ''}{run_dir} failed ({p.returncode}):\n"
                            f"{p.stdout[-3000:]}{p.stderr[-3000:]}")
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r for r in recs if r.get("kind") == "clock"]
+    return [r for r in recs if r.get("kind") in kinds]
 
 
 def curve(records: list[dict[str, Any]]) -> np.ndarray:
@@ -224,7 +225,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--period", type=int, default=8, help="clocks between full checkpoints (C)")
     p.add_argument("--no-cost", action="store_true", help="skip the checkpoint-cost runs")
+    p.add_argument("--cost-only", action="store_true", help="only the checkpoint-cost runs")
     args = p.parse_args(argv)
+    if args.cost_only:
+        work = Path(tempfile.mkdtemp(prefix="bosen-recovery-"))
+        try:
+            cost(work, {"bench": BENCH, "app": "mf-movielens", "servers": 2, "workers": 2, "staleness": 2,
+                        "quick": args.quick}, args.quick)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return 0
     quick = args.quick
     C = args.period
     seeds = 1 if quick else args.seeds
@@ -305,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                  value=c, thesis=list(THESIS_PRIORITY), goal=">= 78%" if pol == "priority" else "(no goal)",
                  met=bool(c >= THESIS_PRIORITY[0]) if pol == "priority" else None)
         plot(results, fractions, ratios, policies, full)
+        if not quick:
+            end_to_end(work, base_meta, epochs, k_target, target, C, kill_after=2 * C + 3)
         if not (args.no_cost or quick):
             cost(work, base_meta, quick)
     finally:
@@ -312,12 +324,67 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def end_to_end(work: Path, base_meta: dict[str, Any], epochs: int, k_target: int, target: float, period: int,
+               kill_after: int) -> None:
+    """The traditional path on the real service: a job with a full checkpoint every ``period`` clocks,
+    server 1 SIGKILLed once clock ``kill_after`` is recorded, the launcher stops the job, and
+    ``bosen launch --resume`` restarts it from the newest complete checkpoint. Rework as above."""
+    import os
+    import signal
+
+    import psutil
+
+    cfg = write_job(work / "e2e.yaml", epochs, period, keep=2)
+    run = work / "e2e"
+    cmd = [sys.executable, "-m", "bosen", "launch", str(cfg), "--quiet", "--no-plot", "--run-dir", str(run)]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed_at, victim = None, None
+    deadline = time.monotonic() + 240
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+            m = run / "metrics.jsonl"
+            if not m.exists():
+                continue
+            done = [json.loads(x)["clock"] for x in m.read_text().splitlines()
+                    if x.strip().endswith("}") and '"kind": "clock"' in x]
+            if done and max(done) >= kill_after:
+                for c in psutil.Process(proc.pid).children(recursive=True):
+                    cl = c.cmdline()
+                    if "bosen.server" in cl and cl[cl.index("--rank") + 1] == "1":
+                        victim = c.pid
+                        os.kill(victim, signal.SIGKILL)  # a process this bench started (through the launcher)
+                        killed_at = max(done)
+                        break
+                break
+        rc = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if killed_at is None:
+        emit(**base_meta, case="e2e/full-restart", metric="rework", value=None, error="the job ended before the kill")
+        return
+    # the checkpoint holds clocks < B; the clocks the workers had done when it died were all executed
+    done_before = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    executed = max(r["clock"] for r in done_before if r.get("kind") == "clock") + 1
+    resumed_at = checkpoint.newest_complete(run / "checkpoints", 2, 2, None)[0]
+    t = time.perf_counter()
+    obj = curve(launch(cfg, run, resume=True))
+    resume_s = time.perf_counter() - t
+    reach = clocks_to(obj, target, resumed_at)
+    rework = executed - resumed_at + reach - k_target
+    emit(**base_meta, case="e2e/full-restart", metric="rework", unit="clocks", value=float(rework),
+         killed_after_clock=killed_at, clocks_executed_before=executed, resumed_at=resumed_at, launcher_rc=rc,
+         resume_s=resume_s, expected_rework=executed - resumed_at)
+
+
 def cost(work: Path, base_meta: dict[str, Any], quick: bool) -> None:
     """Time per clock with a checkpoint every 1 and every 8 clocks vs none, alternated and paired."""
     epochs = 20 if quick else 40
     reps = 1 if quick else 3
-    intervals = [1, 8]
+    intervals = [1, 8, 32]
     per: dict[int | None, list[float]] = {}
+    save_s: dict[int, list[float]] = {n: [] for n in intervals}  # servers' write + copy seconds per clock
     ratios: dict[int, list[float]] = {n: [] for n in intervals}
     for rep in range(reps):
         order: list[int | None] = [None, *intervals] if rep % 2 == 0 else [*intervals[::-1], None]
@@ -325,7 +392,12 @@ def cost(work: Path, base_meta: dict[str, Any], quick: bool) -> None:
         for n in order:
             cfg = write_job(work / f"cost-{n}.yaml", epochs, n, keep=2)
             run = work / f"cost-{n}-{rep}"
-            recs = launch(cfg, run)
+            recs = launch(cfg, run, kinds=("clock", "server"))
+            servers = [r for r in recs if r["kind"] == "server"]
+            recs = [r for r in recs if r["kind"] == "clock"]
+            if n is not None:
+                ck = [r.get("checkpoints") or {} for r in servers]
+                save_s[n].append(max(c.get("write_s", 0.0) + c.get("snapshot_s", 0.0) for c in ck) / epochs)
             times = sorted((r["clock"], r["time"]) for r in recs)
             got[n] = (times[-1][1] - times[2][1]) / (times[-1][0] - times[2][0])
             per.setdefault(n, []).append(got[n])
@@ -335,7 +407,8 @@ def cost(work: Path, base_meta: dict[str, Any], quick: bool) -> None:
     for n in intervals:
         s = summary(ratios[n])
         emit(**base_meta, case=f"cost/every={n}", metric="clock_time_ratio_vs_no_checkpoint", unit="x", **s,
-             clock_s=summary(per[n]), clock_s_without=summary(per[None]), goal="<= 1.05",
+             clock_s=summary(per[n]), clock_s_without=summary(per[None]), server_save_s_per_clock=summary(save_s[n]),
+             goal="<= 1.05",
              met=bool(s["median"] <= 1.05))
 
 
