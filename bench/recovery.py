@@ -15,7 +15,8 @@ Every run is a real job through ``bosen launch`` (MF on MovieLens-100K, configs/
    (their parts of the checkpoint at T): in a live partial recovery they would go on.
    *Priority checkpoints* (f = 1/2): the running checkpoint starts at w(0) and every r·C clocks saves
    the fraction r of rows chosen by ``bosen.scar`` (priority / round_robin / random), emulated offline
-   from the per-clock states; the lost rows come back from it.
+   from the per-clock states, at clocks < T only (no save at the failed clock itself; the full
+   checkpoints' failures never fall on a boundary either); the lost rows come back from it.
    Each modified checkpoint is written with ``bosen.checkpoint.write_part`` (same format, clock and
    fingerprint) into a copy of the run directory, and ``bosen launch CONFIG --resume COPY`` runs the
    rest of the job.
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             lost = lost_rows(live, 0.5, np.random.default_rng(1000 + s))
             for r in ratios:
                 for pol in policies:
-                    ck = running_checkpoint(states, pol, r, C, T, seed=s)
+                    ck = running_checkpoint(states, pol, r, C, T - 1, seed=s)  # saves before the failed clock
                     mixed = ck.recover(stacked(live), lost)
                     delta = float(np.linalg.norm(stacked(live).astype(np.float64) - mixed))
                     res = rework_run(states, cfg_resume, work, f"prio{s}-{pol}-{r}", T, unstacked(mixed, live), T,
