@@ -14,15 +14,20 @@ import numpy as np
 def main(path: str) -> None:
     recs = [json.loads(x) for x in open(path) if x.strip().startswith("{")]
     per: dict[str, list[float]] = {}
+    delta: dict[str, list[float]] = {}
     for r in recs:
         if "/seed" in r["case"] and r.get("metric") == "rework":
-            per.setdefault(r["case"].rsplit("/seed", 1)[0], []).append(r["value"])
+            key = r["case"].rsplit("/seed", 1)[0]
+            per.setdefault(key, []).append(r["value"])
+            if "perturbation_l2" in r:
+                delta.setdefault(key, []).append(r["perturbation_l2"])
     med = {k: {"median": float(np.median(v)), "min": min(v), "max": max(v), "reps": len(v)} for k, v in per.items()}
     full = med["full"]["median"]
 
     def cell(key: str) -> str:
         m = med[key]
-        return f"{m['median']:.2f} ({m['min']:.2f}–{m['max']:.2f}, n={m['reps']})"
+        d = f", ‖δ‖ {np.median(delta[key]):.1f}" if key in delta else ""
+        return f"{m['median']:.2f} ({m['min']:.2f}–{m['max']:.2f}, n={m['reps']}{d})"
 
     def cut(key: str) -> str:
         return f"{100 * (1 - med[key]['median'] / full):.0f}%"
