@@ -344,18 +344,19 @@ def end_to_end(work: Path, base_meta: dict[str, Any], epochs: int, k_target: int
     try:
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-            m = run / "metrics.jsonl"
-            if not m.exists():
+            # the workers' own records (RUN_DIR/workers/RANK.jsonl) come at once; the merged metrics later
+            files = [run / "workers" / f"{r}.jsonl" for r in range(2)]
+            if not all(f.exists() for f in files):
                 continue
-            done = [json.loads(x)["clock"] for x in m.read_text().splitlines()
-                    if x.strip().endswith("}") and '"kind": "clock"' in x]
-            if done and max(done) >= kill_after:
+            done = [max((json.loads(x).get("clock", -1) for x in f.read_text().splitlines() if x.strip().endswith("}")),
+                        default=-1) for f in files]
+            if min(done) >= kill_after:
                 for c in psutil.Process(proc.pid).children(recursive=True):
                     cl = c.cmdline()
                     if "bosen.server" in cl and cl[cl.index("--rank") + 1] == "1":
                         victim = c.pid
                         os.kill(victim, signal.SIGKILL)  # a process this bench started (through the launcher)
-                        killed_at = max(done)
+                        killed_at = min(done)
                         break
                 break
         rc = proc.wait(timeout=120)
