@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
                  met=bool(c >= THESIS_PRIORITY[0]) if pol == "priority" else None)
         plot(results, fractions, ratios, policies, full)
         if not quick:
-            end_to_end(work, base_meta, epochs, k_target, target, C, kill_after=2 * C + 3)
+            for kill_after in sorted(set(failures))[:3]:
+                end_to_end(work, base_meta, epochs, k_target, target, C, kill_after=kill_after)
         if not (args.no_cost or quick):
             cost(work, base_meta, quick)
     finally:
@@ -336,7 +337,7 @@ def end_to_end(work: Path, base_meta: dict[str, Any], epochs: int, k_target: int
     import psutil
 
     cfg = write_job(work / "e2e.yaml", epochs, period, keep=2)
-    run = work / "e2e"
+    run = work / f"e2e-{kill_after}"
     cmd = [sys.executable, "-m", "bosen", "launch", str(cfg), "--quiet", "--no-plot", "--run-dir", str(run)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     killed_at, victim = None, None
