@@ -227,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--period", type=int, default=8, help="clocks between full checkpoints (C)")
     p.add_argument("--no-cost", action="store_true", help="skip the checkpoint-cost runs")
     p.add_argument("--cost-only", action="store_true", help="only the checkpoint-cost runs")
+    p.add_argument("--e2e-only", action="store_true",
+                   help="only the baseline and the SIGKILLs of a server process (both arms)")
     args = p.parse_args(argv)
     if args.cost_only:
         work = Path(tempfile.mkdtemp(prefix="bosen-recovery-"))
@@ -264,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(seeds):
             choices = [c for c in range(C + 1, 3 * C) if c % C]
             failures.append(int(rng_master.choice(choices)))
+        if args.e2e_only:
+            for kill_after in sorted(set(failures))[:3]:
+                for arm in ("full-restart", "partial-live"):
+                    end_to_end(work, base_meta, epochs, k_target, target, C, kill_after=kill_after, arm=arm)
+            return 0
         results: dict[str, list[float]] = {}
 
         def record(key: str, seed: int, res: dict[str, Any], **fields: Any) -> None:
@@ -318,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         plot(results, fractions, ratios, policies, full)
         if not quick:
             for kill_after in sorted(set(failures))[:3]:
-                end_to_end(work, base_meta, epochs, k_target, target, C, kill_after=kill_after)
+                for arm in ("full-restart", "partial-live"):
+                    end_to_end(work, base_meta, epochs, k_target, target, C, kill_after=kill_after, arm=arm)
         if not (args.no_cost or quick):
             cost(work, base_meta, quick)
     finally:
@@ -327,17 +335,20 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def end_to_end(work: Path, base_meta: dict[str, Any], epochs: int, k_target: int, target: float, period: int,
-               kill_after: int) -> None:
-    """The traditional path on the real service: a job with a full checkpoint every ``period`` clocks,
-    server 1 SIGKILLed once clock ``kill_after`` is recorded, the launcher stops the job, and
-    ``bosen launch --resume`` restarts it from the newest complete checkpoint. Rework as above."""
+               kill_after: int, arm: str) -> None:
+    """The real service: a job with a full checkpoint every ``period`` clocks, server 1 SIGKILLed once
+    every worker recorded clock ``kill_after``. ``arm`` "full-restart": the whole job stops with it
+    (Bösen's recovery) and ``bosen launch --resume`` restarts it from the newest complete checkpoint;
+    "partial-live": the launcher replaces server 1 from its own checkpoint part, the other server
+    keeps its live rows, the workers resend what they sent it since (docs/recovery.md). Rework as
+    above; for the live arm also the seconds the job lost against a failure-free run."""
     import os
     import signal
 
     import psutil
 
     cfg = write_job(work / "e2e.yaml", epochs, period, keep=2)
-    run = work / f"e2e-{kill_after}"
+    run = work / f"e2e-{arm}-{kill_after}"
     cmd = [sys.executable, "-m", "bosen", "launch", str(cfg), "--quiet", "--no-plot", "--run-dir", str(run)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     killed_at, victim = None, None
@@ -359,27 +370,43 @@ def end_to_end(work: Path, base_meta: dict[str, Any], epochs: int, k_target: int
                         os.kill(victim, signal.SIGKILL)  # a process this bench started (through the launcher)
                         killed_at = min(done)
                         break
+                if arm == "full-restart":
+                    proc.send_signal(signal.SIGTERM)  # the job goes down with its server, as in Bösen
                 break
-        rc = proc.wait(timeout=120)
+        rc = proc.wait(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
+    case = f"e2e/{arm}"
     if killed_at is None:
-        emit(**base_meta, case="e2e/full-restart", metric="rework", value=None, error="the job ended before the kill")
+        emit(**base_meta, case=case, metric="rework", value=None, error="the job ended before the kill")
         return
-    # the checkpoint holds clocks < B; the clocks the workers had done when it died were all executed
     # the failure clock: every worker had recorded clock ``killed_at`` when server 1 died (workers may
     # record a few more clocks before they block on it; those reached only one server)
     executed = killed_at + 1
+    if arm == "partial-live":
+        recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        clocks = [r for r in recs if r.get("kind") == "clock"]
+        reach = clocks_to(curve(clocks), target, 0)
+        free = launch(cfg, work / f"e2e-free-{kill_after}")
+        lost_s = _time_at(clocks, k_target) - _time_at(free, k_target)
+        emit(**base_meta, case=case, metric="rework", unit="clocks", value=float(reach - k_target),
+             killed_after_clock=killed_at, launcher_rc=rc, seconds_lost_at_target=lost_s)
+        return
     resumed_at = checkpoint.newest_complete(run / "checkpoints", 2, 2, None)[0]
-    t = time.perf_counter()
+    t0 = time.perf_counter()
     obj = curve(launch(cfg, run, resume=True))
-    resume_s = time.perf_counter() - t
+    resume_s = time.perf_counter() - t0
     reach = clocks_to(obj, target, resumed_at)
     rework = executed - resumed_at + reach - k_target
-    emit(**base_meta, case="e2e/full-restart", metric="rework", unit="clocks", value=float(rework),
+    emit(**base_meta, case=case, metric="rework", unit="clocks", value=float(rework),
          killed_after_clock=killed_at, clocks_executed_before=executed, resumed_at=resumed_at, launcher_rc=rc,
          resume_s=resume_s, expected_rework=executed - resumed_at)
+
+
+def _time_at(records: list[dict[str, Any]], clock: int) -> float:
+    """The record time (seconds since the job's start) of ``clock``; NaN if it has none."""
+    return next((float(r["time"]) for r in records if r["clock"] == clock), float("nan"))
 
 
 def cost(work: Path, base_meta: dict[str, Any], quick: bool) -> None:

@@ -115,9 +115,11 @@ class Launcher:
                 with ProcessGroup(self.run_dir / "logs") as group:
                     self._start_servers(cfg_path, group, resume_from)
                     self._start_workers(cfg_path, group, resume_from)
-                    self._watch(merger, start)
-                    for rec in merger.finish():
-                        self._progress(rec)
+                    try:
+                        self._watch(merger, start)
+                    finally:  # a failed job's metrics keep every clock its workers recorded
+                        for rec in merger.finish():
+                            self._progress(rec)
                     for path in sorted((self.run_dir / WORKER_RECORDS).glob("*.stats.json")):
                         metrics.write(json.dumps({"kind": "client", **json.loads(path.read_text())}) + "\n")
                     stats = self._server_stats()
