@@ -11,7 +11,7 @@ import dataclasses
 import signal
 import socket
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -113,15 +113,7 @@ class LocalCluster:
         ctx = zmq.Context()
         try:
             for proc, addr in zip(self.servers, self.addresses, strict=True):
-                while True:
-                    self.check("while starting")
-                    try:
-                        status_mod.query(addr, timeout=0.5, ctx=ctx)
-                        break
-                    except BosenError:
-                        if time.monotonic() > deadline:
-                            raise ProcessFailed(f"{proc.name} at {addr} did not answer within {timeout:g}s:\n"
-                                                f"{proc.tail()}") from None
+                _await_answer(proc, addr, deadline, timeout, ctx, lambda: self.check("while starting"))
         finally:
             ctx.term()
 
@@ -146,22 +138,17 @@ class LocalCluster:
                                 *self.server_args, *extra_args)
         self.servers[i] = new
         self._died.pop(i, None)
-        deadline = time.monotonic() + ready_timeout
+        def exited() -> None:
+            if new.returncode is not None:
+                raise ProcessFailed(f"{new.name} (replacing {old.name}) {describe_exit(new.returncode)}:\n"
+                                    f"{new.tail()}")
+
         ctx = zmq.Context()
         try:
-            while True:
-                if new.returncode is not None:
-                    raise ProcessFailed(f"{new.name} (replacing {old.name}) {describe_exit(new.returncode)}:\n"
-                                        f"{new.tail()}")
-                try:
-                    status_mod.query(self.addresses[i], timeout=0.5, ctx=ctx)
-                    return new
-                except BosenError:
-                    if time.monotonic() > deadline:
-                        raise ProcessFailed(f"{new.name} did not answer within {ready_timeout:g}s:\n"
-                                            f"{new.tail()}") from None
+            _await_answer(new, self.addresses[i], time.monotonic() + ready_timeout, ready_timeout, ctx, exited)
         finally:
             ctx.term()
+        return new
 
     def check(self, when: str = "while its cluster was running") -> None:
         """Raise ProcessFailed if a server has exited without being asked to."""
@@ -209,6 +196,20 @@ class LocalCluster:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop(check=exc_type is None)
+
+
+def _await_answer(proc: Process, addr: str, deadline: float, timeout: float, ctx: zmq.Context,
+                  check: Callable[[], None]) -> None:
+    """Until the server at ``addr`` answers STATUS; ``check`` raises if it died meanwhile."""
+    while True:
+        check()
+        try:
+            status_mod.query(addr, timeout=0.5, ctx=ctx)
+            return
+        except BosenError:
+            if time.monotonic() > deadline:
+                raise ProcessFailed(f"{proc.name} at {addr} did not answer within {timeout:g}s:\n"
+                                    f"{proc.tail()}") from None
 
 
 def start_cluster(job: Mapping[str, Any], workdir: str | Path, n_servers: int | None = None, *,

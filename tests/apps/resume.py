@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -44,3 +45,17 @@ def run_until_checkpoint(config: Path, run_dir: Path, clock: int, servers: int, 
 def resume(config: Path, run_dir: Path, timeout: float = 90) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "bosen", "launch", str(config), "--resume", str(run_dir),
                            "--no-plot"], capture_output=True, text=True, timeout=timeout)
+
+
+def whole_and_resumed(config: dict, tmp_path: Path, clock: int, servers: int, workers: int) -> tuple[Path, Path]:
+    """Run the job ``config`` through (run dir ``a``), and again stopped after checkpoint ``clock`` and
+    resumed (``b``); both run directories."""
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    whole = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(tmp_path / "a"),
+                            "--no-plot"], capture_output=True, text=True, timeout=90)
+    assert whole.returncode == 0, whole.stdout[-2000:] + whole.stderr[-2000:]
+    run_until_checkpoint(path, tmp_path / "b", clock, servers, workers)
+    p = resume(path, tmp_path / "b")
+    assert p.returncode == 0 and "resuming from the checkpoint at clock" in p.stdout, p.stdout[-2000:] + p.stderr
+    return tmp_path / "a", tmp_path / "b"

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from inprocess import InProcessClient, InProcessTable
-from resume import resume, run_until_checkpoint
+from resume import whole_and_resumed
 
 from bosen.apps.lda import kernels as K_
 from bosen.apps.lda.data import (
@@ -723,17 +723,9 @@ def test_e2e_resume_continues_the_chain_exactly(tmp_path, sampler):
            "app": {"module": "bosen.apps.lda", "args": {**SYN, "iterations": 12, "batches_per_clock": 2,
                                                          "sampler": sampler}},
            "checkpoint": {"every_clocks": 3}}
-    path = tmp_path / "lda.yaml"
-    path.write_text(json.dumps(cfg))
-    whole = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(tmp_path / "a"),
-                            "--no-plot"], capture_output=True, text=True, timeout=90)
-    assert whole.returncode == 0, whole.stdout[-2000:] + whole.stderr[-2000:]
-    run_until_checkpoint(path, tmp_path / "b", 6, 2, 1)
-    p = resume(path, tmp_path / "b")
-    assert p.returncode == 0 and "resuming from the checkpoint at clock" in p.stdout, p.stdout[-2000:] + p.stderr
-    np.testing.assert_array_equal(np.load(tmp_path / "b" / "word_topic.npy"),
-                                  np.load(tmp_path / "a" / "word_topic.npy"))
-    a, b = _clocks(tmp_path / "a"), _clocks(tmp_path / "b")
+    da, db = whole_and_resumed(cfg, tmp_path, 6, 2, 1)
+    np.testing.assert_array_equal(np.load(db / "word_topic.npy"), np.load(da / "word_topic.npy"))
+    a, b = _clocks(da), _clocks(db)
     assert [x["clock"] for x in b] == [x["clock"] for x in a]
     assert [x.get("objective") for x in b] == [x.get("objective") for x in a]  # the curve continues the original
 

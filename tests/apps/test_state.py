@@ -4,13 +4,11 @@ through ``bosen launch --resume`` continuing their curves exactly (LDA's: tests/
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from resume import resume, run_until_checkpoint
+from resume import whole_and_resumed
 
 from bosen.apps.state import restored, rng_state, set_rng_state
 from bosen.errors import BosenError
@@ -56,17 +54,10 @@ def test_resumed_job_continues_the_curve_exactly(tmp_path: Path, app: str) -> No
     than the servers do; int tables resume bit for bit, tests/apps/test_lda.py)."""
     cfg = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 1}, "consistency": {"staleness": 0},
            "checkpoint": {"every_clocks": 3}, **JOBS[app]}
-    path = tmp_path / "job.yaml"
-    path.write_text(json.dumps(cfg))
-    whole = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(tmp_path / "a"),
-                            "--no-plot"], capture_output=True, text=True, timeout=90)
-    assert whole.returncode == 0, whole.stdout[-2000:] + whole.stderr[-2000:]
-    run_until_checkpoint(path, tmp_path / "b", 3, 2, 1)
-    p = resume(path, tmp_path / "b")
-    assert p.returncode == 0 and "resuming from the checkpoint at clock" in p.stdout, p.stdout[-2000:] + p.stderr
+    da, db = whole_and_resumed(cfg, tmp_path, 3, 2, 1)
     keys = ("clock", "objective", "heldout_rmse", "heldout_accuracy")
-    a = [{k: x.get(k) for k in keys} for x in _clocks(tmp_path / "a")]
-    b = [{k: x.get(k) for k in keys} for x in _clocks(tmp_path / "b")]
+    a = [{k: x.get(k) for k in keys} for x in _clocks(da)]
+    b = [{k: x.get(k) for k in keys} for x in _clocks(db)]
     assert [x["clock"] for x in b] == [x["clock"] for x in a]
     for x, y in zip(b, a, strict=True):
         for k in keys[1:]:
