@@ -236,6 +236,20 @@ class PSModule(nn.Module):
             # a read started before this push may miss it (read-my-writes): read again
             self._next = self._pool.submit(self.table.get_rows, self._rows)
 
+    def resume(self) -> int:
+        """Checkpoints save this module's step count (the client's checkpoint hook); in a job resumed
+        from one, the count comes back and is returned: the steps the training loop has done (0 in a
+        job that did not resume). The parameters come back from the tables. A local torch optimizer's
+        own state (momentum buffers) is not saved: it starts again empty."""
+        self.client.checkpoint_state(lambda: {"steps": np.array([self.steps])})
+        saved = self.client.restored_state()
+        if saved is not None:
+            if "steps" not in saved:
+                raise UsageError(f"the checkpoint this job resumes from holds no step count (it holds: "
+                                 f"{', '.join(sorted(saved)) or 'nothing'})")
+            self.steps = int(saved["steps"][0])
+        return self.steps
+
     def close(self) -> None:
         """Stop the background reader (a read in flight finishes first)."""
         self._settle()

@@ -120,10 +120,14 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     model = PSModule(Net(), client, clock_every=a.clock_every)
     opt = optimizer(a, model)
     rng = np.random.default_rng(a.seed * 1000 + client.rank)
-    for _epoch in range(a.epochs):
-        order = torch.from_numpy(rng.permutation(mine)[:steps * a.batch_size])
+    start = model.resume()  # steps done before a checkpoint this job resumed from
+    for epoch in range(a.epochs):
+        order = torch.from_numpy(rng.permutation(mine)[:steps * a.batch_size])  # drawn every epoch
+        first = min(max(start - epoch * steps, 0), steps)
+        if first == steps:
+            continue
         loss_sum, t0 = 0.0, time.perf_counter()
-        for i in range(steps):
+        for i in range(first, steps):
             idx = order[i * a.batch_size:(i + 1) * a.batch_size]
             loss = F.cross_entropy(model(x[idx]), y[idx])
             opt.zero_grad()
@@ -134,7 +138,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         if test is not None:
             correct, hloss = accuracy(model, *test)
             fields.update(heldout_correct=correct, heldout_total=int(test[1].shape[0]), heldout_loss=hloss)
-        client.report(objective=loss_sum, samples=steps * a.batch_size, **fields)
+        client.report(objective=loss_sum, samples=(steps - first) * a.batch_size, **fields)
 
 
 if __name__ == "__main__":

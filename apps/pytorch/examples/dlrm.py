@@ -194,10 +194,12 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     evals = eval_steps(steps, a.evals_per_epoch, a.clock_every)
     teacher = criteo.auc(test.prob, test.labels) if test is not None else None
     t_train, eval_s = time.perf_counter(), 0.0
-    for _epoch in range(a.epochs):
-        order = torch.from_numpy(rng.permutation(len(data))[:steps * a.batch_size])
-        loss_sum, done, t0 = 0.0, 0, time.perf_counter()
-        for i in range(steps):
+    start = m.resume()  # steps done before a checkpoint this job resumed from
+    for epoch in range(a.epochs):
+        order = torch.from_numpy(rng.permutation(len(data))[:steps * a.batch_size])  # drawn every epoch
+        first = min(max(start - epoch * steps, 0), steps)
+        loss_sum, done, t0 = 0.0, first, time.perf_counter()
+        for i in range(first, steps):
             idx = order[i * a.batch_size:(i + 1) * a.batch_size]
             if i + 1 < steps:  # the next batch's rows, read in the background during this step
                 m.prefetch_rows(net.rows(ids[order[(i + 1) * a.batch_size:(i + 2) * a.batch_size]]))
