@@ -1,8 +1,11 @@
 """SCAR's recovery experiments in miniature (Qiao thesis ch. 5, experiments E3-E5):
 rework after a failure, full restart vs partial recovery, priority checkpoints, and what checkpoints cost.
 
-Every run is a real job through ``bosen launch`` (MF on MovieLens-100K, configs/mf-movielens.yaml:
-2 servers, 2 workers, staleness 2). Method (docs/recovery.md, "SCAR's experiments in miniature"):
+Every run is a real job through ``bosen launch``, 2 servers, 2 workers, staleness 2: ``--app mf`` (the
+default) MF on MovieLens-100K (configs/mf-movielens.yaml, objective: training loss, minimized);
+``--app lda`` LDA on the news corpus (configs/lda-news.yaml with 2 servers, no held-out scoring,
+objective: the training log-likelihood, maximized; the running checkpoint's distance is ``tv``).
+Method (docs/recovery.md, "SCAR's experiments in miniature"):
 
 1. A failure-free *baseline* run of E clocks with a checkpoint at every clock (``keep`` large) gives
    the exact state after every clock: each server part holds ``t{i}.values`` and their global rows
@@ -27,8 +30,9 @@ Every run is a real job through ``bosen launch`` (MF on MovieLens-100K, configs/
    time per clock from the clock records (clocks 3..E, start-up left out); ratio to the paired run
    without checkpoints.
 
-``python bench/recovery.py [--quick] [--seeds N]`` prints JSON lines (bench/common.py ``emit``) and
-draws bench/out/recovery_partial.png and bench/out/recovery_priority.png.
+``python bench/recovery.py [--app mf|lda] [--quick] [--seeds N]`` prints JSON lines (bench/common.py
+``emit``) and draws bench/out/recovery_partial.png and bench/out/recovery_priority.png (``--app lda``:
+recovery_lda_partial.png, recovery_lda_priority.png).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +59,6 @@ from bosen.config import load as load_config  # noqa: E402
 from bosen.rowmath import init_rows  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIG = REPO / "configs" / "mf-movielens.yaml"
 OUT = REPO / "bench" / "out"
 BENCH = "recovery"
 THESIS_PARTIAL = {0.75: (12, 42), 0.5: (31, 62), 0.25: (59, 89)}  # % less rework, T:1686
@@ -65,12 +69,43 @@ THESIS_PRIORITY = (78, 95)  # % less rework at r = 1/8, f = 1/2, T:1696
 # jobs
 
 
+@dataclass(frozen=True)
+class App:
+    """One model the experiments run on: its job, how its objective improves, and its row distance."""
+
+    name: str              # the records' "app"
+    config: str            # under configs/
+    epochs_arg: str        # app.args key for the number of passes
+    maximize: bool         # the objective improves upwards (a log-likelihood)
+    metric: scar.Metric    # the running checkpoint's row distance
+    args: tuple[tuple[str, Any], ...] = ()  # app.args overrides
+    servers: int = 0       # 0: as the config has them
+
+    @property
+    def prefix(self) -> str:
+        return "recovery" if self.name == "mf-movielens" else f"recovery_{self.name.split('-')[0]}"
+
+
+APPS: dict[str, App] = {
+    "mf": App("mf-movielens", "mf-movielens.yaml", "epochs", False, "l2"),
+    # seconds a run: K = 20 as configured, held-out scoring off (the objective is the training log-likelihood)
+    "lda": App("lda-news", "lda-news.yaml", "iterations", True, "tv",
+               args=(("test_data", ""), ("eval_every", 0), ("save_model", False)), servers=2),
+}
+APP = APPS["mf"]  # the app of this run (main sets it)
+
+
 def write_job(path: Path, epochs: int, every_clocks: int | None, keep: int = 1000) -> Path:
-    """configs/mf-movielens.yaml with absolute data paths, ``epochs`` and a checkpoint section."""
-    c = yaml.safe_load(CONFIG.read_text())
+    """The app's config with absolute data paths, ``epochs`` passes and a checkpoint section."""
+    c = yaml.safe_load((REPO / "configs" / APP.config).read_text())
+    a = c["app"]["args"]
+    a.update(dict(APP.args))
     for k in ("data", "test_data"):
-        c["app"]["args"][k] = str((REPO / c["app"]["args"][k]).resolve())
-    c["app"]["args"]["epochs"] = epochs
+        if a.get(k):
+            a[k] = str((REPO / a[k]).resolve())
+    a[APP.epochs_arg] = epochs
+    if APP.servers:
+        c["cluster"]["servers"] = ["127.0.0.1:0"] * APP.servers
     c["checkpoint"] = {"every_clocks": every_clocks or 100000, "keep": keep, "dir": "checkpoints"}
     path.write_text(yaml.safe_dump(c, sort_keys=False))
     return path
@@ -90,21 +125,25 @@ def launch(cfg: Path, run_dir: Path, *, resume: bool = False, timeout: float = 3
 
 
 def curve(records: list[dict[str, Any]]) -> np.ndarray:
-    """Training objective per clock (index = clock)."""
+    """Training objective per clock (index = clock; NaN where a clock has none, e.g. LDA's barriers)."""
     obj = np.full(max(r["clock"] for r in records) + 1, np.nan)
     for r in records:
-        obj[r["clock"]] = r["objective"]
+        obj[r["clock"]] = r.get("objective", np.nan)
     return obj
 
 
-def clocks_to(obj: np.ndarray, target: float, after: int) -> float:
+def clocks_to(obj: np.ndarray, target: float, after: int, maximize: bool | None = None) -> float:
     """Clock (fractional, interpolated) at which ``obj`` first reaches ``target`` among clocks >=
-    ``after``; inf if it never does."""
-    for k in range(max(after, 1), obj.shape[0]):
-        if obj[k] <= target:
-            prev = obj[k - 1]
-            if k - 1 >= after and np.isfinite(prev) and prev > target:
-                return k - 1 + (prev - target) / (prev - obj[k])
+    ``after`` (at or below it; at or above it when ``maximize``, default: the app's sense); inf if
+    it never does."""
+    up = APP.maximize if maximize is None else maximize
+    o = -obj if up else obj  # reaching a maximized target = the negated objective falling to -target
+    t = -target if up else target
+    for k in range(max(after, 1), o.shape[0]):
+        if o[k] <= t:
+            prev = o[k - 1]
+            if k - 1 >= after and np.isfinite(prev) and prev > t:
+                return k - 1 + (prev - t) / (prev - o[k])
             return float(k)
     return float("inf")
 
@@ -165,7 +204,8 @@ class States:
 
 
 def stacked(values: list[np.ndarray]) -> np.ndarray:
-    """MF's tables as one matrix of rows (L's rows, then R's): the unit SCAR saves and loses."""
+    """The tables as one matrix of rows (MF: L's rows, then R's; LDA: word_topic's, then the summary
+    row): the unit SCAR saves and loses."""
     return np.concatenate(values, axis=0)
 
 
@@ -191,7 +231,7 @@ def running_checkpoint(states: States, policy: str, r: float, period: int, until
                        seed: int) -> scar.RunningCheckpoint:
     """SCAR's running checkpoint at clock ``until``: from w(0), every r·period clocks the fraction r
     of rows chosen by ``policy`` saved from that clock's state."""
-    ck = scar.RunningCheckpoint(stacked(states.initial()), "l2", seed=seed)
+    ck = scar.RunningCheckpoint(stacked(states.initial()), APP.metric, seed=seed)
     step = max(1, int(round(r * period)))
     for c in range(step, until + 1, step):
         ck.step(policy, stacked(states.at(c)), r, c)  # type: ignore[arg-type]
@@ -214,6 +254,16 @@ def rework_run(states: States, cfg: Path, work: Path, name: str, clock: int, val
     return {"rework": float(rework), "resumed_at": clock, "reached": float(reach), "seconds": time.perf_counter() - t}
 
 
+def perturbation(live: list[np.ndarray], recovered: np.ndarray) -> dict[str, float]:
+    """How far the recovered rows are from the live ones: the L2 norm, and for count rows the summed
+    scaled total variation (``bosen.scar``'s ``tv``)."""
+    lv = stacked(live)
+    out = {"perturbation_l2": float(np.linalg.norm(lv.astype(np.float64) - recovered))}
+    if APP.metric == "tv":
+        out["perturbation_tv"] = float(scar.row_distance(lv, recovered, "tv").sum())
+    return out
+
+
 def summary(xs: list[float]) -> dict[str, float]:
     a = np.asarray(xs, float)
     return {"median": float(np.median(a)), "min": float(a.min()), "max": float(a.max()), "reps": int(a.size)}
@@ -229,12 +279,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cost-only", action="store_true", help="only the checkpoint-cost runs")
     p.add_argument("--e2e-only", action="store_true",
                    help="only the baseline and the SIGKILLs of a server process (both arms)")
+    p.add_argument("--app", choices=sorted(APPS), default="mf",
+                   help="mf: MF on MovieLens-100K (default); lda: LDA on the news corpus (data/news)")
+    p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end SIGKILL runs")
+    p.add_argument("--ratios", default="", help="comma-separated r values for E4 (default 1/2, 1/4, 1/8)")
+    p.add_argument("--fractions", default="", help="comma-separated lost fractions for E3 (default 1/4, 1/2, 3/4)")
     args = p.parse_args(argv)
+    global APP
+    APP = APPS[args.app]
+    app_meta = {"bench": BENCH, "app": APP.name, "servers": 2, "workers": 2, "staleness": 2}
     if args.cost_only:
         work = Path(tempfile.mkdtemp(prefix="bosen-recovery-"))
         try:
-            cost(work, {"bench": BENCH, "app": "mf-movielens", "servers": 2, "workers": 2, "staleness": 2,
-                        "quick": args.quick}, args.quick)
+            cost(work, {**app_meta, "quick": args.quick}, args.quick)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         return 0
@@ -243,11 +300,19 @@ def main(argv: list[str] | None = None) -> int:
     seeds = 1 if quick else args.seeds
     fractions = [0.5] if quick else [0.25, 0.5, 0.75]
     ratios = [1 / 8] if quick else [1 / 2, 1 / 4, 1 / 8]
+    if args.fractions:
+        fractions = [float(eval_fraction(x)) for x in args.fractions.split(",")]
+    if args.ratios:
+        ratios = [float(eval_fraction(x)) for x in args.ratios.split(",")]
+    if 0.5 not in fractions:
+        fractions = sorted([*fractions, 0.5])  # E4 (r = 1) and the priority runs lose half the rows
+    if 1 / 8 not in ratios:
+        ratios.append(1 / 8)  # the goal's r
     policies = ["priority"] if quick else list(scar.POLICIES)
     k_target = 3 * C + 6 if not quick else 3 * C + 2  # the baseline's clock whose objective is the target
     epochs = k_target + C + 4  # resumed runs go on past the target by at least the longest rework
-    base_meta = {"bench": BENCH, "app": "mf-movielens", "servers": 2, "workers": 2, "staleness": 2,
-                 "full_checkpoint_every": C, "target_clock": k_target, "quick": quick}
+    base_meta = {**app_meta, "full_checkpoint_every": C, "target_clock": k_target, "quick": quick,
+                 "maximize": APP.maximize, "distance": APP.metric}
     OUT.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bosen-recovery-"))
     try:
@@ -290,20 +355,18 @@ def main(argv: list[str] | None = None) -> int:
                 lost = lost_rows(live, f, np.random.default_rng(1000 + s))
                 mixed = stacked(live).copy()
                 mixed[lost] = saved[lost]
-                delta = float(np.linalg.norm(stacked(live).astype(np.float64) - mixed))
                 res = rework_run(states, cfg_resume, work, f"partial{s}-{f}", T, unstacked(mixed, live), T, target,
                                  k_target)
-                record(f"partial/f={f:g}", s, res, lost_fraction=f, perturbation_l2=delta)
+                record(f"partial/f={f:g}", s, res, lost_fraction=f, **perturbation(live, mixed))
             lost = lost_rows(live, 0.5, np.random.default_rng(1000 + s))
             for r in ratios:
                 for pol in policies:
                     ck = running_checkpoint(states, pol, r, C, T - 1, seed=s)  # saves before the failed clock
                     mixed = ck.recover(stacked(live), lost)
-                    delta = float(np.linalg.norm(stacked(live).astype(np.float64) - mixed))
                     res = rework_run(states, cfg_resume, work, f"prio{s}-{pol}-{r}", T, unstacked(mixed, live), T,
                                      target, k_target)
-                    record(f"priority/{pol}/r={r:g}", s, res, policy=pol, r=r, lost_fraction=0.5, perturbation_l2=delta,
-                           rows_saved=ck.rows_saved)
+                    record(f"priority/{pol}/r={r:g}", s, res, policy=pol, r=r, lost_fraction=0.5,
+                           rows_saved=ck.rows_saved, **perturbation(live, mixed))
 
         full = float(np.median(results["full"]))
         for key, xs in results.items():
@@ -313,6 +376,8 @@ def main(argv: list[str] | None = None) -> int:
             return 100.0 * (1.0 - float(np.median(xs)) / full) if full > 0 else float("nan")
 
         for f in fractions:
+            if f not in THESIS_PARTIAL:
+                continue
             lo, hi = THESIS_PARTIAL[f]
             c = cut(results[f"partial/f={f:g}"])
             emit(**base_meta, case=f"goal/partial/f={f:g}", metric="rework_cut_vs_full_restart", unit="%", value=c,
@@ -323,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                  value=c, thesis=list(THESIS_PRIORITY), goal=">= 78%" if pol == "priority" else "(no goal)",
                  met=bool(c >= THESIS_PRIORITY[0]) if pol == "priority" else None)
         plot(results, fractions, ratios, policies, full)
-        if not quick:
+        if not (quick or args.no_e2e):
             for kill_after in sorted(set(failures))[:3]:
                 for arm in ("full-restart", "partial-live"):
                     end_to_end(work, base_meta, epochs, k_target, target, C, kill_after=kill_after, arm=arm)
@@ -332,6 +397,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def eval_fraction(x: str) -> float:
+    """"1/8" or "0.125" as a number."""
+    a, _, b = x.strip().partition("/")
+    return float(a) / float(b) if b else float(a)
 
 
 def end_to_end(work: Path, base_meta: dict[str, Any], epochs: int, k_target: int, target: float, period: int,
@@ -466,10 +537,10 @@ def plot(results: dict[str, list[float]], fractions: list[float], ratios: list[f
         ax.axhline(float(np.median(results["control"])), color="grey", ls=":", label="no loss (noise)")
     ax.set_xlabel("fraction of rows lost")
     ax.set_ylabel("rework (clocks)")
-    ax.set_title("MF MovieLens-100K: partial vs full recovery")
+    ax.set_title(f"{APP.name}: partial vs full recovery")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT / "recovery_partial.png", dpi=120)
+    fig.savefig(OUT / f"{APP.prefix}_partial.png", dpi=120)
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -482,10 +553,10 @@ def plot(results: dict[str, list[float]], fractions: list[float], ratios: list[f
     ax.set_xscale("log", base=2)
     ax.set_xlabel("checkpoint frequency relative to full (fraction saved = 1/x)")
     ax.set_ylabel("rework (clocks), half the rows lost")
-    ax.set_title("MF MovieLens-100K: priority checkpoints")
+    ax.set_title(f"{APP.name}: priority checkpoints")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(OUT / "recovery_priority.png", dpi=120)
+    fig.savefig(OUT / f"{APP.prefix}_priority.png", dpi=120)
     plt.close(fig)
 
 
