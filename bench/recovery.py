@@ -185,9 +185,10 @@ class States:
             self._cache[clock] = arrays
         return self._cache[clock]
 
-    def write_resume(self, dst: Path, clock: int, values: list[np.ndarray]) -> None:
+    def write_resume(self, dst: Path, clock: int, values: list[np.ndarray],
+                     workers: list[dict[str, np.ndarray]] | None = None) -> None:
         """A run directory ``dst`` to resume at ``clock``: the baseline's records, its checkpoint at
-        ``clock`` (worker parts as saved), the server parts holding ``values``."""
+        ``clock`` (worker parts as saved, or holding ``workers``), the server parts holding ``values``."""
         if dst.exists():
             shutil.rmtree(dst)
         dst.mkdir(parents=True)
@@ -201,6 +202,91 @@ class States:
             for i in range(len(self.tables)):
                 arrays[f"t{i}.values"] = values[i][arrays[f"t{i}.rows"]]
             checkpoint.write_part(dst / "checkpoints", clock, "server", j, arrays, part.info, self.fingerprint)
+        for r, arrays in enumerate(workers or []):
+            part = checkpoint.read_part(src / f"worker-{r}", self.fingerprint)
+            checkpoint.write_part(dst / "checkpoints", clock, "worker", r, arrays, part.info, self.fingerprint)
+
+
+class Documents:
+    """LDA's documents as SCAR's parameters (its LDA fault model, T:1638-1642: the document-topic rows
+    fail; the word-topic counts are regenerable). Per clock, the workers' checkpoint parts give every
+    document's topic assignments ``z`` and doc-topic counts (rows of ``ndk``, stacked in global
+    document order); a recovered state takes each lost document's ``z`` from the clock it was saved
+    at, recounts ``ndk``, and regenerates ``word_topic`` and ``topic_summary`` from all of ``z``, so
+    the servers' counts are consistent with the workers' assignments."""
+
+    def __init__(self, states: States, cfg_path: Path) -> None:
+        from bosen.apps.lda.data import load as load_corpus
+
+        a = yaml.safe_load(cfg_path.read_text())["app"]["args"]
+        corpus = load_corpus(a["data"], a.get("vocab") or None, a.get("format", "auto"))
+        self.states = states
+        self.K = int(a["K"])
+        self.V = corpus.n_vocab
+        self.workers = int(states.config.cluster.workers)
+        self.words: list[np.ndarray] = []  # per worker: each token's word
+        self.docs: list[np.ndarray] = []   # per worker: each token's document (global stacked row)
+        self.first: list[int] = []         # per worker: its first document's stacked row
+        self.count: list[int] = []         # per worker: its documents
+        for r in range(self.workers):
+            lo, hi = corpus.doc_range(r, self.workers)
+            part = corpus.subset(lo, hi)
+            self.words.append(part.words.astype(np.int64))
+            self.docs.append(part.docs.astype(np.int64) + lo)
+            self.first.append(lo)
+            self.count.append(hi - lo)
+        self.n_docs = corpus.n_docs
+        self._cache: dict[int, list[dict[str, np.ndarray]]] = {}
+
+    def parts(self, clock: int) -> list[dict[str, np.ndarray]]:
+        """The workers' checkpoint arrays at ``clock`` (clock 0: the first checkpoint's, which holds
+        the initial assignments: the first clocks are barriers that sample nothing)."""
+        clock = max(clock, 1)
+        if clock not in self._cache:
+            d = checkpoint.clock_dir(self.states.base, clock)
+            self._cache[clock] = [checkpoint.read_part(d / f"worker-{r}", verify=False).load()
+                                  for r in range(self.workers)]
+        return self._cache[clock]
+
+    def ndk(self, clock: int) -> np.ndarray:
+        """Every document's topic counts at ``clock`` (one row per document)."""
+        return np.concatenate([p["ndk"] for p in self.parts(clock)], axis=0)
+
+    def recovered(self, live: int, source: np.ndarray) -> list[np.ndarray]:
+        """Per worker ``z`` at clock ``live`` with each document d whose ``source[d] >= 0`` taken
+        from clock ``source[d]``."""
+        out = []
+        for r, p in enumerate(self.parts(live)):
+            z = p["z"].copy()
+            src = source[self.docs[r]]
+            for c in np.unique(src[src >= 0]):
+                m = src == c
+                z[m] = self.parts(int(c))[r]["z"][m]
+            out.append(z)
+        return out
+
+    def counts(self, zs: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
+        """(the server tables word_topic and topic_summary, every document's topic counts) of ``zs``."""
+        K = self.K
+        wt = np.zeros(self.V * K, np.int64)
+        ndk = []
+        for r, z in enumerate(zs):
+            wt += np.bincount(self.words[r] * K + z, minlength=self.V * K)
+            local = self.docs[r] - self.first[r]
+            ndk.append(np.bincount(local * K + z, minlength=self.count[r] * K).reshape(-1, K))
+        w = wt.reshape(self.V, K).astype(np.int32)
+        return [w, w.sum(axis=0, dtype=np.int64)[None, :].astype(np.int32)], np.concatenate(ndk).astype(np.int32)
+
+    def worker_arrays(self, live: int, zs: list[np.ndarray], ndk: np.ndarray) -> list[dict[str, np.ndarray]]:
+        """The workers' checkpoint arrays at ``live`` with ``zs`` and ``ndk`` put in."""
+        out = []
+        for r, p in enumerate(self.parts(live)):
+            a = dict(p)
+            lo = self.first[r]
+            a["z"] = zs[r].astype(p["z"].dtype)
+            a["ndk"] = ndk[lo:lo + p["ndk"].shape[0]].astype(p["ndk"].dtype)
+            out.append(a)
+        return out
 
 
 def stacked(values: list[np.ndarray]) -> np.ndarray:
@@ -243,15 +329,29 @@ def running_checkpoint(states: States, policy: str, r: float, period: int, until
 
 
 def rework_run(states: States, cfg: Path, work: Path, name: str, clock: int, values: list[np.ndarray],
-               failed_at: int, target: float, k_target: float) -> dict[str, Any]:
+               failed_at: int, target: float, k_target: float,
+               workers: list[dict[str, np.ndarray]] | None = None) -> dict[str, Any]:
     run = work / name
-    states.write_resume(run, clock, values)
+    states.write_resume(run, clock, values, workers)
     t = time.perf_counter()
     obj = curve(launch(cfg, run, resume=True))
     shutil.rmtree(run / "checkpoints", ignore_errors=True)
     reach = clocks_to(obj, target, clock)
     rework = failed_at - clock + reach - k_target
     return {"rework": float(rework), "resumed_at": clock, "reached": float(reach), "seconds": time.perf_counter() - t}
+
+
+def doc_run(docs: Documents, states: States, cfg: Path, work: Path, name: str, T: int, source: np.ndarray,
+            target: float, k_target: float) -> dict[str, Any]:
+    """LDA resumed at the failure clock ``T`` with the documents of ``source >= 0`` recovered from those
+    clocks (the rest live), the server tables regenerated; the perturbation in the doc-topic rows."""
+    zs = docs.recovered(T, source)
+    tables, ndk = docs.counts(zs)
+    live = docs.ndk(T)
+    res = rework_run(states, cfg, work, name, T, tables, T, target, k_target, docs.worker_arrays(T, zs, ndk))
+    res["perturbation_l2"] = float(np.linalg.norm(live.astype(np.float64) - ndk))
+    res["perturbation_tv"] = float(scar.row_distance(live, ndk, "tv").sum())
+    return res
 
 
 def perturbation(live: list[np.ndarray], recovered: np.ndarray) -> dict[str, float]:
@@ -281,6 +381,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the baseline and the SIGKILLs of a server process (both arms)")
     p.add_argument("--app", choices=sorted(APPS), default="mf",
                    help="mf: MF on MovieLens-100K (default); lda: LDA on the news corpus (data/news)")
+    p.add_argument("--lose", choices=("documents", "rows"), default="documents",
+                   help="lda: what fails: documents (their topic assignments and doc-topic rows, the word-topic "
+                        "table regenerated: SCAR's LDA fault model) or rows of the server tables")
     p.add_argument("--no-e2e", action="store_true", help="skip the end-to-end SIGKILL runs")
     p.add_argument("--ratios", default="", help="comma-separated r values for E4 (default 1/2, 1/4, 1/8)")
     p.add_argument("--fractions", default="", help="comma-separated lost fractions for E3 (default 1/4, 1/2, 3/4)")
@@ -326,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         emit(**base_meta, case="baseline", metric="objective_at_target_clock", value=target,
              clocks=int(obj.shape[0]), curve=[float(x) for x in obj])
 
+        docs = Documents(states, cfg_base) if APP.name == "lda-news" and args.lose == "documents" else None
+        base_meta["lost_unit"] = "documents" if docs is not None else "rows"
         rng_master = np.random.default_rng(12345)
         failures = []
         for _ in range(seeds):
@@ -340,8 +445,9 @@ def main(argv: list[str] | None = None) -> int:
 
         def record(key: str, seed: int, res: dict[str, Any], **fields: Any) -> None:
             results.setdefault(key, []).append(res["rework"])
+            extra = {k: res[k] for k in ("perturbation_l2", "perturbation_tv") if k in res}
             emit(**base_meta, case=f"{key}/seed{seed}", metric="rework", unit="clocks", value=res["rework"],
-                 failed_at=failures[seed], resumed_at=res["resumed_at"], reached=res["reached"], **fields)
+                 failed_at=failures[seed], resumed_at=res["resumed_at"], reached=res["reached"], **extra, **fields)
 
         for s, T in enumerate(failures):
             B = C * (T // C)
@@ -350,6 +456,29 @@ def main(argv: list[str] | None = None) -> int:
             if not quick:  # the run-to-run noise: resumed at T with nothing lost
                 record("control", s, rework_run(states, cfg_resume, work, f"control{s}", T, live, T, target, k_target))
             record("full", s, rework_run(states, cfg_resume, work, f"full{s}", B, states.at(B), T, target, k_target))
+            if docs is not None:  # LDA: documents fail (SCAR's LDA fault model)
+                live_ndk = docs.ndk(T)
+                for f in fractions:
+                    lost = lost_rows([live_ndk], f, np.random.default_rng(1000 + s))
+                    source = np.full(docs.n_docs, -1, np.int64)
+                    source[lost] = B
+                    res = doc_run(docs, states, cfg_resume, work, f"partial{s}-{f}", T, source, target, k_target)
+                    record(f"partial/f={f:g}", s, res, lost_fraction=f, lost_unit="documents")
+                lost = lost_rows([live_ndk], 0.5, np.random.default_rng(1000 + s))
+                for r in ratios:
+                    for pol in policies:
+                        ck = scar.RunningCheckpoint(docs.ndk(0), "tv", seed=s)
+                        step = max(1, int(round(r * C)))
+                        for c in range(step, T, step):  # saves before the failed clock
+                            ck.step(pol, docs.ndk(c), r, c)  # type: ignore[arg-type]
+                        source = np.full(docs.n_docs, -1, np.int64)
+                        source[lost] = ck.saved_clock[lost]
+                        res = doc_run(docs, states, cfg_resume, work, f"prio{s}-{pol}-{r}", T, source, target,
+                                      k_target)
+                        record(f"priority/{pol}/r={r:g}", s, res, policy=pol, r=r, lost_fraction=0.5,
+                               rows_saved=ck.rows_saved, lost_unit="documents",
+                               saved_age_median=float(np.median(T - ck.saved_clock[lost])))
+                continue
             saved = stacked(states.at(B))
             for f in fractions:
                 lost = lost_rows(live, f, np.random.default_rng(1000 + s))
