@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
                     source = np.full(docs.n_docs, -1, np.int64)
                     source[lost] = B
                     res = doc_run(docs, states, cfg_resume, work, f"partial{s}-{f}", T, source, target, k_target)
-                    record(f"partial/f={f:g}", s, res, lost_fraction=f, lost_unit="documents")
+                    record(f"partial/f={f:g}", s, res, lost_fraction=f)
                 lost = lost_rows([live_ndk], 0.5, np.random.default_rng(1000 + s))
                 for r in ratios:
                     for pol in policies:
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
                         res = doc_run(docs, states, cfg_resume, work, f"prio{s}-{pol}-{r}", T, source, target,
                                       k_target)
                         record(f"priority/{pol}/r={r:g}", s, res, policy=pol, r=r, lost_fraction=0.5,
-                               rows_saved=ck.rows_saved, lost_unit="documents",
+                               rows_saved=ck.rows_saved,
                                saved_age_median=float(np.median(T - ck.saved_clock[lost])))
                 continue
             saved = stacked(states.at(B))
