@@ -19,14 +19,17 @@ def main(path: str) -> None:
         if "/seed" in r["case"] and r.get("metric") == "rework":
             key = r["case"].rsplit("/seed", 1)[0]
             per.setdefault(key, []).append(r["value"])
-            if "perturbation_l2" in r:
+            if "perturbation_tv" in r:  # count rows (LDA): the summed scaled total variation
+                delta.setdefault(key, []).append(r["perturbation_tv"])
+            elif "perturbation_l2" in r:
                 delta.setdefault(key, []).append(r["perturbation_l2"])
     med = {k: {"median": float(np.median(v)), "min": min(v), "max": max(v), "reps": len(v)} for k, v in per.items()}
     full = med["full"]["median"]
+    norm = "tv" if any("perturbation_tv" in r for r in recs) else "‖δ‖"
 
     def cell(key: str) -> str:
         m = med[key]
-        d = f", ‖δ‖ {np.median(delta[key]):.1f}" if key in delta else ""
+        d = f", {norm} {np.median(delta[key]):.{0 if norm == 'tv' else 1}f}" if key in delta else ""
         return f"{m['median']:.2f} ({m['min']:.2f}–{m['max']:.2f}, n={m['reps']}{d})"
 
     def cut(key: str) -> str:
