@@ -5,6 +5,9 @@ Every run is a real job through ``bosen launch``, 2 servers, 2 workers, stalenes
 default) MF on MovieLens-100K (configs/mf-movielens.yaml, objective: training loss, minimized);
 ``--app lda`` LDA on the news corpus (configs/lda-news.yaml with 2 servers, no held-out scoring,
 objective: the training log-likelihood, maximized; the running checkpoint's distance is ``tv``).
+For LDA ``--lose documents`` (the default, SCAR's LDA fault model) loses documents: their topic
+assignments go back to the clock their copy was saved at and the word-topic counts are regenerated
+from all assignments (``Documents``); ``--lose rows`` loses rows of the server tables as for MF.
 Method (docs/recovery.md, "SCAR's experiments in miniature"):
 
 1. A failure-free *baseline* run of E clocks with a checkpoint at every clock (``keep`` large) gives
