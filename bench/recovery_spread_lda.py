@@ -15,6 +15,7 @@ clock, how far the servers' counts are from the counts of the workers' topic ass
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -65,6 +66,13 @@ def offset_persists(run: Path, st: recovery.States, docs: recovery.Documents, T:
     c["app"]["args"]["iterations"] = min(int(c["app"]["args"]["iterations"]), 40)
     cfg = work / "c.yaml"
     cfg.write_text(yaml.safe_dump(c, sort_keys=False))
+    try:
+        _offsets(st, docs, dst, cfg, T, B)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _offsets(st: recovery.States, docs: recovery.Documents, dst: Path, cfg: Path, T: int, B: int) -> None:
     subprocess.run([sys.executable, "-m", "bosen", "launch", str(cfg), "--quiet", "--no-plot", "--resume", str(dst)],
                    check=True, capture_output=True, cwd=recovery.REPO)
     st2 = object.__new__(recovery.States)  # the baseline's reader on the resumed run's checkpoints
