@@ -151,14 +151,16 @@ class ServerLink:
             if k == final:
                 header.pop("na", None)
                 last_inc = self.seq
-            nbytes = self._charge(header, payload)
-            self.transmit([wire.pack_header(header), *payload])
+            frames = [wire.pack_header(header), *payload]
+            nbytes = self._charge(frames)
+            self.transmit(frames)
             if header["t"] == wire.Msg.INC:
                 self.sent_update(nbytes)
         return last_inc
 
-    def _charge(self, header: dict[str, Any], payload: list[Any]) -> int:
-        nbytes = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in payload) + 32
+    def _charge(self, frames: list[Any]) -> int:
+        """Count a resent message's bytes (header and arrays) as sent, and charge the bucket."""
+        nbytes = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
         self.counters["msgs_sent"] += 1
         self.counters["bytes_sent"] += nbytes
         self.counters["bytes_resent"] += nbytes

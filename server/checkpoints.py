@@ -33,7 +33,7 @@ from bosen.server.shard import TableShard
 
 log = logging.getLogger("bosen.server")
 
-Held = Callable[[], None]  # a message's handling, deferred
+Held = tuple[int, Callable[[], None]]  # a message's number and its handling, deferred
 
 
 class ServerCheckpoints:
@@ -72,8 +72,8 @@ class ServerCheckpoints:
         boundary the server has not reached."""
         return client_clock >= self.boundary_after(server_clock)
 
-    def hold(self, rank: int, handle: Held) -> None:
-        self.held.setdefault(rank, []).append(handle)
+    def hold(self, rank: int, seq: int, handle: Callable[[], None]) -> None:
+        self.held.setdefault(rank, []).append((seq, handle))
         self.held_msgs += 1
 
     def holding(self, rank: int) -> bool:

@@ -316,18 +316,18 @@ class Server:
             welcome["rc"] = self.restored
         self._send(ident, welcome)
 
-    def _held(self, peer: Peer, handle: Callable[[], None]) -> bool:
+    def _held(self, peer: Peer, seq: int, handle: Callable[[], None]) -> bool:
         """Hold a message of ``peer`` (in order) while it is past a checkpoint boundary the server has
         not reached (server/checkpoints.py); True if held."""
         ck = self.checkpoints
         if ck is None or not (ck.holding(peer.rank) or ck.holds(int(self.client_clock[peer.rank]), self.clock)):
             return False
-        ck.hold(peer.rank, handle)
+        ck.hold(peer.rank, seq, handle)
         return True
 
     def on_inc(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
-        if not self._held(peer, lambda: self._on_inc(peer, ident, h, frames)):
+        if not self._held(peer, h["s"], lambda: self._on_inc(peer, ident, h, frames)):
             self._on_inc(peer, ident, h, frames)
 
     def _on_inc(self, peer: Peer, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
@@ -364,7 +364,7 @@ class Server:
 
     def on_clock(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
-        if not self._held(peer, lambda: self._on_clock(peer, h)):
+        if not self._held(peer, h["s"], lambda: self._on_clock(peer, h)):
             self._on_clock(peer, h)
 
     def _on_clock(self, peer: Peer, h: dict[str, Any]) -> None:
@@ -384,7 +384,7 @@ class Server:
 
     def on_bye(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
-        if not self._held(peer, lambda: self._on_bye(peer, ident, h)):  # after its held updates
+        if not self._held(peer, h["s"], lambda: self._on_bye(peer, ident, h)):  # after its held updates
             self._on_bye(peer, ident, h)
 
     def _on_bye(self, peer: Peer, ident: bytes, h: dict[str, Any]) -> None:
@@ -480,7 +480,7 @@ class Server:
         for rank in list(ck.held):
             queue = ck.held.pop(rank)
             peer = self.by_rank[rank]
-            for k, handle in enumerate(queue):
+            for k, (seq, handle) in enumerate(queue):
                 if ck.holds(int(self.client_clock[rank]), self.clock):
                     ck.held[rank] = queue[k:]
                     break
@@ -488,8 +488,8 @@ class Server:
                     handle()
                 except ProtocolError as e:  # the sender learns it now; its later messages still apply
                     self.counters["errors"] += 1
-                    log.warning("rejected held message from client rank %d: %s", rank, e)
-                    self._send(peer.ident, {"t": Msg.ERROR, "rq": -1, "m": str(e)})
+                    log.warning("rejected held message %d from client rank %d: %s", seq, rank, e)
+                    self._send(peer.ident, {"t": Msg.ERROR, "rq": seq, "m": str(e)})
 
     def _live(self) -> list[Peer]:
         return [p for p in self.by_rank.values() if not p.gone and not p.leaving]
