@@ -50,6 +50,17 @@ class CheckpointError(BosenError):
     """A checkpoint cannot be used: missing, incomplete, corrupt, or made for another job."""
 
 
+def is_boundary(clock: int, every_clocks: int) -> bool:
+    """Whether ``clock`` is a checkpoint boundary: a multiple of ``checkpoint.every_clocks`` (0: no
+    checkpoints). Clients and servers both ask this, so they agree on where a checkpoint cuts."""
+    return every_clocks > 0 and clock % every_clocks == 0
+
+
+def next_boundary(clock: int, every_clocks: int) -> int:
+    """The first boundary above ``clock``."""
+    return (clock // every_clocks + 1) * every_clocks
+
+
 def model_fingerprint(config: Config) -> str:
     """What a checkpoint must match to be resumed: the tables, the number of servers and of workers
     (not the addresses: a resumed job may listen on other ports)."""

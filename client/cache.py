@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from bosen import rowmath
+from bosen.partition import rows_of, server_of, server_of_jit
 
 
 @njit(nogil=True, cache=True)
@@ -60,7 +61,7 @@ def _read_stats(early, clock, server_clock, rows, tick):  # pragma: no cover - c
         if early[r]:
             n_early += 1
         c = clock[r]
-        sc = server_clock[r % servers]
+        sc = server_clock[server_of_jit(r, servers)]
         stale += tick - (c if c > sc else sc)
     return n_early, stale
 
@@ -82,7 +83,7 @@ def _read_fresh(values, clock, server_clock, early, rows, need, tick, out):  # p
         c = clock[r]
         if c < 0:
             return 2, i, 0
-        sc = server_clock[r % servers]
+        sc = server_clock[server_of_jit(r, servers)]
         f = c if c > sc else sc
         if f < need:
             return 2, i, 0
@@ -109,7 +110,7 @@ class RowCache:
         """A server clock message: every cached row of that server is now valid for ``clock``."""
         if clock > self.server_clock[server]:
             self.server_clock[server] = clock
-            self.early[server::self.num_servers] = False  # rows are partitioned by row % servers
+            self.early[rows_of(server, self.num_servers)] = False
 
     def read_stats(self, rows: np.ndarray, tick: int) -> tuple[int, int]:
         """(rows of ``rows`` holding an early-pushed value, Σ tick - their clocks) for read counters:
@@ -125,7 +126,7 @@ class RowCache:
     def fresh_clock(self, rows: np.ndarray) -> np.ndarray:
         """The clock each row's cached value is valid for (-1: not cached)."""
         own = self.clock[rows]
-        return np.where(own >= 0, np.maximum(own, self.server_clock[rows % self.num_servers]), -1)
+        return np.where(own >= 0, np.maximum(own, self.server_clock[server_of(rows, self.num_servers)]), -1)
 
     def min_clock(self, rows: np.ndarray, index: slice | np.ndarray | None = None) -> int:
         """The lowest clock among ``rows`` (-1 if one is not cached); ``rows`` must not be empty.
@@ -156,7 +157,7 @@ class RowCache:
     def forget_server(self, server: int) -> None:
         """``server`` was replaced by one restarted from a checkpoint: nothing cached from it holds,
         and its clock and message numbers start again. Its rows are read anew (and so subscribed)."""
-        sl = slice(server, None, self.num_servers)
+        sl = rows_of(server, self.num_servers)
         self.clock[sl] = -1
         self.requested[sl] = False
         self.ss[sl] = 0

@@ -1,15 +1,15 @@
 """The client's communication thread: its own event loop, one ``ServerLink`` per server.
 
 It owns the client's main connection to every server: updates, clocks, pushes, acknowledgements.
-(A worker blocked on uncached rows asks for them on its own read connection: ``client/reader.py``.)
-Worker threads hand it work through its ``LoopThread`` (``submit``, ``call``). What it does, by
-concept: the end-of-tick flush (``flush``, paced per server by a ``FlushWindow``), budgeted sends of
-the most important rows between ticks (``_budget_loop``), both taking updates out of the buffer
-through ``client/encode.py``; and the receive path (a handler per message type; rows go into the
-cache through ``client/receive.py``, then ``notify`` wakes blocked readers).
+(A worker blocked on uncached rows asks for them on its own read connection: ``client/reads.py``.)
+Worker threads hand it work through its ``LoopThread`` (``submit``, ``call``). By concept: this
+module is the thread and its sockets, joining and leaving the job, and the receive path (a handler
+per message type; rows go into the cache through ``client/receive.py``, then ``notify`` wakes
+blocked readers); sending is ``client/send.py`` (the flush and budgeted sends); replacing a lost
+server is ``client/recovery.py``.
 
-Its first fatal error (a server lost or rejecting an update, a malformed message, a bug) is kept in
-``error`` and never cleared: every worker thread raises it at its next call (``Client._check``).
+Its first fatal error (a server lost or rejecting an update, a malformed message, a bug) fails the
+client's ``Lifecycle``: every worker thread raises it at its next call.
 """
 
 from __future__ import annotations
@@ -19,35 +19,31 @@ import functools
 import logging
 import os
 import secrets
-import time
-from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from bosen import wire
-from bosen.client import encode, receive
-from bosen.client.link import ServerLink
+from bosen.client import receive
+from bosen.client.lifecycle import Lifecycle, Phase
+from bosen.client.link import LinkState, ServerLink
 from bosen.client.loopthread import LoopThread
-from bosen.client.table import TableState
-from bosen.client.window import FlushWindow
+from bosen.client.recovery import RECOVERY_TIMEOUT_S, Recovery, ResendLog
+from bosen.client.send import Sender
+from bosen.client.state import TableState
 from bosen.config import Config
 from bosen.errors import BosenError, ProtocolError, ServerError, ServerLost
 from bosen.malloc import reuse_large_buffers
 from bosen.partition import Partition
-from bosen.ratelimit import LeakyBucket, paced_sender
-from bosen.wire import Msg, UpdateBatch
+from bosen.ratelimit import LeakyBucket
+from bosen.wire import Msg
 from bosen.zsocket import LoopSocket
 
 log = logging.getLogger("bosen.client")
 YIELD_EVERY = 32  # messages handled (then readers woken) before other tasks (the budget loop) get a turn
 START_TIMEOUT_S = 10.0  # the thread's sockets are set up within this, or Client.connect raises
-# Partial recovery: a lost server's replacement must welcome us within RECOVERY_TIMEOUT_S, and apply
-# what we resend within it too.
-RECOVERY_TIMEOUT_S = 120.0
 # ZeroMQ heartbeats: a server that stops answering them (its machine is gone, no TCP reset comes) is
 # lost after HEARTBEAT_TIMEOUT_MS, like one whose connection closed. libzmq answers them on its own
 # I/O thread, so a server busy in Python still does.
@@ -69,13 +65,13 @@ class _AckedSeqs(Sequence[int]):
 
 
 class CommThread:
-    def __init__(self, config: Config, tables: list[TableState], notify: Callable[[], None]) -> None:
+    def __init__(self, config: Config, tables: list[TableState], life: Lifecycle,
+                 notify: Callable[[], None]) -> None:
         self.config = config
-        self.comm = config.comm
         self.partition = Partition(len(config.cluster.servers))
         self.tables = tables
+        self.life = life
         self.notify = notify
-        self.error: BosenError | None = None  # the first fatal error, kept
         # written on this thread only; Client.stats reads them
         self.counters: dict[str, Any] = dict(bytes_sent=0, bytes_received=0, msgs_sent=0, msgs_received=0, rows_sent=0,
                              rows_sent_budgeted=0, budgeted_sends=0, rows_received=0, rows_pushed_to_us=0,
@@ -87,17 +83,12 @@ class CommThread:
         self.links = [ServerLink(j, addr, self.counters, self.bucket) for j, addr in enumerate(config.cluster.servers)]
         if config.checkpoint is not None:  # what was sent since each server's checkpoint, for a replacement
             for link in self.links:
-                link.log = deque()
+                link.log = ResendLog()
         self.rank = -1
-        self.lost_a_server = False
         self._fingerprint = config.fingerprint()
         self._token = secrets.token_hex(8)
         for st in tables:
             st.oplog.send_pieces_as_frames(_AckedSeqs(self.links))
-        self._flush_waiters: list[asyncio.Future] = []
-        self._retired_scheduled = False
-        self._rotation = 0
-        self.leaving = False
         self._handlers: dict[Msg, Callable[[ServerLink, dict[str, Any], Sequence[Any]], None]] = {
             Msg.ROWS: self._on_rows,
             Msg.SCLOCK: self._on_sclock,
@@ -109,6 +100,10 @@ class CommThread:
             Msg.PING: lambda link, h, arrays: None,  # the server checks that we are still there
         }
         self.thread = LoopThread("bosen-comm", self._fail)
+        self.sender = Sender(tables, self.links, self.partition, config.comm, self.bucket, self.counters,
+                             self.thread, life, notify, self._fail)
+        self.recovery = Recovery(tables, life, self._reconnect, self._hello_again, self.sender.pump, notify,
+                                 self._fail)
         self._ctx: zmq.Context | None = None
         self._socks: list[LoopSocket] = []  # every socket the loop serves, the monitors' too
         self._tasks: list[asyncio.Task] = []
@@ -127,7 +122,7 @@ class CommThread:
         for s in self._socks:
             s.start()
         if self.bucket is not None:
-            self._tasks.append(loop.create_task(self._budget_loop()))
+            self._tasks.append(loop.create_task(self.sender.budget_loop()))
 
     def _connect(self, link: ServerLink, loop: asyncio.AbstractEventLoop, start: bool = True, attempt: int = 0) -> None:
         """A DEALER to ``link``'s server, watched for disconnection (again, after a loss)."""
@@ -153,8 +148,9 @@ class CommThread:
             link.sock.start()
             link.monitor.start()
 
-    def _disconnect(self, link: ServerLink) -> None:
-        """Close ``link``'s sockets at once: what is queued there was for a server that is gone."""
+    def _reconnect(self, link: ServerLink) -> None:
+        """Close ``link``'s sockets at once (what is queued there was for a server that is gone) and
+        open new ones to the same address."""
         if link.sock is not None:
             link.sock.sock.disable_monitor()
         for s in (link.sock, link.monitor):
@@ -162,6 +158,8 @@ class CommThread:
                 s.close(linger=0)
                 self._socks.remove(s)
         link.sock = link.monitor = None
+        assert self.thread.loop is not None
+        self._connect(link, self.thread.loop, attempt=1 + self.counters["recoveries"])
 
     def _close(self) -> None:
         """On the thread, once its loop stopped: tasks cancelled, sockets closed, context ended."""
@@ -184,6 +182,17 @@ class CommThread:
         return self.thread.running
 
     @property
+    def error(self) -> BosenError | None:
+        """The client's kept failure (``Lifecycle.error``)."""
+        return self.life.error
+
+    @property
+    def lost_a_server(self) -> bool:
+        """A server was lost and replaced: workers' read connections know only the lost one, so no
+        more direct reads."""
+        return any(link.losses for link in self.links)
+
+    @property
     def context(self) -> zmq.Context:
         """The ZeroMQ context (thread-safe): workers' read sockets share its I/O thread."""
         assert self._ctx is not None, "start() first"
@@ -200,25 +209,30 @@ class CommThread:
         """Run a coroutine on the communication thread and wait for its result."""
         return self.thread.call(coro, timeout)
 
+    def unacked(self) -> int:
+        return self.sender.unacked()
+
+    def flushing(self) -> bool:
+        return self.sender.flushing()
+
     def _fail(self, err: BosenError) -> None:
-        """Keep the first fatal error; nothing waits any more for what will not come."""
-        if self.error is None:
-            self.error = err
+        """Fail the client with its first fatal error; nothing waits any more for what will not come."""
+        if self.life.fail(err):
             for link in self.links:
                 link.window.abort()
                 link.fail_requests(err)
-            self._wake_flush_waiters()
+            self.sender.wake_flush_waiters()
         self.notify()
 
     # -- requests ------------------------------------------------------------------------------
 
     async def _request(self, link: ServerLink, header: dict[str, Any], timeout: float,
                        during_recovery: bool = False) -> dict[str, Any]:
-        if self.error is not None:
-            raise self.error
+        self.life.raise_failure()
         if link.recovering and not during_recovery:
             raise BosenError(f"{link} was lost and is being replaced; try again")
         seq = link.seq + 1
+        assert self.thread.loop is not None
         fut = link.request(header, self.thread.loop)
         try:
             return await asyncio.wait_for(fut, timeout)
@@ -228,18 +242,23 @@ class CommThread:
         finally:
             link.pending.pop(seq, None)
 
+    def _hello_again(self, link: ServerLink) -> Coroutine[Any, Any, dict[str, Any]]:
+        """HELLO to a lost server's replacement (partial recovery)."""
+        return self._request(link, {"t": Msg.HELLO, "rank": self.rank, "fp": self._fingerprint},
+                             RECOVERY_TIMEOUT_S, during_recovery=True)
+
     async def join(self, rank: int, fingerprint: str, timeout: float) -> tuple[int, int]:
         """HELLO to server 0 (which assigns a rank if ``rank`` is -1), then to the others; returns the
         rank and the servers' clock (where this process's workers start: 0, or a resumed checkpoint's)."""
         first, rest = self.links[0], self.links[1:]
         h = await self._request(first, {"t": Msg.HELLO, "rank": rank, "fp": fingerprint}, timeout)
-        first.joined = True
+        first.state = LinkState.JOINED
         rank = self.rank = h["rank"]
         self._set_capabilities(h.get("tf"))
         welcomes = await asyncio.gather(*(self._request(link, {"t": Msg.HELLO, "rank": rank, "fp": fingerprint},
                                                         timeout) for link in rest))
         for link in rest:
-            link.joined = True
+            link.state = LinkState.JOINED
         clocks = {h["c"], *(w["c"] for w in welcomes)}
         if len(clocks) != 1:
             raise ProtocolError(f"WELCOME: the servers are at different clocks {sorted(clocks)} (resumed from "
@@ -260,15 +279,17 @@ class CommThread:
             st.set_capabilities(bool(f & wire.TF_READ_MY_WRITES), bool(f & wire.TF_VERSIONED))
 
     async def leave(self, timeout: float) -> None:
-        """Flush everything, say BYE, and wait until every server has processed it."""
-        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-        while any(link.recovering for link in self.links) and self.error is None:  # its replacement first
-            if time.monotonic() > deadline:
+        """Flush everything, say BYE, and wait until every server has processed it (the client is
+        CLOSING; it is LEAVING once every update is acknowledged)."""
+        deadline = asyncio.get_running_loop().time() + RECOVERY_TIMEOUT_S
+        while any(link.recovering for link in self.links) and not self.life.failed:  # its replacement first
+            if asyncio.get_running_loop().time() > deadline:
                 raise BosenError("leaving: a lost server was not replaced in time")
             await asyncio.sleep(0.1)
-        self.flush(None)
-        await self._until_flushed(timeout)
-        self.leaving = True  # pushes that cross our BYE are not acknowledged: we are gone
+        self.sender.flush(None)
+        await self.sender.until_flushed(timeout)
+        self.life.raise_failure()
+        self.life.to(Phase.LEAVING)  # pushes that cross our BYE are not acknowledged: we are gone
         versioned = [st for st in self.tables if st.vlog is not None]
         if versioned:
             # Versioned tables: first ask every server to stop pushing to us ("ph"); once it answers,
@@ -276,215 +297,17 @@ class CommThread:
             await asyncio.gather(*(self._request(link, {"t": Msg.BYE, "ph": True}, timeout) for link in self.links))
             for st in versioned:
                 with st.lock:
-                    st.vlog.release_all()
-                self._send_retired(st)
+                    if st.vlog is not None:
+                        st.vlog.release_all()
+                self.sender.send_retired(st)
         await asyncio.gather(*(self._request(link, {"t": Msg.BYE}, timeout) for link in self.links))
 
     async def status(self, timeout: float) -> list[dict[str, Any]]:
         """Every server's STATUS, asked once this process's flushes so far have gone out (so it
         reflects them: a server answers after handling every earlier message)."""
-        await self._until_flushed(timeout)
+        await self.sender.until_flushed(timeout)
         replies = await asyncio.gather(*(self._request(link, {"t": Msg.STATUS}, timeout) for link in self.links))
         return [r["stats"] for r in replies]
-
-    # -- the end-of-tick flush -----------------------------------------------------------------
-
-    def choose_checkpoint(self, clock: int) -> None:
-        """Ask every server to save at boundary ``clock``: rank 0 decides under a time rule
-        (``checkpoint.every_s`` / ``mttf_s``), and its CLOCK(clock) carries the word (``ck``)."""
-        for link in self.links:
-            link.window.checkpoint_clocks.add(clock)
-
-    def flush(self, clock: int | None) -> None:
-        """Send every buffered update; then, if ``clock`` is given, CLOCK(clock) to every server.
-
-        This is the end-of-tick flush SSP needs: never delayed by the bucket, but charged to it. It
-        is paced by acknowledgements instead (``FlushWindow``): the rest is sent as they arrive
-        (updates made meanwhile keep coalescing in the buffer; memory for messages stays bounded).
-        A server gets its CLOCK(c) once every row that was buffered for it when the flush began has
-        gone out; the clock rides on the last update message to it where there is one.
-        """
-        if self.error is not None:
-            return  # nothing more goes out; the workers raise the error
-        for st in self.tables:
-            with st.lock:
-                rows = st.oplog.dirty_rows()
-                pending = st.vlog is not None and st.vlog.pending
-            if st.vlog is not None:  # versioned tables (retired updates, releases): sent at once
-                if rows.shape[0] or pending:
-                    self._send_versioned(st, rows)
-                continue
-            if rows.shape[0]:
-                for j, rj in self.partition.rows_by_server(rows):
-                    self.links[j].window.owe(st.index, rj)
-        for link in self.links:
-            if clock is not None:
-                link.window.owe_clock(clock)
-            self._pump(link)
-
-    def _pump(self, link: ServerLink) -> None:
-        """One pass of ``link``'s flush window: what the flush owes its server while the window has
-        room; then its clock, if nothing is left."""
-        if link.recovering:
-            return  # goes on once the replacement has what the lost server had (``_recover``)
-        window = link.window
-        sent = window.clock_sent
-        window.start()
-        try:
-            for tb in list(window.due):
-                queue = window.due[tb]
-                while queue:
-                    left = self._send_rows_to(link, self.tables[tb], queue[0], window)
-                    if left.shape[0]:
-                        queue[0] = left
-                        break
-                    queue.popleft()
-                if queue:
-                    break
-                del window.due[tb]
-        finally:
-            window.close()
-        if window.clock_sent != sent:
-            self.notify()  # workers waiting at a checkpoint boundary for this clock to go out
-        if self._flush_waiters and not self.flushing():
-            self._wake_flush_waiters()
-
-    def flushing(self) -> bool:
-        """Whether an end-of-tick flush is still waiting for acknowledgements to go on."""
-        return any(link.window.busy for link in self.links)
-
-    async def _until_flushed(self, timeout: float) -> None:
-        if self.error is not None:
-            raise self.error
-        if not self.flushing():
-            return
-        fut = self.thread.loop.create_future()
-        self._flush_waiters.append(fut)
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            inflight = [link.inflight_bytes for link in self.links]
-            raise BosenError(f"buffered updates not acknowledged within {timeout:g}s (is every server "
-                             f"running? updates in flight: {inflight} bytes)") from None
-        if self.error is not None:
-            raise self.error
-
-    def _wake_flush_waiters(self) -> None:
-        for fut in self._flush_waiters:
-            if not fut.done():
-                fut.set_result(None)
-        self._flush_waiters.clear()
-
-    # -- taking updates out of the buffer ------------------------------------------------------
-
-    def _send_rows_to(self, link: ServerLink, st: TableState, rows: np.ndarray,
-                      window: FlushWindow | None) -> np.ndarray:
-        """Take ``rows`` (sorted, all of ``link``'s server) out of the update buffer and send them;
-        through ``window`` (a flush pass: stop while it is full), else at once. Returns the rows
-        not sent."""
-        out = link if window is None else window
-        k = 0
-        while k < rows.shape[0]:
-            if window is not None and not window.has_room():
-                break
-            with st.lock:
-                update, k = encode.take_chunk(st, rows, k, link.index, link.seq + 1)
-                if update is None:
-                    continue
-                batch, owned, frame = update
-                nbytes = out.send(encode.inc_header(st, batch), *batch.arrays(), owned=owned, frame=frame)
-                if frame is not None:
-                    st.oplog.carried(owned, link.index, link.seq)  # before this thread lets go of it
-            self._sent_update(link, batch, nbytes)
-        return rows[k:]
-
-    def _sent_update(self, link: ServerLink, batch: UpdateBatch, nbytes: int) -> None:
-        link.sent_update(nbytes)
-        c = self.counters
-        c["update_batches"] += 1
-        c["sparse_batches"] += batch.sparse
-        c["rows_sent"] += batch.rows.shape[0]
-
-    def _send_versioned(self, st: TableState, rows: np.ndarray) -> int:
-        """Versioned table: retired updates, ``rows`` from the buffer and releases, sent at once."""
-        with st.lock:
-            batches = encode.take_versioned(st, rows, self.partition)
-        total = 0
-        for j, batch in batches:
-            link = self.links[j]
-            nbytes = link.send(encode.inc_header(st, batch), *batch.arrays())
-            self._sent_update(link, batch, nbytes)
-            total += nbytes
-        return total
-
-    def _send_retired(self, st: TableState) -> int:
-        """Send what version changes queued (retired updates, releases) now; returns bytes sent.
-        Never delayed by the bucket (it frees server memory), but charged to it like every send."""
-        with st.lock:
-            pending = st.vlog is not None and st.vlog.pending
-        return self._send_versioned(st, np.empty(0, dtype=np.int64)) if pending else 0
-
-    def send_all_retired(self) -> None:
-        self._retired_scheduled = False
-        for st in self.tables:
-            if st.vlog is not None:
-                self._send_retired(st)
-
-    # -- managed communication -----------------------------------------------------------------
-
-    def unacked(self) -> int:
-        return max(link.unacked for link in self.links)
-
-    async def _budget_loop(self) -> None:
-        """Between ticks, send the most important buffered rows whenever the bucket is empty."""
-        assert self.bucket is not None
-        await paced_sender(self.bucket, self.comm.idle_ms / 1000,
-                           lambda: self.unacked() > self.comm.max_unacked, self._send_budgeted_guarded,
-                           self.counters)
-
-    def _send_budgeted_guarded(self) -> int:
-        if self.error is not None:
-            return 0
-        try:
-            return self._send_budgeted()
-        except Exception as e:  # report it to the workers, keep the loop alive
-            log.exception("budgeted send failed")
-            err = BosenError(f"budgeted send failed: {e!r}")
-            err.__cause__ = e
-            self._fail(err)
-            return 0
-
-    def _send_budgeted(self) -> int:
-        k = self.comm.client_send_rows
-        if any(link.recovering for link in self.links):
-            return 0  # the flush sends everything once the lost server is replaced
-        for i in range(len(self.tables)):
-            st = self.tables[(self._rotation + i) % len(self.tables)]
-            with st.lock:
-                candidates = st.oplog.dirty_rows()
-                if candidates.shape[0] == 0:
-                    continue
-                picked = np.sort(st.policy.choose(candidates, st.importance, k))
-            self._rotation = (self._rotation + i + 1) % len(self.tables)
-            if st.vlog is not None:
-                sent = self._send_versioned(st, picked)
-            else:
-                before = self.counters["bytes_sent"]
-                for j, rj in self.partition.rows_by_server(picked):
-                    self._send_rows_to(self.links[j], st, rj, None)
-                sent = self.counters["bytes_sent"] - before
-            self.counters["rows_sent_budgeted"] += picked.shape[0]
-            self.counters["budgeted_sends"] += 1
-            return sent
-        return 0
-
-    def request_rows(self, st: TableState, rows: np.ndarray, min_clock: int) -> None:
-        for j, rj in self.partition.rows_by_server(rows):
-            if self.links[j].recovering:  # asked again once it is back (Client._wait_fresh)
-                with st.lock:
-                    st.cache.requested[rj] = False
-                continue
-            self.links[j].send({"t": Msg.READ, "tb": st.index, "n": int(rj.shape[0]), "c": min_clock}, rj)
 
     # -- receiving -----------------------------------------------------------------------------
 
@@ -508,85 +331,29 @@ class CommThread:
 
     def _on_monitor(self, link: ServerLink, frames: list[Any]) -> None:
         event = parse_monitor_message([f.bytes for f in frames])["event"]
-        if event != zmq.EVENT_DISCONNECTED or not link.joined or self.leaving or link.recovering:
+        if event != zmq.EVENT_DISCONNECTED or link.state is not LinkState.JOINED or self.life.leaving:
             return
-        if link.log is not None and all(st.vlog is None for st in self.tables):
+        if self.recovery.possible(link):
             log.warning("lost the connection to %s: waiting for a replacement", link)
-            link.recovering = True
+            link.state = LinkState.RECOVERING
+            link.losses += 1
             self.counters["recoveries"] += 1
-            self._tasks.append(self.thread.loop.create_task(self._recover(link)))
+            assert self.thread.loop is not None
+            self._tasks.append(self.thread.loop.create_task(self.recovery.run(link)))
             return
         log.error("lost the connection to %s", link)
         self._fail(ServerLost(f"lost the connection to {link}: it stopped, crashed or stopped answering"))
 
-    async def _recover(self, link: ServerLink) -> None:
-        """Partial recovery: rejoin ``link``'s replacement (restarted from its newest checkpoint, at
-        clock C), resend every update and clock sent to it since C, and once it has applied them
-        read its rows anew. Meanwhile nothing else goes to it, and workers wait only where they
-        need it. A replacement that does not come, or comes without the checkpoint this process
-        kept its updates for, fails the client with the reason."""
-        try:
-            self.lost_a_server = True  # workers' read connections know only the lost server: no more direct reads
-            link.fail_requests(BosenError(f"{link} was lost; waiting for its replacement"))
-            deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-            # a new connection (what the old one queued was for the lost server); the HELLO waits in
-            # it until a replacement listens at the address
-            self._disconnect(link)
-            self._connect(link, self.thread.loop, attempt=1 + self.counters["recoveries"])
-            try:
-                h = await self._request(link, {"t": Msg.HELLO, "rank": self.rank, "fp": self._fingerprint},
-                                        RECOVERY_TIMEOUT_S, during_recovery=True)
-            except ServerError as e:
-                raise ServerLost(f"{link} was lost and came back refusing this client: {e}") from None
-            except BosenError:
-                raise ServerLost(f"{link} was lost and no replacement answered within {RECOVERY_TIMEOUT_S:g}s") \
-                    from None
-            since = h.get("rc")
-            if not isinstance(since, int) or isinstance(since, bool):
-                raise ServerLost(f"{link} was lost and came back without its checkpoint (start the replacement "
-                                 "with --resume DIR --recover): the updates it had are gone")
-            if since < link.log_floor:
-                raise ServerLost(f"{link} came back from its checkpoint at clock {since}, but this client kept "
-                                 f"its updates only from clock {link.log_floor} on: they cannot be replayed")
-            for st in self.tables:  # read anew from the replacement (and so subscribed to it)
-                with st.lock:
-                    st.inflight[link.index].entries.clear()
-                    st.cache.forget_server(link.index)
-            last = link.resend(since)
-            log.warning("%s is back from its checkpoint at clock %d: resent %d messages", link, since,
-                        len(link.log or ()))
-            while link.acked_seq < last:  # applied (held past a boundary, until the others catch up)
-                if self.error is not None:
-                    return
-                if time.monotonic() > deadline:
-                    raise ServerLost(f"{link}'s replacement did not apply the resent updates within "
-                                     f"{RECOVERY_TIMEOUT_S:g}s")
-                await asyncio.sleep(0.005)
-            for st in self.tables:  # acknowledged: nothing resent is in flight any more
-                with st.lock:
-                    st.inflight[link.index].entries.clear()
-            link.recovering = False
-            self.notify()
-            self._pump(link)
-        except BosenError as e:
-            self._fail(e)
-        except Exception as e:
-            log.exception("recovering %s failed", link)
-            err = BosenError(f"recovering {link} failed: {e!r}")
-            err.__cause__ = e
-            self._fail(err)
-
     def _on_rows(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
         got = receive.receive_rows(self.tables, link.index, h, arrays)
-        if got.retired and not self._retired_scheduled:
-            self._retired_scheduled = True  # one INC per server after this burst of ROWS
-            self.thread.loop.call_soon(self.thread.guard, self.send_all_retired, ())
+        if got.retired:
+            self.sender.retired_arrived()
         n = h["n"]
         self.counters["rows_received"] += n
         if h["rq"] < 0:
             self.counters["rows_pushed_to_us"] += n
         ps = h.get("ps")
-        if isinstance(ps, int) and not isinstance(ps, bool) and not self.leaving:  # budgeted push: ack it
+        if isinstance(ps, int) and not isinstance(ps, bool) and not self.life.leaving:  # budgeted push: ack it
             self.counters["rows_pushed_early_to_us"] += n
             link.send({"t": Msg.PUSH_ACK, "ps": ps})
 
@@ -594,8 +361,8 @@ class CommThread:
         c = h["c"]
         link.server_clock = c
         durable = h.get("cp")
-        if isinstance(durable, int) and not isinstance(durable, bool):
-            link.forget(durable)
+        if isinstance(durable, int) and not isinstance(durable, bool) and link.log is not None:
+            link.log.forget(durable)
         save_s = h.get("ts")
         if isinstance(save_s, float):  # the server's mean time to save a checkpoint (Young's Ts)
             link.save_s = save_s
@@ -624,7 +391,7 @@ class CommThread:
             lat["sum_ms"] += ms
             lat["count"] += 1
         if link.window.busy:
-            self._pump(link)  # the window opened: the flush goes on
+            self.sender.pump(link)  # the window opened: the flush goes on
 
     def _on_error(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
         self.counters["server_errors"] += 1

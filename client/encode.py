@@ -15,7 +15,7 @@ import numpy as np
 
 from bosen import rowmath, wire
 from bosen.client.oplog import UpdateBuffer
-from bosen.client.table import TableState
+from bosen.client.state import TableState
 from bosen.partition import Partition
 from bosen.wire import Msg, UpdateBatch
 

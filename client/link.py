@@ -8,9 +8,10 @@ requests waiting for an answer. Used on the communication thread only.
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -18,6 +19,28 @@ from bosen import wire
 from bosen.client.window import FlushWindow
 from bosen.ratelimit import LeakyBucket
 from bosen.zsocket import LoopSocket
+
+
+class SentLog(Protocol):
+    """Keeps what was sent for a replacement server (``recovery.ResendLog``)."""
+
+    floor: int
+
+    def __len__(self) -> int: ...
+
+    def record(self, clock_sent: int, header: dict[str, Any], payload: list[Any]) -> None: ...
+
+    def forget(self, durable: int) -> None: ...
+
+
+class LinkState(enum.Enum):
+    """Where a connection to one server stands. Losing it is fatal only once JOINED (or, with
+    checkpoints on, starts partial recovery: RECOVERING until the replacement has what the lost
+    server had, then JOINED again; ``client/recovery.py``)."""
+
+    CONNECTING = "connecting"
+    JOINED = "joined"
+    RECOVERING = "recovering"
 
 
 class ServerLink:
@@ -31,7 +54,8 @@ class ServerLink:
         self.seq = 0  # number of the last message sent
         self.server_clock = 0
         self.save_s = 0.0  # the server's mean time to save a checkpoint, from SCLOCK "ts"
-        self.joined = False  # the server welcomed us: losing the connection now is fatal
+        self.state = LinkState.CONNECTING
+        self.losses = 0  # times the server was lost and replaced
         # updates: messages sent and acknowledged, the highest acknowledged number, bytes in flight,
         # and per unacknowledged one (number, send time, bytes) for the update latency
         self.incs_sent = 0
@@ -41,13 +65,8 @@ class ServerLink:
         self._inc_times: deque[tuple[int, float, int]] = deque()
         self.pending: dict[int, asyncio.Future] = {}  # requests by number, until answered
         self.window = FlushWindow(self)
-        # Partial recovery (checkpoints on): every INC and CLOCK sent since the server's newest
-        # checkpoint, as (the last clock sent before it, its header, its array frames), to resend to
-        # a replacement that restarts from that checkpoint. ``log_floor``: the clock from which the
-        # log is complete. ``recovering``: the server was lost; nothing goes to it until it is back.
-        self.log: deque[tuple[int, dict[str, Any], list[Any]]] | None = None
-        self.log_floor = 0
-        self.recovering = False
+        # Partial recovery (checkpoints on): what was sent since the server's newest checkpoint
+        self.log: SentLog | None = None  # recovery.ResendLog
 
     def __repr__(self) -> str:
         return f"server {self.index} ({self.address})"
@@ -61,9 +80,8 @@ class ServerLink:
         self.seq += 1
         header["s"] = self.seq
         frames = wire.encode(header, *arrays, owned=owned, frame=frame)
-        if self.log is not None and header["t"] in (wire.Msg.INC, wire.Msg.CLOCK):
-            # the header itself: a flush window adds the clock to its pass's last message after this
-            self.log.append((self.window.clock_sent, header, frames[1:]))
+        if self.log is not None:
+            self.log.record(self.window.clock_sent, header, frames[1:])
         nbytes = len(frames[0])  # the header, then one frame per array
         for a in arrays:
             nbytes += a.nbytes
@@ -120,53 +138,21 @@ class ServerLink:
     def unacked(self) -> int:
         return self.incs_sent - self.incs_acked
 
-    def forget(self, durable: int) -> None:
-        """The server's checkpoint at clock ``durable`` is on disk: what was sent before that clock
-        went out is in it, and need not be kept for a replacement."""
-        log = self.log
-        if log is None or durable <= self.log_floor:
-            return
-        while log and log[0][0] < durable:
-            log.popleft()
-        self.log_floor = durable
+    @property
+    def joined(self) -> bool:
+        return self.state is not LinkState.CONNECTING
 
-    def resend(self, since: int) -> int:
-        """Send again, in order and renumbered, what the log holds from clock ``since`` on (to a
-        replacement restarted from its checkpoint at ``since``); the last update asks for an ACK.
-        Returns the number of that update (0: none). Nothing sent before is counted in flight any
-        more: the lost server will never acknowledge it."""
-        assert self.log is not None
+    @property
+    def recovering(self) -> bool:
+        """The server was lost: nothing goes to it until its replacement is back."""
+        return self.state is LinkState.RECOVERING
+
+    def reset_inflight(self) -> None:
+        """Nothing sent so far is in flight any more: the lost server will never acknowledge it."""
         self.inflight_bytes = 0
         self._inc_times.clear()
         self.incs_acked = self.incs_sent
         self.acked_seq = self.seq
-        while self.log and self.log[0][0] < since:
-            self.log.popleft()
-        last_inc = 0
-        entries = list(self.log)
-        final = max((k for k, e in enumerate(entries) if e[1]["t"] == wire.Msg.INC), default=-1)
-        for k, (_, header, payload) in enumerate(entries):
-            self.seq += 1
-            header["s"] = self.seq
-            if k == final:
-                header.pop("na", None)
-                last_inc = self.seq
-            frames = [wire.pack_header(header), *payload]
-            nbytes = self._charge(frames)
-            self.transmit(frames)
-            if header["t"] == wire.Msg.INC:
-                self.sent_update(nbytes)
-        return last_inc
-
-    def _charge(self, frames: list[Any]) -> int:
-        """Count a resent message's bytes (header and arrays) as sent, and charge the bucket."""
-        nbytes = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
-        self.counters["msgs_sent"] += 1
-        self.counters["bytes_sent"] += nbytes
-        self.counters["bytes_resent"] += nbytes
-        if self.bucket is not None:
-            self.bucket.charge(nbytes)
-        return nbytes
 
     def fail_requests(self, err: BaseException) -> None:
         """The connection is gone: nothing will answer what is pending."""

@@ -12,12 +12,10 @@ state pay theirs.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from bosen.client.table import TableState
+from bosen.client.state import TableState
 
 PAGE = 4096
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from bosen import rowmath, wire
-from bosen.client.table import TableState
+from bosen.client.state import TableState
 from bosen.errors import ProtocolError
 
 

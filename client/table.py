@@ -1,69 +1,46 @@
-"""Tables as workers see them: a handle bound to one worker over state shared by the process."""
+"""Tables as workers see them: a handle bound to one worker over state shared by the process.
+
+A ``Table`` knows three things besides its table's ``TableState``: the worker it belongs to (its
+tick and counters, ``TableWorker``), the client's ``Lifecycle`` (may it go on?) and the read path
+that blocks until rows are fresh enough (``FreshReads``, ``client/reads.py``). It reaches nothing
+else of the client.
+"""
 
 from __future__ import annotations
 
-import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from bosen import priority, rowmath, wire
-from bosen.client.cache import RowCache
-from bosen.client.oplog import InflightLog, UpdateBuffer
-from bosen.client.versions import VersionLog
-from bosen.config import CommConfig, TableConfig
-
-if TYPE_CHECKING:
-    from bosen.client.client import Client, Worker
+from bosen import priority, rowmath
+from bosen.client.lifecycle import Lifecycle, Phase
+from bosen.client.prefault import prefault
+from bosen.client.state import TableState
+from bosen.partition import server_of
 
 
+class TableWorker(Protocol):
+    """The worker a handle belongs to: its tick, and counters only its own thread writes."""
+
+    tick: int
+    updates_buffered: int
+    inc_bytes: int
+    blocked_reads: int
+    blocked_s: float
+    rows_read: int
+    rows_read_early: int
+    read_staleness_sum: int
+
+
+class FreshReads(Protocol):
+    """The client's blocking read path (``reads.ReadPath``)."""
+
+    def wait_fresh(self, st: TableState, rows: np.ndarray, worker: TableWorker,
+                   index: slice | np.ndarray | None = None) -> np.ndarray | None: ...
+
+
+_RUNNING = Phase.RUNNING
 _FAST_INDEX = (int, np.int64, np.int32)  # row types the cache-hit path takes without further checks
-
-
-class TableState:
-    """Everything the process keeps for one table; ``lock`` guards cache, buffer and in-flight log."""
-
-    def __init__(self, index: int, cfg: TableConfig, staleness: int, num_servers: int, comm: CommConfig) -> None:
-        self.index = index
-        self.cfg = cfg
-        self.name = cfg.name
-        self.rows = cfg.rows
-        self.cols = cfg.cols
-        self.dtype = np.dtype(cfg.dtype)
-        self.staleness = staleness
-        self.read_my_writes = cfg.shows_own_writes  # until the server says otherwise (set_capabilities)
-        self.vlog: VersionLog | None = None  # versioned tables: versions held, retired updates, releases
-        self.lock = threading.Lock()
-        self.cache = RowCache(cfg.rows, cfg.cols, self.dtype, num_servers)
-        self.oplog = UpdateBuffer(cfg.rows, cfg.cols, self.dtype, stride=num_servers, staging=not comm.enabled)
-        self.inflight = [InflightLog() for _ in range(num_servers)]
-        # managed communication: which rows to send first, and how often each row went out
-        self.policy = priority.make(comm.priority, seed=index) if comm.enabled else None
-        self.importance = np.zeros(cfg.rows) if self.policy and self.policy.uses_importance else None
-        self.relative = comm.priority == "relative"
-        self.send_count = np.zeros(cfg.rows, dtype=np.int32)
-        # float16 / bfloat16 updates for float tables that ask (or whose managed job does)
-        narrow = cfg.wire_dtype or (comm.wire_dtype if comm.enabled else None)
-        if narrow in ("float16", "bfloat16") and self.dtype.kind == "f":
-            self.wire_dtype = wire.VALUE_DTYPES[narrow]
-        else:
-            self.wire_dtype = self.dtype
-
-    @property
-    def direct_reads(self) -> bool:
-        """Whether a worker's blocking read goes on its own sockets (client/reader.py): not where
-        budgets count every byte on the communication thread, nor where rows carry versions."""
-        return self.policy is None and self.vlog is None
-
-    def set_capabilities(self, read_my_writes: bool, versioned: bool) -> None:
-        """What the server allows for this table (from WELCOME), applied before any row arrives."""
-        with self.lock:
-            self.read_my_writes = read_my_writes
-            if versioned and self.vlog is None:
-                self.vlog = VersionLog(self.rows)
-                self.oplog.stop_staging()  # its flushes take every dirty row at once, with its version
-            elif not versioned:
-                self.vlog = None
 
 
 class Table:
@@ -73,8 +50,9 @@ class Table:
     read-my-writes, visible to this process's reads at once.
     """
 
-    def __init__(self, client: Client, state: TableState, worker: Worker) -> None:
-        self._client = client
+    def __init__(self, state: TableState, worker: TableWorker, life: Lifecycle, reads: FreshReads) -> None:
+        self._life = life
+        self._reads = reads
         self._st = state
         self._worker = worker
         self._values = state.cache.values
@@ -112,22 +90,20 @@ class Table:
         """Fault in this process's buffers of the table now (client/prefault.py): for large tables read
         and written at scattered rows, whose first touches would otherwise land mid-run. Returns
         (bytes, seconds)."""
-        from bosen.client.prefault import prefault
         return prefault(self._st)
 
     # -- reads ---------------------------------------------------------------------------------
 
     def get_row(self, row: int) -> np.ndarray:
         """A copy of one row, at least as fresh as the SSP rule requires (blocks until it is)."""
-        client = self._client
-        if client._closed or client._comm.error is not None:
-            client._check()
+        if self._life.phase is not _RUNNING:
+            self._life.check()
         need = self._worker.tick - self.staleness
         if need < 0:
             need = 0
         if type(row) in _FAST_INDEX and 0 <= row < self.rows:
             c = self._clock[row]  # the row's own clock, else the last server clock if it is cached
-            sc = self._server_clock[row % self._servers]
+            sc = self._server_clock[server_of(row, self._servers)]
             if c >= need or (c >= 0 and sc >= need):
                 w = self._worker
                 w.rows_read += 1
@@ -148,9 +124,8 @@ class Table:
         if type(rows) is np.ndarray and rows.dtype.kind in "iu" and rows.ndim == 1 and rows.shape[0]:
             # the usual read, of rows all cached and fresh: checked, counted and copied in one pass
             r64 = rows if rows.dtype == np.int64 else rows.astype(np.int64)  # a uint64 past int64: negative
-            client = self._client
-            if client._closed or client._comm.error is not None:
-                client._check()
+            if self._life.phase is not _RUNNING:
+                self._life.check()
             w = self._worker
             tick = w.tick
             need = tick - self.staleness
@@ -164,7 +139,7 @@ class Table:
                 return out
         rows, index = self._rows_index(rows)
         w = self._worker
-        fresh = self._client._wait_fresh(self._st, rows, w, index)
+        fresh = self._reads.wait_fresh(self._st, rows, w, index)
         early, stale = self._st.cache.read_stats(rows, w.tick)
         w.rows_read += rows.shape[0]
         w.rows_read_early += early
@@ -237,7 +212,7 @@ class Table:
 
     def _rows_index(self, rows: Any) -> tuple[np.ndarray, slice | np.ndarray]:
         """Checked int64 rows, and them as an index (a slice for a run: ``rowmath.rows_index``)."""
-        self._client._check()
+        self._life.check()
         rows = np.asarray(rows)
         if rows.ndim != 1 or (rows.dtype.kind not in "iu" and rows.size):
             raise TypeError(f"table {self.name!r}: rows must be a 1-D integer array, got "

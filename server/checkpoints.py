@@ -64,8 +64,7 @@ class ServerCheckpoints:
 
     def boundary_after(self, clock: int) -> int:
         """The first boundary above ``clock``."""
-        n = self.cfg.every_clocks
-        return (clock // n + 1) * n
+        return checkpoint.next_boundary(clock, self.cfg.every_clocks)
 
     def holds(self, client_clock: int, server_clock: int) -> bool:
         """Whether a message from a client at ``client_clock`` must wait: the client has passed a
@@ -85,7 +84,7 @@ class ServerCheckpoints:
 
     def choose(self, clock: int) -> None:
         """Client rank 0 asked for a save at boundary ``clock`` (under a time rule)."""
-        if clock % self.cfg.every_clocks == 0:
+        if checkpoint.is_boundary(clock, self.cfg.every_clocks):
             self.chosen.add(clock)
 
     def crossed(self, old: int, new: int) -> int | None:

@@ -31,7 +31,7 @@ from bosen.apps.mf.worker import train as mf_train
 from bosen.apps.mlr.worker import train as mlr_train
 from bosen.apps.protocol import JobConfig, PSClient, PSTable, PSWorker
 from bosen.client import Client
-from bosen.client.client import Worker
+from bosen.client.worker import Worker
 from bosen.client.table import Table
 from bosen.config import Config
 from inprocess import InProcessClient, InProcessTable

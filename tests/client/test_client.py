@@ -14,7 +14,7 @@ import pytest
 from conftest import worker
 
 from bosen.client import Client
-from bosen.client.client import HANDOVER_BYTES
+from bosen.client.send import HANDOVER_BYTES
 from bosen.errors import BosenError, ClientClosed, ReadTimeout, ServerError
 
 MANAGED = {"enabled": True, "priority": "relative", "client_bandwidth_mbps": 100, "server_bandwidth_mbps": 100}

@@ -11,7 +11,7 @@ from conftest import wait_until
 
 from bosen.client import Client
 from bosen.client import comm as comm_mod
-from bosen.client.workers import WorkerClocks
+from bosen.client.clocks import WorkerClocks
 from bosen.errors import BosenError, ClientClosed, ServerLost
 
 COMM = {"enabled": True, "client_bandwidth_mbps": 100, "server_bandwidth_mbps": 100}

@@ -5,7 +5,7 @@ import numpy as np
 
 def rows_state(rows=6, cols=2, servers=1):
     from bosen import config as config_mod
-    from bosen.client.table import TableState
+    from bosen.client.state import TableState
 
     cfg = config_mod.load({"cluster": {"workers": 1, "servers": [f"127.0.0.1:{9000 + i}" for i in range(servers)]},
                            "tables": {"W": {"rows": rows, "cols": cols, "dtype": "int64"}}})

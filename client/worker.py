@@ -1,0 +1,76 @@
+"""``Worker``: one worker thread's identity: its tick, its table handles and its counters.
+
+The process's main thread has one (``client.table``, ``client.clock``); ``with client.worker() as w``
+gives another thread its own. A worker reaches the rest of its client only through ``Shared``: the
+process clock, the tables, the lifecycle, the read path and what happens after a tick (checkpoint
+boundaries).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from bosen.client.clocks import WorkerClocks
+from bosen.client.lifecycle import Lifecycle
+from bosen.client.state import TableState
+from bosen.client.table import FreshReads, Table
+
+# rows_read: rows handed to the worker by reads; rows_read_early: of those, rows whose value came in a
+# budgeted push since their server's last clock (managed communication's mid-clock values);
+# read_staleness_sum: Σ over rows read of (worker tick - the clock the row's value is valid for)
+WORKER_COUNTERS = ("updates_buffered", "inc_bytes", "blocked_reads", "blocked_s", "rows_read", "rows_read_early",
+                   "read_staleness_sum")
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What every worker of one client process shares."""
+
+    clocks: WorkerClocks
+    tables: Mapping[str, TableState]
+    source: str  # where the config came from, for errors
+    life: Lifecycle
+    reads: FreshReads
+    after_tick: Callable[[int], None]  # called with the worker's new tick (checkpoint boundaries wait)
+
+
+class Worker:
+    """A worker thread's tick, table handles and counters; only its own thread writes them
+    (``Client.stats`` adds them up)."""
+
+    def __init__(self, shared: Shared) -> None:
+        self._shared = shared
+        self.id, self.tick = shared.clocks.join()
+        self._tables: dict[str, Table] = {}
+        self.updates_buffered = 0  # rows incremented
+        self.inc_bytes = 0  # bytes of increments made
+        self.blocked_reads = 0
+        self.blocked_s = 0.0
+        self.rows_read = 0
+        self.rows_read_early = 0
+        self.read_staleness_sum = 0
+
+    def counters(self) -> dict[str, float]:
+        return {k: getattr(self, k) for k in WORKER_COUNTERS}
+
+    def table(self, name: str) -> Table:
+        t = self._tables.get(name)
+        if t is None:
+            sh = self._shared
+            st = sh.tables.get(name)
+            if st is None:
+                raise KeyError(f"no table {name!r} in {sh.source}; tables: {', '.join(sh.tables)}")
+            t = self._tables[name] = Table(st, self, sh.life, sh.reads)
+        return t
+
+    def clock(self) -> None:
+        """End of this worker's tick: tick c becomes c + 1. At a checkpoint boundary it returns once
+        the process's CLOCK went out (``checkpoints.WorkerCheckpoints.after_tick``)."""
+        self._shared.life.check()
+        self.tick = self._shared.clocks.tick(self.id)
+        self._shared.after_tick(self.tick)
+
+    def leave(self) -> None:
+        """This worker stops holding the process clock back."""
+        self._shared.clocks.leave(self.id)
