@@ -19,7 +19,7 @@ ours runs on (up to 2x the iterations) until it passes the best peer's final log
 equal-quality ratio per peer is the peer's time for its iterations over the time ours needed to
 first reach the peer's final log-likelihood (> 1: ours is faster at equal quality).
 
-Jobs (point 4): the news corpus through ``bosen.jobs.run_job`` (``bosen launch``) with the settings of
+Jobs (point 4): the news corpus through ``bosen.jobs.job.run_job`` (``bosen launch``) with the settings of
 ``configs/lda-news.yaml`` (held-out scoring off, log-likelihood at the last tick only, so the work is
 the sampling) with 1 and 2 workers, beside the bare kernel doing the same iterations in this process.
 The job's time is each worker's span from the start of its first sampling tick to its last report
@@ -48,7 +48,7 @@ import numpy as np
 from bosen.apps.lda.data import Corpus, generate, load
 from bosen.apps.lda.model import Sampler, loglikelihood
 from bosen.apps.lda.worker import LDAArgs
-from bosen.jobs import run_job
+from bosen.jobs.job import run_job
 
 ROOT = Path(__file__).resolve().parent.parent
 NEWS = ROOT / "data" / "news" / "docword.news.txt"

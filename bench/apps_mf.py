@@ -20,7 +20,7 @@ out). Measured per data set, runs alternated (ours, surprise, surprise, ours, ..
 - epochs and seconds for ours to reach surprise's final test RMSE (ours evaluated after each epoch,
   evaluation not timed), and surprise's fit time over ours: the goal is no more epochs and >= 3x.
 
-Jobs (case "mf-job"). The same data through ``bosen launch`` (bosen.jobs.run_job) with
+Jobs (case "mf-job"). The same data through ``bosen launch`` (bosen.jobs.job.run_job) with
 configs/mf-movielens.yaml's settings, 1 and 2 workers, beside the bare kernel doing the same epochs
 in one process (sgd_pass over all ratings plus the held-out RMSE per epoch, as the job's workers
 score theirs). Job time = the slowest worker's span from its clock-0 report to its last report
@@ -49,7 +49,7 @@ import numpy as np
 
 from bosen.apps.mf.data import Triples, load_csv, synthetic
 from bosen.apps.mf.kernels import clipped_squared_error, sgd_pass
-from bosen.jobs import JobRun, run_job
+from bosen.jobs.job import JobRun, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "mf-movielens.yaml"

@@ -19,7 +19,7 @@ LogisticRegression's accuracy is small, so one seed could be lucky); runs altern
 goal needs most seeds to reach it); ``seeds_reached`` and the per-seed times are in the record, and
 so are the times to within 0.001 of the peer's accuracy.
 
-Jobs (case "mlr-job"). The same data through ``bosen launch`` (bosen.jobs.run_job) with
+Jobs (case "mlr-job"). The same data through ``bosen launch`` (bosen.jobs.job.run_job) with
 configs/mlr-fashion.yaml, 1 and 2 workers, beside the bare kernel doing the same epochs in one
 process (the training pass and rank 0's test evaluation per epoch). Job time = the slowest worker's
 span from its clock-0 report to its last (epochs 2..E); the worker's own ``compute_s`` / ``comm_s``
@@ -45,7 +45,7 @@ import numpy as np
 
 from bosen.apps.mlr import data as D
 from bosen.apps.mlr.model import LocalModel
-from bosen.jobs import JobRun, run_job
+from bosen.jobs.job import JobRun, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "mlr-fashion.yaml"

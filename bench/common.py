@@ -3,7 +3,7 @@
 - ``emit(**fields)`` prints one result as a JSON line on stdout (flushed at once).
 - ``Child`` starts a Python subprocess whose output goes to a log file; ``stop()`` always ends it.
 - ``servers(job, n)`` starts the servers of a job on free local ports and stops them on exit
-  (``bosen.cluster``); ``bosen.jobs.run_job`` runs a whole job through ``bosen launch``.
+  (``bosen.jobs.cluster``); ``bosen.jobs.job.run_job`` runs a whole job through ``bosen launch``.
 - ``rss_bytes(pid)`` is a process's resident set size (psutil).
 
 Benchmarks run from a source checkout as ``python bench/NAME.py``; nothing here depends on the
@@ -27,9 +27,9 @@ from typing import Any
 
 import psutil
 
-from bosen.cluster import LocalCluster, start_cluster
 from bosen.errors import BosenError
-from bosen.supervise import Process
+from bosen.jobs.cluster import LocalCluster, start_cluster
+from bosen.jobs.supervise import Process
 
 MiB = 1 << 20
 KiB = 1 << 10
@@ -72,7 +72,7 @@ def spread(xs: Sequence[float]) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------------------------
-# processes (supervised by bosen.supervise: own process group, stop with grace then kill, and on
+# processes (supervised by bosen.jobs.supervise: own process group, stop with grace then kill, and on
 # Linux they die with the bench process)
 
 

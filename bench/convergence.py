@@ -5,7 +5,7 @@
                                 [--link-mbit N] [--data synthetic|real]
 
 Every job is ``python -m bosen launch CONFIG --set ...`` (servers and workers as processes, run by
-``bosen.jobs.run_job``); the bench reads ``RUN_DIR/metrics.jsonl`` (per-clock records summed over
+``bosen.jobs.job.run_job``); the bench reads ``RUN_DIR/metrics.jsonl`` (per-clock records summed over
 workers) and turns them into per-epoch curves (bench/curves.py): the objective, seconds since the
 launch and bytes the clients sent and received. Each result is one JSON line on stdout (progress on
 stderr) with ``bench="convergence"``, ``case``, ``metric``, ``unit``, ``ours`` and, against a
@@ -61,7 +61,7 @@ from common import emit, log  # noqa: E402
 from curves import Aggregate, Run, read_run  # noqa: E402
 from figures import app_figure, loss_figure, send_count_figure  # noqa: E402
 
-from bosen.jobs import run_job  # noqa: E402
+from bosen.jobs.job import run_job  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"

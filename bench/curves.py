@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from bosen.jobs import JobRun
+from bosen.jobs.job import JobRun
 
 Aggregate = Literal["sum", "last"]
 

@@ -83,7 +83,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Child, MiB, ProcCounters, emit, log, median, peak_rss_bytes, prewarm_memory, rss_bytes, servers  # noqa: E402
 
-from bosen.cluster import free_ports  # noqa: E402
+from bosen.jobs.cluster import free_ports  # noqa: E402
 from bosen.malloc import reuse_large_buffers  # noqa: E402
 
 BENCH = "throughput"

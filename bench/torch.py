@@ -47,8 +47,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(
 
 from common import Child, emit, log, median, prewarm_memory, servers  # noqa: E402
 
-from bosen.cluster import free_ports  # noqa: E402
-from bosen.jobs import job_config  # noqa: E402
+from bosen.jobs.cluster import free_ports  # noqa: E402
+from bosen.jobs.job import job_config  # noqa: E402
 
 WORKERS = 2
 

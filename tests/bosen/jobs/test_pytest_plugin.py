@@ -36,7 +36,7 @@ def test_the_plugin_is_registered_by_its_entry_point(pytester: pytest.Pytester) 
     pytester.makepyfile(test_inner="def test_x(): pass")
     r = pytester.runpytest_subprocess("--fixtures", "-q")
     out = r.stdout.str()
-    assert "bosen_cluster" in out and "bosen_procs" in out and "bosen/pytest_plugin.py" in out
+    assert "bosen_cluster" in out and "bosen_procs" in out and "bosen/jobs/pytest_plugin.py" in out
 
 
 def test_bosen_cluster_gives_running_servers_that_are_gone_after_the_test(pytester: pytest.Pytester,

@@ -26,8 +26,8 @@ from typing import Any, TextIO
 import yaml
 
 from bosen.errors import BosenError
+from bosen.jobs.supervise import Env, Process, ProcessGroup, describe_exit, tail
 from bosen.metrics import derive_heldout
-from bosen.supervise import Env, Process, ProcessGroup, describe_exit, tail
 
 METRICS = "metrics.jsonl"
 WORKER_RECORDS = "workers"  # RUN_DIR/workers/RANK.jsonl: what each worker reported, one line per clock

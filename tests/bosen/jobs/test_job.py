@@ -1,4 +1,4 @@
-"""Jobs (bosen.jobs): the config builder, and a whole job run through ``bosen launch`` with its
+"""Jobs (bosen.jobs.job): the config builder, and a whole job run through ``bosen launch`` with its
 metrics read back, as the benchmarks run theirs."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 from conftest import child_env
 
 from bosen import config as config_mod
-from bosen.jobs import JobFailed, MetricsMerger, job_config, read_metrics, run_job, write_config
+from bosen.jobs.job import JobFailed, MetricsMerger, job_config, read_metrics, run_job, write_config
 
 pytestmark = pytest.mark.timeout(150)
 

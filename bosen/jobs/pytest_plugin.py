@@ -3,11 +3,11 @@
 - ``bosen_cluster``: a factory. ``bosen_cluster(n_servers=2, workers=1, tables=..., staleness=...,
   read_timeout_s=..., comm=..., app=...)`` (or ``config=`` full config data) writes the job's YAML
   to the test's ``tmp_path``, starts its servers on free ports and returns a running
-  ``bosen.cluster.LocalCluster`` once each answers STATUS (``.path`` is the YAML for
+  ``bosen.jobs.cluster.LocalCluster`` once each answers STATUS (``.path`` is the YAML for
   ``Client.connect``, ``.config`` the data, ``.servers`` the processes). After the test every server
   is stopped; one that died on its own, or did not exit cleanly on SIGTERM, fails the test
   (``stop_server(i)`` stops one on purpose).
-- ``bosen_procs``: a ``bosen.supervise.ProcessGroup`` for worker processes
+- ``bosen_procs``: a ``bosen.jobs.supervise.ProcessGroup`` for worker processes
   (``bosen_procs.python(NAME, SCRIPT, ARGS...)``), stopped after the test.
 
 A failing test's report carries the last lines of the log of every process these fixtures started.
@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from bosen.cluster import READY_TIMEOUT_S, LocalCluster, start_cluster
-from bosen.jobs import job_config
-from bosen.supervise import ProcessFailed, ProcessGroup
+from bosen.jobs.cluster import READY_TIMEOUT_S, LocalCluster, start_cluster
+from bosen.jobs.job import job_config
+from bosen.jobs.supervise import ProcessFailed, ProcessGroup
 
 TEST_ENV = {"PYTHONUNBUFFERED": "1", "BOSEN_CONFIG": None, "BOSEN_RANK": None, "BOSEN_RUN_DIR": None,
             "BOSEN_T0": None}

@@ -1,6 +1,6 @@
 """Supervised child processes: start one with a log file, stop it with grace, then kill it.
 
-``bosen launch``, the benchmarks and the tests (through ``bosen.pytest_plugin``) start every child
+``bosen launch``, the benchmarks and the tests (through ``bosen.jobs.pytest_plugin``) start every child
 process here, so they all stop the same way:
 
 - Each child runs in its own process group, so a stop reaches whatever the child started too:

@@ -8,13 +8,13 @@ import json
 import sys
 
 from bosen import config as config_mod
-from bosen import status as status_mod
 from bosen.apps.datasets.packaged import NAMES as DATASET_NAMES
 from bosen.errors import BosenError
+from bosen.jobs import status as status_mod
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from bosen.launch import Launcher
+    from bosen.jobs.launch import Launcher
 
     launcher = Launcher(args.config, workers=args.workers, overrides=args.set, run_dir=args.run_dir,
                         timeout=args.timeout, quiet=args.quiet, plot=not args.no_plot, resume=args.resume)
@@ -55,7 +55,7 @@ def _data(args: argparse.Namespace) -> int:
 def _tables(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from bosen import app_tables
+    from bosen.jobs import app_tables
 
     cfg = config_mod.load(args.config, args.set)
     if not cfg.app.tables:

@@ -1,4 +1,4 @@
-"""Local clusters (bosen.cluster): free ports, servers that answer STATUS, failures that name the server."""
+"""Local clusters (bosen.jobs.cluster): free ports, servers that answer STATUS, failures that name the server."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import psutil
 import pytest
 
 from bosen import config as config_mod
-from bosen.cluster import free_ports, local_addresses, resolve_ports, start_cluster
 from bosen.errors import BosenError, ConfigError
-from bosen.jobs import job_config
-from bosen.supervise import ProcessFailed, ProcessGroup
+from bosen.jobs.cluster import free_ports, local_addresses, resolve_ports, start_cluster
+from bosen.jobs.job import job_config
+from bosen.jobs.supervise import ProcessFailed, ProcessGroup
 
 
 def gone(pid: int) -> bool:

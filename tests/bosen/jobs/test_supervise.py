@@ -1,4 +1,4 @@
-"""Supervised processes (bosen.supervise): stop with grace then kill, whole process groups, groups
+"""Supervised processes (bosen.jobs.supervise): stop with grace then kill, whole process groups, groups
 that stop all members also when the body raises, and children that die with their supervisor."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from bosen.errors import BosenError
-from bosen.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
+from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
 
 IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); " \
               "time.sleep(120)"
@@ -160,7 +160,7 @@ def test_environment_names_and_logs(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_children_die_with_their_supervisor_even_when_it_is_killed(tmp_path: Path) -> None:
     script = textwrap.dedent(f"""
         import sys, time
-        from bosen.supervise import ProcessGroup
+        from bosen.jobs.supervise import ProcessGroup
         group = ProcessGroup(sys.argv[1])
         child = group.python("orphan-to-be", "-c", {SLEEP!r})
         print("child", child.pid, flush=True)

@@ -1,10 +1,10 @@
 """``bosen launch``: run a whole job on this machine (servers and workers as subprocesses).
 
-The launcher owns every process it starts (one ``bosen.supervise.ProcessGroup``: the servers through
-``bosen.cluster``, the workers through ``bosen.jobs.start_worker``): whatever happens (a worker dies,
+The launcher owns every process it starts (one ``bosen.jobs.supervise.ProcessGroup``: the servers through
+``bosen.jobs.cluster``, the workers through ``bosen.jobs.job.start_worker``): whatever happens (a worker dies,
 a server dies, Ctrl-C, a timeout, a bug here) it stops them all before returning, and it says why;
 on Linux they die with it even if it is killed. Workers write metrics to ``RUN_DIR/workers/RANK.jsonl``;
-the launcher merges them per clock into ``RUN_DIR/metrics.jsonl`` (format: ``bosen.jobs``), prints
+the launcher merges them per clock into ``RUN_DIR/metrics.jsonl`` (format: ``bosen.jobs.job``), prints
 progress, and plots the objective at the end.
 """
 
@@ -19,15 +19,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bosen import app_tables, checkpoint
+from bosen import checkpoint
 from bosen import config as config_mod
-from bosen import status as status_mod
-from bosen.cluster import LocalCluster, resolve_ports
 from bosen.config import Config
 from bosen.errors import BosenError
-from bosen.jobs import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, start_worker, truncate_records
+from bosen.jobs import app_tables
+from bosen.jobs import status as status_mod
+from bosen.jobs.cluster import LocalCluster, resolve_ports
+from bosen.jobs.job import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, start_worker, truncate_records
+from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
 from bosen.metrics import HELDOUT_MEASURES
-from bosen.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
 
 POLL_S = 0.2
 MAX_REPLACEMENTS = 3  # per server and job: a replacement that keeps dying ends the job

@@ -1,4 +1,4 @@
-"""Ask servers for their state (``bosen status``, readiness checks in bosen.cluster). Synchronous, no loop."""
+"""Ask servers for their state (``bosen status``, readiness checks in bosen.jobs.cluster). Synchronous, no loop."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The servers of one job on this machine: free ports, start, wait until each answers, stop.
 
-A server is ready when it answers a STATUS request (``bosen.status.query``). ``bosen launch``, the
+A server is ready when it answers a STATUS request (``bosen.jobs.status.query``). ``bosen launch``, the
 benchmarks and the tests' ``bosen_cluster`` fixture start servers through ``LocalCluster``.
 """
 
@@ -19,11 +19,11 @@ from typing import Any
 import zmq
 
 from bosen import config as config_mod
-from bosen import status as status_mod
 from bosen.config import Config
 from bosen.errors import BosenError
-from bosen.jobs import write_config
-from bosen.supervise import STOP_GRACE_S, Process, ProcessFailed, ProcessGroup, describe_exit
+from bosen.jobs import status as status_mod
+from bosen.jobs.job import write_config
+from bosen.jobs.supervise import STOP_GRACE_S, Process, ProcessFailed, ProcessGroup, describe_exit
 
 READY_TIMEOUT_S = 60.0
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import PY, child_env, run_cmd, write_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def launch_config(tmp_path: Path, args: dict | None = None, workers: int = 2, staleness: int = 0,

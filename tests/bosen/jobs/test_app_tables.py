@@ -1,13 +1,13 @@
-"""bosen.app_tables: tables an app declares from its model, merged into the job's config."""
+"""bosen.jobs.app_tables: tables an app declares from its model, merged into the job's config."""
 
 from __future__ import annotations
 
 import pytest
 
-from bosen import app_tables
 from bosen import config as config_mod
 from bosen.client import Client
 from bosen.errors import ConfigError
+from bosen.jobs import app_tables
 from bosen.server.daemon import Server
 
 BASE = {"cluster": {"servers": ["127.0.0.1:9600"], "workers": 1}}
