@@ -35,7 +35,7 @@ bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
 	for d in movielens news fashion-mnist; do test -f data/$$d/dataset.json || $(VENV)/bin/bosen data $$d; done
 	$(PY) bench/throughput.py --quick
-	$(PY) bench/budget.py --quick
+	$(PY) -m bench.budget --quick
 	$(PY) bench/convergence.py --quick
 	$(PY) bench/apps.py --quick
 	$(PY) bench/torch.py --quick

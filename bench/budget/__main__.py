@@ -15,23 +15,19 @@ Each result line: ours = measured Mbps, baseline = the budget, ratio = measured 
 perfect tracking), within_5pct. A budget the machine cannot saturate shows up as ratio < 1 with
 ``saturated: false`` (the demand side could not produce more than that).
 
-    python bench/budget.py [--quick] [--budgets 10,100,1000]
+    python -m bench.budget [--quick] [--budgets 10,100,1000]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, log, servers  # noqa: E402
-
-from bosen.client import Client  # noqa: E402
+from bench.common import emit, log, servers
+from bosen.client import Client
 
 ROWS, COLS = 2000, 256  # 1 KiB rows
 STATUS_TIMEOUT_S = 10.0
