@@ -2,7 +2,7 @@
 and server, beside raw pyzmq moving the same frames in the same run; cache-hit read latency; resident
 memory per byte held.
 
-    python bench/throughput.py [--quick] [--only ingest,fetch,latency,memory]
+    python -m bench.throughput [--quick] [--only ingest,fetch,latency,memory]
 
 Output: one JSON object per line on stdout (progress goes to stderr), each with ``bench="throughput"``,
 ``case``, ``metric``, ``unit``, ``ours`` and, where a baseline ran in the same run, ``baseline``,
@@ -80,11 +80,9 @@ import msgpack
 import numpy as np
 import zmq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import Child, MiB, ProcCounters, emit, log, median, peak_rss_bytes, prewarm_memory, rss_bytes, servers  # noqa: E402
-
-from bosen.jobs.cluster import free_ports  # noqa: E402
-from bosen.malloc import reuse_large_buffers  # noqa: E402
+from bench.common import Child, MiB, ProcCounters, emit, log, median, peak_rss_bytes, prewarm_memory, rss_bytes, servers
+from bosen.jobs.cluster import free_ports
+from bosen.malloc import reuse_large_buffers
 
 BENCH = "throughput"
 COLS = 256  # float32 columns: one row is 1 KiB
@@ -96,7 +94,7 @@ PEER_TIMEOUT_S = 60  # a baseline peer that does not answer by then has died
 LARGE_RATIO_GOAL = 0.5
 SERVER_MEM_GOAL = 2.0
 CLIENT_MEM_GOAL = 3.0
-HERE = Path(__file__).resolve()
+SELF = ("-m", "bench.throughput")  # the baseline peers and the memory client are this module with --peer
 
 
 @dataclass(frozen=True)
@@ -138,7 +136,7 @@ def header_like(n: int) -> bytes:
 
 
 # ----------------------------------------------------------------------------------------------
-# baseline peers (subprocesses of this script: --peer pull | router)
+# baseline peers (subprocesses running this module: --peer pull | router)
 
 
 def peer_pull(port: int, ctl_port: int) -> None:
@@ -193,9 +191,9 @@ class Baselines:
         self.pull_port, self.router_port = free_ports(2)
         self.ctl = self.ctx.socket(zmq.PULL)
         ctl_port = self.ctl.bind_to_random_port("tcp://127.0.0.1")
-        self.pull = Child([str(HERE), "--peer", "pull", "--port", str(self.pull_port), "--ctl-port", str(ctl_port)],
+        self.pull = Child([*SELF, "--peer", "pull", "--port", str(self.pull_port), "--ctl-port", str(ctl_port)],
                           "peer-pull", workdir)
-        self.router = Child([str(HERE), "--peer", "router", "--port", str(self.router_port)], "peer-router", workdir)
+        self.router = Child([*SELF, "--peer", "router", "--port", str(self.router_port)], "peer-router", workdir)
         self.push = self.ctx.socket(zmq.PUSH)
         self.push.connect(f"tcp://127.0.0.1:{self.pull_port}")
         self.dealer = self.ctx.socket(zmq.DEALER)
@@ -475,7 +473,7 @@ def memory_job(table_MiB: int | None, workdir: Path) -> dict[str, int]:
     out: dict[str, int] = {}
     with servers(job, workdir=workdir / f"memory-{table_MiB or 0}") as cluster:
         spid = cluster.servers[0].pid
-        with Child([str(HERE), "--peer", "memclient", "--config", str(cluster.path)], "memclient",
+        with Child([*SELF, "--peer", "memclient", "--config", str(cluster.path)], "memclient",
                    cluster.path.parent, pipes=True) as c:
             for step in ("warm", "buffered", "flushed"):
                 rec = c.read_json()
