@@ -25,7 +25,7 @@ process (the training pass and rank 0's test evaluation per epoch). Job time = t
 span from its clock-0 report to its last (epochs 2..E); the worker's own ``compute_s`` / ``comm_s``
 split it. The goal: 1-worker job / bare <= 1.3x.
 
-``python bench/apps_mlr.py [--quick]`` prints one JSON line per result (``bench/apps.py`` runs it too).
+``python -m bench.apps.mlr [--quick]`` prints one JSON line per result (``python -m bench.apps`` runs it too).
 ``--quick`` uses slices of Fashion-MNIST (or synthetic data when it is missing; the job then runs on
 the slice, one worker) and records a missing peer or data set as missing.
 """
@@ -43,11 +43,11 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import REPO
 from bosen.apps.mlr import data as D
 from bosen.apps.mlr.model import LocalModel
 from bosen.jobs.job import JobRun, run_job
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "mlr-fashion.yaml"
 FASHION = REPO / "data" / "fashion-mnist"
 BATCH, LR, DECAY = 16, 0.1, 1.0  # lr / (1 + DECAY * epoch)

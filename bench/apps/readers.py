@@ -6,14 +6,13 @@ readers can be timed on identical bytes): UCI bag-of-words and LDA-C for LDA, li
 ``--repeats`` times; the best time is reported, since other processes on a shared machine only ever
 add time.
 
-    python bench/apps_readers.py [--quick] [--dir DIR] [--repeats N]
+    python -m bench.apps.readers [--quick] [--dir DIR] [--repeats N]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -22,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, log  # noqa: E402
+from bench.common import emit, log
 
 
 def _write_lines(path: Path, lines: list[str]) -> None:

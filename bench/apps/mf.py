@@ -29,7 +29,7 @@ score theirs). Job time = the slowest worker's span from its clock-0 report to i
 reports (kernel ``seconds``, ``read_s``, ``send_s``, ``eval_s``, ``clock_s``; the rest is the
 worker's Python between them).
 
-``python bench/apps_mf.py [--quick]`` prints one JSON line per result (``bench/apps.py`` runs it too);
+``python -m bench.apps.mf [--quick]`` prints one JSON line per result (``python -m bench.apps`` runs it too);
 ``--kernels`` runs the kernel cases only.
 ``--quick`` uses small synthetic data and a short MovieLens run, and records the missing peer or
 data set as missing.
@@ -47,11 +47,11 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import REPO
 from bosen.apps.mf.data import Triples, load_csv, synthetic
 from bosen.apps.mf.kernels import clipped_squared_error, sgd_pass
 from bosen.jobs.job import JobRun, run_job
 
-REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "mf-movielens.yaml"
 MOVIELENS = REPO / "data" / "movielens"
 RANK, LR, REG, EPOCHS, INIT_STD = 16, 0.005, 0.02, 20, 0.1
@@ -355,6 +355,6 @@ def kernels_only() -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    # python bench/apps_mf.py [--quick | --kernels]
+    # python -m bench.apps.mf [--quick | --kernels]
     for rec in kernels_only() if "--kernels" in sys.argv[1:] else run_bench(quick="--quick" in sys.argv[1:]):
         print(json.dumps(rec), flush=True)

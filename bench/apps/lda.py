@@ -1,6 +1,6 @@
 """LDA benchmark: our sampler kernel beside tomotopy and the ``lda`` package, then whole jobs.
 
-``run_bench(quick)`` returns result dicts (``bench/apps.py`` prints them as JSON lines).
+``run_bench(quick)`` returns result dicts (``python -m bench.apps`` prints them as JSON lines).
 
 Kernels (issue 17, point 3), per K in 20, 100, 1000 on the news corpus (``bosen data news``: 3,421
 articles, 944,694 tokens, V = 13,994), α = 0.1, β = 0.01, the same iterations for every sampler:
@@ -45,14 +45,14 @@ from typing import Any
 
 import numpy as np
 
+from bench.common import REPO
 from bosen.apps.lda.data import Corpus, generate, load
 from bosen.apps.lda.model import Sampler, loglikelihood
 from bosen.apps.lda.worker import LDAArgs
 from bosen.jobs.job import run_job
 
-ROOT = Path(__file__).resolve().parent.parent
-NEWS = ROOT / "data" / "news" / "docword.news.txt"
-NEWS_CONFIG = ROOT / "configs" / "lda-news.yaml"
+NEWS = REPO / "data" / "news" / "docword.news.txt"
+NEWS_CONFIG = REPO / "configs" / "lda-news.yaml"
 TOMOTOPY = "tomotopy 0.14 LDAModel"
 LDA_PKG = "lda 3.0.2 (collapsed Gibbs, Cython)"
 
@@ -371,7 +371,7 @@ def job_case(quick: bool, corpus: Corpus, data: str, repeats: int) -> list[dict[
             "job_loglik": two["final_loglik"], "sampling_s": round(two["compute_s"], 3),
             "read_rows_s": round(two["read_s"], 3), "send_s": round(two["send_s"], 3),
             "clock_wait_s": round(two["clock_wait_s"], 3)},
-           # as bench/apps_mf.py: iterations 2..E on both sides (the job's first tick opens the read
+           # as bench/apps/mf.py: iterations 2..E on both sides (the job's first tick opens the read
            # connection and fills a cold cache: start-up, which the bare kernel's timing leaves out too)
            {**base, "case": "lda-goal", "goal": "a 1-worker LDA job through the PS within 1.3x the bare kernel's time "
             "(iterations 2..E)", "met": bool(steady <= 1.3), "ratio": round(steady, 3),
@@ -417,7 +417,7 @@ def kernels_only(specs: list[str]) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    # python bench/apps_lda.py [--quick] | --kernel K:ITERS [--kernel K:ITERS ...]
+    # python -m bench.apps.lda [--quick] | --kernel K:ITERS [--kernel K:ITERS ...]
     args = sys.argv[1:]
     ks = [args[j + 1] for j, x in enumerate(args) if x == "--kernel" and j + 1 < len(args)]
     for r in kernels_only(ks) if ks else run_bench("--quick" in args):

@@ -1,7 +1,7 @@
 """App kernels beside the strongest libraries at equal quality, and whole jobs beside the bare kernel
 (issue 17; docs/design.md, "Benchmarks").
 
-``bench/apps_<app>.py`` does the measuring for each app (their docstrings give the method):
+``bench/apps/<app>.py`` does the measuring for each app (their docstrings give the method):
 
 - LDA on the news corpus at K = 20, 100, 1000: tokens/s and time to equal log p(w, z) beside tomotopy
   (fixed priors, 1 and 2 threads) and the ``lda`` package;
@@ -16,18 +16,15 @@ Every goal is a record with ``goal`` and ``met``. Peers come from the ``bench`` 
 (``pip install -e '.[bench]'``) and data from ``bosen data NAME``; a missing one is reported as
 missing, not skipped silently.
 
-    python bench/apps.py [--quick] [--only mf,mlr,lda]
+    python -m bench.apps [--quick] [--only mf,mlr,lda]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, log  # noqa: E402
+from bench.common import emit, log
 
 APPS = ("mf", "mlr", "lda")
 
@@ -39,9 +36,9 @@ def main() -> None:
     args = ap.parse_args()
     for app in args.only.split(","):
         if app not in APPS:
-            raise SystemExit(f"bench/apps.py: unknown app {app!r} (one of {', '.join(APPS)})")
+            raise SystemExit(f"bench.apps: unknown app {app!r} (one of {', '.join(APPS)})")
         log(f"apps: {app} ...")
-        bench = importlib.import_module(f"apps_{app}")  # bench/apps_<app>.py, beside this file
+        bench = importlib.import_module(f"bench.apps.{app}")  # bench/apps/<app>.py
         for rec in bench.run_bench(args.quick):
             emit(**{"bench": "apps", **rec})
 
