@@ -1,6 +1,7 @@
-"""The worker processes of ``bench/torch.py``: one training loop, three ways of sharing the model.
+"""The worker processes of ``python -m bench.torch``: one training loop, three ways of sharing the model.
 
-``python bench/torch_workers.py SPEC_JSON`` runs one process of one system:
+``python -m bench.torch.workers SPEC_JSON`` runs one process of one system (from the repository root,
+which the bench sets as the child's directory and PYTHONPATH):
 
 - ``ours``: a Bösen worker (``PSModule`` + ``DeltaOptimizer`` / ``ServerOptimizer``) against servers
   the bench started;
@@ -33,14 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-# this folder holds bench/torch.py, which would shadow the torch package
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+import numpy as np
+import torch  # the real torch: this module is bench.torch.workers, and python -m puts only the root on sys.path
+import torch.nn.functional as F
+from torch import nn
 
 # -- the two tasks ---------------------------------------------------------------------------------
 

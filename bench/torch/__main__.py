@@ -1,7 +1,7 @@
 """PyTorch workers on the PS beside DistributedDataParallel and a torch.distributed.rpc parameter server.
 
 Two tasks, each on CPU with 2 worker processes, the same model, data, order and batch in every system
-(``bench/torch_workers.py`` holds the loop they share):
+(``bench/torch/workers.py`` holds the loop they share):
 
 - ``cnn``: the CNN example on Fashion-MNIST; held-out accuracy. Ours: local SGD pushing deltas
   (``DeltaOptimizer``, lr 0.1, a clock every 4 steps, staleness 1); DDP: SGD on the averaged gradient
@@ -28,7 +28,7 @@ the clients' stats (bytes_sent + bytes_received), DDP from a comm hook
 ids to every other), RPC from the tensors each call carries. Systems alternate order between
 repetitions. Goal records carry ``met``.
 
-``python bench/torch.py [--quick] [--tasks cnn,dlrm] [--reps N]`` prints JSON lines (bench/common.py).
+``python -m bench.torch [--quick] [--tasks cnn,dlrm] [--reps N]`` prints JSON lines (bench/common.py).
 """
 
 from __future__ import annotations
@@ -41,14 +41,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-_HERE = Path(__file__).resolve().parent
-# this file is named torch.py: keep its folder out of the way of the torch package, but reach common.py
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
-
-from common import Child, emit, log, median, prewarm_memory, servers  # noqa: E402
-
-from bosen.jobs.cluster import free_ports  # noqa: E402
-from bosen.jobs.job import job_config  # noqa: E402
+from bench.common import Child, emit, log, median, prewarm_memory, servers
+from bosen.jobs.cluster import free_ports
+from bosen.jobs.job import job_config
 
 WORKERS = 2
 
@@ -113,11 +108,10 @@ def run_system(task: str, case: dict[str, Any], system: str, work: Path, table_c
             "final_samples": case.get("final_samples")}
     run_dir = Path(tempfile.mkdtemp(prefix=f"{task}-{system}-", dir=work))
     outs = [run_dir / f"rank{r}.json" for r in range(WORKERS)]
-    worker = str(_HERE / "torch_workers.py")
     t0 = time.perf_counter()
 
     def spawn(name: str, spec: dict[str, Any]) -> Child:
-        return Child([worker, json.dumps(spec)], name, run_dir)
+        return Child(["-m", "bench.torch.workers", json.dumps(spec)], name, run_dir)
 
     if kind == "ours":
         if task not in table_cache:
