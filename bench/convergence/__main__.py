@@ -1,16 +1,16 @@
 """Convergence benchmark (docs/evaluation.md): the Bösen evaluation in miniature, run as real jobs.
 
-    python bench/convergence.py [--scenario lda|mf|mlr|adarev|all] [--quick] [--out bench/out]
+    python -m bench.convergence [--scenario lda|mf|mlr|adarev|all] [--quick] [--out bench/out]
                                 [--workers 4,8] [--seeds 0,1,2] [--budgets 4,16] [--ks 2,4,8]
                                 [--link-mbit N] [--data synthetic|real]
 
 Every job is ``python -m bosen launch CONFIG --set ...`` (servers and workers as processes, run by
 ``bosen.jobs.job.run_job``); the bench reads ``RUN_DIR/metrics.jsonl`` (per-clock records summed over
-workers) and turns them into per-epoch curves (bench/curves.py): the objective, seconds since the
+workers) and turns them into per-epoch curves (bench/convergence/curves.py): the objective, seconds since the
 launch and bytes the clients sent and received. Each result is one JSON line on stdout (progress on
 stderr) with ``bench="convergence"``, ``case``, ``metric``, ``unit``, ``ours`` and, against a
 baseline of the same run, ``baseline``, ``baseline_name`` and ``ratio`` (> 1 means ours is better);
-figures go to ``--out`` (bench/figures.py).
+figures go to ``--out`` (bench/convergence/figures.py).
 
 lda, mf, mlr -- thesis §3.3 in miniature, per app at P = 4 and 8 worker processes and three seeds:
     BS (bounded staleness s = 2, one clock per pass, no managed communication); MC-X-R and MC-X-RM
@@ -24,7 +24,7 @@ lda, mf, mlr -- thesis §3.3 in miniature, per app at P = 4 and 8 worker process
     epoch, how much of its budget it used, the share of rows read that held a value pushed mid-clock
     and the mean staleness of the rows read. Per mode the medians over seeds (and min/max epochs),
     then one line per goal of the evaluation with ``met``. ``--link-mbit N`` runs it all inside a
-    network namespace whose loopback is shaped to N Mbit/s (bench/shaped_link.py). ``--data real``
+    network namespace whose loopback is shaped to N Mbit/s (bench/convergence/shaped_link.py). ``--data real``
     runs each app on its real data set instead (``REAL_APPS``: news articles, MovieLens-100K,
     Fashion-MNIST, prepared with ``bosen data`` into data/ when missing).
 
@@ -55,15 +55,12 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import shaped_link  # noqa: E402
-from common import emit, log  # noqa: E402
-from curves import Aggregate, Run, read_run  # noqa: E402
-from figures import app_figure, loss_figure, send_count_figure  # noqa: E402
+from bench.common import REPO, emit, log, repo_env
+from bench.convergence import shaped_link
+from bench.convergence.curves import Aggregate, Run, read_run
+from bench.convergence.figures import app_figure, loss_figure, send_count_figure
+from bosen.jobs.job import run_job
 
-from bosen.jobs.job import run_job  # noqa: E402
-
-REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
 BENCH = "convergence"
 
@@ -493,8 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.link_mbit is not None:
         rest = list(argv if argv is not None else sys.argv[1:])
         i = rest.index("--link-mbit")
-        return shaped_link.run_inside([sys.executable, str(Path(__file__).resolve()), *rest[:i], *rest[i + 2:],
-                                       f"--tag={args.tag}-link{args.link_mbit:g}"], args.link_mbit)
+        return shaped_link.run_inside([sys.executable, "-m", "bench.convergence", *rest[:i], *rest[i + 2:],
+                                       f"--tag={args.tag}-link{args.link_mbit:g}"], args.link_mbit,
+                                      cwd=REPO, env=repo_env())
     with tempfile.TemporaryDirectory(prefix="bosen-conv-") as tmp:
         if args.work is None:
             args.work = tmp

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from curves import Run, median_curve
+from bench.convergence.curves import Run, median_curve
 
 
 def _pyplot():
