@@ -33,7 +33,7 @@ Method (docs/recovery.md, "SCAR's experiments in miniature"):
    time per clock from the clock records (clocks 3..E, start-up left out); ratio to the paired run
    without checkpoints.
 
-``python bench/recovery.py [--app mf|lda] [--quick] [--seeds N]`` prints JSON lines (bench/common.py
+``python -m bench.recovery [--app mf|lda] [--quick] [--seeds N]`` prints JSON lines (bench/common.py
 ``emit``) and draws bench/out/recovery_partial.png and bench/out/recovery_priority.png (``--app lda``:
 recovery_lda_partial.png, recovery_lda_priority.png).
 """
@@ -47,284 +47,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, log  # noqa: E402
+from bench.common import REPO, emit, log
+from bench.recovery.faults import Documents, lost_rows, perturbation, running_checkpoint, stacked, unstacked
+from bench.recovery.runs import APPS, clocks_to, curve, launch, write_job
+from bench.recovery.states import States
+from bosen import checkpoint, scar
 
-from bosen import checkpoint, scar  # noqa: E402
-from bosen.config import load as load_config  # noqa: E402
-from bosen.rowmath import init_rows  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "out"
 BENCH = "recovery"
 THESIS_PARTIAL = {0.75: (12, 42), 0.5: (31, 62), 0.25: (59, 89)}  # % less rework, T:1686
 THESIS_PRIORITY = (78, 95)  # % less rework at r = 1/8, f = 1/2, T:1696
-
-
-# ----------------------------------------------------------------------------------------------
-# jobs
-
-
-@dataclass(frozen=True)
-class App:
-    """One model the experiments run on: its job, how its objective improves, and its row distance."""
-
-    name: str              # the records' "app"
-    config: str            # under configs/
-    epochs_arg: str        # app.args key for the number of passes
-    maximize: bool         # the objective improves upwards (a log-likelihood)
-    metric: scar.Metric    # the running checkpoint's row distance
-    args: tuple[tuple[str, Any], ...] = ()  # app.args overrides
-    servers: int = 0       # 0: as the config has them
-
-    @property
-    def prefix(self) -> str:
-        return "recovery" if self.name == "mf-movielens" else f"recovery_{self.name.split('-')[0]}"
-
-
-APPS: dict[str, App] = {
-    "mf": App("mf-movielens", "mf-movielens.yaml", "epochs", False, "l2"),
-    # seconds a run: K = 20 as configured, held-out scoring off (the objective is the training log-likelihood)
-    "lda": App("lda-news", "lda-news.yaml", "iterations", True, "tv",
-               args=(("test_data", ""), ("eval_every", 0), ("save_model", False)), servers=2),
-}
 APP = APPS["mf"]  # the app of this run (main sets it)
-
-
-def write_job(path: Path, epochs: int, every_clocks: int | None, keep: int = 1000) -> Path:
-    """The app's config with absolute data paths, ``epochs`` passes and a checkpoint section."""
-    c = yaml.safe_load((REPO / "configs" / APP.config).read_text())
-    a = c["app"]["args"]
-    a.update(dict(APP.args))
-    for k in ("data", "test_data"):
-        if a.get(k):
-            a[k] = str((REPO / a[k]).resolve())
-    a[APP.epochs_arg] = epochs
-    if APP.servers:
-        c["cluster"]["servers"] = ["127.0.0.1:0"] * APP.servers
-    c["checkpoint"] = {"every_clocks": every_clocks or 100000, "keep": keep, "dir": "checkpoints"}
-    path.write_text(yaml.safe_dump(c, sort_keys=False))
-    return path
-
-
-def launch(cfg: Path, run_dir: Path, *, resume: bool = False, timeout: float = 300.0,
-           kinds: tuple[str, ...] = ("clock",)) -> list[dict[str, Any]]:
-    """Run ``bosen launch`` (a fresh run, or ``--resume`` of ``run_dir``); its records of ``kinds``."""
-    cmd = [sys.executable, "-m", "bosen", "launch", str(cfg), "--quiet", "--no-plot", "--timeout", str(timeout)]
-    cmd += ["--resume", str(run_dir)] if resume else ["--run-dir", str(run_dir)]
-    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout + 60)
-    if p.returncode != 0:
-        raise RuntimeError(f"bosen launch {'--resume ' if resume else ''}{run_dir} failed ({p.returncode}):\n"
-                           f"{p.stdout[-3000:]}{p.stderr[-3000:]}")
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r for r in recs if r.get("kind") in kinds]
-
-
-def curve(records: list[dict[str, Any]]) -> np.ndarray:
-    """Training objective per clock (index = clock; NaN where a clock has none, e.g. LDA's barriers)."""
-    obj = np.full(max(r["clock"] for r in records) + 1, np.nan)
-    for r in records:
-        obj[r["clock"]] = r.get("objective", np.nan)
-    return obj
-
-
-def clocks_to(obj: np.ndarray, target: float, after: int, maximize: bool | None = None) -> float:
-    """Clock (fractional, interpolated) at which ``obj`` first reaches ``target`` among clocks >=
-    ``after`` (at or below it; at or above it when ``maximize``, default: the app's sense); inf if
-    it never does."""
-    up = APP.maximize if maximize is None else maximize
-    o = -obj if up else obj  # reaching a maximized target = the negated objective falling to -target
-    t = -target if up else target
-    for k in range(max(after, 1), o.shape[0]):
-        if o[k] <= t:
-            prev = o[k - 1]
-            if k - 1 >= after and np.isfinite(prev) and prev > t:
-                return k - 1 + (prev - t) / (prev - o[k])
-            return float(k)
-    return float("inf")
-
-
-# ----------------------------------------------------------------------------------------------
-# states of the baseline run
-
-
-class States:
-    """The baseline's state after every clock: per table the whole array (rows in global order)."""
-
-    def __init__(self, run_dir: Path, cfg_path: Path) -> None:
-        self.run_dir = run_dir
-        self.base = run_dir / "checkpoints"
-        self.config = load_config(cfg_path)
-        self.tables = list(self.config.tables)
-        self.servers = len(self.config.cluster.servers)
-        self._cache: dict[int, list[np.ndarray]] = {}
-        part = checkpoint.read_part(checkpoint.clock_dir(self.base, 1) / "server-0", verify=False)
-        self.fingerprint = part.meta["fingerprint"]
-
-    def initial(self) -> list[np.ndarray]:
-        out = []
-        for i, t in enumerate(self.tables):
-            rows = np.arange(t.rows, dtype=np.int64)
-            out.append(init_rows(t.init, rows, (t.rows, t.cols), np.dtype(t.dtype), i))
-        return out
-
-    def at(self, clock: int) -> list[np.ndarray]:
-        """Every table's values after ``clock`` clocks (the checkpoint at boundary ``clock``)."""
-        if clock == 0:
-            return self.initial()
-        if clock not in self._cache:
-            arrays = [np.zeros((t.rows, t.cols), np.dtype(t.dtype)) for t in self.tables]
-            for j in range(self.servers):
-                a = checkpoint.read_part(checkpoint.clock_dir(self.base, clock) / f"server-{j}", verify=False).load()
-                for i in range(len(self.tables)):
-                    arrays[i][a[f"t{i}.rows"]] = a[f"t{i}.values"]
-            self._cache[clock] = arrays
-        return self._cache[clock]
-
-    def write_resume(self, dst: Path, clock: int, values: list[np.ndarray],
-                     workers: list[dict[str, np.ndarray]] | None = None) -> None:
-        """A run directory ``dst`` to resume at ``clock``: the baseline's records, its checkpoint at
-        ``clock`` (worker parts as saved, or holding ``workers``), the server parts holding ``values``."""
-        if dst.exists():
-            shutil.rmtree(dst)
-        dst.mkdir(parents=True)
-        shutil.copytree(self.run_dir / "workers", dst / "workers")
-        shutil.copy(self.run_dir / "metrics.jsonl", dst / "metrics.jsonl")
-        src = checkpoint.clock_dir(self.base, clock)
-        shutil.copytree(src, checkpoint.clock_dir(dst / "checkpoints", clock))
-        for j in range(self.servers):
-            part = checkpoint.read_part(src / f"server-{j}", self.fingerprint)
-            arrays = part.load()
-            for i in range(len(self.tables)):
-                arrays[f"t{i}.values"] = values[i][arrays[f"t{i}.rows"]]
-            checkpoint.write_part(dst / "checkpoints", clock, "server", j, arrays, part.info, self.fingerprint)
-        for r, arrays in enumerate(workers or []):
-            part = checkpoint.read_part(src / f"worker-{r}", self.fingerprint)
-            checkpoint.write_part(dst / "checkpoints", clock, "worker", r, arrays, part.info, self.fingerprint)
-
-
-class Documents:
-    """LDA's documents as SCAR's parameters (its LDA fault model, T:1638-1642: the document-topic rows
-    fail; the word-topic counts are regenerable). Per clock, the workers' checkpoint parts give every
-    document's topic assignments ``z`` and doc-topic counts (rows of ``ndk``, stacked in global
-    document order); a recovered state takes each lost document's ``z`` from the clock it was saved
-    at, recounts ``ndk``, and regenerates ``word_topic`` and ``topic_summary`` from all of ``z``, so
-    the servers' counts are consistent with the workers' assignments."""
-
-    def __init__(self, states: States, cfg_path: Path) -> None:
-        from bosen.apps.lda.data import load as load_corpus
-
-        a = yaml.safe_load(cfg_path.read_text())["app"]["args"]
-        corpus = load_corpus(a["data"], a.get("vocab") or None, a.get("format", "auto"))
-        self.states = states
-        self.K = int(a["K"])
-        self.V = corpus.n_vocab
-        self.workers = int(states.config.cluster.workers)
-        self.words: list[np.ndarray] = []  # per worker: each token's word
-        self.docs: list[np.ndarray] = []   # per worker: each token's document (global stacked row)
-        self.first: list[int] = []         # per worker: its first document's stacked row
-        self.count: list[int] = []         # per worker: its documents
-        for r in range(self.workers):
-            lo, hi = corpus.doc_range(r, self.workers)
-            part = corpus.subset(lo, hi)
-            self.words.append(part.words.astype(np.int64))
-            self.docs.append(part.docs.astype(np.int64) + lo)
-            self.first.append(lo)
-            self.count.append(hi - lo)
-        self.n_docs = corpus.n_docs
-        self._cache: dict[int, list[dict[str, np.ndarray]]] = {}
-
-    def parts(self, clock: int) -> list[dict[str, np.ndarray]]:
-        """The workers' checkpoint arrays at ``clock`` (clock 0: the first checkpoint's, which holds
-        the initial assignments: the first clocks are barriers that sample nothing)."""
-        clock = max(clock, 1)
-        if clock not in self._cache:
-            d = checkpoint.clock_dir(self.states.base, clock)
-            self._cache[clock] = [checkpoint.read_part(d / f"worker-{r}", verify=False).load()
-                                  for r in range(self.workers)]
-        return self._cache[clock]
-
-    def ndk(self, clock: int) -> np.ndarray:
-        """Every document's topic counts at ``clock`` (one row per document)."""
-        return np.concatenate([p["ndk"] for p in self.parts(clock)], axis=0)
-
-    def recovered(self, live: int, source: np.ndarray) -> list[np.ndarray]:
-        """Per worker ``z`` at clock ``live`` with each document d whose ``source[d] >= 0`` taken
-        from clock ``source[d]``."""
-        out = []
-        for r, p in enumerate(self.parts(live)):
-            z = p["z"].copy()
-            src = source[self.docs[r]]
-            for c in np.unique(src[src >= 0]):
-                m = src == c
-                z[m] = self.parts(int(c))[r]["z"][m]
-            out.append(z)
-        return out
-
-    def counts(self, zs: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
-        """(the server tables word_topic and topic_summary, every document's topic counts) of ``zs``."""
-        K = self.K
-        wt = np.zeros(self.V * K, np.int64)
-        ndk = []
-        for r, z in enumerate(zs):
-            wt += np.bincount(self.words[r] * K + z, minlength=self.V * K)
-            local = self.docs[r] - self.first[r]
-            ndk.append(np.bincount(local * K + z, minlength=self.count[r] * K).reshape(-1, K))
-        w = wt.reshape(self.V, K).astype(np.int32)
-        return [w, w.sum(axis=0, dtype=np.int64)[None, :].astype(np.int32)], np.concatenate(ndk).astype(np.int32)
-
-    def worker_arrays(self, live: int, zs: list[np.ndarray], ndk: np.ndarray) -> list[dict[str, np.ndarray]]:
-        """The workers' checkpoint arrays at ``live`` with ``zs`` and ``ndk`` put in."""
-        out = []
-        for r, p in enumerate(self.parts(live)):
-            a = dict(p)
-            lo = self.first[r]
-            a["z"] = zs[r].astype(p["z"].dtype)
-            a["ndk"] = ndk[lo:lo + p["ndk"].shape[0]].astype(p["ndk"].dtype)
-            out.append(a)
-        return out
-
-
-def stacked(values: list[np.ndarray]) -> np.ndarray:
-    """The tables as one matrix of rows (MF: L's rows, then R's; LDA: word_topic's, then the summary
-    row): the unit SCAR saves and loses."""
-    return np.concatenate(values, axis=0)
-
-
-def unstacked(m: np.ndarray, like: list[np.ndarray]) -> list[np.ndarray]:
-    out, at = [], 0
-    for a in like:
-        out.append(m[at:at + a.shape[0]].astype(a.dtype))
-        at += a.shape[0]
-    return out
-
-
-def lost_rows(like: list[np.ndarray], f: float, rng: np.random.Generator) -> np.ndarray:
-    """Rows (of the stacked matrix) lost: a random fraction f of each table's rows."""
-    out, at = [], 0
-    for a in like:
-        n = a.shape[0]
-        out.append(at + rng.choice(n, size=int(round(f * n)), replace=False))
-        at += n
-    return np.sort(np.concatenate(out))
-
-
-def running_checkpoint(states: States, policy: str, r: float, period: int, until: int,
-                       seed: int) -> scar.RunningCheckpoint:
-    """SCAR's running checkpoint at clock ``until``: from w(0), every r·period clocks the fraction r
-    of rows chosen by ``policy`` saved from that clock's state."""
-    ck = scar.RunningCheckpoint(stacked(states.initial()), APP.metric, seed=seed)
-    step = max(1, int(round(r * period)))
-    for c in range(step, until + 1, step):
-        ck.step(policy, stacked(states.at(c)), r, c)  # type: ignore[arg-type]
-    return ck
 
 
 # ----------------------------------------------------------------------------------------------
@@ -339,7 +77,7 @@ def rework_run(states: States, cfg: Path, work: Path, name: str, clock: int, val
     t = time.perf_counter()
     obj = curve(launch(cfg, run, resume=True))
     shutil.rmtree(run / "checkpoints", ignore_errors=True)
-    reach = clocks_to(obj, target, clock)
+    reach = clocks_to(obj, target, clock, APP.maximize)
     rework = failed_at - clock + reach - k_target
     return {"rework": float(rework), "resumed_at": clock, "reached": float(reach), "seconds": time.perf_counter() - t}
 
@@ -355,16 +93,6 @@ def doc_run(docs: Documents, states: States, cfg: Path, work: Path, name: str, T
     res["perturbation_l2"] = float(np.linalg.norm(live.astype(np.float64) - ndk))
     res["perturbation_tv"] = float(scar.row_distance(live, ndk, "tv").sum())
     return res
-
-
-def perturbation(live: list[np.ndarray], recovered: np.ndarray) -> dict[str, float]:
-    """How far the recovered rows are from the live ones: the L2 norm, and for count rows the summed
-    scaled total variation (``bosen.scar``'s ``tv``)."""
-    lv = stacked(live)
-    out = {"perturbation_l2": float(np.linalg.norm(lv.astype(np.float64) - recovered))}
-    if APP.metric == "tv":
-        out["perturbation_tv"] = float(scar.row_distance(lv, recovered, "tv").sum())
-    return out
 
 
 def summary(xs: list[float]) -> dict[str, float]:
@@ -422,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bosen-recovery-"))
     try:
-        cfg_base = write_job(work / "base.yaml", epochs, 1)
-        cfg_resume = write_job(work / "resume.yaml", epochs, None, keep=1)
+        cfg_base = write_job(APP, work / "base.yaml", epochs, 1)
+        cfg_resume = write_job(APP, work / "resume.yaml", epochs, None, keep=1)
         log(f"recovery: baseline run ({epochs} clocks, a checkpoint every clock) in {work}")
         base_dir = work / "base"
         obj = curve(launch(cfg_base, base_dir))
@@ -489,16 +217,17 @@ def main(argv: list[str] | None = None) -> int:
                 mixed[lost] = saved[lost]
                 res = rework_run(states, cfg_resume, work, f"partial{s}-{f}", T, unstacked(mixed, live), T, target,
                                  k_target)
-                record(f"partial/f={f:g}", s, res, lost_fraction=f, **perturbation(live, mixed))
+                record(f"partial/f={f:g}", s, res, lost_fraction=f, **perturbation(live, mixed, APP.metric))
             lost = lost_rows(live, 0.5, np.random.default_rng(1000 + s))
             for r in ratios:
                 for pol in policies:
-                    ck = running_checkpoint(states, pol, r, C, T - 1, seed=s)  # saves before the failed clock
+                    # saves before the failed clock
+                    ck = running_checkpoint(states, APP.metric, pol, r, C, T - 1, seed=s)
                     mixed = ck.recover(stacked(live), lost)
                     res = rework_run(states, cfg_resume, work, f"prio{s}-{pol}-{r}", T, unstacked(mixed, live), T,
                                      target, k_target)
                     record(f"priority/{pol}/r={r:g}", s, res, policy=pol, r=r, lost_fraction=0.5,
-                           rows_saved=ck.rows_saved, **perturbation(live, mixed))
+                           rows_saved=ck.rows_saved, **perturbation(live, mixed, APP.metric))
 
         full = float(np.median(results["full"]))
         for key, xs in results.items():
@@ -561,7 +290,7 @@ def end_to_end(work: Path, base_meta: dict[str, Any], epochs: int, k_target: int
 
     import psutil
 
-    cfg = write_job(work / "e2e.yaml", epochs, period, keep=2)
+    cfg = write_job(APP, work / "e2e.yaml", epochs, period, keep=2)
     run = work / f"e2e-{arm}-{kill_after}"
     cmd = [sys.executable, "-m", "bosen", "launch", str(cfg), "--quiet", "--no-plot", "--run-dir", str(run)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -601,7 +330,7 @@ def end_to_end(work: Path, base_meta: dict[str, Any], epochs: int, k_target: int
     if arm == "partial-live":
         recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
         clocks = [r for r in recs if r.get("kind") == "clock"]
-        reach = clocks_to(curve(clocks), target, 0)
+        reach = clocks_to(curve(clocks), target, 0, APP.maximize)
         free = launch(cfg, work / f"e2e-free-{kill_after}")
         lost_s = _time_at(clocks, k_target) - _time_at(free, k_target)
         emit(**base_meta, case=case, metric="rework", unit="clocks", value=float(reach - k_target),
@@ -611,7 +340,7 @@ def end_to_end(work: Path, base_meta: dict[str, Any], epochs: int, k_target: int
     t0 = time.perf_counter()
     obj = curve(launch(cfg, run, resume=True))
     resume_s = time.perf_counter() - t0
-    reach = clocks_to(obj, target, resumed_at)
+    reach = clocks_to(obj, target, resumed_at, APP.maximize)
     rework = executed - resumed_at + reach - k_target
     emit(**base_meta, case=case, metric="rework", unit="clocks", value=float(rework),
          killed_after_clock=killed_at, clocks_executed_before=executed, resumed_at=resumed_at, launcher_rc=rc,
@@ -635,7 +364,7 @@ def cost(work: Path, base_meta: dict[str, Any], quick: bool) -> None:
         order: list[int | None] = [None, *intervals] if rep % 2 == 0 else [*intervals[::-1], None]
         got: dict[int | None, float] = {}
         for n in order:
-            cfg = write_job(work / f"cost-{n}.yaml", epochs, n, keep=2)
+            cfg = write_job(APP, work / f"cost-{n}.yaml", epochs, n, keep=2)
             run = work / f"cost-{n}-{rep}"
             recs = launch(cfg, run, kinds=("clock", "server"))
             servers = [r for r in recs if r["kind"] == "server"]
