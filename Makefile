@@ -34,11 +34,12 @@ test:
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
 	for d in movielens news fashion-mnist; do test -f data/$$d/dataset.json || $(VENV)/bin/bosen data $$d; done
-	$(PY) bench/throughput.py --quick
-	$(PY) bench/budget.py --quick
-	$(PY) bench/convergence.py --quick
-	$(PY) bench/apps.py --quick
-	$(PY) bench/torch.py --quick
+	$(PY) -m bench.throughput --quick
+	$(PY) -m bench.budget --quick
+	$(PY) -m bench.convergence --quick
+	$(PY) -m bench.apps --quick
+	$(PY) -m bench.torch --quick
+	$(PY) -m bench.recovery --quick
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

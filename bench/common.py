@@ -2,12 +2,14 @@
 
 - ``emit(**fields)`` prints one result as a JSON line on stdout (flushed at once).
 - ``Child`` starts a Python subprocess whose output goes to a log file; ``stop()`` always ends it.
+  It runs in the repository root with the root on PYTHONPATH, so ``Child(["-m", "bench.NAME", ...])``
+  finds the ``bench`` package whatever the caller's directory.
 - ``servers(job, n)`` starts the servers of a job on free local ports and stops them on exit
-  (``bosen.cluster``); ``bosen.jobs.run_job`` runs a whole job through ``bosen launch``.
+  (``bosen.jobs.cluster``); ``bosen.jobs.job.run_job`` runs a whole job through ``bosen launch``.
 - ``rss_bytes(pid)`` is a process's resident set size (psutil).
 
-Benchmarks run from a source checkout as ``python bench/NAME.py``; nothing here depends on the
-current directory.
+Benchmarks run from the root of a source checkout as ``python -m bench.NAME``; nothing here depends
+on the current directory.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from typing import Any
 
 import psutil
 
-from bosen.cluster import LocalCluster, start_cluster
 from bosen.errors import BosenError
-from bosen.supervise import Process
+from bosen.jobs.cluster import LocalCluster, start_cluster
+from bosen.jobs.supervise import Process
 
 MiB = 1 << 20
 KiB = 1 << 10
+REPO = Path(__file__).resolve().parents[1]  # the checkout: configs/, data/, and the bench package
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,12 +75,20 @@ def spread(xs: Sequence[float]) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------------------------
-# processes (supervised by bosen.supervise: own process group, stop with grace then kill, and on
+# processes (supervised by bosen.jobs.supervise: own process group, stop with grace then kill, and on
 # Linux they die with the bench process)
 
 
+def repo_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` with the repository root first on PYTHONPATH: what a ``python -m bench.NAME`` child needs
+    to import the ``bench`` package (applied on top of this process's environment)."""
+    paths = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": os.pathsep.join(paths), **(env or {})}
+
+
 class Child(Process):
-    """``python ARGS...`` as a supervised process, its log in LOG_DIR/NAME.log.
+    """``python ARGS...`` as a supervised process, its log in LOG_DIR/NAME.log; it runs in the
+    repository root with the root on PYTHONPATH (``repo_env``), so ``-m bench.NAME`` works.
 
     With ``pipes`` its stdin and stdout are pipes (line protocols with the bench process) and only
     stderr goes to the log.
@@ -85,7 +96,8 @@ class Child(Process):
 
     def __init__(self, args: Sequence[str], name: str, log_dir: Path, *, pipes: bool = False,
                  env: Mapping[str, str] | None = None) -> None:
-        super().__init__(name, [sys.executable, *args], Path(log_dir) / f"{name}.log", env=env, pipes=pipes)
+        super().__init__(name, [sys.executable, *args], Path(log_dir) / f"{name}.log", env=repo_env(env),
+                         cwd=REPO, pipes=pipes)
 
     def send_line(self, line: str) -> None:
         assert self.popen.stdin is not None, f"{self.name} was started without pipes"

@@ -1,3 +1,3 @@
-from bosen.cli import main
+from bosen.jobs.cli import main
 
 raise SystemExit(main())

@@ -164,7 +164,7 @@ class AppConfig:
     """The worker program ``bosen launch`` runs: ``python -m MODULE`` with ``args`` in its config.
 
     ``tables``: ``package.module:function`` that declares tables from the app's model,
-    ``function(args, out_dir) -> {name: table settings}`` (``bosen.app_tables``); the launcher and
+    ``function(args, out_dir) -> {name: table settings}`` (``bosen.jobs.app_tables``); the launcher and
     ``bosen tables`` call it before any server starts, so nobody writes one YAML entry per tensor.
     """
 

@@ -537,7 +537,7 @@ class Server:
             # Pushes come in bursts (every changed row at a clock advance): each message gets its own
             # numpy copy (a memcpy for a run, else a gather) and goes without another one. Copying
             # into ZeroMQ's frames instead costs the same, but after a burst the allocator then held
-            # up to twice as much memory (bench/throughput.py memory-server 1.5-2.0x against 1.1-1.2x).
+            # up to twice as much memory (bench/throughput/ memory-server 1.5-2.0x against 1.1-1.2x).
             # A single reply avoids the zero-copy release through pyzmq's garbage-collector thread,
             # which measured 35-220 us per 1 MiB send here.
             rows = shard.global_rows[index]

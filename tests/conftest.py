@@ -1,5 +1,5 @@
 """Helpers of this test suite. Clusters and worker processes come from the ``bosen`` pytest plugin
-(bosen/pytest_plugin.py: ``bosen_cluster``, ``bosen_procs``); ``cluster`` and ``procs`` are their
+(bosen/jobs/pytest_plugin.py: ``bosen_cluster``, ``bosen_procs``); ``cluster`` and ``procs`` are their
 earlier names.
 
 Everything starts real processes that talk ZeroMQ over TCP on loopback. Every process a test starts
@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from bosen.cluster import free_ports  # noqa: F401  (tests import it from here)
-from bosen.jobs import job_config, write_config  # noqa: F401  (tests import them from here)
-from bosen.supervise import Process, ProcessGroup, tail  # noqa: F401
+from bosen.jobs.cluster import free_ports  # noqa: F401  (tests import it from here)
+from bosen.jobs.job import job_config, write_config  # noqa: F401  (tests import them from here)
+from bosen.jobs.supervise import Process, ProcessGroup, tail  # noqa: F401
 
-pytest_plugins = ("pytester",)  # tests/bosen/test_pytest_plugin.py runs pytest on small test files
+pytest_plugins = ("pytester",)  # tests/bosen/jobs/test_pytest_plugin.py runs pytest on small test files
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

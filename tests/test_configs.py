@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from bosen import app_tables, config
+from bosen import config
+from bosen.jobs import app_tables
 
 CONFIGS = sorted((Path(__file__).resolve().parent.parent / "configs").glob("*.yaml"))
 

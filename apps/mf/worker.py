@@ -16,7 +16,7 @@ reports the sums the launcher turns into ``heldout_rmse``.
 
 Per clock the worker reports ``objective`` and ``samples``, and where the clock's time went (all
 additive over workers): ``seconds`` in the kernels, ``read_s`` in get_rows, ``send_s`` in inc_rows,
-``eval_s`` scoring held-out ratings and ``clock_s`` in the previous ``clock()`` call (bench/apps_mf.py
+``eval_s`` scoring held-out ratings and ``clock_s`` in the previous ``clock()`` call (bench/apps/mf.py
 uses them to show the PS's cost beside the bare kernel).
 
 ``send: gradient`` is for tables whose stored procedure takes the step on the server (``update:

@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from bosen import cli
 from bosen.apps import datasets
 from bosen.apps.datasets import images, movielens, news, packaged
 from bosen.apps.lda.data import read_uci
 from bosen.apps.mf.data import load_csv
 from bosen.apps.mlr.data import load_npz
+from bosen.jobs import cli
 
 
 def test_movielens_split_is_disjoint_complete_and_readable(tmp_path):

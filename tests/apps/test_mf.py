@@ -339,13 +339,13 @@ def test_e2e_heldout_rmse_from_a_test_file_in_every_clock_record(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# the benchmark's helpers (bench/apps_mf.py) and the MovieLens config
+# the benchmark's helpers (bench/apps/mf.py) and the MovieLens config
 
 
 def _bench_mf():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, where the bench package lives
     try:
-        import apps_mf
+        from bench.apps import mf as apps_mf
     finally:
         sys.path.pop(0)
     return apps_mf

@@ -8,7 +8,7 @@ import pytest
 import zmq
 
 from bosen.bufferpool import BufferPool
-from bosen.cluster import free_ports
+from bosen.jobs.cluster import free_ports
 
 
 def test_a_buffer_is_lent_again_only_when_nothing_references_it():

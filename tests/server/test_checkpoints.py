@@ -189,8 +189,8 @@ def test_priority_checkpoints_save_a_fraction_of_rows_and_resume_puts_them_toget
     """``priority_fraction: 0.5`` (round robin): each save holds half of every shard's rows, exactly as
     of its clock; a server resumed from them holds every row as of the last save that held it."""
     from bosen.client import Client
-    from bosen.cluster import start_cluster
-    from bosen.supervise import ProcessGroup
+    from bosen.jobs.cluster import start_cluster
+    from bosen.jobs.supervise import ProcessGroup
 
     cfg_path = job(tmp_path, {"ticks": 12}, staleness=1, every=2, priority_fraction=0.5, policy="round_robin")
     code, out = launch(cfg_path, "--run-dir", tmp_path / "run")

@@ -1,0 +1,135 @@
+"""One finished job as the convergence benchmark sees it: per-epoch curves read from its metrics.
+
+A job's ``metrics.jsonl`` holds one record per clock (fields summed over workers, ``time`` the
+latest worker's), then each client's and server's final stats. :func:`read_run` turns the clock
+records into per-epoch points: the objective (summed over an epoch's clocks for a running training
+loss, or the epoch's last value for a state measure like LDA's log-likelihood), the wall time at the
+epoch's end, and the bytes clients sent and received so far.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bosen.jobs.job import JobRun
+
+Aggregate = Literal["sum", "last"]
+
+
+@dataclass
+class Run:
+    """One job's per-epoch curves, its settings and the final stats of its processes."""
+
+    name: str                       # mode, e.g. "BS", "MC-50-RM", "BS-4"
+    seed: int
+    workers: int
+    objective: list[float]          # per epoch, oriented as the app reports it
+    times: list[float]              # seconds since the launch, at each epoch's end (train_times: since training)
+    bytes: list[float]              # client bytes sent + received so far, at each epoch's end
+    maximize: bool
+    seconds: float                  # the whole job
+    settings: dict[str, Any] = field(default_factory=dict)
+    clients: list[dict[str, Any]] = field(default_factory=list)
+    servers: list[dict[str, Any]] = field(default_factory=list)
+    clocks: list[dict[str, Any]] = field(default_factory=list)
+    failure: str | None = None      # the job stopped early (e.g. SGD diverged)
+
+    def better(self, a: float, b: float) -> bool:
+        """Whether objective value ``a`` is at least as good as ``b``."""
+        return a >= b if self.maximize else a <= b
+
+    def epochs_to(self, target: float) -> int | None:
+        """1-based index of the first epoch at or past the target (None: never)."""
+        for e, v in enumerate(self.objective):
+            if self.better(v, target):
+                return e + 1
+        return None
+
+    def seconds_to(self, target: float) -> float | None:
+        """Training seconds to the target: from the start of epoch 1, taken as its end less one median
+        epoch (workers start at different times; start-up is the same in every mode and left out)."""
+        e = self.epochs_to(target)
+        if e is None:
+            return None
+        return self.times[e - 1] - self.times[0] + (self.seconds_per_epoch() or self.times[0])
+
+    def train_times(self) -> list[float]:
+        """Training seconds at each epoch's end (see :meth:`seconds_to`)."""
+        first = self.seconds_per_epoch() or (self.times[0] if self.times else 0.0)
+        return [t - self.times[0] + first for t in self.times]
+
+    def bytes_to(self, target: float) -> float | None:
+        e = self.epochs_to(target)
+        return None if e is None else self.bytes[e - 1]
+
+    def seconds_per_epoch(self) -> float | None:
+        """Median epoch duration (differences of epoch end times; the first epoch includes start-up)."""
+        d = [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
+        return statistics.median(d) if d else None
+
+    def bytes_per_epoch(self) -> float | None:
+        return self.bytes[-1] / len(self.bytes) if self.bytes else None
+
+    def client_totals(self) -> dict[str, float]:
+        """Read counters and traffic summed over the clients' final stats."""
+        keys = ("rows_read", "rows_read_early", "read_staleness_sum", "rows_pushed_to_us",
+                "rows_pushed_early_to_us", "bytes_sent", "bytes_received", "rows_sent", "rows_sent_budgeted",
+                "blocked_s", "blocked_reads")
+        out = {k: float(sum(c.get(k, 0) or 0 for c in self.clients)) for k in keys}
+        return out
+
+    def budget_use(self) -> float | None:
+        """Clients' mean egress while training (first to last clock record), over their budget; None
+        without managed communication. End-of-tick flushes are not budgeted but count, as they do
+        against the bucket."""
+        budget = self.settings.get("comm.client_bandwidth_mbps")
+        recs = [c for c in self.clocks if "bytes_sent" in c]
+        if not budget or len(recs) < 2 or recs[-1]["time"] <= recs[0]["time"]:
+            return None
+        mbps = (recs[-1]["bytes_sent"] - recs[0]["bytes_sent"]) * 8 / 1e6 / (recs[-1]["time"] - recs[0]["time"])
+        return mbps / self.workers / float(budget)
+
+    def send_counts(self, table: str, side: Literal["client", "server"] = "client") -> dict[int, int]:
+        """How many rows of ``table`` were sent how many times, summed over processes."""
+        hist: dict[int, int] = {}
+        for proc in self.clients if side == "client" else self.servers:
+            h = (proc.get("tables") or {}).get(table, {}).get("send_count_hist") or {}
+            for k, n in h.items():
+                hist[int(k)] = hist.get(int(k), 0) + int(n)
+        return hist
+
+
+def read_run(job: JobRun, name: str, seed: int, workers: int, clocks_per_epoch: int, aggregate: Aggregate,
+             maximize: bool, settings: dict[str, Any]) -> Run:
+    """Per-epoch curves of a finished (or failed) job; only clock records with an objective count."""
+    failure = None
+    if not job.ok:
+        lines = [x.strip() for x in job.output().splitlines() if x.strip()]
+        failure = next((x for x in reversed(lines) if x.startswith("worker")), lines[-1] if lines else "?")
+    clocks = sorted((c for c in job.kind("clock") if "objective" in c), key=lambda c: c["clock"])
+    k = clocks_per_epoch
+    n = len(clocks) // k
+    objective, times, nbytes = [], [], []
+    for e in range(n):
+        chunk = clocks[e * k:(e + 1) * k]
+        vals = [c["objective"] for c in chunk]
+        objective.append(sum(vals) if aggregate == "sum" else vals[-1])
+        times.append(max(c["time"] for c in chunk))
+        nbytes.append(float(chunk[-1].get("bytes_sent", 0) + chunk[-1].get("bytes_received", 0)))
+    if failure is None and n == 0:
+        failure = "no complete epoch"
+    return Run(name, seed, workers, objective, times, nbytes, maximize, job.seconds, dict(settings),
+               job.kind("client"), job.kind("server"), clocks, failure)
+
+
+def median_curve(runs: Sequence[Run], attr: str = "objective") -> tuple[list[float], list[float], list[float]]:
+    """Per-epoch median, min and max of ``attr`` over runs (as far as all runs got)."""
+    curves = [getattr(r, attr) for r in runs if getattr(r, attr)]
+    if not curves:
+        return [], [], []
+    n = min(len(c) for c in curves)
+    cols = [[c[i] for c in curves] for i in range(n)]
+    return [statistics.median(x) for x in cols], [min(x) for x in cols], [max(x) for x in cols]

@@ -1,0 +1,264 @@
+"""PyTorch workers on the PS beside DistributedDataParallel and a torch.distributed.rpc parameter server.
+
+Two tasks, each on CPU with 2 worker processes, the same model, data, order and batch in every system
+(``bench/torch/workers.py`` holds the loop they share):
+
+- ``cnn``: the CNN example on Fashion-MNIST; held-out accuracy. Ours: local SGD pushing deltas
+  (``DeltaOptimizer``, lr 0.1, a clock every 4 steps, staleness 1); DDP: SGD on the averaged gradient
+  with lr 0.1 x 2 workers (the linear scaling rule: both then move 0.1 per 64 samples); RPC PS: the
+  server takes an SGD step (lr 0.1) per trainer gradient.
+- ``dlrm``: the DLRM example (fused sparse embedding) on Criteo-shaped data, 1M-row features; held-out
+  AUC. Ours: server AdaGrad (lr 0.05), a clock every step (server-side steps cannot show a worker its
+  own updates inside a clock; at 4 steps a clock it learned measurably slower per step), at staleness
+  2 and 0, the next batch's embedding rows read in the background during each step
+  (``PSModule.prefetch_rows``); DDP: torch AdaGrad on the averaged
+  gradient, sparse embedding gradients all-reduced sparse (gloo supports that, so DDP moves only the
+  touched rows too); RPC PS: AdaGrad per trainer gradient on the server.
+
+Measured: rank 0's training seconds (its held-out evaluations left out) until the held-out metric
+first reaches the target, which is the best value every system reached in this run (so "the same
+accuracy" is one all of them attain); the final metric once every worker has finished (DLRM: on a
+larger held-out set, 200,000 samples, whose first 20,000 are the evaluation points' set: at 20,000 an
+AUC's own sampling noise is about 0.004, four times the 0.001 the final-AUC goal allows; the runs of
+one asynchronous system still differ by their update order, so the goal compares medians over
+repetitions and the records give every run's value); bytes moved,
+summed over workers: ours (one server process: the machine has 2 cores for 2 workers already) from
+the clients' stats (bytes_sent + bytes_received), DDP from a comm hook
+(ring all-reduce: 2 (P-1)/P x bucket bytes each way; sparse buckets: every rank's coalesced rows and
+ids to every other), RPC from the tensors each call carries. Systems alternate order between
+repetitions. Goal records carry ``met``.
+
+``python -m bench.torch [--quick] [--tasks cnn,dlrm] [--reps N]`` prints JSON lines (bench/common.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import Child, emit, log, median, prewarm_memory, servers
+from bosen.jobs.cluster import free_ports
+from bosen.jobs.job import job_config
+
+WORKERS = 2
+
+
+def cases(quick: bool) -> dict[str, dict[str, Any]]:
+    """Per task: its app.args, evaluation steps, and the systems with their optimizer settings."""
+    if quick:
+        cnn = {"train_samples": 12_000, "test_samples": 2000, "epochs": 1}
+        dlrm = {"max_rows": 100_000, "train_samples": 60_000, "test_samples": 10_000}
+    else:
+        cnn = {"train_samples": 0, "test_samples": 10_000, "epochs": 1}
+        dlrm = {"max_rows": 1_000_000, "train_samples": 400_000, "test_samples": 20_000}
+    final = {"cnn": None, "dlrm": 40_000 if quick else 200_000}
+    cnn_steps = (cnn["train_samples"] or 60_000) // WORKERS // 64
+    dlrm_steps = dlrm["train_samples"] // WORKERS // 128
+    return {
+        "cnn": {"args": {**cnn, "batch_size": 64, "lr": 0.1, "optimizer": "delta-sgd", "clock_every": 4},
+                "steps": cnn_steps, "final_samples": final["cnn"], "evals": 4 if quick else 12,
+                "metric": "heldout_accuracy",
+                "systems": {"ours": {"optimizer": "delta-sgd", "lr": 0.1, "staleness": 1},
+                            "ddp": {"optimizer": "sgd", "lr": 0.1 * WORKERS},
+                            "rpc": {"optimizer": "sgd", "lr": 0.1}}},
+        "dlrm": {"args": {**dlrm, "batch_size": 128, "lr": 0.05, "optimizer": "adagrad", "clock_every": 1,
+                          "embedding": "fused"},
+                 "steps": dlrm_steps, "final_samples": final["dlrm"], "evals": 3 if quick else 8,
+                 "metric": "heldout_auc",
+                 "systems": {"ours": {"optimizer": "adagrad", "lr": 0.05, "staleness": 2},
+                             **({} if quick else {"ours-s0": {"optimizer": "adagrad", "lr": 0.05, "staleness": 0}}),
+                             "ddp": {"optimizer": "adagrad", "lr": 0.05},
+                             "rpc": {"optimizer": "adagrad", "lr": 0.05},
+                             "ddp-dense": {"optimizer": "adagrad", "lr": 0.05, "max_steps": 8 if quick else 25}}},
+    }
+
+
+def tables(task: str, args: dict[str, Any], out: Path) -> dict[str, Any]:
+    if task == "cnn":
+        from bosen.apps.pytorch.examples import cnn
+        return cnn.tables(args, out)
+    from bosen.apps.pytorch.examples import dlrm
+    return dlrm.tables(args, out)
+
+
+def _wait(procs: list[Child], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        code = p.wait(max(1.0, deadline - time.monotonic()))
+        if code != 0:
+            for q in procs:
+                q.stop()
+            raise RuntimeError(f"{p.name} exited with {code}:\n{p.tail(40)}")
+
+
+def run_system(task: str, case: dict[str, Any], system: str, work: Path, table_cache: dict[str, Any]) -> dict:
+    """One run of one system: rank 0's evaluation points, final metric, bytes moved, wall seconds."""
+    cfg = case["systems"][system]
+    kind = system.split("-")[0]
+    steps = case["steps"]
+    every = max(1, steps // case["evals"])
+    evals = sorted({min(steps, every * (i + 1)) for i in range(case["evals"])} | {steps})
+    base = {"task": task, "args": case["args"], "epochs": 1, "evals": evals, "world": WORKERS,
+            "optimizer": cfg["optimizer"], "lr": cfg["lr"], "clock_every": case["args"]["clock_every"],
+            "final_samples": case.get("final_samples")}
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{task}-{system}-", dir=work))
+    outs = [run_dir / f"rank{r}.json" for r in range(WORKERS)]
+    t0 = time.perf_counter()
+
+    def spawn(name: str, spec: dict[str, Any]) -> Child:
+        return Child(["-m", "bench.torch.workers", json.dumps(spec)], name, run_dir)
+
+    if kind == "ours":
+        if task not in table_cache:
+            table_cache[task] = tables(task, case["args"], work / f"{task}-tables")
+        job = job_config([], workers=WORKERS, tables=table_cache[task], staleness=cfg["staleness"],
+                         read_timeout_s=300)
+        with servers(job, int(cfg.get("servers", 1)), workdir=run_dir) as cluster:
+            procs = [spawn(f"ours-{r}", {**base, "system": "ours", "rank": r, "config": str(cluster.path),
+                                         "staleness": cfg["staleness"], "out": str(outs[r]),
+                                         **{k: cfg[k] for k in ("read_ahead", "prefault") if k in cfg}})
+                     for r in range(WORKERS)]
+            _wait(procs, 900)
+    elif kind == "ddp":
+        port = free_ports(1)[0]
+        extra = {"dense_embedding": True, "max_steps": cfg["max_steps"]} if system == "ddp-dense" else {}
+        procs = [spawn(f"ddp-{r}", {**base, **extra, "system": "ddp", "rank": r, "port": port, "out": str(outs[r])})
+                 for r in range(WORKERS)]
+        _wait(procs, 900)
+    else:
+        port = free_ports(1)[0]
+        ps = spawn("rpc-ps", {**base, "system": "rpc-ps", "port": port, "out": str(run_dir / "ps.json")})
+        procs = [spawn(f"rpc-{r}", {**base, "system": "rpc-trainer", "rank": r, "port": port, "out": str(outs[r])})
+                 for r in range(WORKERS)]
+        _wait([*procs, ps], 900)
+    wall = time.perf_counter() - t0
+    res = [json.loads(o.read_text()) for o in outs]
+    if "step_s" in res[0]:
+        return {"step_s": res[0]["step_s"], "timed_steps": res[0]["steps"], "wall_s": wall,
+                "bytes_per_step": sum(r["bytes_sent"] + r["bytes_received"] for r in res) / (cfg["max_steps"])}
+    return {"points": res[0]["points"], "final": res[0]["final"], "train_s": res[0]["train_s"],
+            "bytes": sum(r["bytes_sent"] + r["bytes_received"] for r in res), "wall_s": wall}
+
+
+def time_to(points: list[dict[str, Any]], target: float) -> float | None:
+    for p in points:
+        if p["metric"] >= target:
+            return float(p["train_s"])
+    return None
+
+
+def _median(xs: list[float | None]) -> float | None:
+    """The median; None when some run never reached the target."""
+    return median(xs) if xs and all(x is not None for x in xs) else None
+
+
+def bench_task(task: str, case: dict[str, Any], reps: int, work: Path, quick: bool) -> None:
+    systems = [s for s in case["systems"] if s != "ddp-dense"]
+    runs: dict[str, list[dict]] = {s: [] for s in systems}
+    cache: dict[str, Any] = {}
+    for rep in range(reps):
+        order = systems if rep % 2 == 0 else systems[::-1]  # interleave: no system always runs first
+        for s in order:
+            log(f"torch bench: {task} {s} (rep {rep + 1}/{reps})")
+            r = run_system(task, case, s, work, cache)
+            log(f"  final {r['final']:.4f}, train {r['train_s']:.1f} s, wall {r['wall_s']:.1f} s, "
+                f"{r['bytes'] / 1e6:.1f} MB")
+            runs[s].append(r)
+    # the target: the best metric every run of every system reached
+    target = min(max(p["metric"] for p in r["points"]) for rs in runs.values() for r in rs)
+    summary = {}
+    for s, rs in runs.items():
+        summary[s] = {"seconds": _median([time_to(r["points"], target) for r in rs]),
+                      "final": median(r["final"] for r in rs), "bytes": median(r["bytes"] for r in rs),
+                      "train_s": median(r["train_s"] for r in rs), "train_s_all": [r["train_s"] for r in rs],
+                      "final_all": [r["final"] for r in rs],
+                      "curve": [[p["train_s"], p["metric"]] for p in rs[0]["points"]]}
+    base = {"bench": "torch", "quick": quick, "workers": WORKERS, "reps": reps, "args": case["args"]}
+    names = {"ddp": "DistributedDataParallel (gloo)", "rpc": "torch.distributed.rpc parameter server"}
+    ours = summary["ours"]
+    for b in ("ddp", "rpc"):
+        o, x = ours["seconds"], summary[b]["seconds"]
+        emit(**base, case=f"{task}/time-to-{case['metric']}", metric="seconds_to_target", unit="s", ours=o,
+             baseline=x, baseline_name=names[b], ratio=(x / o) if o and x else None, target=target,
+             systems={k: {kk: v[kk] for kk in ("seconds", "final", "train_s", "train_s_all", "final_all")}
+                      for k, v in summary.items()})
+        emit(**base, case=f"{task}/bytes", metric="bytes_moved", unit="B", ours=ours["bytes"],
+             baseline=summary[b]["bytes"], baseline_name=names[b], ratio=summary[b]["bytes"] / ours["bytes"])
+        emit(**base, case=f"{task}/final-{case['metric']}", metric=f"final_{case['metric']}", unit="",
+             ours=ours["final"], baseline=summary[b]["final"], baseline_name=names[b],
+             ratio=ours["final"] / summary[b]["final"], diff=ours["final"] - summary[b]["final"])
+    emit(**base, case=f"{task}/curves", metric="train_s_vs_metric", unit="[s, metric]", ours=ours["curve"],
+         curves={k: v["curve"] for k, v in summary.items()})
+    o, d, r = ours["seconds"], summary["ddp"]["seconds"], summary["rpc"]["seconds"]
+    if "ddp-dense" in case["systems"]:
+        # DDP with dense embedding gradients (what NCCL, which has no sparse all-reduce, forces): AdaGrad
+        # leaves rows with a zero gradient unchanged, so it takes the same steps as sparse DDP to the
+        # target; its time is those steps times its measured time per step
+        log(f"torch bench: {task} ddp-dense ({case['systems']['ddp-dense']['max_steps']} steps, timed per step)")
+        dd = run_system(task, case, "ddp-dense", work, cache)
+        first = next((p for p in runs["ddp"][0]["points"] if p["metric"] >= target), None)
+        est = first["step"] * dd["step_s"] if first else None
+        emit(**base, case=f"{task}/time-to-{case['metric']}-vs-ddp-dense", metric="seconds_to_target", unit="s",
+             ours=o, baseline=est, baseline_name="DDP (gloo), dense embedding gradients: steps to target x "
+             "measured s/step", ratio=(est / o) if o and est else None, target=target, step_s=dd["step_s"],
+             timed_steps=dd["timed_steps"], steps_to_target=first["step"] if first else None,
+             bytes_per_step=dd["bytes_per_step"], extrapolated=True)
+        emit(**base, case="dlrm/goal/time-to-auc-vs-ddp-dense", goal="DLRM (1M-row tables) >= 3x faster than DDP "
+             "to the same AUC (DDP with dense embedding gradients, extrapolated)", met=bool(o and est and est / o >= 3),
+             metric="seconds_to_target", unit="s", ours=o, baseline=est, baseline_name="DDP dense gradients",
+             ratio=(est / o) if o and est else None, target=target)
+    if task == "cnn":
+        emit(**base, case="cnn/goal/time-to-accuracy-vs-ddp", goal="CNN time to accuracy <= DDP's",
+             met=bool(o and d and o <= d), metric="seconds_to_target", unit="s", ours=o, baseline=d,
+             baseline_name=names["ddp"], ratio=(d / o) if o and d else None, target=target)
+        return
+    emit(**base, case="dlrm/goal/time-to-auc-vs-ddp", goal="DLRM (1M-row tables) >= 3x faster than DDP to the same AUC",
+         met=bool(o and d and d / o >= 3), metric="seconds_to_target", unit="s", ours=o, baseline=d,
+         baseline_name=names["ddp"], ratio=(d / o) if o and d else None, target=target)
+    emit(**base, case="dlrm/goal/time-to-auc-vs-rpc", goal="DLRM >= 1.5x faster than the RPC PS to the same AUC",
+         met=bool(o and r and r / o >= 1.5), metric="seconds_to_target", unit="s", ours=o, baseline=r,
+         baseline_name=names["rpc"], ratio=(r / o) if o and r else None, target=target)
+    for s in (k for k in summary if k.startswith("ours")):
+        st = case["systems"][s]["staleness"]
+        diff = summary[s]["final"] - summary["ddp"]["final"]
+        emit(**base, case=f"dlrm/goal/final-auc-s{st}", goal="at staleness <= 2, final AUC within 0.001 of DDP's",
+             met=abs(diff) <= 0.001, metric="final_heldout_auc", unit="", ours=summary[s]["final"],
+             baseline=summary["ddp"]["final"], baseline_name=names["ddp"], diff=diff, staleness=st,
+             not_worse=diff >= -0.001, ours_all=summary[s]["final_all"], ddp_all=summary["ddp"]["final_all"],
+             final_samples=case.get("final_samples"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small data, one repetition (about a minute)")
+    p.add_argument("--tasks", default="cnn,dlrm", help="comma-separated: cnn, dlrm")
+    p.add_argument("--reps", type=int, default=None, help="repetitions per system (default 1 quick, 2 full)")
+    a = p.parse_args(argv)
+    reps = a.reps or (1 if a.quick else 2)
+    all_cases = cases(a.quick)
+    tasks = [t for t in a.tasks.split(",") if t]
+    bad = [t for t in tasks if t not in all_cases]
+    if bad:
+        p.error(f"--tasks: unknown task {bad[0]!r} (known: {', '.join(all_cases)})")
+    if "cnn" in tasks:
+        from bosen.apps.datasets import images
+        if not images.FASHION_DIR.is_dir():
+            log(f"torch bench: skipping cnn, {images.FASHION_DIR} missing: {images.FASHION_INSTALL}")
+            tasks.remove("cnn")
+    # first touches of never-used guest pages cost about 2.5 ms per MiB on these VMs (common.prewarm_memory);
+    # the PS touches its caches and AdaGrad state lazily, inside the timed region, so warm the machine first
+    gib = 1 if a.quick else 4
+    log(f"torch bench: warming {gib} GiB of memory took {prewarm_memory(gib << 30):.1f} s")
+    with tempfile.TemporaryDirectory(prefix="bosen-torch-bench-") as tmp:
+        for t in tasks:
+            bench_task(t, all_cases[t], reps, Path(tmp), a.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""The ``bosen`` command: ``bosen launch CONFIG``, ``bosen status CONFIG``, ``bosen data NAME`` and
+``bosen tables CONFIG --out DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from bosen import config as config_mod
+from bosen.apps.datasets.packaged import NAMES as DATASET_NAMES
+from bosen.errors import BosenError
+from bosen.jobs import status as status_mod
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from bosen.jobs.launch import Launcher
+
+    launcher = Launcher(args.config, workers=args.workers, overrides=args.set, run_dir=args.run_dir,
+                        timeout=args.timeout, quiet=args.quiet, plot=not args.no_plot, resume=args.resume)
+    return launcher.run()
+
+
+def _status(args: argparse.Namespace) -> int:
+    cfg = config_mod.load(args.config, args.set)
+    stats: list = []
+    failed = False
+    for addr in cfg.cluster.servers:
+        try:
+            stats.append(status_mod.query(addr, timeout=args.timeout))
+        except BosenError as e:
+            stats.append(f"   -  {addr:<22} DOWN: {e}")
+            failed = True
+    if args.json:
+        print(json.dumps([s for s in stats if isinstance(s, dict)], indent=1))
+    else:
+        print(status_mod.format_table(stats))
+    return 1 if failed else 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    from bosen.apps import datasets
+
+    where = args.out or datasets.DEFAULT_ROOT / args.name
+    try:
+        meta = datasets.prepare(args.name, args.out, libsvm=args.libsvm)
+    except OSError as e:
+        raise BosenError(f"cannot write {where}: {e.strerror or e}") from None
+    shape = ", ".join(f"{k} {v}" for k, v in meta.items() if isinstance(v, int))
+    print(f"{args.name}: {shape}; files in {where}: {', '.join(meta['files'].values())} "
+          f"({meta['seconds']:.1f}s)")
+    return 0
+
+
+def _tables(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from bosen.jobs import app_tables
+
+    cfg = config_mod.load(args.config, args.set)
+    if not cfg.app.tables:
+        raise BosenError(f"{cfg.source}: app.tables is not set: the YAML's tables are all there is")
+    out = Path(args.out)
+    resolved = app_tables.resolve(cfg, out / "tables")
+    try:
+        config_mod.dump(resolved, out / "config.yaml")
+    except OSError as e:
+        raise BosenError(f"cannot write {out / 'config.yaml'}: {e.strerror or e}") from None
+    shapes = ", ".join(f"{t.name} {t.rows}x{t.cols}" for t in resolved.tables)
+    print(f"{out / 'config.yaml'}: tables {shapes}; start servers and workers from it")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bosen", description="Bösen parameter server tools.")
+    sub = p.add_subparsers(dest="command", required=True)
+    lp = sub.add_parser("launch", help="run a job locally: servers plus worker processes")
+    lp.add_argument("config")
+    lp.add_argument("--workers", type=int, default=None, help="worker processes (default: cluster.workers)")
+    lp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    lp.add_argument("--run-dir", default=None, help="where logs and metrics go (default: runs/APP-TIME)")
+    lp.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")
+    lp.add_argument("--quiet", action="store_true", help="no progress lines")
+    lp.add_argument("--no-plot", action="store_true", help="skip objective.png")
+    lp.add_argument("--resume", default=None, metavar="RUN_DIR",
+                    help="go on with the job of RUN_DIR from its newest complete checkpoint")
+    lp.set_defaults(fn=_launch)
+    sp = sub.add_parser("status", help="print each server's clocks, rows and traffic")
+    sp.add_argument("config")
+    sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    sp.add_argument("--timeout", type=float, default=3.0)
+    sp.add_argument("--json", action="store_true")
+    sp.set_defaults(fn=_status)
+    dp = sub.add_parser("data", help="prepare a real data set that ships in a package (no network)")
+    dp.add_argument("name", choices=DATASET_NAMES)
+    dp.add_argument("--out", default=None, help="directory to write (default: data/NAME)")
+    dp.add_argument("--libsvm", action="store_true", help="image sets: libsvm text files too")
+    dp.set_defaults(fn=_data)
+    tp = sub.add_parser("tables", help="declare the app's tables from its model (app.tables) into a full config")
+    tp.add_argument("config")
+    tp.add_argument("--out", required=True, help="directory for config.yaml and the tables' initial values")
+    tp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    tp.set_defaults(fn=_tables)
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except (BosenError, ValueError) as e:
+        print(f"bosen {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

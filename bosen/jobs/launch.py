@@ -1,0 +1,284 @@
+"""``bosen launch``: run a whole job on this machine (servers and workers as subprocesses).
+
+The launcher owns every process it starts (one ``bosen.jobs.supervise.ProcessGroup``: the servers through
+``bosen.jobs.cluster``, the workers through ``bosen.jobs.job.start_worker``): whatever happens (a worker dies,
+a server dies, Ctrl-C, a timeout, a bug here) it stops them all before returning, and it says why;
+on Linux they die with it even if it is killed. Workers write metrics to ``RUN_DIR/workers/RANK.jsonl``;
+the launcher merges them per clock into ``RUN_DIR/metrics.jsonl`` (format: ``bosen.jobs.job``), prints
+progress, and plots the objective at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bosen import checkpoint
+from bosen import config as config_mod
+from bosen.config import Config
+from bosen.errors import BosenError
+from bosen.jobs import app_tables
+from bosen.jobs import status as status_mod
+from bosen.jobs.cluster import LocalCluster, resolve_ports
+from bosen.jobs.job import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, start_worker, truncate_records
+from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
+from bosen.metrics import HELDOUT_MEASURES
+
+POLL_S = 0.2
+MAX_REPLACEMENTS = 3  # per server and job: a replacement that keeps dying ends the job
+PRUNE_EVERY_S = 2.0  # how often old checkpoints are looked for and deleted while the job runs
+SERVER_READY_TIMEOUT_S = 60.0
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGINT reached the launcher: stop the job cleanly."""
+
+
+def _stop_on_signal(signum: int, frame: Any) -> None:
+    raise Stopped(signal.Signals(signum).name)
+
+
+class Launcher:
+    def __init__(self, config: str | Config, workers: int | None = None, overrides: Any = (),
+                 run_dir: str | Path | None = None, timeout: float | None = None, quiet: bool = False,
+                 plot: bool = True, resume: str | Path | None = None) -> None:
+        overrides = list(overrides)
+        if workers is not None:
+            overrides.append(("cluster.workers", workers))
+        self.config = resolve_ports(config_mod.load(config, overrides))
+        if not self.config.app.module:
+            raise BosenError(f"{self.config.source}: app.module is not set: nothing to launch")
+        name = self.config.app.module.rsplit(".", 1)[-1]
+        if resume is not None:
+            if run_dir is not None and Path(run_dir).resolve() != Path(resume).resolve():
+                raise BosenError(f"--resume {resume} and --run-dir {run_dir}: a resumed job goes on in its own run "
+                                 "directory")
+            if not Path(resume).is_dir():
+                raise BosenError(f"--resume {resume}: no such run directory")
+            if self.config.checkpoint is None:
+                raise BosenError(f"--resume {resume}: {self.config.source} has no checkpoint section, so the job "
+                                 "made no checkpoints")
+            run_dir = resume
+        self.resume = resume is not None
+        self.run_dir = Path(run_dir or Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+        self.timeout = timeout
+        self.quiet = quiet
+        self.plot = plot
+        self.cluster: LocalCluster | None = None
+        self.workers: list[Process] = []
+        self._last_time: float | None = None
+        self._t0 = time.time()
+        self._replaced: dict[int, int] = {}
+
+    def say(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, flush=True)
+
+    # -- running -------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run the job to completion; 0 on success, 1 on failure (with the reason printed)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.config = app_tables.resolve(self.config, self.run_dir / "tables")
+        ck = self.config.checkpoint
+        if ck is not None and not Path(ck.dir).is_absolute():  # every process finds it, whatever its cwd
+            self.config = dataclasses.replace(self.config, checkpoint=dataclasses.replace(
+                ck, dir=str((self.run_dir / ck.dir).resolve())))
+        start = self._t0 = time.time()
+        resume_from = None
+        if self.resume:
+            try:
+                resume_from, earlier = self._find_checkpoint()
+            except checkpoint.CheckpointError as e:
+                print(f"bosen launch: cannot resume: {e}", file=sys.stderr, flush=True)
+                return 1
+            self._t0 = start - (earlier or 0.0)  # record times go on from where the kept ones stop
+        else:
+            stale = self.run_dir / WORKER_RECORDS  # records of an earlier run in the same directory
+            if stale.exists():
+                shutil.rmtree(stale)
+        cfg_path = self.run_dir / "config.yaml"
+        config_mod.dump(self.config, cfg_path)
+        metrics_path = self.run_dir / METRICS
+        # explicit handlers: SIGINT may arrive ignored (background jobs), SIGTERM has no default cleanup
+        previous = {sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            with metrics_path.open("w", buffering=1) as metrics:
+                merger = MetricsMerger(self.run_dir, self.config.cluster.workers, metrics)
+                # children get their own process groups, so Ctrl-C in a terminal reaches only the
+                # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
+                with ProcessGroup(self.run_dir / "logs") as group:
+                    self._start_servers(cfg_path, group, resume_from)
+                    self._start_workers(cfg_path, group, resume_from)
+                    try:
+                        self._watch(merger, start)
+                    finally:  # a failed job's metrics keep every clock its workers recorded
+                        for rec in merger.finish():
+                            self._progress(rec)
+                    for path in sorted((self.run_dir / WORKER_RECORDS).glob("*.stats.json")):
+                        metrics.write(json.dumps({"kind": "client", **json.loads(path.read_text())}) + "\n")
+                    stats = self._server_stats()
+                    for s in stats:
+                        metrics.write(json.dumps({"kind": "server", **s}) + "\n")
+                    summary = {"kind": "summary", "seconds": round(time.time() - start, 3),
+                               "clocks": len(merger.done), "workers": self.config.cluster.workers,
+                               "final": merger.done[-1] if merger.done else None}
+                    metrics.write(json.dumps(summary) + "\n")
+        except JobFailed as e:
+            print(f"bosen launch: job failed: {e}", file=sys.stderr, flush=True)
+            print(f"bosen launch: logs are in {self.run_dir / 'logs'}", file=sys.stderr, flush=True)
+            return 1
+        except (KeyboardInterrupt, Stopped) as e:
+            print(f"bosen launch: {e or 'SIGINT'}: stopped the job; all processes stopped", file=sys.stderr,
+                  flush=True)
+            return 130
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if self.plot:
+            self._plot(merger.done)
+        self.say(f"done in {time.time() - start:.1f}s: {len(merger.done)} clocks; run directory {self.run_dir}")
+        return 0
+
+    def _replace_server(self, i: int, lost: Process) -> None:
+        """Partial recovery (server/checkpoints.py): server ``i`` restarts from its newest
+        checkpoint part; the others keep their values, and the workers resend what came later."""
+        assert self.cluster is not None and self.config.checkpoint is not None
+        code = lost.returncode
+        assert code is not None
+        gone = [str(r) for r, w in enumerate(self.workers) if w.returncode == 0]
+        self.say(f"{lost.name} {describe_exit(code)}: starting a replacement from its newest checkpoint")
+        self._replaced[i] = self._replaced.get(i, 0) + 1
+        try:
+            new = self.cluster.replace_server(i, ["--resume", self.config.checkpoint.dir, "--recover",
+                                                  "--gone", ",".join(gone)], SERVER_READY_TIMEOUT_S)
+        except ProcessFailed as e:
+            raise JobFailed(f"{lost.name} {describe_exit(code)} and its replacement failed: {e}") from None
+        self.say(f"{new.name} replaces {lost.name}; the workers resend their updates since its checkpoint")
+
+    def _find_checkpoint(self) -> tuple[Path, float | None]:
+        """The newest complete checkpoint of the run (newer unusable ones named), with the worker
+        records of the clocks it holds kept and the rest dropped; and the last kept record's time."""
+        ck = self.config.checkpoint
+        assert ck is not None
+        base = Path(ck.dir)
+        clock, _, skipped = checkpoint.newest_complete(base, len(self.config.cluster.servers),
+                                                       self.config.cluster.workers,
+                                                       checkpoint.model_fingerprint(self.config))
+        for why in skipped:
+            self.say(f"skipping checkpoint {why}")
+        self.say(f"resuming from the checkpoint at clock {clock} ({checkpoint.clock_dir(base, clock)})")
+        return checkpoint.clock_dir(base, clock), truncate_records(self.run_dir, clock)
+
+    def _start_servers(self, cfg_path: Path, group: ProcessGroup, resume: Path | None) -> None:
+        args = ["--resume", str(resume)] if resume is not None else []
+        self.cluster = LocalCluster(cfg_path, self.config.cluster.servers, group, name="server", server_args=args)
+        try:
+            self.cluster.start(SERVER_READY_TIMEOUT_S)
+        except ProcessFailed as e:
+            raise JobFailed(str(e)) from None
+        self.say(f"{len(self.cluster.servers)} servers up: {', '.join(self.config.cluster.servers)}")
+
+    def _start_workers(self, cfg_path: Path, group: ProcessGroup, resume: Path | None) -> None:
+        k = self.config.cluster.workers
+        module = self.config.app.module
+        assert module is not None  # checked in __init__
+        self.workers = [start_worker(group, module, cfg_path, rank, self.run_dir, self._t0, resume)
+                        for rank in range(k)]
+        self.say(f"{k} workers running {module}; run directory {self.run_dir}")
+
+    def _check_alive(self) -> bool:
+        """Raise JobFailed if any process failed (a lost server is replaced where the job makes
+        checkpoints); True when every worker has finished."""
+        for i, p in enumerate(self.cluster.servers if self.cluster is not None else []):
+            code = p.returncode
+            if code is not None:
+                if self.config.checkpoint is None or self._replaced.get(i, 0) >= MAX_REPLACEMENTS:
+                    raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n"
+                                    f"{p.tail(15)}")
+                self._replace_server(i, p)
+        workers_done = True
+        for p in self.workers:
+            code = p.returncode
+            if code is None:
+                workers_done = False
+            elif code != 0:
+                raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n{p.tail(15)}")
+        return workers_done
+
+    def _watch(self, merger: MetricsMerger, start: float) -> None:
+        pruned = time.time()
+        while True:
+            done = self._check_alive()
+            for rec in merger.poll():
+                self._progress(rec)
+            if done or time.time() - pruned > PRUNE_EVERY_S:
+                self._prune()
+                pruned = time.time()
+            if done:
+                return
+            if self.timeout is not None and time.time() - start > self.timeout:
+                raise JobFailed(f"timed out after {self.timeout:g}s")
+            time.sleep(POLL_S)
+
+    def _prune(self) -> None:
+        ck = self.config.checkpoint
+        if ck is not None and ck.priority_fraction == 1.0:  # priority parts build on every earlier one
+            checkpoint.prune(Path(ck.dir), ck.keep, len(self.config.cluster.servers), self.config.cluster.workers)
+
+    def _progress(self, rec: dict[str, Any]) -> None:
+        parts = [f"clock {rec['clock']:>4}"]
+        if "objective" in rec:
+            parts.append(f"objective {rec['objective']:.6g}")
+        for k in HELDOUT_MEASURES:
+            if k in rec:
+                parts.append(f"{k.removeprefix('heldout_').replace('_', ' ')} {rec[k]:.4g} (held out)")
+        t = rec.get("time")
+        prev = self._last_time
+        for k in ("samples", "tokens"):
+            if k in rec and t is not None and prev is not None and t > prev:
+                parts.append(f"{rec[k] / (t - prev):,.0f} {k}/s")
+        if t is not None:
+            parts.append(f"t={t:.1f}s")
+            self._last_time = t
+        self.say(" | ".join(parts))
+
+    def _server_stats(self) -> list[dict[str, Any]]:
+        out = []
+        for addr in self.config.cluster.servers:
+            try:
+                out.append(status_mod.query(addr, timeout=3.0))
+            except BosenError as e:
+                out.append({"address": addr, "error": str(e)})
+        return out
+
+    def _plot(self, records: list[dict[str, Any]]) -> None:
+        """objective.png: the objective per clock and, beside it, the held-out measure if any."""
+        pts = [(r["clock"], r["objective"]) for r in records if "objective" in r]
+        held = next((k for k in HELDOUT_MEASURES if any(k in r for r in records)), None)
+        if len(pts) < 2:
+            return
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, 2 if held else 1, figsize=(11 if held else 6, 4), squeeze=False)
+        panels = [("objective", pts)]
+        if held:
+            panels.append((held.replace("_", " "), [(r["clock"], r[held]) for r in records if held in r]))
+        for ax, (label, series) in zip(axes[0], panels, strict=True):
+            ax.plot([p[0] for p in series], [p[1] for p in series], marker=".")
+            ax.set_xlabel("clock")
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+        fig.suptitle(self.config.app.module)
+        fig.tight_layout()
+        fig.savefig(self.run_dir / "objective.png", dpi=100)
+        plt.close(fig)

@@ -1,0 +1,47 @@
+"""Ask servers for their state (``bosen status``, readiness checks in bosen.jobs.cluster). Synchronous, no loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import zmq
+
+from bosen import wire
+from bosen.errors import BosenError
+from bosen.wire import Msg
+
+
+def query(address: str, timeout: float = 3.0, ctx: zmq.Context | None = None) -> dict[str, Any]:
+    """One STATUS round trip to the server at HOST:PORT; raises BosenError when it does not answer."""
+    own = ctx is None
+    ctx = ctx or zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(f"tcp://{address}")
+        sock.send_multipart(wire.encode({"t": Msg.STATUS, "s": 1}))
+        if not sock.poll(int(timeout * 1000)):
+            raise BosenError(f"server at {address}: no answer within {timeout:g}s")
+        frames = sock.recv_multipart()
+        h = wire.decode_header(frames[0])
+        if h["t"] != Msg.STATUS_REPLY or len(frames) != 2:
+            raise BosenError(f"server at {address}: unexpected reply {h['t'].name}")
+        return wire.decode_status(frames[1])
+    finally:
+        sock.close()
+        if own:
+            ctx.term()
+
+
+def format_table(stats: list[dict[str, Any] | str]) -> str:
+    """Human-readable lines for ``bosen status``."""
+    lines = [f"{'rank':>4}  {'address':<22} {'clock':>6}  {'rows':>9}  {'MB in':>9}  {'MB out':>9}  "
+             f"{'msgs in':>8}  {'errors':>6}  client clocks"]
+    for s in stats:
+        if isinstance(s, str):
+            lines.append(s)
+            continue
+        rows = sum(t["rows"] for t in s["tables"].values())
+        lines.append(f"{s['rank']:>4}  {s['address']:<22} {s['clock']:>6}  {rows:>9}  {s['bytes_in'] / 1e6:>9.3f}  "
+                     f"{s['bytes_out'] / 1e6:>9.3f}  {s['msgs_in']:>8}  {s['errors']:>6}  {s['client_clocks']}")
+    return "\n".join(lines)
