@@ -30,6 +30,10 @@ test:
 	$(PY) tools/typecheck.py
 	$(PY) -m pytest -q
 
+## make test-fast: the edit-test loop in the existing .venv: every test module, tests marked slow left out
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
 ## make typecheck: mypy on every module under its import name (bosen.server.daemon, ...), see tools/typecheck.py
 typecheck: $(STAMP)
 	$(PY) tools/typecheck.py

@@ -207,6 +207,7 @@ def _ll_reference(ndk, nwk, nk, alpha, beta):
     return ll
 
 
+@pytest.mark.slow
 def test_loglikelihood_matches_reference_and_lda_package():
     pytest.importorskip("scipy.special")
     c = generate(200, 150, 6, 60.0, seed=2)
@@ -249,6 +250,7 @@ def _consistent(s, nwk, nk, words):
 
 
 @pytest.mark.parametrize("method", ["dense", "sparse", "mh"])
+@pytest.mark.slow
 def test_sweeps_keep_counts_consistent(method):
     c = generate(300, 120, 5, 40.0, seed=5)
     s, nwk, nk = _model(c, 7)
@@ -636,6 +638,7 @@ def _clocks(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_e2e_two_workers_ssp_recovers_planted_topics(tmp_path):
     p, run_dir = _launch(tmp_path, 300, 10, {**SYN, "iterations": 40})
     assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
@@ -664,6 +667,7 @@ def test_e2e_two_workers_ssp_recovers_planted_topics(tmp_path):
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_e2e_managed_comm_mini_batches_read_mid_clock_values_and_keep_counts_exact(tmp_path):
     """Mini-batches on the live cache under managed communication: reads see rows pushed mid-clock,
     and the table still ends with exactly the corpus' counts."""
@@ -682,6 +686,7 @@ def test_e2e_managed_comm_mini_batches_read_mid_clock_values_and_keep_counts_exa
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_e2e_uci_file_finer_clocks_mh(tmp_path):
     c = generate(600, 400, 6, 60.0, alpha=0.1, beta=0.05, seed=9)
     write_uci(c.subset(0, 500), tmp_path / "docword.e.txt", tmp_path / "vocab.e.txt")
@@ -702,6 +707,7 @@ def test_e2e_uci_file_finer_clocks_mh(tmp_path):
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_e2e_malformed_input_fails_naming_file_and_line(tmp_path):
     bad = _w(tmp_path / "docword.bad.txt", "2\n3\n4\n1 1 2\n1 x 1\n2 2 5\n2 3 1\n")
     p, run_dir = _launch(tmp_path, 3, 4, {"data": str(bad), "K": 4})
@@ -712,6 +718,7 @@ def test_e2e_malformed_input_fails_naming_file_and_line(tmp_path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sampler", ["dense", "sparse"])
+@pytest.mark.slow
 def test_e2e_resume_continues_the_chain_exactly(tmp_path, sampler):
     """One worker at staleness 0 is deterministic, so a job stopped after its checkpoint at clock 6
     and resumed ends with exactly the counts of the job that ran through (topic assignments,

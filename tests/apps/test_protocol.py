@@ -77,6 +77,7 @@ def _package_tree(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_client_and_apps_type_check_against_the_protocols(tmp_path):
     pytest.importorskip("mypy", reason="the static check needs mypy (pip install mypy)")
     root = _package_tree(tmp_path / "tree")
