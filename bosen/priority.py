@@ -15,11 +15,14 @@ POLICIES = ("random", "round_robin", "absolute", "relative")
 
 
 class Policy:
-    """Picks at most ``k`` of ``candidates`` (sorted row ids); subclasses define the order."""
+    """Picks at most ``k`` of ``candidates`` (sorted row ids); subclasses define the order.
+
+    ``importance`` is None where the owner keeps no scores: only policies with ``uses_importance``
+    read it, and their owners keep it."""
 
     uses_importance = False
 
-    def choose(self, candidates: np.ndarray, importance: np.ndarray, k: int) -> np.ndarray:
+    def choose(self, candidates: np.ndarray, importance: np.ndarray | None, k: int) -> np.ndarray:
         raise NotImplementedError
 
 
@@ -27,7 +30,7 @@ class RandomPolicy(Policy):
     def __init__(self, seed: int = 0) -> None:
         self.rng = np.random.default_rng(seed)
 
-    def choose(self, candidates: np.ndarray, importance: np.ndarray, k: int) -> np.ndarray:
+    def choose(self, candidates: np.ndarray, importance: np.ndarray | None, k: int) -> np.ndarray:
         if candidates.shape[0] <= k:
             return candidates
         return candidates[self.rng.choice(candidates.shape[0], k, replace=False)]
@@ -39,7 +42,7 @@ class RoundRobinPolicy(Policy):
     def __init__(self) -> None:
         self.cursor = 0
 
-    def choose(self, candidates: np.ndarray, importance: np.ndarray, k: int) -> np.ndarray:
+    def choose(self, candidates: np.ndarray, importance: np.ndarray | None, k: int) -> np.ndarray:
         n = candidates.shape[0]
         if n <= k:
             picked = candidates
@@ -60,9 +63,10 @@ class MagnitudePolicy(Policy):
     def __init__(self, relative: bool) -> None:
         self.relative = relative
 
-    def choose(self, candidates: np.ndarray, importance: np.ndarray, k: int) -> np.ndarray:
+    def choose(self, candidates: np.ndarray, importance: np.ndarray | None, k: int) -> np.ndarray:
         if candidates.shape[0] <= k:
             return candidates
+        assert importance is not None  # uses_importance: the owner keeps the scores
         score = importance[candidates]
         top = np.argpartition(score, candidates.shape[0] - k)[-k:]
         return candidates[top[np.argsort(-score[top], kind="stable")]]

@@ -43,6 +43,7 @@ def take_chunk(st: TableState, rows: np.ndarray, k: int, server: int, seq: int) 
     buffer, and where the rest begins; None if none of those rows is still buffered. ``seq``: the
     number the message will have (read-my-writes logs it as in flight under that number)."""
     oplog = st.oplog
+    index: slice | np.ndarray
     piece = oplog.take_piece(rows, k)
     if piece is not None:  # the common case of bulk increments, in O(1)
         rj, index, block, nnz = piece

@@ -16,6 +16,7 @@ dense buffer, which is always correct and rare in practice.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -149,7 +150,7 @@ class UpdateBuffer:
         self.dirty[index] = False
         return index
 
-    def send_pieces_as_frames(self, acked: list[int]) -> None:
+    def send_pieces_as_frames(self, acked: Sequence[int]) -> None:
         """Make staged pieces inside ZeroMQ messages sent as they are (``BufferPool.send_as_frames``);
         ``acked``: per server, the highest update sequence number it acknowledged."""
         self._pool.send_as_frames(acked)

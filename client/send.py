@@ -207,6 +207,7 @@ class Sender:
                 batch, owned, frame = update
                 nbytes = out.send(encode.inc_header(st, batch), *batch.arrays(), owned=owned, frame=frame)
                 if frame is not None:
+                    assert owned is not None  # a frame carries an owned array
                     st.oplog.carried(owned, link.index, link.seq)  # before this thread lets go of it
             self._sent_update(link, batch, nbytes)
         return rows[k:]

@@ -566,6 +566,7 @@ class Server:
             candidates = np.flatnonzero(shard.dirty & shard.subscribed)
             if candidates.shape[0] == 0:
                 continue
+            assert shard.policy is not None  # the push loop runs only with managed communication on
             picked = np.sort(shard.policy.choose(candidates, shard.importance, self.comm.server_push_rows))
             self._rotation = (self._rotation + i + 1) % len(self.shards)
             sent = self._push(shard, picked, live, budgeted=True)
@@ -576,7 +577,7 @@ class Server:
     def stats(self) -> dict[str, Any]:
         clocks = [int(c) if c != GONE else "left" for c in self.client_clock]
         uptime = time.time() - self.started
-        comm = {}
+        comm: dict[str, Any] = {}
         if self.bucket is not None:
             comm = {"budget_mbps": self.comm.server_bandwidth_mbps, "egress_mbps": round(mbps(
                 self.counters["bytes_out"], uptime), 3), "priority": self.comm.priority}

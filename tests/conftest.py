@@ -1,6 +1,5 @@
 """Helpers of this test suite. Clusters and worker processes come from the ``bosen`` pytest plugin
-(bosen/jobs/pytest_plugin.py: ``bosen_cluster``, ``bosen_procs``); ``cluster`` and ``procs`` are their
-earlier names.
+(bosen/jobs/pytest_plugin.py: ``bosen_cluster``, ``bosen_procs``).
 
 Everything starts real processes that talk ZeroMQ over TCP on loopback. Every process a test starts
 is stopped when the test ends, pass or fail (SIGTERM, a grace period, then SIGKILL to its process
@@ -63,34 +62,6 @@ def worker(group: ProcessGroup, script: str, config: Path | str, *args: Any, nam
     """``python tests/workers/SCRIPT --config CONFIG ARGS...`` as a member of ``group``."""
     name = name or f"{Path(script).stem}-{len(group)}"
     return group.python(name, WORKERS / script, "--config", config, *args, env=env)
-
-
-class Procs:
-    """The ``procs`` fixture: ``bosen_procs`` with ``worker(SCRIPT, CONFIG, ARGS...)``."""
-
-    def __init__(self, group: ProcessGroup) -> None:
-        self.group = group
-        self.procs = group.procs
-
-    def worker(self, script: str, config: Path | str, *args: Any, name: str | None = None,
-               env: dict[str, str] | None = None) -> Process:
-        return worker(self.group, script, config, *args, name=name, env=env)
-
-    def spawn(self, name: str, cmd: Sequence[Any], env: dict[str, str] | None = None) -> Process:
-        return self.group.spawn(name, cmd, env=env)
-
-    def wait_all(self, procs: Sequence[Process], timeout: float) -> list[int]:
-        return self.group.wait_all(procs, timeout)
-
-
-@pytest.fixture
-def procs(bosen_procs: ProcessGroup) -> Procs:
-    return Procs(bosen_procs)
-
-
-@pytest.fixture
-def cluster(bosen_cluster):
-    return bosen_cluster
 
 
 def wait_until(cond, timeout: float = 20.0, step: float = 0.002) -> bool:

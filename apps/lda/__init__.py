@@ -1,6 +1,7 @@
 """Latent Dirichlet allocation by collapsed Gibbs sampling on Bösen-py, word-topic counts in the PS.
 
-``data`` (UCI and LDA-C readers, generator, writers), ``kernels`` (numba samplers and
-log-likelihood terms), ``model`` (the sampler state and objective), ``worker`` (``train``: the loop
-against the PS). Run with ``bosen launch configs/lda.yaml``.
+``data`` (UCI and LDA-C readers, generator, writers), ``sampling`` (numba samplers: dense, sparse,
+LightLDA MH), ``evaluation`` (numba log-likelihood terms and document completion), ``model`` (the
+sampler state and objective), ``worker`` (``train``: the loop against the PS). Run with
+``bosen launch configs/lda.yaml``.
 """

@@ -5,13 +5,10 @@ word id per token, sorted by document then word), so the worker, the tests and t
 and nothing downstream loops over tokens in Python. Parsing runs in numba over the raw bytes, which
 is what makes a 100M-token file (NYTimes) readable in seconds; every malformed input fails with a
 :class:`DataError` that names the file and the 1-based line.
-
-Run ``python -m bosen.apps.lda.data --out DIR`` to write a generated corpus in UCI format.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -457,32 +454,3 @@ def match_topics(phi_hat: np.ndarray, phi_true: np.ndarray) -> tuple[np.ndarray,
         if used_r.all() or used_c.all():
             break
     return perm, dist
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: write a generated corpus (UCI docword + vocab, the planted phi as .npy) to a folder."""
-    ap = argparse.ArgumentParser(prog="python -m bosen.apps.lda.data", description=main.__doc__)
-    ap.add_argument("--out", required=True, help="output folder")
-    ap.add_argument("--docs", type=int, default=1000)
-    ap.add_argument("--vocab", type=int, default=500)
-    ap.add_argument("--topics", type=int, default=10)
-    ap.add_argument("--doc-len", type=float, default=100.0)
-    ap.add_argument("--alpha", type=float, default=0.1)
-    ap.add_argument("--beta", type=float, default=0.1)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ldac", action="store_true", help="also write corpus.ldac")
-    a = ap.parse_args(argv)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    c = generate(a.docs, a.vocab, a.topics, a.doc_len, a.alpha, a.beta, a.seed)
-    write_uci(c, out / "docword.synthetic.txt", out / "vocab.synthetic.txt")
-    if a.ldac:
-        write_ldac(c, out / "corpus.ldac")
-    assert c.phi is not None  # generated corpora carry their planted topics
-    np.save(out / "phi.npy", c.phi)
-    print(f"wrote {c.n_docs} docs, {c.n_tokens} tokens, V={c.n_vocab}, K={a.topics} to {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

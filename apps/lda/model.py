@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bosen.apps.lda import kernels as K_
+from bosen.apps.lda import evaluation, sampling
 from bosen.apps.lda.data import Corpus
 
 __all__ = ["AliasTables", "Sampler", "FitResult", "DocumentCompletion", "fit", "loglikelihood", "top_words"]
@@ -22,7 +22,7 @@ __all__ = ["AliasTables", "Sampler", "FitResult", "DocumentCompletion", "fit", "
 @dataclass
 class AliasTables:
     """The MH word proposal's alias tables and the counts they were built from (see
-    ``kernels.build_word_alias``); ``build_s`` is the time building them took."""
+    ``sampling.build_word_alias``); ``build_s`` is the time building them took."""
 
     stale: np.ndarray        # (R, K) word-topic rows as read
     stale_nk: np.ndarray     # (K,) topic summary as read
@@ -53,8 +53,8 @@ class Sampler:
         self.n_docs = corpus.n_docs
         self.words = corpus.words
         self.z = np.empty(corpus.n_tokens, dtype=np.int32)
-        K_.random_init(self.z, K, seed)
-        self.ndk = K_.doc_topic_counts(self.doc_ptr, self.z, K)
+        sampling.random_init(self.z, K, seed)
+        self.ndk = sampling.doc_topic_counts(self.doc_ptr, self.z, K)
         self.sweeps = 0
         # "sparse" starts with dense sweeps while they are cheaper (see sweep)
         self.dense_phase = method == "sparse"
@@ -74,7 +74,8 @@ class Sampler:
         """MH word-proposal tables from word-topic rows and a summary as read (kept, not copied)."""
         need = np.ones(stale.shape[0], dtype=np.bool_)
         t0 = time.perf_counter()
-        ptr, rec, mass, b_prob, b_alias, b_mass = K_.build_word_alias(stale, stale_nk, self.beta, self.vbeta, need)
+        ptr, rec, mass, b_prob, b_alias, b_mass = sampling.build_word_alias(stale, stale_nk, self.beta, self.vbeta,
+                                                                            need)
         return AliasTables(stale, stale_nk, ptr, rec, mass, b_prob, b_alias, b_mass,
                            build_s=time.perf_counter() - t0)
 
@@ -104,10 +105,10 @@ class Sampler:
                 # the first sweep; sparse wins from about the 8th). Dense while the measured mean list
                 # length says so, then sparse for good (lists only get shorter as the chain settles).
                 # Both kernels are exact collapsed Gibbs: the chain is the same, only its cost changes.
-                L = K_.mean_list_length(nwk, words_local, self.doc_ptr, doc_lo, doc_hi)
-                dense = K_.dense_is_cheaper(L, self.K)
+                L = sampling.mean_list_length(nwk, words_local, self.doc_ptr, doc_lo, doc_hi)
+                dense = sampling.dense_is_cheaper(L, self.K)
                 self.dense_phase = dense
-            kernel = K_.sample_dense if dense else K_.sample_sparse
+            kernel = sampling.sample_dense if dense else sampling.sample_sparse
             changed = kernel(self.doc_ptr, words_local, self.z, self.ndk, nwk, nk, self.alpha, self.beta,
                              self.vbeta, doc_lo, doc_hi, seed)
             return {"sample_s": time.perf_counter() - t0, "changed": float(changed), "dense_sweeps": float(dense)}
@@ -123,9 +124,10 @@ class Sampler:
                 raise ValueError(f"alias tables over {tables.stale.shape[0]} rows for {R} word-topic rows: "
                                  "pass rows=")
             rows = self._identity(R)
-        acc, prop = K_.sample_mh(self.doc_ptr, words_local, self.z, self.ndk, nwk, tables.stale, rows, nk,
-                                 tables.stale_nk, tables.ptr, tables.rec, tables.mass, tables.b_prob, tables.b_alias,
-                                 tables.b_mass, self.alpha, self.beta, self.vbeta, self.mh_steps, doc_lo, doc_hi, seed)
+        acc, prop = sampling.sample_mh(self.doc_ptr, words_local, self.z, self.ndk, nwk, tables.stale, rows, nk,
+                                       tables.stale_nk, tables.ptr, tables.rec, tables.mass, tables.b_prob,
+                                       tables.b_alias, tables.b_mass, self.alpha, self.beta, self.vbeta, self.mh_steps,
+                                       doc_lo, doc_hi, seed)
         t2 = time.perf_counter()
         return {"sample_s": t2 - t0, "alias_s": alias_s, "accepted": float(acc), "proposed": float(prop)}
 
@@ -135,7 +137,7 @@ class Sampler:
         return self._ident[:R]
 
     def loglik_docs(self) -> float:
-        return float(K_.loglik_docs(self.ndk, self.alpha))
+        return float(evaluation.loglik_docs(self.ndk, self.alpha))
 
 
 @dataclass
@@ -181,8 +183,8 @@ def top_words(nwk: np.ndarray, names: list[str], n: int) -> list[str]:
 def loglikelihood(ndk: np.ndarray, nwk: np.ndarray, nk: np.ndarray, alpha: float, beta: float) -> float:
     """Complete-data log p(w, z) of a whole model (the formula the ``lda`` package reports)."""
     mask = np.ones(nwk.shape[0], dtype=np.bool_)
-    return float(K_.loglik_docs(ndk, alpha) + K_.loglik_words(nwk, beta, mask)
-                 + K_.loglik_summary(nk, nwk.shape[0], beta))
+    return float(evaluation.loglik_docs(ndk, alpha) + evaluation.loglik_words(nwk, beta, mask)
+                 + evaluation.loglik_summary(nk, nwk.shape[0], beta))
 
 
 class DocumentCompletion:
@@ -224,5 +226,5 @@ class DocumentCompletion:
     def loglik(self, nwk_rows: np.ndarray, nk: np.ndarray) -> float:
         """Σ log p(unseen token | seen half, topics) over the held-out documents."""
         phi = self.phi(nwk_rows, nk)
-        theta = K_.fold_in(self.obs_ptr, self.obs_words, phi, self.alpha, self.sweeps, self.burn_in, self.seed)
-        return float(K_.completion_loglik(self.held_ptr, self.held_words, theta, phi))
+        theta = evaluation.fold_in(self.obs_ptr, self.obs_words, phi, self.alpha, self.sweeps, self.burn_in, self.seed)
+        return float(evaluation.completion_loglik(self.held_ptr, self.held_words, theta, phi))

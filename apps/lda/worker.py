@@ -61,7 +61,7 @@ from typing import Any, Literal
 import numpy as np
 from numba import njit
 
-from bosen.apps.lda import kernels as K_
+from bosen.apps.lda import evaluation, sampling
 from bosen.apps.lda.data import Corpus, generate, load
 from bosen.apps.lda.model import AliasTables, DocumentCompletion, Sampler, top_words
 from bosen.apps.protocol import PSClient, PSTable, require_table
@@ -286,9 +286,9 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             nk = np.asarray(ts.get_rows(zero)[0], dtype=np.int32)
             t1 = time.perf_counter()
             ll_doc = sampler.loglik_docs()
-            ll_word = float(K_.loglik_words(mine, a.beta, np.ones(mine.shape[0], dtype=np.bool_)))
+            ll_word = float(evaluation.loglik_words(mine, a.beta, np.ones(mine.shape[0], dtype=np.bool_)))
             if rank == 0:
-                ll_word += float(K_.loglik_summary(nk, V, a.beta))
+                ll_word += float(evaluation.loglik_summary(nk, V, a.beta))
             rec.update(objective=ll_doc + ll_word, ll_doc=ll_doc, ll_word=ll_word)
             rec["comm_s"] += t1 - t0
             rec["read_s"] += t1 - t0
@@ -314,9 +314,9 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     if rank == 0:
         nwk = np.asarray(wt.get_rows(np.arange(V, dtype=np.int64)), dtype=np.int64)
         nk_final = np.asarray(ts.get_rows(zero)[0], dtype=np.int64)
-        final += float(K_.loglik_words(np.clip(nwk, 0, None).astype(np.int32), a.beta,
-                                       np.ones(V, dtype=np.bool_)))
-        final += float(K_.loglik_summary(nk_final.astype(np.int32), V, a.beta))
+        final += float(evaluation.loglik_words(np.clip(nwk, 0, None).astype(np.int32), a.beta,
+                                               np.ones(V, dtype=np.bool_)))
+        final += float(evaluation.loglik_summary(nk_final.astype(np.int32), V, a.beta))
         lines = top_words(nwk, corpus.word_names(), a.top_words)
         print("\n".join(lines), flush=True)
         run_dir = os.environ.get("BOSEN_RUN_DIR")
@@ -353,7 +353,7 @@ def _minibatch(sampler: Sampler, wt: PSTable, ts: PSTable, U: np.ndarray, words_
         if ids.size:
             wt.inc_rows(ids, delta)
     else:
-        r, kk, dv = K_.count_changes(cur, snap)  # net changes as sparse COO: most entries are zero
+        r, kk, dv = sampling.count_changes(cur, snap)  # net changes as sparse COO: most entries are zero
         if r.size:
             wt.inc_rows(U[r], dv, cols=kk)
     np.subtract(nk2, nk_snap, out=nk2)

@@ -15,6 +15,7 @@ from bosen.apps.mlr.data import load_npz
 from bosen.jobs import cli
 
 
+@pytest.mark.slow
 def test_movielens_split_is_disjoint_complete_and_readable(tmp_path):
     u0, i0, r0 = movielens.read_inter(movielens.source())
     assert u0.size == 100_000 and np.unique(u0).size == 943 and np.unique(i0).size == 1682
@@ -30,6 +31,7 @@ def test_movielens_split_is_disjoint_complete_and_readable(tmp_path):
     assert np.array_equal(np.sort(np.concatenate([tr[2], te[2]])), np.sort(r0))
 
 
+@pytest.mark.slow
 def test_news_corpus_vocabulary_filters_and_heldout(tmp_path):
     assert news.tokenize("The Senate voted: DeVos's 50-50 tie, it is") == ["senate", "voted", "devos", "tie"]
     meta = datasets.prepare("news", tmp_path)

@@ -24,7 +24,7 @@ import pytest
 from inprocess import InProcessClient, InProcessTable
 from resume import whole_and_resumed
 
-from bosen.apps.lda import kernels as K_
+from bosen.apps.lda import evaluation, sampling
 from bosen.apps.lda.data import (
     DataError,
     generate,
@@ -207,6 +207,7 @@ def _ll_reference(ndk, nwk, nk, alpha, beta):
     return ll
 
 
+@pytest.mark.slow
 def test_loglikelihood_matches_reference_and_lda_package():
     pytest.importorskip("scipy.special")
     c = generate(200, 150, 6, 60.0, seed=2)
@@ -217,8 +218,8 @@ def test_loglikelihood_matches_reference_and_lda_package():
     # the additive split the worker reports sums to the whole
     mask = np.zeros(150, bool)
     mask[::2] = True
-    parts = (K_.loglik_docs(ndk, 0.2) + K_.loglik_words(nwk, 0.05, mask) + K_.loglik_words(nwk, 0.05, ~mask)
-             + K_.loglik_summary(nk, 150, 0.05))
+    parts = (evaluation.loglik_docs(ndk, 0.2) + evaluation.loglik_words(nwk, 0.05, mask)
+             + evaluation.loglik_words(nwk, 0.05, ~mask) + evaluation.loglik_summary(nk, 150, 0.05))
     assert parts == pytest.approx(got, rel=1e-12)
     lda = pytest.importorskip("lda._lda")
     ref = lda._loglikelihood(np.asfortranarray(nwk.T.astype(np.intc)), ndk.astype(np.intc), nk.astype(np.intc),
@@ -241,7 +242,7 @@ def _model(c, K, seed=0):
 def _consistent(s, nwk, nk, words):
     K = nk.size
     assert s.z.min() >= 0 and s.z.max() < K
-    np.testing.assert_array_equal(s.ndk, K_.doc_topic_counts(s.doc_ptr, s.z, K))
+    np.testing.assert_array_equal(s.ndk, sampling.doc_topic_counts(s.doc_ptr, s.z, K))
     want = np.zeros_like(nwk)
     np.add.at(want, (words, s.z), 1)
     np.testing.assert_array_equal(nwk, want)
@@ -249,6 +250,7 @@ def _consistent(s, nwk, nk, words):
 
 
 @pytest.mark.parametrize("method", ["dense", "sparse", "mh"])
+@pytest.mark.slow
 def test_sweeps_keep_counts_consistent(method):
     c = generate(300, 120, 5, 40.0, seed=5)
     s, nwk, nk = _model(c, 7)
@@ -297,7 +299,7 @@ def test_samplers_target_the_exact_posterior(method):
     exact = _exact_posterior(docs, words, K, V, alpha, beta)
     doc_ptr = np.array([0, 2, 4], np.int64)
     z = np.array([0, 1, 2, 0], np.int32)
-    ndk = K_.doc_topic_counts(doc_ptr, z, K)
+    ndk = sampling.doc_topic_counts(doc_ptr, z, K)
     nwk = np.zeros((V, K), np.int32)
     np.add.at(nwk, (words, z), 1)
     nk = nwk.sum(0).astype(np.int32)
@@ -308,14 +310,14 @@ def test_samplers_target_the_exact_posterior(method):
     if method == "mh":
         stale = np.array([[5, 0, 1], [0, 0, 3], [2, 7, 0]], np.int32)
         stale_nk = stale.sum(0).astype(np.int32)
-        tables = K_.build_word_alias(stale, stale_nk, beta, vbeta, np.ones(V, np.bool_))
+        tables = sampling.build_word_alias(stale, stale_nk, beta, vbeta, np.ones(V, np.bool_))
     for it in range(n):
         if method != "mh":
-            kernel = K_.sample_dense if method == "dense" else K_.sample_sparse
+            kernel = sampling.sample_dense if method == "dense" else sampling.sample_sparse
             kernel(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, 0, 2, it)
         else:
-            K_.sample_mh(doc_ptr, words, z, ndk, nwk, stale, np.arange(V, dtype=np.int64), nk, stale_nk, *tables,
-                         alpha, beta, vbeta, 2, 0, 2, it)
+            sampling.sample_mh(doc_ptr, words, z, ndk, nwk, stale, np.arange(V, dtype=np.int64), nk, stale_nk,
+                               *tables, alpha, beta, vbeta, 2, 0, 2, it)
         visits[int(z @ weights)] += 1
     tv = 0.5 * np.abs(visits / n - exact).sum()
     assert tv < 0.035, f"total variation {tv:.4f} between the chain and the exact posterior"
@@ -337,7 +339,7 @@ def test_exact_draws_follow_the_conditional(kernel, K):
     doc_ptr = np.array([0, 200, 201], np.int64)
     # a skewed state, so the conditional is far from uniform
     z = np.concatenate([rng.integers(0, max(K // 4, 2), 200), [0]]).astype(np.int32)
-    ndk = K_.doc_topic_counts(doc_ptr, z, K)
+    ndk = sampling.doc_topic_counts(doc_ptr, z, K)
     nwk = np.zeros((V, K), np.int32)
     np.add.at(nwk, (words, z), 1)
     nk = nwk.sum(0).astype(np.int32)
@@ -350,7 +352,7 @@ def test_exact_draws_follow_the_conditional(kernel, K):
     n = 40_000
     draws = np.empty(n, np.int64)
     for it in range(n):
-        getattr(K_, kernel)(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, V * beta, 1, 2, it)
+        getattr(sampling, kernel)(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, V * beta, 1, 2, it)
         draws[it] = z[200]
     freq = np.bincount(draws, minlength=K) / n
     tv = 0.5 * np.abs(freq - p).sum()
@@ -398,7 +400,7 @@ def test_negative_counts_from_staleness_are_clamped(method):
         s.sweep(nwk, nk, c.words)
     assert s.z.min() >= 0 and s.z.max() < 5
     assert np.isfinite(loglikelihood(s.ndk, nwk, nk, 0.1, 0.05))
-    np.testing.assert_array_equal(s.ndk, K_.doc_topic_counts(s.doc_ptr, s.z, 5))
+    np.testing.assert_array_equal(s.ndk, sampling.doc_topic_counts(s.doc_ptr, s.z, 5))
 
 
 def _recovery(phi_hat, phi_true):
@@ -495,12 +497,12 @@ def test_count_changes_is_the_sparse_difference():
     snap = rng.integers(0, 5, (30, 7)).astype(np.int32)
     cur = snap.copy()
     cur[rng.random(cur.shape) < 0.2] += rng.integers(-3, 4, 1)[0] or 1
-    r, k, v = K_.count_changes(cur, snap)
+    r, k, v = sampling.count_changes(cur, snap)
     want = np.zeros_like(cur)
     want[r, k] = v
     np.testing.assert_array_equal(want, cur - snap)
     assert np.all(v != 0) and r.dtype == np.int64 and k.dtype == np.int64
-    assert K_.count_changes(snap, snap)[0].size == 0
+    assert sampling.count_changes(snap, snap)[0].size == 0
 
 
 def test_train_reads_uci_file(tmp_path):
@@ -555,19 +557,19 @@ def test_completion_loglik_matches_numpy():
     words = rng.integers(0, 30, size=9).astype(np.int64)
     docs = np.repeat(np.arange(3), np.diff(ptr))
     direct = float(np.sum(np.log(np.sum(theta[docs] * phi[words], axis=1))))
-    assert K_.completion_loglik(ptr, words, theta, phi) == pytest.approx(direct, rel=1e-12)
+    assert evaluation.completion_loglik(ptr, words, theta, phi) == pytest.approx(direct, rel=1e-12)
 
 
 def test_fold_in_recovers_the_topic_mix_of_planted_documents():
     corpus = generate(200, 300, 6, 200.0, alpha=0.1, beta=0.02, seed=4)
     phi = corpus.phi.T.copy()  # the true topics, (V, K)
     ptr = corpus.doc_ptr()
-    theta = K_.fold_in(ptr, corpus.words.astype(np.int64), phi, 0.1, 30, 10, 1)
+    theta = evaluation.fold_in(ptr, corpus.words.astype(np.int64), phi, 0.1, 30, 10, 1)
     np.testing.assert_allclose(theta.sum(axis=1), 1.0, rtol=1e-9)
     assert np.abs(theta - corpus.theta).sum(axis=1).mean() < 0.25  # L1 between topic mixes (max 2)
     uniform = np.full_like(theta, 1 / 6)
     words = corpus.words.astype(np.int64)
-    gain = K_.completion_loglik(ptr, words, theta, phi) - K_.completion_loglik(ptr, words, uniform, phi)
+    gain = evaluation.completion_loglik(ptr, words, theta, phi) - evaluation.completion_loglik(ptr, words, uniform, phi)
     assert gain > 0.3 * words.size
 
 
@@ -636,6 +638,7 @@ def _clocks(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_e2e_two_workers_ssp_recovers_planted_topics(tmp_path):
     p, run_dir = _launch(tmp_path, 300, 10, {**SYN, "iterations": 40})
     assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
@@ -664,6 +667,7 @@ def test_e2e_two_workers_ssp_recovers_planted_topics(tmp_path):
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_e2e_managed_comm_mini_batches_read_mid_clock_values_and_keep_counts_exact(tmp_path):
     """Mini-batches on the live cache under managed communication: reads see rows pushed mid-clock,
     and the table still ends with exactly the corpus' counts."""
@@ -682,6 +686,7 @@ def test_e2e_managed_comm_mini_batches_read_mid_clock_values_and_keep_counts_exa
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_e2e_uci_file_finer_clocks_mh(tmp_path):
     c = generate(600, 400, 6, 60.0, alpha=0.1, beta=0.05, seed=9)
     write_uci(c.subset(0, 500), tmp_path / "docword.e.txt", tmp_path / "vocab.e.txt")
@@ -702,6 +707,7 @@ def test_e2e_uci_file_finer_clocks_mh(tmp_path):
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_e2e_malformed_input_fails_naming_file_and_line(tmp_path):
     bad = _w(tmp_path / "docword.bad.txt", "2\n3\n4\n1 1 2\n1 x 1\n2 2 5\n2 3 1\n")
     p, run_dir = _launch(tmp_path, 3, 4, {"data": str(bad), "K": 4})
@@ -712,6 +718,7 @@ def test_e2e_malformed_input_fails_naming_file_and_line(tmp_path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sampler", ["dense", "sparse"])
+@pytest.mark.slow
 def test_e2e_resume_continues_the_chain_exactly(tmp_path, sampler):
     """One worker at staleness 0 is deterministic, so a job stopped after its checkpoint at clock 6
     and resumed ends with exactly the counts of the job that ran through (topic assignments,
@@ -735,8 +742,8 @@ def test_mean_list_length_matches_numpy():
     s, nwk, nk = _model(c, 9)
     ptr = s.doc_ptr
     want = (nwk > 0).sum(1)[c.words[ptr[5]:ptr[30]]].mean()
-    assert K_.mean_list_length(nwk, c.words, ptr, 5, 30) == pytest.approx(want)
-    assert K_.dense_is_cheaper(9.0, 9) and not K_.dense_is_cheaper(1.0, 1000)
+    assert sampling.mean_list_length(nwk, c.words, ptr, 5, 30) == pytest.approx(want)
+    assert sampling.dense_is_cheaper(9.0, 9) and not sampling.dense_is_cheaper(1.0, 1000)
 
 
 def test_sparse_sampler_starts_dense_then_switches_and_stays_consistent():
@@ -770,16 +777,16 @@ def test_sparse_word_lists_survive_long_runs_of_one_word():
     doc_ptr = np.array([0, 200, 600], np.int64)
     K = 12
     z = rng.integers(0, K, 600).astype(np.int32)
-    ndk = K_.doc_topic_counts(doc_ptr, z, K)
+    ndk = sampling.doc_topic_counts(doc_ptr, z, K)
     nwk = np.zeros((3, K), np.int32)
     np.add.at(nwk, (words, z), 1)
     nk = nwk.sum(0).astype(np.int32)
     for it in range(20):
-        K_.sample_sparse(doc_ptr, words, z, ndk, nwk, nk, 0.1, 0.01, 0.03, 0, 2, it)
+        sampling.sample_sparse(doc_ptr, words, z, ndk, nwk, nk, 0.1, 0.01, 0.03, 0, 2, it)
         want = np.zeros_like(nwk)
         np.add.at(want, (words, z), 1)
         np.testing.assert_array_equal(nwk, want)
-        np.testing.assert_array_equal(ndk, K_.doc_topic_counts(doc_ptr, z, K))
+        np.testing.assert_array_equal(ndk, sampling.doc_topic_counts(doc_ptr, z, K))
         np.testing.assert_array_equal(nk, np.bincount(z, minlength=K))
 
 

@@ -304,6 +304,7 @@ def _launch(tmp_path: Path, users: int, items: int, rank: int, args: dict) -> li
     return clocks
 
 
+@pytest.mark.slow
 def test_e2e_synthetic_two_workers_ssp(tmp_path):
     args = {"nnz": 40_000, "epochs": 12, "lr": 0.08, "lr_decay": 0.95, "reg": 0.02, "noise": 0.1}
     clocks = _launch(tmp_path, 2000, 500, 8, args)
@@ -313,6 +314,7 @@ def test_e2e_synthetic_two_workers_ssp(tmp_path):
     assert obj[-1] < 0.3 * obj[0], f"MF did not converge: {obj}"
 
 
+@pytest.mark.slow
 def test_e2e_csv_two_workers(tmp_path):
     u, i, r = synthetic(300, 80, 4, 4000, noise=0.05, seed=7)
     csv = tmp_path / "ratings.csv"
@@ -324,6 +326,7 @@ def test_e2e_csv_two_workers(tmp_path):
     assert obj[-1] < 0.3 * obj[0], f"MF did not converge: {obj}"
 
 
+@pytest.mark.slow
 def test_e2e_heldout_rmse_from_a_test_file_in_every_clock_record(tmp_path):
     u, i, r = synthetic(300, 80, 4, 5000, noise=0.05, seed=7)
     for name, sl in (("train.csv", slice(1000, None)), ("test.csv", slice(0, 1000))):

@@ -408,6 +408,7 @@ def _clocks(tmp_path: Path) -> list[dict]:
     return sorted((x for x in lines if x.get("kind") == "clock"), key=lambda x: x["clock"])
 
 
+@pytest.mark.slow
 def test_e2e_digits_two_workers_staleness_2_reaches_90_percent(tmp_path):
     """The stated target: >= 0.90 held-out accuracy on sklearn's digits (real data), 2 workers, s = 2."""
     p = _launch(tmp_path, "consistency.staleness=2", "app.args.epochs=15")
@@ -418,6 +419,7 @@ def test_e2e_digits_two_workers_staleness_2_reaches_90_percent(tmp_path):
     assert _acc(clocks[-1]) >= 0.90, [round(_acc(c), 3) for c in clocks]
 
 
+@pytest.mark.slow
 def test_e2e_managed_comm_with_mid_clock_syncs(tmp_path):
     p = _launch(tmp_path, "comm.enabled=true", "comm.client_bandwidth_mbps=50", "app.args.batches_per_clock=4",
                 "app.args.epochs=8", "app.args.clocks_per_epoch=2", "consistency.staleness=1")
@@ -426,6 +428,7 @@ def test_e2e_managed_comm_with_mid_clock_syncs(tmp_path):
     assert len(clocks) == 16 and _acc(clocks[-1]) >= 0.90
 
 
+@pytest.mark.slow
 def test_e2e_bad_data_file_fails_naming_file_and_line(tmp_path):
     bad = _write(tmp_path, "1 1:0.5\n2 2:0.1 3:oops\n", "bad.svm")
     p = _launch(tmp_path, f"app.args.data={bad}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from inprocess import InProcessClient, InProcessTable
+from typecheck import build_tree
 
 from bosen.apps.protocol import JobConfig, PSClient, PSTable, PSWorker, require_table
 from bosen.client import Client
@@ -31,8 +32,8 @@ from bosen.apps.mf.worker import train as mf_train
 from bosen.apps.mlr.worker import train as mlr_train
 from bosen.apps.protocol import JobConfig, PSClient, PSTable, PSWorker
 from bosen.client import Client
-from bosen.client.worker import Worker
 from bosen.client.table import Table
+from bosen.client.worker import Worker
 from bosen.config import Config
 from inprocess import InProcessClient, InProcessTable
 
@@ -65,21 +66,11 @@ def control(t: Table) -> PSClient:
 '''
 
 
-def _package_tree(root: Path) -> Path:
-    """The installed layout (bosen/, bosen/client, bosen/server, bosen/apps) as symlinks, which mypy can
-    follow; it cannot follow the editable install's import hook for the package-dir mapping."""
-    pkg = root / "bosen"
-    pkg.mkdir(parents=True)
-    for f in (REPO / "bosen").iterdir():
-        (pkg / f.name).symlink_to(f)
-    for sub, src in (("client", "client"), ("server", "server"), ("apps", "apps")):
-        (pkg / sub).symlink_to(REPO / src)
-    return root
-
-
+@pytest.mark.slow
 def test_client_and_apps_type_check_against_the_protocols(tmp_path):
     pytest.importorskip("mypy", reason="the static check needs mypy (pip install mypy)")
-    root = _package_tree(tmp_path / "tree")
+    root = tmp_path / "tree"
+    build_tree(root)
     (root / "snippet.py").write_text(SNIPPET)
     control_line = SNIPPET.splitlines().index("    return t  # the one error expected: a table is not a client") + 1
     r = subprocess.run(

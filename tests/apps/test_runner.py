@@ -76,6 +76,7 @@ def _launch(tmp_path: Path, cfg: dict | Path, *sets: str, env: dict[str, str] | 
     return r.stdout + r.stderr + logs
 
 
+@pytest.mark.slow
 def test_bad_app_args_exit_2_through_the_launcher(tmp_path):
     out = _launch(tmp_path, REPO / "configs" / "mlr.yaml", "app.args.epochs=0", "cluster.workers=1")
     assert "worker-0 exited with status 2" in out, out
@@ -86,6 +87,7 @@ def test_bad_app_args_exit_2_through_the_launcher(tmp_path):
     ("server", "worker 0: ServerError: server 0 rejected an update (simulated)"),
     ("bug", "RuntimeError: a bug (simulated)"),
 ])
+@pytest.mark.slow
 def test_runtime_failures_exit_1(tmp_path, fail, shown):
     (tmp_path / "failing_app.py").write_text(FAILING_APP)
     cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 1},

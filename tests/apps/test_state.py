@@ -49,6 +49,7 @@ def _clocks(run_dir: Path) -> list[dict]:
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("app", sorted(JOBS))
+@pytest.mark.slow
 def test_resumed_job_continues_the_curve_exactly(tmp_path: Path, app: str) -> None:
     """One worker at staleness 0: stopped after its checkpoint at clock 3 and resumed, the job reports
     the objective and held-out measure of the job that ran through, to float32 rounding (the client's

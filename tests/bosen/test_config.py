@@ -65,7 +65,6 @@ def test_load_file_and_defaults(tmp_path):
     assert cfg.staleness_of(t) == 2
     assert t.shows_own_writes is True
     assert cfg.table("W") is t
-    assert cfg.table_index("W") == 0
     assert cfg.app.module == "" and dict(cfg.app.args) == {}
 
 
@@ -99,7 +98,6 @@ def test_full_table_settings(tmp_path):
     assert b.shows_own_writes is False
     assert c.init.kind == "uniform" and c.init.uniform == (-1.0, 1.0)
     assert dd.init.kind == "zeros"
-    assert cfg.table_index("C") == 2
 
 
 def test_unknown_table_lookup_names_known_tables():

@@ -52,6 +52,7 @@ def server_values(path, rank: int, table: str, rows) -> np.ndarray:
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
+@pytest.mark.slow
 def test_read_my_writes_single_process_exactly_once(bosen_cluster, comm):
     """One process, staleness 0: each read at tick c waits for the server's clock c. Only this process
     changes the rows, so the server does not push them back (the cache already holds its own
@@ -100,6 +101,7 @@ def test_read_my_writes_single_process_exactly_once(bosen_cluster, comm):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("staleness, comm", [(0, None), (0, MANAGED), (2, MANAGED)],
                          ids=["s0-bsp", "s0-managed", "s2-managed"])
+@pytest.mark.slow
 def test_read_my_writes_two_processes(bosen_cluster, bosen_procs, tmp_path, staleness, comm):
     c = bosen_cluster(2, workers=3, staleness=staleness, comm=comm,
                       tables={"W": {"rows": 8, "cols": 2, "dtype": "int64"}})
@@ -129,6 +131,7 @@ def test_read_my_writes_two_processes(bosen_cluster, bosen_procs, tmp_path, stal
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
+@pytest.mark.slow
 def test_worker_threads_share_one_process_clock(bosen_cluster, comm):
     nthreads, ticks = 3, 8
     c = bosen_cluster(2, workers=2, staleness=1, comm=comm,
@@ -210,6 +213,7 @@ def test_process_clock_is_the_minimum_of_its_workers(bosen_cluster):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
+@pytest.mark.slow
 def test_sparse_and_duplicate_increments(bosen_cluster, comm):
     c = bosen_cluster(2, workers=3, staleness=1, comm=comm, tables={"W": {"rows": 7, "cols": 5, "dtype": "int64"},
                                                                     "F": {"rows": 3, "cols": 4, "dtype": "float32"}})
@@ -359,6 +363,7 @@ def test_every_client_connects_under_its_own_identity(bosen_cluster):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_joining_a_job_whose_server_is_down_times_out(bosen_cluster):
     c = bosen_cluster(2, workers=1)
     c.stop_server(1)
@@ -373,6 +378,7 @@ def test_joining_a_job_whose_server_is_down_times_out(bosen_cluster):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_unsatisfiable_read_times_out_naming_table_row_and_clocks(bosen_cluster):
     # two worker processes make up the job, but only one ever joins: the servers' clock stays 0
     c = bosen_cluster(2, workers=2, staleness=0, read_timeout_s=2,
@@ -406,6 +412,7 @@ def test_unsatisfiable_read_times_out_naming_table_row_and_clocks(bosen_cluster)
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
+@pytest.mark.slow
 def test_stats(bosen_cluster, comm):
     c = bosen_cluster(2, workers=1, staleness=2, comm=comm, tables={"W": {"rows": 10, "cols": 4, "dtype": "int64"}})
     client = Client.connect(c.path)
@@ -446,6 +453,7 @@ def test_stats(bosen_cluster, comm):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("comm", [None, MANAGED], ids=["bsp", "managed"])
+@pytest.mark.slow
 def test_close_flushes_updates_made_after_the_last_clock(bosen_cluster, comm):
     c = bosen_cluster(2, workers=2, staleness=1, comm=comm, tables={"W": {"rows": 9, "cols": 2, "dtype": "int64"},
                                                                     "F": {"rows": 2, "cols": 2, "dtype": "float64"}})
@@ -483,6 +491,7 @@ def test_client_from_dict_and_context_manager(bosen_cluster):
     pytest.param({"enabled": True}, id="managed"),
     pytest.param({"enabled": True, "wire_dtype": "float16"}, id="managed-f16"),
 ])
+@pytest.mark.slow
 def test_float64_table(bosen_cluster, comm):
     c = bosen_cluster(2, workers=2, staleness=1, comm=comm, tables={"D": {"rows": 4, "cols": 3, "dtype": "float64"}})
     want = np.zeros((4, 3))
@@ -619,6 +628,7 @@ def test_a_worker_incrementing_back_to_back_hands_over_to_the_communication_thre
 
 
 @pytest.mark.parametrize("dtype", ["int64", "float64"])
+@pytest.mark.slow
 def test_a_flush_larger_than_the_window_goes_out_as_acks_arrive(bosen_cluster, dtype):
     """With a window of one message, every update message waits for the last one's ACK; the ticks'
     updates still all arrive, each server gets its clock after them, and reads stay exact."""
@@ -666,6 +676,7 @@ def test_a_large_read_returns_its_own_array_with_buffered_updates_on_top(bosen_c
         assert client.stats()["direct_reads"] >= 2
 
 
+@pytest.mark.slow
 def test_pieces_reused_under_pressure_carry_every_tick_exactly(bosen_cluster, monkeypatch):
     """Staged pieces go out as the ZeroMQ messages they live in and are reused only once the
     message that carried them is acknowledged. With a pool of a few buffers for two servers,

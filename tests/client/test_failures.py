@@ -40,6 +40,7 @@ def blocked_readers(client: Client, n: int, row: int) -> tuple[list[threading.Th
 
 
 @pytest.mark.parametrize("path", ["direct", "comm"])
+@pytest.mark.slow
 def test_a_server_killed_while_three_threads_read_fails_all_three_within_2s(bosen_cluster, path):
     """Reads on the threads' own sockets (direct) or through the communication thread (managed
     communication on): all three raise ServerLost naming the server, and so does every later call."""
@@ -109,6 +110,7 @@ def test_a_communication_thread_that_fails_at_start_fails_connect(bosen_cluster,
     assert time.monotonic() - start < 5
 
 
+@pytest.mark.slow
 def test_a_communication_thread_that_never_starts_fails_connect_within_its_timeout(bosen_cluster, monkeypatch):
     c = bosen_cluster(1, workers=1, tables={"W": {"rows": 4, "cols": 2}})
     release = threading.Event()

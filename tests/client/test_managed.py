@@ -111,6 +111,7 @@ FLOAT_BYTES: dict[str, int] = {}
 
 
 @pytest.mark.parametrize("wire", ["float32", "float16"])
+@pytest.mark.slow
 def test_float16_wire_halves_update_bytes_and_loses_nothing(bosen_cluster, wire):
     rows, cols, ticks = 32, 64, 20
     c = bosen_cluster(2, 2, staleness=0, tables={"W": {"rows": rows, "cols": cols}},
@@ -141,6 +142,7 @@ def test_float16_wire_halves_update_bytes_and_loses_nothing(bosen_cluster, wire)
 
 
 @pytest.mark.parametrize("managed", [True, False], ids=["managed", "plain-ssp"])
+@pytest.mark.slow
 def test_row_pushed_mid_clock_is_read_by_the_next_mini_batch_of_the_same_clock(bosen_cluster, bosen_procs, tmp_path,
                                                                                managed):
     """Two worker processes in clock 0: one adds to a row in its mini-batch; the other's next

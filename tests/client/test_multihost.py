@@ -123,6 +123,7 @@ def test_job_runs_across_a_shaped_link_with_exact_sums(link):
         _stop(server, log)
 
 
+@pytest.mark.slow
 def test_budget_at_link_rate_bounds_update_latency_where_a_flood_queues(link):
     tables = {"W": {"rows": 512, "cols": 256}}  # 1 KiB rows: 100-row sends of ~100 KiB
     results = {}

@@ -32,6 +32,7 @@ def tri(n: int) -> int:
     (2, {"enabled": True, "priority": "absolute", "wire_dtype": "float16", "client_send_rows": 4}),
 ], ids=["s0-bsp", "s1-managed-relative", "s3-managed-random", "s0-managed-round_robin",
         "s2-managed-absolute-float16"])
+@pytest.mark.slow
 def test_ssp_invariant_under_random_delays(bosen_cluster, bosen_procs, tmp_path, staleness, comm):
     # rank WORKERS is the final reader: it joins first and clocks far ahead at once, so it never
     # holds the job back; it reads only after every worker has left.
@@ -99,6 +100,7 @@ def test_checker_detects_reads_outside_the_bound(bosen_cluster, bosen_procs, tmp
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_ssp_invariant_when_every_tick_reads_rows_never_read_before(bosen_cluster, bosen_procs, tmp_path):
     """Every tick each worker adds to every row of V, then reads V rows it never read before: the
     read goes on the worker's own connection and may overtake its own update (still in flight on the

@@ -144,6 +144,7 @@ TABLES = {
 }
 
 
+@pytest.mark.slow
 def test_welcome_tells_each_table_its_capabilities(bosen_cluster):
     c = bosen_cluster(2, 1, staleness=3, tables=TABLES, read_timeout_s=60)
     client = Client.connect(c.path)
@@ -188,6 +189,7 @@ def adarev_steps(alpha, steps):
 
 
 @pytest.mark.parametrize("chunk", [None, 16])
+@pytest.mark.slow
 def test_buffered_updates_are_retired_when_a_newer_version_arrives(bosen_cluster, monkeypatch, chunk):
     """B is a clock ahead and buffers updates for rows it holds at version 1; A's clock then moves
     the servers' clock, and the push of version 2 reaches B before B flushes: B must send its

@@ -54,6 +54,7 @@ def table_stats(c, name: str) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_no_delay_adarevision_equals_adagrad_exactly(bosen_cluster):
     rows, cols, alpha = 9, 5, 0.3
     t = {"rows": rows, "cols": cols, "dtype": "float64", "init": {"normal": 0.5, "seed": 4}}
@@ -170,6 +171,7 @@ class TwoClients:
 
 
 @pytest.mark.parametrize("seed, one_row_messages", [(0, False), (1, True)])
+@pytest.mark.slow
 def test_controlled_delays_match_the_numpy_rule(bosen_cluster, monkeypatch, seed, one_row_messages):
     if one_row_messages:  # every update message carries one row: order across messages matters
         monkeypatch.setattr("bosen.client.oplog.CHUNK_BYTES", 8)
@@ -201,6 +203,7 @@ def test_controlled_delays_match_the_numpy_rule(bosen_cluster, monkeypatch, seed
         assert (t["snapshots"], t["versions_held"], t["release_errors"]) == (0, 0, 0)
 
 
+@pytest.mark.slow
 def test_snapshots_return_to_their_floor_over_many_clocks_with_several_clients(bosen_cluster):
     """Three clients read, update and clock in rounds, with early (budgeted) pushes on both sides,
     so versions move mid-tick and buffered updates get retired. Whenever every client has clocked
@@ -246,6 +249,7 @@ def test_snapshots_return_to_their_floor_over_many_clocks_with_several_clients(b
         assert (t["snapshots"], t["versions_held"], t["release_errors"], s["errors"]) == (0, 0, 0, 0)
 
 
+@pytest.mark.slow
 def test_snapshot_cap_pauses_budgeted_pushes_and_resumes_them(bosen_cluster):
     rows = 6
     c = bosen_cluster(1, 2, staleness=10, read_timeout_s=60,
@@ -298,6 +302,7 @@ def test_snapshot_cap_pauses_budgeted_pushes_and_resumes_them(bosen_cluster):
     assert (t["snapshots"], t["versions_held"], t["release_errors"]) == (0, 0, 0)
 
 
+@pytest.mark.slow
 def test_user_procedure_from_an_import_path_in_the_yaml(bosen_cluster, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(TESTS / "procs"))  # the servers import userprocs from here
     c = bosen_cluster(2, 1, staleness=0, read_timeout_s=60, tables={
@@ -321,6 +326,7 @@ def test_user_procedure_from_an_import_path_in_the_yaml(bosen_cluster, monkeypat
         client.close()
 
 
+@pytest.mark.slow
 def test_mf_runs_with_adarevision_on_L_and_R_from_its_yaml(tmp_path):
     run_dir = tmp_path / "run"
     sets = ["tables.L.rows=1500", "tables.R.rows=400", "tables.L.cols=8", "tables.R.cols=8",

@@ -85,6 +85,7 @@ def inc_header(tb=0, n=1, dt="int64", sp=False):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_hostile_messages_get_errors_and_change_nothing(bosen_cluster, tmp_path):
     c = bosen_cluster(2, workers=2, tables=TABLES, staleness=1)
     fp = config_mod.load(c.path).fingerprint()
@@ -310,6 +311,7 @@ def test_server_refuses_a_broken_config(tmp_path):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_server_refuses_bad_rank_and_busy_port(tmp_path, bosen_cluster):
     c = bosen_cluster(1, workers=1)
     r = run_cmd([PY, "-m", "bosen.server", "--config", c.path, "--rank", "3"], timeout=30)

@@ -47,6 +47,7 @@ def tri(b: int) -> int:
     return b * (b + 1) // 2
 
 
+@pytest.mark.slow
 def test_checkpoint_holds_exactly_the_ticks_before_it_under_ssp(tmp_path: Path) -> None:
     """A fast and a slow worker (staleness 3, managed communication on): every checkpoint at clock B
     holds every update of ticks < B and none later, although the fast worker's later updates
@@ -66,6 +67,7 @@ def test_checkpoint_holds_exactly_the_ticks_before_it_under_ssp(tmp_path: Path) 
     assert held > 0, "the fast worker never got past a boundary first: the test did not test holding"
 
 
+@pytest.mark.slow
 def test_resume_is_exact_and_skips_a_corrupt_checkpoint(tmp_path: Path) -> None:
     """A worker dies at tick 9; the newest checkpoint (8) is then corrupted; ``--resume`` says so,
     takes the one at 6, and the job ends with exactly the sums of an uninterrupted run, its metrics
@@ -108,6 +110,7 @@ def test_a_torn_part_is_not_a_checkpoint(tmp_path: Path) -> None:
     assert len(skipped) == 1 and "server-1" in skipped[0] and "never finished" in skipped[0]
 
 
+@pytest.mark.slow
 def test_time_rule_saves_at_the_boundaries_rank_0_chooses(tmp_path: Path) -> None:
     """``every_s``: the servers save at the first boundary after that many seconds, as client rank 0
     decides for all; those checkpoints are exact, the boundaries between them incomplete (workers
@@ -143,6 +146,7 @@ def test_young_interval() -> None:
         CheckpointConfig(every_s=1.0, mttf_s=1.0)
 
 
+@pytest.mark.slow
 def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp_path: Path) -> None:
     """SIGKILL of one of two servers mid-job: the launcher starts a replacement from that server's
     newest checkpoint part, the workers resend what they sent it since, the other server keeps its
@@ -185,6 +189,7 @@ def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp
     assert all(c["recoveries"] == 1 and c["bytes_resent"] > 0 for c in clients), clients
 
 
+@pytest.mark.slow
 def test_priority_checkpoints_save_a_fraction_of_rows_and_resume_puts_them_together(tmp_path: Path) -> None:
     """``priority_fraction: 0.5`` (round robin): each save holds half of every shard's rows, exactly as
     of its clock; a server resumed from them holds every row as of the last save that held it."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 
 import numpy as np
+import pytest
 from conftest import WORKERS, wait_until
 
 from bosen.client import Client
@@ -32,6 +33,7 @@ def table_stats(c, name: str) -> list[dict]:
     return [s["tables"][name] for s in c.status(timeout=30)]
 
 
+@pytest.mark.slow
 def test_a_client_killed_without_bye_releases_its_row_versions(bosen_cluster, bosen_procs) -> None:
     """Rank 0 updates (so rows have versions), rank 1 reads them all (holding a reference each) and
     is SIGKILLed: the servers notice the lost connection and release its references, and the job's

@@ -31,7 +31,6 @@ CHUNK = 8192  # samples per independently seeded chunk (always made whole, then 
 KAGGLE_ROWS = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992,
                5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572)
 TRAIN, HELDOUT = 0, 1  # stream ids: the training set and the held-out set are disjoint streams
-_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ def launch(run_dir: Path, *sets: str, timeout: float = 120) -> list[dict]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("staleness", [0, 2])
+@pytest.mark.slow
 def test_dlrm_learns_through_the_launcher(tmp_path, staleness):
     """100,000 samples (one epoch, two workers, batch 128, server AdaGrad): the held-out AUC gets at
     least half of the way from chance (0.5) to the teacher's (0.798 here); measured 0.666 (s=0) and
@@ -63,6 +64,7 @@ def test_dlrm_learns_through_the_launcher(tmp_path, staleness):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_per_feature_embeddings_are_tables_of_their_own(tmp_path):
     lines = launch(tmp_path / "run", "app.args.embedding=per_feature", "app.args.train_samples=8192",
                    "app.args.evals_per_epoch=1", "app.args.test_samples=2000", "app.args.optimizer=delta-adagrad")

@@ -56,6 +56,7 @@ def test_cnn_on_fashion_mnist_learns_through_the_launcher(fashion, tmp_path, sta
     assert layout_file(table["init"]["file"]).is_file()
 
 
+@pytest.mark.slow
 def test_bosen_tables_writes_a_config_servers_can_start_from(tmp_path):
     p = subprocess.run([sys.executable, "-m", "bosen", "tables", str(CNN), "--out", str(tmp_path / "job"),
                         "--set", "app.args.optimizer=sgd"], capture_output=True, text=True, timeout=60)

@@ -43,6 +43,7 @@ def train(model: nn.Module, opt, steps: int) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_server_sgd_at_staleness_0_equals_single_process_torch_sgd(bosen_cluster, tmp_path):
     m, ref = net(), net()
     c = bosen_cluster(2, workers=1, staleness=0, tables=declare(m, tmp_path / "t", update="sgd", lr=0.1,
@@ -79,6 +80,7 @@ def test_delta_optimizer_with_momentum_equals_local_torch_within_a_clock(bosen_c
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_two_worker_processes_converge_under_ssp(bosen_cluster, bosen_procs, tmp_path):
     torch.manual_seed(0)
     c = bosen_cluster(2, workers=2, staleness=2, tables=declare(nn.Linear(20, 1), tmp_path / "t", update="sgd",

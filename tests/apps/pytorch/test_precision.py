@@ -47,7 +47,7 @@ def run(bosen_cluster, tmp_path, wire_dtype: str | None, steps: int = 30) -> tup
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("wire_dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("wire_dtype", ["bfloat16", pytest.param("float16", marks=pytest.mark.slow)])
 def test_narrow_pushes_halve_the_bytes_and_lose_nothing(bosen_cluster, tmp_path, wire_dtype):
     exact, exact_server, sent32 = run(bosen_cluster, tmp_path, None)
     narrow, server, sent16 = run(bosen_cluster, tmp_path, wire_dtype)

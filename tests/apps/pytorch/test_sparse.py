@@ -54,6 +54,7 @@ def test_a_sparse_embedding_is_a_table_of_its_own():
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["server-sgd", "delta-sgd"])
+@pytest.mark.slow
 def test_sparse_steps_equal_single_process_torch_at_staleness_0(bosen_cluster, tmp_path, kind):
     m, ref = Clicks(), Clicks()
     update, lr = ("sgd", 0.05) if kind == "server-sgd" else ("add", None)
@@ -77,6 +78,7 @@ def test_sparse_steps_equal_single_process_torch_at_staleness_0(bosen_cluster, t
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_sparse_pushes_move_about_the_rows_the_batch_touched(bosen_cluster, tmp_path):
     """Bytes sent, from the client's stats, against unique rows x dim x 4 + an 8-byte id per row."""
     torch.manual_seed(0)

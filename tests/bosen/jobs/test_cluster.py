@@ -52,6 +52,7 @@ def test_a_started_cluster_answers_and_is_gone_after_stop(tmp_path: Path) -> Non
     assert (tmp_path / "logs" / "c-server-0.log").exists()
 
 
+@pytest.mark.slow
 def test_a_server_that_cannot_start_is_named_with_its_log_and_nothing_is_left(tmp_path: Path) -> None:
     (port,) = free_ports(1)
     group = ProcessGroup(tmp_path / "logs")
@@ -72,6 +73,7 @@ def test_a_bad_config_fails_before_any_server_starts(tmp_path: Path) -> None:
     assert len(group) == 0
 
 
+@pytest.mark.slow
 def test_stop_reports_a_server_that_died_but_not_one_stopped_on_purpose(tmp_path: Path) -> None:
     c = start_cluster(job_config([]), tmp_path, 3)
     try:

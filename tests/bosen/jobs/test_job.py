@@ -31,6 +31,7 @@ def test_job_config_is_valid_config_data(tmp_path: Path) -> None:
     assert yaml.safe_load((tmp_path / "c.yaml").read_text()) == cfg
 
 
+@pytest.mark.slow
 def test_run_job_runs_bosen_launch_and_reads_its_metrics(tmp_path: Path) -> None:
     env = {"PYTHONPATH": child_env()["PYTHONPATH"]}  # launch_worker lives in tests/workers
     job = run_job(launch_job(tmp_path), tmp_path / "run", sets={"app.args.ticks": 3}, workers=2, timeout=100,
@@ -44,6 +45,7 @@ def test_run_job_runs_bosen_launch_and_reads_its_metrics(tmp_path: Path) -> None
     assert job.check() is job
 
 
+@pytest.mark.slow
 def test_a_failed_job_is_returned_and_check_says_why(tmp_path: Path) -> None:
     env = {"PYTHONPATH": child_env()["PYTHONPATH"]}
     job = run_job(launch_job(tmp_path), tmp_path / "run", sets=["app.args.bogus=1"], timeout=100, env=env)

@@ -135,6 +135,7 @@ def tracked(tmp_path):
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_launch_runs_a_job_and_writes_metrics(tmp_path, tracked):
     ticks = 4
     cfg = launch_config(tmp_path, {"ticks": ticks})
@@ -188,6 +189,7 @@ def test_launch_runs_a_job_and_writes_metrics(tmp_path, tracked):
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_launch_workers_and_set_overrides(tmp_path):
     cfg = launch_config(tmp_path, {"ticks": 2}, workers=2)
     run_dir = tmp_path / "run"
@@ -209,6 +211,7 @@ def test_launch_workers_and_set_overrides(tmp_path):
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_worker_killed_by_sigkill_stops_the_job(tmp_path, tracked):
     marker = tmp_path / "died"
     cfg = launch_config(tmp_path, {"ticks": 400, "die_at": 2, "die_rank": 1, "marker": str(marker),
@@ -228,6 +231,7 @@ def test_worker_killed_by_sigkill_stops_the_job(tmp_path, tracked):
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_server_killed_stops_the_job(tmp_path, tracked):
     cfg = launch_config(tmp_path, {"ticks": 2000, "sleep_s": 0.01})
     run_dir = tmp_path / "run"
@@ -258,6 +262,7 @@ def test_server_killed_stops_the_job(tmp_path, tracked):
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.slow
 def test_launcher_stopped_by_a_signal_leaves_no_process(tmp_path, tracked, sig):
     """SIGTERM: the launcher stops the job and says so; SIGKILL: its children still die with it."""
     cfg = launch_config(tmp_path, {"ticks": 5000, "sleep_s": 0.01})
@@ -284,6 +289,7 @@ def test_launcher_stopped_by_a_signal_leaves_no_process(tmp_path, tracked, sig):
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_worker_config_error_is_shown_by_the_launcher(tmp_path, tracked):
     cfg = launch_config(tmp_path, {"ticks": 2, "bogus": 1})
     t = tracked([cfg, "--run-dir", tmp_path / "run", "--no-plot"])
@@ -316,6 +322,7 @@ def test_launch_rejects_bad_configs(tmp_path):
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_status_lists_servers_and_fails_when_one_is_down(bosen_cluster):
     c = bosen_cluster(2, workers=1, tables={"W": {"rows": 10, "cols": 4, "dtype": "int64"},
                                             "V": {"rows": 3, "cols": 1, "dtype": "float32"}})

@@ -39,6 +39,7 @@ def test_the_plugin_is_registered_by_its_entry_point(pytester: pytest.Pytester) 
     assert "bosen_cluster" in out and "bosen_procs" in out and "bosen/jobs/pytest_plugin.py" in out
 
 
+@pytest.mark.slow
 def test_bosen_cluster_gives_running_servers_that_are_gone_after_the_test(pytester: pytest.Pytester,
                                                                          tmp_path: Path) -> None:
     record = tmp_path / "record.json"
@@ -80,6 +81,7 @@ def test_a_failing_test_carries_the_server_and_worker_logs(pytester: pytest.Pyte
     assert "scheduling policy" in out  # a line of the server's log
 
 
+@pytest.mark.slow
 def test_a_server_that_dies_during_a_test_fails_it(pytester: pytest.Pytester) -> None:
     r = run(pytester, """
         import os, signal
