@@ -103,3 +103,65 @@ def test_the_performance_log_is_linked_from_the_design_notes():
     assert "docs/performance-log.md" in DESIGN.read_text()
     assert {"Throughput mechanics", "Consistency", "Managed communication", "Versioning protocol",
             "Benchmarks"} <= design_headings()
+
+
+# -- the module inventory in docs/design.md ----------------------------------------------------------
+
+# the package's trees whose every module the inventory names (subfolders included)
+INVENTORY_TREES = ("bosen", "server", "client", "apps")
+# a row of the folder table: its first cell is the folder in backticks, ending in "/"
+FOLDER_ROW = re.compile(r"^\| `([\w/]+/)` \|(.*)$", flags=re.M)
+# a module's entry in a row: its name in backticks, then what it is in parentheses
+MODULE_ENTRY = re.compile(r"`(\w+)` \(")
+
+
+def inventory() -> dict[str, set[str]]:
+    """The folder table of "Architecture in one picture", as {folder: module names its row names}.
+
+    The table has one row per folder of the package's trees, subfolders included (``apps/lda/`` has
+    its own row, as ``bosen/jobs/`` and ``server/procedures/`` do). A row's first cell is the folder in
+    backticks, relative to the repository root and ending in ``/``. In the rest of the row a module is
+    named by its file's stem in backticks followed by a space, an opening parenthesis and what it is:
+    `` `wire` (the messages) ``. Every other backticked name in a row (a class, a function, a
+    command) must not be followed by `` (``, or it counts as a module."""
+    text = DESIGN.read_text()
+    section = text.split("## Architecture in one picture", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, set[str]] = {}
+    for folder, rest in FOLDER_ROW.findall(section):
+        assert folder not in rows, f"docs/design.md: two rows for {folder}"
+        rows[folder] = set(MODULE_ENTRY.findall(rest))
+    return rows
+
+
+def package_modules() -> dict[str, set[str]]:
+    """{folder: module stems} for every folder of the inventory's trees that holds Python files;
+    ``__init__.py`` and ``__main__.py`` need no entry (a row may still name them)."""
+    out: dict[str, set[str]] = {}
+    for tree in INVENTORY_TREES:
+        for path in sorted((ROOT / tree).rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            folder = path.parent.relative_to(ROOT).as_posix() + "/"
+            names = out.setdefault(folder, set())
+            if path.stem not in ("__init__", "__main__"):
+                names.add(path.stem)
+    return out
+
+
+def test_the_inventory_names_every_module_and_only_modules_that_exist():
+    rows = inventory()
+    assert "client/" in rows and "send" in rows["client/"]  # the parse finds the table at all
+    missing, stale = [], []
+    for folder, names in sorted(package_modules().items()):
+        if folder not in rows:
+            missing.append(f"{folder}: no row for this folder (modules: {', '.join(sorted(names)) or 'none'})")
+            continue
+        missing += [f"{folder}: `{n}` ({folder}{n}.py) is not in its row" for n in sorted(names - rows[folder])]
+    for folder, named in sorted(rows.items()):
+        if not (ROOT / folder).is_dir():
+            stale.append(f"{folder}: a row for a folder that does not exist")
+            continue
+        stale += [f"{folder}: `{n}` is named, but {folder}{n}.py does not exist" for n in sorted(named)
+                  if not (ROOT / folder / f"{n}.py").is_file()]
+    wrong = missing + stale
+    assert not wrong, "docs/design.md, \"Architecture in one picture\", the folder table:\n" + "\n".join(wrong)
