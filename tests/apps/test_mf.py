@@ -346,11 +346,8 @@ def test_e2e_heldout_rmse_from_a_test_file_in_every_clock_record(tmp_path):
 
 
 def _bench_mf():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout, where the bench package lives
-    try:
-        from bench.apps import mf as apps_mf
-    finally:
-        sys.path.pop(0)
+    from bench.apps import mf as apps_mf  # pyproject's pytest pythonpath: the checkout
+
     return apps_mf
 
 

@@ -451,11 +451,7 @@ def test_fashion_config_is_logistic_regressions_objective():
 
 
 def test_bench_time_to_accuracy_counts_training_seconds_up_to_the_first_hit():
-    sys.path.insert(0, str(REPO))  # the bench package lives in the checkout, not in the installed distribution
-    try:
-        from bench.apps import mlr as apps_mlr
-    finally:
-        sys.path.pop(0)
+    from bench.apps import mlr as apps_mlr  # pyproject's pytest pythonpath: the checkout
     run = {"epoch_s": [1.0, 2.0, 4.0], "accuracy": [0.5, 0.8, 0.9]}
     assert apps_mlr._time_to(run, 0.8) == (2, 3.0)
     assert apps_mlr._time_to(run, 0.95) == (None, None)
