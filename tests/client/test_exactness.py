@@ -29,19 +29,20 @@ def comm(mbps: float, send_rows: int, push_rows: int, wire: str, priority: str) 
             "priority": priority}
 
 
-# (servers, processes, staleness, int dtype, comm, seed, ticks)
-CASES = {
+# (servers, processes, staleness, int dtype, comm, seed, ticks[, residual])
+CASES: dict[str, tuple] = {
     "2srv-2p-s1-int64-f16": (2, 2, 1, "int64", comm(2000, 2, 2, "float16", "relative"), 1, 6),
     "3srv-3p-s0-int32-f32": (3, 3, 0, "int32", comm(5000, 1, 3, "float32", "random"), 2, 8),
     "4srv-3p-s2-int64-f16": (4, 3, 2, "int64", comm(1000, 3, 1, "float16", "absolute"), 3, 10),
     "2srv-3p-s1-int32-f16": (2, 3, 1, "int32", comm(3000, 2, 1, "float16", "round_robin"), 4, 10),
     "4srv-2p-s0-int64-f16": (4, 2, 0, "int64", comm(5000, 1, 1, "float16", "relative"), 5, 8),
+    "3srv-2p-s1-int64-f16-residual": (3, 2, 1, "int64", comm(2000, 2, 2, "float16", "relative"), 6, 8, True),
 }
 FAST = "2srv-2p-s1-int64-f16"
 
 
 def run_exactness(bosen_cluster, bosen_procs, tmp_path, servers, procs, staleness, int_dtype, comm_cfg, seed,
-                  ticks):
+                  ticks, residual=False):
     cols = procs + 1
     c = bosen_cluster(servers, workers=procs + 1, staleness=staleness, comm=comm_cfg, read_timeout_s=30,
                       tables={"I": {"rows": ew.ROWS, "cols": cols, "dtype": int_dtype},
@@ -53,7 +54,8 @@ def run_exactness(bosen_cluster, bosen_procs, tmp_path, servers, procs, stalenes
         for _ in range(ticks + staleness + 1):
             reader.clock()
         ws = [worker(bosen_procs, "exact_worker.py", c.path, "--procs", procs, "--ticks", ticks, "--seed", seed,
-                     "--result", tmp_path / f"r-{i}.json", name=f"exact-{i}") for i in range(procs)]
+                     "--result", tmp_path / f"r-{i}.json", *(["--residual"] if residual else []), name=f"exact-{i}")
+              for i in range(procs)]
         codes = bosen_procs.wait_all(ws, timeout=100)
         assert codes == [0] * procs, "\n".join(f"{p.name} exit {p.returncode}:\n{p.tail()}" for p in ws)
         results = [json.loads((tmp_path / f"r-{i}.json").read_text()) for i in range(procs)]
@@ -69,8 +71,8 @@ def run_exactness(bosen_cluster, bosen_procs, tmp_path, servers, procs, stalenes
             want = np.sum([np.array(r["totals"][name]) for r in results], axis=0)
             got = reader.table(name).get_rows(np.arange(ew.ROWS))
             np.testing.assert_array_equal(got, want.astype(got.dtype), err_msg=f"final table {name}")
-            assert (want == np.sum([_schedule_totals(seed, q, procs, ticks, name) for q in range(procs)],
-                                   axis=0)).all()
+            assert (want == np.sum([_schedule_totals(seed, q, procs, ticks, name, residual)
+                                    for q in range(procs)], axis=0)).all()
         for s in c.status():
             assert s["errors"] == 0
     finally:
@@ -79,9 +81,9 @@ def run_exactness(bosen_cluster, bosen_procs, tmp_path, servers, procs, stalenes
     return results
 
 
-def _schedule_totals(seed: int, q: int, procs: int, ticks: int, table: str) -> np.ndarray:
+def _schedule_totals(seed: int, q: int, procs: int, ticks: int, table: str, residual: bool) -> np.ndarray:
     out = np.zeros((ew.ROWS, procs + 1))
-    for (tb, r, col), ups in ew.cell_updates(ew.schedule(seed, q, procs, ticks, 6.0), procs).items():
+    for (tb, r, col), ups in ew.cell_updates(ew.schedule(seed, q, procs, ticks, 6.0, residual), procs).items():
         if tb == table:
             out[r, col] = sum(v for _, v in ups)
     return out
@@ -161,6 +163,22 @@ def test_checker_accepts_exactly_the_allowed_values(name):
         assert ew.check_read(exp, me, name, rows, vals, own, c, s)
 
 
+def test_checker_tolerance_for_float16_residuals():
+    """With --residual another process's float part may miss a prefix sum by the residual its
+    buffer holds (at most RESIDUAL_TOL), no more; own parts and the integer table stay exact."""
+    exp = ew.Expect(6, 2, 8, 6.0, residual=True)
+    (_, r, col), ups = next((k, u) for k, u in exp.cells[1].items() if k[0] == "F" and len(u) >= 2)
+    c, s = 8, 0  # after the last tick: all of process 1's updates
+    total = sum(v for _, v in ups)
+    for off, ok in ((0.0, True), (ew.RESIDUAL_TOL, True), (-ew.RESIDUAL_TOL, True), (ew.RESIDUAL_TOL + 2**-13, False),
+                    (-ew.RESIDUAL_TOL - 2**-13, False)):
+        assert (ew.check_cell(exp, 0, "F", r, col, total + off, {}, c, s) == []) == ok, off
+    own = {("F", r, 0): 0.5}
+    assert ew.check_cell(exp, 0, "F", r, 0, 0.5 + 2**-13, own, c, s)  # own part: exact
+    (_, ri, _), iups = next((k, u) for k, u in exp.cells[1].items() if k[0] == "I" and k[2] == 1)
+    assert ew.check_cell(exp, 0, "I", ri, 1, sum(v for _, v in iups) + 1, {}, c, s)
+
+
 def wrong_values(exp, name: str, r: int, col: int, v: float, unit: float) -> list[float]:
     """Values of cell (r, col) that no allowed read can hold: the reader's own part one unit off;
     another process's part above every prefix sum of its updates; a mixed-column digit above it."""
@@ -178,19 +196,30 @@ def test_schedules_fit_the_exactness_argument():
     """The premises of the checks: every tick begins with a read; the float deltas' per-cell sums
     of |delta| stay below 256 (float16-exact partial sums); mixed-column digits stay below BASE;
     every process writes shared rows (pushes carry others' updates) and private ones."""
-    for seed, procs, ticks in ((1, 2, 10), (2, 3, 10), (3, 3, 12)):
+    for seed, procs, ticks, residual in ((1, 2, 10, False), (2, 3, 10, False), (3, 3, 12, False), (6, 2, 8, True)):
         for q in range(procs):
-            sched = ew.schedule(seed, q, procs, ticks, 6.0)
+            sched = ew.schedule(seed, q, procs, ticks, 6.0, residual)
             assert all(ops[0].kind == "read_rows" for ops in sched)
             cells = ew.cell_updates(sched, procs)
+            inexact = False
+            updates = needs_residual = 0
             for (tb, r, col), ups in cells.items():
                 if tb == "F":
                     assert sum(abs(v) for _, v in ups) < 256
-                    assert all(np.float16(v) == v and v * 8 == int(v * 8) for _, v in ups)
+                    assert all(float(np.float32(v)) == v and v * 2**13 == int(v * 2**13) for _, v in ups)
+                    if not residual:
+                        assert all(float(np.float16(v)) == v and v * 8 == int(v * 8) for _, v in ups)
+                    else:
+                        sums = np.cumsum([v for _, v in ups])
+                        inexact |= bool((sums.astype(np.float16) != sums).any())
+                        updates += len(ups)
+                        needs_residual += sum(float(np.float16(v)) != v for _, v in ups)
                 if col == procs:
                     assert sum(v for _, v in ups) < ew.BASE ** (q + 1)
                     assert tb == "I" and r < ew.SHARED
                 else:
                     assert col == q
+            assert inexact == residual  # float16 cannot carry some partial sum: the residual path is taken
+            assert needs_residual >= updates // 3  # nor many single updates
             written = {r for (_, r, _) in cells}
             assert written & set(range(ew.SHARED)) and written - set(range(ew.SHARED))
