@@ -100,6 +100,43 @@ def test_exact_reads_and_final_tables(bosen_cluster, bosen_procs, tmp_path, case
     run_exactness(bosen_cluster, bosen_procs, tmp_path, *CASES[case])
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_wide_rows_through_the_flush_window_stay_exact(bosen_cluster, bosen_procs, tmp_path):
+    """64 rows of 32768 float32 columns, 2 processes writing every row (each its own column block),
+    2 servers: each tick's dense increment is 4 MiB per server, which a low budget mostly leaves to
+    the end-of-tick flush, so it goes out in several messages through the flush window (an ACK asked
+    for every 2 MiB). Blocks read stay uniform (whole rows), prefix sums within the SSP bound, own
+    blocks exact; a fresh reader gets the exact sums."""
+    procs, ticks, rows, cols = 2, 4, 64, 32768
+    c = bosen_cluster(2, workers=procs + 1, staleness=1, read_timeout_s=60,
+                      comm=comm(100, 2, 2, "float32", "relative"),
+                      tables={"W": {"rows": rows, "cols": cols, "dtype": "float32"}})
+    reader = Client.connect(c.path, rank=procs)
+    try:
+        for _ in range(ticks + 2):
+            reader.clock()
+        ws = [worker(bosen_procs, "wide_worker.py", c.path, "--procs", procs, "--ticks", ticks,
+                     "--result", tmp_path / f"w-{i}.json", name=f"wide-{i}") for i in range(procs)]
+        assert bosen_procs.wait_all(ws, timeout=100) == [0] * procs, "\n".join(p.tail() for p in ws)
+        results = sorted((json.loads((tmp_path / f"w-{i}.json").read_text()) for i in range(procs)),
+                         key=lambda r: r["rank"])
+        for r in results:
+            assert r["violation_count"] == 0, f"process {r['rank']}: {r['violations'][:10]}"
+        # the end-of-tick flushes carried at least a tick's worth of rows (not the budgeted sends)
+        assert sum(r["rows_sent"] - r["rows_sent_budgeted"] for r in results) >= rows, results
+        got = reader.table("W").get_rows(np.arange(rows))
+        h = cols // procs
+        for r in results:
+            want = np.repeat(np.array(r["own"], dtype=np.float32)[:, None], h, axis=1)
+            np.testing.assert_array_equal(got[:, r["rank"] * h:(r["rank"] + 1) * h], want)
+        assert results[0]["own"][0] > 0
+        assert all(s["errors"] == 0 for s in c.status())
+    finally:
+        reader.close()
+    c.check()
+
+
 # -- the checker has teeth ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["I", "F"])
