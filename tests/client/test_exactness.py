@@ -21,6 +21,7 @@ from bosen.client import Client
 
 sys.path.insert(0, str(WORKERS))
 import exact_worker as ew  # noqa: E402  (tests/workers is not a package)
+import wide_worker  # noqa: E402
 
 
 def comm(mbps: float, send_rows: int, push_rows: int, wire: str, priority: str) -> dict:
@@ -213,6 +214,32 @@ def test_checker_tolerance_for_float16_residuals():
     assert ew.check_cell(exp, 0, "F", r, 0, 0.5 + 2**-13, own, c, s)  # own part: exact
     (_, ri, _), iups = next((k, u) for k, u in exp.cells[1].items() if k[0] == "I" and k[2] == 1)
     assert ew.check_cell(exp, 0, "I", ri, 1, sum(v for _, v in iups) + 1, {}, c, s)
+
+
+def test_wide_checker_detects_split_rows_wrong_own_blocks_and_the_bound():
+    rows, ticks, s, me, c = 8, 6, 1, 0, 3
+    sums, ends = wide_worker.prefixes(wide_worker.updates(rows, ticks), rows)
+    own = np.array([sums[r][ends[r, c + 1]] for r in range(rows)])  # mid-tick c, after its increments
+    rr = np.arange(rows)
+
+    def read(n_other: np.ndarray) -> np.ndarray:  # own block, then the other's with n_other[r] updates
+        vals = np.zeros((rows, 8), dtype=np.float32)
+        vals[:, :4] = own[:, None]
+        vals[:, 4:] = np.array([sums[r][n_other[r]] for r in range(rows)])[:, None]
+        return vals
+
+    def check(vals: np.ndarray) -> list[str]:
+        return wide_worker.check_blocks(rr, vals, c, s, me, 2, own, sums, ends)
+
+    assert check(read(ends[:, c - s])) == [] and check(read(ends[:, c + s + 1])) == []
+    assert check(read(ends[:, c - s] - 1))  # one update short of the SSP guarantee
+    assert check(read(ends[:, c + s + 1] + 1))  # from a tick the other cannot have reached
+    vals = read(ends[:, c])
+    vals[2, 6] += 0.125  # a row arrived in parts
+    assert any("not uniform" in b for b in check(vals))
+    vals = read(ends[:, c])
+    vals[5, :4] -= 0.25  # an own update missing
+    assert any("own block" in b for b in check(vals))
 
 
 def wrong_values(exp, name: str, r: int, col: int, v: float, unit: float) -> list[float]:

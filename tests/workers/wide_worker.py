@@ -34,6 +34,45 @@ def updates(rows: int, ticks: int) -> list[list[tuple[np.ndarray, float]]]:
     return out
 
 
+def prefixes(sched: list[list[tuple[np.ndarray, float]]], rows: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per row, the prefix sums of one process's amounts (from 0), and ``ends[r, t]``: how many of
+    its updates to row r are of ticks < t."""
+    amounts: list[list[float]] = [[] for _ in range(rows)]
+    ends = np.zeros((rows, len(sched) + 1), dtype=np.int64)
+    for t, incs in enumerate(sched):
+        for rr, a in incs:
+            for r in rr:
+                amounts[r].append(a)
+        ends[:, t + 1] = [len(x) for x in amounts]
+    return [np.cumsum([0.0, *x]) for x in amounts], ends
+
+
+def check_blocks(rr: np.ndarray, vals: np.ndarray, c: int, s: int, me: int, procs: int, own: np.ndarray,
+                 sums: list[np.ndarray], ends: np.ndarray) -> list[str]:
+    """Violations in rows ``rr`` read as ``vals`` at tick c by process ``me`` (see the module doc)."""
+    bad = []
+    h = vals.shape[1] // procs
+    ticks = ends.shape[1] - 1
+    for q in range(procs):
+        block = vals[:, q * h:(q + 1) * h]
+        first = block[:, 0]
+        for i in np.flatnonzero((block != first[:, None]).any(axis=1))[:3]:
+            bad.append(f"tick {c}: row {rr[i]} block {q} not uniform: {np.unique(block[i])[:5].tolist()}")
+        for i, r in enumerate(rr):
+            v = float(first[i])
+            if q == me:
+                if v != own[r]:
+                    bad.append(f"tick {c}: row {r} own block {v}, made {own[r]}")
+                continue
+            n = np.flatnonzero(sums[r] == v)
+            lo, hi = ends[r, max(0, min(c - s, ticks))], ends[r, min(c + s + 1, ticks)]
+            if n.size == 0:
+                bad.append(f"tick {c}: row {r} block {q} = {v}: no prefix sum")
+            elif not lo <= n[0] <= hi:
+                bad.append(f"tick {c}: row {r} block {q} holds {n[0]} updates, SSP allows {lo}..{hi}")
+    return bad
+
+
 def main() -> int:
     from bosen.client import Client
 
@@ -50,15 +89,7 @@ def main() -> int:
     R, H = W.rows, W.cols // P
     s = W.staleness
     sched = updates(R, args.ticks)
-    # per row: prefix sums of one process's amounts, and how many updates of ticks < t it has
-    amounts: list[list[float]] = [[] for _ in range(R)]
-    ends = np.zeros((R, args.ticks + 1), dtype=np.int64)
-    for t, incs in enumerate(sched):
-        for rows, a in incs:
-            for r in rows:
-                amounts[r].append(a)
-        ends[:, t + 1] = [len(x) for x in amounts]
-    sums = [np.cumsum([0.0, *x]) for x in amounts]
+    sums, ends = prefixes(sched, R)
     own = np.zeros(R)
     bad: list[str] = []
     reads = 0
@@ -66,25 +97,7 @@ def main() -> int:
     def check(rr: np.ndarray, vals: np.ndarray, c: int, where: str) -> None:
         nonlocal reads
         reads += 1
-        for q in range(P):
-            block = vals[:, q * H:(q + 1) * H]
-            first = block[:, 0]
-            uneven = np.flatnonzero((block != first[:, None]).any(axis=1))
-            for i in uneven[:3]:
-                bad.append(f"{where} tick {c}: row {rr[i]} block {q} not uniform: "
-                           f"{np.unique(block[i])[:5].tolist()}")
-            for i, r in enumerate(rr):
-                v = float(first[i])
-                if q == w:
-                    if v != own[r]:
-                        bad.append(f"{where} tick {c}: row {r} own block {v}, made {own[r]}")
-                    continue
-                n = np.flatnonzero(sums[r] == v)
-                lo, hi = ends[r, max(0, min(c - s, args.ticks))], ends[r, min(c + s + 1, args.ticks)]
-                if n.size == 0:
-                    bad.append(f"{where} tick {c}: row {r} block {q} = {v}: no prefix sum")
-                elif not lo <= n[0] <= hi:
-                    bad.append(f"{where} tick {c}: row {r} block {q} holds {n[0]} updates, SSP allows {lo}..{hi}")
+        bad.extend(f"{where}: {b}" for b in check_blocks(rr, vals, c, s, w, P, own, sums, ends))
 
     all_rows = np.arange(R, dtype=np.int64)
     t0 = time.monotonic()
