@@ -37,6 +37,10 @@ Each report also has ``compute_s`` (sampling) and ``comm_s`` (reads, sends and t
 split into ``read_s`` (``get_rows`` of word rows and the summary), ``send_s`` (the count changes, as
 ``inc_rows``) and ``clock_wait_s`` (the previous ``clock()``), ``alias_s`` (MH: building the word
 proposal's alias tables) and ``tick_s``: the tick's wall time, the previous clock wait included.
+``negative_counts``: how many rows the tick's sampling reads (each mini-batch's word rows and summary
+row, and MH's per-tick read) held a negative count. A count is negative only when a read shows
+another worker's decrement without the increment it follows; with exact SSP and read-my-writes this
+cannot happen for a worker's own changes, so under exact communication it stays 0.
 
 With ``test_data`` (held-out documents in the training vocabulary) each worker scores its share of
 them every ``eval_every`` ticks by document completion (``model.DocumentCompletion``) against the
@@ -257,8 +261,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     for c in range(tick - pre, T):
         do_ll = (c + 1) % a.ll_every == 0 or c == T - 1
         t_tick = time.perf_counter()
-        rec: dict[str, float] = {"tokens": 0.0, "compute_s": 0.0, "comm_s": clock_wait, "clock_wait_s": clock_wait,
-                                 "read_s": 0.0, "send_s": 0.0}
+        rec: dict[str, float] = {"tokens": 0.0, "negative_counts": 0.0, "compute_s": 0.0, "comm_s": clock_wait,
+                                 "clock_wait_s": clock_wait, "read_s": 0.0, "send_s": 0.0}
         tables = None
         allU, amaps = tick_words[c % m]
         if mh and allU.size:
@@ -268,6 +272,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             stale = np.ascontiguousarray(wt.get_rows(allU), dtype=np.int32)
             stale_nk = np.array(ts.get_rows(zero)[0], dtype=np.int32)
             t1 = time.perf_counter()
+            rec["negative_counts"] += negative_rows(stale) + negative_rows(stale_nk[None, :])
             tables = sampler.alias_tables(stale, stale_nk)
             rec["read_s"] += t1 - t0
             rec["comm_s"] += t1 - t0
@@ -340,6 +345,7 @@ def _minibatch(sampler: Sampler, wt: PSTable, ts: PSTable, U: np.ndarray, words_
     cur = np.require(wt.get_rows(U), np.int32, ("C", "W"))  # the read is a new array: ours to sample on
     nk2 = np.require(ts.get_rows(zero), np.int32, ("C", "W"))
     t1 = time.perf_counter()
+    neg = negative_rows(cur) + negative_rows(nk2)
     snap = cur.copy()
     nk_snap = nk2.copy()
     nk = nk2[0]
@@ -360,4 +366,12 @@ def _minibatch(sampler: Sampler, wt: PSTable, ts: PSTable, U: np.ndarray, words_
     if nk2.any():
         ts.inc_rows(zero, nk2 if nk2.dtype == ts.dtype else nk2.astype(ts.dtype))
     t3 = time.perf_counter()
-    return {**st, "compute_s": t2 - t1, "comm_s": (t1 - t0) + (t3 - t2), "read_s": t1 - t0, "send_s": t3 - t2}
+    return {**st, "compute_s": t2 - t1, "comm_s": (t1 - t0) + (t3 - t2), "read_s": t1 - t0, "send_s": t3 - t2,
+            "negative_counts": float(neg)}
+
+
+def negative_rows(counts: np.ndarray) -> int:
+    """How many rows of ``counts`` (as read) hold a negative count: one pass (a ``min``) when none do."""
+    if counts.size == 0 or counts.min() >= 0:
+        return 0
+    return int(np.count_nonzero((counts < 0).any(axis=1)))

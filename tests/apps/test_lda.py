@@ -38,7 +38,7 @@ from bosen.apps.lda.data import (
     write_uci,
 )
 from bosen.apps.lda.model import DocumentCompletion, Sampler, fit, loglikelihood, top_words
-from bosen.apps.lda.worker import LDAArgs, train
+from bosen.apps.lda.worker import LDAArgs, negative_rows, train
 from bosen.errors import ConfigError
 
 # ------------------------------------------------------------------------------------------------
@@ -471,6 +471,27 @@ def test_train_in_process(tmp_path, monkeypatch, batches):
     np.testing.assert_array_equal(np.load(tmp_path / "word_topic.npy"), wt)
 
 
+@pytest.mark.parametrize("sampler", ["sparse", "mh"])
+def test_train_counts_reads_holding_negative_counts(tmp_path, monkeypatch, sampler):
+    """``negative_counts``: 0 where every read is a valid count table; the rows read with a negative
+    entry where one is planted (an in-process table, so the reads are exactly its contents)."""
+    monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
+    args = {**SYN, "iterations": 2, "batches_per_clock": 2, "sampler": sampler}
+    c = _client(300, 10)
+    train(c, args)
+    work = [r for r in c.reports if "tokens" in r]
+    assert len(work) == 2 and all(r["negative_counts"] == 0 for r in work)
+    c = _client(300, 10)
+    c.tables["word_topic"].data[7, 3] = -1000  # far below what the corpus' counts can lift
+    c.tables["topic_summary"].data[0, 2] = -10**6
+    train(c, args)
+    work = [r for r in c.reports if "tokens" in r]
+    # every mini-batch reads the summary row; word 7 is read by the batches holding it (and MH's read)
+    assert all(r["negative_counts"] >= 2 * (1 + (sampler == "mh")) for r in work), [r["negative_counts"] for r in work]
+    assert negative_rows(np.array([[0, 1], [2, -1], [-3, -4]], np.int32)) == 2
+    assert negative_rows(np.zeros((0, 4), np.int32)) == 0
+
+
 def test_train_in_process_mh_builds_alias_tables_once_per_tick(tmp_path, monkeypatch):
     monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
     c = _client(300, 10)
@@ -614,9 +635,9 @@ def test_train_in_process_reports_heldout_loglik_of_the_table_it_read(tmp_path):
 
 
 def _launch(tmp_path: Path, V: int, K: int, args: dict, timeout: float = 60,
-            comm: dict | None = None) -> tuple[subprocess.CompletedProcess, Path]:
+            comm: dict | None = None, servers: int = 1) -> tuple[subprocess.CompletedProcess, Path]:
     cfg = {
-        "cluster": {"servers": ["127.0.0.1:0"], "workers": 2},
+        "cluster": {"servers": ["127.0.0.1:0"] * servers, "workers": 2},
         "consistency": {"staleness": 2},
         "tables": {"word_topic": {"rows": V, "cols": K, "dtype": "int32"},
                    "topic_summary": {"rows": 1, "cols": K, "dtype": "int32"}},
@@ -683,6 +704,26 @@ def test_e2e_managed_comm_mini_batches_read_mid_clock_values_and_keep_counts_exa
     wt = np.load(run_dir / "word_topic.npy")
     assert wt.min() >= 0 and wt.sum() == corpus.n_tokens
     np.testing.assert_array_equal(wt.sum(axis=1), np.bincount(corpus.words, minlength=300))
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["sparse", "mh"])
+def test_e2e_managed_comm_at_a_high_budget_reads_no_negative_counts(tmp_path, method):
+    """Issue 27.4: 2 servers, 2 workers, managed communication at 3000 Mbps in chunks of 4 rows. Each
+    worker's share of a count is a count (never negative after any of its mini-batches), so a read
+    that is a server value (prefix sums of each worker's updates) plus exactly the reader's own
+    pending changes never holds a negative count: every clock record reports 0."""
+    p, run_dir = _launch(tmp_path, 300, 10, {**SYN, "iterations": 8, "batches_per_clock": 8, "sampler": method},
+                         comm={"client_bandwidth_mbps": 3000, "server_bandwidth_mbps": 3000, "priority": "relative",
+                               "client_send_rows": 4, "server_push_rows": 4}, servers=2)
+    assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    work = [c for c in _clocks(run_dir) if "tokens" in c]
+    assert len(work) == 8 and all(c["workers"] == 2 for c in work)
+    assert [c["negative_counts"] for c in work] == [0] * 8
+    assert work[-1]["rows_read_early"] > 0 and work[-1]["rows_sent_budgeted"] > 0, work[-1]
+    wt = np.load(run_dir / "word_topic.npy")
+    assert wt.min() >= 0 and wt.sum() == generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5).n_tokens
 
 
 @pytest.mark.timeout(90)
