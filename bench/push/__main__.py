@@ -38,12 +38,12 @@ ROWS, COLS = 1024, 256  # float32: 1 KiB rows, a 1 MiB table
 ROW_BYTES = COLS * 4
 
 
-def _job(clients: int, server_mbps: float) -> dict[str, Any]:
+def _job(clients: int, server_mbps: float, priority: str) -> dict[str, Any]:
     return {
         "cluster": {"workers": clients},
         "consistency": {"staleness": 2, "read_timeout_s": 60},
         "comm": {"client_bandwidth_mbps": 2000, "server_bandwidth_mbps": server_mbps,
-                 "client_send_rows": 1024, "server_push_rows": 1024, "priority": "relative"},
+                 "client_send_rows": 1024, "server_push_rows": 1024, "priority": priority},
         "tables": {"W": {"rows": ROWS, "cols": COLS}},
     }
 
@@ -71,8 +71,8 @@ def child(path: str, writers: int, tick_s: float, seconds: float) -> None:
 
 
 def measure(clients: int, writers: int, window: float, warmup: float, tick_s: float, server_mbps: float,
-            logs: Path) -> dict[str, Any]:
-    with servers(_job(clients, server_mbps), 1, workdir=logs / f"n{clients}") as cluster:
+            priority: str, logs: Path) -> dict[str, Any]:
+    with servers(_job(clients, server_mbps, priority), 1, workdir=logs / f"n{clients}") as cluster:
         counters = ProcCounters(server=cluster.servers[0].pid)
         kids = [Child(["-m", "bench.push", "--child", str(cluster.path), "--writers", str(writers),
                        "--tick-ms", str(tick_s * 1e3), "--seconds", str(warmup + window + 3)],
@@ -128,6 +128,8 @@ def main() -> None:
     ap.add_argument("--writers", type=int, default=1, help="clients that also write every row")
     ap.add_argument("--tick-ms", type=float, default=50.0, help="each client's pause between clocks")
     ap.add_argument("--server-mbps", type=float, default=4000.0, help="server push budget")
+    ap.add_argument("--priority", default="relative", help="comm.priority: relative scores every update the "
+                    "server applies (a cost per applied MB), random scores nothing")
     ap.add_argument("--window", type=float, default=6.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--quick", action="store_true", help="short windows, 4 clients")
@@ -142,8 +144,9 @@ def main() -> None:
     logs = Path(args.logs).resolve()
     for n in counts:
         log(f"push: {n} clients, {args.writers} writer(s) ...")
-        m = measure(n, args.writers, window, warmup, args.tick_ms / 1e3, args.server_mbps, logs)
-        case = f"clients-{n}-writers-{args.writers}"
+        m = measure(n, args.writers, window, warmup, args.tick_ms / 1e3, args.server_mbps, args.priority,
+                    logs)
+        case = f"clients-{n}-writers-{args.writers}-{args.priority}"
         extra = {k: v for k, v in m.items() if k not in ("cpu_ms_per_mb",)}
         emit(bench="push", case=case, metric="server-cpu-per-pushed-MB", unit="ms/MB", ours=m["cpu_ms_per_mb"],
              lower_is_better=True, label=args.label, **extra)
