@@ -118,6 +118,8 @@ class Server:
         if self.checkpoints is not None:
             self.checkpoints.start_running(self.shards)
         self._advancing = False
+        self._pushing: asyncio.Task[None] | None = None  # a clock-advance push sent in turns with reading
+        self._failed: BaseException | None = None  # what ended it, if not stop()
         self.peers: dict[bytes, Peer] = {}
         self.by_rank: dict[int, Peer] = {}
         self.readers: dict[bytes, Reader] = {}
@@ -127,7 +129,7 @@ class Server:
                              rows_pushed=0, rows_pushed_budgeted=0, budgeted_pushes=0, push_holds=0, idle_polls=0,
                              rows_read=0, reads_parked=0, errors=0, clock_advances=0, window_paused_s=0.0,
                              clients_lost=0, push_gathers=0, push_shared_msgs=0, push_part_msgs=0,
-                             push_own_gathers=0)
+                             push_own_gathers=0, pushes_in_turns=0)
         # an INC's time from being read off the socket to being applied (longer only when held at a
         # checkpoint boundary), and each push's time, during which the loop reads nothing
         self.apply_lag = Durations()
@@ -177,7 +179,11 @@ class Server:
             for t in done:
                 if t is not stopper:
                     t.result()  # re-raise what killed a background task
+            if self._failed is not None:
+                raise self._failed
         finally:
+            if self._pushing is not None:
+                tasks.append(self._pushing)
             for t in (*tasks, stopper):
                 t.cancel()
             await asyncio.gather(*tasks, stopper, return_exceptions=True)
@@ -443,12 +449,12 @@ class Server:
     def _maybe_advance(self) -> bool:
         """Advance the server clock if every client has passed it: push, then SCLOCK to each client.
         At a checkpoint boundary, save first, then apply what was held (which may advance again)."""
-        if self._advancing:  # a held message applied below: the loop there looks again
-            return False
+        if self._advancing or self._pushing is not None:  # a held message applied below, or a push in
+            return False  # turns with reading: the loop there, or the push when done, looks again
         self._advancing = True
         try:
             advanced = False
-            while self._advance_once():
+            while self._pushing is None and self._advance_once():
                 advanced = True
             return advanced
         finally:
@@ -465,10 +471,62 @@ class Server:
             ck.save(boundary, self.shards, {"client_clocks": self.client_clock.tolist()})
         self.counters["clock_advances"] += 1
         live = self._live()
-        for shard in self.shards:
-            changed = shard.take_changed()
-            if changed.shape[0]:
-                self._push(shard, changed, live, budgeted=False)
+        work = [(shard, changed) for shard in self.shards if (changed := shard.take_changed()).shape[0]]
+        if self._in_turns(work):
+            self.counters["pushes_in_turns"] += 1
+            pushing = self._pushing = asyncio.ensure_future(self._push_in_turns(work))
+            pushing.add_done_callback(lambda task: self._pushed(task, new))
+            return True
+        for shard, changed in work:
+            self._push(shard, changed, live, budgeted=False)
+        self._advanced(new, live)
+        return True
+
+    def _in_turns(self, work: list[tuple[TableShard, np.ndarray]]) -> bool:
+        """Whether a clock-advance push is sent in turns with reading the socket: when it is more than
+        one chunk (versioned tables, whose clients' row versions a push in turns would complicate,
+        and a server not serving, push at once)."""
+        if self._sock is None or any(shard.versioned for shard, _ in work):
+            return False
+        return sum(c.shape[0] * s.cfg.cols * s.dtype.itemsize for s, c in work) > CHUNK_BYTES
+
+    async def _push_in_turns(self, work: list[tuple[TableShard, np.ndarray]]) -> None:
+        """The clock-advance push one chunk at a time, the socket read between chunks: updates that
+        arrive meanwhile are applied rather than waiting behind the whole push. They are of ticks at or
+        past the new clock (every client had sent all earlier ones), so the values still vouch for it;
+        a chunk's rows are marked sent as it goes, so a row changed after its chunk is pushed again
+        later. Rows a budgeted push sent meanwhile, and not changed since, are left out. SCLOCK, the
+        parked reads and the held messages follow the last chunk, as they would at once."""
+        for shard, changed in work:
+            per = max(1, CHUNK_BYTES // (shard.cfg.cols * shard.dtype.itemsize))
+            for k in range(0, changed.shape[0], per):
+                chunk = changed[k:k + per]
+                chunk = chunk[shard.dirty[chunk]]
+                if chunk.shape[0]:
+                    self._push(shard, chunk, self._live(), budgeted=False)
+                await asyncio.sleep(0)  # the socket's drain runs before the next chunk
+
+    def _pushed(self, task: asyncio.Task[None], new: int) -> None:
+        """A push in turns ended: finish the advance to clock ``new``, and look for the next one."""
+        self._pushing = None
+        if task.cancelled():
+            return
+        err = task.exception()
+        if err is not None:  # a bug: the server cannot keep its clock promise any more; say so and stop
+            log.error("clock-advance push failed", exc_info=err)
+            self._failed = err
+            self.stop()
+            return
+        self._advancing = True
+        try:
+            self._advanced(new, self._live())
+        finally:
+            self._advancing = False
+        self._maybe_advance()
+
+    def _advanced(self, new: int, live: list[Peer]) -> None:
+        """After the push of clock ``new``: parked reads, SCLOCK to each client, held messages."""
+        ck = self.checkpoints
         for c in [c for c in self.parked if c <= new]:
             for peer, seq, ident, shard, local in self.parked.pop(c):
                 if not peer.gone and (ident == peer.ident or ident in self.readers):
@@ -482,7 +540,6 @@ class Server:
             self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied, **extra})
         if ck is not None and ck.held:
             self._release_held(ck)
-        return True
 
     def _release_held(self, ck: ServerCheckpoints) -> None:
         """Handle the held messages in order, each client's until one must be held again (it is past

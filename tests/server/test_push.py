@@ -169,3 +169,32 @@ def test_three_subscribers_of_the_same_rows_read_exact_values(bosen_cluster, rea
     finally:
         for cl in clients:
             cl.close()
+
+
+def test_a_clock_advance_push_of_several_chunks_goes_in_turns_and_stays_exact(bosen_cluster):
+    """Plain SSP at staleness 0: every read sees every update of the ticks before it, although the
+    server reads its socket between the chunks of each 3 MiB clock-advance push (updates of the next
+    tick may already be applied)."""
+    rows, cols, ticks = 3072, 256, 5
+    c = bosen_cluster(1, 3, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": "float32"}})
+    clients = [Client.connect(c.path) for _ in range(3)]
+    try:
+        all_rows = np.arange(rows)
+        for cl in clients:
+            cl.table("W").get_rows(all_rows)
+        for t in range(ticks):
+            clients[0].table("W").inc_rows(all_rows, np.full((rows, cols), t + 1, np.float32))
+            for i, cl in enumerate(clients):
+                v = cl.table("W").get_rows(all_rows)
+                seen = {t * (t + 1) / 2, (t + 1) * (t + 2) / 2} if i else {(t + 1) * (t + 2) / 2}
+                assert (v == v[:, :1]).all() and set(np.unique(v[:, 0]).tolist()) <= seen, (t, i)
+                cl.clock()
+        want = ticks * (ticks + 1) / 2
+        for cl in clients:
+            assert wait_until(lambda cl=cl: (cl.table("W").get_rows(all_rows) == want).all(), timeout=20)
+        st = c.status()[0]
+        assert st["pushes_in_turns"] >= ticks - 1 and st["push_stall_ms"]["n"] > st["pushes_in_turns"]
+        assert st["errors"] == 0
+    finally:
+        for cl in clients:
+            cl.close()
