@@ -1,12 +1,12 @@
 """Server CPU per pushed MB (issue 27, "Servers that keep up"): one server, N client processes that all
 read the same rows, and writers keeping them changing.
 
-Every client subscribes to every row of a 1 MiB table (1024 rows of 1 KiB) and then, until the run
-ends, reads all rows from its cache and ends a clock every ``--tick-ms``; writer clients (ranks below
-``--writers``) first add to every row. Managed communication is on with a high server budget, so the
-server pushes changed rows mid-clock to every subscriber (budgeted pushes) and again at each clock
-advance. Over a steady window the bench reads the server process's CPU seconds (psutil) and its STATUS
-counters, and reports:
+Every client subscribes to every row of a table of 1 KiB rows (``--rows``, 1024 by default: 1 MiB,
+one chunk) and then, until the run ends, reads all rows from its cache and ends a clock every
+``--tick-ms``; writer clients (ranks below ``--writers``) first add to every row. Managed
+communication is on with a high server budget, so the server pushes changed rows mid-clock to every
+subscriber (budgeted pushes) and again at each clock advance. Over a steady window the bench reads
+the server process's CPU seconds (psutil) and its STATUS counters, and reports:
 
 - ``cpu-per-pushed-MB``: server CPU ms per MB of pushed row values (rows_pushed x row bytes; headers,
   row ids, acks and SCLOCKs are not counted as payload, but their cost is in the CPU);
@@ -34,17 +34,17 @@ import numpy as np
 
 from bench.common import Child, ProcCounters, emit, log, servers
 
-ROWS, COLS = 1024, 256  # float32: 1 KiB rows, a 1 MiB table
+COLS = 256  # float32: 1 KiB rows
 ROW_BYTES = COLS * 4
 
 
-def _job(clients: int, server_mbps: float, priority: str) -> dict[str, Any]:
+def _job(clients: int, server_mbps: float, priority: str, rows: int) -> dict[str, Any]:
     return {
         "cluster": {"workers": clients},
         "consistency": {"staleness": 2, "read_timeout_s": 60},
         "comm": {"client_bandwidth_mbps": 2000, "server_bandwidth_mbps": server_mbps,
                  "client_send_rows": 1024, "server_push_rows": 1024, "priority": priority},
-        "tables": {"W": {"rows": ROWS, "cols": COLS}},
+        "tables": {"W": {"rows": rows, "cols": COLS}},
     }
 
 
@@ -54,10 +54,10 @@ def child(path: str, writers: int, tick_s: float, seconds: float) -> None:
 
     client = Client.connect(path)
     table = client.table("W")
-    rows = np.arange(ROWS)
+    rows = np.arange(client.config.tables[0].rows)
     table.get_rows(rows)
     writer = client.rank < writers
-    d = np.full((ROWS, COLS), 1e-4, dtype=np.float32)
+    d = np.full((rows.shape[0], COLS), 1e-4, dtype=np.float32)
     print(json.dumps({"rank": client.rank, "writer": writer}), flush=True)
     end = time.monotonic() + seconds
     total = 0.0
@@ -71,8 +71,8 @@ def child(path: str, writers: int, tick_s: float, seconds: float) -> None:
 
 
 def measure(clients: int, writers: int, window: float, warmup: float, tick_s: float, server_mbps: float,
-            priority: str, logs: Path) -> dict[str, Any]:
-    with servers(_job(clients, server_mbps, priority), 1, workdir=logs / f"n{clients}") as cluster:
+            priority: str, rows: int, logs: Path) -> dict[str, Any]:
+    with servers(_job(clients, server_mbps, priority, rows), 1, workdir=logs / f"n{clients}") as cluster:
         counters = ProcCounters(server=cluster.servers[0].pid)
         kids = [Child(["-m", "bench.push", "--child", str(cluster.path), "--writers", str(writers),
                        "--tick-ms", str(tick_s * 1e3), "--seconds", str(warmup + window + 3)],
@@ -107,7 +107,7 @@ def measure(clients: int, writers: int, window: float, warmup: float, tick_s: fl
                            "thread_cpu_ms_per_mb": {k: round(ns / 1e6 / pushed_mb, 4) if pushed_mb else None
                                                     for k, ns in counters.thread_delta["server"].items()
                                                     if ns > 1e6}}
-    for key in ("push_gathers", "push_shared_msgs", "push_part_msgs", "push_own_gathers"):
+    for key in ("push_gathers", "push_shared_msgs", "push_part_msgs", "push_own_gathers", "pushes_in_turns"):
         if key in s1:
             out[key] = d(key)
     for key in ("apply_lag_ms", "push_stall_ms"):  # cumulative since start: the window's mean from totals
@@ -130,6 +130,8 @@ def main() -> None:
     ap.add_argument("--server-mbps", type=float, default=4000.0, help="server push budget")
     ap.add_argument("--priority", default="relative", help="comm.priority: relative scores every update the "
                     "server applies (a cost per applied MB), random scores nothing")
+    ap.add_argument("--rows", type=int, default=1024, help="table rows of 1 KiB (above 1024 a clock-advance push "
+                    "is several chunks)")
     ap.add_argument("--window", type=float, default=6.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--quick", action="store_true", help="short windows, 4 clients")
@@ -145,8 +147,9 @@ def main() -> None:
     for n in counts:
         log(f"push: {n} clients, {args.writers} writer(s) ...")
         m = measure(n, args.writers, window, warmup, args.tick_ms / 1e3, args.server_mbps, args.priority,
-                    logs)
+                    args.rows, logs)
         case = f"clients-{n}-writers-{args.writers}-{args.priority}"
+        case += f"-rows-{args.rows}" if args.rows != 1024 else ""
         extra = {k: v for k, v in m.items() if k not in ("cpu_ms_per_mb",)}
         emit(bench="push", case=case, metric="server-cpu-per-pushed-MB", unit="ms/MB", ours=m["cpu_ms_per_mb"],
              lower_is_better=True, label=args.label, **extra)
