@@ -1,4 +1,4 @@
-"""Pushes to several subscribers (docs/design.md, "Who gets pushed which rows" and "Zero-copy sends"):
+"""Pushes to several subscribers (docs/design.md, "Zero-copy sends"; "Consistency", decision 3):
 each chunk of rows is gathered once and its frames are shared by every subscriber that gets all of it;
 what each client gets, and the values it gets, are those of one row-by-row send per client."""
 
