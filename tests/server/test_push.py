@@ -4,7 +4,8 @@ what each client gets, and the values it gets, are those of one row-by-row send 
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -138,6 +139,37 @@ def test_a_scattered_selection_gets_its_own_gather_and_own_rows_stay_home():
     for ident, (rows, values) in got.items():
         assert (values[:, 0] == np.where(rows % 2 == 0, 2.0, 1.0)).all(), ident
     assert s.counters["push_own_gathers"] == 1  # client 1's eight runs
+
+
+def test_a_push_in_turns_applies_what_arrives_between_chunks_and_sclock_follows_the_last(monkeypatch):
+    monkeypatch.setattr(daemon, "CHUNK_BYTES", 4 * 4 * 4)  # 4 rows per chunk: this push is 4 turns
+    s = server(rows=16)
+    sent = capture(s)
+    s._sock = cast(Any, object())  # serving (sends go to ``capture``)
+    shard = s.shards[0]
+    local = np.arange(16)
+    for r in range(3):
+        shard.subscribe(local, r)
+
+    async def advance() -> None:
+        inc(s, local, 1.0, client=0)
+        inc(s, local, 1.0, client=1)
+        s.client_clock[:] = 1
+        assert s._maybe_advance() and s._pushing is not None
+        await asyncio.sleep(0)  # the first turn: rows 0-3
+        assert not s._maybe_advance()  # no other advance while a push is under way
+        inc(s, local, 10.0, client=2)  # an update of tick 1 read between turns
+        await s._pushing
+
+    asyncio.run(advance())
+    assert s.clock == 1 and s._pushing is None and s.counters["pushes_in_turns"] == 1
+    for ident in (b"c0", b"c1", b"c2"):
+        mine = [(h, f) for i, h, f in sent if i == ident]
+        assert [h["t"] for h, _ in mine] == [Msg.ROWS] * 4 + [Msg.SCLOCK]  # SCLOCK after every chunk
+        assert mine[-1][0]["c"] == 1
+        firsts = [float(rows_of(f, h["n"], 4)[1][0, 0]) for h, f in mine[:4]]
+        assert firsts == [2.0, 12.0, 12.0, 12.0]  # later turns carry the update applied meanwhile
+    assert shard.dirty.tolist() == [True] * 4 + [False] * 12  # rows 0-3 go again at the next push
 
 
 @pytest.mark.parametrize("read_my_writes", [True, False])
