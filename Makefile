@@ -44,6 +44,7 @@ bench: $(STAMP)
 	for d in movielens news fashion-mnist; do test -f data/$$d/dataset.json || $(VENV)/bin/bosen data $$d; done
 	$(PY) -m bench.throughput --quick
 	$(PY) -m bench.budget --quick
+	$(PY) -m bench.push --quick
 	$(PY) -m bench.convergence --quick
 	$(PY) -m bench.apps --quick
 	$(PY) -m bench.torch --quick

@@ -34,3 +34,26 @@ def derive_heldout(rec: dict) -> dict:
             v = rec[num] / rec[den]
             out[name] = float(np.sqrt(max(v, 0.0))) if root else float(v)
     return out
+
+
+class Durations:
+    """Count, mean and largest of some durations (seconds in, milliseconds out): what STATUS says of
+    an event's time without keeping every sample. The sum of squares tells how long something that
+    arrives at a random time waits behind them: sum(d^2) / (2 * elapsed) on average."""
+
+    __slots__ = ("n", "total", "most", "squares")
+
+    def __init__(self) -> None:
+        self.n, self.total, self.most, self.squares = 0, 0.0, 0.0, 0.0
+
+    def add(self, seconds: float) -> None:
+        self.n += 1
+        self.total += seconds
+        self.squares += seconds * seconds
+        if seconds > self.most:
+            self.most = seconds
+
+    def stats(self) -> dict[str, float | int]:
+        return {"n": self.n, "mean_ms": round(self.total * 1e3 / self.n, 4) if self.n else 0.0,
+                "max_ms": round(self.most * 1e3, 4), "total_s": round(self.total, 6),
+                "squares_s2": self.squares}

@@ -135,6 +135,16 @@ def rows_index(rows: np.ndarray) -> slice | np.ndarray:
     return slice(lo, lo + rows.shape[0]) if lo >= 0 else rows
 
 
+def mask_runs(mask: np.ndarray, most: int) -> list[tuple[int, int]] | None:
+    """The runs of True in a boolean ``mask`` as (start, stop) pairs, or None if there are more than
+    ``most`` (a caller that can use a few runs of a shared array falls back to a gather)."""
+    edges = np.diff(mask.view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    starts = np.flatnonzero(edges == 1)
+    if starts.shape[0] > most:
+        return None
+    return list(zip(starts.tolist(), np.flatnonzero(edges == -1).tolist(), strict=True))
+
+
 @njit(nogil=True, cache=True)
 def scatter_add_csr(dst, rows, indptr, cols, vals):  # pragma: no cover - compiled
     """dst[rows[i], cols[k]] += vals[k] for k in indptr[i]:indptr[i+1]."""

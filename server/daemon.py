@@ -22,7 +22,7 @@ import zmq
 from bosen import rowmath, wire
 from bosen.config import Config
 from bosen.errors import ProtocolError
-from bosen.metrics import mbps, send_histogram
+from bosen.metrics import Durations, mbps, send_histogram
 from bosen.partition import Partition
 from bosen.procedure import StoredProcedure
 from bosen.ratelimit import LeakyBucket, paced_sender
@@ -38,6 +38,7 @@ log = logging.getLogger("bosen.server")
 GONE = np.iinfo(np.int64).max  # clock of a client that left: it holds nobody back
 YIELD_EVERY = 8  # messages handled before other tasks (the push loop) get a turn
 CHUNK_BYTES = 1 << 20  # most value bytes in one ROWS message
+MAX_RUNS = 4  # a push to a subscriber whose rows are at most this many runs of the pushed ones shares their frames
 # A joined client not heard from for this long gets a PING. A client that died without BYE (killed,
 # its machine gone) has no connection left (its TCP connection closed, or ZeroMQ's heartbeats below
 # timed out), so the send fails and the client is let go: the job's clock no longer waits for it, and
@@ -117,6 +118,8 @@ class Server:
         if self.checkpoints is not None:
             self.checkpoints.start_running(self.shards)
         self._advancing = False
+        self._pushing: asyncio.Task[None] | None = None  # a clock-advance push sent in turns with reading
+        self._failed: BaseException | None = None  # what ended it, if not stop()
         self.peers: dict[bytes, Peer] = {}
         self.by_rank: dict[int, Peer] = {}
         self.readers: dict[bytes, Reader] = {}
@@ -125,7 +128,13 @@ class Server:
         self.counters = dict(bytes_in=0, bytes_out=0, msgs_in=0, msgs_out=0, rows_applied=0,
                              rows_pushed=0, rows_pushed_budgeted=0, budgeted_pushes=0, push_holds=0, idle_polls=0,
                              rows_read=0, reads_parked=0, errors=0, clock_advances=0, window_paused_s=0.0,
-                             clients_lost=0)
+                             clients_lost=0, push_gathers=0, push_shared_msgs=0, push_part_msgs=0,
+                             push_own_gathers=0, pushes_in_turns=0)
+        # an INC's time from being read off the socket to being applied (longer only when held at a
+        # checkpoint boundary), and each push's time, during which the loop reads nothing
+        self.apply_lag = Durations()
+        self.push_stall = Durations()
+        self._read_at = 0.0  # when the message being handled was read off the socket
         self.started = time.time()
         self.handlers: dict[Msg, Callable[[bytes, dict[str, Any], list[Any]], None]] = {
             Msg.HELLO: self.on_hello,
@@ -170,7 +179,11 @@ class Server:
             for t in done:
                 if t is not stopper:
                     t.result()  # re-raise what killed a background task
+            if self._failed is not None:
+                raise self._failed
         finally:
+            if self._pushing is not None:
+                tasks.append(self._pushing)
             for t in (*tasks, stopper):
                 t.cancel()
             await asyncio.gather(*tasks, stopper, return_exceptions=True)
@@ -193,6 +206,7 @@ class Server:
 
     def _dispatch(self, frames: list[Any]) -> None:
         ident, body = frames[0].bytes, frames[1:]
+        self._read_at = time.perf_counter()
         self.counters["msgs_in"] += 1
         self.counters["bytes_in"] += sum(map(len, body))
         seq = -1
@@ -327,10 +341,11 @@ class Server:
 
     def on_inc(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
-        if not self._held(peer, h["s"], lambda: self._on_inc(peer, ident, h, frames)):
-            self._on_inc(peer, ident, h, frames)
+        read_at = self._read_at
+        if not self._held(peer, h["s"], lambda: self._on_inc(peer, ident, h, frames, read_at)):
+            self._on_inc(peer, ident, h, frames, read_at)
 
-    def _on_inc(self, peer: Peer, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+    def _on_inc(self, peer: Peer, ident: bytes, h: dict[str, Any], frames: list[Any], read_at: float) -> None:
         shard = self._shard(h)
         batch = wire.decode_update(h, frames, shard.cfg.cols, shard.dtype)
         clock = h.get("c")  # the end-of-tick flush's last update carries the sender's new clock
@@ -339,6 +354,7 @@ class Server:
         ack = wire.wants_ack(h)
         self.counters["rows_applied"] += shard.apply(batch, peer.rank)
         peer.applied = h["s"]
+        self.apply_lag.add(time.perf_counter() - read_at)
         if clock is not None:
             self.client_clock[peer.rank] = clock
             if h.get("ck") is True and peer.rank == 0 and self.checkpoints is not None:
@@ -433,12 +449,12 @@ class Server:
     def _maybe_advance(self) -> bool:
         """Advance the server clock if every client has passed it: push, then SCLOCK to each client.
         At a checkpoint boundary, save first, then apply what was held (which may advance again)."""
-        if self._advancing:  # a held message applied below: the loop there looks again
-            return False
+        if self._advancing or self._pushing is not None:  # a held message applied below, or a push in
+            return False  # turns with reading: the loop there, or the push when done, looks again
         self._advancing = True
         try:
             advanced = False
-            while self._advance_once():
+            while self._pushing is None and self._advance_once():
                 advanced = True
             return advanced
         finally:
@@ -455,10 +471,62 @@ class Server:
             ck.save(boundary, self.shards, {"client_clocks": self.client_clock.tolist()})
         self.counters["clock_advances"] += 1
         live = self._live()
-        for shard in self.shards:
-            changed = shard.take_changed()
-            if changed.shape[0]:
-                self._push(shard, changed, live, budgeted=False)
+        work = [(shard, changed) for shard in self.shards if (changed := shard.take_changed()).shape[0]]
+        if self._in_turns(work):
+            self.counters["pushes_in_turns"] += 1
+            pushing = self._pushing = asyncio.ensure_future(self._push_in_turns(work))
+            pushing.add_done_callback(lambda task: self._pushed(task, new))
+            return True
+        for shard, changed in work:
+            self._push(shard, changed, live, budgeted=False)
+        self._advanced(new, live)
+        return True
+
+    def _in_turns(self, work: list[tuple[TableShard, np.ndarray]]) -> bool:
+        """Whether a clock-advance push is sent in turns with reading the socket: when it is more than
+        one chunk (versioned tables, whose clients' row versions a push in turns would complicate,
+        and a server not serving, push at once)."""
+        if self._sock is None or any(shard.versioned for shard, _ in work):
+            return False
+        return sum(c.shape[0] * s.cfg.cols * s.dtype.itemsize for s, c in work) > CHUNK_BYTES
+
+    async def _push_in_turns(self, work: list[tuple[TableShard, np.ndarray]]) -> None:
+        """The clock-advance push one chunk at a time, the socket read between chunks: updates that
+        arrive meanwhile are applied rather than waiting behind the whole push. They are of ticks at or
+        past the new clock (every client had sent all earlier ones), so the values still vouch for it;
+        a chunk's rows are marked sent as it goes, so a row changed after its chunk is pushed again
+        later. Rows a budgeted push sent meanwhile, and not changed since, are left out. SCLOCK, the
+        parked reads and the held messages follow the last chunk, as they would at once."""
+        for shard, changed in work:
+            per = max(1, CHUNK_BYTES // (shard.cfg.cols * shard.dtype.itemsize))
+            for k in range(0, changed.shape[0], per):
+                chunk = changed[k:k + per]
+                chunk = chunk[shard.dirty[chunk]]
+                if chunk.shape[0]:
+                    self._push(shard, chunk, self._live(), budgeted=False)
+                await asyncio.sleep(0)  # the socket's drain runs before the next chunk
+
+    def _pushed(self, task: asyncio.Task[None], new: int) -> None:
+        """A push in turns ended: finish the advance to clock ``new``, and look for the next one."""
+        self._pushing = None
+        if task.cancelled():
+            return
+        err = task.exception()
+        if err is not None:  # a bug: the server cannot keep its clock promise any more; say so and stop
+            log.error("clock-advance push failed", exc_info=err)
+            self._failed = err
+            self.stop()
+            return
+        self._advancing = True
+        try:
+            self._advanced(new, self._live())
+        finally:
+            self._advancing = False
+        self._maybe_advance()
+
+    def _advanced(self, new: int, live: list[Peer]) -> None:
+        """After the push of clock ``new``: parked reads, SCLOCK to each client, held messages."""
+        ck = self.checkpoints
         for c in [c for c in self.parked if c <= new]:
             for peer, seq, ident, shard, local in self.parked.pop(c):
                 if not peer.gone and (ident == peer.ident or ident in self.readers):
@@ -472,7 +540,6 @@ class Server:
             self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied, **extra})
         if ck is not None and ck.held:
             self._release_held(ck)
-        return True
 
     def _release_held(self, ck: ServerCheckpoints) -> None:
         """Handle the held messages in order, each client's until one must be held again (it is past
@@ -496,13 +563,80 @@ class Server:
 
     def _push(self, shard: TableShard, local: np.ndarray, live: list[Peer], budgeted: bool) -> int:
         """Send rows ``local`` to every client subscribed to them; returns bytes sent."""
-        sent = 0
-        for p in live:
-            sel = shard.push_to(local, p.rank)
-            if sel.shape[0]:
-                sent += self._send_rows(p, shard, sel, -1, p.ident, budgeted)
+        t0 = time.perf_counter()
+        if shard.versioned:  # per-client row versions and holdings: each client its own messages
+            sent = 0
+            for p in live:
+                sel = shard.push_to(local, p.rank)
+                if sel.shape[0]:
+                    sent += self._send_rows(p, shard, sel, -1, p.ident, budgeted)
+        else:
+            sent = self._push_shared(shard, local, live, budgeted)
         shard.mark_sent(local)
+        self.push_stall.add(time.perf_counter() - t0)
         return sent
+
+    def _push_shared(self, shard: TableShard, local: np.ndarray, live: list[Peer], budgeted: bool) -> int:
+        """Push ``local`` with each chunk's row ids and values gathered once and shared by every
+        subscriber whose selection is the whole chunk: their messages differ only in the header.
+        A selection made of a few runs of ``local`` (``MAX_RUNS``) gets slices of the shared chunks;
+        any other gets its own gather (``_send_rows``)."""
+        per = max(1, CHUNK_BYTES // (shard.cfg.cols * shard.dtype.itemsize))
+        n = int(local.shape[0])
+        chunks: dict[int, tuple[np.ndarray, np.ndarray, zmq.Frame, zmq.Frame]] = {}
+        sent = 0
+        masks = shard.push_masks(local, np.fromiter((p.rank for p in live), np.int64, len(live)))
+        counts = masks.sum(axis=1)
+        for p, mine, count in zip(live, masks, counts.tolist(), strict=True):
+            if count == 0:
+                continue
+            runs = [(0, n)] if count == n else rowmath.mask_runs(mine, MAX_RUNS)  # all rows: the common case
+            if runs is None:  # scattered: a gather of its own
+                self.counters["push_own_gathers"] += 1
+                sent += self._send_rows(p, shard, local[mine], -1, p.ident, budgeted)
+                continue
+            for lo, hi in runs:
+                for k in range(lo // per, (hi - 1) // per + 1):
+                    c = chunks.get(k)
+                    if c is None:
+                        c = chunks[k] = self._gather_chunk(shard, local[k * per:(k + 1) * per])
+                    a, b = max(lo - k * per, 0), min(hi - k * per, c[0].shape[0])
+                    if b - a == c[0].shape[0]:  # the whole chunk: the shared frames
+                        self.counters["push_shared_msgs"] += 1
+                        sent += self._send_push(p, shard, b - a, budgeted, c[2], c[3])
+                    else:  # part of it: a copy of that part (the chunk is never written again)
+                        self.counters["push_part_msgs"] += 1
+                        sent += self._send_push(p, shard, b - a, budgeted, zmq.Frame(c[0][a:b]),
+                                                zmq.Frame(c[1][a:b]))
+            shard.procedure.rows_sent(local if count == n else local[mine], 1)
+        return sent
+
+    def _gather_chunk(self, shard: TableShard, local: np.ndarray) -> tuple[np.ndarray, np.ndarray, zmq.Frame,
+                                                                           zmq.Frame]:
+        """Row ids and values of ``local``, copied out of the table once (it changes while ZeroMQ
+        still sends), and ZeroMQ messages of them that any number of sends share. A frame of 64 KiB
+        or more holds the copy itself (pyzmq's collector thread releases it once, after the last
+        send); smaller ones are copied into their message (``zmq.COPY_THRESHOLD``)."""
+        index = rowmath.rows_index(local)
+        rows = shard.global_rows[index]
+        values = shard.values[index].copy() if type(index) is slice else shard.values[local]
+        if type(index) is slice:
+            rows = rows.copy()
+        self.counters["push_gathers"] += 1
+        return rows, values, zmq.Frame(rows), zmq.Frame(values)
+
+    def _send_push(self, peer: Peer, shard: TableShard, n: int, budgeted: bool, rows: zmq.Frame,
+                   values: zmq.Frame) -> int:
+        """One ROWS push of ``n`` rows to ``peer`` from ready-made frames: only the header is its own."""
+        self.counters["rows_pushed"] += n
+        peer.rows_msgs += 1  # "ss" orders a client's ROWS across its connections
+        header = {"t": Msg.ROWS, "tb": shard.index, "n": n, "c": self.clock, "a": peer.applied, "rq": -1,
+                  "dt": wire.DTYPE_NAMES[shard.dtype], "ss": peer.rows_msgs}
+        if budgeted:
+            peer.pushes_sent += 1
+            header["ps"] = peer.pushes_sent
+            self.counters["rows_pushed_budgeted"] += n
+        return self._send_frames(peer.ident, [wire.pack_header(header), rows, values], Msg.ROWS)
 
     def _send_rows(self, peer: Peer, shard: TableShard, local: np.ndarray, rq: int, ident: bytes,
                    budgeted: bool = False, index: slice | np.ndarray | None = None) -> int:
@@ -591,6 +725,8 @@ class Server:
             "clients_joined": len(self.by_rank),
             "read_connections": len(self.readers),
             "uptime_s": round(uptime, 3),
+            "apply_lag_ms": self.apply_lag.stats(),
+            "push_stall_ms": self.push_stall.stats(),
             "tables": {s.cfg.name: {"rows": int(s.global_rows.shape[0]), "bytes": int(s.values.nbytes),
                                     "send_count_hist": send_histogram(s.send_count), **s.procedure.stats()}
                        for s in self.shards},

@@ -150,6 +150,14 @@ class TableShard:
             mine &= self.writer[local] != client
         return local[mine]
 
+    def push_masks(self, local: np.ndarray, clients: np.ndarray) -> np.ndarray:
+        """``push_to`` for several clients at once: row k of the result marks which of ``local`` go
+        to ``clients[k]`` (one gather of the subscriptions for all, rather than one per client)."""
+        mine = self.subs[local][:, clients]
+        if self.skip_own:
+            mine &= self.writer[local][:, None] != clients[None, :]
+        return np.ascontiguousarray(mine.T)
+
     def subscribe(self, local: np.ndarray, client: int, index: slice | np.ndarray | None = None) -> None:
         """``client`` reads ``local`` (``index``: them as an index, if known) and gets their changes."""
         if index is None:

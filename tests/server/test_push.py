@@ -1,0 +1,232 @@
+"""Pushes to several subscribers (docs/design.md, "Zero-copy sends"; "Consistency", decision 3):
+each chunk of rows is gathered once and its frames are shared by every subscriber that gets all of it;
+what each client gets, and the values it gets, are those of one row-by-row send per client."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+import numpy as np
+import pytest
+from conftest import wait_until
+
+from bosen import config as config_mod
+from bosen import wire
+from bosen.client import Client
+from bosen.jobs.job import job_config
+from bosen.server import daemon
+from bosen.server.daemon import Peer, Server
+from bosen.wire import Msg, UpdateBatch
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def server(rows: int = 16, cols: int = 4, clients: int = 3, read_my_writes: bool = True) -> Server:
+    data = job_config(["127.0.0.1:1"], clients, tables={"W": {"rows": rows, "cols": cols, "dtype": "float32",
+                                                               "read_my_writes": read_my_writes}},
+                      comm={"server_bandwidth_mbps": 1000})
+    s = Server(config_mod.load(data), 0)
+    for r in range(clients):
+        p = Peer(ident=b"c%d" % r, rank=r, last_seq=0, applied=10 * r)
+        s.peers[p.ident], s.by_rank[r] = p, p
+    return s
+
+
+Sent = list[tuple[bytes, dict[str, Any], list[Any]]]
+
+
+def capture(s: Server) -> Sent:
+    """Every message the server sends, as (to whom, header, array frames), instead of a socket."""
+    sent: Sent = []
+
+    def send_frames(ident: bytes, frames: list[Any], kind: Msg) -> int:
+        sent.append((ident, wire.decode_header(frames[0]), frames[1:]))
+        return sum(len(f) if not isinstance(f, memoryview) else f.nbytes for f in frames)
+
+    s._send_frames = send_frames  # type: ignore[method-assign]
+    return sent
+
+
+def rows_of(frames: list[Any], n: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    return (wire.array(frames[0], wire.ROW_DTYPE, n, "rows"),
+            wire.array(frames[1], np.dtype(np.float32), n * cols, "values").reshape(n, cols))
+
+
+def inc(s: Server, rows: np.ndarray, value: float, client: int) -> None:
+    shard = s.shards[0]
+    shard.apply(UpdateBatch(rows.astype(np.int64), np.full((rows.shape[0], shard.cfg.cols), value, np.float32)),
+                client)
+
+
+def test_every_subscriber_of_all_rows_gets_the_same_frames_and_its_own_header():
+    s = server()
+    sent = capture(s)
+    shard = s.shards[0]
+    local = np.arange(16)
+    for r in range(3):
+        shard.subscribe(local, r)
+    inc(s, local, 2.0, client=0)
+    inc(s, local, 1.0, client=1)  # two writers: nobody's own rows are left out
+    s._push(shard, shard.take_changed(), s._live(), budgeted=True)
+    assert [ident for ident, _, _ in sent] == [b"c0", b"c1", b"c2"]
+    assert len({id(f[1]) for _, _, f in sent}) == 1  # one values frame, sent three times
+    for r, (_, h, frames) in enumerate(sent):
+        assert (h["a"], h["ss"], h["ps"], h["rq"], h["n"]) == (10 * r, 1, 1, -1, 16)
+        rows, values = rows_of(frames, 16, 4)
+        assert rows.tolist() == list(range(16)) and (values == 3.0).all()
+    assert s.counters["push_gathers"] == 1 and s.counters["push_shared_msgs"] == 3
+    assert s.push_stall.n == 1
+
+
+def test_the_table_changing_right_after_a_push_leaves_the_sent_frames_alone():
+    s = server(rows=2048, cols=64)  # 512 KiB chunks: the frames hold the gathered copy without a copy
+    sent = capture(s)
+    shard = s.shards[0]
+    local = np.arange(2048)
+    for r in range(3):
+        shard.subscribe(local, r)
+    inc(s, local, 1.0, client=0)
+    inc(s, local, 1.0, client=1)
+    s._push(shard, shard.take_changed(), s._live(), budgeted=False)
+    inc(s, local, 5.0, client=2)  # applied while ZeroMQ would still be sending
+    shard.values[:] = -1.0
+    assert len(sent) == 3
+    for _, h, frames in sent:
+        _, values = rows_of(frames, h["n"], 64)
+        assert (values == 2.0).all()
+
+
+def test_chunks_and_a_subscriber_of_a_few_runs_share_the_gather(monkeypatch):
+    monkeypatch.setattr(daemon, "CHUNK_BYTES", 4 * 4 * 4)  # 4 rows per message
+    s = server(rows=16)
+    sent = capture(s)
+    shard = s.shards[0]
+    local = np.arange(16)
+    shard.subscribe(local, 0)
+    shard.subscribe(local, 1)
+    shard.subscribe(np.arange(2, 11), 2)  # one run, across three chunks, two of them in part
+    inc(s, local, 1.0, client=0)
+    inc(s, local, 1.0, client=1)
+    s._push(shard, shard.take_changed(), s._live(), budgeted=False)
+    got: dict[bytes, list[int]] = {}
+    msgs: dict[bytes, int] = {}
+    for ident, h, frames in sent:
+        rows, values = rows_of(frames, h["n"], 4)
+        assert (values == 2.0).all()
+        got.setdefault(ident, []).extend(rows.tolist())
+        msgs[ident] = msgs.get(ident, 0) + 1
+        assert h["ss"] == msgs[ident]  # each client's ROWS numbered in order
+    assert got == {b"c0": list(range(16)), b"c1": list(range(16)), b"c2": list(range(2, 11))}
+    assert s.counters["push_gathers"] == 4 and s.counters["push_own_gathers"] == 0
+    assert s.counters["push_part_msgs"] == 2  # rows 2-3 and 8-10
+
+
+def test_a_scattered_selection_gets_its_own_gather_and_own_rows_stay_home():
+    s = server(rows=16)
+    sent = capture(s)
+    shard = s.shards[0]
+    local = np.arange(16)
+    for r in range(3):
+        shard.subscribe(local, r)
+    inc(s, local, 1.0, client=1)
+    inc(s, local[local % 2 == 0], 1.0, client=2)  # odd rows: client 1 alone changed them (skip_own)
+    s._push(shard, shard.take_changed(), s._live(), budgeted=False)
+    got = {ident: rows_of(frames, h["n"], 4) for ident, h, frames in sent}
+    assert sorted(got) == [b"c0", b"c1", b"c2"]
+    assert got[b"c0"][0].tolist() == list(range(16))
+    assert got[b"c1"][0].tolist() == list(range(0, 16, 2))  # not its own odd rows
+    for ident, (rows, values) in got.items():
+        assert (values[:, 0] == np.where(rows % 2 == 0, 2.0, 1.0)).all(), ident
+    assert s.counters["push_own_gathers"] == 1  # client 1's eight runs
+
+
+def test_a_push_in_turns_applies_what_arrives_between_chunks_and_sclock_follows_the_last(monkeypatch):
+    monkeypatch.setattr(daemon, "CHUNK_BYTES", 4 * 4 * 4)  # 4 rows per chunk: this push is 4 turns
+    s = server(rows=16)
+    sent = capture(s)
+    s._sock = cast(Any, object())  # serving (sends go to ``capture``)
+    shard = s.shards[0]
+    local = np.arange(16)
+    for r in range(3):
+        shard.subscribe(local, r)
+
+    async def advance() -> None:
+        inc(s, local, 1.0, client=0)
+        inc(s, local, 1.0, client=1)
+        s.client_clock[:] = 1
+        assert s._maybe_advance() and s._pushing is not None
+        await asyncio.sleep(0)  # the first turn: rows 0-3
+        assert not s._maybe_advance()  # no other advance while a push is under way
+        inc(s, local, 10.0, client=2)  # an update of tick 1 read between turns
+        await s._pushing
+
+    asyncio.run(advance())
+    assert s.clock == 1 and s._pushing is None and s.counters["pushes_in_turns"] == 1
+    for ident in (b"c0", b"c1", b"c2"):
+        mine = [(h, f) for i, h, f in sent if i == ident]
+        assert [h["t"] for h, _ in mine] == [Msg.ROWS] * 4 + [Msg.SCLOCK]  # SCLOCK after every chunk
+        assert mine[-1][0]["c"] == 1
+        firsts = [float(rows_of(f, h["n"], 4)[1][0, 0]) for h, f in mine[:4]]
+        assert firsts == [2.0, 12.0, 12.0, 12.0]  # later turns carry the update applied meanwhile
+    assert shard.dirty.tolist() == [True] * 4 + [False] * 12  # rows 0-3 go again at the next push
+
+
+@pytest.mark.parametrize("read_my_writes", [True, False])
+def test_three_subscribers_of_the_same_rows_read_exact_values(bosen_cluster, read_my_writes):
+    """One writer, two readers, budgeted pushes at a high budget and clock-advance pushes of 1.5 MiB
+    (two chunks); the writer's own rows skip it where its cache mirrors them (read-my-writes)."""
+    rows, cols, ticks = 1536, 256, 6
+    c = bosen_cluster(1, 3, staleness=1, tables={"W": {"rows": rows, "cols": cols, "dtype": "float32",
+                                                      "read_my_writes": read_my_writes}},
+                      comm={"client_bandwidth_mbps": 2000, "server_bandwidth_mbps": 2000,
+                            "server_push_rows": 2048, "client_send_rows": 2048})
+    clients = [Client.connect(c.path) for _ in range(3)]
+    try:
+        all_rows = np.arange(rows)
+        for cl in clients:
+            cl.table("W").get_rows(all_rows)
+        for t in range(ticks):
+            clients[0].table("W").inc_rows(all_rows, np.full((rows, cols), t + 1, np.float32))
+            for cl in clients:
+                v = cl.table("W").get_rows(all_rows)
+                # any value seen is a whole number of the writer's ticks, the same in every column
+                assert (v == v[:, :1]).all() and np.isin(v[:, 0], [k * (k + 1) / 2 for k in range(t + 2)]).all()
+                cl.clock()
+        want = ticks * (ticks + 1) / 2
+        for cl in clients:
+            assert wait_until(lambda cl=cl: (cl.table("W").get_rows(all_rows) == want).all(), timeout=20)
+        st = c.status()[0]
+        assert st["push_shared_msgs"] > 0 and st["errors"] == 0
+    finally:
+        for cl in clients:
+            cl.close()
+
+
+def test_a_clock_advance_push_of_several_chunks_goes_in_turns_and_stays_exact(bosen_cluster):
+    """Plain SSP at staleness 0: every read sees every update of the ticks before it, although the
+    server reads its socket between the chunks of each 3 MiB clock-advance push (updates of the next
+    tick may already be applied)."""
+    rows, cols, ticks = 3072, 256, 5
+    c = bosen_cluster(1, 3, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": "float32"}})
+    clients = [Client.connect(c.path) for _ in range(3)]
+    try:
+        all_rows = np.arange(rows)
+        for cl in clients:
+            cl.table("W").get_rows(all_rows)
+        for t in range(ticks):
+            clients[0].table("W").inc_rows(all_rows, np.full((rows, cols), t + 1, np.float32))
+            for i, cl in enumerate(clients):
+                v = cl.table("W").get_rows(all_rows)
+                seen = {t * (t + 1) / 2, (t + 1) * (t + 2) / 2} if i else {(t + 1) * (t + 2) / 2}
+                assert (v == v[:, :1]).all() and set(np.unique(v[:, 0]).tolist()) <= seen, (t, i)
+                cl.clock()
+        want = ticks * (ticks + 1) / 2
+        for cl in clients:
+            assert wait_until(lambda cl=cl: (cl.table("W").get_rows(all_rows) == want).all(), timeout=20)
+        st = c.status()[0]
+        assert st["pushes_in_turns"] >= ticks - 1 and st["push_stall_ms"]["n"] > st["pushes_in_turns"]
+        assert st["errors"] == 0
+    finally:
+        for cl in clients:
+            cl.close()
