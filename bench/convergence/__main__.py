@@ -21,8 +21,11 @@ lda, mf, mlr -- thesis §3.3 in miniature, per app at P = 4 and 8 worker process
     Every mode has the same data, seeds, step sizes and mini-batches per pass. The target of a seed
     and P is the best BS reaches in 75% of its epochs (``--target-frac``); each run reports epochs,
     seconds and bytes to it (``epochs + 1`` and ``reached: false`` if never), time and bytes per
-    epoch, how much of its budget it used, the share of rows read that held a value pushed mid-clock
-    and the mean staleness of the rows read. Per mode the medians over seeds (and min/max epochs),
+    epoch, how much of its budget it used, the share of rows read that held a value pushed mid-clock,
+    the mean staleness of the rows read, and whether the servers kept up (``apply_lag_ms``: an update
+    read off the socket until applied; ``push_wait_ms``: an update arriving at a random moment waits
+    this long behind pushes on average; ``push_busy_share``: the loop's time spent pushing; from the
+    servers' final STATUS, ``Run.server_totals``). Per mode the medians over seeds (and min/max epochs),
     then one line per goal of the evaluation with ``met``. ``--link-mbit N`` runs it all inside a
     network namespace whose loopback is shaped to N Mbit/s (bench/convergence/shaped_link.py). ``--data real``
     runs each app on its real data set instead (``REAL_APPS``: news articles, MovieLens-100K,
@@ -376,7 +379,7 @@ def _report_app(app: str, spec: AppSpec, P: int, by_mode: dict[str, list[Run]],
                    "rows_pushed_early_share": (c["rows_pushed_early_to_us"] / c["rows_pushed_to_us"]
                                                if c["rows_pushed_to_us"] else None),
                    "budgeted_row_share": c["rows_sent_budgeted"] / c["rows_sent"] if c["rows_sent"] else None,
-                   "blocked_s": c["blocked_s"]}
+                   "blocked_s": c["blocked_s"], **r.server_totals()}
             per.append(row)
             emit(**base, case=f"{app}/P{P}/{name}/seed{r.seed}", metric="epochs_to_target", unit="epochs",
                  ours=e, target=t, final=r.objective[-1] if r.objective else None, failed=r.failure,

@@ -81,6 +81,30 @@ class Run:
         out = {k: float(sum(c.get(k, 0) or 0 for c in self.clients)) for k in keys}
         return out
 
+    def server_totals(self) -> dict[str, float | None]:
+        """What the servers said of keeping up, from their final STATUS (servers that report it):
+        ``apply_lag_ms``, an update's mean time from being read off the socket to applied;
+        ``push_wait_ms``, how long an update arriving at a random moment waited on average behind
+        pushes (the loop reads nothing while it pushes: sum of squared push times / (2 x uptime));
+        ``push_busy_share``, the loop's share of time spent pushing."""
+        lag_n = lag_s = stall_s = squares = uptime = 0.0
+        seen = False
+        for srv in self.servers:
+            lag, stall = srv.get("apply_lag_ms"), srv.get("push_stall_ms")
+            if not isinstance(lag, dict) or not isinstance(stall, dict):
+                continue
+            seen = True
+            lag_n += lag["n"]
+            lag_s += lag["total_s"]
+            stall_s += stall["total_s"]
+            squares += stall.get("squares_s2", 0.0)
+            uptime += srv.get("uptime_s", 0.0)
+        if not seen:
+            return {"apply_lag_ms": None, "push_wait_ms": None, "push_busy_share": None}
+        return {"apply_lag_ms": lag_s * 1e3 / lag_n if lag_n else None,
+                "push_wait_ms": squares / (2 * uptime) * 1e3 if uptime else None,
+                "push_busy_share": stall_s / uptime if uptime else None}
+
     def budget_use(self) -> float | None:
         """Clients' mean egress while training (first to last clock record), over their budget; None
         without managed communication. End-of-tick flushes are not budgeted but count, as they do
