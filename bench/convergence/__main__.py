@@ -21,7 +21,8 @@ lda, mf, mlr -- thesis §3.3 in miniature, per app at P = 4 and 8 worker process
     Every mode has the same data, seeds, step sizes and mini-batches per pass. The target of a seed
     and P is the best BS reaches in 75% of its epochs (``--target-frac``); each run reports epochs,
     seconds and bytes to it (``epochs + 1`` and ``reached: false`` if never), time and bytes per
-    epoch, how much of its budget it used, the share of rows read that held a value pushed mid-clock,
+    epoch, how much of its budget it used, the budget as a multiple of BS's own egress per client
+    (``budget_over_bs_egress``, same seed), the share of rows read that held a value pushed mid-clock,
     the mean staleness of the rows read, and whether the servers kept up (``apply_lag_ms``: an update
     read off the socket until applied; ``push_wait_ms``: an update arriving at a random moment waits
     this long behind pushes on average; ``push_busy_share``: the loop's time spent pushing; from the
@@ -365,15 +366,20 @@ def _report_app(app: str, spec: AppSpec, P: int, by_mode: dict[str, list[Run]],
     """Per run, per mode (median over seeds) and per goal: one JSON line each."""
     base = {"bench": BENCH, "app": app, "workers": P, "epochs_run": epochs}
     summary: dict[str, dict[str, Any]] = {}
+    bs_egress = {r.seed: r.egress_mbps() for r in by_mode.get("BS", [])}  # per client, Mbps
     for name, rs in by_mode.items():
         per = []
         for r in rs:
+            budget, bs_mbps = r.settings.get("comm.client_bandwidth_mbps"), bs_egress.get(r.seed)
             t = targets[(P, r.seed)]
             e, reached = _epochs(r, t, epochs)
             c = r.client_totals()
             row = {"epochs": e, "reached": reached, "seconds": r.seconds_to(t), "bytes": r.bytes_to(t),
                    "seconds_per_epoch": r.seconds_per_epoch(), "bytes_per_epoch": r.bytes_per_epoch(),
                    "budget_use": r.budget_use(),
+                   # the budget as a multiple of BS's own egress (same seed): < 1 means the budget binds
+                   # before MC sends more than BS would
+                   "budget_over_bs_egress": float(budget) / bs_mbps if budget and bs_mbps else None,
                    "early_read_share": c["rows_read_early"] / c["rows_read"] if c["rows_read"] else None,
                    "read_staleness_mean": c["read_staleness_sum"] / c["rows_read"] if c["rows_read"] else None,
                    "rows_pushed_early_share": (c["rows_pushed_early_to_us"] / c["rows_pushed_to_us"]

@@ -105,16 +105,21 @@ class Run:
                 "push_wait_ms": squares / (2 * uptime) * 1e3 if uptime else None,
                 "push_busy_share": stall_s / uptime if uptime else None}
 
-    def budget_use(self) -> float | None:
-        """Clients' mean egress while training (first to last clock record), over their budget; None
-        without managed communication. End-of-tick flushes are not budgeted but count, as they do
-        against the bucket."""
-        budget = self.settings.get("comm.client_bandwidth_mbps")
+    def egress_mbps(self) -> float | None:
+        """Clients' mean egress per client while training (first to last clock record), in Mbps:
+        updates, clocks and requests, flushes included."""
         recs = [c for c in self.clocks if "bytes_sent" in c]
-        if not budget or len(recs) < 2 or recs[-1]["time"] <= recs[0]["time"]:
+        if len(recs) < 2 or recs[-1]["time"] <= recs[0]["time"]:
             return None
         mbps = (recs[-1]["bytes_sent"] - recs[0]["bytes_sent"]) * 8 / 1e6 / (recs[-1]["time"] - recs[0]["time"])
-        return mbps / self.workers / float(budget)
+        return mbps / self.workers
+
+    def budget_use(self) -> float | None:
+        """Clients' mean egress while training over their budget; None without managed
+        communication. End-of-tick flushes are not budgeted but count, as they do against the bucket."""
+        budget = self.settings.get("comm.client_bandwidth_mbps")
+        egress = self.egress_mbps()
+        return egress / float(budget) if budget and egress is not None else None
 
     def send_counts(self, table: str, side: Literal["client", "server"] = "client") -> dict[int, int]:
         """How many rows of ``table`` were sent how many times, summed over processes."""
