@@ -52,18 +52,17 @@ class Client:
         self._tables = [TableState(i, t, config.staleness_of(t), servers, config.comm)
                         for i, t in enumerate(config.tables)]
         self._life = Lifecycle()
+        # workers in this process, and the counters of those that left
+        self._workers: tuple[Worker, ...] = ()  # replaced, never changed in place: read without the lock
+        self._workers_lock = threading.Lock()
+        self._departed: dict[str, float] = dict.fromkeys(WORKER_COUNTERS, 0)
         self._fresh = fresh = threading.Condition()  # rows arrived, a clock went out, failed or closing
-        self._comm = CommThread(config, self._tables, self._life, self._notify)
+        self._comm = CommThread(config, self._tables, self._life, self._notify, self._inc_bytes)
         self._reads = ReadPath(config, self._tables, self._comm, self._life, fresh)
         self._checkpoints = WorkerCheckpoints(config, self._comm.links, self._life, fresh)
         self._clocks = WorkerClocks(self._on_process_clock)
         self._shared = Shared(self._clocks, {st.name: st for st in self._tables}, str(config.source), self._life,
                               self._reads, self._checkpoints.after_tick)
-        self._comm.sender.made_bytes = self._inc_bytes
-        # workers in this process, and the counters of those that left
-        self._workers: tuple[Worker, ...] = ()  # replaced, never changed in place: read without the lock
-        self._workers_lock = threading.Lock()
-        self._departed: dict[str, float] = dict.fromkeys(WORKER_COUNTERS, 0)
         self._started = time.time()
         # reports' "time" counts from the job's start when launched (so workers' times compare)
         self._t0 = float(os.environ.get("BOSEN_T0", self._started))
@@ -250,10 +249,7 @@ class Client:
         return self._main
 
     def _state(self, name: str) -> TableState:
-        st = self._shared.tables.get(name)
-        if st is None:
-            raise KeyError(f"no table {name!r} in {self.config.source}; tables: {', '.join(self._shared.tables)}")
-        return st
+        return self._shared.table_state(name)
 
     def _add_worker(self) -> Worker:
         w = Worker(self._shared)

@@ -66,7 +66,9 @@ class _AckedSeqs(Sequence[int]):
 
 class CommThread:
     def __init__(self, config: Config, tables: list[TableState], life: Lifecycle,
-                 notify: Callable[[], None]) -> None:
+                 notify: Callable[[], None], made_bytes: Callable[[], int]) -> None:
+        """``made_bytes()``: bytes of increments the process's workers made so far (``Sender``'s
+        hand-over at the tick)."""
         self.config = config
         self.partition = Partition(len(config.cluster.servers))
         self.tables = tables
@@ -101,7 +103,7 @@ class CommThread:
         }
         self.thread = LoopThread("bosen-comm", self._fail)
         self.sender = Sender(tables, self.links, self.partition, config.comm, self.bucket, self.counters,
-                             self.thread, life, notify, self._fail)
+                             self.thread, life, notify, self._fail, made_bytes)
         self.recovery = Recovery(tables, life, self._reconnect, self._hello_again, self.sender.pump, notify,
                                  self._fail)
         self._ctx: zmq.Context | None = None

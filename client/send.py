@@ -52,7 +52,8 @@ class Sender:
 
     def __init__(self, tables: Sequence[TableState], links: Sequence[ServerLink], partition: Partition,
                  comm: CommConfig, bucket: LeakyBucket | None, counters: dict[str, Any], thread: LoopThread,
-                 life: Lifecycle, notify: Callable[[], None], fail: Callable[[BosenError], None]) -> None:
+                 life: Lifecycle, notify: Callable[[], None], fail: Callable[[BosenError], None],
+                 made_bytes: Callable[[], int]) -> None:
         self.tables = tables
         self.links = links
         self.partition = partition
@@ -63,7 +64,7 @@ class Sender:
         self.life = life
         self.notify = notify
         self.fail = fail
-        self.made_bytes: Callable[[], int] = lambda: 0
+        self.made_bytes = made_bytes
         self._rotation = 0
         self._retired_scheduled = False
         self._flush_waiters: list[asyncio.Future] = []

@@ -34,6 +34,12 @@ class Shared:
     reads: FreshReads
     after_tick: Callable[[int], None]  # called with the worker's new tick (checkpoint boundaries wait)
 
+    def table_state(self, name: str) -> TableState:
+        st = self.tables.get(name)
+        if st is None:
+            raise KeyError(f"no table {name!r} in {self.source}; tables: {', '.join(self.tables)}")
+        return st
+
 
 class Worker:
     """A worker thread's tick, table handles and counters; only its own thread writes them
@@ -58,10 +64,7 @@ class Worker:
         t = self._tables.get(name)
         if t is None:
             sh = self._shared
-            st = sh.tables.get(name)
-            if st is None:
-                raise KeyError(f"no table {name!r} in {sh.source}; tables: {', '.join(sh.tables)}")
-            t = self._tables[name] = Table(st, self, sh.life, sh.reads)
+            t = self._tables[name] = Table(sh.table_state(name), self, sh.life, sh.reads)
         return t
 
     def clock(self) -> None:

@@ -608,7 +608,7 @@ class Server:
                         self.counters["push_part_msgs"] += 1
                         sent += self._send_push(p, shard, b - a, budgeted, zmq.Frame(c[0][a:b]),
                                                 zmq.Frame(c[1][a:b]))
-            shard.procedure.rows_sent(local if count == n else local[mine], 1)
+            shard.rows_sent(local if count == n else local[mine], p.rank)  # not versioned: no versions
         return sent
 
     def _gather_chunk(self, shard: TableShard, local: np.ndarray) -> tuple[np.ndarray, np.ndarray, zmq.Frame,

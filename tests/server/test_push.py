@@ -5,6 +5,7 @@ what each client gets, and the values it gets, are those of one row-by-row send 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, cast
 
 import numpy as np
@@ -172,6 +173,29 @@ def test_a_push_in_turns_applies_what_arrives_between_chunks_and_sclock_follows_
     assert shard.dirty.tolist() == [True] * 4 + [False] * 12  # rows 0-3 go again at the next push
 
 
+def one_writer_two_readers(path: Any, rows: int, cols: int, ticks: int,
+                           check: Callable[[int, int, np.ndarray], None]) -> None:
+    """Three clients subscribe to every row; client 0 adds t + 1 to every cell at tick t, and every
+    client reads all rows (``check(tick, client, values)``) and clocks; at the end every client must
+    come to read the exact total."""
+    clients = [Client.connect(path) for _ in range(3)]
+    try:
+        all_rows = np.arange(rows)
+        for cl in clients:
+            cl.table("W").get_rows(all_rows)
+        for t in range(ticks):
+            clients[0].table("W").inc_rows(all_rows, np.full((rows, cols), t + 1, np.float32))
+            for i, cl in enumerate(clients):
+                check(t, i, cl.table("W").get_rows(all_rows))
+                cl.clock()
+        want = ticks * (ticks + 1) / 2
+        for cl in clients:
+            assert wait_until(lambda cl=cl: (cl.table("W").get_rows(all_rows) == want).all(), timeout=20)
+    finally:
+        for cl in clients:
+            cl.close()
+
+
 @pytest.mark.parametrize("read_my_writes", [True, False])
 def test_three_subscribers_of_the_same_rows_read_exact_values(bosen_cluster, read_my_writes):
     """One writer, two readers, budgeted pushes at a high budget and clock-advance pushes of 1.5 MiB
@@ -181,26 +205,14 @@ def test_three_subscribers_of_the_same_rows_read_exact_values(bosen_cluster, rea
                                                       "read_my_writes": read_my_writes}},
                       comm={"client_bandwidth_mbps": 2000, "server_bandwidth_mbps": 2000,
                             "server_push_rows": 2048, "client_send_rows": 2048})
-    clients = [Client.connect(c.path) for _ in range(3)]
-    try:
-        all_rows = np.arange(rows)
-        for cl in clients:
-            cl.table("W").get_rows(all_rows)
-        for t in range(ticks):
-            clients[0].table("W").inc_rows(all_rows, np.full((rows, cols), t + 1, np.float32))
-            for cl in clients:
-                v = cl.table("W").get_rows(all_rows)
-                # any value seen is a whole number of the writer's ticks, the same in every column
-                assert (v == v[:, :1]).all() and np.isin(v[:, 0], [k * (k + 1) / 2 for k in range(t + 2)]).all()
-                cl.clock()
-        want = ticks * (ticks + 1) / 2
-        for cl in clients:
-            assert wait_until(lambda cl=cl: (cl.table("W").get_rows(all_rows) == want).all(), timeout=20)
-        st = c.status()[0]
-        assert st["push_shared_msgs"] > 0 and st["errors"] == 0
-    finally:
-        for cl in clients:
-            cl.close()
+
+    def check(t: int, i: int, v: np.ndarray) -> None:
+        # any value seen is a whole number of the writer's ticks, the same in every column
+        assert (v == v[:, :1]).all() and np.isin(v[:, 0], [k * (k + 1) / 2 for k in range(t + 2)]).all()
+
+    one_writer_two_readers(c.path, rows, cols, ticks, check)
+    st = c.status()[0]
+    assert st["push_shared_msgs"] > 0 and st["errors"] == 0
 
 
 def test_a_clock_advance_push_of_several_chunks_goes_in_turns_and_stays_exact(bosen_cluster):
@@ -209,24 +221,12 @@ def test_a_clock_advance_push_of_several_chunks_goes_in_turns_and_stays_exact(bo
     tick may already be applied)."""
     rows, cols, ticks = 3072, 256, 5
     c = bosen_cluster(1, 3, staleness=0, tables={"W": {"rows": rows, "cols": cols, "dtype": "float32"}})
-    clients = [Client.connect(c.path) for _ in range(3)]
-    try:
-        all_rows = np.arange(rows)
-        for cl in clients:
-            cl.table("W").get_rows(all_rows)
-        for t in range(ticks):
-            clients[0].table("W").inc_rows(all_rows, np.full((rows, cols), t + 1, np.float32))
-            for i, cl in enumerate(clients):
-                v = cl.table("W").get_rows(all_rows)
-                seen = {t * (t + 1) / 2, (t + 1) * (t + 2) / 2} if i else {(t + 1) * (t + 2) / 2}
-                assert (v == v[:, :1]).all() and set(np.unique(v[:, 0]).tolist()) <= seen, (t, i)
-                cl.clock()
-        want = ticks * (ticks + 1) / 2
-        for cl in clients:
-            assert wait_until(lambda cl=cl: (cl.table("W").get_rows(all_rows) == want).all(), timeout=20)
-        st = c.status()[0]
-        assert st["pushes_in_turns"] >= ticks - 1 and st["push_stall_ms"]["n"] > st["pushes_in_turns"]
-        assert st["errors"] == 0
-    finally:
-        for cl in clients:
-            cl.close()
+
+    def check(t: int, i: int, v: np.ndarray) -> None:
+        seen = {t * (t + 1) / 2, (t + 1) * (t + 2) / 2} if i else {(t + 1) * (t + 2) / 2}
+        assert (v == v[:, :1]).all() and set(np.unique(v[:, 0]).tolist()) <= seen, (t, i)
+
+    one_writer_two_readers(c.path, rows, cols, ticks, check)
+    st = c.status()[0]
+    assert st["pushes_in_turns"] >= ticks - 1 and st["push_stall_ms"]["n"] > st["pushes_in_turns"]
+    assert st["errors"] == 0
