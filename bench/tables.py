@@ -72,7 +72,8 @@ def evaluation(records: Iterable[dict[str, Any]]) -> str:
             for g in goals:
                 ours = f"{_f(g.get('ours'), '{:.3g}')} {g.get('unit', '')}" + (
                     f" ({g['ours_name']})" if g.get("ours_name") else "")
-                base = f"{_f(g.get('baseline'), '{:.3g}')} ({g.get('baseline_name', '')})"
+                base = (f"{_f(g.get('baseline'), '{:.3g}')} ({g['baseline_name']})" if g.get("baseline_name")
+                        else "–")
                 out.append(f"| {g['goal']} | {ours} | {base} | {_f(g.get('ratio'), '{:.2f}')} | {_f(g['met'])} |")
         out.append("")
     return "\n".join(out)
