@@ -17,7 +17,8 @@ def _launch(args: argparse.Namespace) -> int:
     from bosen.jobs.launch import Launcher
 
     launcher = Launcher(args.config, workers=args.workers, overrides=args.set, run_dir=args.run_dir,
-                        timeout=args.timeout, quiet=args.quiet, plot=not args.no_plot, resume=args.resume)
+                        timeout=args.timeout, quiet=args.quiet, plot=not args.no_plot, resume=args.resume,
+                        servers=args.servers)
     return launcher.run()
 
 
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     lp = sub.add_parser("launch", help="run a job locally: servers plus worker processes")
     lp.add_argument("config")
     lp.add_argument("--workers", type=int, default=None, help="worker processes (default: cluster.workers)")
+    lp.add_argument("--servers", type=int, default=None,
+                    help="server processes on free local ports, replacing cluster.servers (one per 4 workers "
+                         "serves a managed-communication job: README, 'How many servers')")
     lp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     lp.add_argument("--run-dir", default=None, help="where logs and metrics go (default: runs/APP-TIME)")
     lp.add_argument("--timeout", type=float, default=None, help="stop the job after this many seconds")

@@ -47,10 +47,14 @@ def _stop_on_signal(signum: int, frame: Any) -> None:
 class Launcher:
     def __init__(self, config: str | Config, workers: int | None = None, overrides: Any = (),
                  run_dir: str | Path | None = None, timeout: float | None = None, quiet: bool = False,
-                 plot: bool = True, resume: str | Path | None = None) -> None:
+                 plot: bool = True, resume: str | Path | None = None, servers: int | None = None) -> None:
         overrides = list(overrides)
         if workers is not None:
             overrides.append(("cluster.workers", workers))
+        if servers is not None:  # N server processes on this machine, on free ports
+            if isinstance(servers, bool) or not isinstance(servers, int) or servers < 1:
+                raise BosenError(f"--servers {servers!r}: the number of server processes, at least 1")
+            overrides.append(("cluster.servers", ["127.0.0.1:0"] * servers))
         self.config = resolve_ports(config_mod.load(config, overrides))
         if not self.config.app.module:
             raise BosenError(f"{self.config.source}: app.module is not set: nothing to launch")

@@ -193,7 +193,7 @@ def test_launch_runs_a_job_and_writes_metrics(tmp_path, tracked):
 def test_launch_workers_and_set_overrides(tmp_path):
     cfg = launch_config(tmp_path, {"ticks": 2}, workers=2)
     run_dir = tmp_path / "run"
-    r = run_cmd([PY, "-m", "bosen", "launch", cfg, "--workers", 3, "--set", "tables.W.cols=3",
+    r = run_cmd([PY, "-m", "bosen", "launch", cfg, "--workers", 3, "--servers", 3, "--set", "tables.W.cols=3",
                  "--set", "app.args.ticks=3", "--run-dir", run_dir, "--quiet", "--no-plot"], timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip() == ""  # --quiet
@@ -204,6 +204,9 @@ def test_launch_workers_and_set_overrides(tmp_path):
     assert not (run_dir / "objective.png").exists()
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert resolved["cluster"]["workers"] == 3 and resolved["app"]["args"]["ticks"] == 3
+    assert len(resolved["cluster"]["servers"]) == 3  # --servers: three local servers on free ports
+    assert len(set(resolved["cluster"]["servers"])) == 3
+    assert sorted(p.name for p in (run_dir / "logs").glob("server-*.log")) == [f"server-{i}.log" for i in range(3)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -315,6 +318,8 @@ def test_launch_rejects_bad_configs(tmp_path):
     r = run_cmd([PY, "-m", "bosen", "launch", tmp_path / "absent.yaml"], timeout=30)
     assert r.returncode == 2 and "absent.yaml" in r.stderr
     assert "Traceback" not in r.stderr
+    r = run_cmd([PY, "-m", "bosen", "launch", cfg, "--servers", "0"], timeout=30)
+    assert r.returncode == 2 and "--servers 0" in r.stderr and "Traceback" not in r.stderr
 
 
 # ------------------------------------------------------------------------------------------------
