@@ -916,6 +916,11 @@ def test_e2e_consistent_ll_per_scored_clock_ends_at_final_loglik(tmp_path):
     assert cons[-1]["objective"] == pytest.approx(final, rel=1e-12)
     assert cons[-1]["ll_doc"] == pytest.approx(scored[-1]["ll_doc"], rel=1e-12)  # exact part
     assert cons[-1]["objective"] > cons[0]["objective"]
-    for x, c in zip(cons, scored, strict=True):  # the worker view is off by what staleness hides, not more
-        assert abs(x["objective"] - c["objective"]) < 0.05 * abs(x["objective"]), (x, c)
+    # the workers' own view differs only in the word part: rows read up to `staleness` ticks old, less
+    # concentrated than the current state while the objective climbs (measured: up to 8% lower here), so
+    # below or at it, and not far off
+    for x, c in zip(cons, scored, strict=True):
+        assert x["ll_doc"] == pytest.approx(c["ll_doc"], rel=1e-12)
+        assert c["objective"] <= x["objective"] + 0.005 * abs(x["objective"]), (x, c)
+        assert c["objective"] > x["objective"] - 0.2 * abs(x["objective"]), (x, c)
     assert not (run_dir / "consistent-ll").exists()
