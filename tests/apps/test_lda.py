@@ -924,3 +924,21 @@ def test_e2e_consistent_ll_per_scored_clock_ends_at_final_loglik(tmp_path):
         assert c["objective"] <= x["objective"] + 0.005 * abs(x["objective"]), (x, c)
         assert c["objective"] > x["objective"] - 0.2 * abs(x["objective"]), (x, c)
     assert not (run_dir / "consistent-ll").exists()
+
+
+def test_convergence_read_run_uses_the_consistent_objective(tmp_path):
+    """bench.convergence's per-epoch curve: the consistent objective where the run has one (targets
+    and epochs-to-target use it), the workers' view kept beside it; without one, the workers' view."""
+    from bench.convergence.curves import read_run  # pyproject's pytest pythonpath: the checkout
+    from bosen.jobs.job import JobRun
+
+    recs = [{"kind": "clock", "clock": c, "time": float(c), "objective": -100.0 + c, "bytes_sent": c}
+            for c in (3, 4, 5, 6)] + [{"kind": "clock", "clock": 9, "time": 9.0, "final_loglik": -1.0}]
+    job = JobRun(tmp_path, 0, 10.0, tmp_path / "launch.log", recs)
+    plain = read_run(job, "BS", 0, 2, 2, "last", True, {})
+    assert plain.objective == plain.objective_worker_view == [-96.0, -94.0]
+    _w(tmp_path / "consistent-ll.jsonl", "".join(json.dumps({"clock": c, "objective": -90.0 + c}) + "\n"
+                                                   for c in (3, 4, 5, 6)))
+    run = read_run(job, "BS", 0, 2, 2, "last", True, {})
+    assert run.objective == [-86.0, -84.0] and run.objective_worker_view == [-96.0, -94.0]
+    assert run.epochs_to(-85.0) == 2 and run.failure is None
