@@ -200,7 +200,8 @@ APPS: dict[str, AppSpec] = {
     # 8000 documents x ~100 tokens, 2000 words, K = 20 (configs/lda.yaml); objective log p(w, z)
     "lda": AppSpec("lda.yaml", "app.args.iterations", 30, 8, {"app.args.synth_docs": 8000},
                    {"app.args.synth_docs": 1000, "app.args.synth_vocab": 500, "tables.word_topic.rows": 500},
-                   {"app.args.consistent_ll": True}, 8, (10.0, 40.0), (40.0,), "last", True, "log-likelihood (higher is better)", "word_topic",
+                   {"app.args.consistent_ll": True}, 8, (10.0, 40.0), (40.0,), "last", True,
+                   "log-likelihood (higher is better)", "word_topic",
                    ll_every=True, send_rows=800),
     # 20000 users x 5000 items, rank 16, 500k ratings (configs/mf.yaml); objective: training squared loss
     "mf": AppSpec("mf.yaml", "app.args.epochs", 20, 6, {},
