@@ -2,6 +2,7 @@
 
 ``data`` (UCI and LDA-C readers, generator, writers), ``sampling`` (numba samplers: dense, sparse,
 LightLDA MH), ``evaluation`` (numba log-likelihood terms and document completion), ``model`` (the
-sampler state and objective), ``worker`` (``train``: the loop against the PS). Run with
+sampler state and objective), ``consistent`` (the objective of the servers' tables at a clock),
+``worker`` (``train``: the loop against the PS). Run with
 ``bosen launch configs/lda.yaml``.
 """

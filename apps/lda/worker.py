@@ -33,6 +33,15 @@ launcher sums):
   included), so the word part lags the truth by at most the staleness bound.
 * topic part ``Σ_k lgamma(Vβ) - lgamma(n_k+Vβ)``: rank 0 only.
 
+That sum mixes each worker's own stale view of the rows it scores. With ``consistent_ll`` the job
+also scores a consistent state, the servers' tables at each scored clock (what a checkpoint there
+would hold), without a barrier: the tables hold only plain-add increments of the workers' topic
+assignments, so after exactly the updates of ticks <= c they are the sum of each worker's local
+counts at the end of its tick c. Each worker saves those (and its doc part) at every scored tick
+(``consistent_ll_s`` in its report: the time that takes); after the closing barrier rank 0 sums them
+and writes ``$BOSEN_RUN_DIR/consistent-ll.jsonl`` (see ``consistent``). At the last clock it equals
+``final_loglik``. The convergence benchmark's targets use it.
+
 Each report also has ``compute_s`` (sampling) and ``comm_s`` (reads, sends and the previous clock),
 split into ``read_s`` (``get_rows`` of word rows and the summary), ``send_s`` (the count changes, as
 ``inc_rows``) and ``clock_wait_s`` (the previous ``clock()``), ``alias_s`` (MH: building the word
@@ -65,7 +74,7 @@ from typing import Any, Literal
 import numpy as np
 from numba import njit
 
-from bosen.apps.lda import evaluation, sampling
+from bosen.apps.lda import consistent, evaluation, sampling
 from bosen.apps.lda.data import Corpus, generate, load
 from bosen.apps.lda.model import AliasTables, DocumentCompletion, Sampler, top_words
 from bosen.apps.protocol import PSClient, PSTable, require_table
@@ -128,6 +137,7 @@ class LDAArgs:
     synth_beta: float = 0.1
     init_barrier: bool = True          # wait (staleness+1 ticks) until all initial counts are visible
     save_model: bool = True            # rank 0 writes word_topic.npy to $BOSEN_RUN_DIR
+    consistent_ll: bool = False        # also score the servers' tables at each scored clock (consistent-ll.jsonl)
 
     def __post_init__(self) -> None:
         for name in ("K", "iterations", "clocks_per_epoch", "batches_per_clock", "mh_steps", "ll_every", "top_words",
@@ -257,6 +267,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         client.clock()
 
     zero = np.zeros(1, dtype=np.int64)
+    snapshots = consistent.snapshot_dir() if a.consistent_ll else None
+    scored: list[int] = []  # the clocks this process scored (their snapshot files must all exist)
     clock_wait = 0.0  # time in the previous clock() call: counted in the next report
     for c in range(tick - pre, T):
         do_ll = (c + 1) % a.ll_every == 0 or c == T - 1
@@ -298,6 +310,14 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             rec["comm_s"] += t1 - t0
             rec["read_s"] += t1 - t0
             rec["ll_s"] = time.perf_counter() - t1
+            if snapshots is not None:
+                # the state the servers hold once every worker's tick-`tick` updates are in: this
+                # worker's share is its own tokens' counts now (its z at the end of the tick)
+                t3 = time.perf_counter()
+                consistent.save(snapshots, tick, rank, consistent.local_counts(sampler.words, sampler.z, a.K, V),
+                                ll_doc)
+                scored.append(tick)
+                rec["consistent_ll_s"] = time.perf_counter() - t3
         if held is not None and a.eval_every and ((c + 1) % a.eval_every == 0 or c == T - 1):
             t0 = time.perf_counter()
             rows = np.asarray(wt.get_rows(held.rows), dtype=np.int32)
@@ -333,6 +353,11 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         neg = int((nwk < 0).sum())
         if neg:
             print(f"lda: {neg} negative word-topic counts in the final table", file=sys.stderr)
+        if snapshots is not None:
+            # the read above waited for every worker's last training clock, sent after its last file
+            every = [pre + c for c in range(T) if (c + 1) % a.ll_every == 0 or c == T - 1]
+            recs = consistent.combine(snapshots, every, scored, P, V, a.K, a.beta)
+            consistent.write(snapshots.parent, recs)
     client.report(final_loglik=final)
 
 

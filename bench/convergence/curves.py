@@ -5,13 +5,19 @@ latest worker's), then each client's and server's final stats. :func:`read_run` 
 records into per-epoch points: the objective (summed over an epoch's clocks for a running training
 loss, or the epoch's last value for a state measure like LDA's log-likelihood), the wall time at the
 epoch's end, and the bytes clients sent and received so far.
+
+Where the job scored a consistent state (LDA's ``consistent_ll``: the servers' tables at each scored
+clock, in RUN_DIR/consistent-ll.jsonl) that is the objective, and so what targets and epochs-to-target
+use; the sum of the workers' own views stays in ``objective_worker_view`` for comparison.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from bosen.jobs.job import JobRun
@@ -36,6 +42,7 @@ class Run:
     servers: list[dict[str, Any]] = field(default_factory=list)
     clocks: list[dict[str, Any]] = field(default_factory=list)
     failure: str | None = None      # the job stopped early (e.g. SGD diverged)
+    objective_worker_view: list[float] = field(default_factory=list)  # per epoch, from the clock records
 
     def better(self, a: float, b: float) -> bool:
         """Whether objective value ``a`` is at least as good as ``b``."""
@@ -141,17 +148,37 @@ def read_run(job: JobRun, name: str, seed: int, workers: int, clocks_per_epoch: 
     clocks = sorted((c for c in job.kind("clock") if "objective" in c), key=lambda c: c["clock"])
     k = clocks_per_epoch
     n = len(clocks) // k
-    objective, times, nbytes = [], [], []
+    cons = read_consistent(job.run_dir)
+    objective, times, nbytes, worker_view = [], [], [], []
     for e in range(n):
         chunk = clocks[e * k:(e + 1) * k]
         vals = [c["objective"] for c in chunk]
+        worker_view.append(sum(vals) if aggregate == "sum" else vals[-1])
+        if cons is not None:
+            if any(c["clock"] not in cons for c in chunk):
+                failure = failure or f"no consistent objective for clock {chunk[-1]['clock']}"
+                cons = None
+            else:
+                vals = [cons[c["clock"]] for c in chunk]
         objective.append(sum(vals) if aggregate == "sum" else vals[-1])
         times.append(max(c["time"] for c in chunk))
         nbytes.append(float(chunk[-1].get("bytes_sent", 0) + chunk[-1].get("bytes_received", 0)))
     if failure is None and n == 0:
         failure = "no complete epoch"
+    if cons is None:
+        objective = worker_view  # one kind of objective throughout
     return Run(name, seed, workers, objective, times, nbytes, maximize, job.seconds, dict(settings),
-               job.kind("client"), job.kind("server"), clocks, failure)
+               job.kind("client"), job.kind("server"), clocks, failure, worker_view)
+
+
+def read_consistent(run_dir: Path) -> dict[int, float] | None:
+    """Clock -> the objective of the servers' tables at that clock (RUN_DIR/consistent-ll.jsonl,
+    written by LDA's rank 0 at the job's end), or None where the job has none."""
+    path = Path(run_dir) / "consistent-ll.jsonl"
+    if not path.is_file():
+        return None
+    recs = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return {int(r["clock"]): float(r["objective"]) for r in recs}
 
 
 def median_curve(runs: Sequence[Run], attr: str = "objective") -> tuple[list[float], list[float], list[float]]:

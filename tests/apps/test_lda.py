@@ -24,7 +24,7 @@ import pytest
 from inprocess import InProcessClient, InProcessTable
 from resume import whole_and_resumed
 
-from bosen.apps.lda import evaluation, sampling
+from bosen.apps.lda import consistent, evaluation, sampling
 from bosen.apps.lda.data import (
     DataError,
     generate,
@@ -843,3 +843,102 @@ def test_sparse_sweep_reads_no_word_rows_of_tokens_outside_its_documents():
     s.method, s.dense_phase = "sparse", False
     s.sweep(mine, nk, words, 0, 10)
     assert (s.z[ptr[10]:] == _model(c, 70)[0].z[ptr[10]:]).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# the objective from a consistent state (consistent_ll): the servers' tables at each scored clock
+
+
+def _consistent_ll(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "consistent-ll.jsonl").read_text().splitlines() if x.strip()]
+
+
+def test_local_counts_dense_and_sparse_are_the_samplers_counts():
+    c = generate(200, 300, 5, 50.0, alpha=0.1, beta=0.05, seed=3)
+    s = Sampler(c, 10, 0.1, 0.01, 300, "dense", seed=1)
+    want = np.zeros((300, 10), np.int64)
+    w, k, n = s.word_topic_coo()
+    want[w, k] = n
+    few = Sampler(c.subset(0, 5), 10, 0.1, 0.01, 300, "dense", seed=1)  # few tokens: sparse is smaller
+    for smp, form in ((s, "dense"), (few, "keys")):
+        got = consistent.local_counts(smp.words, smp.z, 10, 300)
+        assert form in got
+        dense = got["dense"] if "dense" in got else np.bincount(got["keys"], got["counts"], 3000).reshape(300, 10)
+        if smp is s:
+            np.testing.assert_array_equal(dense, want)
+        else:
+            assert dense.sum() == smp.z.size and (dense.sum(0) == smp.topic_counts()).all()
+
+
+def test_consistent_ll_in_process_equals_the_single_workers_objective(tmp_path, monkeypatch):
+    """One worker with exact reads: its own view is the servers' state, so both objectives agree at
+    every scored clock, and the last one is final_loglik; the count files are gone afterwards."""
+    monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
+    c = _client(300, 10)
+    train(c, {**SYN, "iterations": 6, "clocks_per_epoch": 2, "ll_every": 2, "consistent_ll": True})
+    work = [r for r in c.reports if "objective" in r]
+    cons = _consistent_ll(tmp_path)
+    assert [x["clock"] for x in cons] == [r["clock"] for r in work] and len(cons) == 6
+    for x, r in zip(cons, work, strict=True):
+        assert x["objective"] == pytest.approx(r["objective"], rel=1e-12)
+        assert r["consistent_ll_s"] >= 0
+    assert cons[-1]["objective"] == pytest.approx(c.reports[-1]["final_loglik"], rel=1e-12)
+    assert not (tmp_path / "consistent-ll").exists()
+
+
+def test_consistent_ll_errors(tmp_path, monkeypatch):
+    monkeypatch.delenv("BOSEN_RUN_DIR", raising=False)
+    with pytest.raises(ConfigError, match=r"consistent_ll: needs \$BOSEN_RUN_DIR"):
+        train(_client(300, 10), {**SYN, "iterations": 1, "consistent_ll": True})
+    with pytest.raises(ValueError, match="app.args.consistent_ll: expected true or false"):
+        train(_client(300, 10), {**SYN, "iterations": 1, "consistent_ll": "yes"})
+    folder = tmp_path / "consistent-ll"
+    folder.mkdir()
+    consistent.save(folder, 5, 0, {"dense": np.ones((3, 2), np.int32)}, -1.0)
+    with pytest.raises(DataError, match="1 of the workers' count files are missing, e.g. .*0000005-00001.npz"):
+        consistent.combine(folder, [5], [5], 2, 3, 2, 0.1)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.slow
+def test_e2e_consistent_ll_per_scored_clock_ends_at_final_loglik(tmp_path):
+    """Two workers under SSP: one consistent objective per scored clock, the last equal to the
+    final_loglik of the servers' final table, and close to (not far from) the workers' own view."""
+    p, run_dir = _launch(tmp_path, 300, 10, {**SYN, "iterations": 6, "clocks_per_epoch": 2, "ll_every": 2,
+                                             "consistent_ll": True})
+    assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    clocks = _clocks(run_dir)
+    scored = [c for c in clocks if "objective" in c]
+    cons = _consistent_ll(run_dir)
+    assert [x["clock"] for x in cons] == [c["clock"] for c in scored] and len(cons) == 6
+    assert all(c["consistent_ll_s"] < 1.0 for c in scored)
+    final = clocks[-1]["final_loglik"]
+    assert cons[-1]["objective"] == pytest.approx(final, rel=1e-12)
+    assert cons[-1]["ll_doc"] == pytest.approx(scored[-1]["ll_doc"], rel=1e-12)  # exact part
+    assert cons[-1]["objective"] > cons[0]["objective"]
+    # the workers' own view differs only in the word part: rows read up to `staleness` ticks old, less
+    # concentrated than the current state while the objective climbs (measured: up to 8% lower here), so
+    # below or at it, and not far off
+    for x, c in zip(cons, scored, strict=True):
+        assert x["ll_doc"] == pytest.approx(c["ll_doc"], rel=1e-12)
+        assert c["objective"] <= x["objective"] + 0.005 * abs(x["objective"]), (x, c)
+        assert c["objective"] > x["objective"] - 0.2 * abs(x["objective"]), (x, c)
+    assert not (run_dir / "consistent-ll").exists()
+
+
+def test_convergence_read_run_uses_the_consistent_objective(tmp_path):
+    """bench.convergence's per-epoch curve: the consistent objective where the run has one (targets
+    and epochs-to-target use it), the workers' view kept beside it; without one, the workers' view."""
+    from bench.convergence.curves import read_run  # pyproject's pytest pythonpath: the checkout
+    from bosen.jobs.job import JobRun
+
+    recs = [{"kind": "clock", "clock": c, "time": float(c), "objective": -100.0 + c, "bytes_sent": c}
+            for c in (3, 4, 5, 6)] + [{"kind": "clock", "clock": 9, "time": 9.0, "final_loglik": -1.0}]
+    job = JobRun(tmp_path, 0, 10.0, tmp_path / "launch.log", recs)
+    plain = read_run(job, "BS", 0, 2, 2, "last", True, {})
+    assert plain.objective == plain.objective_worker_view == [-96.0, -94.0]
+    _w(tmp_path / "consistent-ll.jsonl", "".join(json.dumps({"clock": c, "objective": -90.0 + c}) + "\n"
+                                                   for c in (3, 4, 5, 6)))
+    run = read_run(job, "BS", 0, 2, 2, "last", True, {})
+    assert run.objective == [-86.0, -84.0] and run.objective_worker_view == [-96.0, -94.0]
+    assert run.epochs_to(-85.0) == 2 and run.failure is None
