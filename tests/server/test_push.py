@@ -230,3 +230,45 @@ def test_a_clock_advance_push_of_several_chunks_goes_in_turns_and_stays_exact(bo
     st = c.status()[0]
     assert st["pushes_in_turns"] >= ticks - 1 and st["push_stall_ms"]["n"] > st["pushes_in_turns"]
     assert st["errors"] == 0
+
+
+@pytest.mark.parametrize("push_to", ["readers", "subscribers"])
+def test_budgeted_pushes_go_to_last_ticks_readers_and_the_clock_advance_to_everyone(bosen_cluster, push_to):
+    """Clients 1 and 2 subscribe to rows A and B; in tick 1 client 1 reads only A and client 2 only B
+    (their CLOCKs say so). Client 0's tick-2 updates of both then go early only to their last tick's
+    readers (``push_to: readers``; to both subscribers with ``subscribers``), and the clock-advance
+    push brings the rest: at staleness 0 a read at tick 3 must show every tick-2 update."""
+    A, B, cols = 0, 1, 4
+    c = bosen_cluster(1, 3, staleness=0, tables={"W": {"rows": 8, "cols": cols, "dtype": "float32"}},
+                      comm={"client_bandwidth_mbps": 1000, "server_bandwidth_mbps": 1000, "push_to": push_to})
+    clients = [Client.connect(c.path, rank=r) for r in range(3)]
+    try:
+        w, r1, r2 = (cl.table("W") for cl in clients)
+        for t in (r1, r2):
+            t.get_rows(np.array([A, B]))  # subscribed to both
+        for cl in clients:
+            cl.clock()  # tick 0 -> 1
+        r1.get_row(A)
+        r2.get_row(B)
+        for cl in clients:
+            cl.clock()  # tick 1 -> 2: the CLOCKs carry {A} and {B}
+        for cl in clients:
+            assert wait_until(lambda cl=cl: cl.stats()["server_clocks"] == [2], timeout=20)
+        w.inc_rows(np.array([A, B]), np.ones((2, cols), np.float32))  # sent early (budgeted)
+        assert wait_until(lambda: r1.get_row(A)[0] == 1.0, timeout=20)
+        assert wait_until(lambda: r2.get_row(B)[0] == 1.0, timeout=20)
+        early = [cl.stats()["rows_pushed_early_to_us"] for cl in clients[1:]]
+        st = c.status()[0]
+        if push_to == "readers":
+            assert early == [1, 1] and st["rows_pushed_budgeted"] == 2
+        else:
+            assert wait_until(lambda: c.status()[0]["rows_pushed_budgeted"] == 4, timeout=20)
+        for cl in clients:
+            cl.clock()  # tick 2 -> 3: the clock-advance push
+        for t in (r1, r2):  # staleness 0: every tick-2 update, at once
+            np.testing.assert_array_equal(t.get_rows(np.array([A, B])), np.ones((2, cols), np.float32))
+        st = c.status()[0]
+        assert st["rows_pushed"] == 4 and st["errors"] == 0  # each row once to each subscriber
+    finally:
+        for cl in clients:
+            cl.close()
