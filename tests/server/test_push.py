@@ -272,3 +272,30 @@ def test_budgeted_pushes_go_to_last_ticks_readers_and_the_clock_advance_to_every
     finally:
         for cl in clients:
             cl.close()
+
+
+def test_a_budgeted_push_to_readers_leaves_the_rest_to_the_clock_advance_push():
+    """Clients mirror their own writes (a row only its writer changed skips it). Row 0, changed by
+    client 0, read last tick by client 1; row 1, changed by 1, read by all; row 2, changed by 2, read by
+    0. The budgeted push gives each row to its last tick's readers; rows 0 and 2 then still owe a
+    subscriber (client 2, client 1) and stay dirty for the clock-advance push, which sends only that."""
+    s = server(rows=4)
+    sent = capture(s)
+    shard = s.shards[0]
+    local = np.arange(3)
+    for c in range(3):
+        shard.subscribe(local, c)
+        shard.set_recent(c, np.isin(np.arange(4), {0: [1, 2], 1: [0, 1], 2: [1]}[c]))
+    shard.skip_own = True
+    for r in range(3):
+        inc(s, np.array([r]), 1.0, client=r)
+    assert s._push_budgeted(s._live()) > 0
+    got = {i: rows_of(f, h["n"], 4)[0].tolist() for i, h, f in sent}
+    assert got == {b"c0": [1, 2], b"c1": [0], b"c2": [1]}
+    assert shard.dirty.tolist() == [True, False, True, False] and not shard.importance.any()
+    assert s._push_budgeted(s._live()) == 0  # rows 0 and 2 are not picked again until they change
+    sent.clear()
+    s.client_clock[:] = 1
+    s._maybe_advance()
+    got = {i: rows_of(f, h["n"], 4)[0].tolist() for i, h, f in sent if h["t"] == Msg.ROWS}
+    assert got == {b"c1": [2], b"c2": [0]} and not shard.dirty.any()
