@@ -116,7 +116,7 @@ def test_overrides_are_parsed_as_yaml(tmp_path):
         "consistency.staleness=0",
         "consistency.read_timeout_s=2.5",
         "comm.priority=random",
-        "comm.push_to=subscribers",
+        "comm.push_to=readers",
         "comm.enabled=false",
         "tables.W.dtype=int64",
         "tables.W.rows=12",
@@ -127,7 +127,7 @@ def test_overrides_are_parsed_as_yaml(tmp_path):
     assert cfg.consistency.staleness == 0 and isinstance(cfg.consistency.staleness, int)
     assert cfg.consistency.read_timeout_s == 2.5
     assert cfg.comm.enabled is False
-    assert cfg.comm.priority == "random" and cfg.comm.push_to == "subscribers"
+    assert cfg.comm.priority == "random" and cfg.comm.push_to == "readers"
     assert cfg.table("W").dtype == "int64" and cfg.table("W").rows == 12
     assert cfg.cluster.servers == ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
     assert cfg.app.module == "my.mod" and cfg.app.args["lr"] == 0.1

@@ -23,10 +23,11 @@ from bosen.wire import Msg, UpdateBatch
 pytestmark = pytest.mark.timeout(120)
 
 
-def server(rows: int = 16, cols: int = 4, clients: int = 3, read_my_writes: bool = True) -> Server:
+def server(rows: int = 16, cols: int = 4, clients: int = 3, read_my_writes: bool = True,
+           push_to: str = "subscribers") -> Server:
     data = job_config(["127.0.0.1:1"], clients, tables={"W": {"rows": rows, "cols": cols, "dtype": "float32",
                                                                "read_my_writes": read_my_writes}},
-                      comm={"server_bandwidth_mbps": 1000})
+                      comm={"server_bandwidth_mbps": 1000, "push_to": push_to})
     s = Server(config_mod.load(data), 0)
     for r in range(clients):
         p = Peer(ident=b"c%d" % r, rank=r, last_seq=0, applied=10 * r)
@@ -279,7 +280,7 @@ def test_a_budgeted_push_to_readers_leaves_the_rest_to_the_clock_advance_push():
     client 0, read last tick by client 1; row 1, changed by 1, read by all; row 2, changed by 2, read by
     0. The budgeted push gives each row to its last tick's readers; rows 0 and 2 then still owe a
     subscriber (client 2, client 1) and stay dirty for the clock-advance push, which sends only that."""
-    s = server(rows=4)
+    s = server(rows=4, push_to="readers")
     sent = capture(s)
     shard = s.shards[0]
     local = np.arange(3)
