@@ -77,6 +77,9 @@ class CommConfig:
     server_push_rows: int = 100
     priority: Literal["random", "round_robin", "absolute", "relative"] = "relative"
     wire_dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # updates of float tables (residual kept)
+    # budgeted pushes go to the subscribers that read the row in their last tick (each CLOCK carries
+    # the rows its client read), or to every subscriber; the clock-advance push goes to all either way
+    push_to: Literal["readers", "subscribers"] = "subscribers"
     max_unacked: int = 200
     idle_ms: float = 2.0
 

@@ -15,7 +15,8 @@ end-of-version marks and released row versions follow the updates), ``nr`` relea
 ``rd`` HELLO of a joined client's read connection (a worker thread's own socket: READ in, ROWS out),
 ``ss`` ROWS's number among every ROWS the server sent that client, on any of its connections (a
 client keeps each row's newest), ``na`` INC's "no ACK": the server acknowledges it only through the
-ACK (or SCLOCK) of a later message, whose ``rq`` (``a``) covers every earlier one.
+ACK (or SCLOCK) of a later message, whose ``rq`` (``a``) covers every earlier one; ``rs`` CLOCK's
+read set (``pack_read_set``).
 """
 
 from __future__ import annotations
@@ -206,6 +207,8 @@ def expected_frames(h: dict[str, Any]) -> int:
         return (4 if h["sp"] else 2) + (4 if is_versioned(h) else 0)
     if h["t"] == Msg.ROWS:
         return 3 if is_versioned(h) else 2
+    if h["t"] == Msg.CLOCK and "rs" in h:
+        return len(_read_set_entries(h))
     return _FRAMES.get(h["t"], 0)
 
 
@@ -318,3 +321,59 @@ def decode_update(h: dict[str, Any], frames: Sequence[Any], ncols: int, dtype: n
         if (n and batch.tags.min() < 0) or (nr and batch.rel_tags.min() < 0):
             raise ProtocolError("INC: row versions must be >= 0")
     return batch
+
+
+# -- read sets (CLOCK's "rs") -------------------------------------------------------------------
+# Under managed communication a client's CLOCK tells the server which of its rows the client read in
+# the tick(s) just ended, so that budgeted pushes go to the subscribers that will read a row next.
+# "rs" is a list of [table, n], one frame each: n >= 0 local row indices (int64), or n = -1 a bitmap
+# over the server's local rows (np.packbits), whichever is smaller. A table not listed: nothing read.
+_BITMAP = -1
+
+
+def pack_read_set(reads: Sequence[tuple[int, np.ndarray, int]]) -> tuple[list[list[int]], list[np.ndarray]]:
+    """``reads``: (table, sorted local indices read, the server's local row count) per table with reads;
+    returns CLOCK's ``rs`` and its frames."""
+    entries: list[list[int]] = []
+    arrays: list[np.ndarray] = []
+    for tb, local, nlocal in reads:
+        if local.shape[0] * ROW_DTYPE.itemsize <= (nlocal + 7) // 8:
+            entries.append([tb, int(local.shape[0])])
+            arrays.append(local.astype(ROW_DTYPE, copy=False))
+        else:
+            mask = np.zeros(nlocal, dtype=bool)
+            mask[local] = True
+            entries.append([tb, _BITMAP])
+            arrays.append(np.packbits(mask))
+    return entries, arrays
+
+
+def _read_set_entries(h: dict[str, Any]) -> list[tuple[int, int]]:
+    rs = h["rs"]
+    if type(rs) is not list or not all(type(e) is list and len(e) == 2 and all(type(x) is int for x in e)
+                                       for e in rs):
+        raise ProtocolError(f"CLOCK: field 'rs' must be a list of [table, count] pairs, got {rs!r}")
+    return [(e[0], e[1]) for e in rs]
+
+
+def read_set(h: dict[str, Any], frames: Sequence[Any], local_rows: Sequence[int]) -> list[np.ndarray] | None:
+    """CLOCK's read set as one bool mask per table over the server's local rows (``local_rows``:
+    their counts); None if the message carries none."""
+    if "rs" not in h:
+        return None
+    masks = [np.zeros(n, dtype=bool) for n in local_rows]
+    for (tb, n), frame in zip(_read_set_entries(h), frames, strict=True):
+        if not 0 <= tb < len(masks):
+            raise ProtocolError(f"CLOCK: read set names table {tb}, which does not exist")
+        nlocal = masks[tb].shape[0]
+        if n == _BITMAP:
+            bits = array(frame, np.dtype(np.uint8), (nlocal + 7) // 8, "CLOCK read set")
+            masks[tb] |= np.unpackbits(bits, count=nlocal).view(bool)
+        elif n >= 0:
+            local = array(frame, ROW_DTYPE, n, "CLOCK read set")
+            if n and (local.min() < 0 or local.max() >= nlocal):
+                raise ProtocolError(f"CLOCK: read set row out of range [0, {nlocal}) for table {tb}")
+            masks[tb][local] = True
+        else:
+            raise ProtocolError(f"CLOCK: read set count {n} for table {tb} (must be >= 0, or -1: a bitmap)")
+    return masks

@@ -52,12 +52,13 @@ def _count_known(clock, requested, rows):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True)
-def _read_stats(early, clock, server_clock, rows, tick):  # pragma: no cover - compiled
+def _read_stats(early, clock, server_clock, rows, tick, read_now):  # pragma: no cover - compiled
     n_early = 0
     stale = 0
     servers = server_clock.shape[0]
     for i in range(rows.shape[0]):
         r = rows[i]
+        read_now[r] = True
         if early[r]:
             n_early += 1
         c = clock[r]
@@ -67,7 +68,7 @@ def _read_stats(early, clock, server_clock, rows, tick):  # pragma: no cover - c
 
 
 @njit(nogil=True, cache=True)
-def _read_fresh(values, clock, server_clock, early, rows, need, tick, out):  # pragma: no cover - compiled
+def _read_fresh(values, clock, server_clock, early, rows, need, tick, out, read_now):  # pragma: no cover - compiled
     """Copy ``values[rows]`` into ``out`` if every row is in range and fresh for ``need``; returns
     (0, rows holding an early-pushed value, Σ tick - their clocks), or (1, i, 0) at the first row
     ``i`` out of range, or (2, i, 0) at the first row not fresh (``out`` is then partly written)."""
@@ -90,6 +91,7 @@ def _read_fresh(values, clock, server_clock, early, rows, need, tick, out):  # p
         stale += tick - f
         if early[r]:
             n_early += 1
+        read_now[r] = True
         for k in range(cols):
             out[i, k] = values[r, k]
     return 0, n_early, stale
@@ -105,6 +107,8 @@ class RowCache:
         self.server_clock = np.zeros(num_servers, dtype=np.int64)  # last SCLOCK of each server
         # rows whose value came in a budgeted (mid-clock) push since their server's last clock message
         self.early = np.zeros(rows, dtype=bool)
+        # rows read since the process's last CLOCK (its read set under comm.push_to: readers)
+        self.read_now = np.zeros(rows, dtype=bool)
 
     def raise_clock(self, server: int, clock: int) -> None:
         """A server clock message: every cached row of that server is now valid for ``clock``."""
@@ -115,13 +119,14 @@ class RowCache:
     def read_stats(self, rows: np.ndarray, tick: int) -> tuple[int, int]:
         """(rows of ``rows`` holding an early-pushed value, Σ tick - their clocks) for read counters:
         one compiled pass, no temporaries (a numpy version doubled a one-row cache hit's cost)."""
-        return _read_stats(self.early, self.clock, self.server_clock, rows, tick)  # Python ints
+        return _read_stats(self.early, self.clock, self.server_clock, rows, tick, self.read_now)  # Python ints
 
     def read_fresh(self, rows: np.ndarray, need: int, tick: int, out: np.ndarray) -> tuple[int, int, int]:
         """A read whose rows are all cached and fresh for clock ``need``, in one compiled pass (the
         caller holds the table's lock): checks each row's range and clock, counts what the read
         counters want and copies the values into ``out``. See ``_read_fresh`` for the result."""
-        return _read_fresh(self.values, self.clock, self.server_clock, self.early, rows, need, tick, out)
+        return _read_fresh(self.values, self.clock, self.server_clock, self.early, rows, need, tick, out,
+                           self.read_now)
 
     def fresh_clock(self, rows: np.ndarray) -> np.ndarray:
         """The clock each row's cached value is valid for (-1: not cached)."""
@@ -163,6 +168,12 @@ class RowCache:
         self.ss[sl] = 0
         self.early[sl] = False
         self.server_clock[server] = 0
+
+    def take_reads(self) -> np.ndarray:
+        """Rows read since the last call, sorted; the marks start again (the caller holds the lock)."""
+        rows = np.flatnonzero(self.read_now)
+        self.read_now[rows] = False
+        return rows
 
     def cached_clocks(self) -> np.ndarray:
         """Clocks of every cached row (for staleness statistics)."""

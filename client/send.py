@@ -131,10 +131,26 @@ class Sender:
             if rows.shape[0]:
                 for j, rj in self.partition.rows_by_server(rows):
                     self.links[j].window.owe(st.index, rj)
-        for link in self.links:
+        reads = self._take_reads() if clock is not None and self.comm.enabled and self.comm.push_to == "readers" \
+            else None
+        for j, link in enumerate(self.links):
             if clock is not None:
                 link.window.owe_clock(clock)
+                if reads is not None:
+                    link.window.owe_reads(reads[j])
             self.pump(link)
+
+    def _take_reads(self) -> list[dict[int, tuple[np.ndarray, int]]]:
+        """Per server, the rows of each table this process read since its last clock (the union over
+        its workers) as that server's local indices and its local row count; the marks start again."""
+        n = self.partition.num_servers
+        out: list[dict[int, tuple[np.ndarray, int]]] = [{} for _ in range(n)]
+        for st in self.tables:
+            with st.lock:
+                rows = st.cache.take_reads()
+            for j, rj in self.partition.rows_by_server(rows):
+                out[j][st.index] = (self.partition.local(rj), (st.rows - j + n - 1) // n)
+        return out
 
     def pump(self, link: ServerLink) -> None:
         """One pass of ``link``'s flush window: what the flush owes its server while the window has

@@ -59,6 +59,7 @@ class Table:
         self._clock = state.cache.clock
         self._server_clock = state.cache.server_clock
         self._early = state.cache.early
+        self._read_now = state.cache.read_now
         self._servers = state.cache.num_servers
         self.name = state.name
         self.rows = state.rows
@@ -111,6 +112,7 @@ class Table:
                 if self._early[row]:
                     w.rows_read_early += 1
                 with self._st.lock:
+                    self._read_now[row] = True
                     return self._values[row].copy()
         return self.get_rows(np.array([self._row(row)], dtype=np.int64))[0]
 

@@ -58,6 +58,9 @@ class FlushWindow:
         self.clock_due: int | None = None  # the clock to send once nothing is due
         self.clock_sent = -1  # the last clock that went out (checkpoint boundaries wait for it)
         self.checkpoint_clocks: set[int] = set()  # clocks whose message asks the servers to save (rank 0)
+        # rows read (per table: sorted local indices, the server's local row count) to report with the
+        # next clock (comm.push_to: readers); None: the clock carries no read set
+        self.reads_due: dict[int, tuple[np.ndarray, int]] | None = None
         self._open = False
         self._held: tuple[dict[str, Any], list[Any]] | None = None
         self._unasked = 0  # update bytes sent since one asked for an ACK
@@ -70,6 +73,16 @@ class FlushWindow:
 
     def owe_clock(self, clock: int) -> None:
         self.clock_due = clock
+
+    def owe_reads(self, reads: dict[int, tuple[np.ndarray, int]]) -> None:
+        """Rows read since the last clock went out, reported with the next one (merged with any
+        not yet reported: ticks that share one CLOCK share one read set)."""
+        if self.reads_due is None:
+            self.reads_due = dict(reads)
+            return
+        for tb, (local, n) in reads.items():
+            old = self.reads_due.get(tb)
+            self.reads_due[tb] = (local if old is None else np.union1d(old[0], local), n)
 
     @property
     def busy(self) -> bool:
@@ -115,9 +128,23 @@ class FlushWindow:
         save = clock is not None and clock in self.checkpoint_clocks
         if save:
             self.checkpoint_clocks.discard(clock)
+        reads = None
+        if clock is not None and self.reads_due is not None:  # a CLOCK of its own carries the read set
+            reads, self.reads_due = self.reads_due, None
+            if held is not None:
+                header, frames = held
+                if header.pop("na", False):
+                    self._unasked = 0
+                    frames[0] = wire.pack_header(header)
+                self.link.transmit(frames)
+                held = None
         if held is None:
             if clock is not None:
-                self.link.send({"t": Msg.CLOCK, "c": clock, **({"ck": True} if save else {})})
+                arrays: list[np.ndarray] = []
+                extra: dict[str, Any] = {"ck": True} if save else {}
+                if reads is not None:
+                    extra["rs"], arrays = wire.pack_read_set([(tb, *reads[tb]) for tb in sorted(reads)])
+                self.link.send({"t": Msg.CLOCK, "c": clock, **extra}, *arrays)
                 self.clock_sent = clock
             return
         header, frames = held
@@ -142,3 +169,4 @@ class FlushWindow:
         self._unasked = 0
         self.due.clear()
         self.clock_due = None
+        self.reads_due = None

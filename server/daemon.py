@@ -380,12 +380,16 @@ class Server:
 
     def on_clock(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
-        if not self._held(peer, h["s"], lambda: self._on_clock(peer, h)):
-            self._on_clock(peer, h)
+        reads = wire.read_set(h, frames, [s.global_rows.shape[0] for s in self.shards])
+        if not self._held(peer, h["s"], lambda: self._on_clock(peer, h, reads)):
+            self._on_clock(peer, h, reads)
 
-    def _on_clock(self, peer: Peer, h: dict[str, Any]) -> None:
+    def _on_clock(self, peer: Peer, h: dict[str, Any], reads: list[np.ndarray] | None = None) -> None:
         self._check_clock(peer, h["c"], "CLOCK")
         self.client_clock[peer.rank] = h["c"]
+        if reads is not None:  # the rows it read in the tick just ended: budgeted pushes' readers
+            for shard, read in zip(self.shards, reads, strict=True):
+                shard.set_recent(peer.rank, read)
         if h.get("ck") is True and peer.rank == 0 and self.checkpoints is not None:
             self.checkpoints.choose(h["c"])
         self._maybe_advance()
@@ -562,21 +566,30 @@ class Server:
         return [p for p in self.by_rank.values() if not p.gone and not p.leaving]
 
     def _push(self, shard: TableShard, local: np.ndarray, live: list[Peer], budgeted: bool) -> int:
-        """Send rows ``local`` to every client subscribed to them; returns bytes sent."""
+        """Send rows ``local`` to every client subscribed to them (a budgeted push under
+        ``comm.push_to: readers``: to those that read them in their last tick); returns bytes sent."""
         t0 = time.perf_counter()
+        ranks = np.fromiter((p.rank for p in live), np.int64, len(live))
+        masks = shard.push_masks(local, ranks)
+        done = None
+        if budgeted and shard.readers_only:
+            masks, done = shard.to_readers(local, ranks, masks)
         if shard.versioned:  # per-client row versions and holdings: each client its own messages
             sent = 0
-            for p in live:
-                sel = shard.push_to(local, p.rank)
-                if sel.shape[0]:
-                    sent += self._send_rows(p, shard, sel, -1, p.ident, budgeted)
+            for p, mine in zip(live, masks, strict=True):
+                if mine.any():
+                    sent += self._send_rows(p, shard, local[mine], -1, p.ident, budgeted)
         else:
-            sent = self._push_shared(shard, local, live, budgeted)
-        shard.mark_sent(local)
+            sent = self._push_shared(shard, local, live, budgeted, masks)
+        if done is None:
+            shard.mark_sent(local)
+        else:
+            shard.mark_given(local, ranks, masks, done)
         self.push_stall.add(time.perf_counter() - t0)
         return sent
 
-    def _push_shared(self, shard: TableShard, local: np.ndarray, live: list[Peer], budgeted: bool) -> int:
+    def _push_shared(self, shard: TableShard, local: np.ndarray, live: list[Peer], budgeted: bool,
+                     masks: np.ndarray) -> int:
         """Push ``local`` with each chunk's row ids and values gathered once and shared by every
         subscriber whose selection is the whole chunk: their messages differ only in the header.
         A selection made of a few runs of ``local`` (``MAX_RUNS``) gets slices of the shared chunks;
@@ -585,7 +598,6 @@ class Server:
         n = int(local.shape[0])
         chunks: dict[int, tuple[np.ndarray, np.ndarray, zmq.Frame, zmq.Frame]] = {}
         sent = 0
-        masks = shard.push_masks(local, np.fromiter((p.rank for p in live), np.int64, len(live)))
         counts = masks.sum(axis=1)
         for p, mine, count in zip(live, masks, counts.tolist(), strict=True):
             if count == 0:
@@ -697,7 +709,10 @@ class Server:
             if not shard.procedure.allow_push():
                 self.counters["push_holds"] += 1
                 continue
-            candidates = np.flatnonzero(shard.dirty & shard.subscribed)
+            if shard.readers_only:  # changed since last pushed, and read by someone in its last tick
+                candidates = np.flatnonzero(shard.dirty & shard.fresh & shard.read_recently)
+            else:
+                candidates = np.flatnonzero(shard.dirty & shard.subscribed)
             if candidates.shape[0] == 0:
                 continue
             assert shard.policy is not None  # the push loop runs only with managed communication on

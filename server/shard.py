@@ -23,6 +23,12 @@ class TableShard:
     its new values; ``dirty`` marks subscribed rows changed since they were last pushed. A row nobody
     reads is never dirty: the clock-advance push has nothing to look for when no changed row has a
     reader (``pending``), as in write-only phases.
+
+    With ``comm.push_to: readers``, ``recent[row, client]`` marks the rows each client read in its
+    last tick (its CLOCK says; a new subscription counts as read): budgeted pushes go only to those
+    readers. A row a budgeted push gave only some of its subscribers stays dirty for the
+    clock-advance push, which SSP needs to reach every subscriber; ``current[row, client]`` marks
+    who already has its value, so that push skips them.
     """
 
     def __init__(self, index: int, cfg: TableConfig, partition: Partition, rank: int, num_clients: int,
@@ -60,6 +66,13 @@ class TableShard:
         # SCLOCK makes it fresh. ``skip_own`` is set by the server, which knows the table's flags.
         self.writer = np.full(n, NOBODY, dtype=np.int32)
         self.skip_own = False
+        self.readers_only = comm.enabled and comm.push_to == "readers"
+        shape = (n, num_clients) if self.readers_only else (0, num_clients)
+        self.recent = np.zeros(shape, dtype=bool)
+        self.current = np.zeros(shape, dtype=bool)
+        self.read_recently = np.zeros(shape[0], dtype=bool)  # some client read the row in its last tick
+        self.fresh = np.zeros(shape[0], dtype=bool)  # changed since last pushed (budgeted candidates)
+        self._partial = False  # some row went to only some of its subscribers (``current`` is set)
         # versioned tables: each client's row-version references, released for it if it is lost
         self.holdings = [Holdings() for _ in range(num_clients)] if procedure.versioned else []
 
@@ -137,6 +150,10 @@ class TableShard:
             if read.any():
                 self.dirty[index] |= read
                 self.pending = True
+                if self.readers_only:
+                    self.fresh[index] |= read
+                    if self._partial:  # a new value: nobody has it any more
+                        self.current[index] = False
                 if self.skip_own:
                     w = self.writer[index]
                     self.writer[index] = np.where((w == NOBODY) | (w == client), client, SEVERAL)
@@ -148,6 +165,8 @@ class TableShard:
         mine = self.subs[local, client]
         if self.skip_own:
             mine &= self.writer[local] != client
+        if self._partial:
+            mine &= ~self.current[local, client]
         return local[mine]
 
     def push_masks(self, local: np.ndarray, clients: np.ndarray) -> np.ndarray:
@@ -156,7 +175,37 @@ class TableShard:
         mine = self.subs[local][:, clients]
         if self.skip_own:
             mine &= self.writer[local][:, None] != clients[None, :]
+        if self._partial:
+            mine &= ~self.current[local][:, clients]
         return np.ascontiguousarray(mine.T)
+
+    def to_readers(self, local: np.ndarray, clients: np.ndarray, masks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A budgeted push of ``local`` with ``push_masks`` ``masks``: the masks narrowed to the clients
+        that read each row in their last tick, and which rows then reach every subscriber owed them."""
+        give = masks & self.recent[local][:, clients].T
+        return give, ~(masks & ~give).any(axis=0)
+
+    def mark_given(self, local: np.ndarray, clients: np.ndarray, give: np.ndarray, done: np.ndarray) -> None:
+        """After a budgeted push to readers (``to_readers``): rows that reached every subscriber are
+        sent; the others stay dirty for the clock-advance push, which skips the clients that have them,
+        and are not picked again until they change."""
+        self.mark_sent(local[done])
+        rest = ~done
+        if not rest.any():
+            return
+        rows = local[rest]
+        self.fresh[rows] = False
+        if self.importance is not None:
+            self.importance[rows] = 0
+        self.current[np.ix_(rows, clients)] |= give[:, rest].T
+        self._partial = True
+
+    def set_recent(self, client: int, read: np.ndarray) -> None:
+        """``client``'s CLOCK says it read rows ``read`` (a mask over local rows) in the tick just ended."""
+        if not self.readers_only:
+            return
+        self.recent[:, client] = read & self.subs[:, client]
+        np.any(self.recent, axis=1, out=self.read_recently)
 
     def subscribe(self, local: np.ndarray, client: int, index: slice | np.ndarray | None = None) -> None:
         """``client`` reads ``local`` (``index``: them as an index, if known) and gets their changes."""
@@ -168,6 +217,9 @@ class TableShard:
                 self.importance[local[~known]] = 0
         self.subs[index, client] = True
         self.subscribed[index] = True
+        if self.readers_only:  # a row just read is read this tick
+            self.recent[index, client] = True
+            self.read_recently[index] = True
         self.has_readers = True
 
     def mark_sent(self, local: np.ndarray) -> None:
@@ -176,6 +228,10 @@ class TableShard:
         self.writer[local] = NOBODY
         if self.importance is not None:
             self.importance[local] = 0
+        if self.readers_only:
+            self.fresh[local] = False
+            if self._partial:
+                self.current[local] = False
         self.send_count[local] += 1
 
     def take_changed(self) -> np.ndarray:

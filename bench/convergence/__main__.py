@@ -357,6 +357,8 @@ def scenario_app(app: str, args: argparse.Namespace) -> None:
                 sets = {**data, **spec.common, **extra, spec.epochs_key: n_epochs, "cluster.workers": m.workers or P,
                         "cluster.servers": ["127.0.0.1:0"] * servers, SEED_KEY: seed,
                         **m.sets(spec, m.workers or P, servers)}
+                if m.budget is not None:  # --comm-set: managed communication's own knobs (e.g. push_to)
+                    sets.update(args.comm_set)
                 # with ll_every = k only an epoch's last clock has an objective: one record per epoch
                 per_epoch = 1 if spec.ll_every else m.clocks_per_epoch
                 run = launch(f"{app}-P{P}-{m.name.replace('/', '_')}", cfg, sets, per_epoch, work,
@@ -576,7 +578,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alphas", type=_floats, default=None, help="adarev: AdaRevision initial step sizes")
     p.add_argument("--lrs", type=_floats, default=None, help="adarev: SGD initial learning rates")
     p.add_argument("--clocks-per-epoch", type=int, default=None, help="adarev: mini-batches (clocks) per epoch")
+    p.add_argument("--comm-set", type=_comm_set, action="append", default=[],
+                   help="a comm key for the MC runs, e.g. push_to=subscribers (repeatable)")
     args = p.parse_args(argv)
+    args.comm_set = dict(kv for kv in args.comm_set)
     if args.link_mbit is not None:
         rest = list(argv if argv is not None else sys.argv[1:])
         i = rest.index("--link-mbit")
@@ -590,6 +595,13 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             SCENARIOS[name](args)
     return 0
+
+
+def _comm_set(text: str) -> tuple[str, str]:
+    key, eq, value = text.partition("=")
+    if not eq or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. push_to=subscribers")
+    return f"comm.{key}", value
 
 
 if __name__ == "__main__":

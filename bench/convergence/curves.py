@@ -106,11 +106,13 @@ class Run:
             stall_s += stall["total_s"]
             squares += stall.get("squares_s2", 0.0)
             uptime += srv.get("uptime_s", 0.0)
+        # rows the servers pushed, all and budgeted (comm.push_to compares them)
+        pushed = {k: sum(int(srv.get(k, 0)) for srv in self.servers) for k in ("rows_pushed", "rows_pushed_budgeted")}
         if not seen:
-            return {"apply_lag_ms": None, "push_wait_ms": None, "push_busy_share": None}
+            return {"apply_lag_ms": None, "push_wait_ms": None, "push_busy_share": None, **pushed}
         return {"apply_lag_ms": lag_s * 1e3 / lag_n if lag_n else None,
                 "push_wait_ms": squares / (2 * uptime) * 1e3 if uptime else None,
-                "push_busy_share": stall_s / uptime if uptime else None}
+                "push_busy_share": stall_s / uptime if uptime else None, **pushed}
 
     def egress_mbps(self) -> float | None:
         """Clients' mean egress per client while training (first to last clock record), in Mbps:

@@ -116,6 +116,7 @@ def test_overrides_are_parsed_as_yaml(tmp_path):
         "consistency.staleness=0",
         "consistency.read_timeout_s=2.5",
         "comm.priority=random",
+        "comm.push_to=readers",
         "comm.enabled=false",
         "tables.W.dtype=int64",
         "tables.W.rows=12",
@@ -126,7 +127,7 @@ def test_overrides_are_parsed_as_yaml(tmp_path):
     assert cfg.consistency.staleness == 0 and isinstance(cfg.consistency.staleness, int)
     assert cfg.consistency.read_timeout_s == 2.5
     assert cfg.comm.enabled is False
-    assert cfg.comm.priority == "random"
+    assert cfg.comm.priority == "random" and cfg.comm.push_to == "readers"
     assert cfg.table("W").dtype == "int64" and cfg.table("W").rows == 12
     assert cfg.cluster.servers == ("127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3")
     assert cfg.app.module == "my.mod" and cfg.app.args["lr"] == 0.1
@@ -148,6 +149,7 @@ def test_override_tuples_and_new_sections():
     ("consistency.staleness=two", "consistency.staleness"),
     ("cluster.workers.deeper=1", "workers is not a section"),
     ("comm.priority=loudest", "comm.priority"),
+    ("comm.push_to=all", "comm.push_to"),
     ("tables.W.rows=[1", "tables.W.rows=[1"),  # value is broken YAML
 ])
 def test_bad_overrides_name_the_key(tmp_path, item, key):
@@ -210,6 +212,7 @@ def test_wrong_type(tmp_path, path, value, key):
     ("tables.W.cols", -3, "tables.W.cols"),
     ("comm.priority", "loudest", "comm.priority"),
     ("comm.wire_dtype", "int8", "comm.wire_dtype"),
+    ("comm.push_to", "everyone", "comm.push_to"),
     ("comm.client_bandwidth_mbps", 0, "comm.client_bandwidth_mbps"),
     ("comm.server_push_rows", 0, "comm.server_push_rows"),
     ("cluster.workers", 0, "cluster.workers"),

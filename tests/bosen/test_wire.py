@@ -327,3 +327,31 @@ def test_a_bfloat16_update_reaches_a_float_table_as_float32():
     np.testing.assert_array_equal(batch.values, wire.from_bfloat16(b).reshape(2, 2))
     with pytest.raises(ProtocolError, match="dtype bfloat16 does not match the table's int64"):
         wire.decode_update(h, [rows.tobytes(), b.tobytes()], 2, np.dtype(np.int64))
+
+
+def test_a_read_set_travels_as_ids_or_a_bitmap_whichever_is_smaller():
+    few, many = np.array([3, 70], np.int64), np.arange(0, 1000, 2, dtype=np.int64)
+    rs, arrays = wire.pack_read_set([(0, few, 1000), (2, many, 1000)])
+    assert rs == [[0, 2], [2, -1]] and arrays[1].nbytes == 125
+    frames = wire.encode({"t": wire.Msg.CLOCK, "s": 1, "c": 3, "rs": rs}, *arrays)
+    h = wire.decode_header(frames[0])
+    wire.check_frames(h, len(frames) - 1)
+    masks = wire.read_set(h, [f.bytes for f in frames[1:]], [1000, 5, 1000])
+    assert masks is not None
+    assert np.flatnonzero(masks[0]).tolist() == [3, 70] and not masks[1].any()
+    assert (np.flatnonzero(masks[2]) == many).all()
+    assert wire.read_set({"t": wire.Msg.CLOCK, "s": 1, "c": 3}, [], [1000]) is None
+
+
+@pytest.mark.parametrize("rs, frame, msg", [
+    ([[0, 1]], np.array([1000], np.int64).tobytes(), "out of range"),
+    ([[4, 0]], b"", "does not exist"),
+    ([[0, -2]], b"", "count -2"),
+    ([[0, -1]], b"\0", "bytes, expected"),
+    ("x", b"", "'rs'"),
+])
+def test_a_bad_read_set_is_a_protocol_error(rs, frame, msg):
+    with pytest.raises(ProtocolError, match=msg):
+        h = {"t": wire.Msg.CLOCK, "s": 1, "c": 3, "rs": rs}
+        wire.check_frames(h, 1)
+        wire.read_set(h, [frame], [1000])

@@ -36,6 +36,9 @@ CASES: dict[str, tuple] = {
     "3srv-3p-s0-int32-f32": (3, 3, 0, "int32", comm(5000, 1, 3, "float32", "random"), 2, 8),
     "4srv-3p-s2-int64-f16": (4, 3, 2, "int64", comm(1000, 3, 1, "float16", "absolute"), 3, 10),
     "3srv-2p-s1-int64-f16-residual": (3, 2, 1, "int64", comm(2000, 2, 2, "float16", "round_robin"), 6, 8, True),
+    # budgeted pushes to the last tick's readers rather than to every subscriber (comm.push_to)
+    "2srv-2p-s1-int64-f16-readers": (2, 2, 1, "int64",
+                                     {**comm(2000, 2, 2, "float16", "relative"), "push_to": "readers"}, 1, 6),
 }
 FAST = "2srv-2p-s1-int64-f16"
 

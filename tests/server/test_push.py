@@ -23,10 +23,11 @@ from bosen.wire import Msg, UpdateBatch
 pytestmark = pytest.mark.timeout(120)
 
 
-def server(rows: int = 16, cols: int = 4, clients: int = 3, read_my_writes: bool = True) -> Server:
+def server(rows: int = 16, cols: int = 4, clients: int = 3, read_my_writes: bool = True,
+           push_to: str = "subscribers") -> Server:
     data = job_config(["127.0.0.1:1"], clients, tables={"W": {"rows": rows, "cols": cols, "dtype": "float32",
                                                                "read_my_writes": read_my_writes}},
-                      comm={"server_bandwidth_mbps": 1000})
+                      comm={"server_bandwidth_mbps": 1000, "push_to": push_to})
     s = Server(config_mod.load(data), 0)
     for r in range(clients):
         p = Peer(ident=b"c%d" % r, rank=r, last_seq=0, applied=10 * r)
@@ -230,3 +231,72 @@ def test_a_clock_advance_push_of_several_chunks_goes_in_turns_and_stays_exact(bo
     st = c.status()[0]
     assert st["pushes_in_turns"] >= ticks - 1 and st["push_stall_ms"]["n"] > st["pushes_in_turns"]
     assert st["errors"] == 0
+
+
+@pytest.mark.parametrize("push_to", ["readers", "subscribers"])
+def test_budgeted_pushes_go_to_last_ticks_readers_and_the_clock_advance_to_everyone(bosen_cluster, push_to):
+    """Clients 1 and 2 subscribe to rows A and B; in tick 1 client 1 reads only A and client 2 only B
+    (their CLOCKs say so). Client 0's tick-2 updates of both then go early only to their last tick's
+    readers (``push_to: readers``; to both subscribers with ``subscribers``), and the clock-advance
+    push brings the rest: at staleness 0 a read at tick 3 must show every tick-2 update."""
+    A, B, cols = 0, 1, 4
+    c = bosen_cluster(1, 3, staleness=0, tables={"W": {"rows": 8, "cols": cols, "dtype": "float32"}},
+                      comm={"client_bandwidth_mbps": 1000, "server_bandwidth_mbps": 1000, "push_to": push_to})
+    clients = [Client.connect(c.path, rank=r) for r in range(3)]
+    try:
+        w, r1, r2 = (cl.table("W") for cl in clients)
+        for t in (r1, r2):
+            t.get_rows(np.array([A, B]))  # subscribed to both
+        for cl in clients:
+            cl.clock()  # tick 0 -> 1
+        r1.get_row(A)
+        r2.get_row(B)
+        for cl in clients:
+            cl.clock()  # tick 1 -> 2: the CLOCKs carry {A} and {B}
+        for cl in clients:
+            assert wait_until(lambda cl=cl: cl.stats()["server_clocks"] == [2], timeout=20)
+        w.inc_rows(np.array([A, B]), np.ones((2, cols), np.float32))  # sent early (budgeted)
+        assert wait_until(lambda: r1.get_row(A)[0] == 1.0, timeout=20)
+        assert wait_until(lambda: r2.get_row(B)[0] == 1.0, timeout=20)
+        early = [cl.stats()["rows_pushed_early_to_us"] for cl in clients[1:]]
+        st = c.status()[0]
+        if push_to == "readers":
+            assert early == [1, 1] and st["rows_pushed_budgeted"] == 2
+        else:
+            assert wait_until(lambda: c.status()[0]["rows_pushed_budgeted"] == 4, timeout=20)
+        for cl in clients:
+            cl.clock()  # tick 2 -> 3: the clock-advance push
+        for t in (r1, r2):  # staleness 0: every tick-2 update, at once
+            np.testing.assert_array_equal(t.get_rows(np.array([A, B])), np.ones((2, cols), np.float32))
+        st = c.status()[0]
+        assert st["rows_pushed"] == 4 and st["errors"] == 0  # each row once to each subscriber
+    finally:
+        for cl in clients:
+            cl.close()
+
+
+def test_a_budgeted_push_to_readers_leaves_the_rest_to_the_clock_advance_push():
+    """Clients mirror their own writes (a row only its writer changed skips it). Row 0, changed by
+    client 0, read last tick by client 1; row 1, changed by 1, read by all; row 2, changed by 2, read by
+    0. The budgeted push gives each row to its last tick's readers; rows 0 and 2 then still owe a
+    subscriber (client 2, client 1) and stay dirty for the clock-advance push, which sends only that."""
+    s = server(rows=4, push_to="readers")
+    sent = capture(s)
+    shard = s.shards[0]
+    local = np.arange(3)
+    for c in range(3):
+        shard.subscribe(local, c)
+        shard.set_recent(c, np.isin(np.arange(4), {0: [1, 2], 1: [0, 1], 2: [1]}[c]))
+    shard.skip_own = True
+    for r in range(3):
+        inc(s, np.array([r]), 1.0, client=r)
+    assert s._push_budgeted(s._live()) > 0
+    got = {i: rows_of(f, h["n"], 4)[0].tolist() for i, h, f in sent}
+    assert got == {b"c0": [1, 2], b"c1": [0], b"c2": [1]}
+    assert shard.dirty.tolist() == [True, False, True, False] and not shard.importance.any()
+    assert s._push_budgeted(s._live()) == 0  # rows 0 and 2 are not picked again until they change
+    sent.clear()
+    s.client_clock[:] = 1
+    s._maybe_advance()
+    got = {i: rows_of(f, h["n"], 4)[0].tolist() for i, h, f in sent if h["t"] == Msg.ROWS}
+    assert got == {b"c1": [2], b"c2": [0]} and not shard.dirty.any()
