@@ -136,6 +136,7 @@ class Server:
         self.push_stall = Durations()
         self._read_at = 0.0  # when the message being handled was read off the socket
         self.started = time.time()
+        self._cpu_at_start = time.process_time()  # reset by start(), after the warm-up
         self.handlers: dict[Msg, Callable[[bytes, dict[str, Any], list[Any]], None]] = {
             Msg.HELLO: self.on_hello,
             Msg.INC: self.on_inc,
@@ -153,6 +154,7 @@ class Server:
 
     async def start(self) -> None:
         warm_up(self.config, self.rank)  # numba kernels loaded before anyone is answered (server/warmup.py)
+        self._cpu_at_start = time.process_time()  # STATUS's cpu_s: serving, not imports and warm-up
         self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.SNDHWM, 0)  # never drop: flow control is the clients' unacked window
@@ -740,6 +742,8 @@ class Server:
             "clients_joined": len(self.by_rank),
             "read_connections": len(self.readers),
             "uptime_s": round(uptime, 3),
+            # CPU since start(), the whole process: its loop and ZeroMQ's I/O thread
+            "cpu_s": round(time.process_time() - self._cpu_at_start, 4),
             "apply_lag_ms": self.apply_lag.stats(),
             "push_stall_ms": self.push_stall.stats(),
             "tables": {s.cfg.name: {"rows": int(s.global_rows.shape[0]), "bytes": int(s.values.nbytes),

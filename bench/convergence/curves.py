@@ -107,7 +107,12 @@ class Run:
             squares += stall.get("squares_s2", 0.0)
             uptime += srv.get("uptime_s", 0.0)
         # rows the servers pushed, all and budgeted (comm.push_to compares them)
-        pushed = {k: sum(int(srv.get(k, 0)) for srv in self.servers) for k in ("rows_pushed", "rows_pushed_budgeted")}
+        pushed: dict[str, float | None] = {k: sum(int(srv.get(k, 0)) for srv in self.servers)
+                                           for k in ("rows_pushed", "rows_pushed_budgeted")}
+        # server CPU (loop and ZeroMQ I/O thread) per MB the servers sent, pushes and replies
+        cpu, out = sum(float(srv.get("cpu_s", 0.0)) for srv in self.servers), sum(
+            int(srv.get("bytes_out", 0)) for srv in self.servers)
+        pushed["server_cpu_ms_per_mb"] = cpu * 1e3 / (out / 1e6) if out and cpu else None
         if not seen:
             return {"apply_lag_ms": None, "push_wait_ms": None, "push_busy_share": None, **pushed}
         return {"apply_lag_ms": lag_s * 1e3 / lag_n if lag_n else None,
