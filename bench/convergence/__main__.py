@@ -64,6 +64,7 @@ from bench.convergence import shaped_link
 from bench.convergence.curves import Aggregate, Run, read_run
 from bench.convergence.figures import app_figure, loss_figure, send_count_figure
 from bosen.jobs.job import run_job
+from bosen.jobs.launch import WORKERS_PER_SERVER, servers_for
 
 CONFIGS = REPO / "configs"
 BENCH = "convergence"
@@ -279,15 +280,6 @@ def modes_for(spec: AppSpec, budgets: Sequence[float], ks: Sequence[int], larges
         modes.append(Mode("BS/b1", batches_per_clock=1))
         modes.append(Mode("SN", workers=1))
     return modes
-
-
-SERVERS_PER_WORKERS = 4  # the evaluation's default: one server process per this many worker processes
-
-
-def servers_for(workers: int) -> int:
-    """How many server processes a job of ``workers`` worker processes gets by default (the README's
-    rule, measured in docs/evaluation.md, "How many servers")."""
-    return max(1, math.ceil(workers / SERVERS_PER_WORKERS))
 
 
 def servers_count(choice: str, workers: int, config_servers: int) -> int:
@@ -568,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="run only these modes, e.g. BS,MC-40-RM,SN (default: all; goals need their modes)")
     p.add_argument("--servers", default="auto",
                    help="server processes: a number, 'config' (the config's list) or 'auto' (servers_for(P), "
-                        "one per SERVERS_PER_WORKERS worker processes, the default)")
+                        f"one per {WORKERS_PER_SERVER} worker processes, the default)")
     p.add_argument("--target-frac", type=float, default=0.75,
                    help="target = BS's best objective within this fraction of the epochs (per seed and P)")
     p.add_argument("--tag", default="", help="suffix of the plot names")

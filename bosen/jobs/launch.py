@@ -44,6 +44,16 @@ def _stop_on_signal(signum: int, frame: Any) -> None:
     raise Stopped(signal.Signals(signum).name)
 
 
+# Workers one server process keeps up with under managed communication (README, "How many servers"):
+# a server pushes each changed row to every subscriber, so its work grows with the workers it serves.
+WORKERS_PER_SERVER = 4
+
+
+def servers_for(workers: int) -> int:
+    """The server processes a job of ``workers`` worker processes should have."""
+    return max(1, -(-workers // WORKERS_PER_SERVER))
+
+
 class Launcher:
     def __init__(self, config: str | Config, workers: int | None = None, overrides: Any = (),
                  run_dir: str | Path | None = None, timeout: float | None = None, quiet: bool = False,
@@ -109,6 +119,11 @@ class Launcher:
                 shutil.rmtree(stale)
         cfg_path = self.run_dir / "config.yaml"
         config_mod.dump(self.config, cfg_path)
+        n_servers, n_workers = len(self.config.cluster.servers), self.config.cluster.workers
+        if self.config.comm.enabled and n_servers < servers_for(n_workers):
+            print(f"bosen launch: {n_workers} workers on {n_servers} server(s): under managed communication a "
+                  f"server keeps up with about {WORKERS_PER_SERVER} workers; --servers {servers_for(n_workers)} "
+                  "(README, 'How many servers')", file=sys.stderr, flush=True)
         metrics_path = self.run_dir / METRICS
         # explicit handlers: SIGINT may arrive ignored (background jobs), SIGTERM has no default cleanup
         previous = {sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}

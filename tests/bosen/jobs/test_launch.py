@@ -209,6 +209,18 @@ def test_launch_workers_and_set_overrides(tmp_path):
     assert sorted(p.name for p in (run_dir / "logs").glob("server-*.log")) == [f"server-{i}.log" for i in range(3)]
 
 
+def test_launch_warns_when_managed_communication_has_too_few_servers(tmp_path):
+    cfg = launch_config(tmp_path, {"ticks": 1}, workers=5)
+    run_dir = tmp_path / "run"
+    r = run_cmd([PY, "-m", "bosen", "launch", cfg, "--servers", 1, "--set", "comm.enabled=true", "--run-dir",
+                 run_dir, "--quiet", "--no-plot"], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "5 workers on 1 server(s)" in r.stderr and "--servers 2" in r.stderr
+    r = run_cmd([PY, "-m", "bosen", "launch", cfg, "--servers", 2, "--set", "comm.enabled=true", "--run-dir",
+                 run_dir, "--quiet", "--no-plot"], timeout=120)
+    assert r.returncode == 0 and "--servers" not in r.stderr, r.stderr
+
+
 # ------------------------------------------------------------------------------------------------
 # failures
 
