@@ -2,7 +2,9 @@
 
     python -m bench.convergence [--scenario lda|mf|mlr|adarev|all] [--quick] [--out bench/out]
                                 [--workers 4,8] [--seeds 0,1,2] [--budgets 4,16] [--ks 2,4,8]
-                                [--link-mbit N] [--data synthetic|real]
+                                [--link-mbit N] [--data synthetic|real] [--servers auto|config|N]
+                                [--modes BS,MC-40-RM,...] [--set KEY=VALUE] [--comm-set KEY=VALUE]
+                                [--sn-epochs N]
 
 Every job is ``python -m bosen launch CONFIG --set ...`` (servers and workers as processes, run by
 ``bosen.jobs.job.run_job``); the bench reads ``RUN_DIR/metrics.jsonl`` (per-clock records summed over
@@ -18,16 +20,23 @@ lda, mf, mlr -- thesis §3.3 in miniature, per app at P = 4 and 8 worker process
     clients together; random and relative-magnitude priority); at the
     largest P also BS-k (k clocks per pass, s = 2k: the same bound of two passes) and BS/b1 (one
     mini-batch per clock: the apps as they read before the live cache, the overhead reference).
-    Every mode has the same data, seeds, step sizes and mini-batches per pass. The target of a seed
-    and P is the best BS reaches in 75% of its epochs (``--target-frac``); each run reports epochs,
+    Every mode has the same data, seeds, step sizes and mini-batches per pass, and one server
+    process per 4 workers (``--servers auto``: ``bosen.jobs.launch.servers_for``). The target of a seed
+    and P is the best BS reaches in 75% of its epochs (``--target-frac``; LDA's objective is scored on
+    the servers' tables at each clock, apps/lda/consistent.py); each run reports epochs,
     seconds and bytes to it (``epochs + 1`` and ``reached: false`` if never), time and bytes per
     epoch, how much of its budget it used, the budget as a multiple of BS's own egress per client
     (``budget_over_bs_egress``, same seed), the share of rows read that held a value pushed mid-clock,
     the mean staleness of the rows read, and whether the servers kept up (``apply_lag_ms``: an update
     read off the socket until applied; ``push_wait_ms``: an update arriving at a random moment waits
     this long behind pushes on average; ``push_busy_share``: the loop's time spent pushing; from the
-    servers' final STATUS, ``Run.server_totals``). Per mode the medians over seeds (and min/max epochs),
-    then one line per goal of the evaluation with ``met``. ``--link-mbit N`` runs it all inside a
+    servers' final STATUS, ``Run.server_totals``; ``server_cpu_ms_per_mb``: their CPU per MB sent).
+    Per mode the medians over seeds (and min/max epochs), then one line per goal of issue 27 with
+    ``met``: gap closed towards SN, no budget worse than BS's worst seed, MC-RM faster than BS and
+    than the best BS-k with fewer bytes, RM against R where the budget binds (>= 90% used), reads'
+    missing updates against BS's, the per-epoch overhead at the smallest budget. ``--modes`` runs a
+    subset (BS always: the targets are BS's), ``--set`` overrides a config key in every job,
+    ``--comm-set`` one of managed communication's in the MC modes only. ``--link-mbit N`` runs it all inside a
     network namespace whose loopback is shaped to N Mbit/s (bench/convergence/shaped_link.py). ``--data real``
     runs each app on its real data set instead (``REAL_APPS``: news articles, MovieLens-100K,
     Fashion-MNIST, prepared with ``bosen data`` into data/ when missing).
