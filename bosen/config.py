@@ -180,6 +180,19 @@ _NO_COMM = CommConfig(enabled=False)
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """Measurements that cost traffic, off by default. ``freshness_every``: each worker probes one
+    read in N for content freshness, how many updates of other processes the servers had applied
+    that the values it read do not include (docs/design.md, "Freshness probes"); 0 = off. Pushes
+    and replies then carry per-row update counts, so servers and clients must agree (fingerprint)."""
+
+    freshness_every: int = 0
+
+    def __post_init__(self) -> None:
+        check(self.freshness_every >= 0, "freshness_every: must be >= 0 (0 = off)")
+
+
+@dataclass(frozen=True)
 class CheckpointConfig:
     """Consistent checkpoints (``bosen.checkpoint``). Clocks that are multiples of ``every_clocks``
     are checkpoint boundaries: clients cut their update stream there, and servers save their shards
@@ -223,6 +236,7 @@ class Config:
     comm: CommConfig = _NO_COMM
     app: AppConfig = field(default_factory=AppConfig)
     checkpoint: CheckpointConfig | None = None  # None: no checkpoints
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     source: str = "<dict>"
 
     def table(self, name: str) -> TableConfig:
@@ -243,6 +257,8 @@ class Config:
             d["comm"] = {"enabled": False}
         if self.checkpoint is None:
             d.pop("checkpoint")
+        if self.metrics == MetricsConfig():
+            d.pop("metrics")
         return d
 
     def require_tables(self) -> None:
@@ -256,6 +272,8 @@ class Config:
         """Hash of what server and client must agree on, checked when a client joins."""
         d = self.to_dict()
         core = {"servers": d["cluster"]["servers"], "workers": d["cluster"]["workers"], "tables": d["tables"]}
+        if self.metrics.freshness_every:  # ROWS then carry update counts: both sides must expect them
+            core["freshness"] = True
         return hashlib.sha1(json.dumps(core, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -426,7 +444,7 @@ def build(data: Mapping[str, Any], source: str = "<dict>", overrides: Any = ()) 
         key, value = parse_override(item) if isinstance(item, str) else item
         set_dotted(data, key, value)
     try:
-        allowed = {"cluster", "consistency", "comm", "tables", "app", "checkpoint"}
+        allowed = {"cluster", "consistency", "comm", "tables", "app", "checkpoint", "metrics"}
         unknown = sorted(set(data) - allowed)
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown key (known: {', '.join(sorted(allowed))})")
@@ -449,6 +467,7 @@ def build(data: Mapping[str, Any], source: str = "<dict>", overrides: Any = ()) 
             app=from_dict(AppConfig, data.get("app"), "app"),
             checkpoint=None if data.get("checkpoint") is None else from_dict(CheckpointConfig, data["checkpoint"],
                                                                              "checkpoint"),
+            metrics=from_dict(MetricsConfig, data.get("metrics"), "metrics"),
             source=source,
         )
     except ValueError as e:

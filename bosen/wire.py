@@ -16,7 +16,9 @@ end-of-version marks and released row versions follow the updates), ``nr`` relea
 ``ss`` ROWS's number among every ROWS the server sent that client, on any of its connections (a
 client keeps each row's newest), ``na`` INC's "no ACK": the server acknowledges it only through the
 ACK (or SCLOCK) of a later message, whose ``rq`` (``a``) covers every earlier one; ``rs`` CLOCK's
-read set (``pack_read_set``).
+read set (``pack_read_set``); ``fr`` ROWS's freshness flag (metrics.freshness_every on: a last
+frame gives, per row, how many updates of other clients its value includes; ``others_frame``),
+``ms``/``mx`` PROBE_REPLY's sum and largest of the updates the probed values miss.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class Msg(IntEnum):
     BYE = 5
     STATUS = 6
     PUSH_ACK = 7
+    PROBE = 8  # freshness probe: rows read and the others' update count of the values read
     # server -> client
     WELCOME = 20
     ROWS = 21
@@ -80,6 +83,7 @@ class Msg(IntEnum):
     BYE_OK = 25
     STATUS_REPLY = 26
     PING = 27  # liveness probe: a client that is gone makes the send fail (nothing is answered)
+    PROBE_REPLY = 28
 
 
 _MSG = {int(m): m for m in Msg}
@@ -95,6 +99,7 @@ _SCHEMA: dict[Msg, dict[str, type]] = {
     Msg.BYE: {"s": _INT},
     Msg.STATUS: {"s": _INT},
     Msg.PUSH_ACK: {"s": _INT, "ps": _INT},
+    Msg.PROBE: {"s": _INT, "tb": _INT, "n": _INT},
     Msg.WELCOME: {"rq": _INT, "rank": _INT, "c": _INT},
     Msg.ROWS: {"tb": _INT, "n": _INT, "c": _INT, "a": _INT, "rq": _INT, "dt": str, "ss": _INT},
     Msg.SCLOCK: {"c": _INT, "a": _INT},
@@ -103,9 +108,11 @@ _SCHEMA: dict[Msg, dict[str, type]] = {
     Msg.BYE_OK: {"rq": _INT},
     Msg.STATUS_REPLY: {"rq": _INT},
     Msg.PING: {},
+    Msg.PROBE_REPLY: {"rq": _INT, "n": _INT, "ms": _INT, "mx": _INT},
 }
 # Number of array frames after the header; INC depends on the sparse flag.
-_FRAMES = {Msg.READ: 1, Msg.ROWS: 2, Msg.STATUS_REPLY: 1}
+_FRAMES = {Msg.READ: 1, Msg.ROWS: 2, Msg.STATUS_REPLY: 1, Msg.PROBE: 2}
+COUNT_DTYPE = np.dtype(np.int64)  # update counts (ROWS "fr", PROBE)
 MAX_STATUS_BYTES = 16 << 20
 
 
@@ -196,6 +203,21 @@ def is_reader(h: dict[str, Any]) -> bool:
     return _flag(h, "rd")
 
 
+def carries_counts(h: dict[str, Any]) -> bool:
+    """ROWS's optional ``fr``: a last frame of per-row update counts of other clients follows."""
+    return _flag(h, "fr")
+
+
+def others_frame(h: dict[str, Any], frames: Sequence[Any]) -> np.ndarray | None:
+    """ROWS's per-row counts of other clients' updates its values include, if it carries them."""
+    if not carries_counts(h):
+        return None
+    counts = array(frames[-1], COUNT_DTYPE, h["n"], "ROWS update counts")
+    if h["n"] and counts.min() < 0:
+        raise ProtocolError("ROWS: update counts must be >= 0")
+    return counts
+
+
 def wants_ack(h: dict[str, Any]) -> bool:
     """Whether an INC asks for its own ACK: unless it carries ``na`` (no ACK), which a client sets
     on the messages of a burst whose later message's ACK will cover them (ACKs are cumulative)."""
@@ -206,7 +228,7 @@ def expected_frames(h: dict[str, Any]) -> int:
     if h["t"] == Msg.INC:
         return (4 if h["sp"] else 2) + (4 if is_versioned(h) else 0)
     if h["t"] == Msg.ROWS:
-        return 3 if is_versioned(h) else 2
+        return 2 + is_versioned(h) + carries_counts(h)
     if h["t"] == Msg.CLOCK and "rs" in h:
         return len(_read_set_entries(h))
     return _FRAMES.get(h["t"], 0)

@@ -98,7 +98,7 @@ def _read_fresh(values, clock, server_clock, early, rows, need, tick, out, read_
 
 
 class RowCache:
-    def __init__(self, rows: int, cols: int, dtype: np.dtype, num_servers: int = 1) -> None:
+    def __init__(self, rows: int, cols: int, dtype: np.dtype, num_servers: int = 1, counts: bool = False) -> None:
         self.values = np.zeros((rows, cols), dtype=dtype)
         self.clock = np.full(rows, -1, dtype=np.int64)  # as received; see fresh_clock
         self.requested = np.zeros(rows, dtype=bool)
@@ -109,6 +109,9 @@ class RowCache:
         self.early = np.zeros(rows, dtype=bool)
         # rows read since the process's last CLOCK (its read set under comm.push_to: readers)
         self.read_now = np.zeros(rows, dtype=bool)
+        # freshness probes on (``counts``): per row, how many updates of other processes the cached
+        # value includes, as its server said (ROWS "fr"); own updates are never missing (read-my-writes)
+        self.seen = np.zeros(rows if counts else 0, dtype=np.int64)
 
     def raise_clock(self, server: int, clock: int) -> None:
         """A server clock message: every cached row of that server is now valid for ``clock``."""

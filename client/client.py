@@ -49,8 +49,8 @@ class Client:
         config.require_tables()
         self.config = config
         servers = len(config.cluster.servers)
-        self._tables = [TableState(i, t, config.staleness_of(t), servers, config.comm)
-                        for i, t in enumerate(config.tables)]
+        self._tables = [TableState(i, t, config.staleness_of(t), servers, config.comm,
+                                   config.metrics.freshness_every) for i, t in enumerate(config.tables)]
         self._life = Lifecycle()
         # workers in this process, and the counters of those that left
         self._workers: tuple[Worker, ...] = ()  # replaced, never changed in place: read without the lock
@@ -184,6 +184,8 @@ class Client:
                "time": round(time.time() - self._t0, 6), "bytes_sent": c["bytes_sent"],
                "bytes_received": c["bytes_received"], "rows_sent": c["rows_sent"],
                "rows_sent_budgeted": c["rows_sent_budgeted"], **self._read_totals(), **fields}
+        if "freshness_probed_rows" in c:  # metrics.freshness_every on: rows probed, updates they missed
+            rec.update(freshness_probed_rows=c["freshness_probed_rows"], missing_updates_sum=c["missing_updates_sum"])
         self.reports.append(rec)
         if self._report_file is not None:
             self._report_file.write(json.dumps(rec, default=float) + "\n")

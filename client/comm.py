@@ -22,6 +22,7 @@ import secrets
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+import numpy as np
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
@@ -80,6 +81,9 @@ class CommThread:
                              rows_pushed_early_to_us=0, update_batches=0, sparse_batches=0, acks=0,
                              server_errors=0, window_paused_s=0.0, idle_polls=0, flushes=0, bytes_resent=0,
                              recoveries=0)
+        if config.metrics.freshness_every:  # freshness probes (``probe``), answered by PROBE_REPLY
+            self.counters.update(freshness_probes=0, freshness_probes_answered=0, freshness_probed_rows=0,
+                                 missing_updates_sum=0, missing_updates_max=0)
         self.ack_latency = {"last_ms": 0.0, "max_ms": 0.0, "sum_ms": 0.0, "count": 0}
         self.bucket = LeakyBucket(config.comm.client_bandwidth_mbps) if config.comm.enabled else None
         self.links = [ServerLink(j, addr, self.counters, self.bucket) for j, addr in enumerate(config.cluster.servers)]
@@ -100,6 +104,7 @@ class CommThread:
             Msg.BYE_OK: self._on_reply,
             Msg.STATUS_REPLY: self._on_reply,
             Msg.PING: lambda link, h, arrays: None,  # the server checks that we are still there
+            Msg.PROBE_REPLY: self._on_probe_reply,
         }
         self.thread = LoopThread("bosen-comm", self._fail)
         self.sender = Sender(tables, self.links, self.partition, config.comm, self.bucket, self.counters,
@@ -358,6 +363,31 @@ class CommThread:
         if isinstance(ps, int) and not isinstance(ps, bool) and not self.life.leaving:  # budgeted push: ack it
             self.counters["rows_pushed_early_to_us"] += n
             link.send({"t": Msg.PUSH_ACK, "ps": ps})
+
+    def probe(self, st: TableState, rows: np.ndarray, seen: np.ndarray) -> None:
+        """A freshness probe of rows a worker read (``seen``: per row, the other processes' update
+        count of the value read) to each owning server; the replies are counted as they come
+        (``_on_probe_reply``), never awaited. Probes still unanswered when the client leaves are
+        dropped: ``freshness_probes`` - ``freshness_probes_answered`` says how many."""
+        if self.life.leaving or self.life.failed:
+            return
+        part = self.partition
+        for j, pos in enumerate(part.split(rows)) if part.num_servers > 1 else [(0, None)]:
+            link = self.links[j]
+            if (pos is not None and not pos.shape[0]) or link.recovering:
+                continue
+            rj, sj = (rows, seen) if pos is None else (rows[pos], seen[pos])
+            link.send({"t": Msg.PROBE, "tb": st.index, "n": int(rj.shape[0])}, rj, sj)
+            self.counters["freshness_probes"] += 1
+
+    def _on_probe_reply(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
+        if h["n"] < 0 or h["ms"] < 0 or h["mx"] < 0:
+            raise ProtocolError(f"PROBE_REPLY: negative counts {h!r}")
+        c = self.counters
+        c["freshness_probes_answered"] += 1
+        c["freshness_probed_rows"] += h["n"]
+        c["missing_updates_sum"] += h["ms"]
+        c["missing_updates_max"] = max(c["missing_updates_max"], h["mx"])
 
     def _on_sclock(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
         c = h["c"]

@@ -51,6 +51,12 @@ class ReadPath:
         with self.fresh:
             self.fresh.notify_all()
 
+    def probe(self, st: TableState, rows: np.ndarray, seen: np.ndarray) -> None:
+        """Ask the rows' servers how many updates of other processes the values just read miss
+        (``seen``: the counts they include; ``CommThread.probe``). Called with ``st.lock`` held: only
+        hands the work over, never blocks the worker."""
+        self.comm.submit(self.comm.probe, st, rows, seen)
+
     def wait_fresh(self, st: TableState, rows: np.ndarray, worker: TableWorker,
                    index: slice | np.ndarray | None = None) -> np.ndarray | None:
         """Block until every row's cached clock satisfies the SSP rule for ``worker``'s tick

@@ -57,18 +57,21 @@ def receive_rows(tables: Sequence[TableState], j: int, h: dict[str, Any], arrays
         if st.vlog is not None:
             versions = wire.array(arrays[2], wire.VERSION_DTYPE, n, "ROWS versions")
             retired = st.vlog.receive(rows, versions, st.oplog, st.importance)
-        exact = apply_rows(st, j, h, rows, vals)
+        exact = apply_rows(st, j, h, rows, vals, wire.others_frame(h, arrays))
     return Rows(st, rows, vals, exact, retired)
 
 
-def apply_rows(st: TableState, j: int, h: dict[str, Any], rows: np.ndarray, vals: np.ndarray) -> bool:
+def apply_rows(st: TableState, j: int, h: dict[str, Any], rows: np.ndarray, vals: np.ndarray,
+               counts: np.ndarray | None = None) -> bool:
     """Write rows from server ``j`` (a ROWS message: header ``h``) into the cache, under ``st.lock``.
     Rows for which a later message of the server's (header ``ss``) was already applied are left
     alone: a client's ROWS come on more than one connection, and a reply may be overtaken by a later
     push. With read-my-writes, this process's updates not yet in the values (buffered, or sent after
     the server's ``a``) go back on top. Returns True if the cache rows now hold exactly ``vals``,
-    every one of them."""
+    every one of them. ``counts``: the rows' freshness counts (ROWS "fr"), kept beside the values."""
     cache = st.cache
+    if not cache.seen.shape[0]:
+        counts = None  # freshness probes off here
     ss = h["ss"]
     n = rows.shape[0]
     lo = rowmath.run_start(rows)
@@ -76,6 +79,8 @@ def apply_rows(st: TableState, j: int, h: dict[str, Any], rows: np.ndarray, vals
     if exact:
         index: slice | np.ndarray = slice(lo, lo + n)
         cache.values[index] = vals  # a memcpy
+        if counts is not None:
+            cache.seen[index] = counts
         exact = vals.dtype == cache.values.dtype
     else:
         index = slice(lo, lo + n) if lo >= 0 else rows
@@ -83,8 +88,11 @@ def apply_rows(st: TableState, j: int, h: dict[str, Any], rows: np.ndarray, vals
         newer = cache.ss[index] < ss
         if not newer.all():
             rows, vals = rows[newer], vals[newer]
+            counts = None if counts is None else counts[newer]
             index = rows
         cache.values[index] = vals
+        if counts is not None:
+            cache.seen[index] = counts
         cache.ss[index] = ss
         if type(index) is slice:
             np.maximum(cache.clock[index], h["c"], out=cache.clock[index])

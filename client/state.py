@@ -17,7 +17,9 @@ from bosen.config import CommConfig, TableConfig
 class TableState:
     """Everything the process keeps for one table; ``lock`` guards cache, buffer and in-flight log."""
 
-    def __init__(self, index: int, cfg: TableConfig, staleness: int, num_servers: int, comm: CommConfig) -> None:
+    def __init__(self, index: int, cfg: TableConfig, staleness: int, num_servers: int, comm: CommConfig,
+                 probe_every: int = 0) -> None:
+        """``probe_every``: metrics.freshness_every (each worker probes one read in that many; 0 = off)."""
         self.index = index
         self.cfg = cfg
         self.name = cfg.name
@@ -28,7 +30,8 @@ class TableState:
         self.read_my_writes = cfg.shows_own_writes  # until the server says otherwise (set_capabilities)
         self.vlog: VersionLog | None = None  # versioned tables: versions held, retired updates, releases
         self.lock = threading.Lock()
-        self.cache = RowCache(cfg.rows, cfg.cols, self.dtype, num_servers)
+        self.probe_every = probe_every
+        self.cache = RowCache(cfg.rows, cfg.cols, self.dtype, num_servers, counts=probe_every > 0)
         self.oplog = UpdateBuffer(cfg.rows, cfg.cols, self.dtype, stride=num_servers, staging=not comm.enabled)
         self.inflight = [InflightLog() for _ in range(num_servers)]
         # managed communication: which rows to send first, and how often each row went out

@@ -30,6 +30,7 @@ class TableWorker(Protocol):
     rows_read: int
     rows_read_early: int
     read_staleness_sum: int
+    reads_to_probe: int  # reads until the next freshness probe (metrics.freshness_every)
 
 
 class FreshReads(Protocol):
@@ -37,6 +38,8 @@ class FreshReads(Protocol):
 
     def wait_fresh(self, st: TableState, rows: np.ndarray, worker: TableWorker,
                    index: slice | np.ndarray | None = None) -> np.ndarray | None: ...
+
+    def probe(self, st: TableState, rows: np.ndarray, seen: np.ndarray) -> None: ...
 
 
 _RUNNING = Phase.RUNNING
@@ -60,6 +63,8 @@ class Table:
         self._server_clock = state.cache.server_clock
         self._early = state.cache.early
         self._read_now = state.cache.read_now
+        self._seen = state.cache.seen
+        self._probe_every = state.probe_every
         self._servers = state.cache.num_servers
         self.name = state.name
         self.rows = state.rows
@@ -113,6 +118,8 @@ class Table:
                     w.rows_read_early += 1
                 with self._st.lock:
                     self._read_now[row] = True
+                    if self._probe_every and self._probe_due():
+                        self._reads.probe(self._st, np.array([row], dtype=np.int64), self._seen[row:row + 1].copy())
                     return self._values[row].copy()
         return self.get_rows(np.array([self._row(row)], dtype=np.int64))[0]
 
@@ -134,6 +141,8 @@ class Table:
             out = np.empty((rows.shape[0], self.cols), self.dtype)
             with self._st.lock:
                 status, a, b = self._st.cache.read_fresh(r64, need if need > 0 else 0, tick, out)
+                if status == 0 and self._probe_every and self._probe_due():
+                    self._reads.probe(self._st, r64.copy(), self._seen[r64])
             if status == 0:
                 w.rows_read += rows.shape[0]
                 w.rows_read_early += a
@@ -146,10 +155,21 @@ class Table:
         w.rows_read += rows.shape[0]
         w.rows_read_early += early
         w.read_staleness_sum += stale
-        if fresh is not None:  # just read and not shared: no copy needed
-            return fresh
         with self._st.lock:
+            if self._probe_every and self._probe_due():
+                self._reads.probe(self._st, rows.copy(), self._seen[rows])
+            if fresh is not None:  # just read and not shared: no copy needed
+                return fresh
             return self._values[index].copy() if type(index) is slice else self._values[index]
+
+    def _probe_due(self) -> bool:
+        """Whether this read is the worker's one in ``metrics.freshness_every`` that is probed."""
+        w = self._worker
+        w.reads_to_probe -= 1
+        if w.reads_to_probe > 0:
+            return False
+        w.reads_to_probe = self._probe_every
+        return True
 
     # -- writes --------------------------------------------------------------------------------
 

@@ -56,6 +56,7 @@ class Worker:
         self.rows_read = 0
         self.rows_read_early = 0
         self.read_staleness_sum = 0
+        self.reads_to_probe = 1  # the first read is probed, then one in metrics.freshness_every
 
     def counters(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in WORKER_COUNTERS}

@@ -92,7 +92,8 @@ class Server:
         self.partition = Partition(len(config.cluster.servers))
         self.fingerprint = config.fingerprint()
         self.shards = [
-            TableShard(i, t, self.partition, rank, self.num_clients, procedures.load(t, config.source), config.comm)
+            TableShard(i, t, self.partition, rank, self.num_clients, procedures.load(t, config.source), config.comm,
+                       counts=config.metrics.freshness_every > 0)
             for i, t in enumerate(config.tables)
         ]
         # per table, what clients may do (WELCOME "tf"): the server is the source of truth
@@ -129,7 +130,7 @@ class Server:
                              rows_pushed=0, rows_pushed_budgeted=0, budgeted_pushes=0, push_holds=0, idle_polls=0,
                              rows_read=0, reads_parked=0, errors=0, clock_advances=0, window_paused_s=0.0,
                              clients_lost=0, push_gathers=0, push_shared_msgs=0, push_part_msgs=0,
-                             push_own_gathers=0, pushes_in_turns=0)
+                             push_own_gathers=0, pushes_in_turns=0, probes=0)
         # an INC's time from being read off the socket to being applied (longer only when held at a
         # checkpoint boundary), and each push's time, during which the loop reads nothing
         self.apply_lag = Durations()
@@ -145,6 +146,7 @@ class Server:
             Msg.BYE: self.on_bye,
             Msg.STATUS: self.on_status,
             Msg.PUSH_ACK: self.on_push_ack,
+            Msg.PROBE: self.on_probe,
         }
         self._ctx: zmq.Context | None = None
         self._sock: LoopSocket | None = None
@@ -424,6 +426,30 @@ class Server:
             raise ProtocolError(f"PUSH_ACK: push {h['ps']} was never sent")
         peer.pushes_acked = max(peer.pushes_acked, h["ps"])
 
+    def on_probe(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+        """A freshness probe: rows a worker read and, per row, the count of other clients' updates its
+        value included (``TableShard.others`` when it was sent). The answer is how many such updates
+        this server has applied since: updates the read missed. It is counted when the probe is
+        handled, not at the read, so updates applied in between (the probe's time in flight and in
+        the queue) count as missing too: an upper bound, by that much."""
+        peer = self._peer(ident, h)
+        shard = self._shard(h)
+        if not shard.counts:
+            raise ProtocolError("PROBE: freshness probes are off on this server (metrics.freshness_every: 0)")
+        n = h["n"]
+        if n < 0:
+            raise ProtocolError(f"PROBE: negative row count {n}")
+        rows = wire.array(frames[0], wire.ROW_DTYPE, n, "PROBE rows")
+        seen = wire.array(frames[1], wire.COUNT_DTYPE, n, "PROBE counts")
+        local, _ = shard.local_rows(rows, "PROBE")
+        if n and seen.min() < 0:
+            raise ProtocolError("PROBE: update counts must be >= 0")
+        # a count above the server's (a value from before this server was replaced): nothing missed
+        missing = np.maximum(shard.others(local, peer.rank) - seen, 0) if n else seen
+        self.counters["probes"] += 1
+        self._send(ident, {"t": Msg.PROBE_REPLY, "rq": h["s"], "n": n, "ms": int(missing.sum()),
+                           "mx": int(missing.max()) if n else 0})
+
     def on_status(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         self._send_frames(ident, wire.encode_status(h["s"], self.stats()), Msg.STATUS_REPLY)
 
@@ -615,13 +641,15 @@ class Server:
                     if c is None:
                         c = chunks[k] = self._gather_chunk(shard, local[k * per:(k + 1) * per])
                     a, b = max(lo - k * per, 0), min(hi - k * per, c[0].shape[0])
+                    # freshness counts are the subscriber's own (others' updates): never shared
+                    counts = shard.others(local[k * per + a:k * per + b], p.rank) if shard.counts else None
                     if b - a == c[0].shape[0]:  # the whole chunk: the shared frames
                         self.counters["push_shared_msgs"] += 1
-                        sent += self._send_push(p, shard, b - a, budgeted, c[2], c[3])
+                        sent += self._send_push(p, shard, b - a, budgeted, c[2], c[3], counts)
                     else:  # part of it: a copy of that part (the chunk is never written again)
                         self.counters["push_part_msgs"] += 1
                         sent += self._send_push(p, shard, b - a, budgeted, zmq.Frame(c[0][a:b]),
-                                                zmq.Frame(c[1][a:b]))
+                                                zmq.Frame(c[1][a:b]), counts)
             shard.rows_sent(local if count == n else local[mine], p.rank)  # not versioned: no versions
         return sent
 
@@ -640,8 +668,9 @@ class Server:
         return rows, values, zmq.Frame(rows), zmq.Frame(values)
 
     def _send_push(self, peer: Peer, shard: TableShard, n: int, budgeted: bool, rows: zmq.Frame,
-                   values: zmq.Frame) -> int:
-        """One ROWS push of ``n`` rows to ``peer`` from ready-made frames: only the header is its own."""
+                   values: zmq.Frame, counts: np.ndarray | None = None) -> int:
+        """One ROWS push of ``n`` rows to ``peer`` from ready-made frames: only the header is its own
+        (and ``counts``, the rows' freshness counts for it, where those are on)."""
         self.counters["rows_pushed"] += n
         peer.rows_msgs += 1  # "ss" orders a client's ROWS across its connections
         header = {"t": Msg.ROWS, "tb": shard.index, "n": n, "c": self.clock, "a": peer.applied, "rq": -1,
@@ -650,6 +679,10 @@ class Server:
             peer.pushes_sent += 1
             header["ps"] = peer.pushes_sent
             self.counters["rows_pushed_budgeted"] += n
+        if counts is not None:
+            header["fr"] = True
+            return self._send_frames(peer.ident, [wire.pack_header(header), rows, values, zmq.Frame(counts)],
+                                     Msg.ROWS)
         return self._send_frames(peer.ident, [wire.pack_header(header), rows, values], Msg.ROWS)
 
     def _send_rows(self, peer: Peer, shard: TableShard, local: np.ndarray, rq: int, ident: bytes,
@@ -690,10 +723,13 @@ class Server:
             # which measured 35-220 us per 1 MiB send here.
             rows = shard.global_rows[index]
             values = owned = shard.values[index].copy() if type(index) is slice else shard.values[local]
+        extra = () if versions is None else (versions,)
         if versions is not None:
             header["v"] = True
-            return self._send(ident, header, rows, values, versions, owned=owned)
-        return self._send(ident, header, rows, values, owned=owned)
+        if shard.counts:  # freshness counts: the others' updates these values include
+            header["fr"] = True
+            extra = (*extra, shard.others(local, peer.rank))
+        return self._send(ident, header, rows, values, *extra, owned=owned)
 
     # -- managed communication -----------------------------------------------------------------
 

@@ -29,10 +29,15 @@ class TableShard:
     readers. A row a budgeted push gave only some of its subscribers stays dirty for the
     clock-advance push, which SSP needs to reach every subscriber; ``current[row, client]`` marks
     who already has its value, so that push skips them.
+
+    With ``metrics.freshness_every`` on (``counts``), ``applied[row]`` and ``applied_by[client, row]``
+    count the update rows applied (one per row of an INC batch): the values sent to a client then
+    carry ``others`` (how many of the row's updates came from other clients), which a freshness probe
+    later compares with the count now (docs/design.md, "Freshness probes").
     """
 
     def __init__(self, index: int, cfg: TableConfig, partition: Partition, rank: int, num_clients: int,
-                 procedure: StoredProcedure, comm: CommConfig) -> None:
+                 procedure: StoredProcedure, comm: CommConfig, counts: bool = False) -> None:
         self.index = index
         self.cfg = cfg
         self.partition = partition
@@ -73,6 +78,9 @@ class TableShard:
         self.read_recently = np.zeros(shape[0], dtype=bool)  # some client read the row in its last tick
         self.fresh = np.zeros(shape[0], dtype=bool)  # changed since last pushed (budgeted candidates)
         self._partial = False  # some row went to only some of its subscribers (``current`` is set)
+        self.counts = counts
+        self.applied = np.zeros(n if counts else 0, dtype=np.int64)
+        self.applied_by = np.zeros((num_clients, n) if counts else (0, 0), dtype=np.int64)
         # versioned tables: each client's row-version references, released for it if it is lost
         self.holdings = [Holdings() for _ in range(num_clients)] if procedure.versioned else []
 
@@ -145,6 +153,13 @@ class TableShard:
             if self.relative:
                 np.divide(change, np.abs(before), out=change, where=before != 0)
             np.add.at(self.importance, local, change.sum(axis=1))
+        if self.counts:
+            if type(index) is slice:  # a run: each row once
+                self.applied[index] += 1
+                self.applied_by[client, index] += 1
+            else:
+                np.add.at(self.applied, local, 1)
+                np.add.at(self.applied_by[client], local, 1)
         if self.has_readers:  # else no row has a reader: nothing to mark (write-only phases)
             read = self.subscribed[index]
             if read.any():
@@ -158,6 +173,11 @@ class TableShard:
                     w = self.writer[index]
                     self.writer[index] = np.where((w == NOBODY) | (w == client), client, SEVERAL)
         return local.shape[0]
+
+    def others(self, local: np.ndarray, client: int) -> np.ndarray:
+        """Per row of ``local``, the update rows of clients other than ``client`` applied so far
+        (``counts`` on): what a value of the row sent now includes besides the client's own."""
+        return self.applied[local] - self.applied_by[client, local]
 
     def push_to(self, local: np.ndarray, client: int) -> np.ndarray:
         """Which of ``local`` (rows being pushed) go to subscriber ``client``: all it reads, except,

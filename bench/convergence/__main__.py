@@ -245,6 +245,9 @@ REAL_APPS: dict[str, AppSpec] = {
                    dataset="fashion-mnist"),
 }
 SEED_KEY = "app.args.seed"
+# every mode probes one read in this many for the updates it misses (metrics.freshness_every; --set
+# metrics.freshness_every=0 turns it off): content freshness beside the clock-stamp staleness
+FRESHNESS_EVERY = 8
 BASE_STALENESS = 2  # thesis: s = 2 at one clock per pass; BS-k keeps the bound at 2 passes (s = 2k)
 
 
@@ -355,7 +358,8 @@ def scenario_app(app: str, args: argparse.Namespace) -> None:
         for seed in seeds:  # modes alternate within a seed, so machine noise spreads over all of them
             for m in modes:
                 n_epochs = args.sn_epochs if m.name == "SN" and args.sn_epochs else epochs
-                sets = {**data, **spec.common, **extra, spec.epochs_key: n_epochs, "cluster.workers": m.workers or P,
+                sets = {"metrics.freshness_every": FRESHNESS_EVERY, **data, **spec.common, **extra,
+                        spec.epochs_key: n_epochs, "cluster.workers": m.workers or P,
                         "cluster.servers": ["127.0.0.1:0"] * servers, SEED_KEY: seed,
                         **m.sets(spec, m.workers or P, servers)}
                 if m.budget is not None:  # --comm-set: managed communication's own knobs (e.g. push_to)
@@ -421,6 +425,10 @@ def _report_app(app: str, spec: AppSpec, P: int, by_mode: dict[str, list[Run]],
                    "budget_over_bs_egress": float(budget) / bs_mbps if budget and bs_mbps else None,
                    "early_read_share": c["rows_read_early"] / c["rows_read"] if c["rows_read"] else None,
                    "read_staleness_mean": c["read_staleness_sum"] / c["rows_read"] if c["rows_read"] else None,
+                   # content freshness: of the rows probed, updates of other workers the servers had
+                   # applied that the value read lacked (an upper bound: docs/design.md, "Freshness probes")
+                   "missing_updates_per_read": (c["missing_updates_sum"] / c["freshness_probed_rows"]
+                                                if c["freshness_probed_rows"] else None),
                    "rows_pushed_early_share": (c["rows_pushed_early_to_us"] / c["rows_pushed_to_us"]
                                                if c["rows_pushed_to_us"] else None),
                    "budgeted_row_share": c["rows_sent_budgeted"] / c["rows_sent"] if c["rows_sent"] else None,

@@ -393,3 +393,21 @@ def test_a_narrow_wire_dtype_needs_a_float_table():
         config_mod.load(data)
     data["tables"]["W"]["dtype"] = "float32"
     assert config_mod.load(data).tables[0].wire_dtype == "bfloat16"
+
+
+# ------------------------------------------------------------------------------------------------
+# metrics: freshness probes (off by default; on changes the fingerprint: ROWS then carry counts)
+
+
+def test_metrics_freshness_default_override_and_errors(tmp_path):
+    cfg = config_mod.load(write(tmp_path, BASE))
+    assert cfg.metrics.freshness_every == 0
+    assert "metrics" not in cfg.to_dict()  # default: dumps unchanged
+    on = config_mod.load(write(tmp_path, BASE), ["metrics.freshness_every=8"])
+    assert on.metrics.freshness_every == 8
+    assert config_mod.load(on.to_dict()).metrics.freshness_every == 8  # round trip
+    assert on.fingerprint() != cfg.fingerprint()
+    assert "metrics.bogus: unknown key" in load_error(tmp_path, with_("metrics.bogus", 1))
+    assert "metrics.freshness_every:" in load_error(tmp_path, with_("metrics.freshness_every", "often"))
+    assert "metrics.freshness_every:" in load_error(tmp_path, with_("metrics.freshness_every", 1.5))
+    assert "metrics.freshness_every" in load_error(tmp_path, with_("metrics.freshness_every", -1))

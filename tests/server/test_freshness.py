@@ -1,0 +1,158 @@
+"""Freshness probes (metrics.freshness_every): a read's missing updates, counted by the servers.
+
+Real servers on loopback. A reader's probe must report exactly the updates of other clients the
+servers applied after the value it read; with the knob off ROWS are as before (no count frame); a
+malformed PROBE gets an ERROR and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zmq
+from conftest import wait_until
+
+from bosen import config as config_mod
+from bosen import wire
+from bosen.client import Client
+from bosen.jobs.job import job_config
+from bosen.wire import Msg
+
+TABLES = {"W": {"rows": 10, "cols": 4, "dtype": "int64"}}
+
+
+def i64(*x):
+    return np.array(x, dtype=np.int64)
+
+
+def job(workers: int, every: int) -> dict:
+    cfg = job_config([], workers, tables=TABLES, staleness=10)
+    if every:
+        cfg["metrics"] = {"freshness_every": every}
+    return cfg
+
+
+def answered(c: Client, n: int) -> bool:
+    return c.stats()["freshness_probes_answered"] >= n
+
+
+@pytest.mark.timeout(60)
+def test_probe_counts_other_clients_updates_missed(bosen_cluster):
+    c = bosen_cluster(2, config=job(2, 1))
+    a = Client.connect(c.path, rank=0)
+    b = Client.connect(c.path, rank=1)
+    try:
+        wa, wb = a.table("W"), b.table("W")
+        assert wa.get_rows(i64(2, 3)).sum() == 0  # rows on both servers: two probes, nothing missed
+        assert wait_until(lambda: answered(a, 2))
+        s = a.stats()
+        assert (s["freshness_probed_rows"], s["missing_updates_sum"]) == (2, 0)
+        wa.inc_row(3, i64(1, 0, 0, 0))  # its own update: never missing
+        for _ in range(5):  # five update messages of another client, one per tick (no push to a:
+            wb.inc_row(3, i64(0, 1, 0, 0))  # a holds the server clock at 0)
+            wb.inc_row(2, i64(0, 0, 1, 0))
+            b.clock()
+            b.server_status()  # answered once the tick's flush was applied (ticks in a row share one)
+        a._comm.call(a._comm.sender.until_flushed(10), 15)
+        row = wa.get_row(3)  # cached, fresh enough under staleness 10: misses b's five
+        assert row.tolist() == [1, 0, 0, 0]
+        assert wait_until(lambda: answered(a, 3))
+        s = a.stats()
+        assert (s["freshness_probed_rows"], s["missing_updates_sum"], s["missing_updates_max"]) == (3, 5, 5)
+        wa.get_rows(i64(2, 3))
+        assert wait_until(lambda: answered(a, 5))
+        s = a.stats()
+        assert (s["freshness_probed_rows"], s["missing_updates_sum"]) == (5, 15)
+        a.clock()  # the servers reach clock 1: rows 2 and 3 are pushed to a with their counts
+        assert wait_until(lambda: a.stats()["rows_pushed_to_us"] >= 2)
+        assert wa.get_rows(i64(2, 3)).tolist() == [[0, 0, 5, 0], [1, 5, 0, 0]]
+        assert wait_until(lambda: answered(a, 7))
+        s = a.stats()
+        assert (s["freshness_probed_rows"], s["missing_updates_sum"]) == (7, 15)  # nothing more missed
+        rec = a.report()
+        assert rec["freshness_probed_rows"] == 7 and rec["missing_updates_sum"] == 15
+    finally:
+        b.close()
+        a.close()
+
+
+class Raw:
+    def __init__(self, ctx: zmq.Context, address: str) -> None:
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(f"tcp://{address}")
+        self.seq = 0
+
+    def send(self, header, *arrays) -> int:
+        self.seq += 1
+        self.sock.send_multipart(wire.encode({**header, "s": self.seq}, *arrays))
+        return self.seq
+
+    def recv(self) -> tuple[dict, list]:
+        assert self.sock.poll(5000), "no reply from the server"
+        frames = self.sock.recv_multipart()
+        h = wire.decode_header(frames[0])
+        wire.check_frames(h, len(frames) - 1)
+        return h, frames[1:]
+
+
+def _join(c, ctx) -> Raw:
+    r = Raw(ctx, c.addresses[0])
+    r.send({"t": Msg.HELLO, "rank": 0, "fp": config_mod.load(c.path).fingerprint()})
+    assert r.recv()[0]["t"] == Msg.WELCOME
+    return r
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("every", [0, 4])
+def test_rows_carry_counts_only_when_on(bosen_cluster, every):
+    c = bosen_cluster(1, config=job(1, every))
+    ctx = zmq.Context()
+    try:
+        r = _join(c, ctx)
+        r.send({"t": Msg.INC, "tb": 0, "n": 2, "dt": "int64", "sp": False}, i64(1, 1), np.ones(8, np.int64))
+        assert r.recv()[0]["t"] == Msg.ACK
+        s = r.send({"t": Msg.READ, "tb": 0, "n": 2, "c": 0}, i64(1, 2))
+        h, frames = r.recv()
+        assert h["t"] == Msg.ROWS and h["rq"] == s
+        if not every:
+            assert "fr" not in h and len(frames) == 2  # the wire as before
+        else:
+            assert h["fr"] is True and len(frames) == 3
+            assert wire.others_frame(h, frames).tolist() == [0, 0]  # its own updates only
+    finally:
+        ctx.destroy(0)
+
+
+@pytest.mark.timeout(60)
+def test_malformed_probe_gets_error_and_server_keeps_serving(bosen_cluster):
+    c = bosen_cluster(1, config=job(1, 2))
+    ctx = zmq.Context()
+    try:
+        r = _join(c, ctx)
+
+        def bad(match, header, *arrays):
+            s = r.send({"t": Msg.PROBE, **header}, *arrays)
+            h, _ = r.recv()
+            assert h["t"] == Msg.ERROR and h["rq"] == s and match in h["m"], h
+
+        bad("expected 2 array frames", {"tb": 0, "n": 1}, i64(1))
+        bad("row 99 out of range", {"tb": 0, "n": 1}, i64(99), i64(0))
+        bad("unknown table index 3", {"tb": 3, "n": 1}, i64(1), i64(0))
+        bad("PROBE counts: frame has 8 bytes", {"tb": 0, "n": 2}, i64(1, 2), i64(0))
+        bad("negative row count", {"tb": 0, "n": -1}, i64(), i64())
+        bad("must be >= 0", {"tb": 0, "n": 1}, i64(1), i64(-4))
+        s = r.send({"t": Msg.PROBE, "tb": 0, "n": 2}, i64(1, 2), i64(0, 0))
+        h, _ = r.recv()
+        assert h["t"] == Msg.PROBE_REPLY and h["rq"] == s and (h["n"], h["ms"], h["mx"]) == (2, 0, 0), h
+    finally:
+        ctx.destroy(0)
+    off = bosen_cluster(1, config=job(1, 0))
+    ctx = zmq.Context()
+    try:
+        r = _join(off, ctx)
+        s = r.send({"t": Msg.PROBE, "tb": 0, "n": 1}, i64(1), i64(0))
+        h, _ = r.recv()
+        assert h["t"] == Msg.ERROR and "freshness probes are off" in h["m"]
+    finally:
+        ctx.destroy(0)
