@@ -18,7 +18,9 @@ client keeps each row's newest), ``na`` INC's "no ACK": the server acknowledges 
 ACK (or SCLOCK) of a later message, whose ``rq`` (``a``) covers every earlier one; ``rs`` CLOCK's
 read set (``pack_read_set``); ``fr`` ROWS's freshness flag (metrics.freshness_every on: a last
 frame gives, per row, how many updates of other clients its value includes; ``others_frame``),
-``ms``/``mx`` PROBE_REPLY's sum and largest of the updates the probed values miss.
+``ms``/``mx`` PROBE_REPLY's sum and largest of the updates the probed values miss, ``w`` INC's
+weights flag (freshness probes on: a last int32 frame gives, per row, the inc operations coalesced
+in its update; ``UpdateBatch.weights``), ``ft`` ROWS's send time (server ``time.time()``, with ``fr``).
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ _SCHEMA: dict[Msg, dict[str, type]] = {
 # Number of array frames after the header; INC depends on the sparse flag.
 _FRAMES = {Msg.READ: 1, Msg.ROWS: 2, Msg.STATUS_REPLY: 1, Msg.PROBE: 2}
 COUNT_DTYPE = np.dtype(np.int64)  # update counts (ROWS "fr", PROBE)
+WEIGHT_DTYPE = np.dtype(np.int32)  # inc operations per row of an update (INC "w")
 MAX_STATUS_BYTES = 16 << 20
 
 
@@ -208,6 +211,21 @@ def carries_counts(h: dict[str, Any]) -> bool:
     return _flag(h, "fr")
 
 
+def carries_weights(h: dict[str, Any]) -> bool:
+    """INC's optional ``w``: a last frame of per-row inc operation counts (``WEIGHT_DTYPE``) follows."""
+    return _flag(h, "w")
+
+
+def send_time(h: dict[str, Any]) -> float | None:
+    """ROWS's optional ``ft``: when the server sent its values (seconds, ``time.time()``)."""
+    t = h.get("ft")
+    if t is None:
+        return None
+    if not isinstance(t, (int, float)) or isinstance(t, bool):
+        raise ProtocolError(f"ROWS: field 'ft' must be a number, got {t!r}")
+    return float(t)
+
+
 def others_frame(h: dict[str, Any], frames: Sequence[Any]) -> np.ndarray | None:
     """ROWS's per-row counts of other clients' updates its values include, if it carries them."""
     if not carries_counts(h):
@@ -226,7 +244,7 @@ def wants_ack(h: dict[str, Any]) -> bool:
 
 def expected_frames(h: dict[str, Any]) -> int:
     if h["t"] == Msg.INC:
-        return (4 if h["sp"] else 2) + (4 if is_versioned(h) else 0)
+        return (4 if h["sp"] else 2) + (4 if is_versioned(h) else 0) + carries_weights(h)
     if h["t"] == Msg.ROWS:
         return 2 + is_versioned(h) + carries_counts(h)
     if h["t"] == Msg.CLOCK and "rs" in h:
@@ -280,6 +298,7 @@ class UpdateBatch:
     eov: np.ndarray | None = None
     rel_rows: np.ndarray | None = None
     rel_tags: np.ndarray | None = None
+    weights: np.ndarray | None = None  # per row, the inc operations it coalesces (freshness probes on)
 
     @property
     def sparse(self) -> bool:
@@ -297,11 +316,11 @@ class UpdateBatch:
         else:
             assert cols is not None  # CSR: indptr and cols come together
             base = (self.rows, indptr, cols, self.values)
-        if tags is None:
-            return base
-        eov, rel_rows, rel_tags = self.eov, self.rel_rows, self.rel_tags
-        assert eov is not None and rel_rows is not None and rel_tags is not None  # versioned: all four together
-        return (*base, tags, eov, rel_rows, rel_tags)
+        if tags is not None:
+            eov, rel_rows, rel_tags = self.eov, self.rel_rows, self.rel_tags
+            assert eov is not None and rel_rows is not None and rel_tags is not None  # versioned: all four together
+            base = (*base, tags, eov, rel_rows, rel_tags)
+        return base if self.weights is None else (*base, self.weights)
 
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays())
@@ -342,6 +361,11 @@ def decode_update(h: dict[str, Any], frames: Sequence[Any], ncols: int, dtype: n
         batch.rel_tags = array(rest[3], VERSION_DTYPE, nr, "INC released versions")
         if (n and batch.tags.min() < 0) or (nr and batch.rel_tags.min() < 0):
             raise ProtocolError("INC: row versions must be >= 0")
+    if carries_weights(h):
+        weights = array(frames[-1], WEIGHT_DTYPE, n, "INC weights")
+        if n and weights.min() < 0:
+            raise ProtocolError("INC: weights must be >= 0")
+        batch.weights = weights
     return batch
 
 

@@ -112,6 +112,9 @@ class RowCache:
         # freshness probes on (``counts``): per row, how many updates of other processes the cached
         # value includes, as its server said (ROWS "fr"); own updates are never missing (read-my-writes)
         self.seen = np.zeros(rows if counts else 0, dtype=np.int64)
+        # and when the server sent that value (ROWS "ft", seconds): a probe reports the content's age.
+        # A server clock (SCLOCK) raises a row's clock but says nothing new about its content: kept.
+        self.seen_at = np.zeros(rows if counts else 0, dtype=np.float64)
 
     def raise_clock(self, server: int, clock: int) -> None:
         """A server clock message: every cached row of that server is now valid for ``clock``."""

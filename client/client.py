@@ -185,7 +185,8 @@ class Client:
                "bytes_received": c["bytes_received"], "rows_sent": c["rows_sent"],
                "rows_sent_budgeted": c["rows_sent_budgeted"], **self._read_totals(), **fields}
         if "freshness_probed_rows" in c:  # metrics.freshness_every on: rows probed, updates they missed
-            rec.update(freshness_probed_rows=c["freshness_probed_rows"], missing_updates_sum=c["missing_updates_sum"])
+            rec.update(freshness_probed_rows=c["freshness_probed_rows"], missing_updates_sum=c["missing_updates_sum"],
+                       content_age_sum=c["content_age_sum"])
         self.reports.append(rec)
         if self._report_file is not None:
             self._report_file.write(json.dumps(rec, default=float) + "\n")

@@ -83,7 +83,10 @@ class CommThread:
                              recoveries=0)
         if config.metrics.freshness_every:  # freshness probes (``probe``), answered by PROBE_REPLY
             self.counters.update(freshness_probes=0, freshness_probes_answered=0, freshness_probed_rows=0,
-                                 missing_updates_sum=0, missing_updates_max=0)
+                                 missing_updates_sum=0, missing_updates_max=0, content_age_sum=0.0)
+        # freshness probes: per (server, probe number), the summed content age of its rows, counted
+        # once answered (beside the rows and the missing updates); a lost server's never are
+        self._probe_ages: dict[tuple[int, int], float] = {}
         self.ack_latency = {"last_ms": 0.0, "max_ms": 0.0, "sum_ms": 0.0, "count": 0}
         self.bucket = LeakyBucket(config.comm.client_bandwidth_mbps) if config.comm.enabled else None
         self.links = [ServerLink(j, addr, self.counters, self.bucket) for j, addr in enumerate(config.cluster.servers)]
@@ -364,9 +367,10 @@ class CommThread:
             self.counters["rows_pushed_early_to_us"] += n
             link.send({"t": Msg.PUSH_ACK, "ps": ps})
 
-    def probe(self, st: TableState, rows: np.ndarray, seen: np.ndarray) -> None:
+    def probe(self, st: TableState, rows: np.ndarray, seen: np.ndarray, age: np.ndarray) -> None:
         """A freshness probe of rows a worker read (``seen``: per row, the other processes' update
-        count of the value read) to each owning server; the replies are counted as they come
+        count of the value read; ``age``: per row, seconds from the server's send to the read) to
+        each owning server; the replies are counted as they come
         (``_on_probe_reply``), never awaited. Probes still unanswered when the client leaves are
         dropped: ``freshness_probes`` - ``freshness_probes_answered`` says how many."""
         if self.life.leaving or self.life.failed:
@@ -376,8 +380,9 @@ class CommThread:
             link = self.links[j]
             if (pos is not None and not pos.shape[0]) or link.recovering:
                 continue
-            rj, sj = (rows, seen) if pos is None else (rows[pos], seen[pos])
+            rj, sj, aj = (rows, seen, age) if pos is None else (rows[pos], seen[pos], age[pos])
             link.send({"t": Msg.PROBE, "tb": st.index, "n": int(rj.shape[0])}, rj, sj)
+            self._probe_ages[(j, link.seq)] = float(aj.sum())
             self.counters["freshness_probes"] += 1
 
     def _on_probe_reply(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
@@ -388,6 +393,7 @@ class CommThread:
         c["freshness_probed_rows"] += h["n"]
         c["missing_updates_sum"] += h["ms"]
         c["missing_updates_max"] = max(c["missing_updates_max"], h["mx"])
+        c["content_age_sum"] += self._probe_ages.pop((link.index, h["rq"]), 0.0)
 
     def _on_sclock(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
         c = h["c"]

@@ -35,6 +35,8 @@ def inc_header(st: TableState, batch: UpdateBatch) -> dict[str, Any]:
     if batch.rel_rows is not None:  # versioned
         h["v"] = True
         h["nr"] = int(batch.rel_rows.shape[0])
+    if batch.weights is not None:  # freshness probes: inc operations per row
+        h["w"] = True
     return h
 
 
@@ -63,6 +65,7 @@ def take_chunk(st: TableState, rows: np.ndarray, k: int, server: int, seq: int) 
     if wire_block is not block:
         nnz = None  # float16 rounding may have zeroed some values
     batch = update_batch(rj, wire_block, nnz)
+    batch.weights = oplog.take_ops(index)
     if batch.sparse:
         return (batch, None, None), k
     if wire_block is block and (frame := oplog.frame_of(block)) is not None:
@@ -120,8 +123,10 @@ def take_versioned(st: TableState, rows: np.ndarray, partition: Partition) -> li
     vlog = st.vlog
     assert vlog is not None
     batches = []
-    rr, rt, rv, lr, lt = vlog.take(st.cols, st.dtype)
+    rr, rt, rv, rw, lr, lt = vlog.take(st.cols, st.dtype)
     cur = st.oplog.take(rows) if rows.shape[0] else np.empty((0, st.cols), dtype=st.dtype)
+    cw = st.oplog.take_ops(rows)
+    weights = None if cw is None else np.concatenate([rw, cw])
     if rows.shape[0]:
         if st.importance is not None:
             st.importance[rows] = 0
@@ -144,6 +149,7 @@ def take_versioned(st: TableState, rows: np.ndarray, partition: Partition) -> li
             wire_block, _ = quantize(st, rj, block[p], keep_residual=eov[p] == 0)
             batch = update_batch(rj, wire_block)
             batch.tags, batch.eov = tags[p], eov[p]
+            batch.weights = None if weights is None else weights[p]
             batch.rel_rows, batch.rel_tags = (lr[rpos], lt[rpos]) if last else (lr[:0], lt[:0])
             batches.append((j, batch))
     return batches
@@ -168,7 +174,7 @@ def quantize(st: TableState, rows: np.ndarray, block: np.ndarray,
         keep_rows &= keep_residual
     keep = np.flatnonzero(keep_rows)
     if keep.shape[0]:
-        st.oplog.add_dense(rows[keep], resid[keep])
+        st.oplog.add_dense(rows[keep], resid[keep], count=False)
     return q, applied
 
 

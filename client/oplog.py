@@ -33,10 +33,14 @@ class UpdateBuffer:
     """``stride``: the number of servers. Rows go to servers round-robin, so a piece holds one
     server's rows of a run: ``first, first + stride, first + 2 * stride, ...``. ``staging``: off
     where sends pick rows one by one (budgeted sends by priority, versioned tables' flushes), which
-    would move every piece back each time."""
+    would move every piece back each time. ``ops`` (freshness probes on): count, per row, the inc
+    operations its buffered update coalesces; they leave with it (``take_ops``) as INC weights, so
+    the servers count updates in a unit that does not depend on how often the client sends."""
 
-    def __init__(self, rows: int, cols: int, dtype: np.dtype, stride: int = 1, staging: bool = True) -> None:
+    def __init__(self, rows: int, cols: int, dtype: np.dtype, stride: int = 1, staging: bool = True,
+                 ops: bool = False) -> None:
         self.delta = np.zeros((rows, cols), dtype=dtype)
+        self.ops = np.zeros(rows if ops else 0, dtype=np.int32)  # inc operations per buffered row
         self.dirty = np.zeros(rows, dtype=bool)  # staged rows are dirty too
         self.staged = np.zeros(rows, dtype=bool)
         self.pieces: dict[int, tuple[np.ndarray, int | None]] = {}  # first row -> (deltas, non-zeros)
@@ -56,14 +60,23 @@ class UpdateBuffer:
         self._stage_min_rows = self.delta.shape[0] + 1
 
     def add_dense(self, rows: np.ndarray, deltas: np.ndarray, mirror: np.ndarray | None = None,
-                  held: np.ndarray | None = None, index: slice | np.ndarray | None = None) -> bool:
+                  held: np.ndarray | None = None, index: slice | np.ndarray | None = None,
+                  count: bool = True) -> bool:
         """Buffer ``deltas``; with ``mirror`` (the cache, for read-my-writes) add them there too, in
         the same pass over the deltas, to the rows where ``held`` (the cache's row clocks) is >= 0.
-        ``index``: ``rows`` as an index (``rowmath.rows_index``), if known.
+        ``index``: ``rows`` as an index (``rowmath.rows_index``), if known. ``count``: one inc
+        operation per row (False for what the client puts back itself: a rounding residual).
         Returns False, having changed nothing, if float deltas contain NaN or infinity (checked in the
         same pass as the copy where there is one)."""
         if index is None:
             index = rowmath.rows_index(rows)
+        added = self._add_dense(rows, deltas, mirror, held, index)
+        if added and count and self.ops.shape[0]:
+            self.ops[index] += 1  # a repeated row of one call: one operation
+        return added
+
+    def _add_dense(self, rows: np.ndarray, deltas: np.ndarray, mirror: np.ndarray | None,
+                   held: np.ndarray | None, index: slice | np.ndarray) -> bool:
         if self.pieces and self.staged[index].any():
             if type(index) is slice:
                 added = self._add_to_pieces(index.start, index.stop, deltas, mirror, held)
@@ -93,6 +106,18 @@ class UpdateBuffer:
             self.unstage()
         rowmath.scatter_add_coo(self.delta, rows, cols, deltas)
         self.dirty[rows] = True
+        if self.ops.shape[0]:
+            self.ops[rows] += 1  # one operation per row the call touches
+
+    def take_ops(self, index: slice | np.ndarray) -> np.ndarray | None:
+        """Remove and return the inc operation counts of rows ``index`` (leaving in an update, the
+        INC weights), or None where they are not counted. Each row leaves in one message, so each
+        operation is counted once; what the client puts back (a residual) counts none."""
+        if not self.ops.shape[0]:
+            return None
+        ops = self.ops[index].copy() if type(index) is slice else self.ops[index]
+        self.ops[index] = 0
+        return ops
 
     def dirty_rows(self) -> np.ndarray:
         return np.flatnonzero(self.dirty)

@@ -51,11 +51,12 @@ class ReadPath:
         with self.fresh:
             self.fresh.notify_all()
 
-    def probe(self, st: TableState, rows: np.ndarray, seen: np.ndarray) -> None:
+    def probe(self, st: TableState, rows: np.ndarray, seen: np.ndarray, age: np.ndarray) -> None:
         """Ask the rows' servers how many updates of other processes the values just read miss
-        (``seen``: the counts they include; ``CommThread.probe``). Called with ``st.lock`` held: only
-        hands the work over, never blocks the worker."""
-        self.comm.submit(self.comm.probe, st, rows, seen)
+        (``seen``: the counts they include; ``age``: seconds since their servers sent them;
+        ``CommThread.probe``). Called with ``st.lock`` held: only hands the work over, never blocks
+        the worker."""
+        self.comm.submit(self.comm.probe, st, rows, seen, age)
 
     def wait_fresh(self, st: TableState, rows: np.ndarray, worker: TableWorker,
                    index: slice | np.ndarray | None = None) -> np.ndarray | None:

@@ -68,10 +68,12 @@ def apply_rows(st: TableState, j: int, h: dict[str, Any], rows: np.ndarray, vals
     alone: a client's ROWS come on more than one connection, and a reply may be overtaken by a later
     push. With read-my-writes, this process's updates not yet in the values (buffered, or sent after
     the server's ``a``) go back on top. Returns True if the cache rows now hold exactly ``vals``,
-    every one of them. ``counts``: the rows' freshness counts (ROWS "fr"), kept beside the values."""
+    every one of them. ``counts``: the rows' freshness counts (ROWS "fr"), kept beside the values
+    with their send time (``ft``)."""
     cache = st.cache
     if not cache.seen.shape[0]:
         counts = None  # freshness probes off here
+    sent_at = wire.send_time(h) if counts is not None else None
     ss = h["ss"]
     n = rows.shape[0]
     lo = rowmath.run_start(rows)
@@ -81,6 +83,8 @@ def apply_rows(st: TableState, j: int, h: dict[str, Any], rows: np.ndarray, vals
         cache.values[index] = vals  # a memcpy
         if counts is not None:
             cache.seen[index] = counts
+            if sent_at is not None:
+                cache.seen_at[index] = sent_at
         exact = vals.dtype == cache.values.dtype
     else:
         index = slice(lo, lo + n) if lo >= 0 else rows
@@ -93,6 +97,8 @@ def apply_rows(st: TableState, j: int, h: dict[str, Any], rows: np.ndarray, vals
         cache.values[index] = vals
         if counts is not None:
             cache.seen[index] = counts
+            if sent_at is not None:
+                cache.seen_at[index] = sent_at
         cache.ss[index] = ss
         if type(index) is slice:
             np.maximum(cache.clock[index], h["c"], out=cache.clock[index])

@@ -32,7 +32,8 @@ class TableState:
         self.lock = threading.Lock()
         self.probe_every = probe_every
         self.cache = RowCache(cfg.rows, cfg.cols, self.dtype, num_servers, counts=probe_every > 0)
-        self.oplog = UpdateBuffer(cfg.rows, cfg.cols, self.dtype, stride=num_servers, staging=not comm.enabled)
+        self.oplog = UpdateBuffer(cfg.rows, cfg.cols, self.dtype, stride=num_servers, staging=not comm.enabled,
+                                  ops=probe_every > 0)
         self.inflight = [InflightLog() for _ in range(num_servers)]
         # managed communication: which rows to send first, and how often each row went out
         self.policy = priority.make(comm.priority, seed=index) if comm.enabled else None

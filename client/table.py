@@ -8,6 +8,7 @@ else of the client.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Protocol
 
 import numpy as np
@@ -39,7 +40,7 @@ class FreshReads(Protocol):
     def wait_fresh(self, st: TableState, rows: np.ndarray, worker: TableWorker,
                    index: slice | np.ndarray | None = None) -> np.ndarray | None: ...
 
-    def probe(self, st: TableState, rows: np.ndarray, seen: np.ndarray) -> None: ...
+    def probe(self, st: TableState, rows: np.ndarray, seen: np.ndarray, age: np.ndarray) -> None: ...
 
 
 _RUNNING = Phase.RUNNING
@@ -64,6 +65,7 @@ class Table:
         self._early = state.cache.early
         self._read_now = state.cache.read_now
         self._seen = state.cache.seen
+        self._seen_at = state.cache.seen_at
         self._probe_every = state.probe_every
         self._servers = state.cache.num_servers
         self.name = state.name
@@ -119,7 +121,7 @@ class Table:
                 with self._st.lock:
                     self._read_now[row] = True
                     if self._probe_every and self._probe_due():
-                        self._reads.probe(self._st, np.array([row], dtype=np.int64), self._seen[row:row + 1].copy())
+                        self._probe(np.array([row], dtype=np.int64))
                     return self._values[row].copy()
         return self.get_rows(np.array([self._row(row)], dtype=np.int64))[0]
 
@@ -142,7 +144,7 @@ class Table:
             with self._st.lock:
                 status, a, b = self._st.cache.read_fresh(r64, need if need > 0 else 0, tick, out)
                 if status == 0 and self._probe_every and self._probe_due():
-                    self._reads.probe(self._st, r64.copy(), self._seen[r64])
+                    self._probe(r64.copy())
             if status == 0:
                 w.rows_read += rows.shape[0]
                 w.rows_read_early += a
@@ -157,10 +159,15 @@ class Table:
         w.read_staleness_sum += stale
         with self._st.lock:
             if self._probe_every and self._probe_due():
-                self._reads.probe(self._st, rows.copy(), self._seen[rows])
+                self._probe(rows.copy())
             if fresh is not None:  # just read and not shared: no copy needed
                 return fresh
             return self._values[index].copy() if type(index) is slice else self._values[index]
+
+    def _probe(self, rows: np.ndarray) -> None:
+        """Probe the freshness of ``rows`` (an array nothing else writes) just read, under the
+        table's lock: the others' updates their values include, and their age in seconds now."""
+        self._reads.probe(self._st, rows, self._seen[rows], time.time() - self._seen_at[rows])
 
     def _probe_due(self) -> bool:
         """Whether this read is the worker's one in ``metrics.freshness_every`` that is probed."""

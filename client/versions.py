@@ -51,7 +51,7 @@ class VersionLog:
 
     def __init__(self, rows: int) -> None:
         self.version = np.zeros(rows, dtype=np.int64)
-        self._ret: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._ret: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self._rel: list[tuple[np.ndarray, np.ndarray]] = []
         self.retired_rows = 0  # counters
         self.released = 0
@@ -70,7 +70,9 @@ class VersionLog:
         nret, nrel = _receive(rows, versions, self.version, oplog.dirty, ret_rows, ret_tags, rel_rows, rel_tags)
         if nret:
             rr = ret_rows[:nret]
-            self._ret.append((rr, ret_tags[:nret], oplog.take(rr)))
+            ops = oplog.take_ops(rr)
+            self._ret.append((rr, ret_tags[:nret], oplog.take(rr),
+                              np.zeros(nret, np.int32) if ops is None else ops))
             if importance is not None:
                 importance[rr] = 0
             self.retired_rows += nret
@@ -88,14 +90,17 @@ class VersionLog:
             self.version[held] = 0
 
     def take(self, cols: int, dtype: np.dtype) -> tuple[np.ndarray, ...]:
-        """(retired rows, their tags, their values, released rows, their versions); empties the queue."""
+        """(retired rows, their tags, their values, their inc operation counts (zeros where not
+        counted), released rows, their versions); empties the queue."""
         if self._ret:
             rr = np.concatenate([x[0] for x in self._ret])
             rt = np.concatenate([x[1] for x in self._ret])
             rv = np.concatenate([x[2] for x in self._ret])
+            rw = np.concatenate([x[3] for x in self._ret])
         else:
             rr = rt = np.empty(0, dtype=np.int64)
             rv = np.empty((0, cols), dtype=dtype)
+            rw = np.empty(0, dtype=np.int32)
         if self._rel:
             lr = np.concatenate([x[0] for x in self._rel])
             lt = np.concatenate([x[1] for x in self._rel])
@@ -103,4 +108,4 @@ class VersionLog:
             lr = lt = np.empty(0, dtype=np.int64)
         self._ret.clear()
         self._rel.clear()
-        return rr, rt, rv, lr, lt
+        return rr, rt, rv, rw, lr, lt

@@ -681,6 +681,7 @@ class Server:
             self.counters["rows_pushed_budgeted"] += n
         if counts is not None:
             header["fr"] = True
+            header["ft"] = time.time()  # the content's time: the client's probes report its age
             return self._send_frames(peer.ident, [wire.pack_header(header), rows, values, zmq.Frame(counts)],
                                      Msg.ROWS)
         return self._send_frames(peer.ident, [wire.pack_header(header), rows, values], Msg.ROWS)
@@ -728,6 +729,7 @@ class Server:
             header["v"] = True
         if shard.counts:  # freshness counts: the others' updates these values include
             header["fr"] = True
+            header["ft"] = time.time()
             extra = (*extra, shard.others(local, peer.rank))
         return self._send(ident, header, rows, values, *extra, owned=owned)
 

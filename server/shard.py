@@ -31,7 +31,8 @@ class TableShard:
     who already has its value, so that push skips them.
 
     With ``metrics.freshness_every`` on (``counts``), ``applied[row]`` and ``applied_by[client, row]``
-    count the update rows applied (one per row of an INC batch): the values sent to a client then
+    count the inc operations applied (per row, the sender's ``inc`` calls its update coalesces, INC
+    "w"; one per row of a batch without them): the values sent to a client then
     carry ``others`` (how many of the row's updates came from other clients), which a freshness probe
     later compares with the count now (docs/design.md, "Freshness probes").
     """
@@ -154,12 +155,14 @@ class TableShard:
                 np.divide(change, np.abs(before), out=change, where=before != 0)
             np.add.at(self.importance, local, change.sum(axis=1))
         if self.counts:
+            # per row, the sender's inc operations it coalesces (INC "w"); without them, one per row
+            w: np.ndarray | int = 1 if batch.weights is None else batch.weights
             if type(index) is slice:  # a run: each row once
-                self.applied[index] += 1
-                self.applied_by[client, index] += 1
+                self.applied[index] += w
+                self.applied_by[client, index] += w
             else:
-                np.add.at(self.applied, local, 1)
-                np.add.at(self.applied_by[client], local, 1)
+                np.add.at(self.applied, local, w)
+                np.add.at(self.applied_by[client], local, w)
         if self.has_readers:  # else no row has a reader: nothing to mark (write-only phases)
             read = self.subscribed[index]
             if read.any():
@@ -175,7 +178,7 @@ class TableShard:
         return local.shape[0]
 
     def others(self, local: np.ndarray, client: int) -> np.ndarray:
-        """Per row of ``local``, the update rows of clients other than ``client`` applied so far
+        """Per row of ``local``, the inc operations of clients other than ``client`` applied so far
         (``counts`` on): what a value of the row sent now includes besides the client's own."""
         return self.applied[local] - self.applied_by[client, local]
 

@@ -206,3 +206,26 @@ def test_staging_can_be_off(monkeypatch):
     assert not buf.pieces and buf.dirty[:16].all() and buf.delta[15, 0] == 1
     buf.add_dense(np.arange(16, 32), np.ones((16, 4), np.float32))
     assert not buf.pieces
+
+
+def test_inc_operations_are_counted_per_row_and_leave_with_the_rows(monkeypatch):
+    """Freshness probes' unit: each call adds one per row it touches, whichever path it takes
+    (staged pieces too); taking the rows out returns and resets them; a residual adds none."""
+    monkeypatch.setattr("bosen.client.oplog.CHUNK_BYTES", 8 * 4 * 4)
+    monkeypatch.setattr("bosen.client.oplog.STAGE_MIN_BYTES", 2 * 4 * 4)
+    buf = UpdateBuffer(64, 4, np.dtype(np.float32), ops=True)
+    ones = np.ones((20, 4), np.float32)
+    buf.add_dense(np.arange(10, 30), ones)  # staged in pieces
+    buf.add_dense(np.arange(10, 30), ones)  # added to the pieces
+    buf.add_dense(np.array([12, 12]), ones[:2])  # one call: one operation on row 12 (pieces move back)
+    buf.add_coo(np.array([40, 40, 41]), np.array([0, 1, 0]), np.ones(3, np.float32))
+    assert not buf.add_dense(np.array([1]), np.full((1, 4), np.nan, np.float32))  # refused: not counted
+    buf.add_dense(np.array([41]), ones[:1], count=False)  # what the client puts back
+    assert buf.ops[10:30].tolist() == [2, 2, 3] + [2] * 17 and buf.ops[40:42].tolist() == [1, 1]
+    assert buf.ops[:10].sum() == 0
+    assert buf.take_ops(slice(10, 20)).tolist() == [2, 2, 3] + [2] * 7
+    assert buf.take_ops(np.array([40, 41])).tolist() == [1, 1]
+    assert buf.ops.sum() == 10 * 2  # rows 20..29 still buffered
+    off = UpdateBuffer(8, 2, np.dtype(np.float64))
+    off.add_dense(np.arange(2), np.ones((2, 2)))
+    assert off.take_ops(slice(0, 2)) is None  # not counted: no weights on the wire

@@ -41,9 +41,10 @@ def test_receive_retires_buffered_updates_of_an_older_version_and_releases_the_r
     # row 1 moves to 6 with updates buffered: retired; row 2 re-sent at 4: release one hold, keep
     # the buffer; row 3 moves without updates: release 4; row 5 arrives at 2 over a tag-0 buffer: retired
     assert log.receive(np.array([1, 2, 3, 5]), np.array([6, 4, 5, 2]), buf, importance)
-    rr, rt, rv, lr, lt = log.take(2, np.dtype("float64"))
+    rr, rt, rv, rw, lr, lt = log.take(2, np.dtype("float64"))
     assert (rr.tolist(), rt.tolist()) == ([1, 5], [4, 0])
     np.testing.assert_array_equal(rv, np.ones((2, 2)))
+    assert rw.tolist() == [0, 0]  # inc operations not counted (freshness probes off)
     assert sorted(zip(lr.tolist(), lt.tolist(), strict=True)) == [(2, 4), (3, 4)]
     np.testing.assert_array_equal(buf.dirty_rows(), [2])  # row 2 keeps its (still valid) updates
     np.testing.assert_array_equal(importance[[1, 5]], [0, 0])
@@ -58,7 +59,7 @@ def test_receive_handles_a_row_twice_in_one_message_in_order():
     log.receive(np.array([0]), np.array([1]), buf, None)
     buf.add_dense(np.array([0]), np.full((1, 1), 2.0, dtype=np.float32))
     log.receive(np.array([0, 0]), np.array([3, 3]), buf, None)
-    rr, rt, rv, lr, lt = log.take(1, np.dtype("float32"))
+    rr, rt, rv, _, lr, lt = log.take(1, np.dtype("float32"))
     assert (rr.tolist(), rt.tolist(), rv.ravel().tolist()) == ([0], [1], [2.0])  # retired once, tag 1
     assert (lr.tolist(), lt.tolist()) == ([0], [3])  # the second receipt of 3 releases the first
     assert log.version[0] == 3
@@ -69,7 +70,7 @@ def test_release_all_hands_back_every_version_held():
     buf = UpdateBuffer(5, 1, np.dtype("float64"))
     log.receive(np.array([0, 1, 2]), np.array([2, 0, 7]), buf, None)
     log.release_all()
-    _, _, _, lr, lt = log.take(1, np.dtype("float64"))
+    _, _, _, _, lr, lt = log.take(1, np.dtype("float64"))
     assert sorted(zip(lr.tolist(), lt.tolist(), strict=True)) == [(0, 2), (2, 7)]
     assert not log.version.any()
 

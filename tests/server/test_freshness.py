@@ -1,11 +1,14 @@
 """Freshness probes (metrics.freshness_every): a read's missing updates, counted by the servers.
 
-Real servers on loopback. A reader's probe must report exactly the updates of other clients the
-servers applied after the value it read; with the knob off ROWS are as before (no count frame); a
+Real servers on loopback. A reader's probe must report exactly the inc operations of other clients
+the servers applied after the value it read, however many messages carried them, and the age of
+the value read; with the knob off ROWS and INC are as before (no count, time or weight); a
 malformed PROBE gets an ERROR and the server keeps serving.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
@@ -25,8 +28,8 @@ def i64(*x):
     return np.array(x, dtype=np.int64)
 
 
-def job(workers: int, every: int) -> dict:
-    cfg = job_config([], workers, tables=TABLES, staleness=10)
+def job(workers: int, every: int, comm: dict | None = None) -> dict:
+    cfg = job_config([], workers, tables=TABLES, staleness=10, comm=comm)
     if every:
         cfg["metrics"] = {"freshness_every": every}
     return cfg
@@ -76,6 +79,91 @@ def test_probe_counts_other_clients_updates_missed(bosen_cluster):
         a.close()
 
 
+def _probe_after(a: Client, b: Client, incs) -> dict:
+    """``a`` caches rows 2 and 3 (probed), ``b`` makes its increments (``incs(table)``, within one
+    tick) and has them applied, then ``a`` reads the cached rows again (probed): its stats."""
+    wa, wb = a.table("W"), b.table("W")
+    wa.get_rows(i64(2, 3))
+    assert wait_until(lambda: answered(a, 2))
+    incs(wb)
+    b._comm.call(b._comm.sender.until_flushed(10), 15)
+    b.server_status()  # answered once what b sent before it was applied
+    assert wa.get_rows(i64(2, 3)).sum() == 0  # cached: misses every one of b's increments
+    assert wait_until(lambda: answered(a, 4))
+    return a.stats()
+
+
+@pytest.mark.timeout(60)
+def test_inc_operations_coalesced_in_one_flush_count_each(bosen_cluster):
+    c = bosen_cluster(2, config=job(2, 1))
+    a = Client.connect(c.path, rank=0)
+    b = Client.connect(c.path, rank=1)
+    try:
+        def incs(wb):
+            for _ in range(7):  # seven inc calls to row 3, two to row 2: one row each in one INC
+                wb.inc_row(3, i64(0, 1, 0, 0))
+            wb.inc_rows(i64(2, 3), np.ones((2, 4), np.int64))  # one more operation on each row
+            wb.inc(2, 1, 1)
+            b.clock()
+
+        s = _probe_after(a, b, incs)
+        assert b.stats()["rows_sent"] == 2  # one message per server, one row each
+        assert (s["freshness_probed_rows"], s["missing_updates_sum"], s["missing_updates_max"]) == (4, 10, 8)
+    finally:
+        b.close()
+        a.close()
+
+
+@pytest.mark.timeout(60)
+def test_probe_reports_the_content_age(bosen_cluster):
+    c = bosen_cluster(1, config=job(1, 1))
+    a = Client.connect(c.path, rank=0)
+    try:
+        wa = a.table("W")
+        wa.get_row(4)  # fetched from the server: a fresh value
+        assert wait_until(lambda: answered(a, 1))
+        first = a.stats()["content_age_sum"]
+        assert 0 <= first < 2
+        time.sleep(0.3)
+        wa.get_row(4)  # the cached value, 0.3 s older
+        assert wait_until(lambda: answered(a, 2))
+        age = a.stats()["content_age_sum"] - first
+        assert 0.3 <= age < 5, age
+        assert a.report()["content_age_sum"] == first + age
+    finally:
+        a.close()
+
+
+@pytest.mark.timeout(60)
+def test_inc_operations_sent_in_several_budgeted_messages_count_once(bosen_cluster):
+    # the reader is a raw connection (rank 0) that never takes a value in: a probe of a value that
+    # includes nothing of b's (counts 0) misses every inc operation of b's the server applied
+    comm = {"client_bandwidth_mbps": 1000, "client_send_rows": 1}
+    c = bosen_cluster(1, config=job(2, 1, comm=comm))
+    ctx = zmq.Context()
+    r = _join(c, ctx)
+    b = Client.connect(c.path, rank=1)
+    try:
+        wb = b.table("W")
+        for k in range(5):  # each message goes out (budgeted) before the next inc call
+            before = b.stats()["rows_sent_budgeted"]
+            wb.inc_row(3, i64(0, 1, 0, 0))
+            if k % 2:
+                wb.inc_row(3, i64(0, 0, 1, 0))  # two calls in one message
+            assert wait_until(lambda before=before: b.stats()["rows_sent_budgeted"] > before)
+        b.server_status()  # answered once what b sent before it was applied
+        assert b.stats()["update_batches"] == 5  # five messages, seven inc operations
+        s = r.send({"t": Msg.PROBE, "tb": 0, "n": 1}, i64(3), i64(0))
+        while True:  # pushes and pings come too
+            h, _ = r.recv()
+            if h["t"] == Msg.PROBE_REPLY:
+                break
+        assert h["rq"] == s and (h["n"], h["ms"], h["mx"]) == (1, 7, 7), h
+    finally:
+        b.close()
+        ctx.destroy(0)
+
+
 class Raw:
     def __init__(self, ctx: zmq.Context, address: str) -> None:
         self.sock = ctx.socket(zmq.DEALER)
@@ -116,9 +204,10 @@ def test_rows_carry_counts_only_when_on(bosen_cluster, every):
         h, frames = r.recv()
         assert h["t"] == Msg.ROWS and h["rq"] == s
         if not every:
-            assert "fr" not in h and len(frames) == 2  # the wire as before
+            assert "fr" not in h and "ft" not in h and len(frames) == 2  # the wire as before
         else:
             assert h["fr"] is True and len(frames) == 3
+            assert abs(h["ft"] - time.time()) < 5  # the server's send time
             assert wire.others_frame(h, frames).tolist() == [0, 0]  # its own updates only
     finally:
         ctx.destroy(0)
