@@ -51,8 +51,8 @@ def evaluation(records: Iterable[dict[str, Any]]) -> str:
         out.append(f"#### {app.upper()}, P = {P} ({modes[0].get('seeds')} seeds, {modes[0]['epochs_run']} epochs)\n")
         out.append("| mode | epochs to target, median [min–max] | reached | vs BS (epochs) | training s to target "
                    "| vs BS (s) | s / epoch | MB / epoch | budget used | reads of mid-clock values "
-                   "| staleness of reads (clocks) | updates missing per row read |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+                   "| staleness of reads (clocks) | updates missing per row read | content age (ms) |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for m in modes:
             name = m["case"].split("/", 2)[2]
             seeds = m.get("seeds", 1)
@@ -64,7 +64,8 @@ def evaluation(records: Iterable[dict[str, Any]]) -> str:
                 f" | {_f((m.get('bytes_per_epoch') or 0) / 1e6 if m.get('bytes_per_epoch') else None, '{:.2f}')}"
                 f" | {_pct(m.get('budget_use'))} | {_pct(m.get('early_read_share'))}"
                 f" | {_f(m.get('read_staleness_mean'), '{:.2f}')}"
-                f" | {_f(m.get('missing_updates_per_read'), '{:.3g}')} |")
+                f" | {_f(m.get('missing_updates_per_read'), '{:.3g}')}"
+                f" | {_f(m.get('content_age_ms'), '{:.3g}')} |")
         goals = [r for r in rs if "goal" in r]
         if goals:
             out.append("")

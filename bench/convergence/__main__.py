@@ -425,10 +425,14 @@ def _report_app(app: str, spec: AppSpec, P: int, by_mode: dict[str, list[Run]],
                    "budget_over_bs_egress": float(budget) / bs_mbps if budget and bs_mbps else None,
                    "early_read_share": c["rows_read_early"] / c["rows_read"] if c["rows_read"] else None,
                    "read_staleness_mean": c["read_staleness_sum"] / c["rows_read"] if c["rows_read"] else None,
-                   # content freshness: of the rows probed, updates of other workers the servers had
-                   # applied that the value read lacked (an upper bound: docs/design.md, "Freshness probes")
+                   # content freshness: of the rows probed, inc operations of other workers the
+                   # servers had applied that the value read lacked (an upper bound:
+                   # docs/design.md, "Freshness probes"), and the value's age at the read (ms since
+                   # its server sent it)
                    "missing_updates_per_read": (c["missing_updates_sum"] / c["freshness_probed_rows"]
                                                 if c["freshness_probed_rows"] else None),
+                   "content_age_ms": (1000 * c["content_age_sum"] / c["freshness_probed_rows"]
+                                      if c["freshness_probed_rows"] else None),
                    "rows_pushed_early_share": (c["rows_pushed_early_to_us"] / c["rows_pushed_to_us"]
                                                if c["rows_pushed_to_us"] else None),
                    "budgeted_row_share": c["rows_sent_budgeted"] / c["rows_sent"] if c["rows_sent"] else None,

@@ -84,7 +84,8 @@ class Run:
         """Read counters and traffic summed over the clients' final stats."""
         keys = ("rows_read", "rows_read_early", "read_staleness_sum", "rows_pushed_to_us",
                 "rows_pushed_early_to_us", "bytes_sent", "bytes_received", "rows_sent", "rows_sent_budgeted",
-                "blocked_s", "blocked_reads", "freshness_probed_rows", "missing_updates_sum")
+                "blocked_s", "blocked_reads", "freshness_probed_rows", "missing_updates_sum",
+                "content_age_sum")
         out = {k: float(sum(c.get(k, 0) or 0 for c in self.clients)) for k in keys}
         return out
 
