@@ -208,6 +208,27 @@ def test_value_dtype():
 
 
 # ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("sparse", [False, True])
+def test_update_weights_ride_last_and_only_when_flagged(sparse):
+    """Freshness probes' INC weights (``w``): one int32 per row, after every other frame."""
+    rows = np.array([0, 2], dtype=np.int64)
+    vals = np.array([[1, 0, 0], [0, 0, 2]], dtype=np.int64)
+    b = UpdateBatch(rows, vals) if not sparse else UpdateBatch(rows, np.array([1, 2]), np.array([0, 1, 2]),
+                                                               np.array([0, 2], dtype=np.int32))
+    b.weights = np.array([3, 1], dtype=np.int32)
+    frames = as_bytes(wire.encode({"t": Msg.INC, "s": 1, "tb": 0, "n": 2, "dt": "int64", "sp": sparse, "w": True},
+                                  *b.arrays()))
+    h = wire.decode_header(frames[0])
+    assert wire.expected_frames(h) == (5 if sparse else 3) == len(frames) - 1
+    out = wire.decode_update(h, frames[1:], 3, np.dtype("int64"))
+    assert out.weights is not None and out.weights.tolist() == [3, 1]
+    with pytest.raises(ProtocolError, match="INC weights: frame has 16 bytes"):
+        wire.decode_update(h, [*frames[1:-1], np.array([3, 1], np.int64).tobytes()], 3, np.dtype("int64"))
+    with pytest.raises(ProtocolError, match="weights must be >= 0"):
+        wire.decode_update(h, [*frames[1:-1], np.array([3, -1], np.int32).tobytes()], 3, np.dtype("int64"))
+    assert wire.decode_update(inc(dt="int64", sp=sparse), frames[1:-1], 3, np.dtype("int64")).weights is None
+
+
 # decode_update rejects
 
 

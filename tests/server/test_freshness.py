@@ -130,6 +130,12 @@ def test_probe_reports_the_content_age(bosen_cluster):
         age = a.stats()["content_age_sum"] - first
         assert 0.3 <= age < 5, age
         assert a.report()["content_age_sum"] == first + age
+        cache = a._tables[0].cache
+        a.clock()  # SCLOCK raises the row's clock, nothing pushed: the same content, as old as it was
+        assert wait_until(lambda: cache.fresh_clock(i64(4))[0] >= 1)
+        wa.get_row(4)
+        assert wait_until(lambda: answered(a, 3))
+        assert a.stats()["content_age_sum"] - first - age >= age  # older still, not reset
     finally:
         a.close()
 
