@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import zmq
 from conftest import wait_until
+from rawpeer import Raw
 
 from bosen import config as config_mod
 from bosen import wire
@@ -168,26 +169,6 @@ def test_inc_operations_sent_in_several_budgeted_messages_count_once(bosen_clust
     finally:
         b.close()
         ctx.destroy(0)
-
-
-class Raw:
-    def __init__(self, ctx: zmq.Context, address: str) -> None:
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(f"tcp://{address}")
-        self.seq = 0
-
-    def send(self, header, *arrays) -> int:
-        self.seq += 1
-        self.sock.send_multipart(wire.encode({**header, "s": self.seq}, *arrays))
-        return self.seq
-
-    def recv(self) -> tuple[dict, list]:
-        assert self.sock.poll(5000), "no reply from the server"
-        frames = self.sock.recv_multipart()
-        h = wire.decode_header(frames[0])
-        wire.check_frames(h, len(frames) - 1)
-        return h, frames[1:]
 
 
 def _join(c, ctx) -> Raw:
