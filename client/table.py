@@ -8,6 +8,7 @@ else of the client.
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any, Protocol
 
@@ -32,6 +33,7 @@ class TableWorker(Protocol):
     rows_read_early: int
     read_staleness_sum: int
     reads_to_probe: int  # reads until the next freshness probe (metrics.freshness_every)
+    probe_gaps: random.Random  # draws the gap to the next probe
 
 
 class FreshReads(Protocol):
@@ -170,12 +172,14 @@ class Table:
         self._reads.probe(self._st, rows, self._seen[rows], time.time() - self._seen_at[rows])
 
     def _probe_due(self) -> bool:
-        """Whether this read is the worker's one in ``metrics.freshness_every`` that is probed."""
+        """Whether this read is probed: one in ``metrics.freshness_every`` on average, at drawn gaps
+        (1 to 2N - 1 reads): a fixed period would alias with a worker that reads its tables in turn
+        (MF: L, R, L, R, ...) and probe only one of them."""
         w = self._worker
         w.reads_to_probe -= 1
         if w.reads_to_probe > 0:
             return False
-        w.reads_to_probe = self._probe_every
+        w.reads_to_probe = w.probe_gaps.randrange(1, 2 * self._probe_every)
         return True
 
     # -- writes --------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ boundaries).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -57,6 +58,9 @@ class Worker:
         self.rows_read_early = 0
         self.read_staleness_sum = 0
         self.reads_to_probe = 1  # the first read is probed, then one in metrics.freshness_every
+        # gaps between probes are drawn (mean freshness_every), so that a worker reading its tables
+        # in a fixed rotation does not probe only one of them
+        self.probe_gaps = random.Random(self.id)
 
     def counters(self) -> dict[str, float]:
         return {k: getattr(self, k) for k in WORKER_COUNTERS}

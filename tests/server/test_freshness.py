@@ -232,3 +232,33 @@ def test_malformed_probe_gets_error_and_server_keeps_serving(bosen_cluster):
         assert h["t"] == Msg.ERROR and "freshness probes are off" in h["m"]
     finally:
         ctx.destroy(0)
+
+
+@pytest.mark.timeout(60)
+def test_probes_reach_every_table_a_worker_reads_in_turn(bosen_cluster):
+    """A worker that reads two tables in a fixed rotation (MF: L, R, L, R) with freshness_every = 2:
+    a probe every second read would only ever see the first table; drawn gaps see both."""
+    cfg = job(2, 2)
+    cfg["tables"] = {"A": {"rows": 4, "cols": 2, "dtype": "int64"}, "B": {"rows": 4, "cols": 2, "dtype": "int64"}}
+    c = bosen_cluster(1, config=cfg)
+    a = Client.connect(c.path, rank=0)
+    b = Client.connect(c.path, rank=1)
+    try:
+        ta, tb = a.table("A"), a.table("B")
+        ta.get_row(0)
+        tb.get_row(0)
+        b.table("B").inc_row(0, i64(1, 1))  # only table B's row misses something
+        b.clock()
+        b.server_status()
+        for _ in range(100):
+            ta.get_row(0)
+            tb.get_row(0)
+        assert wait_until(lambda: a.stats()["freshness_probes"] >= 60)  # handed to the comm thread
+        time.sleep(0.5)
+        probes = a.stats()["freshness_probes"]
+        assert probes <= 140, probes  # one read in 2 on average
+        assert wait_until(lambda: answered(a, probes))
+        assert a.stats()["missing_updates_sum"] >= 10  # table B was probed
+    finally:
+        b.close()
+        a.close()
