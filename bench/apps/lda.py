@@ -28,7 +28,8 @@ breakdown (sampling, word-row reads, sends, clock waits, alias tables) comes fro
 per-tick reports. The 1-worker job also runs with one mini-batch per tick, to show what the
 mini-batches' extra reads and sends cost.
 
-``--kernel K:ITERS`` (repeatable) runs only those kernel cases on the news corpus. Goal records
+``--kernel K:ITERS`` (repeatable) runs only those kernel cases on the news corpus; ``--vs-tomotopy``
+only the whole jobs beside tomotopy on Reuters (:func:`peer_job_case`). Goal records
 carry ``goal`` (text) and ``met`` (bool). ``--quick`` uses a small generated corpus and
 reports any peer that is not installed as missing (goals against it: ``met`` false, ``missing``).
 """
@@ -130,8 +131,12 @@ class _Tomotopy:
         self.m = m
 
     def step(self) -> float:
+        return self.run(1)
+
+    def run(self, iterations: int) -> float:
+        """Seconds of ``iterations`` in one ``train`` call, as a user runs it."""
         t0 = time.perf_counter()
-        self.m.train(1, workers=self.workers, parallel=self.scheme)
+        self.m.train(iterations, workers=self.workers, parallel=self.scheme)
         return time.perf_counter() - t0
 
     def assignments(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -379,6 +384,73 @@ def job_case(quick: bool, corpus: Corpus, data: str, repeats: int) -> list[dict[
     return out
 
 
+def reuters() -> tuple[Corpus, str] | None:
+    """The ``lda`` package's Reuters corpus (395 documents, 84,010 tokens, LDA-C), if it is installed."""
+    try:
+        import lda
+    except ImportError:
+        return None
+    path = Path(lda.__file__).parent / "tests" / "reuters.ldac"
+    return (load(str(path)), str(path)) if path.exists() else None
+
+
+def peer_job_case(corpus: Corpus, path: str, data: str, K: int = 100, alpha: float = 0.1, beta: float = 0.01,
+                  iterations: int = 100, repeats: int = 3) -> list[dict[str, Any]]:
+    """Whole LDA jobs through ``bosen launch`` (1 worker, 2 workers) beside tomotopy doing the same
+    iterations on 1 and 2 threads (issue 28), alternated over ``repeats`` rounds; medians.
+
+    The job's time is its slowest worker's span from the start of its first sampling tick to its last
+    report, less the one log-likelihood it computes at the last tick (tomotopy computes none);
+    tomotopy's is one ``train(iterations)`` call after its initial assignment. Both log p(w, z) by one
+    formula (the job's exact ``final_loglik``; :func:`joint_loglik` of tomotopy's assignments). A
+    goal is met when ours is at least as fast (1 worker >= 1.0x tomotopy on 1 thread, 2 workers >=
+    1.3x on 2 threads) at a log-likelihood no worse than tomotopy's by more than 0.1%.
+    """
+    import yaml
+
+    args = dict(yaml.safe_load(NEWS_CONFIG.read_text())["app"]["args"])
+    args.update(data=path, test_data="", eval_every=0, ll_every=iterations, save_model=False, top_words=3,
+                K=K, alpha=alpha, beta=beta, iterations=iterations)
+    rounds: list[dict[str, Any]] = []
+    for rep in range(repeats):
+        got: dict[str, Any] = {}
+        steps = [("job-1w", 1), ("tomotopy-1t", 1), ("job-2w", 2), ("tomotopy-2t", 2)]
+        for key, n in steps if rep % 2 == 0 else steps[::-1]:
+            if key.startswith("job"):
+                job = run_lda_job(args, corpus.n_vocab, K, n)
+                got[key] = (job["seconds"] - job["ll_s"], job["final_loglik"])
+            else:
+                try:
+                    t = _Tomotopy(corpus, K, alpha, beta, n)
+                except ImportError as e:
+                    return [{"bench": "apps", "case": "lda-job-vs-tomotopy", "data": data, "ours": None,
+                             "missing": True, "error": f"tomotopy not installed ({e}): {_INSTALL['tomotopy-1t']}"}]
+                secs = t.run(iterations)
+                got[key] = (secs, joint_loglik(*t.assignments(), corpus.n_docs, corpus.n_vocab, K, alpha, beta))
+        rounds.append(got)
+    base = {"bench": "apps", "case": "lda-job-vs-tomotopy", "data": data, "K": K, "alpha": alpha, "beta": beta,
+            "iterations": iterations, "tokens": corpus.n_tokens, "docs": corpus.n_docs, "repeats": repeats,
+            "batches_per_clock": args.get("batches_per_clock", LDAArgs().batches_per_clock)}
+    out = []
+    for n, need in ((1, 1.0), (2, 1.3)):
+        ours = [r[f"job-{n}w"][0] for r in rounds]
+        peer = [r[f"tomotopy-{n}t"][0] for r in rounds]
+        ratios = [p / o for o, p in zip(ours, peer, strict=True)]
+        ll_ours = float(np.median([r[f"job-{n}w"][1] for r in rounds]))
+        ll_peer = float(np.median([r[f"tomotopy-{n}t"][1] for r in rounds]))
+        ratio = float(np.median(ratios))
+        ll_ok = ll_ours >= ll_peer - 1e-3 * abs(ll_peer)
+        out.append({**base, "metric": "seconds", "unit": "s", "workers": n,
+                    "ours": round(float(np.median(ours)), 3), "baseline": round(float(np.median(peer)), 3),
+                    "baseline_name": f"{TOMOTOPY}, {n} thread{'s' if n > 1 else ''}, same iterations",
+                    "ratio": round(ratio, 3), "ratios": [round(x, 3) for x in ratios],
+                    "ours_loglik": round(ll_ours, 1), "baseline_loglik": round(ll_peer, 1),
+                    "goal": f"an LDA job with {n} worker{'s' if n > 1 else ''} >= {need}x tomotopy on {n} "
+                            f"thread{'s' if n > 1 else ''} at equal or better log-likelihood (within 0.1%)",
+                    "met": bool(ratio >= need and ll_ok)})
+    return out
+
+
 def run_bench(quick: bool) -> list[dict[str, Any]]:
     """Kernels vs tomotopy and ``lda`` at each K, then the jobs (see the module docstring)."""
     if quick or not NEWS.exists():
@@ -401,6 +473,17 @@ def run_bench(quick: bool) -> list[dict[str, Any]]:
         out.extend(job_case(quick, corpus, data, 1 if quick else 3))
     except Exception as e:  # noqa: BLE001 - report, do not hide the kernel results
         out.append({"bench": "apps", "case": "lda-job", "ours": None, "error": f"{type(e).__name__}: {e}"[:500]})
+    print("apps_lda: jobs beside tomotopy ...", file=sys.stderr, flush=True)
+    peers = [] if quick else [("news (bosen data news)", corpus, str(NEWS), 50)] if NEWS.exists() else []
+    rt = reuters()
+    if rt is not None:
+        peers.insert(0, ("reuters (the lda package's)", rt[0], rt[1], 10 if quick else 100))
+    for name, c, path, iters in peers:
+        try:
+            out.extend(peer_job_case(c, path, name, iterations=iters, repeats=1 if quick else 3))
+        except Exception as e:  # noqa: BLE001 - report, do not hide the other results
+            out.append({"bench": "apps", "case": "lda-job-vs-tomotopy", "data": name, "ours": None,
+                        "error": f"{type(e).__name__}: {e}"[:500]})
     return out
 
 
@@ -417,8 +500,17 @@ def kernels_only(specs: list[str]) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    # python -m bench.apps.lda [--quick] | --kernel K:ITERS [--kernel K:ITERS ...]
+    # python -m bench.apps.lda [--quick] | --kernel K:ITERS [--kernel K:ITERS ...] | --vs-tomotopy [--quick]
     args = sys.argv[1:]
     ks = [args[j + 1] for j, x in enumerate(args) if x == "--kernel" and j + 1 < len(args)]
-    for r in kernels_only(ks) if ks else run_bench("--quick" in args):
+    if "--vs-tomotopy" in args:  # only the whole jobs beside tomotopy, on Reuters
+        rt = reuters()
+        if rt is None:
+            raise SystemExit("the lda package's Reuters corpus is missing: pip install lda==3.0.2")
+        quick = "--quick" in args
+        results = peer_job_case(rt[0], rt[1], "reuters (the lda package's)", iterations=10 if quick else 100,
+                                repeats=1 if quick else 3)
+    else:
+        results = kernels_only(ks) if ks else run_bench("--quick" in args)
+    for r in results:
         print(json.dumps(r), flush=True)
