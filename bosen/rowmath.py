@@ -236,6 +236,79 @@ def add_where_held(dst, lo, src, held):  # pragma: no cover - compiled
                 dst[r, j] += src[i, j]
 
 
+@njit(nogil=True, cache=True)
+def push_view(delta, dirty, ops, importance, relative, cache, stamp, held, mirror, rows, values, base,
+              seen):  # pragma: no cover - compiled
+    """A view's push in one pass (client/view.py): for each row ``i`` whose ``values[i]`` differ
+    from ``base[i]``, add the difference to the update buffer ``delta[rows[i]]`` (marking it
+    ``dirty``, counting one inc operation in ``ops`` where counted), its importance Σ|δ| (Σ|δ/x|
+    where ``relative``, x the cached value before it) to ``importance`` where scored, and, where
+    ``mirror`` (read-my-writes) and the cache holds the row (``held[r] >= 0``), to ``cache[r]``,
+    bumping ``stamp[r]``; then ``base[i] = values[i]``. A row nobody else wrote since the view's copy
+    (``stamp[r] == seen[i]``) takes the cache's new value into ``values[i]`` and ``base[i]`` and its
+    new stamp, so the view stays exactly the cache (no rounding drift) and the next refresh copies
+    nothing; any other row gets ``seen[i] = -1`` or keeps its old stamp, so the refresh copies it.
+    Returns the number of rows added, or -1 if a difference is NaN or infinite (nothing changed)."""
+    n = values.shape[0]
+    cols = values.shape[1]
+    bad = False
+    for i in range(n):
+        for k in range(cols):
+            d = values[i, k] - base[i, k]
+            bad |= (d - d) != 0
+    if bad:
+        return -1
+    counting = ops.shape[0] > 0
+    scoring = importance.shape[0] > 0
+    pushed = 0
+    for i in range(n):
+        same = True
+        for k in range(cols):
+            if values[i, k] != base[i, k]:
+                same = False
+                break
+        if same:
+            continue
+        r = rows[i]
+        if scoring:
+            sc = 0.0
+            rel = relative and held[r] >= 0
+            for k in range(cols):
+                a = abs(float(values[i, k] - base[i, k]))
+                if rel:
+                    x = abs(float(cache[r, k]))
+                    if x > 0.0:
+                        a = a / x
+                sc += a
+            importance[r] += sc
+        into_cache = mirror and held[r] >= 0
+        mine = into_cache and stamp[r] == seen[i]
+        for k in range(cols):
+            d = values[i, k] - base[i, k]
+            delta[r, k] += d
+            if into_cache:
+                v = cache[r, k] + d
+                cache[r, k] = v
+                if mine:
+                    values[i, k] = v
+                    base[i, k] = v
+                else:
+                    base[i, k] = values[i, k]
+            else:
+                base[i, k] = values[i, k]
+        dirty[r] = True
+        if counting:
+            ops[r] += 1
+        if into_cache:
+            stamp[r] += 1
+            if mine:
+                seen[i] = stamp[r]
+        else:
+            seen[i] = -1  # the cache lacks this update (no read-my-writes, or not held): copy it anew
+        pushed += 1
+    return pushed
+
+
 def to_csr(block: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Non-zeros of a dense block as (indptr, cols, vals). numpy, not numba: it must also take
     float16 blocks (the float16 wire), which numba cannot compile."""

@@ -18,6 +18,7 @@ from bosen import priority, rowmath
 from bosen.client.lifecycle import Lifecycle, Phase
 from bosen.client.prefault import prefault
 from bosen.client.state import TableState
+from bosen.client.view import RowView
 from bosen.partition import server_of
 
 
@@ -166,6 +167,67 @@ class Table:
                 return fresh
             return self._values[index].copy() if type(index) is slice else self._values[index]
 
+    def view(self, rows: Any) -> RowView:
+        """An incremental read of ``rows`` (unique): ``RowView.refresh()`` reads them like ``get_rows``
+        but copies only rows written since its last copy, ``RowView.push()`` adds its changes like
+        ``inc_rows`` in one compiled pass (client/view.py). Keep a view for rows read again and again."""
+        rows, _ = self._rows_index(rows)
+        if rows.shape[0] > 1 and np.unique(rows).shape[0] != rows.shape[0]:
+            raise ValueError(f"table {self.name!r}: a view's rows must be unique")
+        return RowView(self, rows.copy(), self.cols, self.dtype)
+
+    def refresh_view(self, v: RowView) -> int:
+        """``v.refresh()``: the rule, counters and probes of ``get_rows``; copies only rows whose cache
+        stamp moved since ``v`` copied them. Returns the rows copied."""
+        if self._life.phase is not _RUNNING:
+            self._life.check()
+        rows = v.rows
+        if not rows.shape[0]:
+            return 0
+        st = self._st
+        w = self._worker
+        tick = w.tick
+        need = tick - self.staleness
+        with st.lock:
+            status, a, b, copied = st.cache.refresh_fresh(rows, need if need > 0 else 0, tick, v.values, v.base,
+                                                          v.seen)
+            if status == 0 and self._probe_every and self._probe_due():
+                self._probe(rows.copy())
+        if status != 0:  # some row is not fresh: wait as get_rows does, then copy what changed
+            self._reads.wait_fresh(st, rows, w)
+            a, b = st.cache.read_stats(rows, w.tick)
+            with st.lock:
+                if self._probe_every and self._probe_due():
+                    self._probe(rows.copy())
+                copied += st.cache.copy_changed(rows, v.values, v.base, v.seen)
+        w.rows_read += rows.shape[0]
+        w.rows_read_early += a
+        w.read_staleness_sum += b
+        return int(copied)
+
+    def push_view(self, v: RowView) -> int:
+        """``v.push()``: ``inc_rows(v.rows, v.values - v.base)`` for the rows that changed, in one
+        compiled pass (``UpdateBuffer.add_view``). Versioned tables take the ``inc_rows`` path (their
+        updates are tagged with versions as they leave). Returns the rows added."""
+        self._life.check()
+        st = self._st
+        if st.vlog is not None:
+            changed = np.flatnonzero((v.values != v.base).any(axis=1))
+            if changed.shape[0]:
+                self.inc_rows(v.rows[changed], v.values[changed] - v.base[changed])
+                v.base[changed] = v.values[changed]
+                v.seen[changed] = -1  # copied anew at the next refresh
+            return int(changed.shape[0])
+        with st.lock:
+            n = st.oplog.add_view(v.rows, v.values, v.base, v.seen, st.cache.values, st.cache.stamp, st.cache.clock,
+                                  st.read_my_writes, st.importance, st.relative)
+        if n < 0:
+            raise ValueError(f"table {self.name!r}: view changes contain NaN or infinity")
+        w = self._worker
+        w.updates_buffered += n
+        w.inc_bytes += n * self.cols * self.dtype.itemsize
+        return n
+
     def _probe(self, rows: np.ndarray) -> None:
         """Probe the freshness of ``rows`` (an array nothing else writes) just read, under the
         table's lock: the others' updates their values include, and their age in seconds now."""
@@ -208,6 +270,8 @@ class Table:
                                               st.relative)
                 if ok and st.read_my_writes:
                     ok = st.oplog.add_dense(rows, deltas, st.cache.values, st.cache.clock, index)
+                    if ok:
+                        st.cache.touch(index)  # the mirror wrote the cached rows
                 elif ok:
                     ok = st.oplog.add_dense(rows, deltas, index=index)
             if not ok:
@@ -230,6 +294,7 @@ class Table:
                 st.oplog.add_coo(rows, cols, deltas)
                 if st.read_my_writes:
                     rowmath.scatter_add_coo(st.cache.values, rows, cols, deltas)
+                    st.cache.touch(rows)
         w = self._worker  # its own counters: only this thread writes them
         w.updates_buffered += rows.shape[0]
         w.inc_bytes += deltas.nbytes
