@@ -48,6 +48,9 @@ class InProcessTable:
     def inc_row(self, row: int, deltas: Any) -> None:
         self.data[row] += deltas
 
+    def view(self, rows: Any) -> InProcessView:
+        return InProcessView(self, np.asarray(rows, dtype=np.int64))
+
     def inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:
         self.incs += 1
         if cols is None:
@@ -55,6 +58,27 @@ class InProcessTable:
         else:
             assert rows.shape == cols.shape == deltas.shape
             np.add.at(self.data, (rows, cols), deltas)
+
+
+class InProcessView:
+    """``PSView`` over an ``InProcessTable``: a refresh is a ``get_rows`` (recorded), a push an
+    ``inc_rows`` of the changes."""
+
+    def __init__(self, table: InProcessTable, rows: np.ndarray) -> None:
+        self.table, self.rows = table, rows
+        self.values = np.zeros((rows.shape[0], table.cols), table.dtype)
+        self.base = self.values.copy()
+
+    def refresh(self) -> np.ndarray:
+        self.values[:] = self.table.get_rows(self.rows)
+        self.base[:] = self.values
+        return self.values
+
+    def push(self) -> int:
+        changed = (self.values != self.base).any(axis=1)
+        self.table.inc_rows(self.rows[changed], (self.values - self.base)[changed])
+        self.base[:] = self.values
+        return int(changed.sum())
 
 
 class InProcessClient:
