@@ -1,7 +1,8 @@
 """``PSModule``: a torch module whose parameters are read from the parameter server as it runs.
 
 The module's dense parameters become views of one flat tensor (the dense table's rows end to end),
-so a pull is one ``get_rows`` and one copy, and the optimizers read gradients and values in one
+so a pull is one refresh of the table's view (client/view.py: only rows written since the last pull
+are copied, into one persistent array) and one copy, and the optimizers read gradients and values in one
 piece. The next step's pull starts in a background thread as soon as a step's update is pushed, so
 it overlaps whatever the loop does before the next forward (loading the batch, waiting at the SSP
 bound); the forward then only waits for what is left. On CUDA the copy goes through a persistent
@@ -84,6 +85,9 @@ class PSModule(nn.Module):
         cuda = self.device.type == "cuda"
         self._host = torch.empty(n, dtype=dtype, pin_memory=True) if cuda and n else None
         self._rows = np.arange(layout.rows, dtype=np.int64)
+        # the dense table's rows as this worker last read them (client/view.py): a pull copies only rows
+        # written since into one persistent array, where a read of the whole table allocated a new one
+        self._dense = self.table.view(self._rows) if self.table is not None else None
         self.prefetch = prefetch
         # one background reader, owned here. Its reads run beside the forward's own row reads (the
         # client serves one worker's reads from several threads: a row asked for by one is waited for
@@ -93,6 +97,7 @@ class PSModule(nn.Module):
         self._next: Future[np.ndarray] | None = None
         self._ahead: list[Future[np.ndarray]] = []  # row reads into the cache (prefetch_rows)
         self.steps = 0
+        self.pulled = False  # the dense parameters were pulled since the last push (``push(changed=True)``)
         self.pull_s = 0.0  # seconds spent reading parameters (waiting at the SSP bound included)
         self.rows_s = 0.0  # of which reading embedding rows in the forward
         self.settle_s = 0.0  # seconds a push waited for reads in flight
@@ -112,13 +117,15 @@ class PSModule(nn.Module):
             return
         t0 = time.perf_counter()
         ahead, self._next = self._next, None
-        values = torch.from_numpy(ahead.result() if ahead is not None else self.table.get_rows(self._rows)).view(-1)
+        assert self._dense is not None  # a dense table has its view
+        values = torch.from_numpy(ahead.result() if ahead is not None else self._dense.refresh()).view(-1)
         with torch.no_grad():
             if self._host is None:
                 self.flat.copy_(values)
             else:
                 self._host.copy_(values)
                 self.flat.copy_(self._host, non_blocking=True)
+        self.pulled = True
         self.pull_s += time.perf_counter() - t0
 
     def prefetch_rows(self, ids: Mapping[str, torch.Tensor]) -> None:
@@ -217,24 +224,36 @@ class PSModule(nn.Module):
         """A host copy of the current dense parameters, flat."""
         return self.flat.detach().cpu().numpy().copy()
 
-    def push(self, block: np.ndarray | None, rows: Sequence[tuple[int, torch.Tensor, torch.Tensor]] = ()) -> None:
+    def push(self, block: np.ndarray | None, rows: Sequence[tuple[int, torch.Tensor, torch.Tensor]] = (), *,
+             changed: bool = False) -> None:
         """Send one update: ``block`` for every dense row, ``rows`` (index, rows, values) for sparse
         embeddings (gradients or deltas, as the tables' procedure takes); end the clock tick every
-        ``clock_every`` steps."""
+        ``clock_every`` steps. ``changed`` (an ``add`` table, in place of ``block``): send how the
+        dense parameters changed since the pull, in one compiled pass (the view's push: no copies
+        before and after, no subtraction)."""
         t0 = time.perf_counter()
         self._settle()
         self.settle_s += time.perf_counter() - t0
-        if block is not None and self.table is not None:
+        if changed and self._dense is not None:
+            if not self.pulled:
+                raise UsageError("push(changed=True) needs a pull since the last push: the change is "
+                                 "measured against the values pulled")
+            with torch.no_grad():
+                torch.from_numpy(self._dense.values).view(-1).copy_(self.flat)
+            self._dense.push()
+        elif block is not None and self.table is not None:
             self.table.inc_rows(self._rows, block.reshape(self.layout.rows, self.layout.row_width))
         for i, r, v in rows:
             self.sparse_tables[i].inc_rows(r.numpy(), v.numpy())
             self.rows_pushed += r.numel()
+        self.pulled = False
         self.steps += 1
         if self.steps % self.clock_every == 0:
             self.client.clock()
         if self.prefetch and self.table is not None:
             # a read started before this push may miss it (read-my-writes): read again
-            self._next = self._pool.submit(self.table.get_rows, self._rows)
+            assert self._dense is not None
+            self._next = self._pool.submit(self._dense.refresh)
 
     def resume(self) -> int:
         """Checkpoints save this module's step count (the client's checkpoint hook); in a job resumed
