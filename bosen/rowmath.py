@@ -251,62 +251,99 @@ def push_view(delta, dirty, ops, importance, relative, cache, stamp, held, mirro
     Returns the number of rows added, or -1 if a difference is NaN or infinite (nothing changed)."""
     n = values.shape[0]
     cols = values.shape[1]
-    bad = False
-    for i in range(n):
-        for k in range(cols):
-            d = values[i, k] - base[i, k]
-            bad |= (d - d) != 0
-    if bad:
+    if not _differences_finite(values, base):
         return -1
     counting = ops.shape[0] > 0
     scoring = importance.shape[0] > 0
     pushed = 0
     for i in range(n):
-        same = True
-        for k in range(cols):
-            if values[i, k] != base[i, k]:
-                same = False
-                break
-        if same:
+        if _same_row(values, base, i, cols):
             continue
         r = rows[i]
         if scoring:
-            sc = 0.0
-            rel = relative and held[r] >= 0
-            for k in range(cols):
-                a = abs(float(values[i, k] - base[i, k]))
-                if rel:
-                    x = abs(float(cache[r, k]))
-                    if x > 0.0:
-                        a = a / x
-                sc += a
-            importance[r] += sc
+            importance[r] += _row_importance(values, base, cache, i, r, cols, relative and held[r] >= 0)
         into_cache = mirror and held[r] >= 0
-        mine = into_cache and stamp[r] == seen[i]
-        for k in range(cols):
-            d = values[i, k] - base[i, k]
-            delta[r, k] += d
-            if into_cache:
-                v = cache[r, k] + d
-                cache[r, k] = v
-                if mine:
-                    values[i, k] = v
-                    base[i, k] = v
-                else:
-                    base[i, k] = values[i, k]
-            else:
-                base[i, k] = values[i, k]
+        if into_cache and stamp[r] == seen[i]:  # nobody else wrote it: the view takes the cache's value
+            _add_take(delta, cache, values, base, i, r, cols)
+            stamp[r] += 1
+            seen[i] = stamp[r]
+        elif into_cache:  # copied anew at the next refresh (its stamp is not the view's)
+            _add_mirror(delta, cache, values, base, i, r, cols)
+            stamp[r] += 1
+        else:
+            _add_only(delta, values, base, i, r, cols)
+            seen[i] = -1  # the cache lacks this update (no read-my-writes, or not held): copy it anew
         dirty[r] = True
         if counting:
             ops[r] += 1
-        if into_cache:
-            stamp[r] += 1
-            if mine:
-                seen[i] = stamp[r]
-        else:
-            seen[i] = -1  # the cache lacks this update (no read-my-writes, or not held): copy it anew
         pushed += 1
     return pushed
+
+
+@njit(nogil=True, cache=True)
+def _differences_finite(values, base):  # pragma: no cover - compiled
+    """No NaN or infinity in ``values - base`` (C-contiguous; for integers ``d - d`` is always 0): one
+    flat loop with an integer OR and no early exit, which vectorizes (a 2-D loop with a boolean
+    flag took 4x as long)."""
+    v = values.reshape(-1)
+    b = base.reshape(-1)
+    bad = np.uint32(0)
+    for j in range(v.shape[0]):
+        d = v[j] - b[j]
+        bad |= np.uint32((d - d) != 0)
+    return bad == 0
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _same_row(values, base, i, cols):  # pragma: no cover - compiled
+    for k in range(cols):
+        if values[i, k] != base[i, k]:
+            return False
+    return True
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _row_importance(values, base, cache, i, r, cols, rel):  # pragma: no cover - compiled
+    """Σ|δ| of row ``i`` (Σ|δ/x| where ``rel``, x = the cached value before the update, |δ| where x = 0),
+    as ``priority.accumulate_dense`` counts it."""
+    s = 0.0
+    for k in range(cols):
+        a = abs(float(values[i, k] - base[i, k]))
+        if rel:
+            x = abs(float(cache[r, k]))
+            if x > 0.0:
+                a = a / x
+        s += a
+    return s
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _add_take(delta, cache, values, base, i, r, cols):  # pragma: no cover - compiled
+    for k in range(cols):
+        d = values[i, k] - base[i, k]
+        delta[r, k] += d
+        v = cache[r, k] + d
+        cache[r, k] = v
+        values[i, k] = v
+        base[i, k] = v
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _add_mirror(delta, cache, values, base, i, r, cols):  # pragma: no cover - compiled
+    for k in range(cols):
+        v = values[i, k]
+        d = v - base[i, k]
+        delta[r, k] += d
+        cache[r, k] += d
+        base[i, k] = v
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _add_only(delta, values, base, i, r, cols):  # pragma: no cover - compiled
+    for k in range(cols):
+        v = values[i, k]
+        delta[r, k] += v - base[i, k]
+        base[i, k] = v
 
 
 def to_csr(block: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

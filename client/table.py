@@ -184,6 +184,7 @@ class Table:
         rows = v.rows
         if not rows.shape[0]:
             return 0
+        self._check_view(v)
         st = self._st
         w = self._worker
         tick = w.tick
@@ -210,6 +211,7 @@ class Table:
         compiled pass (``UpdateBuffer.add_view``). Versioned tables take the ``inc_rows`` path (their
         updates are tagged with versions as they leave). Returns the rows added."""
         self._life.check()
+        self._check_view(v)
         st = self._st
         if st.vlog is not None:
             changed = np.flatnonzero((v.values != v.base).any(axis=1))
@@ -227,6 +229,13 @@ class Table:
         w.updates_buffered += n
         w.inc_bytes += n * self.cols * self.dtype.itemsize
         return n
+
+    def _check_view(self, v: RowView) -> None:
+        a = v.values
+        if type(a) is not np.ndarray or a.shape != v.base.shape or a.dtype != self.dtype or not a.flags.c_contiguous:
+            raise ValueError(f"table {self.name!r}: a view's values must stay its own C-contiguous "
+                             f"{v.base.shape} {self.dtype.name} array (change it in place); got "
+                             f"{type(a).__name__} {getattr(a, 'shape', '')} {getattr(a, 'dtype', '')}")
 
     def _probe(self, rows: np.ndarray) -> None:
         """Probe the freshness of ``rows`` (an array nothing else writes) just read, under the

@@ -160,6 +160,10 @@ def test_view_rejects_bad_rows_and_changes(bosen_cluster):
         with pytest.raises(ValueError, match="NaN or infinity"):
             v.push()
         assert not F._st.oplog.dirty.any()  # nothing added
+        v.values = v.values[:, :1]
+        with pytest.raises(ValueError, match="C-contiguous"):
+            v.push()
+        v.values = v.base.copy()
         v.values[1, 0] = 2.0
         assert v.push() == 1
         np.testing.assert_array_equal(F.get_rows(np.array([1, 2])), [[0, 0], [2, 0]])
