@@ -119,7 +119,7 @@ def _refresh_fresh(values, clock, server_clock, early, stamp, rows, need, tick, 
         c = clock[r]
         if c < 0:
             return 2, i, 0, copied
-        sc = server_clock[server_of_jit(r, servers)]
+        sc = server_clock[0] if servers == 1 else server_clock[server_of_jit(r, servers)]  # no division
         f = c if c > sc else sc
         if f < need:
             return 2, i, 0, copied
