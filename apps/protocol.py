@@ -24,12 +24,13 @@ __all__ = ["PSView", "PSTable", "PSWorker", "PSClient", "JobConfig", "require_ta
 class PSView(Protocol):
     """Rows a worker reads again and again (``table.view(rows)``, client/view.py): ``values`` is the
     worker's own array; ``refresh()`` re-reads (copying only rows that changed), ``push()`` adds
-    ``values`` minus what the last refresh or push left there."""
+    ``values`` minus what the last refresh or push left there; ``at``: only the rows at those
+    positions (unique) of the view's rows."""
 
     values: np.ndarray
 
-    def refresh(self) -> np.ndarray: ...
-    def push(self) -> int: ...
+    def refresh(self, at: np.ndarray | None = None) -> np.ndarray: ...
+    def push(self, at: np.ndarray | None = None) -> int: ...
 
 
 @runtime_checkable

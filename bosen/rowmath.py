@@ -237,9 +237,10 @@ def add_where_held(dst, lo, src, held):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True)
-def push_view(delta, dirty, ops, importance, relative, cache, stamp, held, mirror, rows, values, base,
-              seen):  # pragma: no cover - compiled
-    """A view's push in one pass (client/view.py): for each row ``i`` whose ``values[i]`` differ
+def push_view(delta, dirty, ops, importance, relative, cache, stamp, held, mirror, rows, pos, whole, values,
+              base, seen):  # pragma: no cover - compiled
+    """A view's push in one pass (client/view.py), of its rows at positions ``pos`` (``whole``: all of
+    them, in order): for each such row ``i`` whose ``values[i]`` differ
     from ``base[i]``, add the difference to the update buffer ``delta[rows[i]]`` (marking it
     ``dirty``, counting one inc operation in ``ops`` where counted), its importance Σ|δ| (Σ|δ/x|
     where ``relative``, x the cached value before it) to ``importance`` where scored, and, where
@@ -249,14 +250,14 @@ def push_view(delta, dirty, ops, importance, relative, cache, stamp, held, mirro
     new stamp, so the view stays exactly the cache (no rounding drift) and the next refresh copies
     nothing; any other row gets ``seen[i] = -1`` or keeps its old stamp, so the refresh copies it.
     Returns the number of rows added, or -1 if a difference is NaN or infinite (nothing changed)."""
-    n = values.shape[0]
     cols = values.shape[1]
-    if not _differences_finite(values, base):
+    if not (_differences_finite(values, base) if whole else _rows_finite(values, base, pos)):
         return -1
     counting = ops.shape[0] > 0
     scoring = importance.shape[0] > 0
     pushed = 0
-    for i in range(n):
+    for j in range(pos.shape[0]):
+        i = pos[j]
         if _same_row(values, base, i, cols):
             continue
         r = rows[i]
@@ -291,6 +292,18 @@ def _differences_finite(values, base):  # pragma: no cover - compiled
     for j in range(v.shape[0]):
         d = v[j] - b[j]
         bad |= np.uint32((d - d) != 0)
+    return bad == 0
+
+
+@njit(nogil=True, cache=True)
+def _rows_finite(values, base, pos):  # pragma: no cover - compiled
+    """``_differences_finite`` of the rows at ``pos``."""
+    bad = np.uint32(0)
+    for j in range(pos.shape[0]):
+        i = pos[j]
+        for k in range(values.shape[1]):
+            d = values[i, k] - base[i, k]
+            bad |= np.uint32((d - d) != 0)
     return bad == 0
 
 

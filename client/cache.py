@@ -102,20 +102,22 @@ def _read_fresh(values, clock, server_clock, early, rows, need, tick, out, read_
 
 
 @njit(nogil=True, cache=True)
-def _refresh_fresh(values, clock, server_clock, early, stamp, rows, need, tick, out, base, seen,
+def _refresh_fresh(values, clock, server_clock, early, stamp, rows, pos, need, tick, out, base, seen,
                    read_now):  # pragma: no cover - compiled
-    """``_read_fresh`` for a view (rows known to be in range): checks each row's clock and counts what
-    the read counters want, but copies into ``out`` and ``base`` only the rows whose stamp is not
-    ``seen[i]`` (the stamp at the view's last copy), recording the new one. Returns (0, rows holding
-    an early-pushed value, Σ tick - their clocks, rows copied), or (2, i, 0, rows copied) at the
-    first row ``i`` not fresh (rows before it may be copied already: correct values, stamps kept)."""
+    """``_read_fresh`` for a view's rows at positions ``pos`` (rows known to be in range): checks each
+    row's clock and counts what the read counters want, but copies into ``out`` and ``base`` only the
+    rows whose stamp is not ``seen`` (the stamp at the view's last copy), recording the new one.
+    Returns (0, rows holding an early-pushed value, Σ tick - their clocks, rows copied), or (2, i,
+    0, rows copied) at the first row not fresh (rows before it may be copied already: correct
+    values, stamps kept)."""
     servers = server_clock.shape[0]
     cols = values.shape[1]
     n_early = 0
     stale = 0
     copied = 0
-    for i in range(rows.shape[0]):
-        r = rows[i]
+    for i in range(pos.shape[0]):
+        p = pos[i]
+        r = rows[p]
         c = clock[r]
         if c < 0:
             return 2, i, 0, copied
@@ -128,30 +130,31 @@ def _refresh_fresh(values, clock, server_clock, early, stamp, rows, need, tick, 
             n_early += 1
         read_now[r] = True
         s = stamp[r]
-        if s != seen[i]:
+        if s != seen[p]:
             for k in range(cols):
                 v = values[r, k]
-                out[i, k] = v
-                base[i, k] = v
-            seen[i] = s
+                out[p, k] = v
+                base[p, k] = v
+            seen[p] = s
             copied += 1
     return 0, n_early, stale, copied
 
 
 @njit(nogil=True, cache=True)
-def _copy_changed(values, stamp, rows, out, base, seen):  # pragma: no cover - compiled
-    """Copy into ``out`` and ``base`` the rows whose stamp is not ``seen[i]``; returns how many."""
+def _copy_changed(values, stamp, rows, pos, out, base, seen):  # pragma: no cover - compiled
+    """Copy into ``out`` and ``base`` the rows at ``pos`` whose stamp is not ``seen``; returns how many."""
     cols = values.shape[1]
     copied = 0
-    for i in range(rows.shape[0]):
-        r = rows[i]
+    for i in range(pos.shape[0]):
+        p = pos[i]
+        r = rows[p]
         s = stamp[r]
-        if s != seen[i]:
+        if s != seen[p]:
             for k in range(cols):
                 v = values[r, k]
-                out[i, k] = v
-                base[i, k] = v
-            seen[i] = s
+                out[p, k] = v
+                base[p, k] = v
+            seen[p] = s
             copied += 1
     return copied
 
@@ -195,16 +198,17 @@ class RowCache:
         return _read_fresh(self.values, self.clock, self.server_clock, self.early, rows, need, tick, out,
                            self.read_now)
 
-    def refresh_fresh(self, rows: np.ndarray, need: int, tick: int, out: np.ndarray, base: np.ndarray,
-                      seen: np.ndarray) -> tuple[int, int, int, int]:
-        """``read_fresh`` for a view: copies only rows written since the view's last copy of them
-        (``seen``: their stamps then; updated). See ``_refresh_fresh`` for the result."""
-        return _refresh_fresh(self.values, self.clock, self.server_clock, self.early, self.stamp, rows, need, tick,
-                              out, base, seen, self.read_now)
+    def refresh_fresh(self, rows: np.ndarray, pos: np.ndarray, need: int, tick: int, out: np.ndarray,
+                      base: np.ndarray, seen: np.ndarray) -> tuple[int, int, int, int]:
+        """``read_fresh`` for a view's ``rows`` at positions ``pos``: copies only rows written since the
+        view's last copy of them (``seen``: their stamps then; updated). See ``_refresh_fresh``."""
+        return _refresh_fresh(self.values, self.clock, self.server_clock, self.early, self.stamp, rows, pos, need,
+                              tick, out, base, seen, self.read_now)
 
-    def copy_changed(self, rows: np.ndarray, out: np.ndarray, base: np.ndarray, seen: np.ndarray) -> int:
-        """Copy into ``out`` and ``base`` the rows written since the view's last copy of them; how many."""
-        return int(_copy_changed(self.values, self.stamp, rows, out, base, seen))
+    def copy_changed(self, rows: np.ndarray, pos: np.ndarray, out: np.ndarray, base: np.ndarray,
+                     seen: np.ndarray) -> int:
+        """Copy into ``out`` and ``base`` the view's rows at ``pos`` written since its last copy of them."""
+        return int(_copy_changed(self.values, self.stamp, rows, pos, out, base, seen))
 
     def touch(self, index: slice | np.ndarray) -> None:
         """Rows ``index`` were written (not through a compiled pass that bumps their stamps itself)."""

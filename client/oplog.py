@@ -102,18 +102,19 @@ class UpdateBuffer:
         self.dirty[index] = True
         return True
 
-    def add_view(self, rows: np.ndarray, values: np.ndarray, base: np.ndarray, seen: np.ndarray,
-                 cache: np.ndarray, stamp: np.ndarray, held: np.ndarray, mirror: bool,
+    def add_view(self, rows: np.ndarray, pos: np.ndarray, whole: bool, values: np.ndarray, base: np.ndarray,
+                 seen: np.ndarray, cache: np.ndarray, stamp: np.ndarray, held: np.ndarray, mirror: bool,
                  importance: np.ndarray | None, relative: bool) -> int:
-        """Buffer a view's changes ``values - base`` (``rows`` unique) and, with ``mirror``, add them
+        """Buffer a view's changes ``values - base`` at positions ``pos`` (``whole``: all; ``rows``
+        unique) and, with ``mirror``, add them
         to the ``cache`` rows it ``held``, scoring ``importance`` on the way: one compiled pass
         (``rowmath.push_view``, which says what happens to the view). Always the dense buffer: a
         view's rows are a mini-batch's, not a bulk run worth staging (staged rows are moved back
         first). Returns the rows added, or -1 (nothing changed) if a change is NaN or infinite."""
-        if self.pieces and self.staged[rows].any():
+        if self.pieces and self.staged[rows if whole else rows[pos]].any():
             self.unstage()
         return int(rowmath.push_view(self.delta, self.dirty, self.ops, _NO_SCORES if importance is None else importance,
-                                     relative, cache, stamp, held, mirror, rows, values, base, seen))
+                                     relative, cache, stamp, held, mirror, rows, pos, whole, values, base, seen))
 
     def add_coo(self, rows: np.ndarray, cols: np.ndarray, deltas: np.ndarray) -> None:
         if self.pieces and self.staged[rows].any():

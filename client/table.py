@@ -176,13 +176,14 @@ class Table:
             raise ValueError(f"table {self.name!r}: a view's rows must be unique")
         return RowView(self, rows.copy(), self.cols, self.dtype)
 
-    def refresh_view(self, v: RowView) -> int:
-        """``v.refresh()``: the rule, counters and probes of ``get_rows``; copies only rows whose cache
-        stamp moved since ``v`` copied them. Returns the rows copied."""
+    def refresh_view(self, v: RowView, at: np.ndarray | None = None) -> int:
+        """``v.refresh(at)``: the rule, counters and probes of ``get_rows`` for the view's rows (at
+        positions ``at``, else all); copies only rows whose cache stamp moved since ``v`` copied them.
+        Returns the rows copied."""
         if self._life.phase is not _RUNNING:
             self._life.check()
-        rows = v.rows
-        if not rows.shape[0]:
+        pos = v.all if at is None else self._positions(v, at)
+        if not pos.shape[0]:
             return 0
         self._check_view(v)
         st = self._st
@@ -190,45 +191,62 @@ class Table:
         tick = w.tick
         need = tick - self.staleness
         with st.lock:
-            status, a, b, copied = st.cache.refresh_fresh(rows, need if need > 0 else 0, tick, v.values, v.base,
-                                                          v.seen)
+            status, a, b, copied = st.cache.refresh_fresh(v.rows, pos, need if need > 0 else 0, tick, v.values,
+                                                          v.base, v.seen)
             if status == 0 and self._probe_every and self._probe_due():
-                self._probe(rows.copy())
+                self._probe(v.rows[pos])
         if status != 0:  # some row is not fresh: wait as get_rows does, then copy what changed
+            rows = v.rows if at is None else v.rows[pos]
             self._reads.wait_fresh(st, rows, w)
             a, b = st.cache.read_stats(rows, w.tick)
             with st.lock:
                 if self._probe_every and self._probe_due():
                     self._probe(rows.copy())
-                copied += st.cache.copy_changed(rows, v.values, v.base, v.seen)
-        w.rows_read += rows.shape[0]
+                copied += st.cache.copy_changed(v.rows, pos, v.values, v.base, v.seen)
+        w.rows_read += pos.shape[0]
         w.rows_read_early += a
         w.read_staleness_sum += b
         return int(copied)
 
-    def push_view(self, v: RowView) -> int:
-        """``v.push()``: ``inc_rows(v.rows, v.values - v.base)`` for the rows that changed, in one
-        compiled pass (``UpdateBuffer.add_view``). Versioned tables take the ``inc_rows`` path (their
-        updates are tagged with versions as they leave). Returns the rows added."""
+    def push_view(self, v: RowView, at: np.ndarray | None = None) -> int:
+        """``v.push(at)``: ``inc_rows(rows, values - base)`` of the view's rows (at positions ``at``,
+        else all) that changed, in one compiled pass (``UpdateBuffer.add_view``). Versioned tables
+        take the ``inc_rows`` path (their updates are tagged with versions as they leave). Returns
+        the rows added."""
         self._life.check()
+        pos = v.all if at is None else self._positions(v, at)
         self._check_view(v)
         st = self._st
         if st.vlog is not None:
-            changed = np.flatnonzero((v.values != v.base).any(axis=1))
+            changed = pos[(v.values[pos] != v.base[pos]).any(axis=1)]
             if changed.shape[0]:
                 self.inc_rows(v.rows[changed], v.values[changed] - v.base[changed])
                 v.base[changed] = v.values[changed]
                 v.seen[changed] = -1  # copied anew at the next refresh
             return int(changed.shape[0])
         with st.lock:
-            n = st.oplog.add_view(v.rows, v.values, v.base, v.seen, st.cache.values, st.cache.stamp, st.cache.clock,
-                                  st.read_my_writes, st.importance, st.relative)
+            n = st.oplog.add_view(v.rows, pos, at is None, v.values, v.base, v.seen, st.cache.values, st.cache.stamp,
+                                  st.cache.clock, st.read_my_writes, st.importance, st.relative)
         if n < 0:
             raise ValueError(f"table {self.name!r}: view changes contain NaN or infinity")
         w = self._worker
         w.updates_buffered += n
         w.inc_bytes += n * self.cols * self.dtype.itemsize
         return n
+
+    def _positions(self, v: RowView, at: Any) -> np.ndarray:
+        """Checked positions into a view's rows: a 1-D integer array in [0, len(v))."""
+        pos = np.asarray(at)
+        if pos.ndim != 1 or (pos.dtype.kind not in "iu" and pos.size):
+            raise TypeError(f"table {self.name!r}: view positions must be a 1-D integer array, got {pos.dtype} "
+                            f"with shape {pos.shape}")
+        pos = pos.astype(np.int64, copy=False)
+        if pos.shape[0]:
+            lo, hi = rowmath.min_max(pos)
+            if lo < 0 or hi >= v.rows.shape[0]:
+                raise IndexError(f"table {self.name!r}: view position {lo if lo < 0 else hi} out of range "
+                                 f"[0, {v.rows.shape[0]})")
+        return pos
 
     def _check_view(self, v: RowView) -> None:
         a = v.values

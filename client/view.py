@@ -8,7 +8,9 @@ not change. A ``RowView`` (``table.view(rows)``) keeps ``values`` (the worker's 
 (``RowCache.stamp``):
 
 - ``refresh()`` reads like ``get_rows`` (the same SSP rule, blocking, counters and probes) but
-  copies only rows whose stamp moved;
+  copies only rows whose stamp moved; ``refresh(at)`` reads only the rows at positions ``at`` (one
+  view over every row a worker touches, each mini-batch reading its own: what one mini-batch pushed
+  the next does not copy again);
 - ``push()`` adds ``values - base`` of the rows that changed to the update buffer and, with
   read-my-writes, to the cache, in one compiled pass (``rowmath.push_view``); a row nobody else
   wrote meanwhile takes the cache's new value and stamp, so the next refresh copies nothing.
@@ -27,9 +29,9 @@ import numpy as np
 class ViewOwner(Protocol):
     """The table a view reads and writes (``client/table.py``)."""
 
-    def refresh_view(self, view: RowView) -> int: ...
+    def refresh_view(self, view: RowView, at: np.ndarray | None = None) -> int: ...
 
-    def push_view(self, view: RowView) -> int: ...
+    def push_view(self, view: RowView, at: np.ndarray | None = None) -> int: ...
 
 
 class RowView:
@@ -44,20 +46,23 @@ class RowView:
         self.values = np.zeros((rows.shape[0], cols), dtype=dtype)
         self.base = np.zeros((rows.shape[0], cols), dtype=dtype)  # values as of the last refresh or push
         self.seen = np.full(rows.shape[0], -1, dtype=np.int64)  # cache stamps at the last copy (-1: none)
+        self.all = np.arange(rows.shape[0], dtype=np.int64)  # every position
         self.copied = 0  # rows the last refresh copied
         self.pushed = 0  # rows the last push added
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])
 
-    def refresh(self) -> np.ndarray:
+    def refresh(self, at: np.ndarray | None = None) -> np.ndarray:
         """Read the rows as ``get_rows`` would (blocks until fresh enough for the worker's tick),
-        copying only those written since this view last copied them; returns ``values``."""
-        self.copied = self._owner.refresh_view(self)
+        copying only those written since this view last copied them; returns ``values``. ``at``:
+        positions of the rows to read (``values[at]`` are then current), else all."""
+        self.copied = self._owner.refresh_view(self, at)
         return self.values
 
-    def push(self) -> int:
+    def push(self, at: np.ndarray | None = None) -> int:
         """Add ``values - base`` to the table (as ``inc_rows`` would), rows without a change left
-        out; then ``base`` is ``values``. Returns how many rows were added."""
-        self.pushed = self._owner.push_view(self)
+        out; then ``base`` is ``values``. ``at``: positions of the rows to push (unique), else all.
+        Returns how many rows were added."""
+        self.pushed = self._owner.push_view(self, at)
         return self.pushed

@@ -4,12 +4,12 @@ Each worker keeps the ratings of its users (see data.partition), cut into fixed 
 (model.batches). One clock is one pass over the local data by default (the thesis' setting); with
 ``clocks_per_epoch = k`` each pass is split into k fixed chunks, one clock each (Bösen's "BS-k"), and
 ``batches_per_clock = b`` (default 10) splits a clock's chunk into b mini-batches. Per mini-batch
-the worker refreshes its views of the L rows of its users and the R rows of its items (one view per
-table and batch, kept across clocks: only rows written since are copied; rows managed communication
-refreshed mid-clock are seen), runs one numba SGD pass on the views' arrays (its running loss, each
-rating's error just before its update, is the clock's objective) and pushes ``new - old`` at once
-(one compiled pass per table), so it can leave under the budget before the tick ends (docs/design.md,
-"Apps on the live cache").
+the worker refreshes its rows of the worker's views of L and R (one view per table over every row the
+worker touches, kept for the run: only rows written since are copied, so a row another batch pushed
+is not copied again; rows managed communication refreshed mid-clock are seen), runs one numba SGD
+pass on the views' arrays (its running loss, each rating's error just before its update, is the
+clock's objective) and pushes ``new - old`` of its rows at once (one compiled pass per table), so it
+can leave under the budget before the tick ends (docs/design.md, "Apps on the live cache").
 
 Held-out ratings (``test_data``, or a ``holdout`` share of synthetic data) go to the worker that
 owns their user; after each clock (every ``eval_every``) it scores them against its cache and
@@ -39,7 +39,7 @@ import numpy as np
 from bosen.apps.mf.data import Triples, load_csv, partition, synthetic, user_owner
 from bosen.apps.mf.kernels import clipped_squared_error, sgd_pass
 from bosen.apps.mf.model import Batch, batches
-from bosen.apps.protocol import PSClient, PSTable, PSView, require_table
+from bosen.apps.protocol import PSClient, PSTable, require_table
 from bosen.apps.state import restored, rng_state, set_rng_state
 from bosen.config import check, from_dict
 from bosen.errors import ConfigError, DataError
@@ -173,8 +173,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     rng = np.random.default_rng([a.seed, client.rank])
     b = a.batches_per_clock
     cut = batches(part, a.clocks_per_epoch * b, rng)
-    views = [(L.view(x.users), R.view(x.items)) for x in cut]  # kept across clocks: re-read what changed
-    clocks = [list(zip(cut[k:k + b], views[k:k + b], strict=True)) for k in range(0, len(cut), b)]
+    views = Views(L, R, cut)
+    clocks = [list(zip(cut[k:k + b], views.at[k:k + b], strict=True)) for k in range(0, len(cut), b)]
     gradient = _gradient_mode(a, L, R)
     tick, last = 0, a.epochs * len(clocks)
     # a checkpoint holds the clocks done and the generator (the batches' order is fixed by the seed)
@@ -189,8 +189,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         lr = a.lr * a.lr_decay ** epoch
         cost = np.zeros(4)  # loss, compute s, read s, send s
         samples = 0
-        for batch, view in clocks[k]:
-            cost += _step(batch, view, L, R, a, lr, gradient, rng)
+        for batch, at in clocks[k]:
+            cost += _step(batch, views, at, L, R, a, lr, gradient, rng)
             samples += int(batch.r.size)
         tick += 1
         t0 = time.perf_counter()
@@ -203,31 +203,56 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         clock_s = time.perf_counter() - t0
 
 
-def _step(batch: Batch, view: tuple[PSView, PSView], L: PSTable, R: PSTable, a: MFArgs, lr: float,
+class Views:
+    """One view (client/view.py) of every L row and one of every R row the worker's batches touch,
+    kept for the whole run: a batch refreshes and pushes its own rows of them (``at``: their
+    positions, and each rating's, to run the SGD pass on the views' arrays), so what one batch
+    pushed the next one does not copy again, and the rows are held once, not per batch."""
+
+    def __init__(self, L: PSTable, R: PSTable, cut: list[Batch]) -> None:
+        users = np.unique(np.concatenate([x.users for x in cut])) if cut else np.zeros(0, np.int64)
+        items = np.unique(np.concatenate([x.items for x in cut])) if cut else np.zeros(0, np.int64)
+        self.L, self.R = L.view(users), R.view(items)
+        self.at: list[Positions] = []
+        for x in cut:
+            pu, pi = np.searchsorted(users, x.users), np.searchsorted(items, x.items)
+            self.at.append(Positions(pu, pi, pu[x.u_idx], pi[x.i_idx]))
+
+
+@dataclass(frozen=True)
+class Positions:
+    """A batch's rows in the views (``users``, ``items``) and each rating's (``u``, ``i``)."""
+
+    users: np.ndarray
+    items: np.ndarray
+    u: np.ndarray
+    i: np.ndarray
+
+
+def _step(batch: Batch, views: Views, at: Positions, L: PSTable, R: PSTable, a: MFArgs, lr: float,
           gradient: bool, rng: np.random.Generator) -> tuple[float, float, float, float]:
     """One mini-batch: read its rows (fresh as the cache allows), compute, send; (loss, compute
     seconds, seconds reading, seconds sending): where a clock's time goes, for the report.
 
     The loss: sgd_pass's running loss (delta mode) or the exact loss at the values read (gradient
     mode). Several batches per clock re-read the cache in between, which is what lets early
-    (managed) communication help. ``view``: the batch's views of its L and R rows (client/view.py),
-    kept across clocks: a refresh copies only rows written since, and in delta mode the SGD pass runs
-    on the views' arrays and their push sends new - old in one pass per table."""
+    (managed) communication help. The batch refreshes its rows of the worker's views (only rows
+    written since are copied); in delta mode the SGD pass runs on the views' arrays and their push
+    sends new - old of the batch's rows in one pass per table."""
     if batch.r.size == 0:
         return 0.0, 0.0, 0.0, 0.0
-    Lview, Rview = view
     t0 = time.perf_counter()
-    Lv = Lview.refresh()
-    Rv = Rview.refresh()
+    Lall = views.L.refresh(at.users)
+    Rall = views.R.refresh(at.items)
     t1 = time.perf_counter()
     if gradient:
-        loss, gL, gR = batch.gradient(Lv, Rv, a.reg)
+        loss, gL, gR = batch.gradient(Lall[at.users], Rall[at.items], a.reg)
         t2 = time.perf_counter()
         L.inc_rows(batch.users, gL if L.update != "add" else gL * np.float32(-lr))
         R.inc_rows(batch.items, gR if R.update != "add" else gR * np.float32(-lr))
     else:
-        loss = float(sgd_pass(batch.u_idx, batch.i_idx, batch.r, Lv, Rv, lr, a.reg, rng.permutation(batch.r.size)))
+        loss = float(sgd_pass(at.u, at.i, batch.r, Lall, Rall, lr, a.reg, rng.permutation(batch.r.size)))
         t2 = time.perf_counter()
-        Lview.push()
-        Rview.push()
+        views.L.push(at.users)
+        views.R.push(at.items)
     return loss, t2 - t1, t1 - t0, time.perf_counter() - t2

@@ -69,16 +69,19 @@ class InProcessView:
         self.values = np.zeros((rows.shape[0], table.cols), table.dtype)
         self.base = self.values.copy()
 
-    def refresh(self) -> np.ndarray:
-        self.values[:] = self.table.get_rows(self.rows)
-        self.base[:] = self.values
+    def refresh(self, at: np.ndarray | None = None) -> np.ndarray:
+        at = np.arange(self.rows.shape[0]) if at is None else np.asarray(at, dtype=np.int64)
+        got = self.table.get_rows(self.rows[at])
+        self.values[at] = got
+        self.base[at] = got
         return self.values
 
-    def push(self) -> int:
-        changed = (self.values != self.base).any(axis=1)
+    def push(self, at: np.ndarray | None = None) -> int:
+        at = np.arange(self.rows.shape[0]) if at is None else np.asarray(at, dtype=np.int64)
+        changed = at[(self.values[at] != self.base[at]).any(axis=1)]
         self.table.inc_rows(self.rows[changed], (self.values - self.base)[changed])
-        self.base[:] = self.values
-        return int(changed.sum())
+        self.base[changed] = self.values[changed]
+        return int(changed.shape[0])
 
 
 class InProcessClient:

@@ -110,7 +110,7 @@ def test_push_view_is_inc_rows_of_the_changes_in_one_pass():
             want_cache[r] += d[i]
     delta, dirty, ops, imp = np.zeros_like(cache), np.zeros(10, bool), np.zeros(10, np.int32), np.zeros(10)
     user = values.copy()
-    n = push_view(delta, dirty, ops, imp, True, cache, stamp, held, True, rows, values, base, seen)
+    n = push_view(delta, dirty, ops, imp, True, cache, stamp, held, True, rows, np.arange(4), True, values, base, seen)
     assert n == 3
     np.testing.assert_array_equal(delta, want_delta)
     np.testing.assert_array_equal(cache, want_cache)
@@ -122,5 +122,12 @@ def test_push_view_is_inc_rows_of_the_changes_in_one_pass():
     np.testing.assert_array_equal(base, values)
     np.testing.assert_array_equal(values[1:], user[1:])
     values[0, 0] = np.nan
-    assert push_view(delta, dirty, ops, imp, True, cache, stamp, held, True, rows, values, base, seen) == -1
+    assert push_view(delta, dirty, ops, imp, True, cache, stamp, held, True, rows, np.arange(4), True, values, base,
+                     seen) == -1
     np.testing.assert_array_equal(delta, want_delta)  # nothing changed
+    # positions: only the rows asked for (row 7 at position 3), NaN elsewhere ignored
+    values[3, 1] += 1
+    want = values[3, 1] - base[3, 1]
+    assert push_view(delta, dirty, ops, imp, True, cache, stamp, held, True, rows, np.array([3]), False, values, base,
+                     seen) == 1
+    assert delta[7, 1] == want and np.isnan(values[0, 0]) and seen[3] == 8

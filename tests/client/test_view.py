@@ -88,11 +88,13 @@ def test_a_rows_receipt_moves_the_stamps_of_the_rows_it_wrote():
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("comm", [None, {"enabled": True, "priority": "relative", "client_bandwidth_mbps": 50,
                                          "server_bandwidth_mbps": 50}], ids=["bsp", "managed"])
-def test_view_equals_get_rows_and_inc_rows_bit_for_bit(bosen_cluster, comm, tmp_path):
+@pytest.mark.parametrize("positions", [False, True], ids=["per-batch", "one-view-at"])
+def test_view_equals_get_rows_and_inc_rows_bit_for_bit(bosen_cluster, comm, positions, tmp_path):
     """Two identical float32 tables, one process: A through get_rows / inc_rows(new - old), B through
     views kept across clocks (overlapping mini-batches, several per clock, plus plain increments of
     B's rows outside the views and a second view over some of the same rows). Updates that do not
     round-trip (x * 0.9 + noise) would show any drift: every refresh must equal A's read, and the
+    (``positions``: one view of every row, each batch refreshing and pushing its rows with ``at``)
     servers' tables must end equal (bit for bit where each clock's updates leave in one message: a
     server adds floats in the order they come)."""
     rows, cols = 300, 8
@@ -108,20 +110,25 @@ def test_view_equals_get_rows_and_inc_rows_bit_for_bit(bosen_cluster, comm, tmp_
         np.testing.assert_array_equal(A.get_rows(np.arange(rows)), B.get_rows(np.arange(rows)))
         rng = np.random.default_rng(5)
         batches = [np.unique(rng.integers(0, rows, 60)) for _ in range(6)]
-        views = [B.view(b) for b in batches]
+        big = B.view(np.arange(rows))  # positions are then the rows
+        views = [big if positions else B.view(b) for b in batches]
         copied = []
         for tick in range(10):
             for b, v in zip(batches, views, strict=True):
+                at = b if positions else None
                 a = A.get_rows(b)
-                v.refresh()
-                np.testing.assert_array_equal(v.values, a, err_msg=f"tick {tick}")
+                got = v.refresh(at)
+                np.testing.assert_array_equal(got[b] if positions else got, a, err_msg=f"tick {tick}")
                 copied.append(v.copied)
                 noise = rng.standard_normal(a.shape).astype(np.float32) * np.float32(0.01)
                 new = a * np.float32(0.9) + noise
                 new[::4] = a[::4]  # some rows unchanged: left out of the push
                 A.inc_rows(b, new - a)
-                v.values[:] = new
-                assert v.push() == int((new != a).any(axis=1).sum())
+                if positions:
+                    v.values[b] = new
+                else:
+                    v.values[:] = new
+                assert v.push(at) == int((new != a).any(axis=1).sum())
             extra = np.unique(rng.integers(0, rows, 20))  # writes outside the views
             d = rng.standard_normal((extra.shape[0], cols)).astype(np.float32)
             A.inc_rows(extra, d)
