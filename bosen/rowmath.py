@@ -251,14 +251,20 @@ def push_view(delta, dirty, ops, importance, relative, cache, stamp, held, mirro
     nothing; any other row gets ``seen[i] = -1`` or keeps its old stamp, so the refresh copies it.
     Returns the number of rows added, or -1 if a difference is NaN or infinite (nothing changed)."""
     cols = values.shape[1]
-    if not (_differences_finite(values, base) if whole else _rows_finite(values, base, pos)):
-        return -1
+    if whole:
+        if not _differences_finite(values, base):
+            return -1
+        todo = pos
+    else:
+        todo = _changed_finite(values, base, pos)
+        if todo.shape[0] and todo[0] < 0:
+            return -1
     counting = ops.shape[0] > 0
     scoring = importance.shape[0] > 0
     pushed = 0
-    for j in range(pos.shape[0]):
-        i = pos[j]
-        if _same_row(values, base, i, cols):
+    for j in range(todo.shape[0]):
+        i = todo[j]
+        if whole and _same_row(values, base, i, cols):
             continue
         r = rows[i]
         if scoring:
@@ -296,15 +302,25 @@ def _differences_finite(values, base):  # pragma: no cover - compiled
 
 
 @njit(nogil=True, cache=True)
-def _rows_finite(values, base, pos):  # pragma: no cover - compiled
-    """``_differences_finite`` of the rows at ``pos``."""
+def _changed_finite(values, base, pos):  # pragma: no cover - compiled
+    """The positions of ``pos`` whose row of ``values`` differs from ``base``, in one pass that also
+    checks ``values - base`` for NaN and infinity (then ``[-1]``)."""
+    out = np.empty(pos.shape[0], np.int64)
+    m = 0
     bad = np.uint32(0)
     for j in range(pos.shape[0]):
         i = pos[j]
+        diff = np.uint32(0)
         for k in range(values.shape[1]):
             d = values[i, k] - base[i, k]
             bad |= np.uint32((d - d) != 0)
-    return bad == 0
+            diff |= np.uint32(d != 0)
+        out[m] = i
+        m += diff
+    if bad:
+        out[0] = -1
+        return out[:1]
+    return out[:m]
 
 
 @njit(nogil=True, cache=True, inline="always")
