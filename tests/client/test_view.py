@@ -4,9 +4,11 @@ leaves the tables bit for bit as ``get_rows; compute; inc_rows(new - old)``."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
-from conftest import wait_until
+from conftest import wait_until, worker
 
 from bosen.client import Client
 
@@ -176,4 +178,32 @@ def test_view_rejects_bad_rows_and_changes(bosen_cluster):
         np.testing.assert_array_equal(F.get_rows(np.array([1, 2])), [[0, 0], [2, 0]])
     finally:
         client.close()
+    c.check()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("comm", [None, {"enabled": True, "priority": "absolute", "client_bandwidth_mbps": 20,
+                                         "server_bandwidth_mbps": 20, "client_send_rows": 4, "server_push_rows": 4}],
+                         ids=["bsp", "managed"])
+def test_views_stay_the_cache_under_other_processes_pushes(bosen_cluster, bosen_procs, tmp_path, comm):
+    """Three processes push into the same rows through views (positions) and plain increments while
+    the servers push the others' updates back (mid-clock under managed communication): every row a
+    view holds at the cache's stamp equals the cache, after every refresh and push, and the final
+    table is the exact sum of every process's increments (tests/workers/view_worker.py)."""
+    procs, ticks = 3, 8
+    c = bosen_cluster(2, workers=procs + 1, staleness=1, comm=comm, read_timeout_s=30,
+                      tables={"I": {"rows": 24, "cols": 3, "dtype": "int64"}})
+    reader = ahead_reader(c.path, procs, ticks + 3)
+    try:
+        ws = [worker(bosen_procs, "view_worker.py", c.path, "--ticks", ticks, "--seed", 7,
+                     "--result", tmp_path / f"v-{i}.json", name=f"view-{i}") for i in range(procs)]
+        assert bosen_procs.wait_all(ws, timeout=100) == [0] * procs, "\n".join(p.tail() for p in ws)
+        results = [json.loads((tmp_path / f"v-{i}.json").read_text()) for i in range(procs)]
+        for r in results:
+            assert r["violations"] == [], f"process {r['rank']}: {r['violations'][:5]}"
+            assert r["checks"] == ticks * 4 * 2
+        want = np.sum([np.array(r["total"]) for r in results], axis=0)
+        np.testing.assert_array_equal(reader.table("I").get_rows(np.arange(24)), want)
+    finally:
+        reader.close()
     c.check()
