@@ -211,19 +211,19 @@ class Table:
     def push_view(self, v: RowView, at: np.ndarray | None = None) -> int:
         """``v.push(at)``: ``inc_rows(rows, values - base)`` of the view's rows (at positions ``at``,
         else all) that changed, in one compiled pass (``UpdateBuffer.add_view``). Versioned tables
-        take the ``inc_rows`` path (their updates are tagged with versions as they leave). Returns
-        the rows added."""
+        take the ``inc_rows`` path with every row, unchanged ones included (their updates are tagged
+        with versions as they leave; a stored procedure sees exactly the updates ``inc_rows`` would
+        give it). Returns the rows added."""
         self._life.check()
         pos = v.all if at is None else self._positions(v, at)
         self._check_view(v)
         st = self._st
-        if st.vlog is not None:
-            changed = pos[(v.values[pos] != v.base[pos]).any(axis=1)]
-            if changed.shape[0]:
-                self.inc_rows(v.rows[changed], v.values[changed] - v.base[changed])
-                v.base[changed] = v.values[changed]
-                v.seen[changed] = -1  # copied anew at the next refresh
-            return int(changed.shape[0])
+        if st.vlog is not None:  # every row, unchanged ones too: what inc_rows(rows, values - base) sends
+            if pos.shape[0]:
+                self.inc_rows(v.rows[pos], v.values[pos] - v.base[pos])
+                v.base[pos] = v.values[pos]
+                v.seen[pos] = -1  # copied anew at the next refresh
+            return int(pos.shape[0])
         with st.lock:
             n = st.oplog.add_view(v.rows, pos, at is None, v.values, v.base, v.seen, st.cache.values, st.cache.stamp,
                                   st.cache.clock, st.read_my_writes, st.importance, st.relative)

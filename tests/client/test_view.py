@@ -207,3 +207,44 @@ def test_views_stay_the_cache_under_other_processes_pushes(bosen_cluster, bosen_
     finally:
         reader.close()
     c.check()
+
+
+@pytest.mark.timeout(90)
+def test_view_equals_get_rows_and_inc_rows_on_every_kind_of_table(bosen_cluster):
+    """Tables without read-my-writes (turned off, or a procedure's: sgd) and versioned ones
+    (adarevision: the push goes through inc_rows) behave through a view as through get_rows and
+    inc_rows: each pair of twin tables, one each way, reads alike at every step and ends alike."""
+    kinds = {"A": {}, "Q": {"read_my_writes": False}, "S": {"update": "sgd", "update_args": {"lr": 0.5}},
+             "V": {"update": "adarevision"}}
+    tables = {f"{k}{i}": {"rows": 6, "cols": 2, "dtype": "float64", **extra} for k, extra in kinds.items()
+              for i in (1, 2)}
+    c = bosen_cluster(2, workers=2, staleness=0, tables=tables, read_timeout_s=30)
+    reader = ahead_reader(c.path, 1, 12)
+    client = Client.connect(c.path, rank=0)
+    try:
+        rows = np.arange(6)
+        assert client.table("V1").versioned and not client.table("S1").read_my_writes
+        pairs = [(client.table(f"{k}1"), client.table(f"{k}2")) for k in kinds]
+        views = [T2.view(rows) for _, T2 in pairs]
+        rng = np.random.default_rng(3)
+        for tick in range(8):
+            for (T1, _), v in zip(pairs, views, strict=True):
+                a = T1.get_rows(rows)
+                np.testing.assert_array_equal(v.refresh(), a, err_msg=f"{T1.name} tick {tick}")
+                new = a + rng.standard_normal((6, 2))
+                new[tick % 6] = a[tick % 6]
+                T1.inc_rows(rows, new - a)
+                v.values[:] = new
+                v.push()
+            client.clock()
+            wait_until(lambda: not any(T._st.oplog.dirty.any() for pair in pairs for T in pair))
+        client.close()
+        client = None
+        for k in kinds:
+            np.testing.assert_array_equal(reader.table(f"{k}1").get_rows(rows), reader.table(f"{k}2").get_rows(rows),
+                                          err_msg=k)
+    finally:
+        if client is not None:
+            client.close()
+        reader.close()
+    c.check()
