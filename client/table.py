@@ -167,14 +167,15 @@ class Table:
                 return fresh
             return self._values[index].copy() if type(index) is slice else self._values[index]
 
-    def view(self, rows: Any) -> RowView:
+    def view(self, rows: Any, base: bool = True) -> RowView:
         """An incremental read of ``rows`` (unique): ``RowView.refresh()`` reads them like ``get_rows``
         but copies only rows written since its last copy, ``RowView.push()`` adds its changes like
-        ``inc_rows`` in one compiled pass (client/view.py). Keep a view for rows read again and again."""
+        ``inc_rows`` in one compiled pass (client/view.py). Keep a view for rows read again and again.
+        ``base=False``: a view that only reads (no second copy of the rows kept)."""
         rows, _ = self._rows_index(rows)
         if rows.shape[0] > 1 and np.unique(rows).shape[0] != rows.shape[0]:
             raise ValueError(f"table {self.name!r}: a view's rows must be unique")
-        return RowView(self, rows.copy(), self.cols, self.dtype)
+        return RowView(self, rows.copy(), self.cols, self.dtype, base)
 
     def refresh_view(self, v: RowView, at: np.ndarray | None = None) -> int:
         """``v.refresh(at)``: the rule, counters and probes of ``get_rows`` for the view's rows (at
@@ -215,6 +216,8 @@ class Table:
         with versions as they leave; a stored procedure sees exactly the updates ``inc_rows`` would
         give it). Returns the rows added."""
         self._life.check()
+        if v.base is v.values:
+            raise ValueError(f"table {self.name!r}: a view made with base=False only reads; it cannot push")
         pos = v.all if at is None else self._positions(v, at)
         self._check_view(v)
         st = self._st

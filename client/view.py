@@ -38,13 +38,16 @@ class RowView:
     """Rows ``rows`` (unique) of a table as the worker's own ``values`` array (len(rows) x cols).
 
     Change ``values`` in place and ``push()`` the changes before the next ``refresh()``: a refresh
-    leaves rows that nobody wrote as they are, changes not pushed included."""
+    leaves rows that nobody wrote as they are, changes not pushed included. A view made with
+    ``base=False`` only reads."""
 
-    def __init__(self, owner: ViewOwner, rows: np.ndarray, cols: int, dtype: np.dtype) -> None:
+    def __init__(self, owner: ViewOwner, rows: np.ndarray, cols: int, dtype: np.dtype, base: bool = True) -> None:
         self._owner = owner
         self.rows = rows
         self.values = np.zeros((rows.shape[0], cols), dtype=dtype)
-        self.base = np.zeros((rows.shape[0], cols), dtype=dtype)  # values as of the last refresh or push
+        # values as of the last refresh or push; a view without (``base=False``: read only) saves the
+        # memory of a second copy, and a refresh writes its rows into ``values`` twice
+        self.base = np.zeros((rows.shape[0], cols), dtype=dtype) if base else self.values
         self.seen = np.full(rows.shape[0], -1, dtype=np.int64)  # cache stamps at the last copy (-1: none)
         self.all = np.arange(rows.shape[0], dtype=np.int64)  # every position
         self.copied = 0  # rows the last refresh copied

@@ -9,7 +9,8 @@ bound); the forward then only waits for what is left. On CUDA the copy goes thro
 pinned host buffer with a non-blocking transfer.
 
 A sparse embedding (``sparse=True``) keeps its full local weight, but a forward pre-hook reads only
-the rows of the ids in its input into it, and the optimizers send only the rows its sparse gradient
+the rows of the ids in its input into it (on the CPU, with read-my-writes, the weight is a view's
+array and only rows written since their last read are copied), and the optimizers send only the rows its sparse gradient
 touches. ``prefetch_rows`` reads a coming batch's rows into the client's cache in the background, a
 step ahead if asked, so that read overlaps the current step; the hook always reads through the cache,
 which serves them as far as the SSP bound allows (a row read too early for its tick is read again).
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bosen.apps.protocol import PSClient, PSTable, require_table
+from bosen.apps.protocol import PSClient, PSTable, PSView, require_table
 from bosen.apps.pytorch.layout import DEFAULT_ROW_WIDTH, Layout, Sparse
 from bosen.apps.pytorch.tables import layout_file
 from bosen.errors import ConfigError, UsageError
@@ -79,6 +80,16 @@ class PSModule(nn.Module):
                 p.data = view  # the parameter now lives in the flat tensor
                 self.params.append(p)
         self.embeddings: list[nn.Parameter] = [named[e.param] for e in layout.sparse]
+        # a sparse embedding on the CPU whose table shows this process's writes: its weight *is* the
+        # array of a read-only view of every row (client/view.py), so the forward's read of a batch's
+        # rows copies only those written since they were last read, straight into the weight
+        self._row_views: list[PSView | None] = []
+        for e, t, w in zip(layout.sparse, self.sparse_tables, self.embeddings, strict=True):
+            rv = None
+            if self.device.type == "cpu" and getattr(t, "read_my_writes", False):
+                rv = t.view(np.arange(e.rows, dtype=np.int64), base=False)
+                w.data = torch.from_numpy(rv.values)
+            self._row_views.append(rv)
         modules = dict(module.named_modules())
         for i, (e, table, weight) in enumerate(zip(layout.sparse, self.sparse_tables, self.embeddings, strict=True)):
             modules[e.module].register_forward_pre_hook(self._embedding_hook(i, e, table, weight))
@@ -178,9 +189,13 @@ class PSModule(nn.Module):
             self._raise_failed()
             rows = self._check_ids(e, ids)
             # through the cache: rows a read-ahead brought are served from there where fresh enough
-            values = torch.from_numpy(table.get_rows(rows.numpy()))
-            with torch.no_grad():
-                weight[rows.to(weight.device)] = values.to(weight.device, non_blocking=True)
+            view = self._row_views[i]
+            if view is not None:
+                view.refresh(rows.numpy())  # into the weight: only rows written since their last read
+            else:
+                values = torch.from_numpy(table.get_rows(rows.numpy()))
+                with torch.no_grad():
+                    weight[rows.to(weight.device)] = values.to(weight.device, non_blocking=True)
             self.rows_pulled += rows.numel()
             dt = time.perf_counter() - t0
             self.pull_s += dt

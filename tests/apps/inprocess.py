@@ -48,7 +48,7 @@ class InProcessTable:
     def inc_row(self, row: int, deltas: Any) -> None:
         self.data[row] += deltas
 
-    def view(self, rows: Any) -> InProcessView:
+    def view(self, rows: Any, base: bool = True) -> InProcessView:
         return InProcessView(self, np.asarray(rows, dtype=np.int64))
 
     def inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:

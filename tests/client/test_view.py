@@ -173,6 +173,11 @@ def test_view_rejects_bad_rows_and_changes(bosen_cluster):
         with pytest.raises(ValueError, match="C-contiguous"):
             v.push()
         v.values = v.base.copy()
+        ro = F.view([1, 2], base=False)
+        ro.refresh()
+        ro.values[0, 0] = 5.0
+        with pytest.raises(ValueError, match="only reads"):
+            ro.push()
         v.values[1, 0] = 2.0
         assert v.push() == 1
         np.testing.assert_array_equal(F.get_rows(np.array([1, 2])), [[0, 0], [2, 0]])
