@@ -17,7 +17,20 @@ import numpy as np
 
 from bosen.errors import ConfigError
 
-__all__ = ["PSTable", "PSWorker", "PSClient", "JobConfig", "require_table"]
+__all__ = ["PSView", "PSTable", "PSWorker", "PSClient", "JobConfig", "require_table"]
+
+
+@runtime_checkable
+class PSView(Protocol):
+    """Rows a worker reads again and again (``table.view(rows)``, client/view.py): ``values`` is the
+    worker's own array; ``refresh()`` re-reads (copying only rows that changed), ``push()`` adds
+    ``values`` minus what the last refresh or push left there; ``at``: only the rows at those
+    positions (unique) of the view's rows."""
+
+    values: np.ndarray
+
+    def refresh(self, at: np.ndarray | None = None) -> np.ndarray: ...
+    def push(self, at: np.ndarray | None = None) -> int: ...
 
 
 @runtime_checkable
@@ -45,6 +58,7 @@ class PSTable(Protocol):
     def inc(self, row: int, col: int, delta: Any) -> None: ...
     def inc_row(self, row: int, deltas: Any) -> None: ...
     def inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None: ...
+    def view(self, rows: Any, base: bool = True) -> PSView: ...
 
 
 @runtime_checkable

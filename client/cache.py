@@ -5,6 +5,10 @@ row. A server clock message (SCLOCK) says every cached row of that server is now
 (SSP, docs/design.md, "Consistency"); rather than raising every such row's clock (work in the table's size, on every
 clock), the cache keeps the last SCLOCK per server, and a cached row's clock is the larger of the two.
 Values of a table are one dense matrix, touched lazily.
+
+Every write of a row's cached value bumps the row's *stamp* (``stamp[r]``): a ROWS receipt, this
+process's increments on read-my-writes tables, a view's push. A ``RowView`` (``client/view.py``)
+remembers the stamp of each row it copied, so a refresh copies only the rows whose stamp moved.
 """
 
 from __future__ import annotations
@@ -97,9 +101,69 @@ def _read_fresh(values, clock, server_clock, early, rows, need, tick, out, read_
     return 0, n_early, stale
 
 
+@njit(nogil=True, cache=True)
+def _refresh_fresh(values, clock, server_clock, early, stamp, rows, pos, need, tick, out, base, seen,
+                   read_now):  # pragma: no cover - compiled
+    """``_read_fresh`` for a view's rows at positions ``pos`` (rows known to be in range): checks each
+    row's clock and counts what the read counters want, but copies into ``out`` and ``base`` only the
+    rows whose stamp is not ``seen`` (the stamp at the view's last copy), recording the new one.
+    Returns (0, rows holding an early-pushed value, Σ tick - their clocks, rows copied), or (2, i,
+    0, rows copied) at the first row not fresh (rows before it may be copied already: correct
+    values, stamps kept)."""
+    servers = server_clock.shape[0]
+    cols = values.shape[1]
+    n_early = 0
+    stale = 0
+    copied = 0
+    for i in range(pos.shape[0]):
+        p = pos[i]
+        r = rows[p]
+        c = clock[r]
+        if c < 0:
+            return 2, i, 0, copied
+        sc = server_clock[0] if servers == 1 else server_clock[server_of_jit(r, servers)]  # no division
+        f = c if c > sc else sc
+        if f < need:
+            return 2, i, 0, copied
+        stale += tick - f
+        if early[r]:
+            n_early += 1
+        read_now[r] = True
+        s = stamp[r]
+        if s != seen[p]:
+            for k in range(cols):
+                v = values[r, k]
+                out[p, k] = v
+                base[p, k] = v
+            seen[p] = s
+            copied += 1
+    return 0, n_early, stale, copied
+
+
+@njit(nogil=True, cache=True)
+def _copy_changed(values, stamp, rows, pos, out, base, seen):  # pragma: no cover - compiled
+    """Copy into ``out`` and ``base`` the rows at ``pos`` whose stamp is not ``seen``; returns how many."""
+    cols = values.shape[1]
+    copied = 0
+    for i in range(pos.shape[0]):
+        p = pos[i]
+        r = rows[p]
+        s = stamp[r]
+        if s != seen[p]:
+            for k in range(cols):
+                v = values[r, k]
+                out[p, k] = v
+                base[p, k] = v
+            seen[p] = s
+            copied += 1
+    return copied
+
+
 class RowCache:
     def __init__(self, rows: int, cols: int, dtype: np.dtype, num_servers: int = 1, counts: bool = False) -> None:
         self.values = np.zeros((rows, cols), dtype=dtype)
+        # per row, bumped by every write of its value (module docstring); a view starts at -1
+        self.stamp = np.zeros(rows, dtype=np.int64)
         self.clock = np.full(rows, -1, dtype=np.int64)  # as received; see fresh_clock
         self.requested = np.zeros(rows, dtype=bool)
         self.ss = np.zeros(rows, dtype=np.int64)  # the server's number of the ROWS message last applied
@@ -133,6 +197,22 @@ class RowCache:
         counters want and copies the values into ``out``. See ``_read_fresh`` for the result."""
         return _read_fresh(self.values, self.clock, self.server_clock, self.early, rows, need, tick, out,
                            self.read_now)
+
+    def refresh_fresh(self, rows: np.ndarray, pos: np.ndarray, need: int, tick: int, out: np.ndarray,
+                      base: np.ndarray, seen: np.ndarray) -> tuple[int, int, int, int]:
+        """``read_fresh`` for a view's ``rows`` at positions ``pos``: copies only rows written since the
+        view's last copy of them (``seen``: their stamps then; updated). See ``_refresh_fresh``."""
+        return _refresh_fresh(self.values, self.clock, self.server_clock, self.early, self.stamp, rows, pos, need,
+                              tick, out, base, seen, self.read_now)
+
+    def copy_changed(self, rows: np.ndarray, pos: np.ndarray, out: np.ndarray, base: np.ndarray,
+                     seen: np.ndarray) -> int:
+        """Copy into ``out`` and ``base`` the view's rows at ``pos`` written since its last copy of them."""
+        return int(_copy_changed(self.values, self.stamp, rows, pos, out, base, seen))
+
+    def touch(self, index: slice | np.ndarray) -> None:
+        """Rows ``index`` were written (not through a compiled pass that bumps their stamps itself)."""
+        self.stamp[index] += 1
 
     def fresh_clock(self, rows: np.ndarray) -> np.ndarray:
         """The clock each row's cached value is valid for (-1: not cached)."""

@@ -26,6 +26,7 @@ from bosen.bufferpool import BufferPool
 
 CHUNK_BYTES = 1 << 20  # most value bytes in one update message, and so in one staged piece
 STAGE_MIN_BYTES = 64 << 10  # smaller runs go to the dense buffer: pyzmq copies such messages anyway
+_NO_SCORES = np.zeros(0)  # importance where no policy scores rows (read only)
 POOL_BYTES = 64 << 20  # most memory a table's pool keeps for staged pieces (lent or not), at most the table's size
 
 
@@ -100,6 +101,20 @@ class UpdateBuffer:
             rowmath.scatter_add_pair(self.delta, mirror, rows, deltas, held)
         self.dirty[index] = True
         return True
+
+    def add_view(self, rows: np.ndarray, pos: np.ndarray, whole: bool, values: np.ndarray, base: np.ndarray,
+                 seen: np.ndarray, cache: np.ndarray, stamp: np.ndarray, held: np.ndarray, mirror: bool,
+                 importance: np.ndarray | None, relative: bool) -> int:
+        """Buffer a view's changes ``values - base`` at positions ``pos`` (``whole``: all; ``rows``
+        unique) and, with ``mirror``, add them
+        to the ``cache`` rows it ``held``, scoring ``importance`` on the way: one compiled pass
+        (``rowmath.push_view``, which says what happens to the view). Always the dense buffer: a
+        view's rows are a mini-batch's, not a bulk run worth staging (staged rows are moved back
+        first). Returns the rows added, or -1 (nothing changed) if a change is NaN or infinite."""
+        if self.pieces and self.staged[rows if whole else rows[pos]].any():
+            self.unstage()
+        return int(rowmath.push_view(self.delta, self.dirty, self.ops, _NO_SCORES if importance is None else importance,
+                                     relative, cache, stamp, held, mirror, rows, pos, whole, values, base, seen))
 
     def add_coo(self, rows: np.ndarray, cols: np.ndarray, deltas: np.ndarray) -> None:
         if self.pieces and self.staged[rows].any():

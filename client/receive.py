@@ -69,7 +69,7 @@ def apply_rows(st: TableState, j: int, h: dict[str, Any], rows: np.ndarray, vals
     push. With read-my-writes, this process's updates not yet in the values (buffered, or sent after
     the server's ``a``) go back on top. Returns True if the cache rows now hold exactly ``vals``,
     every one of them. ``counts``: the rows' freshness counts (ROWS "fr"), kept beside the values
-    with their send time (``ft``)."""
+    with their send time (``ft``). Every row written gets a new stamp (``RowCache.stamp``)."""
     cache = st.cache
     if not cache.seen.shape[0]:
         counts = None  # freshness probes off here
@@ -104,6 +104,7 @@ def apply_rows(st: TableState, j: int, h: dict[str, Any], rows: np.ndarray, vals
             np.maximum(cache.clock[index], h["c"], out=cache.clock[index])
         else:
             cache.clock[rows] = np.maximum(cache.clock[rows], h["c"])
+    cache.touch(index)  # the values (and below, own updates put back on top) changed: views copy them anew
     cache.early[index] = isinstance(h.get("ps"), int)  # a budgeted push: a value from mid-clock
     if st.read_my_writes:
         log_j = st.inflight[j]

@@ -18,6 +18,7 @@ from bosen import priority, rowmath
 from bosen.client.lifecycle import Lifecycle, Phase
 from bosen.client.prefault import prefault
 from bosen.client.state import TableState
+from bosen.client.view import RowView
 from bosen.partition import server_of
 
 
@@ -166,6 +167,97 @@ class Table:
                 return fresh
             return self._values[index].copy() if type(index) is slice else self._values[index]
 
+    def view(self, rows: Any, base: bool = True) -> RowView:
+        """An incremental read of ``rows`` (unique): ``RowView.refresh()`` reads them like ``get_rows``
+        but copies only rows written since its last copy, ``RowView.push()`` adds its changes like
+        ``inc_rows`` in one compiled pass (client/view.py). Keep a view for rows read again and again.
+        ``base=False``: a view that only reads (no second copy of the rows kept)."""
+        rows, _ = self._rows_index(rows)
+        if rows.shape[0] > 1 and np.unique(rows).shape[0] != rows.shape[0]:
+            raise ValueError(f"table {self.name!r}: a view's rows must be unique")
+        return RowView(self, rows.copy(), self.cols, self.dtype, base)
+
+    def refresh_view(self, v: RowView, at: np.ndarray | None = None) -> int:
+        """``v.refresh(at)``: the rule, counters and probes of ``get_rows`` for the view's rows (at
+        positions ``at``, else all); copies only rows whose cache stamp moved since ``v`` copied them.
+        Returns the rows copied."""
+        if self._life.phase is not _RUNNING:
+            self._life.check()
+        pos = v.all if at is None else self._positions(v, at)
+        if not pos.shape[0]:
+            return 0
+        self._check_view(v)
+        st = self._st
+        w = self._worker
+        tick = w.tick
+        need = tick - self.staleness
+        with st.lock:
+            status, a, b, copied = st.cache.refresh_fresh(v.rows, pos, need if need > 0 else 0, tick, v.values,
+                                                          v.base, v.seen)
+            if status == 0 and self._probe_every and self._probe_due():
+                self._probe(v.rows[pos])
+        if status != 0:  # some row is not fresh: wait as get_rows does, then copy what changed
+            rows = v.rows if at is None else v.rows[pos]
+            self._reads.wait_fresh(st, rows, w)
+            a, b = st.cache.read_stats(rows, w.tick)
+            with st.lock:
+                if self._probe_every and self._probe_due():
+                    self._probe(rows.copy())
+                copied += st.cache.copy_changed(v.rows, pos, v.values, v.base, v.seen)
+        w.rows_read += pos.shape[0]
+        w.rows_read_early += a
+        w.read_staleness_sum += b
+        return int(copied)
+
+    def push_view(self, v: RowView, at: np.ndarray | None = None) -> int:
+        """``v.push(at)``: ``inc_rows(rows, values - base)`` of the view's rows (at positions ``at``,
+        else all) that changed, in one compiled pass (``UpdateBuffer.add_view``). Versioned tables
+        take the ``inc_rows`` path with every row, unchanged ones included (their updates are tagged
+        with versions as they leave; a stored procedure sees exactly the updates ``inc_rows`` would
+        give it). Returns the rows added."""
+        self._life.check()
+        if v.base is v.values:
+            raise ValueError(f"table {self.name!r}: a view made with base=False only reads; it cannot push")
+        pos = v.all if at is None else self._positions(v, at)
+        self._check_view(v)
+        st = self._st
+        if st.vlog is not None:  # every row, unchanged ones too: what inc_rows(rows, values - base) sends
+            if pos.shape[0]:
+                self.inc_rows(v.rows[pos], v.values[pos] - v.base[pos])
+                v.base[pos] = v.values[pos]
+                v.seen[pos] = -1  # copied anew at the next refresh
+            return int(pos.shape[0])
+        with st.lock:
+            n = st.oplog.add_view(v.rows, pos, at is None, v.values, v.base, v.seen, st.cache.values, st.cache.stamp,
+                                  st.cache.clock, st.read_my_writes, st.importance, st.relative)
+        if n < 0:
+            raise ValueError(f"table {self.name!r}: view changes contain NaN or infinity")
+        w = self._worker
+        w.updates_buffered += n
+        w.inc_bytes += n * self.cols * self.dtype.itemsize
+        return n
+
+    def _positions(self, v: RowView, at: Any) -> np.ndarray:
+        """Checked positions into a view's rows: a 1-D integer array in [0, len(v))."""
+        pos = np.asarray(at)
+        if pos.ndim != 1 or (pos.dtype.kind not in "iu" and pos.size):
+            raise TypeError(f"table {self.name!r}: view positions must be a 1-D integer array, got {pos.dtype} "
+                            f"with shape {pos.shape}")
+        pos = pos.astype(np.int64, copy=False)
+        if pos.shape[0]:
+            lo, hi = rowmath.min_max(pos)
+            if lo < 0 or hi >= v.rows.shape[0]:
+                raise IndexError(f"table {self.name!r}: view position {lo if lo < 0 else hi} out of range "
+                                 f"[0, {v.rows.shape[0]})")
+        return pos
+
+    def _check_view(self, v: RowView) -> None:
+        a = v.values
+        if type(a) is not np.ndarray or a.shape != v.base.shape or a.dtype != self.dtype or not a.flags.c_contiguous:
+            raise ValueError(f"table {self.name!r}: a view's values must stay its own C-contiguous "
+                             f"{v.base.shape} {self.dtype.name} array (change it in place); got "
+                             f"{type(a).__name__} {getattr(a, 'shape', '')} {getattr(a, 'dtype', '')}")
+
     def _probe(self, rows: np.ndarray) -> None:
         """Probe the freshness of ``rows`` (an array nothing else writes) just read, under the
         table's lock: the others' updates their values include, and their age in seconds now."""
@@ -208,6 +300,8 @@ class Table:
                                               st.relative)
                 if ok and st.read_my_writes:
                     ok = st.oplog.add_dense(rows, deltas, st.cache.values, st.cache.clock, index)
+                    if ok:
+                        st.cache.touch(index)  # the mirror wrote the cached rows
                 elif ok:
                     ok = st.oplog.add_dense(rows, deltas, index=index)
             if not ok:
@@ -230,6 +324,7 @@ class Table:
                 st.oplog.add_coo(rows, cols, deltas)
                 if st.read_my_writes:
                     rowmath.scatter_add_coo(st.cache.values, rows, cols, deltas)
+                    st.cache.touch(rows)
         w = self._worker  # its own counters: only this thread writes them
         w.updates_buffered += rows.shape[0]
         w.inc_bytes += deltas.nbytes

@@ -15,10 +15,11 @@ the tick's word rows at its start; each mini-batch proposes from them (slightly 
 accepts against its own fresh read, which keeps the sampler exact (the acceptance ratio evaluates
 the proposal from the counts the tables were built from).
 
-Per mini-batch the worker reads the word rows it needs (one ``get_rows``, unique sorted ids) and the
-summary row from the client's cache, samples the mini-batch's tokens against those copies while
-updating them (each draw sees the counts the previous ones left, as collapsed Gibbs sampling wants),
-and sends the net count changes as sparse COO increments at once. So a row that managed
+Per mini-batch the worker refreshes its views (client/view.py) of the word rows it needs (unique
+sorted ids; one view per mini-batch, kept across ticks: only rows written since are copied) and of
+the summary row, samples the mini-batch's tokens on the views' arrays while updating them (each draw
+sees the counts the previous ones left, as collapsed Gibbs sampling wants), and pushes the net count
+changes at once (one compiled pass per table). So a row that managed
 communication refreshed while the tick runs is sampled against by the next mini-batch, and this
 worker's changes can leave under the bandwidth budget before the tick ends (docs/design.md,
 "Apps on the live cache", says why mini-batches rather than kernels on views of the cache).
@@ -43,8 +44,8 @@ and writes ``$BOSEN_RUN_DIR/consistent-ll.jsonl`` (see ``consistent``). At the l
 ``final_loglik``. The convergence benchmark's targets use it.
 
 Each report also has ``compute_s`` (sampling) and ``comm_s`` (reads, sends and the previous clock),
-split into ``read_s`` (``get_rows`` of word rows and the summary), ``send_s`` (the count changes, as
-``inc_rows``) and ``clock_wait_s`` (the previous ``clock()``), ``alias_s`` (MH: building the word
+split into ``read_s`` (refreshes of the word rows and the summary), ``send_s`` (the count changes,
+pushed) and ``clock_wait_s`` (the previous ``clock()``), ``alias_s`` (MH: building the word
 proposal's alias tables) and ``tick_s``: the tick's wall time, the previous clock wait included.
 ``negative_counts``: how many rows the tick's sampling reads (each mini-batch's word rows and summary
 row, and MH's per-tick read) held a negative count. A count is negative only when a read shows
@@ -72,39 +73,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from numba import njit
 
-from bosen.apps.lda import consistent, evaluation, sampling
+from bosen.apps.lda import consistent, evaluation
 from bosen.apps.lda.data import Corpus, generate, load
 from bosen.apps.lda.model import AliasTables, DocumentCompletion, Sampler, top_words
-from bosen.apps.protocol import PSClient, PSTable, require_table
+from bosen.apps.protocol import PSClient, PSTable, PSView, require_table
 from bosen.apps.state import restored
 from bosen.config import check, from_dict
 from bosen.errors import ConfigError, DataError
 
-
-@njit(nogil=True, cache=True)
-def _changed_rows(cur, snap, ids):  # pragma: no cover - compiled
-    """(``ids`` of the rows where ``cur`` differs from ``snap``, ``cur - snap`` of those rows) in one
-    pass, where numpy took a subtraction, a reduction, a nonzero and two gathers."""
-    n, k = cur.shape
-    out_ids = np.empty(n, np.int64)
-    delta = np.empty((n, k), cur.dtype)
-    m = 0
-    for i in range(n):
-        changed = False
-        for j in range(k):
-            d = cur[i, j] - snap[i, j]
-            delta[m, j] = d
-            if d != 0:
-                changed = True
-        if changed:
-            out_ids[m] = ids[i]
-            m += 1
-    return out_ids[:m], delta[:m]
-
-
-DENSE_SEND_MAX_K = 64  # up to this many topics a mini-batch sends its changed rows whole, above it COO
+KEEP_VIEW_BYTES = 256 << 20  # most memory the mini-batches' word-row views kept across ticks take
 
 
 @dataclass(frozen=True)
@@ -237,6 +215,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         allU = np.unique(np.concatenate([U for _, _, U in batches])) if batches else np.zeros(0, np.int64)
         tick_words.append((allU, [np.searchsorted(allU, U).astype(np.int64) for _, _, U in batches]))
     mh = sampler.method == "mh"
+    views = _Views(wt, ts, ticks, owned)
 
     # clocks: the initial counts' tick, the opening barrier, T training ticks, the closing barrier
     T = a.iterations * m
@@ -289,18 +268,18 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             rec["read_s"] += t1 - t0
             rec["comm_s"] += t1 - t0
             rec["alias_s"] = tables.build_s
-        for (lo, hi, U), amap in zip(ticks[c % m], amaps, strict=True):
+        for j, ((lo, hi, U), amap) in enumerate(zip(ticks[c % m], amaps, strict=True)):
             if hi <= lo:
                 continue
-            st = _minibatch(sampler, wt, ts, U, words_local, lo, hi, zero, tables, amap)
+            st = _minibatch(sampler, views.batch(c % m, j, U), views.summary, words_local, lo, hi, tables, amap)
             for key, v in st.items():
                 rec[key] = rec.get(key, 0.0) + v
             rec["tokens"] += float(ptr[hi] - ptr[lo])
         if do_ll:
             t0 = time.perf_counter()
             # the rows this worker scores, as its cache has them now (its own updates included)
-            mine = np.asarray(wt.get_rows(owned), dtype=np.int32) if owned.size else np.zeros((0, a.K), np.int32)
-            nk = np.asarray(ts.get_rows(zero)[0], dtype=np.int32)
+            mine = _counts(views.owned.refresh()) if owned.size else np.zeros((0, a.K), np.int32)
+            nk = _counts(views.summary.refresh())[0]
             t1 = time.perf_counter()
             ll_doc = sampler.loglik_docs()
             ll_word = float(evaluation.loglik_words(mine, a.beta, np.ones(mine.shape[0], dtype=np.bool_)))
@@ -361,38 +340,53 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     client.report(final_loglik=final)
 
 
-def _minibatch(sampler: Sampler, wt: PSTable, ts: PSTable, U: np.ndarray, words_local: np.ndarray, lo: int,
-               hi: int, zero: np.ndarray, tables: AliasTables | None, amap: np.ndarray) -> dict[str, float]:
-    """Documents [lo, hi): read their word rows and the summary from the cache, sample, send the change.
+class _Views:
+    """The worker's views (client/view.py) of the rows it reads again and again: each mini-batch's
+    word rows (kept across ticks while they fit ``KEEP_VIEW_BYTES``, else made anew per mini-batch),
+    the summary row, and the word rows it scores. int32 views: the sampling kernels' counts."""
+
+    def __init__(self, wt: PSTable, ts: PSTable, ticks: list[list[tuple[int, int, np.ndarray]]],
+                 owned: np.ndarray) -> None:
+        self.wt = wt
+        self.summary = ts.view(np.zeros(1, dtype=np.int64))
+        self.owned = wt.view(owned)
+        size = sum(2 * U.shape[0] * wt.cols * np.dtype(wt.dtype).itemsize for batches in ticks for _, _, U in batches)
+        self.kept = [[wt.view(U) for _, _, U in batches] for batches in ticks] if size <= KEEP_VIEW_BYTES else None
+
+    def batch(self, i: int, j: int, U: np.ndarray) -> PSView:
+        """The view of mini-batch ``j`` of tick slice ``i`` (word rows ``U``)."""
+        return self.kept[i][j] if self.kept is not None else self.wt.view(U)
+
+
+def _minibatch(sampler: Sampler, words: PSView, summary: PSView, words_local: np.ndarray, lo: int,
+               hi: int, tables: AliasTables | None, amap: np.ndarray) -> dict[str, float]:
+    """Documents [lo, hi): refresh the views of their word rows and the summary (copying only rows
+    written since), sample on the views' arrays, push the count changes (one compiled pass a table).
 
     ``tables`` (MH) are the tick's alias tables, ``amap`` this batch's rows among theirs."""
     t0 = time.perf_counter()
-    cur = np.require(wt.get_rows(U), np.int32, ("C", "W"))  # the read is a new array: ours to sample on
-    nk2 = np.require(ts.get_rows(zero), np.int32, ("C", "W"))
+    cur = _counts(words.refresh())
+    nk2 = _counts(summary.refresh())
     t1 = time.perf_counter()
     neg = negative_rows(cur) + negative_rows(nk2)
-    snap = cur.copy()
-    nk_snap = nk2.copy()
     nk = nk2[0]
     st = sampler.sweep(cur, nk, words_local, lo, hi, tables=tables, rows=amap) if tables is not None \
-        else sampler.sweep(cur, nk, words_local, lo, hi, snap, nk_snap[0])
+        else sampler.sweep(cur, nk, words_local, lo, hi)
+    if cur is not words.values:  # an int64 table: the kernels counted on an int32 copy
+        words.values[:] = cur
+    if nk2 is not summary.values:
+        summary.values[:] = nk2
     t2 = time.perf_counter()
-    if cur.shape[1] <= DENSE_SEND_MAX_K:
-        # few topics: most rows read have changes, and whole rows cost the client less than COO triples
-        # (K=20 on news: 0.44 vs 0.60 ms per mini-batch, measured); changed rows found in one pass
-        ids, delta = _changed_rows(cur, snap, U)
-        if ids.size:
-            wt.inc_rows(ids, delta)
-    else:
-        r, kk, dv = sampling.count_changes(cur, snap)  # net changes as sparse COO: most entries are zero
-        if r.size:
-            wt.inc_rows(U[r], dv, cols=kk)
-    np.subtract(nk2, nk_snap, out=nk2)
-    if nk2.any():
-        ts.inc_rows(zero, nk2 if nk2.dtype == ts.dtype else nk2.astype(ts.dtype))
+    words.push()
+    summary.push()
     t3 = time.perf_counter()
     return {**st, "compute_s": t2 - t1, "comm_s": (t1 - t0) + (t3 - t2), "read_s": t1 - t0, "send_s": t3 - t2,
             "negative_counts": float(neg)}
+
+
+def _counts(values: np.ndarray) -> np.ndarray:
+    """A view's counts as the sampling kernels take them: the array itself where it is int32."""
+    return values if values.dtype == np.int32 else values.astype(np.int32)
 
 
 def negative_rows(counts: np.ndarray) -> int:

@@ -4,20 +4,21 @@ Each worker keeps the ratings of its users (see data.partition), cut into fixed 
 (model.batches). One clock is one pass over the local data by default (the thesis' setting); with
 ``clocks_per_epoch = k`` each pass is split into k fixed chunks, one clock each (Bösen's "BS-k"), and
 ``batches_per_clock = b`` (default 10) splits a clock's chunk into b mini-batches. Per mini-batch
-the worker reads the L rows of its users and the R rows of its items from the client's cache (one
-get_rows per table: rows managed communication refreshed mid-clock are seen), runs one numba SGD
-pass on the copies (its running loss, each rating's error just before its update, is the clock's
-objective) and sends ``new - old`` with inc_rows at once, so it can leave under the budget before
-the tick ends (docs/design.md, "Apps on the live cache").
+the worker refreshes its rows of the worker's views of L and R (one view per table over every row the
+worker touches, kept for the run: only rows written since are copied, so a row another batch pushed
+is not copied again; rows managed communication refreshed mid-clock are seen), runs one numba SGD
+pass on the views' arrays (its running loss, each rating's error just before its update, is the
+clock's objective) and pushes ``new - old`` of its rows at once (one compiled pass per table), so it
+can leave under the budget before the tick ends (docs/design.md, "Apps on the live cache").
 
 Held-out ratings (``test_data``, or a ``holdout`` share of synthetic data) go to the worker that
 owns their user; after each clock (every ``eval_every``) it scores them against its cache and
 reports the sums the launcher turns into ``heldout_rmse``.
 
 Per clock the worker reports ``objective`` and ``samples``, and where the clock's time went (all
-additive over workers): ``seconds`` in the kernels, ``read_s`` in get_rows, ``send_s`` in inc_rows,
-``eval_s`` scoring held-out ratings and ``clock_s`` in the previous ``clock()`` call (bench/apps/mf.py
-uses them to show the PS's cost beside the bare kernel).
+additive over workers): ``seconds`` in the kernels, ``read_s`` reading (view refreshes), ``send_s``
+sending (view pushes, inc_rows), ``eval_s`` scoring held-out ratings and ``clock_s`` in the previous
+``clock()`` call (bench/apps/mf.py uses them to show the PS's cost beside the bare kernel).
 
 ``send: gradient`` is for tables whose stored procedure takes the step on the server (``update:
 sgd | adagrad | adarevision``): per batch the worker computes the gradient of the loss at the
@@ -172,8 +173,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     rng = np.random.default_rng([a.seed, client.rank])
     b = a.batches_per_clock
     cut = batches(part, a.clocks_per_epoch * b, rng)
-    snaps = [(np.empty((x.users.size, L.cols), np.float32), np.empty((x.items.size, R.cols), np.float32)) for x in cut]
-    clocks = [list(zip(cut[k:k + b], snaps[k:k + b], strict=True)) for k in range(0, len(cut), b)]
+    views = Views(L, R, cut)
+    clocks = [list(zip(cut[k:k + b], views.at[k:k + b], strict=True)) for k in range(0, len(cut), b)]
     gradient = _gradient_mode(a, L, R)
     tick, last = 0, a.epochs * len(clocks)
     # a checkpoint holds the clocks done and the generator (the batches' order is fixed by the seed)
@@ -188,8 +189,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         lr = a.lr * a.lr_decay ** epoch
         cost = np.zeros(4)  # loss, compute s, read s, send s
         samples = 0
-        for batch, snap in clocks[k]:
-            cost += _step(batch, snap, L, R, a, lr, gradient, rng)
+        for batch, at in clocks[k]:
+            cost += _step(batch, views, at, L, R, a, lr, gradient, rng)
             samples += int(batch.r.size)
         tick += 1
         t0 = time.perf_counter()
@@ -202,37 +203,56 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         clock_s = time.perf_counter() - t0
 
 
-def _step(batch: Batch, snap: tuple[np.ndarray, np.ndarray], L: PSTable, R: PSTable, a: MFArgs, lr: float,
+class Views:
+    """One view (client/view.py) of every L row and one of every R row the worker's batches touch,
+    kept for the whole run: a batch refreshes and pushes its own rows of them (``at``: their
+    positions, and each rating's, to run the SGD pass on the views' arrays), so what one batch
+    pushed the next one does not copy again, and the rows are held once, not per batch."""
+
+    def __init__(self, L: PSTable, R: PSTable, cut: list[Batch]) -> None:
+        users = np.unique(np.concatenate([x.users for x in cut])) if cut else np.zeros(0, np.int64)
+        items = np.unique(np.concatenate([x.items for x in cut])) if cut else np.zeros(0, np.int64)
+        self.L, self.R = L.view(users), R.view(items)
+        self.at: list[Positions] = []
+        for x in cut:
+            pu, pi = np.searchsorted(users, x.users), np.searchsorted(items, x.items)
+            self.at.append(Positions(pu, pi, pu[x.u_idx], pi[x.i_idx]))
+
+
+@dataclass(frozen=True)
+class Positions:
+    """A batch's rows in the views (``users``, ``items``) and each rating's (``u``, ``i``)."""
+
+    users: np.ndarray
+    items: np.ndarray
+    u: np.ndarray
+    i: np.ndarray
+
+
+def _step(batch: Batch, views: Views, at: Positions, L: PSTable, R: PSTable, a: MFArgs, lr: float,
           gradient: bool, rng: np.random.Generator) -> tuple[float, float, float, float]:
     """One mini-batch: read its rows (fresh as the cache allows), compute, send; (loss, compute
-    seconds, seconds in get_rows, seconds in inc_rows): where a clock's time goes, for the report.
+    seconds, seconds reading, seconds sending): where a clock's time goes, for the report.
 
     The loss: sgd_pass's running loss (delta mode) or the exact loss at the values read (gradient
     mode). Several batches per clock re-read the cache in between, which is what lets early
-    (managed) communication help. ``snap``: the batch's buffers for the L and R rows as read."""
+    (managed) communication help. The batch refreshes its rows of the worker's views (only rows
+    written since are copied); in delta mode the SGD pass runs on the views' arrays and their push
+    sends new - old of the batch's rows in one pass per table."""
     if batch.r.size == 0:
         return 0.0, 0.0, 0.0, 0.0
     t0 = time.perf_counter()
-    Lv = L.get_rows(batch.users)
-    Rv = R.get_rows(batch.items)
+    Lall = views.L.refresh(at.users)
+    Rall = views.R.refresh(at.items)
     t1 = time.perf_counter()
     if gradient:
-        loss, gL, gR = batch.gradient(Lv, Rv, a.reg)
+        loss, gL, gR = batch.gradient(Lall[at.users], Rall[at.items], a.reg)
         t2 = time.perf_counter()
         L.inc_rows(batch.users, gL if L.update != "add" else gL * np.float32(-lr))
         R.inc_rows(batch.items, gR if R.update != "add" else gR * np.float32(-lr))
     else:
-        # Batch.sgd's step, on the rows as read (get_rows returns fresh arrays, the worker's own) with
-        # the values read kept in the batch's buffers: no new arrays per mini-batch
-        Lw, Rw = np.require(Lv, np.float32, ("C", "W")), np.require(Rv, np.float32, ("C", "W"))
-        Lold, Rold = snap
-        np.copyto(Lold, Lw)
-        np.copyto(Rold, Rw)
-        loss = float(sgd_pass(batch.u_idx, batch.i_idx, batch.r, Lw, Rw, lr, a.reg, rng.permutation(batch.r.size)))
-        np.subtract(Lw, Lold, out=Lw)
-        np.subtract(Rw, Rold, out=Rw)
+        loss = float(sgd_pass(at.u, at.i, batch.r, Lall, Rall, lr, a.reg, rng.permutation(batch.r.size)))
         t2 = time.perf_counter()
-        L.inc_rows(batch.users, Lw)
-        R.inc_rows(batch.items, Rw)
+        views.L.push(at.users)
+        views.R.push(at.items)
     return loss, t2 - t1, t1 - t0, time.perf_counter() - t2
-

@@ -35,7 +35,10 @@ class LocalModel:
     def table(self) -> np.ndarray:
         """The current weights in the PS layout (K x (F+1))."""
         K = self.b.shape[0]
-        out = np.empty((K, self.V.shape[0] + 1), dtype=np.float32)
+        return self.store(np.empty((K, self.V.shape[0] + 1), dtype=np.float32))
+
+    def store(self, out: np.ndarray) -> np.ndarray:
+        """Write the current weights into ``out`` (K x (F+1), the PS layout; a view's array) and return it."""
         np.multiply(self.V.T, np.float32(self.scale[0]), out=out[:, :-1])
         out[:, -1] = self.b
         return out

@@ -6,11 +6,12 @@ all K rows (dense access, as Bösen's MLR does) and sends a dense K x (F+1) delt
 
 One clock = 1 / ``clocks_per_epoch`` of a pass over this worker's partition (default: a whole pass,
 Bösen's setting: "1 logical clock tick to be 1 pass through the worker's local data partition").
-Within a clock the worker cuts its minibatches into ``batches_per_clock`` pieces. Each piece reads
-the table from the client's cache into the local model (rows that managed communication refreshed
-since the last piece included), runs its minibatches on that copy (seeing its own updates at once)
-and sends the accumulated delta (new copy - copy read) with one ``inc_rows``, so it can leave under
-the bandwidth budget before the tick ends (docs/design.md, "Apps on the live cache"). Reading per
+Within a clock the worker cuts its minibatches into ``batches_per_clock`` pieces. Each piece
+refreshes the worker's view of the table (client/view.py: only rows written since its last read are
+copied; rows that managed communication refreshed since the last piece included), loads it into the
+local model, runs its minibatches on that copy (seeing its own updates at once), stores the model
+back into the view and pushes the accumulated delta (new - as read, one compiled pass), so it can
+leave under the bandwidth budget before the tick ends (docs/design.md, "Apps on the live cache"). Reading per
 minibatch would cost a K x (F+1) copy and a round of client-library calls per step, which outweighs
 the step itself for small minibatches; a few pieces per clock keep that cost small.
 
@@ -180,7 +181,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     if mine.n == 0:
         raise ConfigError(f"worker {rank}: no training samples ({train_ds.n} samples, {workers} workers)")
 
-    rows = np.arange(classes, dtype=np.int64)
+    view = T.view(np.arange(classes, dtype=np.int64))  # the table, re-read where it changed
     model = LocalModel(classes, features)
     rng = np.random.default_rng([a.seed, rank])
     cpe = a.clocks_per_epoch
@@ -216,12 +217,12 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             if piece.shape[0] == 0:
                 continue
             t0 = time.perf_counter()
-            w0 = np.asarray(T.get_rows(rows), dtype=np.float32)
-            model.load(w0)
+            model.load(view.refresh())
             t1 = time.perf_counter()
             loss += model.train(mine, piece, a.batch_size, lr, a.reg)
             t2 = time.perf_counter()
-            T.inc_rows(rows, (model.table() - w0).astype(T.dtype, copy=False))
+            model.store(view.values)
+            view.push()
             compute_s += t2 - t1
             comm_s += (t1 - t0) + (time.perf_counter() - t2)
 

@@ -1,14 +1,16 @@
 """``PSModule``: a torch module whose parameters are read from the parameter server as it runs.
 
 The module's dense parameters become views of one flat tensor (the dense table's rows end to end),
-so a pull is one ``get_rows`` and one copy, and the optimizers read gradients and values in one
+so a pull is one refresh of the table's view (client/view.py: only rows written since the last pull
+are copied, into one persistent array) and one copy, and the optimizers read gradients and values in one
 piece. The next step's pull starts in a background thread as soon as a step's update is pushed, so
 it overlaps whatever the loop does before the next forward (loading the batch, waiting at the SSP
 bound); the forward then only waits for what is left. On CUDA the copy goes through a persistent
 pinned host buffer with a non-blocking transfer.
 
 A sparse embedding (``sparse=True``) keeps its full local weight, but a forward pre-hook reads only
-the rows of the ids in its input into it, and the optimizers send only the rows its sparse gradient
+the rows of the ids in its input into it (on the CPU, with read-my-writes, the weight is a view's
+array and only rows written since their last read are copied), and the optimizers send only the rows its sparse gradient
 touches. ``prefetch_rows`` reads a coming batch's rows into the client's cache in the background, a
 step ahead if asked, so that read overlaps the current step; the hook always reads through the cache,
 which serves them as far as the SSP bound allows (a row read too early for its tick is read again).
@@ -28,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bosen.apps.protocol import PSClient, PSTable, require_table
+from bosen.apps.protocol import PSClient, PSTable, PSView, require_table
 from bosen.apps.pytorch.layout import DEFAULT_ROW_WIDTH, Layout, Sparse
 from bosen.apps.pytorch.tables import layout_file
 from bosen.errors import ConfigError, UsageError
@@ -78,12 +80,25 @@ class PSModule(nn.Module):
                 p.data = view  # the parameter now lives in the flat tensor
                 self.params.append(p)
         self.embeddings: list[nn.Parameter] = [named[e.param] for e in layout.sparse]
+        # a sparse embedding on the CPU whose table shows this process's writes: its weight *is* the
+        # array of a read-only view of every row (client/view.py), so the forward's read of a batch's
+        # rows copies only those written since they were last read, straight into the weight
+        self._row_views: list[PSView | None] = []
+        for e, t, w in zip(layout.sparse, self.sparse_tables, self.embeddings, strict=True):
+            rv = None
+            if self.device.type == "cpu" and getattr(t, "read_my_writes", False):
+                rv = t.view(np.arange(e.rows, dtype=np.int64), base=False)
+                w.data = torch.from_numpy(rv.values)
+            self._row_views.append(rv)
         modules = dict(module.named_modules())
         for i, (e, table, weight) in enumerate(zip(layout.sparse, self.sparse_tables, self.embeddings, strict=True)):
             modules[e.module].register_forward_pre_hook(self._embedding_hook(i, e, table, weight))
         cuda = self.device.type == "cuda"
         self._host = torch.empty(n, dtype=dtype, pin_memory=True) if cuda and n else None
         self._rows = np.arange(layout.rows, dtype=np.int64)
+        # the dense table's rows as this worker last read them (client/view.py): a pull copies only rows
+        # written since into one persistent array, where a read of the whole table allocated a new one
+        self._dense = self.table.view(self._rows) if self.table is not None else None
         self.prefetch = prefetch
         # one background reader, owned here. Its reads run beside the forward's own row reads (the
         # client serves one worker's reads from several threads: a row asked for by one is waited for
@@ -93,6 +108,7 @@ class PSModule(nn.Module):
         self._next: Future[np.ndarray] | None = None
         self._ahead: list[Future[np.ndarray]] = []  # row reads into the cache (prefetch_rows)
         self.steps = 0
+        self.pulled = False  # the dense parameters were pulled since the last push (``push(changed=True)``)
         self.pull_s = 0.0  # seconds spent reading parameters (waiting at the SSP bound included)
         self.rows_s = 0.0  # of which reading embedding rows in the forward
         self.settle_s = 0.0  # seconds a push waited for reads in flight
@@ -112,13 +128,15 @@ class PSModule(nn.Module):
             return
         t0 = time.perf_counter()
         ahead, self._next = self._next, None
-        values = torch.from_numpy(ahead.result() if ahead is not None else self.table.get_rows(self._rows)).view(-1)
+        assert self._dense is not None  # a dense table has its view
+        values = torch.from_numpy(ahead.result() if ahead is not None else self._dense.refresh()).view(-1)
         with torch.no_grad():
             if self._host is None:
                 self.flat.copy_(values)
             else:
                 self._host.copy_(values)
                 self.flat.copy_(self._host, non_blocking=True)
+        self.pulled = True
         self.pull_s += time.perf_counter() - t0
 
     def prefetch_rows(self, ids: Mapping[str, torch.Tensor]) -> None:
@@ -171,9 +189,13 @@ class PSModule(nn.Module):
             self._raise_failed()
             rows = self._check_ids(e, ids)
             # through the cache: rows a read-ahead brought are served from there where fresh enough
-            values = torch.from_numpy(table.get_rows(rows.numpy()))
-            with torch.no_grad():
-                weight[rows.to(weight.device)] = values.to(weight.device, non_blocking=True)
+            view = self._row_views[i]
+            if view is not None:
+                view.refresh(rows.numpy())  # into the weight: only rows written since their last read
+            else:
+                values = torch.from_numpy(table.get_rows(rows.numpy()))
+                with torch.no_grad():
+                    weight[rows.to(weight.device)] = values.to(weight.device, non_blocking=True)
             self.rows_pulled += rows.numel()
             dt = time.perf_counter() - t0
             self.pull_s += dt
@@ -217,24 +239,36 @@ class PSModule(nn.Module):
         """A host copy of the current dense parameters, flat."""
         return self.flat.detach().cpu().numpy().copy()
 
-    def push(self, block: np.ndarray | None, rows: Sequence[tuple[int, torch.Tensor, torch.Tensor]] = ()) -> None:
+    def push(self, block: np.ndarray | None, rows: Sequence[tuple[int, torch.Tensor, torch.Tensor]] = (), *,
+             changed: bool = False) -> None:
         """Send one update: ``block`` for every dense row, ``rows`` (index, rows, values) for sparse
         embeddings (gradients or deltas, as the tables' procedure takes); end the clock tick every
-        ``clock_every`` steps."""
+        ``clock_every`` steps. ``changed`` (an ``add`` table, in place of ``block``): send how the
+        dense parameters changed since the pull, in one compiled pass (the view's push: no copies
+        before and after, no subtraction)."""
         t0 = time.perf_counter()
         self._settle()
         self.settle_s += time.perf_counter() - t0
-        if block is not None and self.table is not None:
+        if changed and self._dense is not None:
+            if not self.pulled:
+                raise UsageError("push(changed=True) needs a pull since the last push: the change is "
+                                 "measured against the values pulled")
+            with torch.no_grad():
+                torch.from_numpy(self._dense.values).view(-1).copy_(self.flat)
+            self._dense.push()
+        elif block is not None and self.table is not None:
             self.table.inc_rows(self._rows, block.reshape(self.layout.rows, self.layout.row_width))
         for i, r, v in rows:
             self.sparse_tables[i].inc_rows(r.numpy(), v.numpy())
             self.rows_pushed += r.numel()
+        self.pulled = False
         self.steps += 1
         if self.steps % self.clock_every == 0:
             self.client.clock()
         if self.prefetch and self.table is not None:
             # a read started before this push may miss it (read-my-writes): read again
-            self._next = self._pool.submit(self.table.get_rows, self._rows)
+            assert self._dense is not None
+            self._next = self._pool.submit(self._dense.refresh)
 
     def resume(self) -> int:
         """Checkpoints save this module's step count (the client's checkpoint hook); in a job resumed

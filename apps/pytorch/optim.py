@@ -83,7 +83,9 @@ class DeltaOptimizer(_PSOptimizer):
         touched = [(i, rows) for i, rows, _ in m.sparse_gradients()]
         if not touched and all(p.grad is None for p in m.params):
             raise UsageError("step() before backward(): no parameter has a gradient")
-        before = m.values() if m.table is not None else None
+        # the dense change: against the values pulled, in one pass (the view's push); without a pull
+        # since the last push (steps without a forward) against a copy taken now
+        before = m.values() if m.table is not None and not m.pulled else None
         rows_before = [m.embeddings[i].detach()[rows].clone() for i, rows in touched]
         self.optimizer.step()
         dense = None
@@ -92,4 +94,4 @@ class DeltaOptimizer(_PSOptimizer):
             dense -= before
         deltas = [(i, rows, m.embeddings[i].detach()[rows].cpu() - old.cpu())
                   for (i, rows), old in zip(touched, rows_before, strict=True)]
-        m.push(dense, deltas)
+        m.push(dense, deltas, changed=m.table is not None and before is None)

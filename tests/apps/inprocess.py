@@ -48,6 +48,9 @@ class InProcessTable:
     def inc_row(self, row: int, deltas: Any) -> None:
         self.data[row] += deltas
 
+    def view(self, rows: Any, base: bool = True) -> InProcessView:
+        return InProcessView(self, np.asarray(rows, dtype=np.int64))
+
     def inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:
         self.incs += 1
         if cols is None:
@@ -55,6 +58,30 @@ class InProcessTable:
         else:
             assert rows.shape == cols.shape == deltas.shape
             np.add.at(self.data, (rows, cols), deltas)
+
+
+class InProcessView:
+    """``PSView`` over an ``InProcessTable``: a refresh is a ``get_rows`` (recorded), a push an
+    ``inc_rows`` of the changes."""
+
+    def __init__(self, table: InProcessTable, rows: np.ndarray) -> None:
+        self.table, self.rows = table, rows
+        self.values = np.zeros((rows.shape[0], table.cols), table.dtype)
+        self.base = self.values.copy()
+
+    def refresh(self, at: np.ndarray | None = None) -> np.ndarray:
+        at = np.arange(self.rows.shape[0]) if at is None else np.asarray(at, dtype=np.int64)
+        got = self.table.get_rows(self.rows[at])
+        self.values[at] = got
+        self.base[at] = got
+        return self.values
+
+    def push(self, at: np.ndarray | None = None) -> int:
+        at = np.arange(self.rows.shape[0]) if at is None else np.asarray(at, dtype=np.int64)
+        changed = at[(self.values[at] != self.base[at]).any(axis=1)]
+        self.table.inc_rows(self.rows[changed], (self.values - self.base)[changed])
+        self.base[changed] = self.values[changed]
+        return int(changed.shape[0])
 
 
 class InProcessClient:

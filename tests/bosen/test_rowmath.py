@@ -80,3 +80,54 @@ def test_span_gives_min_max_and_the_index_in_one_pass(rows, want):
     lo, hi, index = rowmath.span(a)
     assert (lo, hi) == want[:2]
     assert index == want[2] if want[2] is not None else index is a
+
+
+def test_push_view_is_inc_rows_of_the_changes_in_one_pass():
+    """rowmath.push_view against what inc_rows does (priority.accumulate_dense, then the scatter into
+    buffer and cache): equal importance, buffer and cache; rows without a change left out; a row
+    another writer moved (stamp not the view's) keeps the view's values and is copied anew later."""
+    from bosen import priority
+    from bosen.rowmath import push_view
+
+    rng = np.random.default_rng(3)
+    cache = rng.standard_normal((10, 3)).astype(np.float32)
+    held = np.array([0, 0, 0, -1, 0, 0, 0, 0, 0, 0])
+    stamp = np.arange(10, dtype=np.int64)
+    rows = np.array([1, 3, 4, 7])
+    base = cache[rows].copy()
+    seen = stamp[rows].copy()
+    seen[2] = -5  # row 4 was written by someone else since the view's copy
+    values = base + rng.standard_normal(base.shape).astype(np.float32)
+    values[3] = base[3]  # row 7 unchanged
+    want_delta = np.zeros_like(cache)
+    want_cache = cache.copy()
+    want_imp = np.zeros(10)
+    d = values - base
+    priority.accumulate_dense(want_imp, rows, d, cache, held, True)
+    for i, r in enumerate(rows):
+        want_delta[r] += d[i]
+        if held[r] >= 0:
+            want_cache[r] += d[i]
+    delta, dirty, ops, imp = np.zeros_like(cache), np.zeros(10, bool), np.zeros(10, np.int32), np.zeros(10)
+    user = values.copy()
+    n = push_view(delta, dirty, ops, imp, True, cache, stamp, held, True, rows, np.arange(4), True, values, base, seen)
+    assert n == 3
+    np.testing.assert_array_equal(delta, want_delta)
+    np.testing.assert_array_equal(cache, want_cache)
+    np.testing.assert_allclose(imp, want_imp, rtol=1e-12)
+    assert dirty.tolist() == [r in (1, 3, 4) for r in range(10)] and ops.tolist() == dirty.astype(int).tolist()
+    assert stamp[[1, 3, 4, 7]].tolist() == [2, 3, 5, 7]  # held rows written: bumped
+    assert seen.tolist() == [2, -1, -5, 7]  # row 1 took the new stamp; 3 (not held) is copied anew
+    np.testing.assert_array_equal(values[0], cache[1])  # the cache's value, not the user's (rounding)
+    np.testing.assert_array_equal(base, values)
+    np.testing.assert_array_equal(values[1:], user[1:])
+    values[0, 0] = np.nan
+    assert push_view(delta, dirty, ops, imp, True, cache, stamp, held, True, rows, np.arange(4), True, values, base,
+                     seen) == -1
+    np.testing.assert_array_equal(delta, want_delta)  # nothing changed
+    # positions: only the rows asked for (row 7 at position 3), NaN elsewhere ignored
+    values[3, 1] += 1
+    want = values[3, 1] - base[3, 1]
+    assert push_view(delta, dirty, ops, imp, True, cache, stamp, held, True, rows, np.array([3]), False, values, base,
+                     seen) == 1
+    assert delta[7, 1] == want and np.isnan(values[0, 0]) and seen[3] == 8
