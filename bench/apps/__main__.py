@@ -10,13 +10,14 @@
 - MLR on Fashion-MNIST: time to scikit-learn ``LogisticRegression``'s held-out accuracy, beside
   ``SGDClassifier(loss="log_loss")``;
 - each app's data through ``bosen launch`` with 1 and 2 workers beside the bare kernel doing the same
-  work, with where a clock's extra time goes.
+  work, with where a clock's extra time goes; LDA jobs beside tomotopy on Reuters and news;
+- ``minibatch``: one mini-batch per clock against eight, per worker-thread CPU, for every app.
 
 Every goal is a record with ``goal`` and ``met``. Peers come from the ``bench`` extra
 (``pip install -e '.[bench]'``) and data from ``bosen data NAME``; a missing one is reported as
 missing, not skipped silently.
 
-    python -m bench.apps [--quick] [--only mf,mlr,lda]
+    python -m bench.apps [--quick] [--only mf,mlr,lda,minibatch]
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import importlib
 
 from bench.common import emit, log
 
-APPS = ("mf", "mlr", "lda")
+APPS = ("mf", "mlr", "lda", "minibatch")
 
 
 def main() -> None:

@@ -378,8 +378,8 @@ def job_case(quick: bool, corpus: Corpus, data: str, repeats: int) -> list[dict[
             "clock_wait_s": round(two["clock_wait_s"], 3)},
            # as bench/apps/mf.py: iterations 2..E on both sides (the job's first tick opens the read
            # connection and fills a cold cache: start-up, which the bare kernel's timing leaves out too)
-           {**base, "case": "lda-goal", "goal": "a 1-worker LDA job through the PS within 1.3x the bare kernel's time "
-            "(iterations 2..E)", "met": bool(steady <= 1.3), "ratio": round(steady, 3),
+           {**base, "case": "lda-goal", "goal": "a 1-worker LDA job through the PS within 1.2x the bare kernel's time "
+            "(iterations 2..E)", "met": bool(steady <= 1.2), "ratio": round(steady, 3),
             "ratio_with_first_tick": round(ratio, 3)}]
     return out
 
