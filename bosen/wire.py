@@ -20,7 +20,10 @@ read set (``pack_read_set``); ``fr`` ROWS's freshness flag (metrics.freshness_ev
 frame gives, per row, how many updates of other clients its value includes; ``others_frame``),
 ``ms``/``mx`` PROBE_REPLY's sum and largest of the updates the probed values miss, ``w`` INC's
 weights flag (freshness probes on: a last int32 frame gives, per row, the inc operations coalesced
-in its update; ``UpdateBatch.weights``), ``ft`` ROWS's send time (server ``time.time()``, with ``fr``).
+in its update; ``UpdateBatch.weights``), ``ft`` ROWS's send time (server ``time.time()``, with ``fr``),
+``u`` FLUSH's parts: one ``[table, n, dtype, sparse, weights]`` entry per table update it carries, their
+frames in that order (as INC's), then the read set's frames (``rs``); FLUSH is the end-of-tick flush's
+one message to a server: the updates of every table and, with ``c`` (and ``ck``, ``rs``), its clock.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class Msg(IntEnum):
     STATUS = 6
     PUSH_ACK = 7
     PROBE = 8  # freshness probe: rows read and the others' update count of the values read
+    FLUSH = 9  # several tables' updates (INC parts) and optionally the sender's clock, in one message
     # server -> client
     WELCOME = 20
     ROWS = 21
@@ -102,6 +106,7 @@ _SCHEMA: dict[Msg, dict[str, type]] = {
     Msg.STATUS: {"s": _INT},
     Msg.PUSH_ACK: {"s": _INT, "ps": _INT},
     Msg.PROBE: {"s": _INT, "tb": _INT, "n": _INT},
+    Msg.FLUSH: {"s": _INT, "u": list},
     Msg.WELCOME: {"rq": _INT, "rank": _INT, "c": _INT},
     Msg.ROWS: {"tb": _INT, "n": _INT, "c": _INT, "a": _INT, "rq": _INT, "dt": str, "ss": _INT},
     Msg.SCLOCK: {"c": _INT, "a": _INT},
@@ -142,7 +147,8 @@ def pack_header(header: dict[str, Any]) -> bytes:
     return msgpack.packb(header, use_bin_type=True)
 
 
-def encode(header: dict[str, Any], *arrays: np.ndarray, owned: Any = None, frame: Any = None) -> list[Any]:
+def encode(header: dict[str, Any], *arrays: np.ndarray, owned: Any = None, frame: Any = None,
+           lent: Sequence[tuple[np.ndarray, Any]] = ()) -> list[Any]:
     """Header frame plus one frame per array, each copied into a ZeroMQ-owned frame now, except
     ``owned`` (an array nobody will write again), which goes without a copy.
 
@@ -152,9 +158,19 @@ def encode(header: dict[str, Any], *arrays: np.ndarray, owned: Any = None, frame
     passed as ``owned``: pyzmq then releases it through its garbage-collector thread once sent (a
     wake-up per message), which costs less than copying a megabyte on the sending thread with the
     GIL held. Arrays below pyzmq's copy threshold (64 KiB) are copied either way. ``frame``: the
-    ZeroMQ message ``owned`` lives in, sent as it is (``bosen.bufferpool``).
+    ZeroMQ message ``owned`` lives in, sent as it is (``bosen.bufferpool``). ``lent``: more such
+    (array, frame or None) pairs, for a message of several parts (FLUSH).
     """
     frames: list[Any] = [pack_header(header)]
+    if lent:
+        own = {id(x): f for x, f in lent}
+        if owned is not None:
+            own[id(owned)] = frame
+        for a in arrays:
+            f = own.get(id(a), False)
+            data = np.ascontiguousarray(a).data
+            frames.append(zmq.Frame(data, copy=True) if f is False else data if f is None else f)
+        return frames
     for a in arrays:
         data = np.ascontiguousarray(a).data
         frames.append((data if frame is None else frame) if a is owned else zmq.Frame(data, copy=True))
@@ -249,6 +265,8 @@ def expected_frames(h: dict[str, Any]) -> int:
         return 2 + is_versioned(h) + carries_counts(h)
     if h["t"] == Msg.CLOCK and "rs" in h:
         return len(_read_set_entries(h))
+    if h["t"] == Msg.FLUSH:
+        return sum(part_frames(p) for p in flush_parts(h)) + (len(_read_set_entries(h)) if "rs" in h else 0)
     return _FRAMES.get(h["t"], 0)
 
 
@@ -369,6 +387,39 @@ def decode_update(h: dict[str, Any], frames: Sequence[Any], ncols: int, dtype: n
     return batch
 
 
+# -- FLUSH: the end-of-tick flush's updates of several tables (and the clock) in one message ----------
+# "u" lists the parts: [table, n, dtype name, sparse, weights]; each part's frames are an INC's (rows,
+# values; or rows, indptr, cols, values; then the weights frame if flagged). Versioned updates never
+# travel in a FLUSH (they carry version frames; the client sends them at once, as INC).
+MAX_FLUSH_PARTS = 256
+
+
+def flush_part(header: dict[str, Any]) -> list[Any]:
+    """The ``u`` entry of an INC ``header`` (``client/encode.inc_header``) carried in a FLUSH."""
+    if header.get("v"):
+        raise ValueError("versioned updates travel as INC, not in a FLUSH")
+    return [header["tb"], header["n"], header["dt"], header["sp"], header.get("w", False)]
+
+
+def flush_parts(h: dict[str, Any]) -> list[dict[str, Any]]:
+    """FLUSH's parts as INC headers (for ``decode_update``); a ProtocolError names a malformed entry."""
+    u = h["u"]
+    if not 0 < len(u) <= MAX_FLUSH_PARTS:
+        raise ProtocolError(f"FLUSH: field 'u' must list 1 to {MAX_FLUSH_PARTS} parts, got {len(u)}")
+    parts = []
+    for k, e in enumerate(u):
+        if (type(e) is not list or len(e) != 5 or type(e[0]) is not int or type(e[1]) is not int
+                or type(e[2]) is not str or type(e[3]) is not bool or type(e[4]) is not bool):
+            raise ProtocolError(f"FLUSH: part {k} must be [table, count, dtype, sparse, weights], got {e!r}")
+        parts.append({"t": Msg.INC, "tb": e[0], "n": e[1], "dt": e[2], "sp": e[3], "w": e[4]})
+    return parts
+
+
+def part_frames(p: dict[str, Any]) -> int:
+    """Array frames of one FLUSH part."""
+    return (4 if p["sp"] else 2) + p["w"]
+
+
 # -- read sets (CLOCK's "rs") -------------------------------------------------------------------
 # Under managed communication a client's CLOCK tells the server which of its rows the client read in
 # the tick(s) just ended, so that budgeted pushes go to the subscribers that will read a row next.
@@ -398,28 +449,30 @@ def _read_set_entries(h: dict[str, Any]) -> list[tuple[int, int]]:
     rs = h["rs"]
     if type(rs) is not list or not all(type(e) is list and len(e) == 2 and all(type(x) is int for x in e)
                                        for e in rs):
-        raise ProtocolError(f"CLOCK: field 'rs' must be a list of [table, count] pairs, got {rs!r}")
+        raise ProtocolError(f"{h['t'].name}: field 'rs' must be a list of [table, count] pairs, got {rs!r}")
     return [(e[0], e[1]) for e in rs]
 
 
 def read_set(h: dict[str, Any], frames: Sequence[Any], local_rows: Sequence[int]) -> list[np.ndarray] | None:
-    """CLOCK's read set as one bool mask per table over the server's local rows (``local_rows``:
-    their counts); None if the message carries none."""
+    """CLOCK's (or FLUSH's) read set as the sorted local rows read per table (``local_rows``: the
+    server's local row counts); None if the message carries none. ``frames``: the read set's own."""
     if "rs" not in h:
         return None
-    masks = [np.zeros(n, dtype=bool) for n in local_rows]
+    what = f"{h['t'].name}"
+    reads: list[list[np.ndarray]] = [[] for _ in local_rows]
     for (tb, n), frame in zip(_read_set_entries(h), frames, strict=True):
-        if not 0 <= tb < len(masks):
-            raise ProtocolError(f"CLOCK: read set names table {tb}, which does not exist")
-        nlocal = masks[tb].shape[0]
+        if not 0 <= tb < len(reads):
+            raise ProtocolError(f"{what}: read set names table {tb}, which does not exist")
+        nlocal = local_rows[tb]
         if n == _BITMAP:
-            bits = array(frame, np.dtype(np.uint8), (nlocal + 7) // 8, "CLOCK read set")
-            masks[tb] |= np.unpackbits(bits, count=nlocal).view(bool)
+            bits = array(frame, np.dtype(np.uint8), (nlocal + 7) // 8, f"{what} read set")
+            reads[tb].append(np.flatnonzero(np.unpackbits(bits, count=nlocal)))
         elif n >= 0:
-            local = array(frame, ROW_DTYPE, n, "CLOCK read set")
+            local = array(frame, ROW_DTYPE, n, f"{what} read set")
             if n and (local.min() < 0 or local.max() >= nlocal):
-                raise ProtocolError(f"CLOCK: read set row out of range [0, {nlocal}) for table {tb}")
-            masks[tb][local] = True
+                raise ProtocolError(f"{what}: read set row out of range [0, {nlocal}) for table {tb}")
+            reads[tb].append(local)
         else:
-            raise ProtocolError(f"CLOCK: read set count {n} for table {tb} (must be >= 0, or -1: a bitmap)")
-    return masks
+            raise ProtocolError(f"{what}: read set count {n} for table {tb} (must be >= 0, or -1: a bitmap)")
+    empty = np.empty(0, dtype=np.int64)
+    return [empty if not r else np.unique(np.concatenate(r)) if len(r) > 1 else np.unique(r[0]) for r in reads]

@@ -72,14 +72,15 @@ class ServerLink:
         return f"server {self.index} ({self.address})"
 
     def encode(self, header: dict[str, Any], *arrays: np.ndarray, owned: np.ndarray | None = None,
-               frame: Any = None) -> tuple[list[Any], int]:
+               frame: Any = None, lent: tuple[tuple[np.ndarray, Any], ...] = ()) -> tuple[list[Any], int]:
         """Number a message and encode it; returns its frames and size in bytes. Every byte is charged
         to the bucket (budgeted or not), so egress tracks the budget whatever the traffic mix. Arrays
         are copied into the message, except ``owned`` (one that is never written again), which goes
-        as ``frame`` where it lives in one (a staged piece: ``bosen.bufferpool``)."""
+        as ``frame`` where it lives in one (a staged piece: ``bosen.bufferpool``); ``lent``: more such
+        (array, frame or None) pairs (a FLUSH of several parts)."""
         self.seq += 1
         header["s"] = self.seq
-        frames = wire.encode(header, *arrays, owned=owned, frame=frame)
+        frames = wire.encode(header, *arrays, owned=owned, frame=frame, lent=lent)
         if self.log is not None:
             self.log.record(self.window.clock_sent, header, frames[1:])
         nbytes = len(frames[0])  # the header, then one frame per array

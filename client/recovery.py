@@ -30,8 +30,11 @@ log = logging.getLogger("bosen.client")
 RECOVERY_TIMEOUT_S = 120.0
 
 
+_UPDATES = (wire.Msg.INC, wire.Msg.FLUSH)  # messages that carry updates (acknowledged as such)
+
+
 class ResendLog:
-    """Every INC and CLOCK sent to one server since its newest durable checkpoint, as (the last
+    """Every INC, FLUSH and CLOCK sent to one server since its newest durable checkpoint, as (the last
     clock sent before it, its header, its array frames). ``floor``: the clock from which the log
     is complete."""
 
@@ -45,7 +48,7 @@ class ResendLog:
     def record(self, clock_sent: int, header: dict[str, Any], payload: list[Any]) -> None:
         """A message just encoded; kept if a replacement would need it. The header itself is kept:
         a flush window adds the clock to its pass's last message after this."""
-        if header["t"] in (wire.Msg.INC, wire.Msg.CLOCK):
+        if header["t"] in (wire.Msg.INC, wire.Msg.CLOCK, wire.Msg.FLUSH):
             self.entries.append((clock_sent, header, payload))
 
     def forget(self, durable: int) -> None:
@@ -72,7 +75,7 @@ def resend(link: ServerLink, since: int) -> int:
     assert isinstance(link.log, ResendLog)
     link.reset_inflight()
     entries = link.log.since(since)
-    final = max((k for k, e in enumerate(entries) if e[1]["t"] == wire.Msg.INC), default=-1)
+    final = max((k for k, e in enumerate(entries) if e[1]["t"] in _UPDATES), default=-1)
     last_inc = 0
     c = link.counters
     for k, (_, header, payload) in enumerate(entries):
@@ -89,7 +92,7 @@ def resend(link: ServerLink, since: int) -> int:
         if link.bucket is not None:
             link.bucket.charge(nbytes)
         link.transmit(frames)
-        if header["t"] == wire.Msg.INC:
+        if header["t"] in _UPDATES:
             link.sent_update(nbytes)
     return last_inc
 

@@ -217,20 +217,23 @@ class Sender:
         while k < rows.shape[0]:
             if window is not None and not window.has_room():
                 break
+            # the number of the message the chunk goes in (a window's message may take several)
+            seq = link.seq + 1 if window is None else window.ready()
             with st.lock:
-                update, k = encode.take_chunk(st, rows, k, link.index, link.seq + 1)
+                update, k = encode.take_chunk(st, rows, k, link.index, seq)
                 if update is None:
                     continue
                 batch, owned, frame = update
                 nbytes = out.send(encode.inc_header(st, batch), *batch.arrays(), owned=owned, frame=frame)
                 if frame is not None:
                     assert owned is not None  # a frame carries an owned array
-                    st.oplog.carried(owned, link.index, link.seq)  # before this thread lets go of it
-            self._sent_update(link, batch, nbytes)
+                    st.oplog.carried(owned, link.index, seq)  # before this thread lets go of it
+            if window is None:
+                link.sent_update(nbytes)  # a window counts its messages in flight as they go
+            self._sent_update(batch)
         return rows[k:]
 
-    def _sent_update(self, link: ServerLink, batch: UpdateBatch, nbytes: int) -> None:
-        link.sent_update(nbytes)
+    def _sent_update(self, batch: UpdateBatch) -> None:
         c = self.counters
         c["update_batches"] += 1
         c["sparse_batches"] += batch.sparse
@@ -244,7 +247,8 @@ class Sender:
         for j, batch in batches:
             link = self.links[j]
             nbytes = link.send(encode.inc_header(st, batch), *batch.arrays())
-            self._sent_update(link, batch, nbytes)
+            link.sent_update(nbytes)
+            self._sent_update(batch)
             total += nbytes
         return total
 

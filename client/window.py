@@ -6,16 +6,22 @@ update buffer (where new increments keep coalescing) until acknowledgements open
 window keeps what the flush still owes its server: rows per table, and the clock to send once they
 are out.
 
+A pass gathers its updates (one part per table chunk) into messages of about ``bundle_bytes``: the
+parts of a message go as one INC when it has one, else as one FLUSH (``bosen.wire``), so a tick that
+changed a little of several tables sends each server one message, not one per table and a CLOCK. The
+message being gathered is held back until the pass ends or it is full, so that the pass's last
+message can ask for an ACK (nothing later may come to cover it) and carry the clock (header ``c``, and
+``ck``, ``rs``: the server answers with SCLOCK alone, one message each way per tick).
+
 Acknowledgements are thinned: an ACK wakes four threads on two machines, so within a pass only one
 update message per ``ack_spacing`` bytes asks for one; the others carry ``na`` and are covered by a
-later, cumulative ACK. The latest message of a pass is held back, so that the pass's last message can
-ask for an ACK (nothing later may come to cover it) or carry the clock (header ``c``: the server
-answers with SCLOCK alone, one message each way per tick).
+later, cumulative ACK.
 
-A pass has an explicit lifecycle: ``start()``, ``send()`` for each update message, ``close()``; or
-``abort()`` when the connection is gone. The window talks to its server through a link that numbers,
-encodes and transmits messages (``ServerLink``, or any object with ``encode``, ``send``,
-``transmit`` and ``inflight_bytes``).
+A pass has an explicit lifecycle: ``start()``, then for each part ``ready()`` (the number its message
+will have) and ``send()``, then ``close()``; or ``abort()`` when the connection is gone. The window
+talks to its server through a link that numbers, encodes and transmits messages and counts the
+updates in flight (``ServerLink``, or any object with ``encode``, ``send``, ``transmit``,
+``sent_update``, ``seq`` and ``inflight_bytes``).
 """
 
 from __future__ import annotations
@@ -35,25 +41,37 @@ WINDOW_BYTES = 16 << 20
 # A flush's update messages ask for an ACK once per ACK_SPACING_BYTES (and on a pass's last message);
 # acknowledging 1 MiB messages in twos cut ingest's CPU per MiB by ~8% (docs/design.md, "ACK spacing").
 ACK_SPACING_BYTES = 2 << 20
+# A pass's message takes no more parts once it holds this many bytes: small updates of several tables
+# share one message; a chunk of a large flush (1 MiB, ``client/oplog.CHUNK_BYTES``) still goes alone.
+BUNDLE_BYTES = 1 << 20
+
+
+# One part of a pass's message: its INC header, its arrays, and the arrays that go without a copy
+# with the ZeroMQ message each lives in (or None)
+Part = tuple[dict[str, Any], tuple[np.ndarray, ...], tuple[tuple[np.ndarray, Any], ...]]
 
 
 class Link(Protocol):
     inflight_bytes: int
+    seq: int
 
     def encode(self, header: dict[str, Any], *arrays: np.ndarray, owned: np.ndarray | None = None,
-               frame: Any = None) -> tuple[list[Any], int]: ...
+               frame: Any = None, lent: tuple[tuple[np.ndarray, Any], ...] = ()) -> tuple[list[Any], int]: ...
+
+    def sent_update(self, nbytes: int) -> None: ...
 
     def send(self, header: dict[str, Any], *arrays: np.ndarray, owned: np.ndarray | None = None,
              frame: Any = None) -> int: ...
-
     def transmit(self, frames: list[Any]) -> None: ...
 
 
 class FlushWindow:
-    def __init__(self, link: Link, window_bytes: int = WINDOW_BYTES, ack_spacing: int = ACK_SPACING_BYTES) -> None:
+    def __init__(self, link: Link, window_bytes: int = WINDOW_BYTES, ack_spacing: int = ACK_SPACING_BYTES,
+                 bundle_bytes: int = BUNDLE_BYTES) -> None:
         self.link = link
         self.window_bytes = window_bytes
         self.ack_spacing = ack_spacing
+        self.bundle_bytes = bundle_bytes
         self.due: dict[int, deque[np.ndarray]] = {}  # rows still to send, by table, in order
         self.clock_due: int | None = None  # the clock to send once nothing is due
         self.clock_sent = -1  # the last clock that went out (checkpoint boundaries wait for it)
@@ -62,7 +80,8 @@ class FlushWindow:
         # next clock (comm.push_to: readers); None: the clock carries no read set
         self.reads_due: dict[int, tuple[np.ndarray, int]] | None = None
         self._open = False
-        self._held: tuple[dict[str, Any], list[Any]] | None = None
+        self._parts: list[Part] = []  # the message being gathered
+        self._part_bytes = 0
         self._unasked = 0  # update bytes sent since one asked for an ACK
 
     # -- what the flush owes -------------------------------------------------------------------
@@ -99,73 +118,85 @@ class FlushWindow:
             raise RuntimeError("FlushWindow.start: a pass is already open")
         self._open = True
 
+    def ready(self) -> int:
+        """Before a part is taken: the number of the message it will travel in (read-my-writes logs
+        it under that number). The message being gathered goes first if it is full."""
+        if not self._open:
+            raise RuntimeError("FlushWindow.ready outside a pass: call start() first")
+        if self._part_bytes >= self.bundle_bytes:
+            self._emit(last=False)
+        return self.link.seq + 1
+
     def send(self, header: dict[str, Any], *arrays: np.ndarray, owned: np.ndarray | None = None,
              frame: Any = None) -> int:
-        """Send an update message within the pass, holding it back until the next one (or close)
-        goes; returns its size in bytes."""
-        if not self._open:
-            raise RuntimeError("FlushWindow.send outside a pass: call start() first")
+        """Add an update part (an INC's header and arrays) to the pass's message, which goes once it is
+        full (at the next ``ready``) or the pass ends; returns the part's size in bytes. ``owned``:
+        an array that goes without a copy, living in ZeroMQ message ``frame`` if not None."""
+        self.ready()
+        nbytes = 0
         for a in arrays:
-            self._unasked += a.nbytes
-        if self._unasked < self.ack_spacing:
-            header["na"] = True  # a later ACK covers it
-        else:
-            self._unasked = 0
-        frames, nbytes = self.link.encode(header, *arrays, owned=owned, frame=frame)
-        if self._held is not None:
-            self.link.transmit(self._held[1])  # in number order
-        self._held = (header, frames)
+            nbytes += a.nbytes
+        self._parts.append((header, arrays, () if owned is None else ((owned, frame),)))
+        self._part_bytes += nbytes
         return nbytes
 
     def close(self) -> None:
         """End the pass: its last message goes, asking for an ACK, and carries the clock if nothing
-        else is due (or a CLOCK message goes alone)."""
-        held, self._held = self._held, None
+        else is due (a CLOCK message goes alone if there are no updates)."""
         self._open = False
         clock = None
         if self.clock_due is not None and not self.due:
             clock, self.clock_due = self.clock_due, None
-        save = clock is not None and clock in self.checkpoint_clocks
-        if save:
-            self.checkpoint_clocks.discard(clock)
-        reads = None
-        if clock is not None and self.reads_due is not None:  # a CLOCK of its own carries the read set
-            reads, self.reads_due = self.reads_due, None
-            if held is not None:
-                header, frames = held
-                if header.pop("na", False):
-                    self._unasked = 0
-                    frames[0] = wire.pack_header(header)
-                self.link.transmit(frames)
-                held = None
-        if held is None:
-            if clock is not None:
-                arrays: list[np.ndarray] = []
-                extra: dict[str, Any] = {"ck": True} if save else {}
-                if reads is not None:
-                    extra["rs"], arrays = wire.pack_read_set([(tb, *reads[tb]) for tb in sorted(reads)])
-                self.link.send({"t": Msg.CLOCK, "c": clock, **extra}, *arrays)
-                self.clock_sent = clock
+        if clock is None:
+            if self._parts:
+                self._emit(last=True)
             return
-        header, frames = held
-        repack = header.pop("na", False)
-        if repack:
+        extra: dict[str, Any] = {"c": clock}
+        if clock in self.checkpoint_clocks:
+            self.checkpoint_clocks.discard(clock)
+            extra["ck"] = True
+        reads: list[np.ndarray] = []
+        if self.reads_due is not None:
+            due, self.reads_due = self.reads_due, None
+            extra["rs"], reads = wire.pack_read_set([(tb, *due[tb]) for tb in sorted(due)])
+        if self._parts:
+            self._emit(last=True, extra=extra, reads=reads)
+        else:
+            self.link.send({"t": Msg.CLOCK, **extra}, *reads)
+        self.clock_sent = clock
+
+    def _emit(self, last: bool, extra: dict[str, Any] | None = None, reads: list[np.ndarray] | None = None) -> None:
+        """Send the message gathered: one part alone as an INC, several (or one with a read set) as a
+        FLUSH. A pass's last message asks for an ACK; the others only once per ``ack_spacing``."""
+        parts, self._parts = self._parts, []
+        nbytes, self._part_bytes = self._part_bytes, 0
+        self._unasked += nbytes
+        if last or self._unasked >= self.ack_spacing:
             self._unasked = 0
-        if clock is not None:
-            header["c"] = clock
-            if save:
-                header["ck"] = True
-            repack = True
-        if repack:
-            frames[0] = wire.pack_header(header)
+            ask = True
+        else:
+            ask = False
+        reads = reads or []
+        lent = tuple(x for _, _, own in parts for x in own)
+        if len(parts) == 1 and not reads:
+            header, arrays, _ = parts[0]
+            header.pop("na", None)
+        else:
+            header = {"t": Msg.FLUSH, "u": [wire.flush_part(h) for h, _, _ in parts]}
+            arrays = tuple(a for _, arr, _ in parts for a in arr) + tuple(reads)
+        if extra:
+            header.update(extra)
+        if not ask:
+            header["na"] = True  # a later ACK covers it
+        frames, size = self.link.encode(header, *arrays, lent=lent)
         self.link.transmit(frames)
-        if clock is not None:
-            self.clock_sent = clock
+        self.link.sent_update(size)
 
     def abort(self) -> None:
         """Drop the pass and everything owed: the connection is gone."""
         self._open = False
-        self._held = None
+        self._parts = []
+        self._part_bytes = 0
         self._unasked = 0
         self.due.clear()
         self.clock_due = None

@@ -147,6 +147,7 @@ class Server:
             Msg.STATUS: self.on_status,
             Msg.PUSH_ACK: self.on_push_ack,
             Msg.PROBE: self.on_probe,
+            Msg.FLUSH: self.on_flush,
         }
         self._ctx: zmq.Context | None = None
         self._sock: LoopSocket | None = None
@@ -357,16 +358,54 @@ class Server:
             self._check_clock(peer, clock, "INC")  # before applying: a bad message changes nothing
         ack = wire.wants_ack(h)
         self.counters["rows_applied"] += shard.apply(batch, peer.rank)
+        self._applied(peer, ident, h, read_at, clock, ack)
+
+    def _applied(self, peer: Peer, ident: bytes, h: dict[str, Any], read_at: float, clock: int | None,
+                 ack: bool, reads: list[np.ndarray] | None = None) -> None:
+        """After the updates of message ``h`` are applied: its clock (with its read set), if it carries
+        one, and its ACK (or the SCLOCK that acknowledges it)."""
         peer.applied = h["s"]
         self.apply_lag.add(time.perf_counter() - read_at)
         if clock is not None:
             self.client_clock[peer.rank] = clock
+            if reads is not None:  # the rows it read in the tick just ended: budgeted pushes' readers
+                for shard, read in zip(self.shards, reads, strict=True):
+                    shard.set_recent(peer.rank, read)
             if h.get("ck") is True and peer.rank == 0 and self.checkpoints is not None:
                 self.checkpoints.choose(clock)
             if self._maybe_advance() and not peer.leaving:
                 return  # its SCLOCK carries "a" (this message's number): that acknowledges it
         if ack:
             self._send(ident, {"t": Msg.ACK, "rq": h["s"]})
+
+    def on_flush(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+        """The end-of-tick flush in one message: the updates of several tables, then (with ``c``) the
+        sender's clock, as INCs and a CLOCK would be, with one acknowledgement."""
+        peer = self._peer(ident, h)
+        read_at = self._read_at
+        if not self._held(peer, h["s"], lambda: self._on_flush(peer, ident, h, frames, read_at)):
+            self._on_flush(peer, ident, h, frames, read_at)
+
+    def _on_flush(self, peer: Peer, ident: bytes, h: dict[str, Any], frames: list[Any], read_at: float) -> None:
+        # every part and the clock are checked before anything is applied: a bad message changes nothing
+        checked = []
+        k = 0
+        for part in wire.flush_parts(h):
+            shard = self._shard(part)
+            nf = wire.part_frames(part)
+            batch = wire.decode_update(part, frames[k:k + nf], shard.cfg.cols, shard.dtype)
+            k += nf
+            checked.append((shard, shard.check(batch)))
+        clock = h.get("c")
+        if clock is not None:
+            self._check_clock(peer, clock, "FLUSH")
+        elif "rs" in h or h.get("ck") is True:
+            raise ProtocolError("FLUSH: a read set ('rs') or checkpoint word ('ck') needs a clock ('c')")
+        reads = wire.read_set(h, frames[k:], [s.global_rows.shape[0] for s in self.shards])
+        ack = wire.wants_ack(h)
+        for shard, c in checked:
+            self.counters["rows_applied"] += shard.commit(c, peer.rank)
+        self._applied(peer, ident, h, read_at, clock, ack, reads)
 
     def on_read(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)

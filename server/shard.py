@@ -13,6 +13,9 @@ from bosen.server.holdings import Holdings
 from bosen.wire import UpdateBatch
 
 _NO_ROWS = np.empty(0, dtype=np.int64)
+# A batch that passed ``TableShard.check``: it, its local rows, them as an index, and the local rows
+# it releases (versioned tables; else None)
+Checked = tuple[UpdateBatch, np.ndarray, "slice | np.ndarray", "np.ndarray | None"]
 NOBODY, SEVERAL = -1, -2  # TableShard.writer, beside a client's rank
 
 
@@ -54,6 +57,9 @@ class TableShard:
         n = self.global_rows.shape[0]
         self.dirty = np.zeros(n, dtype=bool)
         self.pending = False  # some row became dirty since the last clock-advance push
+        # rows that turned dirty since the last clock-advance push: its work is O(changed rows), not a
+        # scan of the table's dirty flags (take_changed)
+        self._changed: list[np.ndarray] = []
         self.subs = np.zeros((n, num_clients), dtype=bool)
         self.subscribed = np.zeros(n, dtype=bool)  # any client reads the row
         self.has_readers = False  # some row is subscribed
@@ -78,6 +84,8 @@ class TableShard:
         self.current = np.zeros(shape, dtype=bool)
         self.read_recently = np.zeros(shape[0], dtype=bool)  # some client read the row in its last tick
         self.fresh = np.zeros(shape[0], dtype=bool)  # changed since last pushed (budgeted candidates)
+        # per client, the rows whose ``recent`` mark is set (so a CLOCK clears only those)
+        self._recent_rows: list[list[np.ndarray]] = [[] for _ in range(num_clients if self.readers_only else 0)]
         self._partial = False  # some row went to only some of its subscribers (``current`` is set)
         self.counts = counts
         self.applied = np.zeros(n if counts else 0, dtype=np.int64)
@@ -114,6 +122,12 @@ class TableShard:
         return self.procedure.versioned
 
     def apply(self, batch: UpdateBatch, client: int) -> int:
+        """Check ``batch`` and apply it; returns the rows applied."""
+        return self.commit(self.check(batch), client)
+
+    def check(self, batch: UpdateBatch) -> Checked:
+        """Everything that can make ``batch`` invalid, checked before anything changes (a FLUSH checks
+        all its parts before it applies one): its rows and values, as ``commit`` takes them."""
         versioned = batch.versioned
         if versioned != self.procedure.versioned:
             raise ProtocolError(f"INC: table {self.cfg.name!r} is {'' if self.versioned else 'not '}versioned "
@@ -122,10 +136,18 @@ class TableShard:
         local, index = self.local_rows(batch.rows, "INC")
         if self.check_finite and not rowmath.all_finite(batch.values):
             raise ProtocolError(f"INC: non-finite value for table {self.cfg.name!r}")
+        released = None
         if versioned:
-            tags, eov, rel_rows, rel_tags = batch.tags, batch.eov, batch.rel_rows, batch.rel_tags
-            assert tags is not None and eov is not None and rel_rows is not None and rel_tags is not None
-            released, _ = self.local_rows(rel_rows, "INC release")
+            assert batch.rel_rows is not None
+            released, _ = self.local_rows(batch.rel_rows, "INC release")
+        return batch, local, index, released
+
+    def commit(self, checked: Checked, client: int) -> int:
+        """Apply a batch ``check`` passed; returns the rows applied."""
+        batch, local, index, released = checked
+        if released is not None:
+            tags, eov, rel_tags = batch.tags, batch.eov, batch.rel_tags
+            assert tags is not None and eov is not None and rel_tags is not None
             n = self._apply(batch, local, index, client) if local.shape[0] else 0
             if eov.any() or released.shape[0]:
                 rows, versions = np.concatenate([local[eov], released]), np.concatenate([tags[eov], rel_tags])
@@ -166,6 +188,9 @@ class TableShard:
         if self.has_readers:  # else no row has a reader: nothing to mark (write-only phases)
             read = self.subscribed[index]
             if read.any():
+                new = read & ~self.dirty[index]
+                if new.any():
+                    self._changed.append(local[new])
                 self.dirty[index] |= read
                 self.pending = True
                 if self.readers_only:
@@ -224,11 +249,18 @@ class TableShard:
         self._partial = True
 
     def set_recent(self, client: int, read: np.ndarray) -> None:
-        """``client``'s CLOCK says it read rows ``read`` (a mask over local rows) in the tick just ended."""
+        """``client``'s CLOCK says it read rows ``read`` (sorted local rows) in the tick just ended.
+        Only the rows marked before and those read now are touched: O(read set), not O(table)."""
         if not self.readers_only:
             return
-        self.recent[:, client] = read & self.subs[:, client]
-        np.any(self.recent, axis=1, out=self.read_recently)
+        marked = self._recent_rows[client]
+        prev = np.concatenate(marked) if marked else read[:0]
+        self.recent[prev, client] = False
+        now = read[self.subs[read, client]]
+        self.recent[now, client] = True
+        self._recent_rows[client] = [now]
+        touched = np.union1d(prev, now)
+        self.read_recently[touched] = self.recent[touched].any(axis=1)
 
     def subscribe(self, local: np.ndarray, client: int, index: slice | np.ndarray | None = None) -> None:
         """``client`` reads ``local`` (``index``: them as an index, if known) and gets their changes."""
@@ -243,6 +275,7 @@ class TableShard:
         if self.readers_only:  # a row just read is read this tick
             self.recent[index, client] = True
             self.read_recently[index] = True
+            self._recent_rows[client].append(np.array(local, dtype=np.int64))
         self.has_readers = True
 
     def mark_sent(self, local: np.ndarray) -> None:
@@ -262,7 +295,11 @@ class TableShard:
         if not self.pending:
             return _NO_ROWS
         self.pending = False
-        return np.flatnonzero(self.dirty)
+        parts, self._changed = self._changed, []
+        if not parts:
+            return _NO_ROWS
+        rows = np.unique(np.concatenate(parts)) if len(parts) > 1 else np.unique(parts[0])
+        return rows[self.dirty[rows]]  # a budgeted push may have sent some since
 
     def rows_sent(self, local: np.ndarray, client: int) -> np.ndarray | None:
         """Tell the procedure these rows go to ``client``; their versions (versioned tables) or None."""

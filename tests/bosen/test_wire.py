@@ -357,10 +357,10 @@ def test_a_read_set_travels_as_ids_or_a_bitmap_whichever_is_smaller():
     frames = wire.encode({"t": wire.Msg.CLOCK, "s": 1, "c": 3, "rs": rs}, *arrays)
     h = wire.decode_header(frames[0])
     wire.check_frames(h, len(frames) - 1)
-    masks = wire.read_set(h, [f.bytes for f in frames[1:]], [1000, 5, 1000])
-    assert masks is not None
-    assert np.flatnonzero(masks[0]).tolist() == [3, 70] and not masks[1].any()
-    assert (np.flatnonzero(masks[2]) == many).all()
+    reads = wire.read_set(h, [f.bytes for f in frames[1:]], [1000, 5, 1000])
+    assert reads is not None  # sorted local rows per table, whichever way they travelled
+    assert reads[0].tolist() == [3, 70] and reads[1].shape[0] == 0
+    assert (reads[2] == many).all()
     assert wire.read_set({"t": wire.Msg.CLOCK, "s": 1, "c": 3}, [], [1000]) is None
 
 
@@ -376,3 +376,19 @@ def test_a_bad_read_set_is_a_protocol_error(rs, frame, msg):
         h = {"t": wire.Msg.CLOCK, "s": 1, "c": 3, "rs": rs}
         wire.check_frames(h, 1)
         wire.read_set(h, [frame], [1000])
+
+
+def test_a_flush_counts_each_parts_frames_then_its_read_set():
+    """FLUSH parts: dense 2 frames, sparse 4, each plus a weights frame when flagged; then ``rs``."""
+    rs, arrays = wire.pack_read_set([(0, np.array([1], np.int64), 100)])
+    h = {"t": wire.Msg.FLUSH, "s": 1, "c": 2, "rs": rs,
+         "u": [[0, 3, "float32", False, True], [1, 2, "float32", True, False]]}
+    assert wire.expected_frames(h) == 3 + 4 + 1
+    parts = wire.flush_parts(h)
+    assert [wire.part_frames(p) for p in parts] == [3, 4] and parts[0]["w"] and parts[1]["sp"]
+    inc = {"t": wire.Msg.INC, "tb": 1, "n": 2, "dt": "float32", "sp": True, "w": True}
+    assert wire.flush_part(inc) == [1, 2, "float32", True, True]
+    with pytest.raises(ValueError, match="versioned updates travel as INC"):
+        wire.flush_part({**inc, "v": True, "nr": 0})
+    with pytest.raises(ProtocolError, match="part 0 must be"):
+        wire.flush_parts({**h, "u": [[0, 3, "float32", 0, False]]})

@@ -727,3 +727,40 @@ def test_read_counters_count_rows_and_their_staleness(bosen_cluster):
     finally:
         a.close()
         b.close()
+
+
+def test_a_tick_sends_each_server_one_message_whatever_the_number_of_tables(bosen_cluster):
+    """Three tables, two servers: each end-of-tick flush sends one message to each server (a FLUSH with
+    every table's updates and the clock), and the values come out exact."""
+    tables = {name: {"rows": 20, "cols": 4, "dtype": "int64"} for name in ("A", "B", "C")}
+    c = bosen_cluster(2, workers=1, staleness=0, tables=tables)
+    client = Client.connect(c.path)
+    try:
+        handles = [client.table(name) for name in tables]
+        for t in handles:
+            t.get_rows(np.arange(20))  # cached: the ticks below read nothing from the servers
+        client.clock()
+        stats = client.stats()
+        msgs, flushes = stats["msgs_sent"], stats["flushes"]
+        for tick in range(20):
+            for k, t in enumerate(handles):
+                t.inc_rows(np.arange(20), np.full((20, 4), tick + k, np.int64))
+            client.clock()
+            time.sleep(0.01)  # let the flush of this tick go before the next (ticks may share one)
+        assert wait_flushed(client)
+        stats = client.stats()
+        assert stats["flushes"] > flushes
+        assert stats["msgs_sent"] - msgs == 2 * (stats["flushes"] - flushes), stats
+        for k, t in enumerate(handles):
+            np.testing.assert_array_equal(t.get_rows(np.arange(20)), np.full((20, 4), sum(range(20)) + 20 * k))
+    finally:
+        client.close()
+
+
+def wait_flushed(client: Client, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while client._comm.flushing() or client._comm.unacked():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

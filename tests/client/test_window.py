@@ -4,6 +4,7 @@ import asyncio
 
 import numpy as np
 import pytest
+import zmq
 
 from bosen import wire
 from bosen.client.link import ServerLink
@@ -158,3 +159,82 @@ def test_abort_drops_the_held_message_and_everything_owed():
     window.start()  # a new pass may begin after an abort
     window.close()
     assert sock.sent == []
+
+
+def small(tb: int, rows: int) -> tuple[dict, np.ndarray, np.ndarray]:
+    header = {"t": Msg.INC, "tb": tb, "n": rows, "dt": "int64", "sp": False}
+    return header, np.arange(rows), np.ones((rows, 4), np.int64)
+
+
+def test_a_tick_of_small_updates_to_several_tables_is_one_flush_message_with_the_clock():
+    """Three tables' updates and the clock (with the checkpoint word and a read set) go as one FLUSH
+    whose parts decode as the INCs they replace; its read set follows their frames."""
+    link, sock = make_link()
+    window = FlushWindow(link)
+    window.owe_clock(4)
+    window.checkpoint_clocks.add(4)
+    window.owe_reads({1: (np.array([0, 5], np.int64), 100)})
+    window.start()
+    sent = [small(tb, 2 + tb) for tb in range(3)]
+    for h, rows, vals in sent:
+        assert window.ready() == 1, "every part goes in message 1"
+        window.send(h, rows, vals)
+    assert sock.sent == [], "held until the pass ends"
+    window.close()
+    assert len(sock.sent) == 1 and not window.busy and window.clock_sent == 4
+    frames = sock.sent[0]
+    h = wire.decode_header(frames[0])
+    assert h["t"] == Msg.FLUSH and h["s"] == 1 and h["c"] == 4 and h["ck"] and "na" not in h
+    wire.check_frames(h, len(frames) - 1)
+    k = 0
+    for part, (_, rows, vals) in zip(wire.flush_parts(h), sent, strict=True):
+        nf = wire.part_frames(part)
+        batch = wire.decode_update(part, [bytes(f) for f in frames[1 + k:1 + k + nf]], 4, np.dtype(np.int64))
+        k += nf
+        np.testing.assert_array_equal(batch.rows, rows)
+        np.testing.assert_array_equal(batch.values, vals)
+    reads = wire.read_set(h, [bytes(f) for f in frames[1 + k:]], [10, 100, 10])
+    assert reads is not None and reads[1].tolist() == [0, 5] and reads[0].shape[0] == 0
+    assert link.unacked == 1 and link.inflight_bytes > 0, "counted in flight as one update message"
+
+
+def test_a_single_part_still_goes_as_an_inc_carrying_the_clock():
+    link, sock = make_link()
+    window = FlushWindow(link)
+    window.owe_clock(2)
+    window.start()
+    window.send(*small(0, 3))
+    window.close()
+    (h,) = sock.headers()
+    assert h["t"] == Msg.INC and h["c"] == 2 and h["n"] == 3 and "na" not in h
+
+
+def test_a_full_message_goes_before_the_next_part_and_ready_says_its_number():
+    """Parts gather until ``bundle_bytes``; ``ready`` sends the full message first, so the number it
+    returns is the one the next part travels under (read-my-writes relies on it)."""
+    link, sock = make_link()
+    window = FlushWindow(link, bundle_bytes=100, ack_spacing=1 << 30)
+    window.start()
+    assert window.ready() == 1
+    window.send(*small(0, 2))  # 16 + 64 bytes: room for more
+    assert window.ready() == 1
+    window.send(*small(1, 2))
+    assert window.ready() == 2 and len(sock.sent) == 1, "full: message 1 went"
+    window.send(*small(2, 2))
+    window.close()
+    hs = sock.headers()
+    assert [(h["t"], h["s"], len(h.get("u", []))) for h in hs] == [(Msg.FLUSH, 1, 2), (Msg.INC, 2, 0)]
+    assert hs[0].get("na") is True and "na" not in hs[1], "only the pass's last message asks for an ACK"
+
+
+def test_a_lent_array_goes_without_a_copy_in_a_flush():
+    link, sock = make_link()
+    window = FlushWindow(link)
+    window.start()
+    h, rows, vals = small(0, 2000)  # 64 KB of values: above pyzmq's copy threshold
+    frame = zmq.Frame(vals)
+    window.send(h, rows, vals, owned=vals, frame=frame)
+    window.send(*small(1, 2))
+    window.close()
+    frames = sock.sent[0]
+    assert frames[2] is frame, "the part's own ZeroMQ message travels as it is"

@@ -160,6 +160,32 @@ def test_hostile_messages_get_errors_and_change_nothing(bosen_cluster, tmp_path)
         h, _ = r0.recv()
         assert h["t"] == Msg.ACK and h["rq"] == s, h  # rank 1 holds the server clock back: no SCLOCK
         assert r0.silent()
+        # FLUSH: several tables' updates and the clock in one message; every part and the clock are
+        # checked before anything is applied
+        w4, f0 = [0, 1, "int64", False, False], [1, 1, "float32", False, False]  # row 2 of W, row 0 of F
+        f32 = np.array([1, 2, 3], np.float32)
+        bad0("FLUSH: field 'u' must list 1 to 256 parts, got 0", {"t": Msg.FLUSH, "u": []})
+        errors[0] += 1
+        r0.send({"t": Msg.FLUSH, "u": 3})
+        r0.expect_error("FLUSH: field 'u' must be list", rq=-1)  # a header check: before its number is read
+        bad0("FLUSH: part 1 must be [table, count, dtype, sparse, weights]", {"t": Msg.FLUSH, "u": [w4, [1, 1]]})
+        bad0("FLUSH: expected 4 array frames, got 3", {"t": Msg.FLUSH, "u": [w4, f0]}, i64(2), i64(4), i64(1, 2))
+        bad0("belongs to server 1, not 0", {"t": Msg.FLUSH, "u": [w4, f0]}, i64(2), i64(*[1] * 4), i64(1), f32)
+        bad0("unknown table index 5", {"t": Msg.FLUSH, "u": [w4, [5, 1, "int64", False, False]]},
+             i64(2), i64(*[1] * 4), i64(0), i64(1, 2, 3))
+        bad0("FLUSH: clock 3 goes back from 4", {"t": Msg.FLUSH, "u": [w4, f0], "c": 3},
+             i64(2), i64(*[1] * 4), i64(0), f32)
+        bad0("FLUSH: a read set ('rs') or checkpoint word ('ck') needs a clock ('c')",
+             {"t": Msg.FLUSH, "u": [w4], "rs": [[0, 1]]}, i64(2), i64(*[1] * 4), i64(0))
+        bad0("FLUSH: read set names table 7", {"t": Msg.FLUSH, "u": [w4], "c": 5, "rs": [[7, 1]]},
+             i64(2), i64(*[1] * 4), i64(0))
+        bad0("INC: non-finite value", {"t": Msg.FLUSH, "u": [w4, f0], "c": 5},
+             i64(2), i64(*[1] * 4), i64(0), np.array([1, np.nan, 3], np.float32))
+        s = r0.send({"t": Msg.FLUSH, "u": [w4, f0], "c": 5}, i64(2), i64(*[1] * 4), i64(0), f32)
+        h, _ = r0.recv()
+        assert h["t"] == Msg.ACK and h["rq"] == s, h  # one acknowledgement for the whole message
+        r0.send({"t": Msg.FLUSH, "u": [w4], "na": True}, i64(2), i64(*[2] * 4))
+        assert r0.silent(), "a FLUSH with na gets no ACK"
         # a replayed sequence number is rejected, whatever the message
         replay = r0.seq
         errors[0] += 1
@@ -207,7 +233,9 @@ def test_hostile_messages_get_errors_and_change_nothing(bosen_cluster, tmp_path)
         want_w[3, 1] = 8
         want_w[4] = 1  # the INC that carried a clock
         want_w[6, 0] = want_w[8, 1] = 100  # the INC with "na" and the one whose ACK covered it
+        want_w[2] += 1 + 2  # the two valid FLUSH messages (and none of the bad ones)
         want_f = np.zeros((6, 3), np.float32)
+        want_f[0] = [1, 2, 3]
         want_f[1] = [0.5, -1.5, 2]
         np.testing.assert_array_equal(W.get_rows(np.arange(10)), want_w)
         np.testing.assert_array_equal(F.get_rows(np.arange(6)), want_f)

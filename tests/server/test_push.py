@@ -289,7 +289,7 @@ def test_a_budgeted_push_to_readers_leaves_the_rest_to_the_clock_advance_push():
     local = np.arange(3)
     for c in range(3):
         shard.subscribe(local, c)
-        shard.set_recent(c, np.isin(np.arange(4), {0: [1, 2], 1: [0, 1], 2: [1]}[c]))
+        shard.set_recent(c, np.array({0: [1, 2], 1: [0, 1], 2: [1]}[c], np.int64))
     shard.skip_own = True
     for r in range(3):
         inc(s, np.array([r]), 1.0, client=r)

@@ -111,3 +111,32 @@ def test_an_init_file_that_does_not_fit_names_table_and_file(tmp_path, content, 
     cfg = TableConfig(name="W", rows=7, cols=3, init=InitConfig(file=str(path)))
     with pytest.raises(ConfigError, match=f"tables.W.init.file: .*{message}"):
         TableShard(0, cfg, Partition(1), 0, 1, procedures.load(cfg, "t.yaml"), CommConfig(enabled=False))
+
+
+def test_the_clock_advance_push_finds_changed_rows_without_scanning_the_table():
+    """take_changed comes from the rows that turned dirty (each once, sorted), less those a budgeted
+    push sent since; a row that changes again after its push is found again."""
+    s = shard()
+    s.subscribe(np.arange(8), client=0)
+    inc(s, [6, 1])
+    inc(s, [1, 4])
+    s.mark_sent(np.array([4]))  # a budgeted push took row 4
+    assert s.take_changed().tolist() == [1, 6]
+    s.mark_sent(np.array([1, 6]))
+    inc(s, [6])
+    assert s.take_changed().tolist() == [6]
+    assert s.take_changed().tolist() == []
+
+
+def test_a_read_set_replaces_the_clients_last_one_and_touches_only_those_rows():
+    s = shard(CommConfig(enabled=True, push_to="readers"))
+    s.subscribe(np.array([0, 1, 2, 5]), client=0)  # a new subscription counts as read this tick
+    s.subscribe(np.array([2]), client=1)
+    assert s.recent[:, 0].tolist() == [True, True, True, False, False, True, False, False]
+    s.set_recent(0, np.array([1, 3, 5], np.int64))  # row 3: not subscribed, so not marked
+    assert np.flatnonzero(s.recent[:, 0]).tolist() == [1, 5]
+    assert np.flatnonzero(s.read_recently).tolist() == [1, 2, 5]  # row 2: client 1 still read it
+    s.set_recent(1, np.empty(0, np.int64))
+    s.set_recent(0, np.array([0], np.int64))
+    assert np.flatnonzero(s.recent[:, 0]).tolist() == [0] and not s.recent[:, 1].any()
+    assert np.flatnonzero(s.read_recently).tolist() == [0]
