@@ -994,3 +994,23 @@ def test_sparse_sweep_draws_are_unchanged_by_its_list_building():
             sampling.sample_sparse(ptr, local_of, z, ndk, local, nk, 0.1, 0.05, V * 0.05, lo, hi, it * 7 + lo)
             nwk[rows] = local
     assert hashlib.sha256(z.tobytes() + nwk.tobytes()).hexdigest()[:16] == "5e83fb4571233f9b"
+
+
+def test_bench_job_profile_splits_a_tick_by_thread_and_phase():
+    """bench/apps: an LDA job run with metrics.profile reports, per clock, the worker's kernel (wall and
+    CPU), reads, buffering and clock, the communication thread's sends and the server's applies."""
+    from bench.apps import tickprofile
+    from bench.apps.lda import run_lda_job
+    args = {"data": "synthetic", "synth_docs": 60, "synth_vocab": 80, "synth_topics": 5, "synth_doc_len": 30.0,
+            "K": 8, "alpha": 0.1, "beta": 0.1, "iterations": 4, "test_data": "", "eval_every": 0, "ll_every": 4,
+            "save_model": False, "top_words": 2}
+    r = run_lda_job(args, 80, 8, 1, timeout=180)
+    p = r["profile"]
+    assert p is not None and p["clocks"] >= 4
+    w = p["worker"]
+    assert {"kernel", "read", "buffer", "clock", "app rest (delta, eval)"} <= set(w)
+    assert 0 < w["kernel"]["cpu_ms"] <= w["kernel"]["wall_ms"] * 1.05 + 0.1
+    assert w["kernel"]["wall_ms"] == pytest.approx(r["compute_s"] * 1e3 / p["clocks"], rel=1e-3, abs=1e-3)
+    assert w["buffer"]["cpu_ms"] > 0 and "send" in p["comm"] and p["server0"]["inc"]["cpu_ms"] > 0
+    lines = tickprofile.table(p).splitlines()
+    assert lines[0].startswith("thread") and any(line.startswith("server0  inc") for line in lines)
