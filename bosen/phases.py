@@ -49,6 +49,12 @@ class Phases:
         self.cpu[phase] = self.cpu.get(phase, 0.0) + cpu - inner[1]
         self.n[phase] = self.n.get(phase, 0) + 1
 
+    def reset(self) -> None:
+        """Forget the totals so far (start-up: first reads, numba's first calls); open phases stay open."""
+        self.wall.clear()
+        self.cpu.clear()
+        self.n.clear()
+
     def stats(self) -> dict[str, dict[str, Any]]:
         """phase -> {wall_s, cpu_s, n}."""
         return {k: {"wall_s": round(self.wall[k], 6), "cpu_s": round(self.cpu.get(k, 0.0), 6), "n": self.n.get(k, 0)}

@@ -90,6 +90,8 @@ class Worker:
         self._shared.after_tick(self.tick)
         if t is not None:
             ph.stop("clock", t)  # type: ignore[union-attr]
+            if self._app is None:  # the first tick's start-up (connections, numba's first calls) left out
+                ph.reset()  # type: ignore[union-attr]
             # from here to the next clock() the thread is in the app (kernel, delta) but for the
             # reads and increments timed inside: "app" is the tick's time outside the client
             self._app = ph.start()  # type: ignore[union-attr]

@@ -1006,7 +1006,7 @@ def test_bench_job_profile_splits_a_tick_by_thread_and_phase():
             "save_model": False, "top_words": 2}
     r = run_lda_job(args, 80, 8, 1, timeout=180)
     p = r["profile"]
-    assert p is not None and p["clocks"] >= 4
+    assert p is not None and p["clocks"] >= 3
     w = p["worker"]
     assert {"kernel", "read", "buffer", "clock", "app rest (delta, eval)"} <= set(w)
     assert 0 < w["kernel"]["cpu_ms"] <= w["kernel"]["wall_ms"] * 1.05 + 0.1
