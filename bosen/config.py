@@ -184,9 +184,12 @@ class MetricsConfig:
     """Measurements that cost traffic, off by default. ``freshness_every``: each worker probes one
     read in N for content freshness, how many updates of other processes the servers had applied
     that the values it read do not include (docs/design.md, "Freshness probes"); 0 = off. Pushes
-    and replies then carry per-row update counts, so servers and clients must agree (fingerprint)."""
+    and replies then carry per-row update counts, so servers and clients must agree (fingerprint).
+    ``profile``: every thread (workers, the communication thread, each server's loop) times its
+    phases, wall and CPU (``bosen.phases``), reported by ``Client.stats`` and server STATUS."""
 
     freshness_every: int = 0
+    profile: bool = False
 
     def __post_init__(self) -> None:
         check(self.freshness_every >= 0, "freshness_every: must be >= 0 (0 = off)")

@@ -32,6 +32,7 @@ from bosen.client.worker import WORKER_COUNTERS, Shared, Worker
 from bosen.config import Config
 from bosen.errors import BosenError
 from bosen.metrics import mbps, send_histogram
+from bosen.phases import merge
 
 JOIN_TIMEOUT_S = 30.0
 LEAVE_TIMEOUT_S = 30.0
@@ -56,13 +57,14 @@ class Client:
         self._workers: tuple[Worker, ...] = ()  # replaced, never changed in place: read without the lock
         self._workers_lock = threading.Lock()
         self._departed: dict[str, float] = dict.fromkeys(WORKER_COUNTERS, 0)
+        self._departed_phases: dict[str, dict[str, Any]] = {}  # metrics.profile: workers that left
         self._fresh = fresh = threading.Condition()  # rows arrived, a clock went out, failed or closing
         self._comm = CommThread(config, self._tables, self._life, self._notify, self._inc_bytes)
         self._reads = ReadPath(config, self._tables, self._comm, self._life, fresh)
         self._checkpoints = WorkerCheckpoints(config, self._comm.links, self._life, fresh)
         self._clocks = WorkerClocks(self._on_process_clock)
         self._shared = Shared(self._clocks, {st.name: st for st in self._tables}, str(config.source), self._life,
-                              self._reads, self._checkpoints.after_tick)
+                              self._reads, self._checkpoints.after_tick, config.metrics.profile)
         self._started = time.time()
         # reports' "time" counts from the job's start when launched (so workers' times compare)
         self._t0 = float(os.environ.get("BOSEN_T0", self._started))
@@ -139,6 +141,8 @@ class Client:
                 self._workers = tuple(x for x in self._workers if x is not w)
                 for k, v in w.counters().items():
                     self._departed[k] += v
+                if w.phases is not None:
+                    self._departed_phases = merge([self._departed_phases, w.phases.stats()])
             self._reads.drop_reader()
 
     def stats(self) -> dict[str, Any]:
@@ -175,6 +179,11 @@ class Client:
             if st.vlog is not None:  # versioned: updates retired by a newer version, versions released
                 tables[st.name].update(rows_retired=st.vlog.retired_rows, versions_released=st.vlog.released)
         s["tables"] = tables
+        if self.config.metrics.profile:  # per thread: the workers' (summed) and the communication thread's
+            with self._workers_lock:
+                mine = [w.phases.stats() for w in self._workers if w.phases is not None]
+            s["phases"] = {"worker": merge(mine + [self._departed_phases]), "comm": self._comm.phases.stats()
+                           if self._comm.phases is not None else {}}
         return s
 
     def report(self, **fields: Any) -> dict[str, Any]:

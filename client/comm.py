@@ -38,6 +38,7 @@ from bosen.config import Config
 from bosen.errors import BosenError, ProtocolError, ServerError, ServerLost
 from bosen.malloc import reuse_large_buffers
 from bosen.partition import Partition
+from bosen.phases import Phases
 from bosen.ratelimit import LeakyBucket
 from bosen.wire import Msg
 from bosen.zsocket import LoopSocket
@@ -110,8 +111,13 @@ class CommThread:
             Msg.PROBE_REPLY: self._on_probe_reply,
         }
         self.thread = LoopThread("bosen-comm", self._fail)
+        # metrics.profile: this thread's phases, "receive" (ROWS into the cache), "send" (flushes and
+        # what acknowledgements let out), "other_in" (other messages)
+        self.phases = Phases() if config.metrics.profile else None
         self.sender = Sender(tables, self.links, self.partition, config.comm, self.bucket, self.counters,
                              self.thread, life, notify, self._fail, made_bytes)
+        self.sender.phases = self.phases
+        self._last_kind: Msg | None = None  # the kind of the message being handled (for the profile)
         self.recovery = Recovery(tables, life, self._reconnect, self._hello_again, self.sender.pump, notify,
                                  self._fail)
         self._ctx: zmq.Context | None = None
@@ -322,10 +328,23 @@ class CommThread:
     # -- receiving -----------------------------------------------------------------------------
 
     def _dispatch(self, link: ServerLink, frames: list[Any]) -> None:
+        ph = self.phases
+        if ph is None:
+            self._handle(link, frames)
+            return
+        t = ph.start()
+        try:
+            self._handle(link, frames)
+        finally:
+            ph.stop("receive" if self._last_kind is Msg.ROWS else "other_in", t)
+
+    def _handle(self, link: ServerLink, frames: list[Any]) -> None:
         self.counters["msgs_received"] += 1
         self.counters["bytes_received"] += sum(map(len, frames))
+        self._last_kind = None
         try:
             h, arrays = receive.decode(frames)
+            self._last_kind = h["t"]
             handler = self._handlers.get(h["t"])
             if handler is None:
                 raise ProtocolError(f"{h['t'].name} is not a message a client accepts")

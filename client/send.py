@@ -33,6 +33,7 @@ from bosen.client.window import FlushWindow
 from bosen.config import CommConfig
 from bosen.errors import BosenError
 from bosen.partition import Partition
+from bosen.phases import Phases
 from bosen.ratelimit import LeakyBucket, paced_sender
 from bosen.wire import Msg, UpdateBatch
 
@@ -60,6 +61,7 @@ class Sender:
         self.comm = comm
         self.bucket = bucket
         self.counters = counters
+        self.phases: Phases | None = None  # metrics.profile: the communication thread's (set by CommThread)
         self.thread = thread
         self.life = life
         self.notify = notify
@@ -118,6 +120,17 @@ class Sender:
         """Send every buffered update; then, if ``clock`` is given, CLOCK(clock) to every server.
         The rest is sent as acknowledgements arrive (updates made meanwhile keep coalescing in the
         buffer; memory for messages stays bounded)."""
+        ph = self.phases
+        if ph is None:
+            self._flush(clock)
+            return
+        t = ph.start()  # metrics.profile: "send"
+        try:
+            self._flush(clock)
+        finally:
+            ph.stop("send", t)
+
+    def _flush(self, clock: int | None) -> None:
         if self.life.failed:
             return  # nothing more goes out; the workers raise the error
         for st in self.tables:
@@ -155,6 +168,17 @@ class Sender:
     def pump(self, link: ServerLink) -> None:
         """One pass of ``link``'s flush window: what the flush owes its server while the window has
         room; then its clock, if nothing is left."""
+        ph = self.phases
+        if ph is None:
+            self._pump(link)
+            return
+        t = ph.start()  # metrics.profile: "send" (inside a flush, or on an acknowledgement)
+        try:
+            self._pump(link)
+        finally:
+            ph.stop("send", t)
+
+    def _pump(self, link: ServerLink) -> None:
         if link.recovering:
             return  # goes on once the replacement has what the lost server had (client/recovery.py)
         window = link.window
@@ -288,6 +312,8 @@ class Sender:
     def _send_budgeted_guarded(self) -> int:
         if self.life.failed:
             return 0
+        ph = self.phases
+        t = ph.start() if ph is not None else None
         try:
             return self._send_budgeted()
         except Exception as e:  # report it to the workers, keep the loop alive
@@ -296,6 +322,9 @@ class Sender:
             err.__cause__ = e
             self.fail(err)
             return 0
+        finally:
+            if t is not None:
+                ph.stop("send", t)  # type: ignore[union-attr]
 
     def _send_budgeted(self) -> int:
         k = self.comm.client_send_rows

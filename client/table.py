@@ -20,6 +20,7 @@ from bosen.client.prefault import prefault
 from bosen.client.state import TableState
 from bosen.client.view import RowView
 from bosen.partition import server_of
+from bosen.phases import Phases
 
 
 class TableWorker(Protocol):
@@ -35,6 +36,7 @@ class TableWorker(Protocol):
     read_staleness_sum: int
     reads_to_probe: int  # reads until the next freshness probe (metrics.freshness_every)
     probe_gaps: random.Random  # draws the gap to the next probe
+    phases: Phases | None  # metrics.profile: this worker thread's phases ("read", "buffer", "clock")
 
 
 class FreshReads(Protocol):
@@ -135,6 +137,16 @@ class Table:
 
     def get_rows(self, rows: Any) -> np.ndarray:
         """Copies of many rows as a 2-D array (one request per server for those not fresh)."""
+        ph = self._worker.phases
+        if ph is None:
+            return self._get_rows(rows)
+        t = ph.start()  # metrics.profile: the worker's "read" phase (waits for fresh rows included)
+        try:
+            return self._get_rows(rows)
+        finally:
+            ph.stop("read", t)
+
+    def _get_rows(self, rows: Any) -> np.ndarray:
         if type(rows) is np.ndarray and rows.dtype.kind in "iu" and rows.ndim == 1 and rows.shape[0]:
             # the usual read, of rows all cached and fresh: checked, counted and copied in one pass
             r64 = rows if rows.dtype == np.int64 else rows.astype(np.int64)  # a uint64 past int64: negative
@@ -286,6 +298,16 @@ class Table:
 
     def inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:
         """Add ``deltas`` to ``rows``: dense ``(len(rows), cols)``, or COO triples when ``cols`` is given."""
+        ph = self._worker.phases
+        if ph is None:
+            return self._inc_rows(rows, deltas, cols)
+        t = ph.start()  # metrics.profile: the worker's "buffer" phase (update buffer and cache)
+        try:
+            return self._inc_rows(rows, deltas, cols)
+        finally:
+            ph.stop("buffer", t)
+
+    def _inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:
         rows, index = self._rows_index(rows)
         st = self._st
         if cols is None:

@@ -16,6 +16,7 @@ from bosen.client.clocks import WorkerClocks
 from bosen.client.lifecycle import Lifecycle
 from bosen.client.state import TableState
 from bosen.client.table import FreshReads, Table
+from bosen.phases import Phases
 
 # rows_read: rows handed to the worker by reads; rows_read_early: of those, rows whose value came in a
 # budgeted push since their server's last clock (managed communication's mid-clock values);
@@ -34,6 +35,7 @@ class Shared:
     life: Lifecycle
     reads: FreshReads
     after_tick: Callable[[int], None]  # called with the worker's new tick (checkpoint boundaries wait)
+    profile: bool = False  # metrics.profile: workers time their phases (bosen.phases)
 
     def table_state(self, name: str) -> TableState:
         st = self.tables.get(name)
@@ -57,6 +59,8 @@ class Worker:
         self.rows_read = 0
         self.rows_read_early = 0
         self.read_staleness_sum = 0
+        self.phases = Phases() if shared.profile else None  # read, buffer, clock, app (metrics.profile)
+        self._app: tuple[float, float] | None = None  # when the open "app" phase began (after a clock)
         self.reads_to_probe = 1  # the first read is probed, then one in metrics.freshness_every
         # gaps between probes are drawn (mean freshness_every), so that a worker reading its tables
         # in a fixed rotation does not probe only one of them
@@ -75,9 +79,22 @@ class Worker:
     def clock(self) -> None:
         """End of this worker's tick: tick c becomes c + 1. At a checkpoint boundary it returns once
         the process's CLOCK went out (``checkpoints.WorkerCheckpoints.after_tick``)."""
+        ph = self.phases
+        t = None
+        if ph is not None:
+            if self._app is not None:
+                ph.stop("app", self._app)
+            t = ph.start()
         self._shared.life.check()
         self.tick = self._shared.clocks.tick(self.id)
         self._shared.after_tick(self.tick)
+        if t is not None:
+            ph.stop("clock", t)  # type: ignore[union-attr]
+            if self._app is None:  # the first tick's start-up (connections, numba's first calls) left out
+                ph.reset()  # type: ignore[union-attr]
+            # from here to the next clock() the thread is in the app (kernel, delta) but for the
+            # reads and increments timed inside: "app" is the tick's time outside the client
+            self._app = ph.start()  # type: ignore[union-attr]
 
     def leave(self) -> None:
         """This worker stops holding the process clock back."""

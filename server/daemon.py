@@ -24,6 +24,7 @@ from bosen.config import Config
 from bosen.errors import ProtocolError
 from bosen.metrics import Durations, mbps, send_histogram
 from bosen.partition import Partition
+from bosen.phases import Phases
 from bosen.procedure import StoredProcedure
 from bosen.ratelimit import LeakyBucket, paced_sender
 from bosen.server import procedures
@@ -135,6 +136,10 @@ class Server:
         # checkpoint boundary), and each push's time, during which the loop reads nothing
         self.apply_lag = Durations()
         self.push_stall = Durations()
+        # metrics.profile: the loop thread's time per message kind handled, and "push" (row pushes,
+        # taken out of the CLOCK handling that makes them): STATUS's "phases"
+        self.phases = Phases() if config.metrics.profile else None
+        self._kind: Msg | None = None  # the kind of the message being handled
         self._read_at = 0.0  # when the message being handled was read off the socket
         self.started = time.time()
         self._cpu_at_start = time.process_time()  # reset by start(), after the warm-up
@@ -210,6 +215,18 @@ class Server:
     # -- plumbing ------------------------------------------------------------------------------
 
     def _dispatch(self, frames: list[Any]) -> None:
+        ph = self.phases
+        if ph is None:
+            self._handle(frames)
+            return
+        t = ph.start()
+        try:
+            self._handle(frames)
+        finally:  # per message kind: "inc" (apply), "clock" (less its pushes), "read", ...
+            ph.stop(self._kind.name.lower() if self._kind is not None else "bad", t)
+
+    def _handle(self, frames: list[Any]) -> None:
+        self._kind = None
         ident, body = frames[0].bytes, frames[1:]
         self._read_at = time.perf_counter()
         self.counters["msgs_in"] += 1
@@ -219,6 +236,7 @@ class Server:
             if not body:
                 raise ProtocolError("empty message")
             h = wire.decode_header(body[0])
+            self._kind = h.get("t")
             seq = h.get("s", -1) if isinstance(h.get("s"), int) else -1
             handler = self.handlers.get(h["t"])
             if handler is None:
@@ -636,6 +654,7 @@ class Server:
         """Send rows ``local`` to every client subscribed to them (a budgeted push under
         ``comm.push_to: readers``: to those that read them in their last tick); returns bytes sent."""
         t0 = time.perf_counter()
+        tp = self.phases.start() if self.phases is not None else None
         ranks = np.fromiter((p.rank for p in live), np.int64, len(live))
         masks = shard.push_masks(local, ranks)
         done = None
@@ -653,6 +672,8 @@ class Server:
         else:
             shard.mark_given(local, ranks, masks, done)
         self.push_stall.add(time.perf_counter() - t0)
+        if tp is not None:
+            self.phases.stop("push", tp)  # type: ignore[union-attr]
         return sent
 
     def _push_shared(self, shard: TableShard, local: np.ndarray, live: list[Peer], budgeted: bool,
@@ -823,6 +844,7 @@ class Server:
             "cpu_s": round(time.process_time() - self._cpu_at_start, 4),
             "apply_lag_ms": self.apply_lag.stats(),
             "push_stall_ms": self.push_stall.stats(),
+            **({"phases": self.phases.stats()} if self.phases is not None else {}),
             "tables": {s.cfg.name: {"rows": int(s.global_rows.shape[0]), "bytes": int(s.values.nbytes),
                                     "send_count_hist": send_histogram(s.send_count), **s.procedure.stats()}
                        for s in self.shards},

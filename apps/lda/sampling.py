@@ -224,6 +224,57 @@ def _sample_dense_blocked(doc_ptr, words, z, ndk, nwk, nk, alpha, beta, vbeta, d
 # exact sparse collapsed Gibbs (SparseLDA)
 
 
+@njit(nogil=True, cache=True)
+def _word_lists(nwk, words, a, b):
+    """The sparse sampler's word lists for the tokens [a, b): per row, its topics with a positive count
+    and the count, counts decreasing and equal counts in topic order (a stable sort), packed in one
+    array; a row no token in [a, b) uses gets none.
+
+    Returns (wn, off, wl): row r's list is wl[off[r]:off[r] + wn[r]], with room up to off[r + 1]. The work
+    and memory are those of the rows the tokens need, not of every row read (a worker reads rows for
+    several mini-batches), and sorting is in place (no allocation per row)."""
+    R, K = nwk.shape
+    occ = np.zeros(R, dtype=np.int64)
+    for i in range(a, b):
+        occ[words[i]] += 1
+    # room per row: its positive entries (counted in a loop the compiler vectorizes) plus one per token
+    nnz = np.zeros(R, dtype=np.int64)
+    off = np.zeros(R + 1, dtype=np.int64)
+    for r in range(R):
+        cap = 0
+        if occ[r] > 0:
+            c = 0
+            for k in range(K):
+                c += nwk[r, k] > 0
+            nnz[r] = c
+            cap = min(K, c + occ[r])
+        off[r + 1] = off[r] + cap
+    wn = np.zeros(R, dtype=np.int32)
+    wl = np.empty((max(off[R], 1), 2), dtype=np.int32)
+    for r in range(R):
+        if occ[r] == 0:
+            continue
+        o = off[r]
+        wl[o, 1] = 0  # an empty list reads as a count of 0 (the sampler reads its first count early)
+        n = 0
+        k = 0
+        while n < nnz[r]:  # up to the last positive entry
+            v = nwk[r, k]
+            if v > 0:
+                # insertion, stable: past every entry with a count >= v, so ties keep topic order
+                j = n
+                while j > 0 and wl[o + j - 1, 1] < v:
+                    wl[o + j, 0] = wl[o + j - 1, 0]
+                    wl[o + j, 1] = wl[o + j - 1, 1]
+                    j -= 1
+                wl[o + j, 0] = k
+                wl[o + j, 1] = v
+                n += 1
+            k += 1
+        wn[r] = n
+    return wn, off, wl
+
+
 @njit(nogil=True, cache=True, fastmath=True)
 def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np.ndarray, nwk: np.ndarray,
                   nk: np.ndarray, alpha: float, beta: float, vbeta: float, doc_lo: int, doc_hi: int,
@@ -252,27 +303,10 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
     for k in range(K):
         inv[k] = 1.0 / (_pos(nk[k]) + vbeta)
     # each word row's topics with a positive count and that count, side by side, counts decreasing:
-    # q reads one short contiguous list instead of K_w lines of a long row
-    wn = np.zeros(R, dtype=np.int32)
-    wl = np.empty((R, K, 2), dtype=np.int32)
-    cnt = np.empty(K, dtype=np.int64)
-    tps = np.empty(K, dtype=np.int64)
-    for r in range(R):
-        n = 0
-        for k in range(K):
-            if nwk[r, k] > 0:
-                tps[n] = k
-                cnt[n] = -nwk[r, k]
-                n += 1
-        if n > 1:
-            o = np.argsort(cnt[:n], kind="mergesort")
-            for j in range(n):
-                wl[r, j, 0] = tps[o[j]]
-                wl[r, j, 1] = -cnt[o[j]]
-        elif n == 1:
-            wl[r, 0, 0] = tps[0]
-            wl[r, 0, 1] = -cnt[0]
-        wn[r] = n
+    # q reads one short contiguous list instead of K_w lines of a long row. Only the rows of the
+    # tokens swept get a list, packed one after another (row r's at off[r]), each with room for what
+    # the sweep can add (one entry per token of the word, at most K in all)
+    wn, off, wl = _word_lists(nwk, words, doc_ptr[doc_lo], doc_ptr[doc_hi])
     B = 32
     nb = (K + B - 1) // B
     sblk = np.empty(nb)      # s in blocks of B topics, so drawing from it scans about K/(2B) + B/2
@@ -303,32 +337,33 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
             w = words[i]
             old = z[i]
             n = wn[w]
+            o = off[w]
             if i + 2 < nt:
                 # read the list of the token after next now: its cache miss then overlaps this token's
                 # work instead of stalling that token (1.10x per settled sweep at K=100, measured)
-                pf += wl[words[i + 2], 0, 1]
+                pf += wl[off[words[i + 2]], 1]
             # remove the token
             r_sum -= ndk[d, old] * beta * inv[old]
             ndk[d, old] -= 1
             # the word's count: in its list while positive (written back to nwk at the end), else in nwk
             j = 0
-            while j < n and wl[w, j, 0] != old:
+            while j < n and wl[o + j, 0] != old:
                 j += 1
             if j < n:
-                v = wl[w, j, 1]
+                v = wl[o + j, 1]
                 # the last entry of the run of counts equal to v takes the decremented one's place
                 e = j
-                while e + 1 < n and wl[w, e + 1, 1] == v:
+                while e + 1 < n and wl[o + e + 1, 1] == v:
                     e += 1
                 if e != j:
-                    wl[w, j, 0] = wl[w, e, 0]
-                    wl[w, e, 0] = old
+                    wl[o + j, 0] = wl[o + e, 0]
+                    wl[o + e, 0] = old
                 if v == 1:  # then e is the list's last entry (every count after a 1 is 1)
                     n -= 1
                     wn[w] = n
                     nwk[w, old] = 0
                 else:
-                    wl[w, e, 1] = v - 1
+                    wl[o + e, 1] = v - 1
             else:
                 nwk[w, old] -= 1
             nk[old] -= 1
@@ -347,7 +382,7 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
             # q over the word's topics
             q_sum = 0.0
             for j in range(n):
-                v = c[wl[w, j, 0]] * wl[w, j, 1]
+                v = c[wl[o + j, 0]] * wl[o + j, 1]
                 qv[j] = v
                 q_sum += v
             s, u = _rand(s)
@@ -359,7 +394,7 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
                     u -= qv[j]
                     j += 1
                 jq = j
-                t = wl[w, j, 0]
+                t = wl[o + j, 0]
             else:
                 u -= q_sum
                 if u < r_sum and dn > 0:
@@ -403,29 +438,29 @@ def sample_sparse(doc_ptr: np.ndarray, words: np.ndarray, z: np.ndarray, ndk: np
                 dn += 1
             if jq < 0:
                 jq = 0
-                while jq < n and wl[w, jq, 0] != t:
+                while jq < n and wl[o + jq, 0] != t:
                     jq += 1
             if jq < n:
-                v = wl[w, jq, 1]
+                v = wl[o + jq, 1]
                 # the first entry of the run of counts equal to v takes the incremented one's place
                 f = jq
-                while f > 0 and wl[w, f - 1, 1] == v:
+                while f > 0 and wl[o + f - 1, 1] == v:
                     f -= 1
                 if f != jq:
-                    wl[w, jq, 0] = wl[w, f, 0]
-                    wl[w, f, 0] = t
-                wl[w, f, 1] = v + 1
+                    wl[o + jq, 0] = wl[o + f, 0]
+                    wl[o + f, 0] = t
+                wl[o + f, 1] = v + 1
             else:
                 nwk[w, t] += 1
                 if nwk[w, t] == 1:  # a new list entry: a count of 1 goes last
-                    wl[w, n, 0] = t
-                    wl[w, n, 1] = 1
+                    wl[o + n, 0] = t
+                    wl[o + n, 1] = 1
                     wn[w] = n + 1
             if t != old:
                 changed += 1
     for r in range(R):  # the listed counts back into the rows
-        for j in range(wn[r]):
-            nwk[r, wl[r, j, 0]] = wl[r, j, 1]
+        for j in range(off[r], off[r] + wn[r]):
+            nwk[r, wl[j, 0]] = wl[j, 1]
     if pf == -1:  # a use of the early reads, so the compiler keeps them (a sum of counts: never -1)
         changed += 1
     return changed

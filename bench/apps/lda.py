@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.apps import tickprofile
 from bench.common import REPO
 from bosen.apps.lda.data import Corpus, generate, load
 from bosen.apps.lda.model import Sampler, loglikelihood
@@ -278,6 +279,7 @@ def _job_config(args: dict[str, Any], V: int, K: int, workers: int) -> dict[str,
     cfg["tables"]["word_topic"].update(rows=V, cols=K)
     cfg["tables"]["topic_summary"]["cols"] = K
     cfg["app"]["args"] = args
+    cfg["metrics"] = {**cfg.get("metrics", {}), "profile": True}  # per-thread phases (bench/apps/tickprofile.py)
     return cfg
 
 
@@ -304,7 +306,8 @@ def run_lda_job(args: dict[str, Any], V: int, K: int, workers: int, timeout: flo
                   if r.get("kind") == "clock" and "final_loglik" in r), None)
     slow = int(np.argmax(spans))  # the slowest worker's breakdown
     return {"seconds": max(spans), "launch_wall_s": job.seconds, "final_loglik": final,
-            **{k: v[slow] for k, v in parts.items()}}
+            **{k: v[slow] for k, v in parts.items()},
+            "profile": tickprofile.job_profile(job, "compute_s", "sample_cpu_s", has="tokens")}
 
 
 def _bare(corpus: Corpus, a: LDAArgs) -> tuple[list[float], float]:
@@ -369,19 +372,32 @@ def job_case(quick: bool, corpus: Corpus, data: str, repeats: int) -> list[dict[
             "send_s": round(one["send_s"], 3), "clock_wait_s": round(one["clock_wait_s"], 3),
             "loglik_s": round(one["ll_s"], 3),
             "other_s": round(one["seconds"] - one["compute_s"] - one["read_s"] - one["send_s"]
-                             - one["clock_wait_s"] - one["ll_s"], 3)},
+                             - one["clock_wait_s"] - one["ll_s"], 3),
+            # per thread and phase, ms per clock (bench/apps/tickprofile.py), beside the bare kernel's
+            "bare_ms_per_clock": round(bare_s * 1e3 / a.iterations, 3), "profile": one["profile"],
+            "profile_1_batch_per_clock": one_b1["profile"]},
            {**base, "metric": "seconds", "unit": "s", "ours": round(two["seconds"], 3),
             "baseline": round(one["seconds"], 3), "baseline_name": "same job, 1 worker", "workers": 2,
             "ratio": round(one["seconds"] / two["seconds"], 3), "launch_wall_s": round(two["launch_wall_s"], 2),
             "job_loglik": two["final_loglik"], "sampling_s": round(two["compute_s"], 3),
             "read_rows_s": round(two["read_s"], 3), "send_s": round(two["send_s"], 3),
-            "clock_wait_s": round(two["clock_wait_s"], 3)},
+            "clock_wait_s": round(two["clock_wait_s"], 3), "profile": two["profile"]},
            # as bench/apps/mf.py: iterations 2..E on both sides (the job's first tick opens the read
            # connection and fills a cold cache: start-up, which the bare kernel's timing leaves out too)
            {**base, "case": "lda-goal", "goal": "a 1-worker LDA job through the PS within 1.2x the bare kernel's time "
             "(iterations 2..E)", "met": bool(steady <= 1.2), "ratio": round(steady, 3),
             "ratio_with_first_tick": round(ratio, 3)}]
+    _log_profiles(f"lda-job {data}", bare_s * 1e3 / a.iterations,
+                  {"1 worker": one["profile"], "1 worker, 1 batch per clock": one_b1["profile"],
+                   "2 workers": two["profile"]})
     return out
+
+
+def _log_profiles(case: str, bare_ms: float, profiles: dict[str, dict[str, Any] | None]) -> None:
+    """The human tables of a case's job profiles, on stderr (the JSON records hold them too)."""
+    for name, prof in profiles.items():
+        print(f"apps_lda: {case}, {name}: where a tick goes (bare kernel {bare_ms:.3f} ms per clock)\n"
+              f"{tickprofile.table(prof)}", file=sys.stderr, flush=True)
 
 
 def reuters() -> tuple[Corpus, str] | None:
@@ -418,7 +434,7 @@ def peer_job_case(corpus: Corpus, path: str, data: str, K: int = 100, alpha: flo
         for key, n in steps if rep % 2 == 0 else steps[::-1]:
             if key.startswith("job"):
                 job = run_lda_job(args, corpus.n_vocab, K, n)
-                got[key] = (job["seconds"] - job["ll_s"], job["final_loglik"])
+                got[key] = (job["seconds"] - job["ll_s"], job["final_loglik"], job["profile"])
             else:
                 try:
                     t = _Tomotopy(corpus, K, alpha, beta, n)
@@ -440,11 +456,14 @@ def peer_job_case(corpus: Corpus, path: str, data: str, K: int = 100, alpha: flo
         ll_peer = float(np.median([r[f"tomotopy-{n}t"][1] for r in rounds]))
         ratio = float(np.median(ratios))
         ll_ok = ll_ours >= ll_peer - 1e-3 * abs(ll_peer)
+        prof = sorted((r[f"job-{n}w"] for r in rounds), key=lambda j: j[0])[len(rounds) // 2][2]  # the median job's
+        _log_profiles(f"lda-job-vs-tomotopy {data}", float(np.median(peer)) * 1e3 / iterations,
+                      {f"{n} worker(s) (the 'bare' figure: tomotopy's ms per iteration)": prof})
         out.append({**base, "metric": "seconds", "unit": "s", "workers": n,
                     "ours": round(float(np.median(ours)), 3), "baseline": round(float(np.median(peer)), 3),
                     "baseline_name": f"{TOMOTOPY}, {n} thread{'s' if n > 1 else ''}, same iterations",
                     "ratio": round(ratio, 3), "ratios": [round(x, 3) for x in ratios],
-                    "ours_loglik": round(ll_ours, 1), "baseline_loglik": round(ll_peer, 1),
+                    "ours_loglik": round(ll_ours, 1), "baseline_loglik": round(ll_peer, 1), "profile": prof,
                     "goal": f"an LDA job with {n} worker{'s' if n > 1 else ''} >= {need}x tomotopy on {n} "
                             f"thread{'s' if n > 1 else ''} at equal or better log-likelihood (within 0.1%)",
                     "met": bool(ratio >= need and ll_ok)})

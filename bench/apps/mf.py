@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.apps import tickprofile
 from bench.common import REPO
 from bosen.apps.mf.data import Triples, load_csv, synthetic
 from bosen.apps.mf.kernels import clipped_squared_error, sgd_pass
@@ -269,7 +270,8 @@ def _job_span(job: JobRun) -> dict[str, Any]:
     per_clock["other"] = span0 / clocks - sum(per_clock.values()) if clocks else 0.0
     final = sorted(job.kind("clock"), key=lambda r: r["clock"])[-1]
     return {"span_s": span, "clocks": clocks, "per_clock_s_rank0": per_clock,
-            "heldout_rmse": final.get("heldout_rmse"), "launch_wall_s": job.seconds}
+            "heldout_rmse": final.get("heldout_rmse"), "launch_wall_s": job.seconds,
+            "profile": tickprofile.job_profile(job, "seconds")}
 
 
 def _bare(train: Triples, scorer: Scorer, nu: int, ni: int, epochs: int, evaluate: bool) -> float:
@@ -294,7 +296,7 @@ def job_case(name: str, data: tuple[Triples, Triples, int, int], sets: dict[str,
     train, test, nu, ni = data
     scorer = Scorer(train, test, nu, ni)
     evaluate = sets.get("app.args.eval_every", 1) != 0 and test[2].size > 0
-    sets = {"app.args.epochs": epochs, "app.args.lr_decay": 1.0, **sets}
+    sets = {"app.args.epochs": epochs, "app.args.lr_decay": 1.0, **tickprofile.SETS, **sets}
     bare, jobs = [], {w: [] for w in workers}
     with tempfile.TemporaryDirectory(prefix="bosen-mf-bench-") as tmp:
         for rep in range(reps):
@@ -309,6 +311,9 @@ def job_case(name: str, data: tuple[Triples, Triples, int, int], sets: dict[str,
     for w in workers:
         mid = sorted(jobs[w], key=lambda j: j["span_s"])[len(jobs[w]) // 2]
         rec[f"job_{w}w"] = mid
+        print(f"apps_mf: {name} job, {w} worker(s): where a tick goes (bare kernel "
+              f"{statistics.median(bare) * 1e3 / max(epochs - 1, 1):.3f} ms per epoch)\n"
+              f"{tickprofile.table(mid['profile'])}", file=sys.stderr, flush=True)
         rec[f"ratio_{w}w"] = statistics.median(j["span_s"] / b for j, b in zip(jobs[w], bare, strict=True))
     rec.update(ours=rec["job_1w"]["span_s"], baseline=rec["bare_s"], baseline_name="bare kernel, one process",
                ratio=rec["ratio_1w"], goal="1-worker job <= 1.2x the bare kernel", met=bool(rec["ratio_1w"] <= 1.2))

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.apps import tickprofile
 from bench.common import REPO
 from bosen.apps.mlr import data as D
 from bosen.apps.mlr.model import LocalModel
@@ -189,6 +190,7 @@ def _job_span(job: JobRun) -> dict[str, Any]:
     per_clock["other (eval, report, python)"] = span0 / clocks - sum(per_clock.values())
     final = sorted((r for r in job.kind("clock") if "heldout_total" in r), key=lambda r: r["clock"])
     return {"span_s": max(spans), "clocks": clocks, "per_clock_s_rank0": per_clock, "launch_wall_s": job.seconds,
+            "profile": tickprofile.job_profile(job, "compute_s"),
             "heldout_accuracy": final[-1]["heldout_correct"] / final[-1]["heldout_total"] if final else None}
 
 
@@ -220,7 +222,7 @@ def job_case(epochs: int, reps: int, workers: tuple[int, ...] = (1, 2),
     a = _config_args()
     if a.get("lr_schedule", "inverse") != "inverse":
         raise ValueError(f"{CONFIG}: the bench's bare run follows lr_schedule inverse")
-    sets: dict[str, Any] = {"app.args.epochs": epochs}
+    sets: dict[str, Any] = {"app.args.epochs": epochs, **tickprofile.SETS}
     bare: list[float] = []
     jobs: dict[int, list[dict[str, Any]]] = {w: [] for w in workers}
     with tempfile.TemporaryDirectory(prefix="bosen-mlr-bench-") as tmp:
@@ -244,6 +246,9 @@ def job_case(epochs: int, reps: int, workers: tuple[int, ...] = (1, 2),
                            "bare_s": statistics.median(bare), "repeats": reps}
     for w in workers:
         rec[f"job_{w}w"] = sorted(jobs[w], key=lambda j: j["span_s"])[len(jobs[w]) // 2]
+        print(f"apps_mlr: job, {w} worker(s): where a tick goes (bare kernel "
+              f"{statistics.median(bare) * 1e3 / max(epochs - 1, 1):.3f} ms per epoch)\n"
+              f"{tickprofile.table(rec[f'job_{w}w']['profile'])}", file=sys.stderr, flush=True)
         rec[f"ratio_{w}w"] = statistics.median(j["span_s"] / b for j, b in zip(jobs[w], bare, strict=True))
     rec.update(ours=rec["job_1w"]["span_s"], baseline=rec["bare_s"], baseline_name="bare kernel, one process",
                ratio=rec["ratio_1w"], goal="1-worker job <= 1.2x the bare kernel", met=bool(rec["ratio_1w"] <= 1.2))

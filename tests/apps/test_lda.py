@@ -942,3 +942,75 @@ def test_convergence_read_run_uses_the_consistent_objective(tmp_path):
     run = read_run(job, "BS", 0, 2, 2, "last", True, {})
     assert run.objective == [-86.0, -84.0] and run.objective_worker_view == [-96.0, -94.0]
     assert run.epochs_to(-85.0) == 2 and run.failure is None
+
+
+def test_sparse_word_lists_are_the_batch_rows_sorted_stably():
+    """The sparse sampler's lists: only the rows the swept tokens use, each its positive counts in
+    decreasing order with ties in topic order (what a stable argsort gives), room for one new entry per
+    token of the word; a row no swept token uses gets none."""
+    rng = np.random.default_rng(4)
+    R, K = 30, 17
+    nwk = rng.integers(-1, 4, (R, K)).astype(np.int32)
+    nwk[5] = 0
+    words = rng.integers(0, R, 400).astype(np.int64)
+    a, b = 100, 250
+    wn, off, wl = sampling._word_lists(nwk, words, a, b)
+    used = np.bincount(words[a:b], minlength=R)
+    for r in range(R):
+        lst = wl[off[r]:off[r] + wn[r]]
+        if used[r] == 0:
+            assert wn[r] == 0 and off[r + 1] == off[r]
+            continue
+        pos = np.flatnonzero(nwk[r] > 0)
+        want = pos[np.argsort(-nwk[r, pos], kind="stable")]
+        np.testing.assert_array_equal(lst[:, 0], want)
+        np.testing.assert_array_equal(lst[:, 1], nwk[r, want])
+        assert off[r + 1] - off[r] == min(K, pos.size + used[r])
+
+
+def test_sparse_sweep_draws_are_unchanged_by_its_list_building():
+    """The chain is the same draw for draw as the sampler's before its lists were built per batch (the
+    digest of z and the counts after 30 sweeps of 3 mini-batches each, in a worker's layout: each batch's
+    rows read, a token -> local row map pointing far out for tokens outside it, a stale negative count),
+    recorded from that sampler (apps/lda/sampling.py at f1e54e2)."""
+    import hashlib
+    c = generate(60, 50, 8, 40.0, seed=11)
+    K, V = 24, 50
+    ptr = c.doc_ptr().astype(np.int64)
+    words = c.words.astype(np.int64)
+    z = np.empty(len(words), np.int32)
+    sampling.random_init(z, K, 3)
+    ndk = sampling.doc_topic_counts(ptr, z, K)
+    nwk = np.zeros((V, K), np.int32)
+    np.add.at(nwk, (words, z), 1)
+    nk = nwk.sum(0).astype(np.int32)
+    nwk[7, 3] -= 2
+    for it in range(30):
+        for lo, hi in ((0, 17), (17, 40), (40, 60)):
+            rows, loc = np.unique(words[ptr[lo]:ptr[hi]], return_inverse=True)
+            local_of = np.full(len(words), 10**6, np.int64)
+            local_of[ptr[lo]:ptr[hi]] = loc
+            local = nwk[rows].copy()
+            sampling.sample_sparse(ptr, local_of, z, ndk, local, nk, 0.1, 0.05, V * 0.05, lo, hi, it * 7 + lo)
+            nwk[rows] = local
+    assert hashlib.sha256(z.tobytes() + nwk.tobytes()).hexdigest()[:16] == "5e83fb4571233f9b"
+
+
+def test_bench_job_profile_splits_a_tick_by_thread_and_phase():
+    """bench/apps: an LDA job run with metrics.profile reports, per clock, the worker's kernel (wall and
+    CPU), reads, buffering and clock, the communication thread's sends and the server's applies."""
+    from bench.apps import tickprofile
+    from bench.apps.lda import run_lda_job
+    args = {"data": "synthetic", "synth_docs": 60, "synth_vocab": 80, "synth_topics": 5, "synth_doc_len": 30.0,
+            "K": 8, "alpha": 0.1, "beta": 0.1, "iterations": 4, "test_data": "", "eval_every": 0, "ll_every": 4,
+            "save_model": False, "top_words": 2}
+    r = run_lda_job(args, 80, 8, 1, timeout=180)
+    p = r["profile"]
+    assert p is not None and p["clocks"] >= 3
+    w = p["worker"]
+    assert {"kernel", "read", "buffer", "clock", "app rest (delta, eval)"} <= set(w)
+    assert 0 < w["kernel"]["cpu_ms"] <= w["kernel"]["wall_ms"] * 1.05 + 0.1
+    assert w["kernel"]["wall_ms"] == pytest.approx(r["compute_s"] * 1e3 / p["clocks"], rel=1e-3, abs=1e-3)
+    assert w["buffer"]["cpu_ms"] > 0 and "send" in p["comm"] and p["server0"]["inc"]["cpu_ms"] > 0
+    lines = tickprofile.table(p).splitlines()
+    assert lines[0].startswith("thread") and any(line.startswith("server0  inc") for line in lines)
