@@ -190,6 +190,17 @@ class Table:
         return RowView(self, rows.copy(), self.cols, self.dtype, base)
 
     def refresh_view(self, v: RowView, at: np.ndarray | None = None) -> int:
+        """``v.refresh(at)`` (see ``_refresh_view``), timed as the worker's "read" phase under metrics.profile."""
+        ph = self._worker.phases
+        if ph is None:
+            return self._refresh_view(v, at)
+        t = ph.start()
+        try:
+            return self._refresh_view(v, at)
+        finally:
+            ph.stop("read", t)
+
+    def _refresh_view(self, v: RowView, at: np.ndarray | None = None) -> int:
         """``v.refresh(at)``: the rule, counters and probes of ``get_rows`` for the view's rows (at
         positions ``at``, else all); copies only rows whose cache stamp moved since ``v`` copied them.
         Returns the rows copied."""
@@ -222,6 +233,17 @@ class Table:
         return int(copied)
 
     def push_view(self, v: RowView, at: np.ndarray | None = None) -> int:
+        """``v.push(at)`` (see ``_push_view``), timed as the worker's "buffer" phase under metrics.profile."""
+        ph = self._worker.phases
+        if ph is None:
+            return self._push_view(v, at)
+        t = ph.start()
+        try:
+            return self._push_view(v, at)
+        finally:
+            ph.stop("buffer", t)
+
+    def _push_view(self, v: RowView, at: np.ndarray | None = None) -> int:
         """``v.push(at)``: ``inc_rows(rows, values - base)`` of the view's rows (at positions ``at``,
         else all) that changed, in one compiled pass (``UpdateBuffer.add_view``). Versioned tables
         take the ``inc_rows`` path with every row, unchanged ones included (their updates are tagged
