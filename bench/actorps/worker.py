@@ -4,7 +4,8 @@ A line protocol with the bench on stdin/stdout (JSON lines): it joins the job an
 reads ``{"t0", "t1"}`` and iterates (``loop.Window``: ``get_rows``, ``inc_rows``, ``clock`` each
 iteration) until an iteration ends past t1; clocks once more (a worker at staleness 0 may be waiting
 for that clock), waits until the servers applied everything it sent and prints its counts, its
-phases and the CPU time of each of its threads over the window. On ``check`` it reads the whole
+phases and the CPU time of each of its threads over the window. On ``clock`` it clocks past anything
+the checking worker can wait for; on ``check`` it clocks past its staleness bound, reads the whole
 table and prints its sum; on ``quit`` it leaves the job.
 """
 
@@ -82,8 +83,8 @@ def main(spec: dict[str, Any]) -> None:
                     rows = np.arange(lo, min(lo + 4096, wl.rows), dtype=np.int64)
                     total += float(table.get_rows(rows).sum(dtype=np.float64))
                 say(step="check", table_sum=total)
-            elif line == "clock":  # the checking worker may need this one's clocks to read
-                for _ in range(spec["staleness"] + 1):
+            elif line == "clock":  # the checking worker may be s + 1 ticks ahead and clocks s + 1 more
+                for _ in range(2 * spec["staleness"] + 4):
                     client.clock()
                 say(step="clocked")
     finally:
