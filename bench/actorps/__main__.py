@@ -21,7 +21,9 @@ of ``--window`` seconds opens; a worker's rate is the iterations that ended insi
 between the first and last of them; the metric is the sum over the 2 workers (iterations/s).
 
 Systems alternate order from round to round; ``ratio`` = median over rounds of (ours / Ray in the
-same round), with the rounds' min and max (``ratio_spread``); > 1 means we are faster. Each run ends
+same round), with the rounds' min and max (``ratio_spread``); > 1 means we are faster. ``cpu_ratio``:
+the same for the CPU time per iteration of all of a system's processes (Ray's CPU / ours; > 1: we
+spend less), which a busy machine moves far less than the rate. Each run ends
 with a check that every increment arrived exactly once (the table's sum; the delta keeps it exact).
 Lines also carry where an iteration's time goes (``phase_wall_us`` / ``phase_cpu_us`` of the worker
 thread: draw, read, inc, end), the CPU time of each of our worker's threads per iteration, the CPU
@@ -199,6 +201,11 @@ def finish(wl: Workload, done: list[dict], table_sum: float, c0: dict[int, tuple
 # ----------------------------------------------------------------------------------------------
 
 
+def cpu_total(run: dict) -> float:
+    """CPU microseconds per iteration of every process of a system (the bench process left out)."""
+    return sum(v for k, v in run["cpu_us_per_iteration"].items() if k != "bench") or float("nan")
+
+
 def bench_case(case: str, systems: list[str], rounds: int, warmup: float, window: float, work: Path,
                quick: bool) -> None:
     wl = CASES[case]
@@ -217,6 +224,7 @@ def bench_case(case: str, systems: list[str], rounds: int, warmup: float, window
     ray_rate = median(r["it_per_s"] for r in ray_runs)
     for s in systems[1:]:
         ratios = [o["it_per_s"] / b["it_per_s"] for o, b in zip(runs[s], ray_runs, strict=True)]
+        cpu_ratios = [cpu_total(b) / cpu_total(o) for o, b in zip(runs[s], ray_runs, strict=True)]
         mid = sorted(range(rounds), key=lambda i: runs[s][i]["it_per_s"])[rounds // 2]
         st, ns = OURS[s]
         goal = GOALS.get((case, s))
@@ -225,6 +233,7 @@ def bench_case(case: str, systems: list[str], rounds: int, warmup: float, window
              ours=median(r["it_per_s"] for r in runs[s]), baseline=ray_rate, baseline_name=RAY_NAME,
              ratio=ratio, **({"goal": goal, "met": ratio >= goal} if goal else {}),
              ratio_spread={"min": min(ratios), "max": max(ratios)}, ratios=ratios,
+             cpu_ratio=median(cpu_ratios), cpu_ratio_spread={"min": min(cpu_ratios), "max": max(cpu_ratios)},
              ours_all=[r["it_per_s"] for r in runs[s]], baseline_all=[r["it_per_s"] for r in ray_runs],
              staleness=st, servers=ns, workers=WORKERS, rounds=rounds, warmup_s=warmup, window_s=window,
              quick=quick, workload=asdict(wl), table_MiB=wl.rows * wl.cols * 4 / 2**20,
