@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(PY) -m bench.apps --quick
 	$(PY) -m bench.torch --quick
 	$(PY) -m bench.recovery --quick
+	$(PY) -m bench.actorps --quick
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache build/typecheck
