@@ -111,7 +111,6 @@ def _refresh_fresh(values, clock, server_clock, early, stamp, rows, pos, need, t
     0, rows copied) at the first row not fresh (rows before it may be copied already: correct
     values, stamps kept)."""
     servers = server_clock.shape[0]
-    cols = values.shape[1]
     n_early = 0
     stale = 0
     copied = 0
@@ -129,34 +128,32 @@ def _refresh_fresh(values, clock, server_clock, early, stamp, rows, pos, need, t
         if early[r]:
             n_early += 1
         read_now[r] = True
-        s = stamp[r]
-        if s != seen[p]:
-            for k in range(cols):
-                v = values[r, k]
-                out[p, k] = v
-                base[p, k] = v
-            seen[p] = s
-            copied += 1
+        copied += _copy_if_moved(values, stamp, r, p, out, base, seen)
     return 0, n_early, stale, copied
 
 
 @njit(nogil=True, cache=True)
 def _copy_changed(values, stamp, rows, pos, out, base, seen):  # pragma: no cover - compiled
     """Copy into ``out`` and ``base`` the rows at ``pos`` whose stamp is not ``seen``; returns how many."""
-    cols = values.shape[1]
     copied = 0
     for i in range(pos.shape[0]):
         p = pos[i]
-        r = rows[p]
-        s = stamp[r]
-        if s != seen[p]:
-            for k in range(cols):
-                v = values[r, k]
-                out[p, k] = v
-                base[p, k] = v
-            seen[p] = s
-            copied += 1
+        copied += _copy_if_moved(values, stamp, rows[p], p, out, base, seen)
     return copied
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _copy_if_moved(values, stamp, r, p, out, base, seen):  # pragma: no cover - compiled
+    """Row ``r`` into ``out[p]`` and ``base[p]`` if its stamp moved since ``seen[p]`` (then 1, else 0)."""
+    s = stamp[r]
+    if s == seen[p]:
+        return 0
+    for k in range(values.shape[1]):
+        v = values[r, k]
+        out[p, k] = v
+        base[p, k] = v
+    seen[p] = s
+    return 1
 
 
 class RowCache:
