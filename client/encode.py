@@ -183,6 +183,6 @@ def update_batch(rows: np.ndarray, block: np.ndarray, nnz: int | None = None) ->
     if nnz is None:
         nnz = int(np.count_nonzero(block))
     if 8 * (rows.shape[0] + 1) + nnz * (4 + block.itemsize) < block.nbytes // 2:
-        indptr, cols, vals = rowmath.to_csr(block)
+        indptr, cols, vals = rowmath.to_csr(block, nnz)
         return UpdateBatch(rows, vals, indptr, cols)
     return UpdateBatch(rows, block)

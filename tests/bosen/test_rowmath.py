@@ -131,3 +131,20 @@ def test_push_view_is_inc_rows_of_the_changes_in_one_pass():
     assert push_view(delta, dirty, ops, imp, True, cache, stamp, held, True, rows, np.array([3]), False, values, base,
                      seen) == 1
     assert delta[7, 1] == want and np.isnan(values[0, 0]) and seen[3] == 8
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float32, np.float64, np.float16])
+def test_to_csr_matches_numpys_nonzeros_whatever_the_dtype_and_a_wrong_count(dtype):
+    rng = np.random.default_rng(3)
+    block = (rng.random((50, 30)) < 0.1) * rng.integers(-5, 6, (50, 30))
+    block = block.astype(dtype)
+    block[7] = 0  # an empty row
+    r, c = np.nonzero(block)
+    want_ptr = np.concatenate([[0], np.cumsum(np.bincount(r, minlength=50))])
+    for nnz in (None, int(np.count_nonzero(block)), 3):  # 3: a wrong count falls back, never overruns
+        indptr, cols, vals = rowmath.to_csr(block, nnz)
+        assert np.array_equal(indptr, want_ptr) and np.array_equal(cols, c) and np.array_equal(vals, block[r, c])
+        assert cols.dtype == np.int32 and vals.dtype == block.dtype
+    strided = block[:, ::2]  # not C-contiguous: the numpy path
+    r2, c2 = np.nonzero(strided)
+    assert np.array_equal(rowmath.to_csr(strided)[1], c2)
