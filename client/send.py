@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from bosen import phases
 from bosen.client import encode
 from bosen.client.lifecycle import Lifecycle
 from bosen.client.link import ServerLink
@@ -120,15 +121,7 @@ class Sender:
         """Send every buffered update; then, if ``clock`` is given, CLOCK(clock) to every server.
         The rest is sent as acknowledgements arrive (updates made meanwhile keep coalescing in the
         buffer; memory for messages stays bounded)."""
-        ph = self.phases
-        if ph is None:
-            self._flush(clock)
-            return
-        t = ph.start()  # metrics.profile: "send"
-        try:
-            self._flush(clock)
-        finally:
-            ph.stop("send", t)
+        phases.timed(self.phases, "send", self._flush, clock)  # metrics.profile: "send"
 
     def _flush(self, clock: int | None) -> None:
         if self.life.failed:
@@ -168,15 +161,7 @@ class Sender:
     def pump(self, link: ServerLink) -> None:
         """One pass of ``link``'s flush window: what the flush owes its server while the window has
         room; then its clock, if nothing is left."""
-        ph = self.phases
-        if ph is None:
-            self._pump(link)
-            return
-        t = ph.start()  # metrics.profile: "send" (inside a flush, or on an acknowledgement)
-        try:
-            self._pump(link)
-        finally:
-            ph.stop("send", t)
+        phases.timed(self.phases, "send", self._pump, link)  # inside a flush, or on an acknowledgement
 
     def _pump(self, link: ServerLink) -> None:
         if link.recovering:

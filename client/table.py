@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from bosen import priority, rowmath
+from bosen import phases, priority, rowmath
 from bosen.client.lifecycle import Lifecycle, Phase
 from bosen.client.prefault import prefault
 from bosen.client.state import TableState
@@ -137,14 +137,8 @@ class Table:
 
     def get_rows(self, rows: Any) -> np.ndarray:
         """Copies of many rows as a 2-D array (one request per server for those not fresh)."""
-        ph = self._worker.phases
-        if ph is None:
-            return self._get_rows(rows)
-        t = ph.start()  # metrics.profile: the worker's "read" phase (waits for fresh rows included)
-        try:
-            return self._get_rows(rows)
-        finally:
-            ph.stop("read", t)
+        # metrics.profile: the worker's "read" phase (waits for fresh rows included)
+        return phases.timed(self._worker.phases, "read", self._get_rows, rows)
 
     def _get_rows(self, rows: Any) -> np.ndarray:
         if type(rows) is np.ndarray and rows.dtype.kind in "iu" and rows.ndim == 1 and rows.shape[0]:
@@ -191,14 +185,7 @@ class Table:
 
     def refresh_view(self, v: RowView, at: np.ndarray | None = None) -> int:
         """``v.refresh(at)`` (see ``_refresh_view``), timed as the worker's "read" phase under metrics.profile."""
-        ph = self._worker.phases
-        if ph is None:
-            return self._refresh_view(v, at)
-        t = ph.start()
-        try:
-            return self._refresh_view(v, at)
-        finally:
-            ph.stop("read", t)
+        return phases.timed(self._worker.phases, "read", self._refresh_view, v, at)
 
     def _refresh_view(self, v: RowView, at: np.ndarray | None = None) -> int:
         """``v.refresh(at)``: the rule, counters and probes of ``get_rows`` for the view's rows (at
@@ -234,14 +221,7 @@ class Table:
 
     def push_view(self, v: RowView, at: np.ndarray | None = None) -> int:
         """``v.push(at)`` (see ``_push_view``), timed as the worker's "buffer" phase under metrics.profile."""
-        ph = self._worker.phases
-        if ph is None:
-            return self._push_view(v, at)
-        t = ph.start()
-        try:
-            return self._push_view(v, at)
-        finally:
-            ph.stop("buffer", t)
+        return phases.timed(self._worker.phases, "buffer", self._push_view, v, at)
 
     def _push_view(self, v: RowView, at: np.ndarray | None = None) -> int:
         """``v.push(at)``: ``inc_rows(rows, values - base)`` of the view's rows (at positions ``at``,
@@ -320,14 +300,8 @@ class Table:
 
     def inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:
         """Add ``deltas`` to ``rows``: dense ``(len(rows), cols)``, or COO triples when ``cols`` is given."""
-        ph = self._worker.phases
-        if ph is None:
-            return self._inc_rows(rows, deltas, cols)
-        t = ph.start()  # metrics.profile: the worker's "buffer" phase (update buffer and cache)
-        try:
-            return self._inc_rows(rows, deltas, cols)
-        finally:
-            ph.stop("buffer", t)
+        # metrics.profile: the worker's "buffer" phase (update buffer and cache)
+        phases.timed(self._worker.phases, "buffer", self._inc_rows, rows, deltas, cols)
 
     def _inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:
         rows, index = self._rows_index(rows)
