@@ -458,7 +458,7 @@ def read_set(h: dict[str, Any], frames: Sequence[Any], local_rows: Sequence[int]
     server's local row counts); None if the message carries none. ``frames``: the read set's own."""
     if "rs" not in h:
         return None
-    what = f"{h['t'].name}"
+    what = h["t"].name
     reads: list[list[np.ndarray]] = [[] for _ in local_rows]
     for (tb, n), frame in zip(_read_set_entries(h), frames, strict=True):
         if not 0 <= tb < len(reads):
@@ -474,5 +474,4 @@ def read_set(h: dict[str, Any], frames: Sequence[Any], local_rows: Sequence[int]
             reads[tb].append(local)
         else:
             raise ProtocolError(f"{what}: read set count {n} for table {tb} (must be >= 0, or -1: a bitmap)")
-    empty = np.empty(0, dtype=np.int64)
-    return [empty if not r else np.unique(np.concatenate(r)) if len(r) > 1 else np.unique(r[0]) for r in reads]
+    return [np.unique(np.concatenate(r)) if r else np.empty(0, dtype=np.int64) for r in reads]
