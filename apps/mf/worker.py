@@ -173,9 +173,9 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     rng = np.random.default_rng([a.seed, client.rank])
     b = a.batches_per_clock
     cut = batches(part, a.clocks_per_epoch * b, rng)
-    views = Views(L, R, cut)
-    clocks = [list(zip(cut[k:k + b], views.at[k:k + b], strict=True)) for k in range(0, len(cut), b)]
     gradient = _gradient_mode(a, L, R)
+    views = Views(L, R, cut, push=not gradient)
+    clocks = [list(zip(cut[k:k + b], views.at[k:k + b], strict=True)) for k in range(0, len(cut), b)]
     tick, last = 0, a.epochs * len(clocks)
     # a checkpoint holds the clocks done and the generator (the batches' order is fixed by the seed)
     client.checkpoint_state(lambda: {"tick": np.array([tick]), "rng": rng_state(rng)})
@@ -207,12 +207,13 @@ class Views:
     """One view (client/view.py) of every L row and one of every R row the worker's batches touch,
     kept for the whole run: a batch refreshes and pushes its own rows of them (``at``: their
     positions, and each rating's, to run the SGD pass on the views' arrays), so what one batch
-    pushed the next one does not copy again, and the rows are held once, not per batch."""
+    pushed the next one does not copy again, and the rows are held once, not per batch. Gradient mode
+    sends gradients with inc_rows, so its views only read (``push=False``: no base copy kept)."""
 
-    def __init__(self, L: PSTable, R: PSTable, cut: list[Batch]) -> None:
+    def __init__(self, L: PSTable, R: PSTable, cut: list[Batch], push: bool = True) -> None:
         users = np.unique(np.concatenate([x.users for x in cut])) if cut else np.zeros(0, np.int64)
         items = np.unique(np.concatenate([x.items for x in cut])) if cut else np.zeros(0, np.int64)
-        self.L, self.R = L.view(users), R.view(items)
+        self.L, self.R = L.view(users, base=push), R.view(items, base=push)
         self.at: list[Positions] = []
         for x in cut:
             pu, pi = np.searchsorted(users, x.users), np.searchsorted(items, x.items)
