@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(PY) -m bench.torch --quick
 	$(PY) -m bench.recovery --quick
 	$(PY) -m bench.actorps --quick
+	$(PY) -m bench.tablesize --quick
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache build/typecheck
