@@ -8,7 +8,8 @@ Tables (declared in the job's config, both int32):
 Doc-topic counts ``n_dk`` stay local to the worker that owns the document. Documents are split among
 workers in contiguous ranges balanced by token count; a worker's range is split again into
 ``clocks_per_epoch`` slices, one per clock tick (default: one pass over the partition per tick), and
-each slice into ``batches_per_clock`` mini-batches of documents.
+each slice into ``batches_per_clock`` mini-batches of documents (default 8, or 1 when the job has one
+worker: mini-batches are for reading other workers' counts as they arrive mid-tick).
 
 With the MH sampler the word proposal's alias tables are built once per tick, from one read of all
 the tick's word rows at its start; each mini-batch proposes from them (slightly stale counts) and
@@ -100,7 +101,8 @@ class LDAArgs:
     beta: float = 0.1                  # topic-word Dirichlet prior (thesis: 0.1)
     iterations: int = 20               # passes over the data (epochs)
     clocks_per_epoch: int = 1          # clock ticks per pass: work per tick = 1/clocks_per_epoch pass
-    batches_per_clock: int = 8         # mini-batches of documents per tick, each read from the live cache
+    batches_per_clock: int = 0         # mini-batches of documents per tick, each read from the live cache;
+    #                                    0 = 8, or 1 in a one-worker job (nothing arrives mid-tick to read)
     sampler: Literal["auto", "dense", "sparse", "mh"] = "auto"
     dense_max_k: int = 64              # auto: exact dense Gibbs below this K, exact sparse (SparseLDA) at or above
     mh_steps: int = 4                  # MH steps per token (alternating word / doc proposals)
@@ -118,15 +120,25 @@ class LDAArgs:
     consistent_ll: bool = False        # also score the servers' tables at each scored clock (consistent-ll.jsonl)
 
     def __post_init__(self) -> None:
-        for name in ("K", "iterations", "clocks_per_epoch", "batches_per_clock", "mh_steps", "ll_every", "top_words",
+        for name in ("K", "iterations", "clocks_per_epoch", "mh_steps", "ll_every", "top_words",
                      "synth_docs", "dense_max_k"):
             check(getattr(self, name) >= 1, f"{name}: must be >= 1")
+        check(self.batches_per_clock >= 0, "batches_per_clock: must be >= 1, or 0 (the default: 8, 1 with one worker)")
         check(self.synth_vocab >= 2, "synth_vocab: must be >= 2")
         check(self.synth_topics >= 0, "synth_topics: must be >= 0 (0 = K)")
         check(self.eval_every >= 0, "eval_every: must be >= 0")
         check(self.foldin_sweeps >= 1, "foldin_sweeps: must be >= 1")
         for name in ("alpha", "beta", "synth_doc_len", "synth_alpha", "synth_beta"):
             check(getattr(self, name) > 0, f"{name}: must be > 0")
+
+    def batches(self, workers: int) -> int:
+        """Mini-batches per tick: as set, else 8, or 1 with one worker. Mini-batches let a tick sample
+        against counts that arrive while it runs (other workers' updates, pushed mid-tick); a lone
+        worker's cache only ever holds its own counts, which one batch sees as it changes them, so
+        there each extra batch is only its client calls and the sampler's per-batch setup."""
+        if self.batches_per_clock:
+            return self.batches_per_clock
+        return 1 if workers == 1 else 8
 
     def method(self) -> str:
         """The sampler actually used ("dense", "sparse" or "mh")."""
@@ -194,7 +206,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     held = _held_out(a, V, rank, P)
 
     # the mini-batches of each tick (documents balanced by tokens) and their word sets, made once
-    m, b = a.clocks_per_epoch, a.batches_per_clock
+    m, b = a.clocks_per_epoch, a.batches(P)
     ptr = sampler.doc_ptr
     owned = np.arange(rank, V, P, dtype=np.int64)
     words_local = np.empty(part.n_tokens, dtype=np.int32)  # each token's row in its batch's read

@@ -566,6 +566,13 @@ def test_args_method_choice():
     assert LDAArgs(K=20, sampler="mh").method() == "mh"
 
 
+def test_mini_batches_default_to_one_only_for_a_lone_worker():
+    assert LDAArgs().batches(1) == 1 and LDAArgs().batches(2) == 8 and LDAArgs().batches(16) == 8
+    assert LDAArgs(batches_per_clock=3).batches(1) == 3 and LDAArgs(batches_per_clock=3).batches(4) == 3
+    with pytest.raises(ValueError, match="batches_per_clock: must be >= 1, or 0"):
+        LDAArgs(batches_per_clock=-1)
+
+
 # ------------------------------------------------------------------------------------------------
 # held-out log-likelihood by document completion
 
