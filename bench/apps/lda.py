@@ -520,16 +520,23 @@ def kernels_only(specs: list[str]) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    # python -m bench.apps.lda [--quick] | --kernel K:ITERS [--kernel K:ITERS ...] | --vs-tomotopy [--quick]
+    # python -m bench.apps.lda [--quick] | --kernel K:ITERS [--kernel K:ITERS ...]
+    #                          | --vs-tomotopy [--news] [--quick]
     args = sys.argv[1:]
     ks = [args[j + 1] for j, x in enumerate(args) if x == "--kernel" and j + 1 < len(args)]
-    if "--vs-tomotopy" in args:  # only the whole jobs beside tomotopy, on Reuters
-        rt = reuters()
-        if rt is None:
-            raise SystemExit("the lda package's Reuters corpus is missing: pip install lda==3.0.2")
+    if "--vs-tomotopy" in args:  # only the whole jobs beside tomotopy: on Reuters, or (--news) the news corpus
         quick = "--quick" in args
-        results = peer_job_case(rt[0], rt[1], "reuters (the lda package's)", iterations=10 if quick else 100,
-                                repeats=1 if quick else 3)
+        if "--news" in args:
+            if not NEWS.exists():
+                raise SystemExit(f"{NEWS} missing (run: bosen data news)")
+            results = peer_job_case(load(str(NEWS)), str(NEWS), "news (bosen data news)",
+                                    iterations=5 if quick else 50, repeats=1 if quick else 3)
+        else:
+            rt = reuters()
+            if rt is None:
+                raise SystemExit("the lda package's Reuters corpus is missing: pip install lda==3.0.2")
+            results = peer_job_case(rt[0], rt[1], "reuters (the lda package's)", iterations=10 if quick else 100,
+                                    repeats=1 if quick else 3)
     else:
         results = kernels_only(ks) if ks else run_bench("--quick" in args)
     for r in results:
