@@ -271,11 +271,13 @@ def _kernel_goals(base: dict[str, Any], K: int, ratios: dict[str, float | None],
 # whole jobs through bosen launch, beside the bare kernel
 
 
-def _job_config(args: dict[str, Any], V: int, K: int, workers: int) -> dict[str, Any]:
+def _job_config(args: dict[str, Any], V: int, K: int, workers: int, staleness: int | None = None) -> dict[str, Any]:
     import yaml
 
     cfg = yaml.safe_load(NEWS_CONFIG.read_text())
     cfg["cluster"]["workers"] = workers
+    if staleness is not None:
+        cfg["consistency"]["staleness"] = staleness
     cfg["tables"]["word_topic"].update(rows=V, cols=K)
     cfg["tables"]["topic_summary"]["cols"] = K
     cfg["app"]["args"] = args
@@ -283,13 +285,14 @@ def _job_config(args: dict[str, Any], V: int, K: int, workers: int) -> dict[str,
     return cfg
 
 
-def run_lda_job(args: dict[str, Any], V: int, K: int, workers: int, timeout: float = 600) -> dict[str, Any]:
+def run_lda_job(args: dict[str, Any], V: int, K: int, workers: int, timeout: float = 600,
+                staleness: int | None = None) -> dict[str, Any]:
     """One job through ``bosen launch``: its sampling span per worker and where the time went."""
     import yaml
 
     with tempfile.TemporaryDirectory(prefix="lda-bench-") as tmp:
         cfg = Path(tmp, "lda.yaml")
-        cfg.write_text(yaml.safe_dump(_job_config(args, V, K, workers)))
+        cfg.write_text(yaml.safe_dump(_job_config(args, V, K, workers, staleness)))
         job = run_job(cfg, Path(tmp, "run"), workers=workers, timeout=timeout).check()
     work = [r for r in job.records if r.get("kind") == "worker" and "tokens" in r]
     if not work:
@@ -412,7 +415,8 @@ def reuters() -> tuple[Corpus, str] | None:
 
 
 def peer_job_case(corpus: Corpus, path: str, data: str, K: int = 100, alpha: float = 0.1, beta: float = 0.01,
-                  iterations: int = 100, repeats: int = 3) -> list[dict[str, Any]]:
+                  iterations: int = 100, repeats: int = 3, staleness: int | None = None,
+                  batches: int | None = None) -> list[dict[str, Any]]:
     """Whole LDA jobs through ``bosen launch`` (1 worker, 2 workers) beside tomotopy doing the same
     iterations on 1 and 2 threads (issue 28), alternated over ``repeats`` rounds; medians.
 
@@ -421,20 +425,24 @@ def peer_job_case(corpus: Corpus, path: str, data: str, K: int = 100, alpha: flo
     tomotopy's is one ``train(iterations)`` call after its initial assignment. Both log p(w, z) by one
     formula (the job's exact ``final_loglik``; :func:`joint_loglik` of tomotopy's assignments). A
     goal is met when ours is at least as fast (1 worker >= 1.0x tomotopy on 1 thread, 2 workers >=
-    1.3x on 2 threads) at a log-likelihood no worse than tomotopy's by more than 0.1%.
+    1.3x on 2 threads) at a log-likelihood no worse than tomotopy's by more than 0.1%. ``staleness``
+    and ``batches`` override the config's staleness and the mini-batches per tick (defaults: the
+    news config's, and the app's default).
     """
     import yaml
 
     args = dict(yaml.safe_load(NEWS_CONFIG.read_text())["app"]["args"])
     args.update(data=path, test_data="", eval_every=0, ll_every=iterations, save_model=False, top_words=3,
                 K=K, alpha=alpha, beta=beta, iterations=iterations)
+    if batches is not None:
+        args["batches_per_clock"] = batches
     rounds: list[dict[str, Any]] = []
     for rep in range(repeats):
         got: dict[str, Any] = {}
         steps = [("job-1w", 1), ("tomotopy-1t", 1), ("job-2w", 2), ("tomotopy-2t", 2)]
         for key, n in steps if rep % 2 == 0 else steps[::-1]:
             if key.startswith("job"):
-                job = run_lda_job(args, corpus.n_vocab, K, n)
+                job = run_lda_job(args, corpus.n_vocab, K, n, staleness=staleness)
                 got[key] = (job["seconds"] - job["ll_s"], job["final_loglik"], job["profile"])
             else:
                 try:
@@ -446,7 +454,8 @@ def peer_job_case(corpus: Corpus, path: str, data: str, K: int = 100, alpha: flo
                 got[key] = (secs, joint_loglik(*t.assignments(), corpus.n_docs, corpus.n_vocab, K, alpha, beta))
         rounds.append(got)
     base = {"bench": "apps", "case": "lda-job-vs-tomotopy", "data": data, "K": K, "alpha": alpha, "beta": beta,
-            "iterations": iterations, "tokens": corpus.n_tokens, "docs": corpus.n_docs, "repeats": repeats,
+            "iterations": iterations, "staleness": staleness, "tokens": corpus.n_tokens, "docs": corpus.n_docs,
+            "repeats": repeats,
             "batches_per_clock": {n: LDAArgs(**args).batches(n) for n in (1, 2)}}
     out = []
     for n, need in ((1, 1.0), (2, 1.3)):
@@ -521,22 +530,27 @@ def kernels_only(specs: list[str]) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     # python -m bench.apps.lda [--quick] | --kernel K:ITERS [--kernel K:ITERS ...]
-    #                          | --vs-tomotopy [--news] [--quick]
+    #                          | --vs-tomotopy [--news] [--quick] [--staleness S] [--batches B]
     args = sys.argv[1:]
     ks = [args[j + 1] for j, x in enumerate(args) if x == "--kernel" and j + 1 < len(args)]
+
+    def _opt(name: str) -> int | None:
+        return int(args[args.index(name) + 1]) if name in args[:-1] else None
+
     if "--vs-tomotopy" in args:  # only the whole jobs beside tomotopy: on Reuters, or (--news) the news corpus
         quick = "--quick" in args
+        over = {"staleness": _opt("--staleness"), "batches": _opt("--batches")}
         if "--news" in args:
             if not NEWS.exists():
                 raise SystemExit(f"{NEWS} missing (run: bosen data news)")
             results = peer_job_case(load(str(NEWS)), str(NEWS), "news (bosen data news)",
-                                    iterations=5 if quick else 50, repeats=1 if quick else 3)
+                                    iterations=5 if quick else 50, repeats=1 if quick else 3, **over)
         else:
             rt = reuters()
             if rt is None:
                 raise SystemExit("the lda package's Reuters corpus is missing: pip install lda==3.0.2")
             results = peer_job_case(rt[0], rt[1], "reuters (the lda package's)", iterations=10 if quick else 100,
-                                    repeats=1 if quick else 3)
+                                    repeats=1 if quick else 3, **over)
     else:
         results = kernels_only(ks) if ks else run_bench("--quick" in args)
     for r in results:
