@@ -60,7 +60,8 @@ def main(spec: dict[str, Any]) -> None:
         def i() -> None:
             table.inc_rows(state["rows"], deltas)
 
-        if wl.rows_per_iter >= wl.rows:  # the whole table every iteration: a view (docs/design.md, "Apps on the live cache")
+        # the whole table every iteration: a view (docs/design.md, "Apps on the live cache")
+        if wl.rows_per_iter >= wl.rows:
             view = table.view(state["rows"])
 
             def vr() -> None:
