@@ -355,7 +355,7 @@ def job_case(quick: bool, corpus: Corpus, data: str, repeats: int) -> list[dict[
     rounds.sort(key=lambda r: r[0])
     ratio, bare_s, bare_ll, one, two, one_b8, steady, ratio_b8 = rounds[len(rounds) // 2]
     base = {"bench": "apps", "case": "lda-job", "data": data, "K": a.K, "alpha": a.alpha, "beta": a.beta,
-            "iterations": a.iterations, "sampler": a.method(), "batches_per_clock": a.batches(1),
+            "iterations": a.iterations, "sampler": a.method(), "batches_per_clock": {n: a.batches(n) for n in (1, 2)},
             "clocks_per_epoch": a.clocks_per_epoch, "tokens": corpus.n_tokens, "repeats": repeats}
     extra = one["seconds"] - bare_s
     out = [{**base, "metric": "seconds", "unit": "s", "ours": round(one["seconds"], 3), "baseline": round(bare_s, 3),
