@@ -46,7 +46,7 @@ class RowView:
         self.rows = rows
         self.values = np.zeros((rows.shape[0], cols), dtype=dtype)
         # values as of the last refresh or push; a view without (``base=False``: read only) saves the
-        # memory of a second copy, and a refresh writes its rows into ``values`` twice
+        # memory of a second copy (a refresh then writes its rows once)
         self.base = np.zeros((rows.shape[0], cols), dtype=dtype) if base else self.values
         self.seen = np.full(rows.shape[0], -1, dtype=np.int64)  # cache stamps at the last copy (-1: none)
         self.all = np.arange(rows.shape[0], dtype=np.int64)  # every position

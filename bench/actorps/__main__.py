@@ -12,8 +12,9 @@ constant delta (2^-10) to them and ends the iteration (``loop``: the same code f
   spread over servers: rows of 64 KiB (16,384 float32), 16 and 256 of them.
 
 Ours: ``bosen`` servers (1, and 2 where the case lists it) and 2 worker processes
-(``python -m bench.actorps.worker``: ``Client.connect``, ``table.get_rows``, ``table.inc_rows``,
-``client.clock()`` per iteration) at staleness 2 and 0. Ray (``rayps``): ``ray.init(num_cpus=4)``, a
+(``python -m bench.actorps.worker``: ``Client.connect``, then per iteration ``table.get_rows``
+(dense cases: ``refresh()`` of a read-only ``table.view`` of every row), ``table.inc_rows``,
+``client.clock()``) at staleness 2 and 0. Ray (``rayps``): ``ray.init(num_cpus=4)``, a
 ``PS`` actor holding the numpy table, 2 ``Worker`` actors calling ``ray.get(ps.get.remote(rows))`` and
 ``ps.inc.remote(rows, deltas)``. Start-up (servers, ``ray.init``, joining, compiling) is outside the
 timed window: workers iterate from a common wall-clock start, ``--warmup`` seconds later the window

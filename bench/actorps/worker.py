@@ -1,12 +1,18 @@
 """One worker process of ours in ``python -m bench.actorps``: ``python -m bench.actorps.worker SPEC_JSON``.
 
 A line protocol with the bench on stdin/stdout (JSON lines): it joins the job and prints ``ready``;
-reads ``{"t0", "t1"}`` and iterates (``loop.Window``: ``get_rows``, ``inc_rows``, ``clock`` each
+reads ``{"t0", "t1"}`` and iterates (``loop.Window``: read, ``inc_rows``, ``clock`` each
 iteration) until an iteration ends past t1; clocks once more (a worker at staleness 0 may be waiting
 for that clock), waits until the servers applied everything it sent and prints its counts, its
 phases and the CPU time of each of its threads over the window. On ``clock`` it clocks past anything
 the checking worker can wait for; on ``check`` it clocks past its staleness bound, reads the whole
 table and prints its sum; on ``quit`` it leaves the job.
+
+The read is what a user of our API should write for each case: ``table.get_rows(rows)`` for the
+sparse case's fresh random draw; for the dense cases, which read the same rows (all of them) every
+iteration, a read-only ``table.view(rows, base=False)`` made once and ``refresh()``-ed each iteration
+(client/view.py, the documented fast path): it copies into one array it keeps, and only the rows
+written since its last copy, where ``get_rows`` returns a fresh 16 MiB array each time.
 """
 
 from __future__ import annotations
@@ -36,8 +42,9 @@ def main(spec: dict[str, Any]) -> None:
         draw = wl.draws(spec["rank"])
         deltas = wl.deltas()
         state: dict[str, Any] = {"rows": draw()}
+        view = table.view(state["rows"], base=False) if wl.rows_per_iter >= wl.rows else None
         # one iteration before the window is set: imports, compiled kernels and connections are ready
-        table.get_rows(state["rows"])
+        table.get_rows(state["rows"]) if view is None else view.refresh()
         table.inc_rows(state["rows"], deltas)
         client.clock()
         say(step="ready")
@@ -55,25 +62,12 @@ def main(spec: dict[str, Any]) -> None:
             state["rows"] = draw()
 
         def r() -> None:
-            state["vals"] = table.get_rows(state["rows"])
+            state["vals"] = table.get_rows(state["rows"]) if view is None else view.refresh()
 
         def i() -> None:
             table.inc_rows(state["rows"], deltas)
 
-        # the whole table every iteration: a view (docs/design.md, "Apps on the live cache")
-        if wl.rows_per_iter >= wl.rows:
-            view = table.view(state["rows"])
-
-            def vr() -> None:
-                view.refresh()
-
-            def vi() -> None:
-                view.values += deltas
-                view.push()
-
-            win.run([d, vr, vi, client.clock])
-        else:
-            win.run([d, r, i, client.clock])
+        win.run([d, r, i, client.clock])
         client.clock()
         client.server_status(STATUS_TIMEOUT_S)  # every update this worker sent is applied
         n = max(win.iterations, 1)

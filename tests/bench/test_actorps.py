@@ -46,9 +46,11 @@ def test_finish_fails_when_an_increment_is_lost():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("staleness", [0, 2])
-def test_ours_runs_two_workers_and_every_increment_arrives(tmp_path, staleness):
-    wl = Workload(rows=2000, cols=8, rows_per_iter=100, seed=3)
+@pytest.mark.parametrize(("staleness", "rows_per_iter"), [(0, 100), (2, 100), (0, 64), (2, 64)])
+def test_ours_runs_two_workers_and_every_increment_arrives(tmp_path, staleness, rows_per_iter):
+    # 100 of 2000 rows: get_rows of a fresh draw; 64 of 64 (dense): a view refreshed every iteration
+    rows = 2000 if rows_per_iter == 100 else 64
+    wl = Workload(rows=rows, cols=8, rows_per_iter=rows_per_iter, seed=3)
     r = actorps.run_ours(wl, staleness, 1, warmup=0.5, window=1.0, work=tmp_path)  # checks the table's sum
     assert r["it_per_s"] > 0
     assert len(r["workers"]) == 2 and all(w["iterations"] > 0 for w in r["workers"])

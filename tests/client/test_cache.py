@@ -70,3 +70,28 @@ def test_read_fresh_copies_and_counts_only_when_every_row_is_fresh():
     assert c.read_fresh(np.array([0, 4], dtype=np.int64), 0, 5, out[:2])[:2] == (2, 1)  # row 4: never received
     assert c.read_fresh(np.array([0, 6], dtype=np.int64), 0, 5, out[:2])[:2] == (1, 1)  # out of range
     assert c.read_fresh(np.array([-1], dtype=np.int64), 0, 5, out[:1])[:2] == (1, 0)
+
+
+def test_refresh_copies_only_moved_rows_into_a_view_with_or_without_a_base():
+    c = RowCache(5, 3, np.float32)
+    c.clock[:] = 2
+    c.values[:] = np.arange(15, dtype=np.float32).reshape(5, 3)
+    rows, pos = np.array([4, 1, 3], dtype=np.int64), np.arange(3, dtype=np.int64)
+    for with_base in (True, False):
+        out = np.zeros((3, 3), np.float32)
+        base = np.zeros_like(out) if with_base else out  # a read-only view: base is values
+        seen = np.full(3, -1, dtype=np.int64)
+        assert c.refresh_fresh(rows, pos, 2, 2, out, base, seen)[::3] == (0, 3)  # status 0, 3 rows copied
+        np.testing.assert_array_equal(out, c.values[rows])
+        np.testing.assert_array_equal(base, c.values[rows])
+        out[:] = -1  # the worker's own changes, not pushed: rows nobody wrote stay as they are
+        c.values[1] += 100
+        c.touch(np.array([1]))
+        assert c.refresh_fresh(rows, pos, 2, 2, out, base, seen)[3] == 1
+        np.testing.assert_array_equal(out, [[-1] * 3, c.values[1], [-1] * 3])
+        c.values[3] += 1
+        c.touch(np.array([3]))
+        assert c.copy_changed(rows, pos, out, base, seen) == 1
+        np.testing.assert_array_equal(out[2], c.values[3])
+        np.testing.assert_array_equal(base[2], c.values[3])
+        np.testing.assert_array_equal(base[0], out[0] if not with_base else c.values[4])
