@@ -113,12 +113,14 @@ class RowMap:
         _lookup(self._table, self._ids, keys, out)
         return out
 
-    def insert(self, keys: np.ndarray) -> tuple[np.ndarray, int]:
+    def insert(self, keys: np.ndarray, checked: bool = False) -> tuple[np.ndarray, int]:
         """The slot of each id, giving new ids the next free slots; and how many slots existed before
-        (new slots are ``before .. len - 1``, their ids ``self.ids[before:]``)."""
-        keys = _ids_array(keys)
-        if keys.shape[0] and int(keys.min()) < 0:
-            raise ValueError(f"row ids must be >= 0, got {int(keys.min())}")
+        (new slots are ``before .. len - 1``, their ids ``self.ids[before:]``). ``checked``: the caller
+        already knows ``keys`` is a contiguous int64 array of ids >= 0 (a shard checked their range)."""
+        if not checked:
+            keys = _ids_array(keys)
+            if keys.shape[0] and int(keys.min()) < 0:
+                raise ValueError(f"row ids must be >= 0, got {int(keys.min())}")
         before = self._count
         out = np.empty(keys.shape[0], dtype=np.int64)
         start = 0

@@ -83,7 +83,8 @@ class TableShard:
         self.relative = comm.priority == "relative"
         # plain add (no transforming procedure): scores come from the deltas, no before/after gathers
         self._adds = type(self.procedure) is StoredProcedure
-        self._known = np.zeros(n, dtype=np.int64)  # every row of a shard has a value (accumulate_dense)
+        # every row of a shard has a value (accumulate_dense, which only scores importance)
+        self._known = np.zeros(n if self.importance is not None else 0, dtype=np.int64)
         self.send_count = np.zeros(n, dtype=np.int32)
         # Who changed each row since it was last pushed: NOBODY, one client's rank, or SEVERAL. Where
         # clients mirror their own increments in their caches (plain add with read-my-writes), a row
@@ -152,7 +153,7 @@ class TableShard:
         """Sparse: the slots of ``rows`` (checked), storing those first touched now with their initial
         values and procedure state."""
         assert self.row_map is not None
-        slots, before = self.row_map.insert(rows)
+        slots, before = self.row_map.insert(rows, checked=rows.dtype == np.int64 and rows.flags.c_contiguous)
         n = len(self.row_map)
         if n == before:
             return slots
@@ -166,8 +167,8 @@ class TableShard:
     def _grow(self, cap: int) -> None:
         """Sparse: room for ``cap`` slots in every per-row array (the stored rows copied once)."""
         n = self.values.shape[0]
-        names = ["values", "dirty", "subs", "subscribed", "_known", "send_count"]
-        names += ["importance"] if self.importance is not None else []
+        names = ["values", "dirty", "subs", "subscribed", "send_count"]
+        names += ["importance", "_known"] if self.importance is not None else []
         names += ["recent", "current", "read_recently", "fresh"] if self.readers_only else []
         names += ["applied"] if self.counts else []
         for name in names:
