@@ -15,6 +15,7 @@ from bosen.client import Client
 from bosen.client.state import TableState
 from bosen.config import UNBOUNDED, CommConfig, InitConfig, TableConfig, build
 from bosen.errors import ConfigError
+from bosen.jobs.status import format_table
 from bosen.partition import Partition
 from bosen.server import procedures
 from bosen.server.shard import TableShard
@@ -170,6 +171,8 @@ def test_sparse_and_dense_tables_agree_through_real_servers(bosen_cluster):
         stored = sum(st["tables"]["W"]["rows"] for st in status)
         assert 0 < stored < 2000, stored
         assert sum(st["tables"]["W"]["bytes"] for st in status) < dense_bytes / 10
+        lines = format_table(status).splitlines()
+        assert "MB rows" in lines[0] and str(status[0]["tables"]["W"]["rows"]) in lines[1]
     finally:
         if client is not None:
             client.close()
