@@ -93,6 +93,8 @@ class CommConfig:
 
 
 INIT_KINDS = ("constant", "normal", "uniform", "file")
+# ``rows`` of a sparse table declared without it: any non-negative int64 id below it
+UNBOUNDED = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,11 @@ class InitConfig:
 
 @dataclass(frozen=True)
 class TableConfig:
-    """One shared table: a dense matrix of ``rows`` x ``cols`` values, partitioned by row."""
+    """One shared table: ``rows`` x ``cols`` values, partitioned by row.
+
+    ``storage: dense`` (the default) keeps every row from the start; ``sparse`` keeps only the rows
+    touched (``bosen.rowmap``), for tables far bigger than what is used: its ``rows`` is an upper
+    bound on the ids, or absent (``UNBOUNDED``: any id in [0, 2**63 - 1))."""
 
     name: str
     rows: int
@@ -144,9 +150,16 @@ class TableConfig:
     # buffer and goes out later, the servers keep full precision); None: comm.wire_dtype under managed
     # communication, else the table's own dtype
     wire_dtype: Literal["float32", "float16", "bfloat16"] | None = None
+    storage: Literal["dense", "sparse"] = "dense"
 
     def __post_init__(self) -> None:
         check(self.rows >= 1, "rows: must be >= 1")
+        check(self.rows <= UNBOUNDED, f"rows: must be <= 2**63 - 1 (int64 row ids), got {self.rows}")
+        check(self.storage in ("dense", "sparse"), f"storage: expected dense or sparse, got {self.storage!r}")
+        if self.storage == "sparse":
+            check(self.init.kind != "file" or self.bounded,
+                  "init.file: a sparse table without rows has no array of every row; use zeros, constant, normal "
+                  "or uniform")
         if self.wire_dtype not in (None, "float32"):
             check(self.dtype.startswith("float"), f"wire_dtype: {self.wire_dtype} needs a float table, "
                                                   f"table is {self.dtype}")
@@ -155,6 +168,11 @@ class TableConfig:
             check(self.staleness >= 0, "staleness: must be >= 0")
         if self.dtype.startswith("int") and self.init.kind in ("normal", "uniform"):
             raise ValueError(f"init: {self.init.kind} init needs a float dtype, table is {self.dtype}")
+
+    @property
+    def bounded(self) -> bool:
+        """The table has a row count (dense, or sparse with ``rows`` given): today's client needs one."""
+        return self.rows < UNBOUNDED
 
     @property
     def shows_own_writes(self) -> bool:
@@ -403,6 +421,8 @@ def _table_from(name: str, value: Any, base: Path | None = None) -> TableConfig:
     if not isinstance(value, Mapping):
         raise ValueError(f"{key}: expected a mapping with rows and cols, got {value!r}")
     value = dict(value)
+    if value.get("storage") == "sparse" and value.get("rows") is None:
+        value["rows"] = UNBOUNDED  # 64-bit keys
     init = _init_from(value.pop("init", None), f"{key}.init", base)
     t = from_dict(TableConfig, {**value, "name": name}, key) if "name" not in value else None
     if t is None:

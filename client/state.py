@@ -12,6 +12,7 @@ from bosen.client.cache import RowCache
 from bosen.client.oplog import InflightLog, UpdateBuffer
 from bosen.client.versions import VersionLog
 from bosen.config import CommConfig, TableConfig
+from bosen.errors import ConfigError
 
 
 class TableState:
@@ -20,6 +21,10 @@ class TableState:
     def __init__(self, index: int, cfg: TableConfig, staleness: int, num_servers: int, comm: CommConfig,
                  probe_every: int = 0) -> None:
         """``probe_every``: metrics.freshness_every (each worker probes one read in that many; 0 = off)."""
+        if not cfg.bounded:
+            raise ConfigError(f"tables.{cfg.name}.rows: this client caches a table densely and needs its row "
+                              "count; a sparse table without rows (64-bit ids) waits for the bounded client "
+                              "cache (issue 29)")
         self.index = index
         self.cfg = cfg
         self.name = cfg.name

@@ -59,6 +59,10 @@ class ServerCheckpoints:
         (initial or restored values); counts rows are compared as distributions (SCAR's scaled
         total variation), float rows by L2."""
         if self.cfg.priority_fraction < 1.0:
+            sparse = [s.cfg.name for s in shards if s.sparse]
+            if sparse:
+                raise ConfigError(f"checkpoint.priority_fraction: priority checkpoints keep a copy of every row; "
+                                  f"sparse table {sparse[0]!r} needs priority_fraction: 1")
             self.running = [scar.RunningCheckpoint(s.values, "tv" if s.dtype.kind == "i" else "l2",
                                                    seed=1000 * self.rank + s.index) for s in shards]
 
@@ -117,11 +121,13 @@ class ServerCheckpoints:
                 for k, v in state.items():
                     arrays[f"{key}.{k}"] = v[rows]
             else:
-                arrays[f"{key}.values"] = s.values.copy()
-                arrays[f"{key}.rows"] = s.global_rows  # never changes: no copy
+                n = s.stored  # a sparse shard's touched rows (its arrays may have room for more)
+                arrays[f"{key}.values"] = s.values[:n].copy()
+                # never changes (a sparse shard only appends its ids, into room past these): no copy
+                arrays[f"{key}.rows"] = s.global_rows[:n]
                 for k, v in state.items():
-                    arrays[f"{key}.{k}"] = v.copy()
-            tables[key] = {"name": s.cfg.name, "rows": int(s.global_rows.shape[0]), "cols": s.cfg.cols,
+                    arrays[f"{key}.{k}"] = v[:n].copy()
+            tables[key] = {"name": s.cfg.name, "rows": s.stored, "storage": s.cfg.storage, "cols": s.cfg.cols,
                            "dtype": s.dtype.name, "update": s.cfg.update, "state": sorted(state)}
         self.snapshot_s += time.perf_counter() - t
         partial = {"partial": self.cfg.priority_fraction, "policy": self.cfg.policy} if self.running else {}

@@ -173,7 +173,7 @@ class Server:
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         sock.bind(self.bind_address)
         self._sock = LoopSocket(sock, asyncio.get_running_loop(), self._dispatch, batch=YIELD_EVERY)
-        rows = sum(s.global_rows.shape[0] for s in self.shards)
+        rows = sum(s.stored for s in self.shards)
         log.info("server %d listening on %s: %d tables, %d rows, %d clients expected", self.rank,
                  self.bind_address, len(self.shards), rows, self.num_clients)
 
@@ -419,7 +419,7 @@ class Server:
             self._check_clock(peer, clock, "FLUSH")
         elif "rs" in h or h.get("ck") is True:
             raise ProtocolError("FLUSH: a read set ('rs') or checkpoint word ('ck') needs a clock ('c')")
-        reads = wire.read_set(h, frames[k:], [s.global_rows.shape[0] for s in self.shards])
+        reads = wire.read_set(h, frames[k:], [s.local_count for s in self.shards])
         ack = wire.wants_ack(h)
         for shard, c in checked:
             self.counters["rows_applied"] += shard.commit(c, peer.rank)
@@ -441,7 +441,7 @@ class Server:
 
     def on_clock(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
-        reads = wire.read_set(h, frames, [s.global_rows.shape[0] for s in self.shards])
+        reads = wire.read_set(h, frames, [s.local_count for s in self.shards])
         if not self._held(peer, h["s"], lambda: self._on_clock(peer, h, reads)):
             self._on_clock(peer, h, reads)
 
@@ -845,8 +845,8 @@ class Server:
             "apply_lag_ms": self.apply_lag.stats(),
             "push_stall_ms": self.push_stall.stats(),
             **({"phases": self.phases.stats()} if self.phases is not None else {}),
-            "tables": {s.cfg.name: {"rows": int(s.global_rows.shape[0]), "bytes": int(s.values.nbytes),
-                                    "send_count_hist": send_histogram(s.send_count), **s.procedure.stats()}
+            "tables": {s.cfg.name: {"rows": s.stored, "bytes": s.nbytes,
+                                    "send_count_hist": send_histogram(s.send_count[:s.stored]), **s.procedure.stats()}
                        for s in self.shards},
             **self.counters,
         }

@@ -9,6 +9,7 @@ from bosen.config import CommConfig, TableConfig
 from bosen.errors import ConfigError, ProtocolError
 from bosen.partition import Partition
 from bosen.procedure import StoredProcedure
+from bosen.rowmap import RowMap
 from bosen.server.holdings import Holdings
 from bosen.wire import UpdateBatch
 
@@ -17,6 +18,7 @@ _NO_ROWS = np.empty(0, dtype=np.int64)
 # it releases (versioned tables; else None)
 Checked = tuple[UpdateBatch, np.ndarray, "slice | np.ndarray", "np.ndarray | None"]
 NOBODY, SEVERAL = -1, -2  # TableShard.writer, beside a client's rank
+GROWTH = 1.25  # a sparse shard's per-row arrays grow by this factor: amortized copies, little unused room
 
 
 class TableShard:
@@ -38,6 +40,12 @@ class TableShard:
     "w"; one per row of a batch without them): the values sent to a client then
     carry ``others`` (how many of the row's updates came from other clients), which a freshness probe
     later compares with the count now (docs/design.md, "Freshness probes").
+
+    A sparse table (``storage: sparse``) stores only the rows touched: ``row_map`` maps each row id to a
+    slot (``bosen.rowmap``), and every per-row array above is indexed by slot instead of ``row // S``,
+    grown as rows are first read or written (``_touch``), each new row taking the value a dense table
+    starts with (``rowmath.init_rows`` is deterministic per row id). Everything past ``local_rows``
+    sees slots as it sees local rows.
     """
 
     def __init__(self, index: int, cfg: TableConfig, partition: Partition, rank: int, num_clients: int,
@@ -47,14 +55,19 @@ class TableShard:
         self.partition = partition
         self.rank = rank
         self.dtype = np.dtype(cfg.dtype)
-        self.global_rows = partition.global_rows(rank, cfg.rows)
+        self.sparse = cfg.storage == "sparse"
+        self.row_map = RowMap() if self.sparse else None
+        self._global_rows = _NO_ROWS if self.sparse else partition.global_rows(rank, cfg.rows)
+        if self.sparse and procedure.versioned:
+            raise ConfigError(f"tables.{cfg.name}.storage: sparse tables do not take versioned procedures yet "
+                              f"(update: {cfg.update}); use storage: dense")
         try:
-            self.values = rowmath.init_rows(cfg.init, self.global_rows, (cfg.rows, cfg.cols), self.dtype, index)
+            self.values = rowmath.init_rows(cfg.init, self._global_rows, (cfg.rows, cfg.cols), self.dtype, index)
         except ValueError as e:
             raise ConfigError(f"tables.{cfg.name}.{e}") from None
         self.procedure = procedure
-        procedure.create(self.global_rows, self.values)
-        n = self.global_rows.shape[0]
+        procedure.create(self._global_rows, self.values)
+        n = self._global_rows.shape[0]
         self.dirty = np.zeros(n, dtype=bool)
         self.pending = False  # some row became dirty since the last clock-advance push
         # rows that turned dirty since the last clock-advance push: its work is O(changed rows), not a
@@ -70,7 +83,8 @@ class TableShard:
         self.relative = comm.priority == "relative"
         # plain add (no transforming procedure): scores come from the deltas, no before/after gathers
         self._adds = type(self.procedure) is StoredProcedure
-        self._known = np.zeros(n, dtype=np.int64)  # every row of a shard has a value (accumulate_dense)
+        # every row of a shard has a value (accumulate_dense, which only scores importance)
+        self._known = np.zeros(n if self.importance is not None else 0, dtype=np.int64)
         self.send_count = np.zeros(n, dtype=np.int32)
         # Who changed each row since it was last pushed: NOBODY, one client's rank, or SEVERAL. Where
         # clients mirror their own increments in their caches (plain add with read-my-writes), a row
@@ -93,27 +107,90 @@ class TableShard:
         # versioned tables: each client's row-version references, released for it if it is lost
         self.holdings = [Holdings() for _ in range(num_clients)] if procedure.versioned else []
 
+    @property
+    def global_rows(self) -> np.ndarray:
+        """The row id of each local row (sparse: of each slot, in order of first touch)."""
+        return self.row_map.ids if self.row_map is not None else self._global_rows
+
+    @property
+    def local_count(self) -> int:
+        """Local rows a client may name in a read set (``row // S``, also for a sparse table)."""
+        if self.row_map is None:
+            return int(self._global_rows.shape[0])
+        s = self.partition.num_servers
+        return max(0, (self.cfg.rows - self.rank + s - 1) // s)
+
     def local_rows(self, rows: np.ndarray, what: str) -> tuple[np.ndarray, slice | np.ndarray]:
         """Local indices of ``rows`` and them as an index (a slice for a run, ``rowmath.rows_index``);
-        every row must exist and belong to this server."""
+        every row must exist and belong to this server. A sparse table creates the rows not stored yet."""
         if rows.shape[0] == 0:
             return rows, rows
         n = self.partition.num_servers
+        if self.row_map is not None:
+            self._check_range(*rowmath.min_max(rows), what)
+            if n > 1:
+                self._check_owner(rows, what)
+            slots = self._touch(rows)
+            return slots, rowmath.rows_index(slots)
         if n == 1:  # local = global: bounds and run in one pass
             lo, hi, index = rowmath.span(rows)
             self._check_range(lo, hi, what)
             return rows, index
         self._check_range(*rowmath.min_max(rows), what)
+        self._check_owner(rows, what)
+        local = self.partition.local(rows)
+        return local, rowmath.rows_index(local)
+
+    def _check_owner(self, rows: np.ndarray, what: str) -> None:
+        n = self.partition.num_servers
         wrong = rows % n != self.rank
         if wrong.any():
             r = int(rows[np.argmax(wrong)])
             raise ProtocolError(f"{what}: row {r} of table {self.cfg.name!r} belongs to server "
                                 f"{r % n}, not {self.rank}")
-        local = self.partition.local(rows)
-        return local, rowmath.rows_index(local)
+
+    def _touch(self, rows: np.ndarray) -> np.ndarray:
+        """Sparse: the slots of ``rows`` (checked), storing those first touched now with their initial
+        values and procedure state."""
+        assert self.row_map is not None
+        slots, before = self.row_map.insert(rows, checked=rows.dtype == np.int64 and rows.flags.c_contiguous)
+        n = len(self.row_map)
+        if n == before:
+            return slots
+        if n > self.values.shape[0]:
+            self._grow(max(n, int(self.values.shape[0] * GROWTH) + 16))
+        new = self.row_map.ids[before:]
+        self.values[before:n] = rowmath.init_rows(self.cfg.init, new, (self.cfg.rows, self.cfg.cols), self.dtype,
+                                                  self.index)
+        return slots
+
+    def _grow(self, cap: int) -> None:
+        """Sparse: room for ``cap`` slots in every per-row array (the stored rows copied once)."""
+        n = self.values.shape[0]
+        names = ["values", "dirty", "subs", "subscribed", "send_count"]
+        names += ["importance", "_known"] if self.importance is not None else []
+        names += ["recent", "current", "read_recently", "fresh"] if self.readers_only else []
+        names += ["applied"] if self.counts else []
+        for name in names:
+            setattr(self, name, _grown(getattr(self, name), cap, 0))
+        self.writer = _grown(self.writer, cap, 0, NOBODY)
+        if self.counts:
+            self.applied_by = _grown(self.applied_by, cap, 1)
+        # the procedure's per-row state (``state()``): created anew at the new size, the stored rows'
+        # state copied back (rows not yet stored keep what ``create`` gives them)
+        old = {k: v[:n] for k, v in self.procedure.state().items()}
+        assert self.row_map is not None
+        ids = np.zeros(cap, dtype=np.int64)
+        ids[:n] = self.row_map.ids[:n]
+        self.procedure.create(ids, self.values)
+        for k, v in self.procedure.state().items():
+            v[:n] = old[k]
 
     def _check_range(self, lo: int, hi: int, what: str) -> None:
         if lo < 0 or hi >= self.cfg.rows:
+            if self.sparse:
+                raise ProtocolError(f"{what}: row {lo if lo < 0 else hi} out of range for sparse table "
+                                    f"{self.cfg.name!r}: ids must be in [0, {self.cfg.rows})")
             raise ProtocolError(f"{what}: row {lo if lo < 0 else hi} out of range for table {self.cfg.name!r} "
                                 f"with {self.cfg.rows} rows")
 
@@ -253,6 +330,9 @@ class TableShard:
         Only the rows marked before and those read now are touched: O(read set), not O(table)."""
         if not self.readers_only:
             return
+        if self.row_map is not None:  # the client names rows by ``row // S``: their slots, sorted
+            slots = self.row_map.lookup(read * self.partition.num_servers + self.rank)
+            read = np.sort(slots[slots >= 0])
         marked = self._recent_rows[client]
         prev = np.concatenate(marked) if marked else read[:0]
         self.recent[prev, client] = False
@@ -325,5 +405,27 @@ class TableShard:
         return int(rows.shape[0])
 
     @property
+    def stored(self) -> int:
+        """Rows stored (a sparse shard's touched rows; its arrays may have room for more)."""
+        return len(self.row_map) if self.row_map is not None else int(self.values.shape[0])
+
+    @property
     def nbytes(self) -> int:
-        return self.values.nbytes + self.dirty.nbytes + self.subs.nbytes
+        """Bytes of the rows and their per-row metadata (a sparse shard's row map included)."""
+        arrays = [self.values, self.dirty, self.subs, self.subscribed, self.importance, self._known,
+                  self.send_count, self.writer, self.recent, self.current, self.read_recently, self.fresh,
+                  self.applied, self.applied_by, *self.procedure.state().values()]
+        extra = self.row_map.nbytes if self.row_map is not None else 0
+        return extra + sum(a.nbytes for a in arrays if a is not None)
+
+
+def _grown(a: np.ndarray, cap: int, axis: int, fill: int = 0) -> np.ndarray:
+    """``a`` with ``cap`` entries along ``axis``, the first ones copied, the rest ``fill``."""
+    shape = list(a.shape)
+    n, shape[axis] = shape[axis], cap
+    out = np.full(shape, fill, dtype=a.dtype)
+    if axis == 0:
+        out[:n] = a
+    else:
+        out[:, :n] = a
+    return out

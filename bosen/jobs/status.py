@@ -35,13 +35,16 @@ def query(address: str, timeout: float = 3.0, ctx: zmq.Context | None = None) ->
 
 def format_table(stats: list[dict[str, Any] | str]) -> str:
     """Human-readable lines for ``bosen status``."""
-    lines = [f"{'rank':>4}  {'address':<22} {'clock':>6}  {'rows':>9}  {'MB in':>9}  {'MB out':>9}  "
+    lines = [f"{'rank':>4}  {'address':<22} {'clock':>6}  {'rows':>9}  {'MB rows':>9}  {'MB in':>9}  {'MB out':>9}  "
              f"{'msgs in':>8}  {'errors':>6}  client clocks"]
     for s in stats:
         if isinstance(s, str):
             lines.append(s)
             continue
+        # rows stored (a sparse table's touched rows) and their bytes with per-row metadata
         rows = sum(t["rows"] for t in s["tables"].values())
-        lines.append(f"{s['rank']:>4}  {s['address']:<22} {s['clock']:>6}  {rows:>9}  {s['bytes_in'] / 1e6:>9.3f}  "
+        mb = sum(t.get("bytes", 0) for t in s["tables"].values()) / 1e6
+        lines.append(f"{s['rank']:>4}  {s['address']:<22} {s['clock']:>6}  {rows:>9}  {mb:>9.3f}  "
+                     f"{s['bytes_in'] / 1e6:>9.3f}  "
                      f"{s['bytes_out'] / 1e6:>9.3f}  {s['msgs_in']:>8}  {s['errors']:>6}  {s['client_clocks']}")
     return "\n".join(lines)

@@ -44,11 +44,11 @@ FAST = "2srv-2p-s1-int64-f16"
 
 
 def run_exactness(bosen_cluster, bosen_procs, tmp_path, servers, procs, staleness, int_dtype, comm_cfg, seed,
-                  ticks, residual=False, max_sleep_ms=6.0):
+                  ticks, residual=False, max_sleep_ms=6.0, storage="dense"):
     cols = procs + 1
     c = bosen_cluster(servers, workers=procs + 1, staleness=staleness, comm=comm_cfg, read_timeout_s=30,
-                      tables={"I": {"rows": ew.ROWS, "cols": cols, "dtype": int_dtype},
-                              "F": {"rows": ew.ROWS, "cols": cols, "dtype": "float32"}})
+                      tables={"I": {"rows": ew.ROWS, "cols": cols, "dtype": int_dtype, "storage": storage},
+                              "F": {"rows": ew.ROWS, "cols": cols, "dtype": "float32", "storage": storage}})
     # rank `procs` reads the final tables: it joins first and clocks far ahead at once, so it never
     # holds the job back, and reads only after every worker has left
     reader = Client.connect(c.path, rank=procs)
@@ -95,6 +95,13 @@ def _schedule_totals(seed: int, q: int, procs: int, ticks: int, table: str, resi
 @pytest.mark.timeout(60)
 def test_exact_reads_and_final_tables_fast(bosen_cluster, bosen_procs, tmp_path):
     run_exactness(bosen_cluster, bosen_procs, tmp_path, *CASES[FAST])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", [FAST, "2srv-2p-s1-int64-f16-readers"])
+def test_exact_reads_and_final_tables_on_sparse_tables(bosen_cluster, bosen_procs, tmp_path, case):
+    """The same properties where the servers store only the rows touched (storage: sparse)."""
+    run_exactness(bosen_cluster, bosen_procs, tmp_path, *CASES[case], storage="sparse")
 
 
 @pytest.mark.timeout(120)

@@ -14,11 +14,11 @@ from bosen import checkpoint
 
 
 def job(tmp_path: Path, args: dict, staleness: int = 3, every: int = 2, comm: bool = False,
-        **ckpt: object) -> Path:
+        storage: str = "dense", **ckpt: object) -> Path:
     cfg = {
         "cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
         "consistency": {"staleness": staleness, "read_timeout_s": 30},
-        "tables": {"W": {"rows": 8, "cols": 2, "dtype": "int64"}},
+        "tables": {"W": {"rows": 8, "cols": 2, "dtype": "int64", "storage": storage}},
         "app": {"module": "checkpoint_worker", "args": args},
         "checkpoint": {"every_clocks": every, "keep": 100, **ckpt},
     }
@@ -68,11 +68,12 @@ def test_checkpoint_holds_exactly_the_ticks_before_it_under_ssp(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_resume_is_exact_and_skips_a_corrupt_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("storage", ["dense", "sparse"])
+def test_resume_is_exact_and_skips_a_corrupt_checkpoint(tmp_path: Path, storage: str) -> None:
     """A worker dies at tick 9; the newest checkpoint (8) is then corrupted; ``--resume`` says so,
     takes the one at 6, and the job ends with exactly the sums of an uninterrupted run, its metrics
     one record per clock."""
-    cfg = job(tmp_path, {"ticks": 12, "die_at": 9}, staleness=1)
+    cfg = job(tmp_path, {"ticks": 12, "die_at": 9}, staleness=1, storage=storage)
     run = tmp_path / "run"
     code, out = launch(cfg, "--run-dir", run)
     assert code == 1 and "worker-0 was killed by SIGKILL" in out, out
@@ -83,7 +84,7 @@ def test_resume_is_exact_and_skips_a_corrupt_checkpoint(tmp_path: Path) -> None:
     data[-1] ^= 0xFF
     victim.write_bytes(bytes(data))
 
-    resumed = job(tmp_path, {"ticks": 12}, staleness=1)  # the same job, nobody dies this time
+    resumed = job(tmp_path, {"ticks": 12}, staleness=1, storage=storage)  # the same job, nobody dies this time
     code, out = launch(resumed, "--resume", run)
     assert code == 0, out
     assert "skipping checkpoint clock 8" in out and "checksum mismatch" in out, out
@@ -147,7 +148,8 @@ def test_young_interval() -> None:
 
 
 @pytest.mark.slow
-def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp_path: Path) -> None:
+@pytest.mark.parametrize("storage", ["dense", "sparse"])
+def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp_path: Path, storage: str) -> None:
     """SIGKILL of one of two servers mid-job: the launcher starts a replacement from that server's
     newest checkpoint part, the workers resend what they sent it since, the other server keeps its
     live values, and the job ends with exactly the sums of a run without the failure."""
@@ -160,7 +162,7 @@ def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp
     import psutil
     from conftest import child_env
 
-    cfg = job(tmp_path, {"ticks": 40, "slow_rank": 1, "slow_s": 0.05}, staleness=2, every=4)
+    cfg = job(tmp_path, {"ticks": 40, "slow_rank": 1, "slow_s": 0.05}, staleness=2, every=4, storage=storage)
     run = tmp_path / "run"
     p = subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(cfg), "--run-dir", str(run), "--no-plot"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
