@@ -115,18 +115,10 @@ def _span(a):  # pragma: no cover - compiled
     return lo, hi, run
 
 
-@njit(cache=True)
-def _span_holding_gil(a):  # pragma: no cover - compiled
-    """``_span`` entered without releasing the GIL: a call of a few microseconds that released it
-    would let a thread busy in Python (the communication thread flushing the last tick) take it, and
-    wait for it back up to the switch interval (docs/design.md, "The GIL on the worker's path")."""
-    return _span(a)
-
-
 def min_max(a: np.ndarray) -> tuple[int, int]:
     """(min, max) of a non-empty 1-D integer array in one pass (range checks on every message: two
-    numpy reductions cost several microseconds each at these sizes). Holds the GIL: it is short."""
-    lo, hi, _ = _span_holding_gil(a)
+    numpy reductions cost several microseconds each at these sizes)."""
+    lo, hi, _ = _span(a)
     return int(lo), int(hi)
 
 

@@ -19,12 +19,6 @@ from numba import njit
 from bosen import rowmath
 from bosen.partition import rows_of, server_of, server_of_jit
 
-# A view refresh of at most this many values (rows x cols) runs without releasing the GIL: it takes
-# microseconds, and releasing it lets the communication thread, busy in Python with the last tick's
-# flush, take the GIL for up to the switch interval (docs/design.md, "The GIL on the worker's path");
-# a larger copy releases it so that thread runs meanwhile.
-HOLD_GIL_BELOW = 1 << 18
-
 
 @njit(nogil=True, cache=True)
 def _claim(clock, requested, rows):  # pragma: no cover - compiled
@@ -138,15 +132,6 @@ def _refresh_fresh(values, clock, server_clock, early, stamp, rows, pos, need, t
     return 0, n_early, stale, copied
 
 
-@njit(cache=True)
-def _refresh_fresh_holding_gil(values, clock, server_clock, early, stamp, rows, pos, need, tick, out, base, seen,
-                               read_now):  # pragma: no cover - compiled
-    """``_refresh_fresh`` entered without releasing the GIL, for a refresh that copies little (see
-    ``HOLD_GIL_BELOW``)."""
-    return _refresh_fresh(values, clock, server_clock, early, stamp, rows, pos, need, tick, out, base, seen,
-                          read_now)
-
-
 @njit(nogil=True, cache=True)
 def _copy_changed(values, stamp, rows, pos, out, base, seen):  # pragma: no cover - compiled
     """Copy into ``out`` and ``base`` the rows at ``pos`` whose stamp is not ``seen``; returns how many."""
@@ -214,9 +199,8 @@ class RowCache:
                       base: np.ndarray, seen: np.ndarray) -> tuple[int, int, int, int]:
         """``read_fresh`` for a view's ``rows`` at positions ``pos``: copies only rows written since the
         view's last copy of them (``seen``: their stamps then; updated). See ``_refresh_fresh``."""
-        kernel = _refresh_fresh_holding_gil if pos.shape[0] * out.shape[1] <= HOLD_GIL_BELOW else _refresh_fresh
-        return kernel(self.values, self.clock, self.server_clock, self.early, self.stamp, rows, pos, need, tick, out,
-                      base, seen, self.read_now)
+        return _refresh_fresh(self.values, self.clock, self.server_clock, self.early, self.stamp, rows, pos, need,
+                              tick, out, base, seen, self.read_now)
 
     def copy_changed(self, rows: np.ndarray, pos: np.ndarray, out: np.ndarray, base: np.ndarray,
                      seen: np.ndarray) -> int:

@@ -70,28 +70,3 @@ def test_read_fresh_copies_and_counts_only_when_every_row_is_fresh():
     assert c.read_fresh(np.array([0, 4], dtype=np.int64), 0, 5, out[:2])[:2] == (2, 1)  # row 4: never received
     assert c.read_fresh(np.array([0, 6], dtype=np.int64), 0, 5, out[:2])[:2] == (1, 1)  # out of range
     assert c.read_fresh(np.array([-1], dtype=np.int64), 0, 5, out[:1])[:2] == (1, 0)
-
-
-def test_refresh_fresh_is_the_same_holding_the_gil_or_not(monkeypatch):
-    """A small refresh runs without releasing the GIL (``HOLD_GIL_BELOW``), a large one releases it:
-    the same rows copied, counters and stamps either way."""
-    from bosen.client import cache
-
-    def refresh(hold_below: int) -> tuple[tuple[int, ...], np.ndarray, np.ndarray]:
-        monkeypatch.setattr(cache, "HOLD_GIL_BELOW", hold_below)
-        c = RowCache(6, 2, np.float32)
-        c.values[:] = np.arange(12, dtype=np.float32).reshape(6, 2)
-        c.clock[:] = 4
-        c.stamp[:] = [1, 2, 3, 4, 5, 6]
-        rows, pos = np.array([5, 1, 3], dtype=np.int64), np.array([0, 2], dtype=np.int64)
-        out, base = np.zeros((3, 2), np.float32), np.zeros((3, 2), np.float32)
-        seen = np.array([6, -1, -1], dtype=np.int64)  # row 5 copied at its stamp already: not again
-        got = c.refresh_fresh(rows, pos, 3, 5, out, base, seen)
-        return tuple(int(x) for x in got), out, seen
-
-    held, released = refresh(1 << 18), refresh(0)
-    assert held[0] == released[0] == (0, 0, 2, 1)
-    for a, b in zip(held[1:], released[1:], strict=True):
-        np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(held[1], [[0, 0], [0, 0], [6, 7]])
-    assert held[2].tolist() == [6, -1, 4]
