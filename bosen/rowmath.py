@@ -135,6 +135,35 @@ def rows_index(rows: np.ndarray) -> slice | np.ndarray:
     return slice(lo, lo + rows.shape[0]) if lo >= 0 else rows
 
 
+@njit(nogil=True, cache=True)
+def unique_kept(rows, keep, mark):  # pragma: no cover - compiled
+    """The distinct ``rows`` with ``keep[r]`` set, sorted: ``np.unique(rows)`` filtered by ``keep``
+    in one pass (numpy 2's hash-based ``np.unique`` took ~0.5 ms for 5,000 rows, a server's whole
+    end-of-clock push of an MF table). ``mark``: a scratch of ``keep``'s length, all False, left so.
+    Sorted by a scan of ``mark`` where the rows are dense in it, else by sorting the few."""
+    out = np.empty(rows.shape[0], np.int64)
+    m = 0
+    for j in range(rows.shape[0]):
+        r = rows[j]
+        if keep[r] and not mark[r]:
+            mark[r] = True
+            out[m] = r
+            m += 1
+    if m and m * 16 >= mark.shape[0]:  # dense: the scan is cheaper than a sort
+        k = 0
+        lo, hi, _ = _span(out[:m])
+        for r in range(lo, hi + 1):
+            if mark[r]:
+                mark[r] = False
+                out[k] = r
+                k += 1
+        return out[:m]
+    res = np.sort(out[:m])
+    for j in range(m):
+        mark[res[j]] = False
+    return res
+
+
 def mask_runs(mask: np.ndarray, most: int) -> list[tuple[int, int]] | None:
     """The runs of True in a boolean ``mask`` as (start, stop) pairs, or None if there are more than
     ``most`` (a caller that can use a few runs of a shared array falls back to a gather)."""

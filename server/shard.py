@@ -73,6 +73,7 @@ class TableShard:
         # rows that turned dirty since the last clock-advance push: its work is O(changed rows), not a
         # scan of the table's dirty flags (take_changed)
         self._changed: list[np.ndarray] = []
+        self._mark = np.zeros(n, dtype=bool)  # take_changed's scratch (rowmath.unique_kept)
         self.subs = np.zeros((n, num_clients), dtype=bool)
         self.subscribed = np.zeros(n, dtype=bool)  # any client reads the row
         self.has_readers = False  # some row is subscribed
@@ -167,7 +168,7 @@ class TableShard:
     def _grow(self, cap: int) -> None:
         """Sparse: room for ``cap`` slots in every per-row array (the stored rows copied once)."""
         n = self.values.shape[0]
-        names = ["values", "dirty", "subs", "subscribed", "send_count"]
+        names = ["values", "dirty", "_mark", "subs", "subscribed", "send_count"]
         names += ["importance", "_known"] if self.importance is not None else []
         names += ["recent", "current", "read_recently", "fresh"] if self.readers_only else []
         names += ["applied"] if self.counts else []
@@ -378,8 +379,9 @@ class TableShard:
         parts, self._changed = self._changed, []
         if not parts:
             return _NO_ROWS
-        rows = np.unique(np.concatenate(parts)) if len(parts) > 1 else np.unique(parts[0])
-        return rows[self.dirty[rows]]  # a budgeted push may have sent some since
+        rows = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        # distinct and sorted, only those still dirty (a budgeted push may have sent some since)
+        return rowmath.unique_kept(rows, self.dirty, self._mark)
 
     def rows_sent(self, local: np.ndarray, client: int) -> np.ndarray | None:
         """Tell the procedure these rows go to ``client``; their versions (versioned tables) or None."""

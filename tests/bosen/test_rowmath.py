@@ -82,6 +82,20 @@ def test_span_gives_min_max_and_the_index_in_one_pass(rows, want):
     assert index == want[2] if want[2] is not None else index is a
 
 
+@pytest.mark.parametrize("n, k", [(1, 0), (10, 30), (5000, 12_000), (100_000, 300), (100_000, 0)])
+def test_unique_kept_is_np_unique_filtered(n, k):
+    """rowmath.unique_kept: the sorted distinct rows whose keep flag is set, both ways (a scan of the
+    scratch where the rows are dense in it, a sort where they are few); the scratch is left clear."""
+    rng = np.random.default_rng(n + k)
+    rows = rng.integers(0, n, k).astype(np.int64)
+    keep = rng.random(n) < 0.7
+    mark = np.zeros(n, dtype=bool)
+    got = rowmath.unique_kept(rows, keep, mark)
+    want = np.unique(rows)
+    assert got.dtype == np.int64 and got.tolist() == want[keep[want]].tolist()
+    assert not mark.any()
+
+
 def test_push_view_is_inc_rows_of_the_changes_in_one_pass():
     """rowmath.push_view against what inc_rows does (priority.accumulate_dense, then the scatter into
     buffer and cache): equal importance, buffer and cache; rows without a change left out; a row
