@@ -15,6 +15,7 @@ on the current directory.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -235,6 +236,31 @@ def peak_rss_bytes(pid: int | None = None) -> int | None:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     return None
+
+
+def report_rss(**fields: Any) -> None:
+    """A memory client's line to the bench process: its resident set now (after a collection, and a
+    pause for ZeroMQ's zero-copy frees to settle), its peak, and ``fields``."""
+    gc.collect()
+    time.sleep(0.2)
+    print(json.dumps({"rss": rss_bytes(), "peak": peak_rss_bytes(), **fields}), flush=True)
+
+
+def warm_memory_client(config: str, cols: int, status_timeout: float) -> tuple[Any, Any]:
+    """A memory case's client, joined and warmed up on the job's one-row ``tiny`` table (imports,
+    compiled kernels, sockets), so that what it holds afterwards is the big table's: (client, tiny)."""
+    import numpy as np
+
+    from bosen.client import Client
+
+    client = Client.connect(config)
+    tiny = client.table("tiny")
+    one = np.array([0], dtype=np.int64)
+    tiny.get_rows(one)
+    tiny.inc_rows(one, np.ones((1, cols), dtype=np.float32))
+    client.clock()
+    client.server_status(status_timeout)
+    return client, tiny
 
 
 def prewarm_memory(nbytes: int) -> float:

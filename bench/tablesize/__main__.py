@@ -32,8 +32,6 @@ alone). A storage the servers' config does not know yet is reported as ``missing
 from __future__ import annotations
 
 import argparse
-import gc
-import json
 import sys
 import tempfile
 import time
@@ -42,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.common import Child, MiB, emit, log, rss_bytes, servers
+from bench.common import Child, MiB, emit, log, report_rss, rss_bytes, servers, warm_memory_client
 from bosen.errors import BosenError
 
 COLS = 16
@@ -76,21 +74,9 @@ def count_name(n: int) -> str:
 
 
 def peer_client(config: str, touch: int, clocks: int, seed: int) -> None:
-    from bosen.client import Client
-
-    def report(**kw: Any) -> None:
-        gc.collect()
-        time.sleep(0.2)  # let zmq's zero-copy frees settle
-        print(json.dumps({"rss": rss_bytes(), **kw}), flush=True)
-
-    client = Client.connect(config)
-    tiny = client.table("tiny")
+    client, tiny = warm_memory_client(config, COLS, 60.0)
     one = np.array([0], dtype=np.int64)
-    tiny.get_rows(one)
-    tiny.inc_rows(one, np.ones((1, COLS), dtype=np.float32))
-    client.clock()
-    client.server_status(60.0)
-    report(step="warm")
+    report_rss(step="warm")
     sys.stdin.readline()
     times: list[float] = []
     if "big" in client.stats()["tables"]:
@@ -111,7 +97,7 @@ def peer_client(config: str, touch: int, clocks: int, seed: int) -> None:
             tiny.inc_rows(one, np.ones((1, COLS), dtype=np.float32))
             client.clock()
         client.server_status(120.0)
-    report(step="touched", clock_s=times)
+    report_rss(step="touched", clock_s=times)
     sys.stdin.readline()
     client.close()
 

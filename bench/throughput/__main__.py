@@ -66,8 +66,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
-import json
 import sys
 import tempfile
 import time
@@ -80,7 +78,20 @@ import msgpack
 import numpy as np
 import zmq
 
-from bench.common import Child, MiB, ProcCounters, emit, log, median, peak_rss_bytes, prewarm_memory, rss_bytes, servers
+from bench.common import (
+    Child,
+    MiB,
+    ProcCounters,
+    emit,
+    log,
+    median,
+    peak_rss_bytes,
+    prewarm_memory,
+    report_rss,
+    rss_bytes,
+    servers,
+    warm_memory_client,
+)
 from bosen.jobs.cluster import free_ports
 from bosen.malloc import reuse_large_buffers
 
@@ -432,21 +443,8 @@ def run_latency(client: Any, table: str, plan: Plan) -> None:
 
 def peer_memclient(config: str) -> None:
     """Client side of the memory case; a line protocol on stdin/stdout with the bench process."""
-    from bosen.client import Client
-
-    def report(**kw: Any) -> None:
-        gc.collect()
-        time.sleep(0.2)  # let zmq's zero-copy frees settle
-        print(json.dumps({"rss": rss_bytes(), "peak": peak_rss_bytes(), **kw}), flush=True)
-
-    client = Client.connect(config)
-    tiny = client.table("tiny")
-    one = np.array([0], dtype=np.int64)
-    tiny.get_rows(one)
-    tiny.inc_rows(one, np.ones((1, COLS), dtype=np.float32))
-    client.clock()
-    client.server_status(STATUS_TIMEOUT_S)
-    report(step="warm")
+    client, _ = warm_memory_client(config, COLS, STATUS_TIMEOUT_S)
+    report_rss(step="warm")
     big = client.table("big") if "big" in client.stats()["tables"] else None
     sys.stdin.readline()
     if big is not None:
@@ -456,11 +454,11 @@ def peer_memclient(config: str) -> None:
         ones = np.ones((1024, COLS), dtype=np.float32)
         for c in chunks:
             big.inc_rows(c, ones[: c.shape[0]])
-    report(step="buffered")
+    report_rss(step="buffered")
     sys.stdin.readline()
     client.clock()
     client.server_status(STATUS_TIMEOUT_S)  # every update applied and acknowledged, the pushes received
-    report(step="flushed")
+    report_rss(step="flushed")
     sys.stdin.readline()
     client.close()
 
