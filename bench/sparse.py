@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 
 import numpy as np
 
+from bench.common import rss_bytes
 from bosen.config import UNBOUNDED, CommConfig, InitConfig, TableConfig
 from bosen.partition import Partition
 from bosen.server import procedures
@@ -33,11 +33,6 @@ from bosen.server.shard import TableShard
 from bosen.wire import UpdateBatch
 
 COLS = 16
-
-
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _shard(storage: str, rows: int) -> TableShard:
@@ -52,12 +47,12 @@ def memory(n: int, batch: int) -> dict[str, float]:
     warm = _shard("sparse", UNBOUNDED)  # kernels loaded (numba) before the baseline
     warm.apply(UpdateBatch(ids[:10], ones[:10]), 0)
     del warm
-    base = _rss()
+    base = rss_bytes()
     s = _shard("sparse", UNBOUNDED)
     for i in range(0, n, batch):
         part = ids[i:i + batch]
         s.apply(UpdateBatch(part, ones[:part.shape[0]]), 0)
-    grown = _rss() - base
+    grown = rss_bytes() - base
     stored_bytes = s.stored * (COLS * 4 + 8)
     return {"rows": s.stored, "row_bytes": stored_bytes, "rss_growth": grown, "nbytes": s.nbytes,
             "rss_ratio": grown / stored_bytes, "nbytes_ratio": s.nbytes / stored_bytes}

@@ -165,18 +165,21 @@ class TableShard:
                                                   self.index)
         return slots
 
-    def _grow(self, cap: int) -> None:
-        """Sparse: room for ``cap`` slots in every per-row array (the stored rows copied once)."""
-        n = self.values.shape[0]
+    def _row_arrays(self) -> list[tuple[str, int, int]]:
+        """(attribute, row axis, fill for new rows) of every per-row array this shard keeps (not the
+        procedure's state, nor the row map): what a sparse shard grows and what ``nbytes`` counts."""
         names = ["values", "dirty", "_mark", "subs", "subscribed", "send_count"]
         names += ["importance", "_known"] if self.importance is not None else []
         names += ["recent", "current", "read_recently", "fresh"] if self.readers_only else []
         names += ["applied"] if self.counts else []
-        for name in names:
-            setattr(self, name, _grown(getattr(self, name), cap, 0))
-        self.writer = _grown(self.writer, cap, 0, NOBODY)
-        if self.counts:
-            self.applied_by = _grown(self.applied_by, cap, 1)
+        out = [(name, 0, 0) for name in names] + [("writer", 0, NOBODY)]
+        return out + [("applied_by", 1, 0)] if self.counts else out
+
+    def _grow(self, cap: int) -> None:
+        """Sparse: room for ``cap`` slots in every per-row array (the stored rows copied once)."""
+        n = self.values.shape[0]
+        for name, axis, fill in self._row_arrays():
+            setattr(self, name, _grown(getattr(self, name), cap, axis, fill))
         # the procedure's per-row state (``state()``): created anew at the new size, the stored rows'
         # state copied back (rows not yet stored keep what ``create`` gives them)
         old = {k: v[:n] for k, v in self.procedure.state().items()}
@@ -414,11 +417,9 @@ class TableShard:
     @property
     def nbytes(self) -> int:
         """Bytes of the rows and their per-row metadata (a sparse shard's row map included)."""
-        arrays = [self.values, self.dirty, self.subs, self.subscribed, self.importance, self._known,
-                  self.send_count, self.writer, self.recent, self.current, self.read_recently, self.fresh,
-                  self.applied, self.applied_by, *self.procedure.state().values()]
+        arrays = [getattr(self, name) for name, _, _ in self._row_arrays()] + list(self.procedure.state().values())
         extra = self.row_map.nbytes if self.row_map is not None else 0
-        return extra + sum(a.nbytes for a in arrays if a is not None)
+        return extra + sum(a.nbytes for a in arrays)
 
 
 def _grown(a: np.ndarray, cap: int, axis: int, fill: int = 0) -> np.ndarray:

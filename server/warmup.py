@@ -50,8 +50,8 @@ def warm_up(config: Config, rank: int) -> float:
         try:
             small = dataclasses.replace(t, rows=2 * servers, init=InitConfig(zeros=True))
             shard = TableShard(i, small, partition, rank, 1, procedures.load(small, config.source), config.comm)
-            # a sparse shard stores nothing yet: its rows, stored now, also load the row map's kernels
-            rows = partition.global_rows(rank, small.rows) if shard.sparse else shard.global_rows
+            # every row this server owns (a sparse shard stores them now, which loads the row map's kernels)
+            rows = partition.global_rows(rank, small.rows)
             local, index = shard.local_rows(rows, "warm-up")
             shard.subscribe(local, 0, index)
             for batch in _batches(rows, t.cols, np.dtype(t.dtype), shard.versioned):
