@@ -151,6 +151,9 @@ class TableConfig:
     # communication, else the table's own dtype
     wire_dtype: Literal["float32", "float16", "bfloat16"] | None = None
     storage: Literal["dense", "sparse"] = "dense"
+    # the most rows of this table one client process caches: past it, the least recently used rows
+    # that nothing refers to are evicted (client/slots.py); None: every row touched stays cached
+    cache_rows: int | None = None
 
     def __post_init__(self) -> None:
         check(self.rows >= 1, "rows: must be >= 1")
@@ -164,6 +167,9 @@ class TableConfig:
             check(self.dtype.startswith("float"), f"wire_dtype: {self.wire_dtype} needs a float table, "
                                                   f"table is {self.dtype}")
         check(self.cols >= 1, "cols: must be >= 1")
+        if self.cache_rows is not None:
+            check(type(self.cache_rows) is int and self.cache_rows >= 1,
+                  f"cache_rows: must be an integer >= 1, got {self.cache_rows!r}")
         if self.staleness is not None:
             check(self.staleness >= 0, "staleness: must be >= 0")
         if self.dtype.startswith("int") and self.init.kind in ("normal", "uniform"):
@@ -171,7 +177,7 @@ class TableConfig:
 
     @property
     def bounded(self) -> bool:
-        """The table has a row count (dense, or sparse with ``rows`` given): today's client needs one."""
+        """The table has a row count (dense, or sparse with ``rows`` given)."""
         return self.rows < UNBOUNDED
 
     @property

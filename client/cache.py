@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit
 
 from bosen import rowmath
+from bosen.client.slots import extended
 from bosen.partition import rows_of, server_of, server_of_jit
 
 
@@ -164,6 +165,9 @@ def _copy_if_moved(values, stamp, r, p, out, base, seen, both):  # pragma: no co
 
 
 class RowCache:
+    """Indexed by row, or by slot for a table whose client keeps only the rows it touches
+    (client/slots.py): the same rules either way, slots keep their row's server."""
+
     def __init__(self, rows: int, cols: int, dtype: np.dtype, num_servers: int = 1, counts: bool = False) -> None:
         self.values = np.zeros((rows, cols), dtype=dtype)
         # per row, bumped by every write of its value (module docstring); a view starts at -1
@@ -183,6 +187,25 @@ class RowCache:
         # and when the server sent that value (ROWS "ft", seconds): a probe reports the content's age.
         # A server clock (SCLOCK) raises a row's clock but says nothing new about its content: kept.
         self.seen_at = np.zeros(rows if counts else 0, dtype=np.float64)
+
+    def _per_slot(self) -> list[tuple[str, int | float | bool]]:
+        """(attribute, fill of a row never received) of every per-row array."""
+        return [("values", 0), ("stamp", 0), ("clock", -1), ("requested", False), ("ss", 0), ("early", False),
+                ("read_now", False)] + ([("seen", 0), ("seen_at", 0.0)] if self.seen.shape[0] else [])
+
+    def grow(self, rows: int) -> None:
+        """Room for ``rows`` rows (slots, client/slots.py): every per-row array extended, new rows
+        never received. The arrays are new objects: holders of the old ones must fetch them anew."""
+        for name, fill in self._per_slot():
+            setattr(self, name, extended(getattr(self, name), rows, fill))
+
+    def clear(self, slots: np.ndarray) -> None:
+        """Forget rows ``slots`` (evicted): as if never received; their stamps move on, so nothing that
+        copied them keeps a value as current."""
+        for name, fill in self._per_slot():
+            if name != "stamp":
+                getattr(self, name)[slots] = fill
+        self.stamp[slots] += 1
 
     def raise_clock(self, server: int, clock: int) -> None:
         """A server clock message: every cached row of that server is now valid for ``clock``."""

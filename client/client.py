@@ -10,6 +10,7 @@ threads (``worker.Worker``) and their process clock (``clocks.WorkerClocks``), a
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -60,6 +61,9 @@ class Client:
         self._departed_phases: dict[str, dict[str, Any]] = {}  # metrics.profile: workers that left
         self._fresh = fresh = threading.Condition()  # rows arrived, a clock went out, failed or closing
         self._comm = CommThread(config, self._tables, self._life, self._notify, self._inc_bytes)
+        for st in self._tables:  # a bounded cache full of unsent updates sends them early (client/slots.py)
+            if st.slot_limit is not None:
+                st.send_early = functools.partial(self._comm.submit, self._comm.sender.flush, None)
         self._reads = ReadPath(config, self._tables, self._comm, self._life, fresh)
         self._checkpoints = WorkerCheckpoints(config, self._comm.links, self._life, fresh)
         self._clocks = WorkerClocks(self._on_process_clock)
@@ -176,6 +180,9 @@ class Client:
             tables[st.name] = {"cached_rows": int(cached.size), "staleness_mean": float(stale.mean()),
                                "staleness_max": int(stale.max()), "send_count_hist": hist,
                                "staged_bytes": staged, **pool}
+            if st.slots is not None:  # cached by slot (client/slots.py): rows held, room, evictions
+                tables[st.name].update(slots=st.slots.capacity, rows_held=len(st.slots), rows_evicted=st.evicted,
+                                       cache_over_limit=st.over_limit)
             if st.vlog is not None:  # versioned: updates retired by a newer version, versions released
                 tables[st.name].update(rows_retired=st.vlog.retired_rows, versions_released=st.vlog.released)
         s["tables"] = tables

@@ -1,6 +1,7 @@
 """Update encoding: buffered increments taken out of a table's update buffer as INC messages.
 
-Everything here runs on the communication thread under the table's lock. A message carries at most
+Everything here runs on the communication thread under the table's lock. Rows are taken out of the
+buffer where it keeps them (rows, or slots: client/slots.py) and go on the wire as row ids. A message carries at most
 ``UpdateBuffer.chunk_rows`` rows (``CHUNK_BYTES`` of values): the server applies one while the next
 is on the way, memory peaks stay small, and the lock is held only while a chunk is taken. A chunk is
 taken into an array that nothing writes again (a staged piece as it is), so the message carries it
@@ -64,7 +65,7 @@ def take_chunk(st: TableState, rows: np.ndarray, k: int, server: int, seq: int) 
     st.send_count[index] += 1
     if wire_block is not block:
         nnz = None  # float16 rounding may have zeroed some values
-    batch = update_batch(rj, wire_block, nnz)
+    batch = update_batch(st.row_ids(rj), wire_block, nnz)
     batch.weights = oplog.take_ops(index)
     if batch.sparse:
         return (batch, None, None), k
@@ -147,10 +148,10 @@ def take_versioned(st: TableState, rows: np.ndarray, partition: Partition) -> li
                 continue
             rj = all_rows[p]
             wire_block, _ = quantize(st, rj, block[p], keep_residual=eov[p] == 0)
-            batch = update_batch(rj, wire_block)
+            batch = update_batch(st.row_ids(rj), wire_block)
             batch.tags, batch.eov = tags[p], eov[p]
             batch.weights = None if weights is None else weights[p]
-            batch.rel_rows, batch.rel_tags = (lr[rpos], lt[rpos]) if last else (lr[:0], lt[:0])
+            batch.rel_rows, batch.rel_tags = (st.row_ids(lr[rpos]), lt[rpos]) if last else (lr[:0], lt[:0])
             batches.append((j, batch))
     return batches
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from bosen import rowmath
 from bosen.bufferpool import BufferPool
+from bosen.client.slots import extended
 
 CHUNK_BYTES = 1 << 20  # most value bytes in one update message, and so in one staged piece
 STAGE_MIN_BYTES = 64 << 10  # smaller runs go to the dense buffer: pyzmq copies such messages anyway
@@ -58,7 +59,16 @@ class UpdateBuffer:
 
     def stop_staging(self) -> None:
         self.unstage()
-        self._stage_min_rows = self.delta.shape[0] + 1
+        self._stage_min_rows = 1 << 62  # no run is ever this long
+
+    def grow(self, rows: int) -> None:
+        """Room for ``rows`` rows (slots, client/slots.py); staging must be off (pieces name rows)."""
+        assert not self.pieces
+        self.delta = extended(self.delta, rows, 0)
+        self.dirty = extended(self.dirty, rows, False)
+        self.staged = extended(self.staged, rows, False)
+        if self.ops.shape[0]:
+            self.ops = extended(self.ops, rows, 0)
 
     def add_dense(self, rows: np.ndarray, deltas: np.ndarray, mirror: np.ndarray | None = None,
                   held: np.ndarray | None = None, index: slice | np.ndarray | None = None,

@@ -118,7 +118,9 @@ class ReadPath:
             with reader.lock:  # close() waits for this read to notice it and stop
                 timeout = max(deadline - time.monotonic(), 0.001)
                 for j, rj in parts:
-                    left[j] = (reader.send_read(j, st.index, rj, need, timeout, self.life.check), rj.shape[0])
+                    with st.lock:
+                        ids = st.row_ids(rj)
+                    left[j] = (reader.send_read(j, st.index, ids, need, timeout, self.life.check), rj.shape[0])
                 while left:
                     self.life.check()
                     if any(comm.links[j].recovering for j in left):
@@ -212,7 +214,8 @@ class ReadPath:
 
     def _timeout(self, st: TableState, rows: np.ndarray, tick: int, need: int) -> ReadTimeout:
         fresh = st.cache.fresh_clock(rows)
-        r = int(rows[np.argmin(fresh)])
+        with st.lock:
+            r = int(st.row_ids(rows[np.argmin(fresh):][:1])[0])
         servers = self.config.cluster.servers
         j = int(server_of(r, len(servers)))
         have = int(fresh.min())

@@ -29,7 +29,8 @@ def decode(frames: list[Any]) -> tuple[dict[str, Any], list[Any]]:
 
 @dataclass
 class Rows:
-    """A ROWS message as applied: ``exact`` says the cache now holds exactly ``values``, every row;
+    """A ROWS message as applied (``rows``: where the cache keeps them, client/slots.py): ``exact``
+    says the cache now holds exactly ``values``, every row;
     ``retired`` that a versioned table retired updates that must now go out (``VersionLog``)."""
 
     table: TableState
@@ -53,11 +54,20 @@ def receive_rows(tables: Sequence[TableState], j: int, h: dict[str, Any], arrays
         raise ProtocolError(f"ROWS for table {st.name!r}: versions {'present' if versioned else 'missing'}, "
                             f"but the server said the table is {'not ' if versioned else ''}versioned")
     retired = False
+    versions = wire.array(arrays[2], wire.VERSION_DTYPE, n, "ROWS versions") if versioned else None
+    counts = wire.others_frame(h, arrays)
     with st.lock:
-        if st.vlog is not None:
-            versions = wire.array(arrays[2], wire.VERSION_DTYPE, n, "ROWS versions")
+        if st.slots is not None:  # ids -> slots; rows this process no longer holds (evicted) are dropped
+            rows = st.lookup(rows)
+            held = rows >= 0
+            if not held.all():
+                rows, vals = rows[held], vals[held]
+                versions = None if versions is None else versions[held]
+                counts = None if counts is None else counts[held]
+        if versions is not None:
+            assert st.vlog is not None
             retired = st.vlog.receive(rows, versions, st.oplog, st.importance)
-        exact = apply_rows(st, j, h, rows, vals, wire.others_frame(h, arrays))
+        exact = apply_rows(st, j, h, rows, vals, counts)
     return Rows(st, rows, vals, exact, retired)
 
 

@@ -153,7 +153,9 @@ class Sender:
         out: list[dict[int, tuple[np.ndarray, int]]] = [{} for _ in range(n)]
         for st in self.tables:
             with st.lock:
-                rows = st.cache.take_reads()
+                rows = st.row_ids(st.cache.take_reads())
+            if st.slots is not None:
+                rows = np.sort(rows)
             for j, rj in self.partition.rows_by_server(rows):
                 out[j][st.index] = (self.partition.local(rj), (st.rows - j + n - 1) // n)
         return out
@@ -338,10 +340,13 @@ class Sender:
         return 0
 
     def request_rows(self, st: TableState, rows: np.ndarray, min_clock: int) -> None:
-        """READ ``rows`` on the main connection (a read that cannot use its own sockets)."""
+        """READ ``rows`` (as the cache keeps them: rows or slots, asked for, so not evicted) on the
+        main connection (a read that cannot use its own sockets)."""
         for j, rj in self.partition.rows_by_server(rows):
             if self.links[j].recovering:  # asked again once it is back (ReadPath.wait_fresh)
                 with st.lock:
                     st.cache.requested[rj] = False
                 continue
-            self.links[j].send({"t": Msg.READ, "tb": st.index, "n": int(rj.shape[0]), "c": min_clock}, rj)
+            with st.lock:
+                ids = st.row_ids(rj)
+            self.links[j].send({"t": Msg.READ, "tb": st.index, "n": int(rj.shape[0]), "c": min_clock}, ids)

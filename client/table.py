@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+import weakref
 from typing import Any, Protocol
 
 import numpy as np
@@ -69,10 +70,11 @@ class Table:
         self._server_clock = state.cache.server_clock
         self._early = state.cache.early
         self._read_now = state.cache.read_now
-        self._seen = state.cache.seen
-        self._seen_at = state.cache.seen_at
         self._probe_every = state.probe_every
         self._servers = state.cache.num_servers
+        # indexed by row (the arrays above never change), else by slot (state.to_slots; the arrays
+        # grow, so they are fetched from the state each time)
+        self._direct = state.slots is None
         self.name = state.name
         self.rows = state.rows
         self.cols = state.cols
@@ -114,7 +116,7 @@ class Table:
         need = self._worker.tick - self.staleness
         if need < 0:
             need = 0
-        if type(row) in _FAST_INDEX and 0 <= row < self.rows:
+        if type(row) in _FAST_INDEX and 0 <= row < self.rows and self._direct:
             c = self._clock[row]  # the row's own clock, else the last server clock if it is cached
             sc = self._server_clock[server_of(row, self._servers)]
             if c >= need or (c >= 0 and sc >= need):
@@ -141,6 +143,27 @@ class Table:
         return phases.timed(self._worker.phases, "read", self._get_rows, rows)
 
     def _get_rows(self, rows: Any) -> np.ndarray:
+        if self._direct:
+            return self._read(rows)
+        st = self._st
+        slots = st.slots
+        assert slots is not None
+        ids, _ = self._rows_index(rows)
+        with st.lock:
+            op = slots.begin()
+            try:
+                held = st.to_slots(ids, op)
+            except BaseException:
+                slots.end(op)
+                raise
+        try:  # the rows stay (not evicted) until the read is done
+            return self._read(held, ids=False)
+        finally:
+            with st.lock:
+                slots.end(op)
+
+    def _read(self, rows: Any, ids: bool = True) -> np.ndarray:
+        """Read ``rows``: row ids (``ids``), else the slots of a slotted table's rows (checked)."""
         if type(rows) is np.ndarray and rows.dtype.kind in "iu" and rows.ndim == 1 and rows.shape[0]:
             # the usual read, of rows all cached and fresh: checked, counted and copied in one pass
             r64 = rows if rows.dtype == np.int64 else rows.astype(np.int64)  # a uint64 past int64: negative
@@ -159,7 +182,7 @@ class Table:
                 w.rows_read_early += a
                 w.read_staleness_sum += b
                 return out
-        rows, index = self._rows_index(rows)
+        rows, index = self._rows_index(rows, ids)
         w = self._worker
         fresh = self._reads.wait_fresh(self._st, rows, w, index)
         early, stale = self._st.cache.read_stats(rows, w.tick)
@@ -171,7 +194,8 @@ class Table:
                 self._probe(rows.copy())
             if fresh is not None:  # just read and not shared: no copy needed
                 return fresh
-            return self._values[index].copy() if type(index) is slice else self._values[index]
+            values = self._st.cache.values
+            return values[index].copy() if type(index) is slice else values[index]
 
     def view(self, rows: Any, base: bool = True) -> RowView:
         """An incremental read of ``rows`` (unique): ``RowView.refresh()`` reads them like ``get_rows``
@@ -181,7 +205,18 @@ class Table:
         rows, _ = self._rows_index(rows)
         if rows.shape[0] > 1 and np.unique(rows).shape[0] != rows.shape[0]:
             raise ValueError(f"table {self.name!r}: a view's rows must be unique")
-        return RowView(self, rows.copy(), self.cols, self.dtype, base)
+        v = RowView(self, rows.copy(), self.cols, self.dtype, base)
+        st = self._st
+        if st.slots is not None:  # the view holds its rows' slots (never evicted) while it lives
+            with st.lock:
+                op = st.slots.begin()
+                try:
+                    v.slots = st.to_slots(v.rows, op)
+                    st.pins[v.slots] += 1
+                finally:
+                    st.slots.end(op)
+            weakref.finalize(v, st.pin, v.slots, -1)
+        return v
 
     def refresh_view(self, v: RowView, at: np.ndarray | None = None) -> int:
         """``v.refresh(at)`` (see ``_refresh_view``), timed as the worker's "read" phase under metrics.profile."""
@@ -202,18 +237,18 @@ class Table:
         tick = w.tick
         need = tick - self.staleness
         with st.lock:
-            status, a, b, copied = st.cache.refresh_fresh(v.rows, pos, need if need > 0 else 0, tick, v.values,
+            status, a, b, copied = st.cache.refresh_fresh(v.slots, pos, need if need > 0 else 0, tick, v.values,
                                                           v.base, v.seen)
             if status == 0 and self._probe_every and self._probe_due():
-                self._probe(v.rows[pos])
+                self._probe(v.slots[pos])
         if status != 0:  # some row is not fresh: wait as get_rows does, then copy what changed
-            rows = v.rows if at is None else v.rows[pos]
+            rows = v.slots if at is None else v.slots[pos]
             self._reads.wait_fresh(st, rows, w)
             a, b = st.cache.read_stats(rows, w.tick)
             with st.lock:
                 if self._probe_every and self._probe_due():
                     self._probe(rows.copy())
-                copied += st.cache.copy_changed(v.rows, pos, v.values, v.base, v.seen)
+                copied += st.cache.copy_changed(v.slots, pos, v.values, v.base, v.seen)
         w.rows_read += pos.shape[0]
         w.rows_read_early += a
         w.read_staleness_sum += b
@@ -242,7 +277,7 @@ class Table:
                 v.seen[pos] = -1  # copied anew at the next refresh
             return int(pos.shape[0])
         with st.lock:
-            n = st.oplog.add_view(v.rows, pos, at is None, v.values, v.base, v.seen, st.cache.values, st.cache.stamp,
+            n = st.oplog.add_view(v.slots, pos, at is None, v.values, v.base, v.seen, st.cache.values, st.cache.stamp,
                                   st.cache.clock, st.read_my_writes, st.importance, st.relative)
         if n < 0:
             raise ValueError(f"table {self.name!r}: view changes contain NaN or infinity")
@@ -275,7 +310,8 @@ class Table:
     def _probe(self, rows: np.ndarray) -> None:
         """Probe the freshness of ``rows`` (an array nothing else writes) just read, under the
         table's lock: the others' updates their values include, and their age in seconds now."""
-        self._reads.probe(self._st, rows, self._seen[rows], time.time() - self._seen_at[rows])
+        st = self._st
+        self._reads.probe(st, st.row_ids(rows), st.cache.seen[rows], time.time() - st.cache.seen_at[rows])
 
     def _probe_due(self) -> bool:
         """Whether this read is probed: one in ``metrics.freshness_every`` on average, at drawn gaps
@@ -306,12 +342,15 @@ class Table:
     def _inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:
         rows, index = self._rows_index(rows)
         st = self._st
+        n_rows = rows.shape[0]
         if cols is None:
             deltas = self._deltas(deltas, check_finite=False)  # the buffer checks them as it copies them
             if deltas.shape != (rows.shape[0], self.cols):
                 raise ValueError(f"table {self.name!r}: deltas have shape {deltas.shape}, expected "
                                  f"({rows.shape[0]}, {self.cols}) for {rows.shape[0]} rows")
             with st.lock:
+                if not self._direct:
+                    rows, index = self._slots_now(rows)
                 ok = st.importance is None or rowmath.all_finite(deltas)
                 if ok and st.importance is not None:  # relative to the values before this increment
                     priority.accumulate_dense(st.importance, rows, deltas, st.cache.values, st.cache.clock,
@@ -336,6 +375,8 @@ class Table:
                 bad = int(cols.min()) if cols.min() < 0 else int(cols.max())
                 raise IndexError(f"table {self.name!r}: column {bad} out of range [0, {self.cols})")
             with st.lock:
+                if not self._direct:
+                    rows, _ = self._slots_now(rows)
                 if st.importance is not None:
                     priority.accumulate_coo(st.importance, rows, cols, deltas, st.cache.values, st.cache.clock,
                                             st.relative)
@@ -344,7 +385,7 @@ class Table:
                     rowmath.scatter_add_coo(st.cache.values, rows, cols, deltas)
                     st.cache.touch(rows)
         w = self._worker  # its own counters: only this thread writes them
-        w.updates_buffered += rows.shape[0]
+        w.updates_buffered += n_rows
         w.inc_bytes += deltas.nbytes
 
     # -- argument checks -----------------------------------------------------------------------
@@ -356,8 +397,23 @@ class Table:
             raise IndexError(f"table {self.name!r}: row {row} out of range [0, {self.rows})")
         return int(row)
 
-    def _rows_index(self, rows: Any) -> tuple[np.ndarray, slice | np.ndarray]:
-        """Checked int64 rows, and them as an index (a slice for a run: ``rowmath.rows_index``)."""
+    def _slots_now(self, rows: np.ndarray) -> tuple[np.ndarray, slice | np.ndarray]:
+        """The slots of ``rows`` (checked ids) for work done under the table's lock, which holds
+        until it is done (nothing evicts them meanwhile), and them as an index."""
+        slots = self._st.slots
+        assert slots is not None
+        op = slots.begin()
+        try:
+            held = self._st.to_slots(rows, op)
+        finally:
+            slots.end(op)
+        return held, rowmath.rows_index(held)
+
+    def _rows_index(self, rows: Any, ids: bool = True) -> tuple[np.ndarray, slice | np.ndarray]:
+        """Checked int64 rows, and them as an index (a slice for a run: ``rowmath.rows_index``);
+        ``ids`` False: slots of a slotted table (valid by construction), only indexed."""
+        if not ids:
+            return rows, rowmath.rows_index(rows)
         self._life.check()
         rows = np.asarray(rows)
         if rows.ndim != 1 or (rows.dtype.kind not in "iu" and rows.size):

@@ -24,6 +24,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from bosen.client.slots import extended
+
 
 @njit(nogil=True, cache=True)
 def _receive(rows, new, version, dirty, ret_rows, ret_tags, rel_rows, rel_tags):  # pragma: no cover
@@ -55,6 +57,10 @@ class VersionLog:
         self._rel: list[tuple[np.ndarray, np.ndarray]] = []
         self.retired_rows = 0  # counters
         self.released = 0
+
+    def grow(self, rows: int) -> None:
+        """Room for ``rows`` rows (slots, client/slots.py)."""
+        self.version = extended(self.version, rows, 0)
 
     @property
     def pending(self) -> bool:

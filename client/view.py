@@ -44,6 +44,7 @@ class RowView:
     def __init__(self, owner: ViewOwner, rows: np.ndarray, cols: int, dtype: np.dtype, base: bool = True) -> None:
         self._owner = owner
         self.rows = rows
+        self.slots = rows  # where the table keeps them: the rows, or their slots (client/slots.py)
         self.values = np.zeros((rows.shape[0], cols), dtype=dtype)
         # values as of the last refresh or push; a view without (``base=False``: read only) saves the
         # memory of a second copy (a refresh then writes its rows once)

@@ -44,11 +44,13 @@ FAST = "2srv-2p-s1-int64-f16"
 
 
 def run_exactness(bosen_cluster, bosen_procs, tmp_path, servers, procs, staleness, int_dtype, comm_cfg, seed,
-                  ticks, residual=False, max_sleep_ms=6.0, storage="dense"):
+                  ticks, residual=False, max_sleep_ms=6.0, storage="dense", cache_rows=None):
     cols = procs + 1
+    extra = {} if cache_rows is None else {"cache_rows": cache_rows}
     c = bosen_cluster(servers, workers=procs + 1, staleness=staleness, comm=comm_cfg, read_timeout_s=30,
-                      tables={"I": {"rows": ew.ROWS, "cols": cols, "dtype": int_dtype, "storage": storage},
-                              "F": {"rows": ew.ROWS, "cols": cols, "dtype": "float32", "storage": storage}})
+                      tables={"I": {"rows": ew.ROWS, "cols": cols, "dtype": int_dtype, "storage": storage, **extra},
+                              "F": {"rows": ew.ROWS, "cols": cols, "dtype": "float32", "storage": storage,
+                                    **extra}})
     # rank `procs` reads the final tables: it joins first and clocks far ahead at once, so it never
     # holds the job back, and reads only after every worker has left
     reader = Client.connect(c.path, rank=procs)
@@ -102,6 +104,15 @@ def test_exact_reads_and_final_tables_fast(bosen_cluster, bosen_procs, tmp_path)
 def test_exact_reads_and_final_tables_on_sparse_tables(bosen_cluster, bosen_procs, tmp_path, case):
     """The same properties where the servers store only the rows touched (storage: sparse)."""
     run_exactness(bosen_cluster, bosen_procs, tmp_path, *CASES[case], storage="sparse")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("storage", ["dense", "sparse"])
+def test_exact_reads_and_final_tables_with_a_small_client_cache(bosen_cluster, bosen_procs, tmp_path, storage):
+    """The same properties where each process caches at most 4 of the 12 rows (cache_rows): rows are
+    evicted and read again all the time, and a read-my-writes value must still hold exactly the
+    process's own updates (client/slots.py)."""
+    run_exactness(bosen_cluster, bosen_procs, tmp_path, *CASES[FAST], storage=storage, cache_rows=4)
 
 
 @pytest.mark.timeout(120)

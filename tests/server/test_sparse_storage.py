@@ -105,9 +105,10 @@ def test_config_storage_errors_name_the_key():
         build({**base, "tables": {"E": {"rows": 5, "cols": 8, "storage": "hashed"}}})
     with pytest.raises(ConfigError, match=r"tables\.E\.init\.file: a sparse table without rows"):
         build({**base, "tables": {"E": {"storage": "sparse", "cols": 2, "init": {"file": "x.npy"}}}})
-    # today's client caches densely: a table without rows is refused where the client is made
-    with pytest.raises(ConfigError, match=r"tables\.E\.rows: .*bounded client cache"):
-        TableState(0, cfg.tables[0], 0, 1, CommConfig(enabled=False))
+    # a client keeps such a table by slot, only the rows it touches (client/slots.py)
+    assert TableState(0, cfg.tables[0], 0, 1, CommConfig(enabled=False)).slots is not None
+    with pytest.raises(ConfigError, match=r"tables\.E\.cache_rows: must be an integer >= 1"):
+        build({**base, "tables": {"E": {"rows": 5, "cols": 8, "cache_rows": 0}}})
     versioned = TableConfig(name="V", rows=10, cols=2, update="adarevision", storage="sparse")
     with pytest.raises(ConfigError, match=r"tables\.V\.storage: sparse tables do not take versioned"):
         TableShard(0, versioned, Partition(1), 0, 1, procedures.load(versioned, "t.yaml"), CommConfig(enabled=False))
