@@ -9,6 +9,8 @@ Hooks, in the order the server calls them (local row indices index this server's
 
 - ``__init__(table, **update_args)``: bad arguments raise TypeError/ValueError (a ConfigError at start).
 - ``create(global_rows, values)``: rows exist with their initial values; allocate per-row state.
+- ``grow(global_rows, values, stored)``: sparse tables only: the shard's per-row arrays grew to
+  ``values.shape[0]`` slots; the first ``stored`` keep their state, the rest start as ``create``'s.
 - ``apply(values, local_rows, batch, client)``: one client's update batch (rows may repeat; apply in
   order). Procedures other than ``add`` receive what apps send for them, e.g. raw gradients.
 - ``rows_sent(local_rows, num_clients)``: these rows' current values (and versions) went out.
@@ -53,6 +55,17 @@ class StoredProcedure:
 
     def create(self, global_rows: np.ndarray, values: np.ndarray) -> None:
         """Rows were created with their initial values (may adjust them or allocate state)."""
+
+    def grow(self, global_rows: np.ndarray, values: np.ndarray, stored: int) -> None:
+        """A sparse shard grew its per-row arrays to ``values.shape[0]`` slots, of which the first
+        ``stored`` hold rows (``global_rows``: their ids, then padding). By default ``create`` runs
+        again at the new size and the stored rows' ``state()`` is copied back, so a procedure whose
+        ``state()`` names all its per-row arrays needs nothing more; one that keeps other per-row
+        bookkeeping (AdaRevision's snapshots) overrides this to keep it."""
+        old = {k: v[:stored] for k, v in self.state().items()}  # views: ``create`` makes new arrays
+        self.create(global_rows, values)
+        for k, v in self.state().items():
+            v[:stored] = old[k]
 
     def apply(self, values: np.ndarray, local_rows: np.ndarray, batch: UpdateBatch, client: int) -> None:
         """Apply one client's batch to ``values`` (local row indices already checked)."""

@@ -111,6 +111,15 @@ class RunningCheckpoint:
     def n_rows(self) -> int:
         return int(self.values.shape[0])
 
+    def extend(self, initial: np.ndarray, clock: int = 0) -> None:
+        """Rows ``n_rows, n_rows + 1, ...`` are new (a sparse shard stored them since): their saved
+        copy is ``initial``, what a restore that finds them in no checkpoint gives them."""
+        if initial.ndim != 2 or initial.shape[1:] != self.values.shape[1:]:
+            raise ValueError(f"RunningCheckpoint.extend: rows of shape {initial.shape[1:]}, the checkpoint holds "
+                             f"{self.values.shape[1:]}")
+        self.values = np.concatenate([self.values, initial.astype(self.values.dtype, copy=False)])
+        self.saved_clock = np.concatenate([self.saved_clock, np.full(initial.shape[0], clock, dtype=np.int64)])
+
     def distance(self, values: np.ndarray) -> np.ndarray:
         return row_distance(values, self.values, self.metric)
 
@@ -133,6 +142,8 @@ class RunningCheckpoint:
 
     def step(self, policy: Policy, values: np.ndarray, fraction: float, clock: int = 0) -> np.ndarray:
         """Choose the rows to save, save them, and return them."""
+        if self.n_rows == 0:  # a sparse shard that stores no row yet
+            return np.empty(0, dtype=np.int64)
         rows = self.choose(policy, values, fraction)
         if policy == "round_robin":
             self.cursor = (self.cursor + rows.shape[0]) % self.n_rows

@@ -56,14 +56,11 @@ class ServerCheckpoints:
 
     def start_running(self, shards: list[TableShard]) -> None:
         """Priority checkpoints: the in-memory running checkpoint starts as the shards are now
-        (initial or restored values); counts rows are compared as distributions (SCAR's scaled
-        total variation), float rows by L2."""
-        if self.cfg.priority_fraction < 1.0:
-            sparse = [s.cfg.name for s in shards if s.sparse]
-            if sparse:
-                raise ConfigError(f"checkpoint.priority_fraction: priority checkpoints keep a copy of every row; "
-                                  f"sparse table {sparse[0]!r} needs priority_fraction: 1")
-            self.running = [scar.RunningCheckpoint(s.values, "tv" if s.dtype.kind == "i" else "l2",
+        (initial or restored values; a sparse shard's stored rows, its later rows joining at their
+        initial values); counts rows are compared as distributions (SCAR's scaled total variation),
+        float rows by L2."""
+        if self.cfg.priority_fraction < 1.0:  # a sparse shard's: its stored rows (more join at each save)
+            self.running = [scar.RunningCheckpoint(s.values[:s.stored], "tv" if s.dtype.kind == "i" else "l2",
                                                    seed=1000 * self.rank + s.index) for s in shards]
 
     def boundary_after(self, clock: int) -> int:
@@ -115,7 +112,10 @@ class ServerCheckpoints:
             key = f"t{s.index}"
             state = s.procedure.state()
             if self.running:  # priority checkpoint: the rows the policy picks, and their state
-                rows = self.running[s.index].step(self.cfg.policy, s.values, self.cfg.priority_fraction, clock)
+                run, n = self.running[s.index], s.stored
+                if run.n_rows < n:  # a sparse shard stored rows since: saved as what a restore gives them
+                    run.extend(s.initial(s.global_rows[run.n_rows:n]))
+                rows = run.step(self.cfg.policy, s.values[:n], self.cfg.priority_fraction, clock)
                 arrays[f"{key}.values"] = s.values[rows]
                 arrays[f"{key}.rows"] = s.global_rows[rows]
                 for k, v in state.items():

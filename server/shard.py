@@ -58,9 +58,6 @@ class TableShard:
         self.sparse = cfg.storage == "sparse"
         self.row_map = RowMap() if self.sparse else None
         self._global_rows = _NO_ROWS if self.sparse else partition.global_rows(rank, cfg.rows)
-        if self.sparse and procedure.versioned:
-            raise ConfigError(f"tables.{cfg.name}.storage: sparse tables do not take versioned procedures yet "
-                              f"(update: {cfg.update}); use storage: dense")
         try:
             self.values = rowmath.init_rows(cfg.init, self._global_rows, (cfg.rows, cfg.cols), self.dtype, index)
         except ValueError as e:
@@ -160,10 +157,13 @@ class TableShard:
             return slots
         if n > self.values.shape[0]:
             self._grow(max(n, int(self.values.shape[0] * GROWTH) + 16))
-        new = self.row_map.ids[before:]
-        self.values[before:n] = rowmath.init_rows(self.cfg.init, new, (self.cfg.rows, self.cfg.cols), self.dtype,
-                                                  self.index)
+        self.values[before:n] = self.initial(self.row_map.ids[before:])
         return slots
+
+    def initial(self, rows: np.ndarray) -> np.ndarray:
+        """The initial values of rows ``rows`` (ids): deterministic per row id, so a sparse shard's row
+        first touched now starts where the dense table's row starts (and a restore's absent rows too)."""
+        return rowmath.init_rows(self.cfg.init, rows, (self.cfg.rows, self.cfg.cols), self.dtype, self.index)
 
     def _row_arrays(self) -> list[tuple[str, int, int]]:
         """(attribute, row axis, fill for new rows) of every per-row array this shard keeps (not the
@@ -180,15 +180,12 @@ class TableShard:
         n = self.values.shape[0]
         for name, axis, fill in self._row_arrays():
             setattr(self, name, _grown(getattr(self, name), cap, axis, fill))
-        # the procedure's per-row state (``state()``): created anew at the new size, the stored rows'
-        # state copied back (rows not yet stored keep what ``create`` gives them)
-        old = {k: v[:n] for k, v in self.procedure.state().items()}
+        # the procedure's per-row state grows with them (``StoredProcedure.grow``; rows not yet stored
+        # get what ``create`` gives them, as a dense table's rows start)
         assert self.row_map is not None
         ids = np.zeros(cap, dtype=np.int64)
         ids[:n] = self.row_map.ids[:n]
-        self.procedure.create(ids, self.values)
-        for k, v in self.procedure.state().items():
-            v[:n] = old[k]
+        self.procedure.grow(ids, self.values, n)
 
     def _check_range(self, lo: int, hi: int, what: str) -> None:
         if lo < 0 or hi >= self.cfg.rows:

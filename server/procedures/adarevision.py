@@ -118,15 +118,26 @@ class AdaRevision(StoredProcedure):
         self.init_z = positive("init_z", init_z)
         self.max_snapshots = count("max_snapshots", max_snapshots)
         self.store = SnapshotStore(0, table.cols)
-        self.global_rows = np.empty(0, dtype=np.int64)
 
     def create(self, global_rows: np.ndarray, values: np.ndarray) -> None:
         n, cols = values.shape
-        self.global_rows = global_rows
         self.z = np.full((n, cols), self.init_z, dtype=np.float64)
         self.zmax = self.z.copy()
         self.gsum = np.zeros((n, cols), dtype=np.float64)
         self.store = SnapshotStore(n, cols)
+        self.versions = self.store.versions
+
+    def grow(self, global_rows: np.ndarray, values: np.ndarray, stored: int) -> None:
+        """A sparse shard grew: the accumulators get rows at their initial values (z = z' = init_z,
+        ḡ = 0) and the version store rows at version 0, as a dense table's rows start; the snapshot
+        copies clients still hold are kept (re-creating the store would lose them)."""
+        n, cols = values.shape
+        old = self.z.shape[0]
+        for name, fill in (("z", self.init_z), ("zmax", self.init_z), ("gsum", 0.0)):
+            a = np.full((n, cols), fill, dtype=np.float64)
+            a[:old] = getattr(self, name)
+            setattr(self, name, a)
+        self.store.grow(n)
         self.versions = self.store.versions
 
     def apply(self, values: np.ndarray, local_rows: np.ndarray, batch: UpdateBatch, client: int) -> None:
@@ -135,8 +146,8 @@ class AdaRevision(StoredProcedure):
         assert tags is not None  # the shard accepts only tagged updates for a versioned table
         bad = s.first_invalid(local_rows, tags)
         if bad >= 0:
-            r = int(local_rows[bad])
-            raise ProtocolError(f"INC: table {self.table.name!r} row {int(self.global_rows[r])}: update tagged "
+            r = int(local_rows[bad])  # a local row (a slot of a sparse table); the batch names its id
+            raise ProtocolError(f"INC: table {self.table.name!r} row {int(batch.rows[bad])}: update tagged "
                                 f"with version {int(tags[bad])}, which no client holds (row is at version "
                                 f"{int(s.versions[r])})")
         s.reserve(local_rows.shape[0])

@@ -127,6 +127,17 @@ class SnapshotStore:
         self.release_errors = 0
         self.peak = 0
 
+    def grow(self, n_rows: int) -> None:
+        """Room for ``n_rows`` rows (a sparse shard grew): the new rows at version 0, held by nobody.
+        Copies, refcounts and the index stay as they are: they are keyed by row, which does not move."""
+        old = self.versions.shape[0]
+        if n_rows < old:
+            raise ValueError(f"SnapshotStore.grow: {n_rows} rows, fewer than the {old} it has")
+        for name in ("versions", "cur_ref"):
+            a = np.zeros(n_rows, dtype=np.int64)
+            a[:old] = getattr(self, name)
+            setattr(self, name, a)
+
     @property
     def capacity(self) -> int:
         return self.pool.shape[0]

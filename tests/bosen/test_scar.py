@@ -25,13 +25,13 @@ def test_tv_distance_is_scaled_by_document_length() -> None:
 
 def test_bad_arguments_are_named() -> None:
     with pytest.raises(ValueError, match="metric"):
-        scar.row_distance(np.zeros((2, 2)), np.zeros((2, 2)), "l1")  # type: ignore[arg-type]
+        scar.row_distance(np.zeros((2, 2)), np.zeros((2, 2)), "l1")
     with pytest.raises(ValueError, match="shape"):
         scar.row_distance(np.zeros((2, 2)), np.zeros((3, 2)))
     with pytest.raises(ValueError, match="fraction"):
         scar.choose("round_robin", 10, 0.0)
     with pytest.raises(ValueError, match="policy"):
-        scar.choose("oldest", 10, 0.5)  # type: ignore[arg-type]
+        scar.choose("oldest", 10, 0.5)
     with pytest.raises(ValueError, match="distance"):
         scar.choose("priority", 10, 0.5)
 
@@ -85,6 +85,25 @@ def test_priority_keeps_the_running_checkpoint_closer_than_round_robin() -> None
     for clock in range(1, 33):
         w = w + speed * rng.standard_normal((n, 4))
         for p, ck in cks.items():
-            ck.step(p, w, 1 / 8, clock)  # type: ignore[arg-type]
+            ck.step(p, w, 1 / 8, clock)
     dist = {p: float(np.linalg.norm(ck.values - w)) for p, ck in cks.items()}
     assert dist["priority"] < dist["round_robin"] and dist["priority"] < dist["random"]
+
+
+@pytest.mark.parametrize("policy", scar.POLICIES)
+def test_a_running_checkpoint_grows_with_a_sparse_shard(policy: str) -> None:
+    """Empty at first (a sparse shard stores nothing yet): a save takes no row. Rows that join are
+    saved as the initial values given, new rows are chosen among all, and bad shapes are named."""
+    run = scar.RunningCheckpoint(np.empty((0, 2)), "l2")
+    assert run.step(policy, np.empty((0, 2)), 0.5).shape == (0,)
+    run.extend(np.ones((3, 2)), clock=4)
+    np.testing.assert_array_equal(run.values, np.ones((3, 2)))
+    assert run.saved_clock.tolist() == [4, 4, 4] and run.n_rows == 3
+    live = np.array([[1.0, 1.0], [5.0, 1.0], [1.0, 2.0]])
+    rows = run.step(policy, live, 0.4, clock=5)
+    assert rows.shape == (1,)
+    if policy == "priority":
+        assert rows.tolist() == [1]
+    np.testing.assert_array_equal(run.values[rows], live[rows])
+    with pytest.raises(ValueError, match=r"rows of shape \(3,\), the checkpoint holds \(2,\)"):
+        run.extend(np.ones((1, 3)))

@@ -110,10 +110,11 @@ class TwoClients:
     until the servers have applied it, so the order is fixed.
     """
 
-    def __init__(self, cluster_, rows: int, cols: int, alpha: float, n_servers: int = 2) -> None:
+    def __init__(self, cluster_, rows: int, cols: int, alpha: float, n_servers: int = 2,
+                 storage: str = "dense") -> None:
         self.c = cluster_(n_servers, 2, staleness=1000, read_timeout_s=60, tables={"V": {
             "rows": rows, "cols": cols, "dtype": "float64", "init": {"normal": 1.0, "seed": 9},
-            "update": "adarevision", "update_args": {"alpha": alpha}}})
+            "update": "adarevision", "update_args": {"alpha": alpha}, "storage": storage}})
         self.clients = [Client.connect(self.c.path, rank=i) for i in range(2)]
         self.T = [cl.table("V") for cl in self.clients]
         self.rows, self.cols = rows, cols
@@ -170,13 +171,15 @@ class TwoClients:
             cl.close()
 
 
-@pytest.mark.parametrize("seed, one_row_messages", [(0, False), (1, True)])
+@pytest.mark.parametrize("seed, one_row_messages, storage", [(0, False, "dense"), (1, True, "dense"),
+                                                            (0, False, "sparse")])
 @pytest.mark.slow
-def test_controlled_delays_match_the_numpy_rule(bosen_cluster, monkeypatch, seed, one_row_messages):
+def test_controlled_delays_match_the_numpy_rule(bosen_cluster, monkeypatch, seed, one_row_messages, storage):
+    """(Also on a sparse table: the servers store the rows as the clients first touch them.)"""
     if one_row_messages:  # every update message carries one row: order across messages matters
         monkeypatch.setattr("bosen.client.oplog.CHUNK_BYTES", 8)
     rng = np.random.default_rng(seed)
-    m = TwoClients(bosen_cluster, rows=5, cols=3, alpha=0.3)
+    m = TwoClients(bosen_cluster, rows=5, cols=3, alpha=0.3, storage=storage)
     try:
         for step in range(60):
             k = int(rng.integers(2)) if step % 7 else int(np.argmax(m.tick))  # the faster one, now and then
@@ -204,16 +207,18 @@ def test_controlled_delays_match_the_numpy_rule(bosen_cluster, monkeypatch, seed
 
 
 @pytest.mark.slow
-def test_snapshots_return_to_their_floor_over_many_clocks_with_several_clients(bosen_cluster):
+@pytest.mark.parametrize("storage", ["dense", "sparse"])
+def test_snapshots_return_to_their_floor_over_many_clocks_with_several_clients(bosen_cluster, storage):
     """Three clients read, update and clock in rounds, with early (budgeted) pushes on both sides,
     so versions move mid-tick and buffered updates get retired. Whenever every client has clocked
-    and the pushes and releases have landed, no snapshot copy is live; at the end none is held."""
+    and the pushes and releases have landed, no snapshot copy is live; at the end none is held.
+    (A sparse table's servers grow their shards as rows are first touched, snapshots live.)"""
     n, rows, cols = 3, 40, 4
     c = bosen_cluster(2, n, staleness=2, read_timeout_s=60,
                       comm={"client_bandwidth_mbps": 50, "server_bandwidth_mbps": 50, "client_send_rows": 5,
                       "server_push_rows": 5, "priority": "random"},
                 tables={"V": {"rows": rows, "cols": cols, "dtype": "float32", "init": {"normal": 1.0},
-                              "update": "adarevision", "update_args": {"alpha": 0.1}}})
+                              "update": "adarevision", "update_args": {"alpha": 0.1}, "storage": storage}})
     clients = [Client.connect(c.path, rank=i) for i in range(n)]
     rng = np.random.default_rng(3)
     floors, peaks = [], 0

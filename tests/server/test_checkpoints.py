@@ -192,14 +192,18 @@ def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp
 
 
 @pytest.mark.slow
-def test_priority_checkpoints_save_a_fraction_of_rows_and_resume_puts_them_together(tmp_path: Path) -> None:
+@pytest.mark.parametrize("storage", ["dense", "sparse"])
+def test_priority_checkpoints_save_a_fraction_of_rows_and_resume_puts_them_together(tmp_path: Path,
+                                                                                   storage: str) -> None:
     """``priority_fraction: 0.5`` (round robin): each save holds half of every shard's rows, exactly as
-    of its clock; a server resumed from them holds every row as of the last save that held it."""
+    of its clock; a server resumed from them holds every row as of the last save that held it (a
+    sparse table's by id: the same values as the dense table's)."""
     from bosen.client import Client
     from bosen.jobs.cluster import start_cluster
     from bosen.jobs.supervise import ProcessGroup
 
-    cfg_path = job(tmp_path, {"ticks": 12}, staleness=1, every=2, priority_fraction=0.5, policy="round_robin")
+    cfg_path = job(tmp_path, {"ticks": 12}, staleness=1, every=2, storage=storage, priority_fraction=0.5,
+                   policy="round_robin")
     code, out = launch(cfg_path, "--run-dir", tmp_path / "run")
     assert code == 0, out
     base = tmp_path / "run" / "checkpoints"
@@ -226,3 +230,103 @@ def test_priority_checkpoints_save_a_fraction_of_rows_and_resume_puts_them_toget
             c.stop(check=False)
     want = np.array([[tri(last_save[r])] * 2 for r in range(8)])
     np.testing.assert_array_equal(got, want)
+
+
+def _shards(cfg, rank: int) -> list:
+    from bosen.partition import Partition
+    from bosen.server import procedures
+    from bosen.server.shard import TableShard
+
+    return [TableShard(i, t, Partition(len(cfg.cluster.servers)), rank, 1, procedures.load(t, "job.yaml"), cfg.comm)
+            for i, t in enumerate(cfg.tables)]
+
+
+@pytest.mark.parametrize("policy", ["priority", "round_robin", "random"])
+def test_priority_checkpoints_of_sparse_shards_save_stored_rows_by_id_and_restore_them(tmp_path: Path,
+                                                                                      policy: str) -> None:
+    """Sparse shards (a float table, an AdaRevision table, a counts table) that store more rows
+    clock by clock: each priority save holds the fraction of the rows stored then, with their ids
+    (``priority``: the rows farthest from their saved copy, a row stored since the last save counted
+    from its initial value); a server restored from the saves holds exactly the rows some save
+    held, each as of the last save that held it, with its procedure state, and a row no save held
+    starts at its initial value on first touch."""
+    from bosen import config as config_mod
+    from bosen import scar
+    from bosen.server.checkpoints import ServerCheckpoints, restore
+    from bosen.wire import UpdateBatch
+
+    rows, rank, fraction = 400, 1, 0.25
+    sparse = {"rows": rows, "storage": "sparse"}
+    cfg = config_mod.load({
+        "cluster": {"servers": ["127.0.0.1:1", "127.0.0.1:2"], "workers": 1},
+        "tables": {"W": {**sparse, "cols": 3, "dtype": "float64", "init": {"normal": 1.0, "seed": 2}},
+                   "V": {**sparse, "cols": 2, "dtype": "float64", "update": "adarevision"},
+                   "C": {**sparse, "cols": 4, "dtype": "int64"}},
+        "checkpoint": {"every_clocks": 1, "dir": str(tmp_path), "priority_fraction": fraction, "policy": policy}})
+    shards = _shards(cfg, rank)
+    ck = ServerCheckpoints(cfg, rank)
+    ck.start_running(shards)  # nothing stored yet
+    rng = np.random.default_rng(4)
+    mine = np.arange(rank, rows, 2)
+    saved_copy: list[dict[int, np.ndarray]] = [{} for _ in shards]  # id -> the row as last saved
+    # id -> the clock, row and procedure state of the last save that held it
+    last: list[dict[int, tuple[int, np.ndarray, dict[str, np.ndarray]]]] = [{} for _ in shards]
+    picked: dict[tuple[int, int], np.ndarray] = {}  # (clock, table) -> the ids its save took
+    for clock in range(1, 9):
+        for s in shards:
+            ids = rng.choice(mine[:25 * clock], size=30)  # more rows each clock, some of them new
+            n = ids.shape[0]
+            if s.versioned:
+                empty = np.empty(0, np.int64)
+                s.apply(UpdateBatch(ids, rng.normal(size=(n, 2)), tags=np.zeros(n, np.int64),
+                                    eov=np.zeros(n, bool), rel_rows=empty, rel_tags=empty), 0)
+            elif s.dtype.kind == "i":
+                s.apply(UpdateBatch(ids, rng.integers(0, 5, size=(n, 4))), 0)
+            else:
+                s.apply(UpdateBatch(ids, rng.normal(size=(n, 3))), 0)
+        want = []
+        for i, s in enumerate(shards):  # what the policy must pick, from a model of the running checkpoint
+            n, ids = s.stored, s.global_rows
+            ref = np.stack([saved_copy[i].get(int(r), s.initial(ids[k:k + 1])[0]) for k, r in enumerate(ids)])
+            dist = scar.row_distance(s.values[:n], ref, "tv" if s.dtype.kind == "i" else "l2")
+            want.append(ids[scar.choose("priority", n, fraction, distance=dist)])
+        ck.save(clock, shards, {})
+        for i, s in enumerate(shards):
+            run = ck.running[i]
+            assert run.n_rows == s.stored
+            slots = np.flatnonzero(run.saved_clock == clock)  # the rows this save took
+            assert slots.shape[0] == scar.rows_for(fraction, s.stored) < s.stored
+            ids = s.global_rows[slots]
+            picked[clock, i] = ids
+            if policy == "priority":
+                np.testing.assert_array_equal(ids, want[i])
+            for k, r in zip(slots.tolist(), ids.tolist(), strict=True):
+                saved_copy[i][r] = s.values[k].copy()
+                last[i][r] = (clock, s.values[k].copy(), {n: v[k].copy() for n, v in s.procedure.state().items()})
+    ck.close()
+    assert all(s.stored < mine.shape[0] for s in shards)
+    for clock in range(1, 9):  # on disk: the rows each save took, by id, with their values and state
+        arrays = checkpoint.read_part(checkpoint.clock_dir(tmp_path, clock) / "server-1").load()
+        for i in range(len(shards)):
+            ids = arrays[f"t{i}.rows"]
+            np.testing.assert_array_equal(ids, picked[clock, i])
+            for k, r in enumerate(ids.tolist()):
+                if last[i][r][0] == clock:
+                    np.testing.assert_array_equal(arrays[f"t{i}.values"][k], last[i][r][1])
+                    for name, v in last[i][r][2].items():
+                        np.testing.assert_array_equal(arrays[f"t{i}.{name}"][k], v)
+
+    fresh = _shards(cfg, rank)
+    assert restore(cfg, rank, fresh, checkpoint.clock_dir(tmp_path, 8)) == 8
+    for i, (s, old) in enumerate(zip(fresh, shards, strict=True)):
+        assert sorted(s.global_rows.tolist()) == sorted(last[i]) and s.stored < old.stored
+        for r, (_, values, state) in last[i].items():
+            local, _ = s.local_rows(np.array([r]), "test")
+            np.testing.assert_array_equal(s.values[local[0]], values)
+            for name, v in s.procedure.state().items():
+                np.testing.assert_array_equal(v[local[0]], state[name], err_msg=name)
+        never = np.setdiff1d(mine, list(last[i]))[:10]  # touched or not before, no save held them
+        local, _ = s.local_rows(never, "test")
+        np.testing.assert_array_equal(s.values[local], s.initial(never))
+        if s.versioned:
+            assert (s.procedure.versions[local] == 0).all() and (s.procedure.z[local] == 1.0).all()

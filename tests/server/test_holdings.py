@@ -34,13 +34,14 @@ def table_stats(c, name: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_client_killed_without_bye_releases_its_row_versions(bosen_cluster, bosen_procs) -> None:
+@pytest.mark.parametrize("storage", ["dense", "sparse"])
+def test_a_client_killed_without_bye_releases_its_row_versions(bosen_cluster, bosen_procs, storage: str) -> None:
     """Rank 0 updates (so rows have versions), rank 1 reads them all (holding a reference each) and
     is SIGKILLed: the servers notice the lost connection and release its references, and the job's
-    clock goes on without it."""
+    clock goes on without it. (A sparse table's servers store the rows at rank 0's update.)"""
     rows = 12
     c = bosen_cluster(2, 2, staleness=0, read_timeout_s=30, tables={
-        "V": {"rows": rows, "cols": 3, "dtype": "float32", "update": "adarevision"}})
+        "V": {"rows": rows, "cols": 3, "dtype": "float32", "update": "adarevision", "storage": storage}})
     a = Client.connect(c.path, rank=0)
     try:
         V = a.table("V")

@@ -196,13 +196,22 @@ class Sim:
     Updates are tagged with the held version. A receipt replaces the held version; the old one is
     then released later, either explicitly or by updates tagged with it marked end-of-version (a
     real client's retired updates), which the reference applies with the old ḡ.
+
+    A sparse shard (``storage: sparse``) stores its rows first touched in a random order, so its
+    slots are not the row ids: ``slot[r]`` is row r's local row, through which the procedure's
+    arrays are read.
     """
 
-    def __init__(self, n_clients: int, rows: int, cols: int, alpha: float, rng: np.random.Generator) -> None:
-        self.s = shard(table("adarevision", {"alpha": alpha}, rows=rows, cols=cols,
+    def __init__(self, n_clients: int, rows: int, cols: int, alpha: float, rng: np.random.Generator,
+                 storage: str = "dense") -> None:
+        self.s = shard(table("adarevision", {"alpha": alpha}, rows=rows, cols=cols, storage=storage,
                              init=config_mod.InitConfig(normal=1.0, seed=7)), clients=n_clients)
         self.p: AdaRevision = self.s.procedure
-        self.ref = RefAdaRevision(self.s.values, alpha)
+        if storage == "sparse":
+            self.s.local_rows(rng.permutation(rows), "READ")
+        self.slot = self.s.local_rows(np.arange(rows), "READ")[0]
+        assert (self.slot == np.arange(rows)).all() == (storage == "dense")
+        self.ref = RefAdaRevision(self.s.values[self.slot], alpha)
         self.rng = rng
         self.rows, self.cols = rows, cols
         self.held = np.zeros((n_clients, rows), dtype=np.int64)
@@ -210,11 +219,11 @@ class Sim:
         self.old: list[list[tuple[int, int, np.ndarray]]] = [[] for _ in range(n_clients)]  # to release
 
     def receive(self, c: int, rows: np.ndarray) -> None:
-        self.p.rows_sent(rows, 1)
+        self.p.rows_sent(self.slot[rows], 1)
         for r in rows:
             if self.held[c, r] > 0:
                 self.old[c].append((int(r), int(self.held[c, r]), self.gold[c, r].copy()))
-            self.held[c, r] = self.p.versions[r]
+            self.held[c, r] = self.p.versions[self.slot[r]]
             self.gold[c, r] = self.ref.gsum[r]
 
     def _grad(self, n: int, sparse: bool) -> np.ndarray:
@@ -254,16 +263,17 @@ class Sim:
 
     def expected_snapshots(self) -> int:
         """Distinct (row, version) pairs still referenced whose version is no longer current."""
-        pairs = {(r, int(v)) for c in range(self.held.shape[0]) for r, v in enumerate(self.held[c])
-                 if 0 < v < self.p.versions[r]}
-        pairs |= {(r, v) for c in range(len(self.old)) for r, v, _ in self.old[c] if 0 < v < self.p.versions[r]}
+        now = self.p.versions[self.slot]
+        pairs = {(r, int(v)) for c in range(self.held.shape[0]) for r, v in enumerate(self.held[c]) if 0 < v < now[r]}
+        pairs |= {(r, v) for c in range(len(self.old)) for r, v, _ in self.old[c] if 0 < v < now[r]}
         return len(pairs)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_adarevision_with_delays_matches_numpy_reference_and_frees_every_snapshot(seed):
+@pytest.mark.parametrize("seed, storage", [(0, "dense"), (1, "dense"), (2, "dense"), (3, "dense"),
+                                           (0, "sparse"), (1, "sparse")])
+def test_adarevision_with_delays_matches_numpy_reference_and_frees_every_snapshot(seed, storage):
     rng = np.random.default_rng(seed)
-    sim = Sim(n_clients=3, rows=7, cols=5, alpha=0.2, rng=rng)
+    sim = Sim(n_clients=3, rows=7, cols=5, alpha=0.2, rng=rng, storage=storage)
     for c in range(3):
         sim.receive(c, np.arange(7))
     peak = 0
@@ -281,10 +291,11 @@ def test_adarevision_with_delays_matches_numpy_reference_and_frees_every_snapsho
             sim.update(c, rows, sparse=kind > 0.85, release=rng.random() < 0.7)
         assert sim.p.store.live == sim.expected_snapshots()
         peak = max(peak, sim.p.store.live)
-    np.testing.assert_array_equal(sim.s.values, sim.ref.x)
-    np.testing.assert_array_equal(sim.p.gsum, sim.ref.gsum)
-    np.testing.assert_array_equal(sim.p.z, sim.ref.z)
-    np.testing.assert_array_equal(sim.p.zmax, sim.ref.zmax)
+    slot = sim.slot
+    np.testing.assert_array_equal(sim.s.values[slot], sim.ref.x)
+    np.testing.assert_array_equal(sim.p.gsum[slot], sim.ref.gsum)
+    np.testing.assert_array_equal(sim.p.z[slot], sim.ref.z)
+    np.testing.assert_array_equal(sim.p.zmax[slot], sim.ref.zmax)
     assert peak > 0 and (sim.p.zmax > sim.p.z).any()  # delays did make z shrink somewhere
     for c in range(3):
         sim.release_all(c)

@@ -14,7 +14,7 @@ from bosen import rowmath
 from bosen.client import Client
 from bosen.client.state import TableState
 from bosen.config import UNBOUNDED, CommConfig, InitConfig, TableConfig, build
-from bosen.errors import ConfigError
+from bosen.errors import ConfigError, ProtocolError
 from bosen.jobs.status import format_table
 from bosen.partition import Partition
 from bosen.server import procedures
@@ -80,6 +80,87 @@ def test_a_sparse_shard_gives_the_dense_values_for_every_procedure(update, args,
     np.testing.assert_array_equal(sparse.values[local], dense.values[fresh // servers])
 
 
+def vbatch(rows: np.ndarray, g: np.ndarray, tags: list[int], eov: list[bool],
+           rel: list[tuple[int, int]]) -> UpdateBatch:
+    """A versioned update: rows by id, their tags and end-of-version marks, and (id, version) releases."""
+    return UpdateBatch(np.asarray(rows, np.int64), g, tags=np.asarray(tags, np.int64), eov=np.asarray(eov, bool),
+                       rel_rows=np.array([r for r, _ in rel], np.int64),
+                       rel_tags=np.array([v for _, v in rel], np.int64))
+
+
+def held_pairs(s: TableShard, client: int) -> list[tuple[int, int]]:
+    """The (row id, version) references ``client`` holds on shard ``s``, by id."""
+    rows, versions = s.holdings[client].outstanding()
+    return sorted(zip(s.global_rows[rows].tolist(), versions.tolist(), strict=True))
+
+
+@pytest.mark.parametrize("comm", [CommConfig(enabled=False),
+                                  CommConfig(enabled=True, priority="relative", push_to="readers")],
+                         ids=["bs", "managed-readers"])
+def test_a_versioned_sparse_shard_gives_the_dense_values_versions_and_holdings(comm):
+    """AdaRevision on a sparse shard that grows while clients hold snapshots: two clients read
+    (receive versions), update tagged with what they hold, retire old versions (end-of-version) or
+    release them; the sparse shard's values, accumulators, versions, snapshot copies and per-client
+    holdings equal the dense shard's at every step, and a lost client's references are released."""
+    servers, rank, rows = 3, 1, 3000
+    dense, sparse = pair("adarevision", {"alpha": 0.2}, rows, comm, servers, rank)
+    rng = np.random.default_rng(12)
+    mine = np.arange(rank, rows, servers)
+    held: list[dict[int, int]] = [{}, {}]  # per client: row id -> the newest version it received
+    old: list[list[tuple[int, int]]] = [[], []]  # per client: versions received before, still to release
+    grew_with_snapshots, cap = 0, sparse.values.shape[0]
+    for step in range(240):
+        client = step % 2
+        picked = rng.choice(mine[:min(mine.shape[0], 8 + 4 * step)], size=int(rng.integers(1, 10)))
+        if rng.random() < 0.4:  # a read: both shards send the same versions
+            ids = np.unique(picked)
+            got = []
+            for s in (dense, sparse):
+                local, index = s.local_rows(ids, "READ")
+                s.subscribe(local, client, index)
+                got.append(s.rows_sent(local, client))
+            np.testing.assert_array_equal(got[0], got[1])
+            for r, v in zip(ids.tolist(), got[0].tolist(), strict=True):
+                if held[client].get(r, 0) > 0:
+                    old[client].append((r, held[client][r]))
+                held[client][r] = v
+        else:  # updates tagged with the held versions; old ones retired (end-of-version) or released
+            retire, release = [], []
+            if old[client] and rng.random() < 0.5:
+                k = int(rng.integers(1, len(old[client]) + 1))
+                (retire if rng.random() < 0.5 else release).extend(old[client][:k])
+                old[client] = old[client][k:]
+            ids = np.concatenate([np.array([r for r, _ in retire], np.int64), picked])
+            tags = [v for _, v in retire] + [held[client].get(int(r), 0) for r in picked]
+            eov = [True] * len(retire) + [False] * picked.shape[0]
+            g = rng.normal(size=(ids.shape[0], 3))
+            for s in (dense, sparse):
+                s.apply(vbatch(ids, g.copy(), tags, eov, release), client)
+        if sparse.values.shape[0] != cap:
+            cap = sparse.values.shape[0]
+            grew_with_snapshots += sparse.procedure.store.live > 0
+        ids = sparse.global_rows.copy()
+        np.testing.assert_array_equal(sparse.values[:sparse.stored], dense.values[ids // servers])
+        for k, v in sparse.procedure.state().items():
+            np.testing.assert_array_equal(v[:sparse.stored], dense.procedure.state()[k][ids // servers], err_msg=k)
+        assert sparse.procedure.stats() == dense.procedure.stats()
+    assert grew_with_snapshots >= 2 and sparse.procedure.store.peak > 0, grew_with_snapshots
+    assert sparse.stored < mine.shape[0]
+    for c in range(2):
+        assert held_pairs(sparse, c) == held_pairs(dense, c) != []
+    # an update tagged with a version nobody holds names the row by its id, not its slot
+    r = int(sparse.global_rows[-1])
+    with pytest.raises(ProtocolError, match=rf"row {r}: update tagged with version 999, which no client holds"):
+        sparse.apply(vbatch(np.array([r]), np.ones((1, 3)), [999], [False], []), 0)
+    # client 1 is lost: its references are released for it; client 0 releases its own, as at BYE
+    assert sparse.release_client(1, lost=True) == dense.release_client(1, lost=True) > 0
+    mine0 = old[0] + [(r, v) for r, v in held[0].items() if v > 0]
+    for s in (dense, sparse):
+        s.apply(vbatch(np.empty(0, np.int64), np.empty((0, 3)), [], [], mine0), 0)
+        st = s.procedure.stats()
+        assert (st["snapshots"], st["versions_held"], st["release_errors"]) == (0, 0, 0), st
+
+
 def test_sparse_memory_follows_the_rows_stored():
     cfg = TableConfig(name="E", rows=UNBOUNDED, cols=16, storage="sparse", init=InitConfig(uniform=(-1, 1)))
     s = TableShard(0, cfg, Partition(1), 0, 1, procedures.load(cfg, "t.yaml"), CommConfig(enabled=False))
@@ -109,9 +190,6 @@ def test_config_storage_errors_name_the_key():
     assert TableState(0, cfg.tables[0], 0, 1, CommConfig(enabled=False)).slots is not None
     with pytest.raises(ConfigError, match=r"tables\.E\.cache_rows: must be an integer >= 1"):
         build({**base, "tables": {"E": {"rows": 5, "cols": 8, "cache_rows": 0}}})
-    versioned = TableConfig(name="V", rows=10, cols=2, update="adarevision", storage="sparse")
-    with pytest.raises(ConfigError, match=r"tables\.V\.storage: sparse tables do not take versioned"):
-        TableShard(0, versioned, Partition(1), 0, 1, procedures.load(versioned, "t.yaml"), CommConfig(enabled=False))
 
 
 def _schedule(client: Client) -> list[np.ndarray]:

@@ -16,6 +16,7 @@ TABLES = {
     "G": {"rows": 4, "cols": 3, "dtype": "float32", "update": "adagrad"},
     "R": {"rows": 4, "cols": 3, "dtype": "float64", "update": "adarevision"},
     "S": {"rows": 3, "cols": 2, "dtype": "float32", "update": "sgd"},
+    "V": {"rows": 6, "cols": 2, "dtype": "float32", "update": "adarevision", "storage": "sparse"},
 }
 
 
