@@ -23,21 +23,26 @@ def tri(n: int) -> int:
     return n * (n + 1) // 2
 
 
+SLOTTED = {"storage": "sparse", "cache_rows": 4}  # kept by slot, 4 of the 10 rows cached (client/slots.py)
+
+
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("staleness, comm", [
-    (0, None),
-    (1, {"enabled": True, "priority": "relative", "client_bandwidth_mbps": 50, "server_bandwidth_mbps": 50}),
-    (3, {"enabled": True, "priority": "random", "client_send_rows": 3, "server_push_rows": 3}),
-    (0, {"enabled": True, "priority": "round_robin", "client_send_rows": 5, "server_push_rows": 5}),
-    (2, {"enabled": True, "priority": "absolute", "wire_dtype": "float16", "client_send_rows": 4}),
+@pytest.mark.parametrize("staleness, comm, table", [
+    (0, None, {}),
+    (1, {"enabled": True, "priority": "relative", "client_bandwidth_mbps": 50, "server_bandwidth_mbps": 50}, {}),
+    (3, {"enabled": True, "priority": "random", "client_send_rows": 3, "server_push_rows": 3}, {}),
+    (0, {"enabled": True, "priority": "round_robin", "client_send_rows": 5, "server_push_rows": 5}, {}),
+    (2, {"enabled": True, "priority": "absolute", "wire_dtype": "float16", "client_send_rows": 4}, {}),
+    (1, None, SLOTTED),
+    (2, {"enabled": True, "priority": "relative", "client_send_rows": 3, "server_push_rows": 3}, SLOTTED),
 ], ids=["s0-bsp", "s1-managed-relative", "s3-managed-random", "s0-managed-round_robin",
-        "s2-managed-absolute-float16"])
+        "s2-managed-absolute-float16", "s1-bsp-sparse-cache4", "s2-managed-relative-sparse-cache4"])
 @pytest.mark.slow
-def test_ssp_invariant_under_random_delays(bosen_cluster, bosen_procs, tmp_path, staleness, comm):
+def test_ssp_invariant_under_random_delays(bosen_cluster, bosen_procs, tmp_path, staleness, comm, table):
     # rank WORKERS is the final reader: it joins first and clocks far ahead at once, so it never
     # holds the job back; it reads only after every worker has left.
     c = bosen_cluster(2, workers=WORKERS + 1, staleness=staleness, comm=comm, read_timeout_s=30,
-                      tables={"W": {"rows": ROWS, "cols": WORKERS, "dtype": "int64"}})
+                      tables={"W": {"rows": ROWS, "cols": WORKERS, "dtype": "int64", **table}})
     reader = Client.connect(c.path, rank=WORKERS)
     try:
         for _ in range(TICKS + staleness + 1):

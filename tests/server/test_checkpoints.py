@@ -14,11 +14,12 @@ from bosen import checkpoint
 
 
 def job(tmp_path: Path, args: dict, staleness: int = 3, every: int = 2, comm: bool = False,
-        storage: str = "dense", **ckpt: object) -> Path:
+        storage: str = "dense", cache_rows: int | None = None, **ckpt: object) -> Path:
     cfg = {
         "cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
         "consistency": {"staleness": staleness, "read_timeout_s": 30},
-        "tables": {"W": {"rows": 8, "cols": 2, "dtype": "int64", "storage": storage}},
+        "tables": {"W": {"rows": 8, "cols": 2, "dtype": "int64", "storage": storage,
+                         **({} if cache_rows is None else {"cache_rows": cache_rows})}},
         "app": {"module": "checkpoint_worker", "args": args},
         "checkpoint": {"every_clocks": every, "keep": 100, **ckpt},
     }
@@ -148,11 +149,13 @@ def test_young_interval() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("storage", ["dense", "sparse"])
-def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp_path: Path, storage: str) -> None:
+@pytest.mark.parametrize("storage, cache_rows", [("dense", None), ("sparse", None), ("sparse", 2)])
+def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp_path: Path, storage: str,
+                                                                             cache_rows: int | None) -> None:
     """SIGKILL of one of two servers mid-job: the launcher starts a replacement from that server's
     newest checkpoint part, the workers resend what they sent it since, the other server keeps its
-    live values, and the job ends with exactly the sums of a run without the failure."""
+    live values, and the job ends with exactly the sums of a run without the failure. Also where
+    each worker caches at most 2 of the 8 rows (cache_rows: rows evicted and read again)."""
     import os
     import signal
     import subprocess
@@ -162,7 +165,8 @@ def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp
     import psutil
     from conftest import child_env
 
-    cfg = job(tmp_path, {"ticks": 40, "slow_rank": 1, "slow_s": 0.05}, staleness=2, every=4, storage=storage)
+    cfg = job(tmp_path, {"ticks": 40, "slow_rank": 1, "slow_s": 0.05}, staleness=2, every=4, storage=storage,
+              cache_rows=cache_rows)
     run = tmp_path / "run"
     p = subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(cfg), "--run-dir", str(run), "--no-plot"],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
