@@ -20,10 +20,13 @@ from bosen.client.slots import SlotMap, extended
 from bosen.client.versions import VersionLog
 from bosen.config import CommConfig, TableConfig
 
-# A dense table whose values take more than this in one process is cached by slot (only the rows
-# touched); below it, by row (no translation at all). 64 MiB: a row-indexed table's arrays are
-# about 2.5x its values, and a process rarely reads most of a table that large.
+# A dense table whose values take more than this in one process, in rows narrower than a page, is
+# cached by slot (only the rows touched); otherwise by row (no translation at all). 64 MiB: a
+# row-indexed table's arrays are about 2.5x its values, written whole or a page per scattered row
+# touched, and a process rarely reads most of a table that large. Rows of a page or more (a PyTorch
+# model's dense table) fault in only what is touched, and their bulk increments keep staging.
 DIRECT_MAX_BYTES = 64 << 20
+PAGE_BYTES = 4096
 INITIAL_SLOTS = 64  # slots per server of a slotted table at first
 EVICT_FRACTION = 8
 NO_LIMIT = 1 << 62  # an eviction frees this fraction of a server's slots at once (amortized scans)
@@ -46,11 +49,13 @@ class TableState:
         self.vlog: VersionLog | None = None  # versioned tables: versions held, retired updates, releases
         self.lock = threading.Lock()
         self.probe_every = probe_every
+        row_bytes = cfg.cols * self.dtype.itemsize
         slotted = (cfg.storage == "sparse" or cfg.cache_rows is not None
-                   or cfg.rows * cfg.cols * self.dtype.itemsize > DIRECT_MAX_BYTES)
+                   or (cfg.rows * row_bytes > DIRECT_MAX_BYTES and row_bytes < PAGE_BYTES))
         # slots a server's rows may take before eviction (cache_rows split evenly; None: no limit)
         self.slot_limit = None if cfg.cache_rows is None else -(-cfg.cache_rows // num_servers)
-        self.slots = SlotMap(num_servers, min(INITIAL_SLOTS, self.slot_limit or INITIAL_SLOTS)) if slotted else None
+        first = min(INITIAL_SLOTS, self.slot_limit or INITIAL_SLOTS, -(-cfg.rows // num_servers))
+        self.slots = SlotMap(num_servers, first) if slotted else None
         self.evicted = 0  # rows evicted (counters)
         self.over_limit = 0  # times a server's rows outgrew cache_rows because none could be evicted
         # asks the communication thread to send every buffered update now (set by the client): rows
@@ -149,6 +154,7 @@ class TableState:
             per = slots.per * 2
             if bound is not None and slots.per < bound:
                 per = min(per, bound)
+            per = min(per, -(-self.rows // slots.servers))  # no more slots than rows
             slots.grow(per)
             n = slots.capacity
             self.cache.grow(n)
