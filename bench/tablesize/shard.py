@@ -33,10 +33,12 @@ def make_shard(storage: str, rows: int, cols: int) -> TableShard:
 def rates(rows: int, storages: list[str], cols: int, touched: int, batch: int, rounds: int,
           seed: int = 1) -> dict[str, dict[str, list[float]]]:
     """Per storage and op, the thread CPU seconds per batch of each round: ``batch`` sorted random rows
-    of the same ``touched`` rows (stored before the timing, so a sparse shard only looks them up), an
-    increment (``apply``) or a read (``local_rows`` and the gather a READ reply makes)."""
+    of the same ``touched`` rows (stored before the timing, first touched in random order, so a sparse
+    shard only looks them up and its slots are not in id order), an increment (``apply``) or a read
+    (``local_rows`` and the gather a READ reply makes)."""
     rng = np.random.default_rng(seed)
-    ids = np.sort(rng.choice(rows, size=min(touched, rows), replace=False)).astype(np.int64)
+    # in random order: a sparse shard's slots follow first touches, which do not come in id order
+    ids = rng.choice(rows, size=min(touched, rows), replace=False).astype(np.int64)
     batches = [np.sort(rng.choice(ids, size=min(batch, ids.shape[0]), replace=False)) for _ in range(64)]
     vals = np.full((batches[0].shape[0], cols), 1e-3, np.float32)
     shards = {k: make_shard(k, rows, cols) for k in storages}
