@@ -18,44 +18,55 @@ _MIN_CAPACITY = 16
 
 
 @njit(nogil=True, cache=True)
-def _home(key: int, mask: int) -> np.int64:
-    """splitmix64's finalizer: ids congruent modulo the table size (a shard's rows r, r + S, ...)
-    spread over the whole table."""
-    x = np.uint64(key)
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
-    x ^= x >> np.uint64(31)
-    return np.int64(x & np.uint64(mask))
+def _shift(table: np.ndarray) -> np.uint64:
+    """64 - log2 of the table's size (a power of two): ``_home`` keeps the product's top bits."""
+    bits = 0
+    while (1 << bits) < table.shape[0]:
+        bits += 1
+    return np.uint64(64 - bits)
 
 
 @njit(nogil=True, cache=True)
-def _lookup(table: np.ndarray, ids: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
-    mask = table.shape[0] - 1
+def _home(key: int, shift: np.uint64) -> np.int64:
+    """Fibonacci hashing: the top bits of ``key`` times 2**64 / golden ratio. One multiply (a third of
+    splitmix64's work: lookups are most of a sparse shard's cost per row), and it spreads arithmetic
+    progressions (a shard's ids r, r + S, r + 2S, ...; runs) evenly over the table."""
+    return np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+
+
+@njit(nogil=True, cache=True)
+def _lookup(table: np.ndarray, ids: np.ndarray, keys: np.ndarray, out: np.ndarray) -> int:
+    """Slots of ``keys`` into ``out`` (-1 where absent); returns how many are absent."""
+    mask, shift = table.shape[0] - 1, _shift(table)
+    missing = 0
     for i in range(keys.shape[0]):
         k = keys[i]
-        h = _home(k, mask)
+        h = _home(k, shift)
         while True:
             s = table[h]
             if s < 0:
                 out[i] = -1
+                missing += 1
                 break
             if ids[s] == k:
                 out[i] = s
                 break
             h = (h + 1) & mask
+    return missing
 
 
 @njit(nogil=True, cache=True)
 def _insert(table: np.ndarray, ids: np.ndarray, count: int, limit: int, keys: np.ndarray, start: int,
             out: np.ndarray) -> tuple[int, int]:
-    """Slots of ``keys[start:]``, new ids taking slots ``count, count + 1, ...``; stops early (returns
-    where) when ``limit`` slots are taken or ``ids`` is full, for the caller to grow and go on."""
-    mask = table.shape[0] - 1
+    """Slots of ``keys[start:]`` where ``out`` has none yet (-1), new ids taking slots ``count,
+    count + 1, ...``; stops early (returns where) when ``limit`` slots are taken or ``ids`` is full,
+    for the caller to grow and go on."""
+    mask, shift = table.shape[0] - 1, _shift(table)
     for i in range(start, keys.shape[0]):
+        if out[i] >= 0:
+            continue
         k = keys[i]
-        h = _home(k, mask)
+        h = _home(k, shift)
         while True:
             s = table[h]
             if s < 0:
@@ -75,9 +86,9 @@ def _insert(table: np.ndarray, ids: np.ndarray, count: int, limit: int, keys: np
 
 @njit(nogil=True, cache=True)
 def _rehash(table: np.ndarray, ids: np.ndarray, count: int) -> None:
-    mask = table.shape[0] - 1
+    mask, shift = table.shape[0] - 1, _shift(table)
     for s in range(count):
-        h = _home(ids[s], mask)
+        h = _home(ids[s], shift)
         while table[h] >= 0:
             h = (h + 1) & mask
         table[h] = s
@@ -113,6 +124,13 @@ class RowMap:
         _lookup(self._table, self._ids, keys, out)
         return out
 
+    def find(self, keys: np.ndarray) -> tuple[np.ndarray, int]:
+        """``lookup`` of a contiguous int64 array, no checks, and how many ids are absent: the one pass a
+        sparse shard makes when every row it is sent is stored already (then nothing needs checking:
+        only checked ids were ever inserted)."""
+        out = np.empty(keys.shape[0], dtype=np.int64)
+        return out, _lookup(self._table, self._ids, keys, out)
+
     def insert(self, keys: np.ndarray, checked: bool = False) -> tuple[np.ndarray, int]:
         """The slot of each id, giving new ids the next free slots; and how many slots existed before
         (new slots are ``before .. len - 1``, their ids ``self.ids[before:]``). ``checked``: the caller
@@ -121,8 +139,12 @@ class RowMap:
             keys = _ids_array(keys)
             if keys.shape[0] and int(keys.min()) < 0:
                 raise ValueError(f"row ids must be >= 0, got {int(keys.min())}")
+        return self.fill(keys, np.full(keys.shape[0], _EMPTY, dtype=np.int64))
+
+    def fill(self, keys: np.ndarray, out: np.ndarray) -> tuple[np.ndarray, int]:
+        """``insert`` of the checked ``keys`` whose ``out`` is -1 (``find`` left them absent), their
+        slots written into ``out``; returns ``out`` and how many slots existed before."""
         before = self._count
-        out = np.empty(keys.shape[0], dtype=np.int64)
         start = 0
         while True:
             limit = int(self._table.shape[0] * _MAX_LOAD)
@@ -158,3 +180,8 @@ def _ids_array(keys: np.ndarray) -> np.ndarray:
     if keys.dtype.kind == "u" and keys.shape[0] and int(keys.max()) > np.iinfo(np.int64).max:
         raise ValueError(f"row ids must be < 2**63, got {int(keys.max())}")
     return np.ascontiguousarray(keys, dtype=np.int64)
+
+
+# the hash and its shift, for other open-addressing tables of row ids (client/slots.py)
+home = _home
+shift_of = _shift

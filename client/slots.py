@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from bosen.rowmap import _home
+from bosen.rowmap import home, shift_of
 
 _EMPTY = -1
 
@@ -34,10 +34,10 @@ def _translate(table, ids, last_used, top, free, nfree, per, servers, keys, star
     """Slots of ``keys[start:]`` into ``out``, each stamped ``op``; new ids take a free slot of their
     server's, else the next unused one. Returns where it stopped: ``keys.shape[0]``, or the first
     new key whose server holds ``limit`` rows or has no slot left (the caller makes room, goes on)."""
-    mask = table.shape[0] - 1
+    mask, shift = table.shape[0] - 1, shift_of(table)
     for i in range(start, keys.shape[0]):
         k = keys[i]
-        h = _home(k, mask)
+        h = home(k, shift)
         while True:
             s = table[h]
             if s < 0:
@@ -65,10 +65,10 @@ def _translate(table, ids, last_used, top, free, nfree, per, servers, keys, star
 
 @njit(nogil=True, cache=True)
 def _lookup(table, ids, keys, out):  # pragma: no cover - compiled
-    mask = table.shape[0] - 1
+    mask, shift = table.shape[0] - 1, shift_of(table)
     for i in range(keys.shape[0]):
         k = keys[i]
-        h = _home(k, mask)
+        h = home(k, shift)
         while True:
             s = table[h]
             if s < 0:
@@ -83,10 +83,10 @@ def _lookup(table, ids, keys, out):  # pragma: no cover - compiled
 @njit(nogil=True, cache=True)
 def _delete(table, ids, slots):  # pragma: no cover - compiled
     """Remove ``slots``' ids from the table (backward-shift deletion: the probe chains stay whole)."""
-    mask = table.shape[0] - 1
+    mask, shift = table.shape[0] - 1, shift_of(table)
     for t in range(slots.shape[0]):
         k = ids[slots[t]]
-        h = _home(k, mask)
+        h = home(k, shift)
         while table[h] >= 0 and ids[table[h]] != k:
             h = (h + 1) & mask
         if table[h] < 0:
@@ -98,9 +98,9 @@ def _delete(table, ids, slots):  # pragma: no cover - compiled
             s = table[j]
             if s < 0:
                 break
-            home = _home(ids[s], mask)
+            at = home(ids[s], shift)
             # s stays at j if its home lies cyclically in (i, j]
-            if (i <= j and i < home <= j) or (i > j and (home > i or home <= j)):
+            if (i <= j and i < at <= j) or (i > j and (at > i or at <= j)):
                 continue
             table[i] = s
             i = j
@@ -110,10 +110,10 @@ def _delete(table, ids, slots):  # pragma: no cover - compiled
 
 @njit(nogil=True, cache=True)
 def _rehash(table, ids):  # pragma: no cover - compiled
-    mask = table.shape[0] - 1
+    mask, shift = table.shape[0] - 1, shift_of(table)
     for s in range(ids.shape[0]):
         if ids[s] >= 0:
-            h = _home(ids[s], mask)
+            h = home(ids[s], shift)
             while table[h] >= 0:
                 h = (h + 1) & mask
             table[h] = s

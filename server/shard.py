@@ -125,10 +125,7 @@ class TableShard:
             return rows, rows
         n = self.partition.num_servers
         if self.row_map is not None:
-            self._check_range(*rowmath.min_max(rows), what)
-            if n > 1:
-                self._check_owner(rows, what)
-            slots = self._touch(rows)
+            slots = self._slots(rows, what)
             return slots, rowmath.rows_index(slots)
         if n == 1:  # local = global: bounds and run in one pass
             lo, hi, index = rowmath.span(rows)
@@ -147,18 +144,31 @@ class TableShard:
             raise ProtocolError(f"{what}: row {r} of table {self.cfg.name!r} belongs to server "
                                 f"{r % n}, not {self.rank}")
 
-    def _touch(self, rows: np.ndarray) -> np.ndarray:
-        """Sparse: the slots of ``rows`` (checked), storing those first touched now with their initial
-        values and procedure state."""
+    def _slots(self, rows: np.ndarray, what: str) -> np.ndarray:
+        """Sparse: the slots of ``rows``. One lookup pass when all are stored already (the steady state:
+        only checked ids are ever inserted, so nothing needs checking); otherwise the ids are checked
+        and the new ones stored (``_touch``)."""
         assert self.row_map is not None
-        slots, before = self.row_map.insert(rows, checked=rows.dtype == np.int64 and rows.flags.c_contiguous)
+        keys = rows if rows.dtype == np.int64 and rows.flags.c_contiguous else np.ascontiguousarray(rows, np.int64)
+        slots, missing = self.row_map.find(keys)
+        if missing:
+            self._check_range(*rowmath.min_max(rows), what)
+            if self.partition.num_servers > 1:
+                self._check_owner(rows, what)
+            self._touch(keys, slots)
+        return slots
+
+    def _touch(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """Sparse: store the checked ``keys`` whose ``slots`` are -1 (their slots written there) with
+        their initial values and procedure state."""
+        assert self.row_map is not None
+        _, before = self.row_map.fill(keys, slots)
         n = len(self.row_map)
         if n == before:
-            return slots
+            return
         if n > self.values.shape[0]:
             self._grow(max(n, int(self.values.shape[0] * GROWTH) + 16))
         self.values[before:n] = self.initial(self.row_map.ids[before:])
-        return slots
 
     def initial(self, rows: np.ndarray) -> np.ndarray:
         """The initial values of rows ``rows`` (ids): deterministic per row id, so a sparse shard's row

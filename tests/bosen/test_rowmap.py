@@ -47,6 +47,18 @@ def test_against_a_dict():
     assert m.ids.tolist() == list(ref)
 
 
+def test_find_counts_the_absent_and_fill_inserts_only_those():
+    m = RowMap()
+    m.insert(np.array([5, 9], dtype=np.int64))
+    keys = np.array([9, 2**40, 5, 2**40, 3], dtype=np.int64)
+    slots, missing = m.find(keys)
+    assert missing == 3 and slots.tolist() == [1, -1, 0, -1, -1]
+    out, before = m.fill(keys, slots)
+    assert out is slots and before == 2 and slots.tolist() == [1, 2, 0, 2, 3]
+    assert m.ids.tolist() == [5, 9, 2**40, 3]
+    assert m.find(keys)[1] == 0
+
+
 def test_of_restores_slots_and_refuses_repeats():
     ids = np.array([9, 2**40, 0], dtype=np.int64)
     m = RowMap.of(ids)

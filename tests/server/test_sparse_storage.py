@@ -176,6 +176,29 @@ def test_sparse_memory_follows_the_rows_stored():
     np.testing.assert_array_equal(s.values[local], want)
 
 
+def test_stored_rows_skip_the_checks_but_a_new_bad_row_is_still_refused_before_anything_changes():
+    # rows already stored take the one-lookup path; one new bad id among them fails the whole batch
+    dense, sparse = pair("add", {}, 30, CommConfig(enabled=False), servers=3, rank=1)
+    mine = np.array([1, 4, 7, 10], dtype=np.int64)
+    for s in (dense, sparse):
+        s.apply(UpdateBatch(mine, np.ones((4, 3))), 0)
+    before, stored = sparse.values[:sparse.stored].copy(), sparse.stored
+    for bad, msg in ((30, "row 30 out of range for sparse table 'W'"), (-1, "row -1 out of range"),
+                     (5, "row 5 of table 'W' belongs to server 2, not 1")):
+        rows = np.concatenate([mine, [bad]])
+        with pytest.raises(ProtocolError, match=msg):
+            sparse.apply(UpdateBatch(rows, np.ones((5, 3))), 0)
+        assert sparse.stored == stored
+        np.testing.assert_array_equal(sparse.values[:stored], before)
+    # stored and new rows together, repeated, in a non-contiguous int64 view
+    rows = np.array([[7, 0], [13, 0], [1, 0], [13, 0]], dtype=np.int64)[:, 0]
+    for s in (dense, sparse):
+        s.apply(UpdateBatch(rows, np.full((4, 3), 0.5)), 0)
+    assert sparse.stored == stored + 1
+    ids = sparse.global_rows
+    np.testing.assert_array_equal(sparse.values[:sparse.stored], dense.values[ids // 3])
+
+
 def test_config_storage_errors_name_the_key():
     base = {"cluster": {"servers": ["127.0.0.1:5000"], "workers": 1}}
     cfg = build({**base, "tables": {"E": {"storage": "sparse", "cols": 8}}})
