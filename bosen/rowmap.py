@@ -182,6 +182,8 @@ def _ids_array(keys: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(keys, dtype=np.int64)
 
 
-# the hash and its shift, for other open-addressing tables of row ids (client/slots.py)
+# the hash, its shift and the lookup, for other open-addressing tables of row ids laid out the same
+# way (an int32 table of slots, the ids by slot: client/slots.py)
 home = _home
 shift_of = _shift
+lookup_into = _lookup

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from bosen.rowmap import home, shift_of
+from bosen.rowmap import home, lookup_into, shift_of
 
 _EMPTY = -1
 
@@ -61,23 +61,6 @@ def _translate(table, ids, last_used, top, free, nfree, per, servers, keys, star
         last_used[s] = op
         out[i] = s
     return keys.shape[0]
-
-
-@njit(nogil=True, cache=True)
-def _lookup(table, ids, keys, out):  # pragma: no cover - compiled
-    mask, shift = table.shape[0] - 1, shift_of(table)
-    for i in range(keys.shape[0]):
-        k = keys[i]
-        h = home(k, shift)
-        while True:
-            s = table[h]
-            if s < 0:
-                out[i] = -1
-                break
-            if ids[s] == k:
-                out[i] = s
-                break
-            h = (h + 1) & mask
 
 
 @njit(nogil=True, cache=True)
@@ -175,7 +158,7 @@ class SlotMap:
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """The slot of each id, -1 where it holds none (never touched, or evicted)."""
         out = np.empty(keys.shape[0], dtype=np.int64)
-        _lookup(self._table, self.ids, keys, out)
+        lookup_into(self._table, self.ids, keys, out)
         return out
 
     def full(self, server: int) -> bool:

@@ -72,3 +72,15 @@ def wait_until(cond, timeout: float = 20.0, step: float = 0.002) -> bool:
             return True
         time.sleep(step)
     return cond()
+
+
+def ahead_reader(path: Path | str, rank: int, clocks: int) -> Any:
+    """A client (``bosen.client.Client``) that joins now and clocks ``clocks`` ticks at once, so it
+    never holds the job back; once the others have left, its reads (through an empty cache) return
+    the servers' exact values."""
+    from bosen.client import Client
+
+    c = Client.connect(path, rank=rank)
+    for _ in range(clocks):
+        c.clock()
+    return c

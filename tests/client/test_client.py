@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import worker
+from conftest import ahead_reader, worker
 
 from bosen.client import Client
 from bosen.client.send import HANDOVER_BYTES
@@ -22,15 +22,6 @@ MANAGED = {"enabled": True, "priority": "relative", "client_bandwidth_mbps": 100
 
 def tri(n: int) -> int:
     return n * (n + 1) // 2
-
-
-def ahead_reader(path, rank: int, clocks: int) -> Client:
-    """A client that joins now and clocks ``clocks`` ticks at once, so it never holds the job back;
-    later, once the others have left, its reads return the servers' exact values."""
-    c = Client.connect(path, rank=rank)
-    for _ in range(clocks):
-        c.clock()
-    return c
 
 
 def wait_until(cond, what: str, timeout: float = 10.0) -> None:

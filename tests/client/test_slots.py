@@ -7,6 +7,7 @@ import gc
 
 import numpy as np
 import pytest
+from conftest import ahead_reader
 
 from bosen.client import Client
 from bosen.client.slots import SlotMap
@@ -69,15 +70,6 @@ def test_victims_leave_running_operations_and_kept_slots_alone():
 
 # ------------------------------------------------------------------------------------------------
 # real clients
-
-
-def ahead_reader(path, rank: int, clocks: int) -> Client:
-    """A client that clocks ahead at once, so it never holds the job back; once the others have
-    left, its reads (through an empty cache) return the servers' exact values."""
-    c = Client.connect(path, rank=rank)
-    for _ in range(clocks):
-        c.clock()
-    return c
 
 
 @pytest.mark.timeout(60)

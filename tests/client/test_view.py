@@ -8,17 +8,9 @@ import json
 
 import numpy as np
 import pytest
-from conftest import wait_until, worker
+from conftest import ahead_reader, wait_until, worker
 
 from bosen.client import Client
-
-
-def ahead_reader(path, rank: int, clocks: int) -> Client:
-    """Joins now and clocks far ahead (never holds the job back); reads exact values once the others left."""
-    c = Client.connect(path, rank=rank)
-    for _ in range(clocks):
-        c.clock()
-    return c
 
 
 @pytest.mark.timeout(60)
