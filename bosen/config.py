@@ -154,6 +154,9 @@ class TableConfig:
     # the most rows of this table one client process caches: past it, the least recently used rows
     # that nothing refers to are evicted (client/slots.py); None: every row touched stays cached
     cache_rows: int | None = None
+    # false: servers never push this table's rows; a reader pulls a row again once its cached value
+    # is too old for the SSP rule (sparse embeddings read by many, each row rarely: no subscriptions)
+    push: bool = True
 
     def __post_init__(self) -> None:
         check(self.rows >= 1, "rows: must be >= 1")

@@ -22,12 +22,12 @@ from bosen.partition import rows_of, server_of, server_of_jit
 
 
 @njit(nogil=True, cache=True)
-def _claim(clock, requested, rows):  # pragma: no cover - compiled
+def _claim(clock, requested, rows, floor):  # pragma: no cover - compiled
     out = np.empty_like(rows)
     k = 0
     for i in range(rows.shape[0]):
         r = rows[i]
-        if clock[r] < 0 and not requested[r]:
+        if clock[r] < floor and not requested[r]:
             requested[r] = True
             out[k] = r
             k += 1
@@ -168,7 +168,12 @@ class RowCache:
     """Indexed by row, or by slot for a table whose client keeps only the rows it touches
     (client/slots.py): the same rules either way, slots keep their row's server."""
 
-    def __init__(self, rows: int, cols: int, dtype: np.dtype, num_servers: int = 1, counts: bool = False) -> None:
+    def __init__(self, rows: int, cols: int, dtype: np.dtype, num_servers: int = 1, counts: bool = False,
+                 pushed: bool = True) -> None:
+        """``pushed`` False: the servers never push these rows (``push: false``), so a server clock
+        says nothing about them: a row is as fresh as the value last received, and a read of a row
+        too old asks for it again (``claim``)."""
+        self.pushed = pushed
         self.values = np.zeros((rows, cols), dtype=dtype)
         # per row, bumped by every write of its value (module docstring); a view starts at -1
         self.stamp = np.zeros(rows, dtype=np.int64)
@@ -209,7 +214,7 @@ class RowCache:
 
     def raise_clock(self, server: int, clock: int) -> None:
         """A server clock message: every cached row of that server is now valid for ``clock``."""
-        if clock > self.server_clock[server]:
+        if clock > self.server_clock[server] and self.pushed:
             self.server_clock[server] = clock
             self.early[rows_of(server, self.num_servers)] = False
 
@@ -260,11 +265,11 @@ class RowCache:
         """How many of ``rows`` are cached or asked for (one pass; boolean masks took five calls)."""
         return int(_count_known(self.clock, self.requested, rows))
 
-    def claim(self, rows: np.ndarray) -> np.ndarray:
-        """Rows of ``rows`` never received and not yet asked for, in their order and each once, now
-        marked as asked for: the ones this reader must request (one pass, where boolean masks and
-        fancy indexing took five)."""
-        return _claim(self.clock, self.requested, rows)
+    def claim(self, rows: np.ndarray, need: int) -> np.ndarray:
+        """Rows of ``rows`` never received (of rows no server pushes: whose value is older than
+        ``need``) and not yet asked for, in their order and each once, now marked as asked for: the
+        ones this reader must request (one pass, where boolean masks and fancy indexing took five)."""
+        return _claim(self.clock, self.requested, rows, need if not self.pushed else 0)
 
     def receive_run(self, lo: int, n: int, msg: int, clock: int) -> bool:
         """Rows ``lo:lo+n`` arrive in the server's ROWS message number ``msg``, valid for ``clock``:

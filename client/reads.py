@@ -70,7 +70,7 @@ class ReadPath:
         if rows.shape[0] == 0 or cache.min_clock(rows, index) >= need:
             return None
         with st.lock:
-            missing = cache.claim(rows)  # each once
+            missing = cache.claim(rows, need)  # each once
             if type(index) is not slice and missing.shape[0] > 1 and not (missing[1:] > missing[:-1]).all():
                 missing = np.sort(missing)
         start = time.monotonic()
@@ -95,7 +95,7 @@ class ReadPath:
                         raise self._timeout(st, rows, tick, need)
                     self.fresh.wait(min(left, POLL_SLICE_S * 4))
                 with st.lock:  # rows asked of a server that was lost meanwhile are asked again
-                    again = cache.claim(rows)
+                    again = cache.claim(rows, need)
                 if again.shape[0]:
                     self.comm.submit(self.comm.sender.request_rows, st, np.sort(again), need)
         finally:

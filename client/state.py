@@ -63,7 +63,7 @@ class TableState:
         self.send_early: Callable[[], None] | None = None
         size = cfg.rows if self.slots is None else self.slots.capacity
         self.pins = np.zeros(size if self.slots is not None else 0, dtype=np.int32)  # views holding a slot
-        self.cache = RowCache(size, cfg.cols, self.dtype, num_servers, counts=probe_every > 0)
+        self.cache = RowCache(size, cfg.cols, self.dtype, num_servers, counts=probe_every > 0, pushed=cfg.push)
         self.oplog = UpdateBuffer(size, cfg.cols, self.dtype, stride=num_servers,
                                   staging=not comm.enabled and self.slots is None, ops=probe_every > 0)
         self.inflight = [InflightLog() for _ in range(num_servers)]

@@ -63,6 +63,9 @@ class TableShard:
         except ValueError as e:
             raise ConfigError(f"tables.{cfg.name}.{e}") from None
         self.procedure = procedure
+        if procedure.versioned and not cfg.push:
+            raise ConfigError(f"tables.{cfg.name}.push: false is not for versioned procedures ({cfg.update}): "
+                              "their clients learn of a row's new version from the pushes")
         procedure.create(self._global_rows, self.values)
         n = self._global_rows.shape[0]
         self.dirty = np.zeros(n, dtype=bool)
@@ -354,7 +357,10 @@ class TableShard:
         self.read_recently[touched] = self.recent[touched].any(axis=1)
 
     def subscribe(self, local: np.ndarray, client: int, index: slice | np.ndarray | None = None) -> None:
-        """``client`` reads ``local`` (``index``: them as an index, if known) and gets their changes."""
+        """``client`` reads ``local`` (``index``: them as an index, if known) and gets their changes;
+        a table with ``push: false`` keeps no subscriptions (its readers pull)."""
+        if not self.cfg.push:
+            return
         if index is None:
             index = rowmath.rows_index(local)
         if self.importance is not None:  # a first reader gets the current value: nothing is owed

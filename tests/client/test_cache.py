@@ -26,10 +26,23 @@ def test_claim_returns_each_row_to_ask_for_once_and_marks_it():
     c = RowCache(8, 1, np.float32)
     c.clock[1] = 0  # cached
     c.requested[2] = True  # someone asked already
-    got = c.claim(np.array([5, 1, 2, 3, 5, 0], dtype=np.int64))
+    got = c.claim(np.array([5, 1, 2, 3, 5, 0], dtype=np.int64), 4)
     assert got.tolist() == [5, 3, 0]  # in order, duplicates once, cached and asked-for ones left out
     assert np.flatnonzero(c.requested).tolist() == [0, 2, 3, 5]
-    assert c.claim(np.array([5, 3], dtype=np.int64)).shape == (0,)
+    assert c.claim(np.array([5, 3], dtype=np.int64), 4).shape == (0,)
+
+
+def test_rows_no_server_pushes_are_claimed_again_once_too_old():
+    """``push: false``: a server clock does not raise the rows, and a cached row older than the
+    read's need is asked for again (a pushed table's would wait for the server's clock)."""
+    c = RowCache(4, 1, np.float32, pushed=False)
+    c.clock[:] = [3, 5, -1, 2]
+    c.raise_clock(0, 9)
+    assert c.min_clock(np.array([0, 1])) == 3
+    assert c.claim(np.arange(4, dtype=np.int64), 4).tolist() == [0, 2, 3]
+    pushed = RowCache(4, 1, np.float32)
+    pushed.clock[:] = [3, 5, -1, 2]
+    assert pushed.claim(np.arange(4, dtype=np.int64), 4).tolist() == [2]
 
 
 def test_known_counts_rows_cached_or_asked_for():

@@ -24,6 +24,7 @@ def tri(n: int) -> int:
 
 
 SLOTTED = {"storage": "sparse", "cache_rows": 4}  # kept by slot, 4 of the 10 rows cached (client/slots.py)
+PULLED = {"push": False}  # no pushes: readers pull rows too old for the SSP rule
 
 
 @pytest.mark.timeout(150)
@@ -35,8 +36,12 @@ SLOTTED = {"storage": "sparse", "cache_rows": 4}  # kept by slot, 4 of the 10 ro
     (2, {"enabled": True, "priority": "absolute", "wire_dtype": "float16", "client_send_rows": 4}, {}),
     (1, None, SLOTTED),
     (2, {"enabled": True, "priority": "relative", "client_send_rows": 3, "server_push_rows": 3}, SLOTTED),
+    (1, None, PULLED),
+    (2, {"enabled": True, "priority": "relative", "client_send_rows": 3, "server_push_rows": 3},
+     {**PULLED, **SLOTTED}),
 ], ids=["s0-bsp", "s1-managed-relative", "s3-managed-random", "s0-managed-round_robin",
-        "s2-managed-absolute-float16", "s1-bsp-sparse-cache4", "s2-managed-relative-sparse-cache4"])
+        "s2-managed-absolute-float16", "s1-bsp-sparse-cache4", "s2-managed-relative-sparse-cache4",
+        "s1-bsp-no-push", "s2-managed-relative-no-push-sparse-cache4"])
 @pytest.mark.slow
 def test_ssp_invariant_under_random_delays(bosen_cluster, bosen_procs, tmp_path, staleness, comm, table):
     # rank WORKERS is the final reader: it joins first and clocks far ahead at once, so it never
@@ -63,6 +68,8 @@ def test_ssp_invariant_under_random_delays(bosen_cluster, bosen_procs, tmp_path,
             assert r["checks"] == (2 * TICKS + 1) * ROWS * WORKERS
         if comm is not None:
             assert sum(r["rows_sent_budgeted"] for r in results) > 0, "managed communication sent nothing early"
+        if table.get("push") is False:
+            assert sum(r["rows_pushed_to_us"] for r in results) == 0, "a table with push: false was pushed"
 
         # fresh cache, after everyone left: exact final sums
         W = reader.table("W")

@@ -140,3 +140,17 @@ def test_a_read_set_replaces_the_clients_last_one_and_touches_only_those_rows():
     s.set_recent(0, np.array([0], np.int64))
     assert np.flatnonzero(s.recent[:, 0]).tolist() == [0] and not s.recent[:, 1].any()
     assert np.flatnonzero(s.read_recently).tolist() == [0]
+
+
+def test_a_table_without_pushes_keeps_no_subscriptions_and_refuses_versioned_procedures():
+    """``push: false``: a read subscribes nobody, so no change of the table is ever pushed; a
+    versioned procedure, whose clients learn of new versions from pushes, is refused by name."""
+    from bosen.errors import ConfigError
+
+    cfg = TableConfig(name="E", rows=8, cols=2, push=False)
+    s = TableShard(0, cfg, Partition(1), 0, 2, procedures.load(cfg, "t.yaml"), CommConfig(enabled=False))
+    s.subscribe(np.arange(8, dtype=np.int64), 1)
+    assert not s.subs.any() and not s.has_readers
+    versioned = TableConfig(name="V", rows=8, cols=2, update="adarevision", push=False)
+    with pytest.raises(ConfigError, match=r"tables\.V\.push: false is not for versioned procedures"):
+        TableShard(0, versioned, Partition(1), 0, 1, procedures.load(versioned, "t.yaml"), CommConfig(enabled=False))
