@@ -126,7 +126,8 @@ class TableState:
         slots = self.slots
         assert slots is not None
         bound = self.slot_limit
-        if bound is not None and limit <= bound and self.vlog is None:
+        # at the bound: evict (the room may also have run out below it: then only grow)
+        if bound is not None and limit <= bound and self.vlog is None and slots.held(server) >= bound:
             count = slots.held(server) - bound + max(1, bound // EVICT_FRACTION)
             victims = slots.victims(server, count, self._referenced())
             if victims.shape[0]:

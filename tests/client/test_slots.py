@@ -153,6 +153,21 @@ def test_a_bounded_cache_evicts_clean_rows_and_loses_no_update(bosen_cluster, st
 
 
 @pytest.mark.timeout(60)
+def test_a_bound_far_above_the_rows_held_grows_the_slots_and_evicts_nothing(bosen_cluster):
+    """cache_rows 100,000: reads of 5,000 new rows at a time outgrow the first slots (64 a server)
+    long before the bound; the client grows them, where it once tried to evict a negative count."""
+    c = bosen_cluster(2, workers=1, staleness=0,
+                      tables={"T": {"cols": 2, "storage": "sparse", "cache_rows": 100_000}})
+    with Client.connect(c.path, rank=0) as client:
+        t = client.table("T")
+        ids = np.random.default_rng(0).integers(0, UNBOUNDED, size=20_000)
+        for k in range(4):
+            assert t.get_rows(ids[k * 5000:(k + 1) * 5000]).shape == (5000, 2)
+        s = client.stats()["tables"]["T"]
+        assert s["rows_held"] == 20_000 and s["rows_evicted"] == 0, s
+
+
+@pytest.mark.timeout(60)
 def test_a_view_keeps_its_rows_until_it_is_dropped(bosen_cluster):
     """A view's rows are never evicted while it lives (its copy stamps name their slots); once it is
     gone they may be."""
