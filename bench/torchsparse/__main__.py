@@ -19,6 +19,13 @@ servers store and their bytes (``bosen status``: values, AdaGrad state, per-row 
 distinct rows each worker's shard touches, rank 0's training seconds per step (its held-out
 evaluations left out), the held-out AUC (rank 0, 50,000 samples) beside the teacher's ceiling.
 ``ratio`` on the AUC line: sparse / dense. Progress on stderr.
+
+``--cases cpu`` (``--rounds`` N): what the worker-side path costs, apart from the servers and the
+table's size: one worker and one server in this process's control, the same ids hashed into 1M rows,
+a ``PSEmbedding`` over a sparse table against an ``nn.Embedding`` over a dense one, fresh servers
+each run, the order alternating every round; the worker's main-thread CPU (``time.thread_time``) and
+wall time per step over steps 20..119 (batch 1024), and the per-round ratio sparse / dense (median
+and spread; below 1: the new path is cheaper).
 """
 
 from __future__ import annotations
@@ -120,6 +127,65 @@ def case(name: str, sets: dict[str, Any], workers: int) -> dict[str, Any]:
     return res
 
 
+def path_cpu(rounds: int) -> None:
+    """Worker main-thread CPU per step, PSEmbedding over a sparse table against nn.Embedding over a
+    dense one (same hashed ids, 1M rows), alternated; one JSON line per storage and one ratio line."""
+    import statistics
+    import time
+
+    import torch
+    import torch.nn.functional as F
+
+    from bench.common import servers
+    from bosen.apps.pytorch import PSModule, ServerOptimizer
+    from bosen.client import Client
+
+    base = {**_args(CONFIG), "table_rows": 1_000_000, "cache_rows": None, "train_samples": 200_000}
+    a0 = dlrm.DLRMArgs(**base)
+    steps, warm, batch = 120, 20, a0.batch_size
+    data = criteo.generate(a0.spec, 0, steps * batch)
+    keys, dense, labels = (torch.from_numpy(x) for x in (a0.keys(data.ids), data.dense, data.labels))
+
+    def one(storage: str) -> tuple[float, float]:
+        args = {**base, **({"storage": "sparse"} if storage == "sparse" else
+                           {"storage": "dense", "embedding_init": "server"})}
+        a = dlrm.DLRMArgs(**args)
+        with tempfile.TemporaryDirectory(prefix="bosen-torchsparse-") as d:
+            job = {"cluster": {"workers": 1}, "consistency": {"staleness": 1}, "tables": dlrm.tables(args, Path(d))}
+            with servers(job, 1, workdir=d) as c, Client.connect(c.path, rank=0) as client:
+                torch.set_num_threads(1)
+                m = PSModule(dlrm.model(a), client, clock_every=a.clock_every)
+                opt = ServerOptimizer(m, a.optimizer, lr=a.lr)
+                c0 = w0 = 0.0
+                for i in range(steps):
+                    if i == warm:
+                        c0, w0 = time.thread_time(), time.perf_counter()
+                    idx = slice(i * batch, (i + 1) * batch)
+                    loss = F.binary_cross_entropy_with_logits(m(dense[idx], keys[idx]), labels[idx])
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                n = steps - warm
+                out = ((time.thread_time() - c0) / n * 1000, (time.perf_counter() - w0) / n * 1000)
+                m.close()
+                return out
+
+    got: dict[str, list[tuple[float, float]]] = {"dense": [], "sparse": []}
+    for r in range(rounds):
+        for s in ("dense", "sparse") if r % 2 == 0 else ("sparse", "dense"):
+            got[s].append(one(s))
+            log(f"torchsparse cpu: round {r} {s}: {got[s][-1][0]:.1f} ms CPU, {got[s][-1][1]:.1f} ms wall a step")
+    for s, v in got.items():
+        cpu, wall = [x[0] for x in v], [x[1] for x in v]
+        emit(bench="torchsparse", case=f"cpu-{s}", metric="worker_cpu_ms_per_step", unit="ms",
+             ours=statistics.median(cpu), min=min(cpu), max=max(cpu), wall_ms=statistics.median(wall),
+             wall_min=min(wall), wall_max=max(wall), rounds=rounds)
+    ratio = [sp[0] / de[0] for sp, de in zip(got["sparse"], got["dense"], strict=True)]
+    emit(bench="torchsparse", case="cpu-sparse-vs-dense", metric="worker_cpu_ratio", unit="x",
+         ours=statistics.median(ratio), min=min(ratio), max=max(ratio), rounds=rounds,
+         baseline_name="nn.Embedding over a dense table")
+
+
 def _args(path: Path) -> dict[str, Any]:
     import yaml
 
@@ -133,7 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", type=int, default=100_000_000)
     p.add_argument("--dense-rows", type=int, default=1_000_000)
     p.add_argument("--cache-rows", type=int, default=500_000)
-    p.add_argument("--cases", default="sparse,dense")
+    p.add_argument("--cases", default="sparse,dense", help="sparse, dense, cpu (comma-separated)")
+    p.add_argument("--rounds", type=int, default=4, help="cpu: alternated rounds")
     o = p.parse_args(argv)
     samples = o.samples if o.samples is not None else 100_000 if o.quick else 1_200_000
     common: dict[str, Any] = {"app.args.train_samples": samples}
@@ -144,7 +211,12 @@ def main(argv: list[str] | None = None) -> None:
                        "app.args.embedding_init": "server", "app.args.cache_rows": None}}
     got = {}
     for name in o.cases.split(","):
-        got[name] = case(name, cases[name], 2)
+        if name == "cpu":
+            path_cpu(o.rounds)
+        elif name in cases:
+            got[name] = case(name, cases[name], 2)
+        else:
+            p.error(f"--cases: {name!r} is not one of sparse, dense, cpu")
     if "sparse" in got and "dense" in got:
         s, d = got["sparse"], got["dense"]
         emit(bench="torchsparse", case="sparse-vs-dense", metric="heldout_auc", unit="auc", ours=s["heldout_auc"],

@@ -27,5 +27,17 @@ def test_a_short_run_stores_only_the_rows_touched_and_reports_both_tables():
     assert len(recs["sparse", "worker_rss_mb"]["ours"]) == 2 and len(recs["sparse", "server_rss_mb"]["ours"]) == 2
     assert recs["sparse", "step_ms"]["ours"] > 0
     auc = recs["sparse-vs-dense", "heldout_auc"]
-    assert 0.5 < auc["ours"] < auc["baseline"] + 0.05 and auc["ratio"] == pytest.approx(auc["ours"] / auc["baseline"],
-                                                                                        rel=1e-3)
+    # 10 steps a worker learn next to nothing: the records, not the model, are under test here
+    assert 0.3 < auc["ours"] < 0.7 and auc["ratio"] == pytest.approx(auc["ours"] / auc["baseline"], rel=1e-3)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_the_cpu_case_times_both_paths_and_gives_their_ratio():
+    out = subprocess.run([sys.executable, "-m", "bench.torchsparse", "--cases", "cpu", "--rounds", "1"], cwd=REPO,
+                         env=repo_env(), capture_output=True, text=True, timeout=280, check=True)
+    recs = {r["case"]: r for r in map(json.loads, out.stdout.splitlines())}
+    assert set(recs) == {"cpu-dense", "cpu-sparse", "cpu-sparse-vs-dense"}
+    assert recs["cpu-dense"]["ours"] > 0 and recs["cpu-sparse"]["ours"] > 0
+    assert recs["cpu-sparse-vs-dense"]["ours"] == pytest.approx(recs["cpu-sparse"]["ours"] / recs["cpu-dense"]["ours"],
+                                                                rel=1e-3)
