@@ -10,6 +10,7 @@ The tables are declared from the model (``declare``), not written by hand, and `
 them against the job's config, which every server shares.
 """
 
+from bosen.apps.pytorch.embedding import PSEmbedding, hash_ids
 from bosen.apps.pytorch.layout import DEFAULT_ROW_WIDTH, Layout
 from bosen.apps.pytorch.module import PSModule
 from bosen.apps.pytorch.optim import DeltaOptimizer, ServerOptimizer
@@ -17,4 +18,4 @@ from bosen.apps.pytorch.ranks import Ranks, ranks_from_env
 from bosen.apps.pytorch.tables import declare
 
 __all__ = ["PSModule", "ServerOptimizer", "DeltaOptimizer", "Layout", "DEFAULT_ROW_WIDTH", "declare", "Ranks",
-           "ranks_from_env"]
+           "ranks_from_env", "PSEmbedding", "hash_ids"]

@@ -9,7 +9,9 @@ priority resolution against per-row overhead; 1024 float32 values (4 KiB) keeps 
 
 Sparse embeddings: the weight of each ``nn.Embedding`` / ``nn.EmbeddingBag`` built with
 ``sparse=True`` is a table of its own, ``<prefix><module name>``, one row per embedding, so a step
-reads and writes only the rows its batch touches.
+reads and writes only the rows its batch touches. A ``PSEmbedding`` (embedding.py) is such a table
+too, with no local weight at all (``remote``): its rows are an upper bound on its ids, or
+``config.UNBOUNDED``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bosen.apps.pytorch.embedding import PSEmbedding
 from bosen.errors import ConfigError
 
 DEFAULT_ROW_WIDTH = 1024
@@ -47,6 +50,7 @@ class Sparse:
     table: str
     rows: int
     cols: int
+    remote: bool = False  # a PSEmbedding: no local weight, only the rows of the current batch
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,11 @@ class Layout:
                 continue
             slots.append(Slot(name, tuple(p.shape), offset, p.numel()))
             offset += p.numel()
+        for name, m in module.named_modules():
+            if isinstance(m, PSEmbedding):
+                dtypes.add(DTYPES[m.dtype])
+                embeddings.append(Sparse(name, f"{name}.weight" if name else "weight",
+                                         f"{prefix}{name or 'embedding'}", m.num_embeddings, m.embedding_dim, True))
         if not slots and not embeddings:
             raise ConfigError("the module has no trainable parameters: nothing to keep in the parameter server")
         if len(dtypes) > 1:

@@ -16,6 +16,11 @@ step ahead if asked, so that read overlaps the current step; the hook always rea
 which serves them as far as the SSP bound allows (a row read too early for its tick is read again).
 The tables' process-local buffers are faulted in when the module is made (``Table.prefault``), not
 by a sparse table's scattered first touches mid-run.
+
+A ``PSEmbedding`` (embedding.py) holds no weight: this module binds it to its table, so its forward
+reads the batch's distinct rows (through the cache, as above) into a leaf tensor of those rows only,
+and the optimizers push that leaf's gradient rows. Memory then follows the rows touched, for
+tables bigger than a worker (issue 29: 100M rows, 64-bit ids).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import torch
 from torch import nn
 
 from bosen.apps.protocol import PSClient, PSTable, PSView, require_table
+from bosen.apps.pytorch.embedding import PSEmbedding
 from bosen.apps.pytorch.layout import DEFAULT_ROW_WIDTH, Layout, Sparse
 from bosen.apps.pytorch.tables import layout_file
 from bosen.errors import ConfigError, UsageError
@@ -79,20 +85,29 @@ class PSModule(nn.Module):
                 view.copy_(p)
                 p.data = view  # the parameter now lives in the flat tensor
                 self.params.append(p)
-        self.embeddings: list[nn.Parameter] = [named[e.param] for e in layout.sparse]
+        modules = dict(module.named_modules())
+        # the sparse embeddings with a local weight (nn.Embedding / nn.EmbeddingBag), by index in
+        # layout.sparse, and the PSEmbeddings, which hold only the rows of the current batch
+        self.local: dict[int, nn.Parameter] = {i: named[e.param] for i, e in enumerate(layout.sparse)
+                                               if not e.remote}
+        self.remote: dict[int, PSEmbedding] = {}
         # a sparse embedding on the CPU whose table shows this process's writes: its weight *is* the
         # array of a read-only view of every row (client/view.py), so the forward's read of a batch's
         # rows copies only those written since they were last read, straight into the weight
-        self._row_views: list[PSView | None] = []
-        for e, t, w in zip(layout.sparse, self.sparse_tables, self.embeddings, strict=True):
-            rv = None
+        self._row_views: dict[int, PSView] = {}
+        for i, (e, t) in enumerate(zip(layout.sparse, self.sparse_tables, strict=True)):
+            if e.remote:
+                emb = modules[e.module]
+                assert isinstance(emb, PSEmbedding)
+                emb.bind(self._lookup(i, e, t))
+                self.remote[i] = emb
+                continue
+            w = self.local[i]
             if self.device.type == "cpu" and getattr(t, "read_my_writes", False):
                 rv = t.view(np.arange(e.rows, dtype=np.int64), base=False)
                 w.data = torch.from_numpy(rv.values)
-            self._row_views.append(rv)
-        modules = dict(module.named_modules())
-        for i, (e, table, weight) in enumerate(zip(layout.sparse, self.sparse_tables, self.embeddings, strict=True)):
-            modules[e.module].register_forward_pre_hook(self._embedding_hook(i, e, table, weight))
+                self._row_views[i] = rv
+            modules[e.module].register_forward_pre_hook(self._embedding_hook(i, e, t, w))
         cuda = self.device.type == "cuda"
         self._host = torch.empty(n, dtype=dtype, pin_memory=True) if cuda and n else None
         self._rows = np.arange(layout.rows, dtype=np.int64)
@@ -157,7 +172,10 @@ class PSModule(nn.Module):
                 self._ahead.append(self._pool.submit(self.sparse_tables[i].get_rows, rows.numpy()))
 
     def _check_ids(self, e: Sparse, ids: torch.Tensor) -> torch.Tensor:
-        rows = torch.unique(ids.detach()).cpu()
+        return self._check_rows(e, torch.unique(ids.detach()).cpu())
+
+    def _check_rows(self, e: Sparse, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` (sorted), if they are ids of ``e``'s table; an IndexError naming them if not."""
         if rows.numel() and (int(rows[0]) < 0 or int(rows[-1]) >= e.rows):
             raise IndexError(f"embedding {e.module}: ids must be in [0, {e.rows}), got {int(rows[0])}.."
                              f"{int(rows[-1])}")
@@ -189,7 +207,7 @@ class PSModule(nn.Module):
             self._raise_failed()
             rows = self._check_ids(e, ids)
             # through the cache: rows a read-ahead brought are served from there where fresh enough
-            view = self._row_views[i]
+            view = self._row_views.get(i)
             if view is not None:
                 view.refresh(rows.numpy())  # into the weight: only rows written since their last read
             else:
@@ -201,6 +219,23 @@ class PSModule(nn.Module):
             self.pull_s += dt
             self.rows_s += dt
         return pull_rows
+
+    def _lookup(self, i: int, e: Sparse, table: PSTable) -> Any:
+        """What a PSEmbedding reads its batch's distinct, sorted ids with: their rows, read through
+        the cache (a read-ahead's rows served from there), as a new tensor on the model's device."""
+        def lookup(rows: torch.Tensor) -> torch.Tensor:
+            t0 = time.perf_counter()
+            self._raise_failed()
+            rows = self._check_rows(e, rows.detach().cpu())
+            values = torch.from_numpy(table.get_rows(rows.numpy()))
+            if self.device.type != "cpu":
+                values = values.to(self.device, non_blocking=True)
+            self.rows_pulled += rows.numel()
+            dt = time.perf_counter() - t0
+            self.pull_s += dt
+            self.rows_s += dt
+            return values
+        return lookup
 
     # -- the optimizers' side ----------------------------------------------------------------------
 
@@ -224,8 +259,13 @@ class PSModule(nn.Module):
     def sparse_gradients(self) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
         """Per sparse embedding with a gradient: (its index, touched rows, their gradient rows)."""
         out = []
-        for i, (e, w) in enumerate(zip(self.layout.sparse, self.embeddings, strict=True)):
-            g = w.grad
+        for i, e in enumerate(self.layout.sparse):
+            if i in self.remote:
+                got = self.remote[i].gradient()
+                if got is not None:
+                    out.append((i, got[0].cpu(), got[1].cpu()))
+                continue
+            g = self.local[i].grad
             if g is None:
                 continue
             if not g.is_sparse:
@@ -261,6 +301,8 @@ class PSModule(nn.Module):
         for i, r, v in rows:
             self.sparse_tables[i].inc_rows(r.numpy(), v.numpy())
             self.rows_pushed += r.numel()
+        for emb in self.remote.values():
+            emb.clear()  # this step's rows are pushed: the next forward reads them again
         self.pulled = False
         self.steps += 1
         if self.steps % self.clock_every == 0:

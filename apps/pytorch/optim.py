@@ -24,6 +24,8 @@ class _PSOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.model.module.zero_grad(set_to_none=set_to_none)
+        for emb in self.model.remote.values():
+            emb.zero_grad_rows()
 
     def _table_error(self, what: str) -> ConfigError:
         return ConfigError(f"{self.model.client.config.source}: table {self.model.layout.table} {what}")
@@ -64,11 +66,15 @@ class DeltaOptimizer(_PSOptimizer):
         super().__init__(model)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if model.remote:
+            names = ", ".join(model.layout.sparse[i].module for i in model.remote)
+            raise ConfigError(f"DeltaOptimizer steps a local torch optimizer over local weights; the PSEmbedding "
+                              f"{names} has none (its rows stay in the parameter server): use ServerOptimizer")
         if model.update != "add":
             raise self._table_error(f"applies {model.update!r} on the servers, which takes gradients: "
                                     "DeltaOptimizer pushes parameter deltas and needs update='add' "
                                     "(or use ServerOptimizer)")
-        ours = {id(p) for p in [*model.params, *model.embeddings]}
+        ours = {id(p) for p in [*model.params, *model.local.values()]}
         theirs = {id(p) for g in optimizer.param_groups for p in g["params"]}
         if theirs != ours:
             raise ValueError("DeltaOptimizer: the torch optimizer must be built on model.parameters() "
@@ -86,12 +92,12 @@ class DeltaOptimizer(_PSOptimizer):
         # the dense change: against the values pulled, in one pass (the view's push); without a pull
         # since the last push (steps without a forward) against a copy taken now
         before = m.values() if m.table is not None and not m.pulled else None
-        rows_before = [m.embeddings[i].detach()[rows].clone() for i, rows in touched]
+        rows_before = [m.local[i].detach()[rows].clone() for i, rows in touched]
         self.optimizer.step()
         dense = None
         if before is not None:
             dense = m.values()
             dense -= before
-        deltas = [(i, rows, m.embeddings[i].detach()[rows].cpu() - old.cpu())
+        deltas = [(i, rows, m.local[i].detach()[rows].cpu() - old.cpu())
                   for (i, rows), old in zip(touched, rows_before, strict=True)]
         m.push(dense, deltas, changed=m.table is not None and before is None)

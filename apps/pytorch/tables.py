@@ -5,18 +5,27 @@ model's initial parameters (``<table>.npy``, the table's ``init: {file: ...}``) 
 (``<table>.layout.json``) into ``out_dir``. The servers start from the model's own initialization
 (a seeded generator on the servers could not reproduce PyTorch's per-layer schemes), and ``PSModule``
 later compares the model it wraps with the saved layout, parameter by parameter.
+
+``storage="sparse"`` makes the embeddings' tables ``storage: sparse`` (stored where touched, issue
+29) and writes no file of their rows (25.6 GB at 100M x 64): the servers start each row from a
+seeded initializer instead, deterministic per row id (``rowmath.init_rows``): ``init`` when given,
+else a ``PSEmbedding``'s own, else N(0, 1), ``nn.Embedding``'s default. A ``PSEmbedding`` always
+takes a server-side initializer (it has no local rows to save).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from torch import nn
 
+from bosen.apps.pytorch.embedding import DEFAULT_INIT, PSEmbedding
 from bosen.apps.pytorch.layout import DEFAULT_ROW_WIDTH, Layout
+from bosen.config import UNBOUNDED
 
 # each built-in server optimizer's step-size argument (its update_args key)
 STEP_ARG = {"sgd": "lr", "adagrad": "alpha", "adarevision": "alpha"}
@@ -45,7 +54,8 @@ def step_args(update: str, lr: float | None, extra: dict[str, Any] | None = None
 def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: float | None = None,
             update_args: dict[str, Any] | None = None, prefix: str = "",
             row_width: int = DEFAULT_ROW_WIDTH, staleness: int | None = None,
-            wire_dtype: str | None = None) -> dict[str, dict[str, Any]]:
+            wire_dtype: str | None = None, storage: Literal["dense", "sparse"] = "dense",
+            init: Mapping[str, Any] | None = None, cache_rows: int | None = None) -> dict[str, dict[str, Any]]:
     """Config entries (``tables:``) for ``model``'s parameters; writes their initial values and layout.
 
     ``update``: ``add`` for ``DeltaOptimizer`` (workers push parameter deltas), or ``sgd`` /
@@ -53,28 +63,57 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
     gradients, the server takes the step). Every table of the model gets the same procedure.
     ``wire_dtype``: ``bfloat16`` or ``float16`` pushes half the bytes; each worker keeps the rounding
     residual and sends it later (nothing is lost), and the servers keep float32 values.
+    ``storage``: the embeddings' tables ``dense`` or ``sparse`` (the dense parameters' table is always
+    dense); ``init``: a server-side initializer of the embeddings' rows (an ``init:`` entry, e.g.
+    ``{"uniform": [-0.05, 0.05]}``) in place of the model's values, which ``storage="sparse"``
+    implies; ``cache_rows``: the most rows of each embedding a worker caches (client/slots.py).
     """
+    if storage not in ("dense", "sparse"):
+        raise ValueError(f"storage: dense or sparse, got {storage!r}")
     layout = Layout.of(model, prefix, row_width)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     args = step_args(update, lr, update_args)
     entries: dict[str, dict[str, Any]] = {}
 
-    def entry(name: str, values: np.ndarray) -> None:
-        init = out / f"{name}.npy"
-        np.save(init, values)
-        entries[name] = {"rows": values.shape[0], "cols": values.shape[1], "dtype": layout.dtype, "update": update,
-                         "update_args": dict(args), "init": {"file": str(init.resolve())}}
+    def entry(name: str, rows: int, cols: int, values: np.ndarray | None, start: Mapping[str, Any] | None = None,
+              sparse: bool = False) -> None:
+        if values is not None:
+            file = out / f"{name}.npy"
+            np.save(file, values)
+            start = {"file": str(file.resolve())}
+        e: dict[str, Any] = {"cols": cols, "dtype": layout.dtype, "update": update, "update_args": dict(args),
+                             "init": dict(start or {})}
+        if rows < UNBOUNDED:
+            e["rows"] = rows
+        if sparse:
+            e["storage"] = "sparse"
+            if cache_rows is not None:
+                e["cache_rows"] = cache_rows
         if staleness is not None:
-            entries[name]["staleness"] = staleness
+            e["staleness"] = staleness
         if wire_dtype is not None:
-            entries[name]["wire_dtype"] = wire_dtype
+            e["wire_dtype"] = wire_dtype
+        entries[name] = e
 
     if layout.slots:
-        entry(layout.table, layout.values(model))
+        values = layout.values(model)
+        entry(layout.table, values.shape[0], values.shape[1], values)
     params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
     for e in layout.sparse:
-        entry(e.table, params[e.param].detach().cpu().numpy())
+        m = modules[e.module]
+        if getattr(m, "padding_idx", None) is not None and (e.remote or storage == "sparse" or init is not None):
+            raise ValueError(f"embedding {e.module}: padding_idx is a row kept at zero, which a server-side "
+                             "initializer does not give; leave it out (or keep the table dense, from the model)")
+        if e.rows == UNBOUNDED and storage != "sparse":
+            raise ValueError(f"embedding {e.module}: takes any 64-bit id (no num_embeddings), so only a sparse "
+                             "table holds it: declare(..., storage='sparse')")
+        if e.remote or storage == "sparse" or init is not None:
+            start = init if init is not None else m.init if isinstance(m, PSEmbedding) else DEFAULT_INIT
+            entry(e.table, e.rows, e.cols, None, start, storage == "sparse")
+        else:
+            entry(e.table, e.rows, e.cols, params[e.param].detach().cpu().numpy())
     layout_file(out / f"{layout.table}.npy").write_text(json.dumps(layout.describe()))
     return entries
 

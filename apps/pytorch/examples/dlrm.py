@@ -9,6 +9,14 @@ batch's rows in the background meanwhile; the 27 vectors
 interact by pairwise dot products (or are concatenated), and a top MLP gives the click logit (binary
 cross-entropy).
 
+Tables bigger than a worker (issue 29): ``storage: sparse`` makes the embeddings ``PSEmbedding``s
+over ``storage: sparse`` tables, so neither the servers nor the workers hold rows no batch touched,
+and the servers start each row from the same uniform(-init_scale, init_scale) the model's own
+embeddings draw from (seeded per row id: no file of every row). ``hashed: true`` gives the table
+raw 64-bit ids: each (feature, id) pair hashed (``hash_ids``) into [0, table_rows), or into any
+63-bit id when ``table_rows`` is 0 (a table without rows), as production DLRMs take Criteo's hashed
+categorical values. ``configs/torch-dlrm-100m.yaml``: a 100M-row x 64 table.
+
 Data: ``criteo.py``'s generator; each worker makes its own contiguous share of the training samples,
 rank 0 the held-out samples. Rank 0 scores the held-out set ``evals_per_epoch`` times per epoch and
 reports ``heldout_auc`` (exact, over the whole held-out set) beside the teacher's, which is the
@@ -18,6 +26,7 @@ workers of a field that one worker reports is that worker's value.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,9 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from bosen.apps.protocol import PSClient
-from bosen.apps.pytorch import DeltaOptimizer, PSModule, ServerOptimizer, declare
+from bosen.apps.pytorch import DeltaOptimizer, PSEmbedding, PSModule, ServerOptimizer, declare, hash_ids
 from bosen.apps.pytorch.examples import criteo
-from bosen.config import check, from_dict
+from bosen.config import UNBOUNDED, check, from_dict
 
 SERVER = ("sgd", "adagrad", "adarevision")
 
@@ -63,6 +72,15 @@ class DLRMArgs:
     max_rows: int = 10_000  # the data's cardinality cap (Criteo's largest features have 10M ids)
     zipf: float = 1.1
     data_seed: int = 0
+    # dense: nn.Embedding(sparse=True), every row in each worker and server; sparse: PSEmbedding over a
+    # storage: sparse table, each holds only the rows touched (fused or per_feature alike)
+    storage: Literal["dense", "sparse"] = "dense"
+    # the embeddings' first values: the model's own (written to a file; dense only) or drawn by the
+    # servers per row id from the same uniform distribution (None: model for dense, server for sparse)
+    embedding_init: Literal["model", "server"] | None = None
+    hashed: bool = False  # ids (feature, id) hashed into one id space (fused only), see table_rows
+    table_rows: int = 0  # with hashed: the table's rows (ids hashed mod it); 0: no bound (sparse only)
+    cache_rows: int | None = None  # the most embedding rows a worker caches (sparse storage)
     threads: int = 1  # torch intra-op threads per worker
     seed: int = 0  # the model's initialization and the sample order
 
@@ -76,11 +94,34 @@ class DLRMArgs:
         check(self.dim >= 1 and self.bottom >= 1 and self.top >= 1, "dim, bottom, top: must be >= 1")
         check(self.init_scale > 0, "init_scale: must be > 0")
         check(self.threads >= 1, "threads: must be >= 1")
+        check(self.storage in ("dense", "sparse"), f"storage: dense or sparse, got {self.storage!r}")
+        check(not (self.storage == "sparse" and self.embedding_init == "model"),
+              "embedding_init: a sparse table starts from the servers' initializer (no file of every row): "
+              "leave it out or say server")
+        check(not self.hashed or self.embedding == "fused", "hashed: hashes every feature into one table: needs "
+                                                            "embedding: fused")
+        check(self.table_rows >= 0, "table_rows: must be >= 0")
+        check(not self.table_rows or self.hashed, "table_rows: the row count of a hashed table: needs hashed: true")
+        check(not (self.hashed and not self.table_rows and self.storage == "dense"),
+              "table_rows: 0 (any 64-bit id) needs storage: sparse; give a row count for a dense table")
         _ = self.spec  # the data's own checks (max_rows, zipf), named as app.args keys
 
     @property
     def spec(self) -> criteo.CriteoSpec:
         return criteo.CriteoSpec(max_rows=self.max_rows, zipf=self.zipf, seed=self.data_seed)
+
+    @property
+    def server_init(self) -> dict[str, Any] | None:
+        """The embeddings' server-side initializer (the model's own distribution), if they take one."""
+        if (self.embedding_init or ("server" if self.storage == "sparse" else "model")) == "model":
+            return None
+        return {"uniform": [-self.init_scale, self.init_scale], "seed": self.seed}
+
+    def keys(self, ids: np.ndarray) -> np.ndarray:
+        """The embedding ids of a batch's raw categorical ids (n, 26): hashed, or as they are."""
+        if not self.hashed:
+            return ids
+        return hash_ids(ids, np.arange(criteo.SPARSE), self.table_rows or None)
 
 
 class DLRM(nn.Module):
@@ -90,18 +131,27 @@ class DLRM(nn.Module):
     pairs: torch.Tensor
 
     def __init__(self, rows: tuple[int, ...], dim: int = 16, bottom: int = 64, top: int = 64,
-                 interaction: str = "dot", init_scale: float = 0.05, fused: bool = False) -> None:
+                 interaction: str = "dot", init_scale: float = 0.05, fused: bool = False,
+                 remote: dict[str, Any] | None = None, hashed: int | None = None) -> None:
+        """``remote``: the embeddings are ``PSEmbedding``s the servers start with this ``init:`` (no
+        local rows); ``hashed``: the ids given are already the fused table's (``DLRMArgs.keys``), of a table
+        of that many rows (``UNBOUNDED``: any 64-bit id), and no offsets are added."""
         super().__init__()
         self.bottom = nn.Sequential(nn.Linear(criteo.DENSE, bottom), nn.ReLU(), nn.Linear(bottom, dim), nn.ReLU())
         self.fused = fused
-        embs = [nn.Embedding(sum(rows), dim, sparse=True)] if fused else [nn.Embedding(r, dim, sparse=True)
-                                                                          for r in rows]
-        self.emb: nn.Module = embs[0] if fused else nn.ModuleList(embs)
-        if fused:
+        self.hashed = hashed is not None
+        sizes = [hashed] if hashed is not None else [sum(rows)] if fused else list(rows)
+        # the embeddings draw from a generator of their own, so the MLPs start the same whether the
+        # rows are here (nn.Embedding) or on the servers (PSEmbedding, which draws nothing here)
+        gen = torch.Generator().manual_seed(torch.initial_seed() + 1)
+        embs: list[nn.Module] = ([PSEmbedding(None if r == UNBOUNDED else r, dim, init=remote) for r in sizes]
+                                 if remote is not None else
+                                 [nn.Embedding(r, dim, sparse=True, _weight=nn.init.uniform_(
+                                     torch.empty(r, dim), -init_scale, init_scale, generator=gen)) for r in sizes])
+        self.emb: nn.Module = embs[0] if fused or self.hashed else nn.ModuleList(embs)
+        if fused and not self.hashed:
             self.register_buffer("offsets", torch.tensor(np.cumsum((0, *rows[:-1])), dtype=torch.int64),
                                  persistent=False)
-        for e in embs:
-            nn.init.uniform_(e.weight, -init_scale, init_scale)
         n = len(rows) + 1
         self.interaction = interaction
         width = dim + n * (n - 1) // 2 if interaction == "dot" else n * dim
@@ -112,6 +162,8 @@ class DLRM(nn.Module):
     def rows(self, ids: torch.Tensor) -> dict[str, torch.Tensor]:
         """The embedding rows a batch of categorical ``ids`` reads, per embedding module name (what
         ``PSModule.prefetch_rows`` takes)."""
+        if self.hashed:
+            return {"emb": ids}
         if self.fused:
             return {"emb": ids + self.offsets}
         return {f"emb.{f}": ids[:, f] for f in range(ids.shape[1])}
@@ -119,7 +171,7 @@ class DLRM(nn.Module):
     def forward(self, dense: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         x = self.bottom(dense)
         if self.fused:
-            v = torch.cat([x.unsqueeze(1), self.emb(ids + self.offsets)], 1)
+            v = torch.cat([x.unsqueeze(1), self.emb(ids if self.hashed else ids + self.offsets)], 1)
         else:
             v = torch.stack([x] + [e(ids[:, f]) for f, e in enumerate(self.emb.children())], 1)
         if self.interaction == "dot":
@@ -133,15 +185,18 @@ class DLRM(nn.Module):
 def model(a: DLRMArgs) -> DLRM:
     """The seeded model (same initial values wherever it is built)."""
     torch.manual_seed(a.seed)
-    return DLRM(a.spec.cardinalities, a.dim, a.bottom, a.top, a.interaction, a.init_scale, a.embedding == "fused")
+    return DLRM(a.spec.cardinalities, a.dim, a.bottom, a.top, a.interaction, a.init_scale, a.embedding == "fused",
+                a.server_init if a.storage == "sparse" else None,
+                (a.table_rows or UNBOUNDED) if a.hashed else None)
 
 
 def tables(args: Mapping[str, Any], out_dir: Path) -> dict[str, dict[str, Any]]:
     """``app.tables``: the dense table and one table per embedding, initial values from ``model()``."""
     a: DLRMArgs = from_dict(DLRMArgs, args, "app.args")
+    kw: dict[str, Any] = {"storage": a.storage, "init": a.server_init, "cache_rows": a.cache_rows}
     if a.optimizer in SERVER:
-        return declare(model(a), out_dir, update=a.optimizer, lr=a.lr)
-    return declare(model(a), out_dir)
+        return declare(model(a), out_dir, update=a.optimizer, lr=a.lr, **kw)
+    return declare(model(a), out_dir, **kw)
 
 
 def optimizer(a: DLRMArgs, m: PSModule) -> ServerOptimizer | DeltaOptimizer:
@@ -186,10 +241,12 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     check(steps >= 1, f"train_samples: {a.train_samples} samples give {client.num_workers} workers no batch of "
                       f"{a.batch_size}")
     test = criteo.generate(spec, 0, a.test_samples, criteo.HELDOUT) if client.rank == 0 else None
+    if test is not None:
+        test = dataclasses.replace(test, ids=a.keys(test.ids))
     net = model(a)
     m = PSModule(net, client, clock_every=a.clock_every)
     opt = optimizer(a, m)
-    dense, ids, labels = (torch.from_numpy(x) for x in (data.dense, data.ids, data.labels))
+    dense, ids, labels = (torch.from_numpy(x) for x in (data.dense, a.keys(data.ids), data.labels))
     rng = np.random.default_rng(a.seed * 1000 + client.rank)
     evals = eval_steps(steps, a.evals_per_epoch, a.clock_every)
     teacher = criteo.auc(test.prob, test.labels) if test is not None else None
@@ -207,7 +264,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            loss_sum += float(loss) * idx.shape[0]
+            loss_sum += float(loss.detach()) * idx.shape[0]
             if i + 1 not in evals:
                 continue
             fields: dict[str, Any] = {"compute_s": time.perf_counter() - t0, "pull_s": m.pull_s,
