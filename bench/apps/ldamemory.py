@@ -1,12 +1,13 @@
 """What an LDA worker holds for a large vocabulary (issue 29, point 3): resident memory per worker.
 
     python -m bench.apps.ldamemory [--quick] [--vocab 100000] [--K 1000] [--docs 4000] [--doc-len 40]
-                                   [--iterations 3] [--storage dense,sparse] [--repeats 1]
+                                   [--iterations 3] [--storage dense,sparse] [--cache-rows N] [--repeats 1]
 
 A synthetic corpus with Zipf word frequencies (exponent 1.07, word ids shuffled) over ``vocab`` words,
 ``docs`` documents of Poisson(``doc_len``) tokens, written as a UCI file, trains through ``bosen
 launch`` (2 workers, 1 server, staleness 2, the app's default sampler: sparse at K >= 64) with
-``word_topic`` rows = the vocabulary and the given ``storage``. While the job runs, the bench reads
+``word_topic`` rows = the vocabulary, the given ``storage`` and, with ``--cache-rows``, that bound on
+the rows each worker's cache keeps. While the job runs, the bench reads
 each worker's /proc status every 20 ms: ``VmHWM`` (peak resident set) at its last reading, and
 ``VmRSS`` once the worker's first training tick is in its records (``RUN_DIR/workers/RANK.jsonl``).
 The workers' final ``client.stats()`` give what each holds of ``word_topic`` (``rows_held``,
@@ -107,11 +108,14 @@ class _Watch:
                     self.after_first[rank] = int(fields["VmRSS"].split()[0]) * 1024
 
 
-def one_job(data: Path, V: int, K: int, iterations: int, storage: str, tmp: Path) -> dict[int, dict[str, Any]]:
+def one_job(data: Path, V: int, K: int, iterations: int, storage: str, tmp: Path,
+            cache_rows: int | None = None) -> dict[int, dict[str, Any]]:
     """One 2-worker job; per rank: peak RSS, RSS after the first training tick, rows held."""
     table: dict[str, Any] = {"rows": V, "cols": K, "dtype": "int32"}
     if storage != "dense":
         table["storage"] = storage
+    if cache_rows is not None:
+        table["cache_rows"] = cache_rows
     cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 2}, "consistency": {"staleness": 2},
            "tables": {"word_topic": table, "topic_summary": {"rows": 1, "cols": K, "dtype": "int32"}},
            "app": {"module": "bosen.apps.lda",
@@ -125,7 +129,8 @@ def one_job(data: Path, V: int, K: int, iterations: int, storage: str, tmp: Path
     held = {r.get("rank", -1): r.get("tables", {}).get("word_topic", {}) for r in job.kind("client")}
     return {rank: {"peak": watch.peak.get(rank), "after_first": watch.after_first.get(rank),
                    "rows_held": held.get(rank, {}).get("rows_held"), "slots": held.get(rank, {}).get("slots"),
-                   "cached_rows": held.get(rank, {}).get("cached_rows")}
+                   "cached_rows": held.get(rank, {}).get("cached_rows"),
+                   "rows_evicted": held.get(rank, {}).get("rows_evicted")}
             for rank in (0, 1)}
 
 
@@ -138,6 +143,7 @@ def main() -> None:
     ap.add_argument("--doc-len", type=float, default=40.0)
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--storage", default="dense,sparse")
+    ap.add_argument("--cache-rows", type=int, default=None, help="tables.word_topic.cache_rows")
     ap.add_argument("--repeats", type=int, default=1)
     a = ap.parse_args()
     if a.quick:
@@ -155,7 +161,7 @@ def main() -> None:
         for rep in range(a.repeats):
             for storage in list(runs) if rep % 2 == 0 else list(runs)[::-1]:
                 log(f"ldamemory: V={a.vocab} K={a.K} storage={storage} round {rep + 1}/{a.repeats} ...")
-                runs[storage].append(one_job(data, a.vocab, a.K, a.iterations, storage, tmp))
+                runs[storage].append(one_job(data, a.vocab, a.K, a.iterations, storage, tmp, a.cache_rows))
     for storage, jobs in runs.items():
         for rank in (0, 1):
             peaks = [j[rank]["peak"] / MiB for j in jobs if j[rank]["peak"]]
@@ -164,9 +170,10 @@ def main() -> None:
             emit(bench="apps", case="lda-vocab-memory", metric="worker-peak-rss-MB", unit="MB",
                  ours=spread(peaks)["median"] if peaks else None, peak_spread=spread(peaks) if peaks else None,
                  rss_after_first_clock_MB=spread(firsts) if firsts else None, rank=rank, storage=storage,
-                 vocab=a.vocab, K=a.K, docs=a.docs, tokens=corpus.n_tokens, words=words[rank],
+                 cache_rows_limit=a.cache_rows, vocab=a.vocab, K=a.K, docs=a.docs, tokens=corpus.n_tokens,
+                 words=words[rank],
                  rows_held=last["rows_held"], slots=last["slots"], cached_rows=last["cached_rows"],
-                 row_bytes=4 * a.K)
+                 rows_evicted=last["rows_evicted"], row_bytes=4 * a.K)
 
 
 if __name__ == "__main__":
