@@ -63,7 +63,7 @@ sums into ``heldout_ll_per_token``.
 After the last tick all workers clock ``staleness`` more times, so every training update is then
 readable: each worker adds the word part of its scored words to its doc part (rank 0 the topic
 part), and their sum is the exact final log-likelihood (``final_loglik``). Rank 0 then reads the rows
-of the corpus' words, ``FINAL_CHUNK_BYTES`` at a time, for the top words per topic (stdout and
+of the corpus' words, a block of ``FINAL_CHUNK_BYTES`` at a time, for the top words per topic (stdout and
 ``$BOSEN_RUN_DIR/topics.txt``) and the counts (``$BOSEN_RUN_DIR/word_topic.npy``, written row range
 by row range; rows of words no document holds are 0): with ``cache_rows`` set on ``word_topic`` that
 pass stays within the bound (docs/design.md, "LDA for large vocabularies").
@@ -90,7 +90,7 @@ from bosen.config import check, from_dict
 from bosen.errors import ConfigError, DataError
 
 KEEP_VIEW_BYTES = 256 << 20  # most memory the mini-batches' word-row views kept across ticks take
-FINAL_CHUNK_BYTES = 64 << 20  # rank 0's final pass over the word rows reads this much at a time
+FINAL_CHUNK_BYTES = 16 << 20  # rank 0's final pass over the word rows: int64 bytes of a block
 
 
 @dataclass(frozen=True)
@@ -336,10 +336,10 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     # the exact objective, summed over the workers: each one's doc part and its scored words' part
     final = sampler.loglik_docs()
     if scored.size:
-        mine = np.asarray(wt.get_rows(scored), dtype=np.int64)
-        final += float(evaluation.loglik_words(np.clip(mine, 0, None).astype(np.int32), a.beta,
-                                               np.ones(scored.size, dtype=np.bool_)))
-        del mine
+        # read into the scoring view (no new array); a negative count adds nothing to the word part,
+        # as the 0 it was clipped to before
+        mine = _counts(views.scored.refresh())
+        final += float(evaluation.loglik_words(mine, a.beta, np.ones(scored.size, dtype=np.bool_)))
     if rank == 0:
         nk_final = np.asarray(ts.get_rows(zero)[0], dtype=np.int64)
         final += float(evaluation.loglik_summary(nk_final.astype(np.int32), V, a.beta))
