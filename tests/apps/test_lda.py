@@ -930,12 +930,15 @@ def test_e2e_consistent_ll_per_scored_clock_ends_at_final_loglik(tmp_path):
     assert cons[-1]["objective"] == pytest.approx(final, rel=1e-12)
     assert cons[-1]["ll_doc"] == pytest.approx(scored[-1]["ll_doc"], rel=1e-12)  # exact part
     assert cons[-1]["objective"] > cons[0]["objective"]
-    # the workers' own view differs only in the word part: rows read up to `staleness` ticks old, less
-    # concentrated than the current state while the objective climbs (measured: up to 8% lower here), so
-    # below or at it, and not far off
+    # the workers' own view differs only in the word part. Each worker scores words its documents hold:
+    # its own counts as of the end of the tick, the other worker's as its cache has them, mostly up to
+    # `staleness` ticks old and less concentrated than the state at the clock while the objective climbs
+    # (below it), but ahead of it where the other worker ran ahead (above it). Measured over 16 runs
+    # under load: -8.6% to +2.4% (scoring w % P == rank, a worker's share of the whole vocabulary, it
+    # was -7.5% to -0.1%: rows a worker does not hold carry only the other's older counts)
     for x, c in zip(cons, scored, strict=True):
         assert x["ll_doc"] == pytest.approx(c["ll_doc"], rel=1e-12)
-        assert c["objective"] <= x["objective"] + 0.005 * abs(x["objective"]), (x, c)
+        assert c["objective"] <= x["objective"] + 0.04 * abs(x["objective"]), (x, c)
         assert c["objective"] > x["objective"] - 0.2 * abs(x["objective"]), (x, c)
     assert not (run_dir / "consistent-ll").exists()
 
