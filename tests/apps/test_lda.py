@@ -1159,3 +1159,46 @@ def test_e2e_two_workers_hold_only_their_words_and_sum_the_exact_objective(tmp_p
     assert _consistent_ll(run_dir)[-1]["objective"] == pytest.approx(final, rel=1e-12)
     wt = np.load(run_dir / "word_topic.npy")
     np.testing.assert_array_equal(wt.sum(axis=1), np.bincount(corpus.words, minlength=300))
+
+
+
+def test_final_pass_reads_blocks_of_the_corpus_words_and_writes_the_whole_table(tmp_path, monkeypatch):
+    """Rank 0's final pass in blocks of 7 word ids (``FINAL_CHUNK_BYTES`` made small): it reads only
+    rows of the corpus' words, at most a block at a time, and writes the V x K table and top words
+    that one read of the whole table gives."""
+    from bosen.apps.lda import worker
+
+    monkeypatch.setattr(worker, "FINAL_CHUNK_BYTES", 7 * 8 * 10)
+    monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
+    c = _client(300, 10)
+    train(c, {**SYN, "iterations": 3})
+    reads = c.tables["word_topic"].reads
+    corpus = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
+    held = corpus_words(corpus)
+    blocks = reads[-np.unique(held // 7).size:]  # one read per block holding a corpus word
+    assert all(r.size <= 7 and r[-1] // 7 == r[0] // 7 for r in blocks)
+    np.testing.assert_array_equal(np.concatenate(blocks), held)
+    wt = c.tables["word_topic"].data
+    np.testing.assert_array_equal(np.load(tmp_path / "word_topic.npy"), wt)
+    want = top_words(wt.astype(np.int64), corpus.vocab, 5)
+    assert (tmp_path / "topics.txt").read_text().splitlines() == want
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_e2e_cache_rows_below_the_corpus_words_keeps_everything_exact(tmp_path):
+    """A sparse word_topic with ``cache_rows`` (120) below what a worker must hold: its own words (the
+    mini-batches' views, kept across ticks, pin them) and, at rank 0, the corpus' 209 in one block of
+    the final pass. The client goes past the bound (counted) rather than fail, and the counts and the
+    objective stay exact."""
+    p, run_dir = _launch(tmp_path, 300, 10, {**SYN, "iterations": 4, "consistent_ll": True},
+                         word_topic={"storage": "sparse", "cache_rows": 120})
+    assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    corpus = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
+    stats = _client_stats(run_dir)
+    assert stats[0]["cache_over_limit"] > 0 and stats[0]["rows_held"] > 120, stats
+    final = _clocks(run_dir)[-1]["final_loglik"]
+    assert _consistent_ll(run_dir)[-1]["objective"] == pytest.approx(final, rel=1e-12)
+    wt = np.load(run_dir / "word_topic.npy")
+    np.testing.assert_array_equal(wt.sum(axis=1), np.bincount(corpus.words, minlength=300))
+    assert [c["negative_counts"] for c in _clocks(run_dir) if "tokens" in c] == [0] * 4
