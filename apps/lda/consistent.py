@@ -87,20 +87,29 @@ def combine(folder: Path, clocks: Iterable[int], required: Iterable[int], worker
         paths = [folder / _name(c, r) for r in range(workers)]
         if not all(p.is_file() for p in paths):
             continue
-        total = np.zeros(V * K, dtype=np.int64)
-        ll_doc = 0.0
+        keys, counts, ll_doc = [], [], 0.0
         for p in paths:
             with np.load(p, allow_pickle=False) as f:
                 ll_doc += float(f["ll_doc"])
                 if "dense" in f:
-                    total += f["dense"].reshape(-1)
+                    flat = f["dense"].reshape(-1)
+                    nz = np.flatnonzero(flat)
+                    keys.append(nz.astype(np.int64))
+                    counts.append(flat[nz].astype(np.int64))
                 else:
-                    np.add.at(total, f["keys"], f["counts"])
-        nwk = total.reshape(V, K)
-        if nwk.max(initial=0) >= np.iinfo(np.int32).max:
+                    keys.append(f["keys"].astype(np.int64))
+                    counts.append(f["counts"].astype(np.int64))
+        # summed by key (w*K + k), never as a V x K array: the non-zero counts in row-major order,
+        # which is the order (and so the rounding) of the word part over the whole table
+        uk, inv = np.unique(np.concatenate(keys), return_inverse=True)
+        total = np.zeros(uk.size, dtype=np.int64)
+        np.add.at(total, inv, np.concatenate(counts))
+        if total.max(initial=0) >= np.iinfo(np.int32).max:
             raise DataError(f"consistent_ll: a word-topic count at clock {c} exceeds int32")
-        nk = nwk.sum(axis=0)  # the topic summary receives the same increments, summed over words
-        ll_word = float(evaluation.loglik_words(nwk.astype(np.int32), beta, np.ones(V, dtype=np.bool_)))
+        nk = np.zeros(K, dtype=np.int64)  # the topic summary receives the same increments, summed over words
+        np.add.at(nk, uk % K, total)
+        ll_word = float(evaluation.loglik_words(total.astype(np.int32)[:, None], beta,
+                                                np.ones(uk.size, dtype=np.bool_)))
         ll_word += float(evaluation.loglik_summary(nk.astype(np.int32), V, beta))
         out.append({"clock": c, "objective": ll_doc + ll_word, "ll_doc": ll_doc, "ll_word": ll_word})
     for p in folder.glob("*.npz"):

@@ -16,7 +16,7 @@ import numpy as np
 from bosen.apps.lda import evaluation, sampling
 from bosen.apps.lda.data import Corpus
 
-__all__ = ["AliasTables", "Sampler", "FitResult", "DocumentCompletion", "fit", "loglikelihood", "top_words"]
+__all__ = ["AliasTables", "Sampler", "FitResult", "DocumentCompletion", "fit", "loglikelihood", "top_words", "TopWords"]
 
 
 @dataclass
@@ -174,13 +174,44 @@ def fit(corpus: Corpus, K: int, iterations: int, alpha: float = 0.1, beta: float
     return res
 
 
-def top_words(nwk: np.ndarray, names: list[str], n: int) -> list[str]:
-    """One line per topic: its total count and the n most frequent words."""
-    n = min(n, nwk.shape[0])
-    idx = np.argsort(-nwk, axis=0, kind="stable")[:n]  # (n, K)
-    tot = nwk.sum(axis=0)
-    return [f"topic {k:3d} (n={int(tot[k])}): " + " ".join(names[i] for i in idx[:, k])
-            for k in range(nwk.shape[1])]
+def top_words(nwk: np.ndarray, names: list[str] | None, n: int) -> list[str]:
+    """One line per topic: its total count and the n most frequent words (ties: lower word id first)."""
+    top = TopWords(nwk.shape[1], n)
+    top.add(0, nwk)
+    return top.lines(names)
+
+
+class TopWords:
+    """The n most frequent words per topic over word rows added in order of their ids, a block at a
+    time, so the whole word-topic table is never in memory at once; the result is what one stable
+    sort over the whole table gives. Also sums each topic's count and counts negative entries."""
+
+    def __init__(self, K: int, n: int) -> None:
+        self.n = n
+        self.ids = np.zeros((0, K), dtype=np.int64)     # (<= n, K) the best so far, best first
+        self.counts = np.zeros((0, K), dtype=np.int64)
+        self.total = np.zeros(K, dtype=np.int64)
+        self.negative = 0
+
+    def add(self, first: int, rows: np.ndarray) -> None:
+        """Rows of words ``first``, ``first + 1``, ...; all ids above those added before."""
+        rows = np.asarray(rows, dtype=np.int64)
+        self.total += rows.sum(axis=0)
+        self.negative += int(np.count_nonzero(rows < 0))
+        best = np.argsort(-rows, axis=0, kind="stable")[:self.n]
+        ids = np.concatenate([self.ids, best + first])
+        counts = np.concatenate([self.counts, np.take_along_axis(rows, best, axis=0)])
+        # stable: among equal counts the earlier (lower) ids stay first, as in one sort of the whole table
+        order = np.argsort(-counts, axis=0, kind="stable")[:self.n]
+        self.ids = np.take_along_axis(ids, order, axis=0)
+        self.counts = np.take_along_axis(counts, order, axis=0)
+
+    def lines(self, names: list[str] | None) -> list[str]:
+        """One line per topic: its total count and its top words (``names`` by id, else ``wID``)."""
+        def name(i: int) -> str:
+            return names[i] if names is not None else f"w{i}"
+        return [f"topic {k:3d} (n={int(self.total[k])}): " + " ".join(name(int(i)) for i in self.ids[:, k])
+                for k in range(self.total.size)]
 
 
 def loglikelihood(ndk: np.ndarray, nwk: np.ndarray, nk: np.ndarray, alpha: float, beta: float) -> float:

@@ -30,9 +30,11 @@ launcher sums):
 
 * doc part ``Σ_d lgamma(Kα) - lgamma(N_d+Kα) + Σ_k lgamma(n_dk+α) - lgamma(α)``: each worker, over
   its own documents (exact: doc-topic counts are local).
-* word part ``Σ_{w,k} lgamma(n_wk+β) - lgamma(β)``: each worker over the words it *owns* for this
-  purpose (``w % num_workers == rank``), read from its cache at the end of the tick (its own updates
-  included), so the word part lags the truth by at most the staleness bound.
+* word part ``Σ_{w,k} lgamma(n_wk+β) - lgamma(β)``: each worker over the words it *scores*
+  (:func:`scored_words`: those its documents hold that no earlier worker's documents hold; a word no
+  document holds has only zero counts and adds 0), read from its cache at the end of the tick (its
+  own updates included), so the word part lags the truth by at most the staleness bound. A worker
+  thus reads and holds only rows of its own words, never a share of the whole vocabulary.
 * topic part ``Σ_k lgamma(Vβ) - lgamma(n_k+Vβ)``: rank 0 only.
 
 That sum mixes each worker's own stale view of the rows it scores. With ``consistent_ll`` the job
@@ -58,9 +60,13 @@ them every ``eval_every`` ticks by document completion (``model.DocumentCompleti
 rows its cache holds, and reports ``heldout_ll`` and ``heldout_tokens``; the launcher turns their
 sums into ``heldout_ll_per_token``.
 
-After the last tick all workers clock ``staleness`` more times, so rank 0 can then read the complete
-table; it reports the exact final log-likelihood (``final_loglik``), writes top words per topic to
-stdout and ``$BOSEN_RUN_DIR/topics.txt``, and the counts to ``$BOSEN_RUN_DIR/word_topic.npy``.
+After the last tick all workers clock ``staleness`` more times, so every training update is then
+readable: each worker adds the word part of its scored words to its doc part (rank 0 the topic
+part), and their sum is the exact final log-likelihood (``final_loglik``). Rank 0 then reads the rows
+of the corpus' words, a block of ``FINAL_CHUNK_BYTES`` at a time, for the top words per topic (stdout and
+``$BOSEN_RUN_DIR/topics.txt``) and the counts (``$BOSEN_RUN_DIR/word_topic.npy``, written row range
+by row range; rows of words no document holds are 0): with ``cache_rows`` set on ``word_topic`` that
+pass stays within the bound (docs/design.md, "LDA for large vocabularies").
 """
 
 from __future__ import annotations
@@ -77,13 +83,14 @@ import numpy as np
 
 from bosen.apps.lda import consistent, evaluation
 from bosen.apps.lda.data import Corpus, generate, load
-from bosen.apps.lda.model import AliasTables, DocumentCompletion, Sampler, top_words
+from bosen.apps.lda.model import AliasTables, DocumentCompletion, Sampler, TopWords
 from bosen.apps.protocol import PSClient, PSTable, PSView, require_table
 from bosen.apps.state import restored
 from bosen.config import check, from_dict
 from bosen.errors import ConfigError, DataError
 
 KEEP_VIEW_BYTES = 256 << 20  # most memory the mini-batches' word-row views kept across ticks take
+FINAL_CHUNK_BYTES = 16 << 20  # rank 0's final pass over the word rows: int64 bytes of a block
 
 
 @dataclass(frozen=True)
@@ -208,7 +215,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     # the mini-batches of each tick (documents balanced by tokens) and their word sets, made once
     m, b = a.clocks_per_epoch, a.batches(P)
     ptr = sampler.doc_ptr
-    owned = np.arange(rank, V, P, dtype=np.int64)
+    scored = scored_words(corpus, lo, hi)
     words_local = np.empty(part.n_tokens, dtype=np.int32)  # each token's row in its batch's read
     ticks: list[list[tuple[int, int, np.ndarray]]] = []
     tick_words: list[tuple[np.ndarray, list[np.ndarray]]] = []  # MH: the tick's words, each batch's among them
@@ -227,7 +234,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         allU = np.unique(np.concatenate([U for _, _, U in batches])) if batches else np.zeros(0, np.int64)
         tick_words.append((allU, [np.searchsorted(allU, U).astype(np.int64) for _, _, U in batches]))
     mh = sampler.method == "mh"
-    views = _Views(wt, ts, ticks, owned)
+    views = _Views(wt, ts, ticks, scored)
 
     # clocks: the initial counts' tick, the opening barrier, T training ticks, the closing barrier
     T = a.iterations * m
@@ -259,7 +266,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
 
     zero = np.zeros(1, dtype=np.int64)
     snapshots = consistent.snapshot_dir() if a.consistent_ll else None
-    scored: list[int] = []  # the clocks this process scored (their snapshot files must all exist)
+    scored_clocks: list[int] = []  # the clocks this process scored (their snapshot files must all exist)
     clock_wait = 0.0  # time in the previous clock() call: counted in the next report
     for c in range(tick - pre, T):
         do_ll = (c + 1) % a.ll_every == 0 or c == T - 1
@@ -290,7 +297,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         if do_ll:
             t0 = time.perf_counter()
             # the rows this worker scores, as its cache has them now (its own updates included)
-            mine = _counts(views.owned.refresh()) if owned.size else np.zeros((0, a.K), np.int32)
+            mine = _counts(views.scored.refresh()) if scored.size else np.zeros((0, a.K), np.int32)
             nk = _counts(views.summary.refresh())[0]
             t1 = time.perf_counter()
             ll_doc = sampler.loglik_docs()
@@ -307,7 +314,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
                 t3 = time.perf_counter()
                 consistent.save(snapshots, tick, rank, consistent.local_counts(sampler.words, sampler.z, a.K, V),
                                 ll_doc)
-                scored.append(tick)
+                scored_clocks.append(tick)
                 rec["consistent_ll_s"] = time.perf_counter() - t3
         if held is not None and a.eval_every and ((c + 1) % a.eval_every == 0 or c == T - 1):
             t0 = time.perf_counter()
@@ -326,28 +333,30 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     while tick < pre + T + stale_bound:
         tick += 1
         client.clock()
+    # the exact objective, summed over the workers: each one's doc part and its scored words' part
     final = sampler.loglik_docs()
+    if scored.size:
+        # read into the scoring view (no new array); a negative count adds nothing to the word part,
+        # as the 0 it was clipped to before
+        mine = _counts(views.scored.refresh())
+        final += float(evaluation.loglik_words(mine, a.beta, np.ones(scored.size, dtype=np.bool_)))
     if rank == 0:
-        nwk = np.asarray(wt.get_rows(np.arange(V, dtype=np.int64)), dtype=np.int64)
         nk_final = np.asarray(ts.get_rows(zero)[0], dtype=np.int64)
-        final += float(evaluation.loglik_words(np.clip(nwk, 0, None).astype(np.int32), a.beta,
-                                               np.ones(V, dtype=np.bool_)))
         final += float(evaluation.loglik_summary(nk_final.astype(np.int32), V, a.beta))
-        lines = top_words(nwk, corpus.word_names(), a.top_words)
-        print("\n".join(lines), flush=True)
         run_dir = os.environ.get("BOSEN_RUN_DIR")
+        save = Path(run_dir, "word_topic.npy") if run_dir and a.save_model else None
+        top = _final_pass(wt, corpus_words(corpus), V, a.top_words, save)
+        lines = top.lines(corpus.vocab)
+        print("\n".join(lines), flush=True)
         if run_dir:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             Path(run_dir, "topics.txt").write_text("\n".join(lines) + "\n")
-            if a.save_model:
-                np.save(Path(run_dir, "word_topic.npy"), nwk.astype(np.int32))
-        neg = int((nwk < 0).sum())
-        if neg:
-            print(f"lda: {neg} negative word-topic counts in the final table", file=sys.stderr)
+        if top.negative:
+            print(f"lda: {top.negative} negative word-topic counts in the final table", file=sys.stderr)
         if snapshots is not None:
-            # the read above waited for every worker's last training clock, sent after its last file
+            # the reads above waited for every worker's last training clock, sent after its last file
             every = [pre + c for c in range(T) if (c + 1) % a.ll_every == 0 or c == T - 1]
-            recs = consistent.combine(snapshots, every, scored, P, V, a.K, a.beta)
+            recs = consistent.combine(snapshots, every, scored_clocks, P, V, a.K, a.beta)
             consistent.write(snapshots.parent, recs)
     client.report(final_loglik=final)
 
@@ -355,19 +364,67 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
 class _Views:
     """The worker's views (client/view.py) of the rows it reads again and again: each mini-batch's
     word rows (kept across ticks while they fit ``KEEP_VIEW_BYTES``, else made anew per mini-batch),
-    the summary row, and the word rows it scores. int32 views: the sampling kernels' counts."""
+    the summary row, and the word rows it scores (read only: no second copy). int32 views: the
+    sampling kernels' counts."""
 
     def __init__(self, wt: PSTable, ts: PSTable, ticks: list[list[tuple[int, int, np.ndarray]]],
-                 owned: np.ndarray) -> None:
+                 scored: np.ndarray) -> None:
         self.wt = wt
         self.summary = ts.view(np.zeros(1, dtype=np.int64))
-        self.owned = wt.view(owned)
+        self.scored = wt.view(scored, base=False)
         size = sum(2 * U.shape[0] * wt.cols * np.dtype(wt.dtype).itemsize for batches in ticks for _, _, U in batches)
         self.kept = [[wt.view(U) for _, _, U in batches] for batches in ticks] if size <= KEEP_VIEW_BYTES else None
 
     def batch(self, i: int, j: int, U: np.ndarray) -> PSView:
         """The view of mini-batch ``j`` of tick slice ``i`` (word rows ``U``)."""
         return self.kept[i][j] if self.kept is not None else self.wt.view(U)
+
+
+def scored_words(corpus: Corpus, lo: int, hi: int) -> np.ndarray:
+    """The words whose part of the objective's word term the worker of documents [lo, hi) adds
+    (sorted int64): those its documents hold that no document before ``lo`` holds. Workers hold
+    contiguous document ranges in rank order, so every word some document holds is scored by exactly
+    one worker, the first that holds it; a word no document holds has only zero counts, which add 0.
+    Each worker scores rows it reads for sampling anyway, so the objective costs no rows of its own."""
+    ptr = corpus.doc_ptr()
+    mine = np.unique(corpus.words[ptr[lo]:ptr[hi]])
+    before = corpus.words[:ptr[lo]]
+    if before.size:
+        mine = mine[~np.isin(mine, before)]
+    return mine.astype(np.int64)
+
+
+def corpus_words(corpus: Corpus) -> np.ndarray:
+    """Every word some document holds (sorted int64): the rows of word_topic that can be non-zero."""
+    return np.unique(corpus.words).astype(np.int64)
+
+
+def _final_pass(wt: PSTable, words: np.ndarray, V: int, n_top: int, save: Path | None) -> TopWords:
+    """Rank 0's pass over the final word rows: ``words`` read ``FINAL_CHUNK_BYTES`` at a time (rows of
+    consecutive word ids), top words per topic kept as it goes, and with ``save`` the whole V x K
+    int32 table written row range by row range as ``.npy`` (rows of other words are 0), so neither the
+    pass nor the file costs a V x K array in memory."""
+    K = wt.cols
+    top = TopWords(K, n_top)
+    step = max(1, FINAL_CHUNK_BYTES // (8 * K))
+    out = save.open("wb") if save is not None else None
+    try:
+        if out is not None:
+            np.lib.format.write_array_header_1_0(out, {"descr": np.dtype(np.int32).str, "fortran_order": False,
+                                                       "shape": (V, K)})
+        for first in range(0, V, step):
+            last = min(V, first + step)
+            ids = words[np.searchsorted(words, first):np.searchsorted(words, last)]
+            block = np.zeros((last - first, K), dtype=np.int64)
+            if ids.size:
+                block[ids - first] = wt.get_rows(ids)
+            top.add(first, block)
+            if out is not None:
+                out.write(block.astype(np.int32).tobytes())
+    finally:
+        if out is not None:
+            out.close()
+    return top
 
 
 def _minibatch(sampler: Sampler, words: PSView, summary: PSView, words_local: np.ndarray, lo: int,

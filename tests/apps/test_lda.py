@@ -37,8 +37,8 @@ from bosen.apps.lda.data import (
     write_ldac,
     write_uci,
 )
-from bosen.apps.lda.model import DocumentCompletion, Sampler, fit, loglikelihood, top_words
-from bosen.apps.lda.worker import LDAArgs, negative_rows, train
+from bosen.apps.lda.model import DocumentCompletion, Sampler, TopWords, fit, loglikelihood, top_words
+from bosen.apps.lda.worker import LDAArgs, corpus_words, negative_rows, scored_words, train
 from bosen.errors import ConfigError
 
 # ------------------------------------------------------------------------------------------------
@@ -457,8 +457,14 @@ def test_train_in_process(tmp_path, monkeypatch, batches):
     assert c.clocks == 1 + 2 + 60 + 2
     work = [r for r in c.reports if "tokens" in r]
     assert len(work) == 60 and sum(r["tokens"] for r in work[:2]) == corpus.n_tokens
-    # one get_rows per mini-batch, one per scored tick (its owned rows), the final read
-    assert len(c.tables["word_topic"].reads) == 60 * batches + 30 + 1
+    # one get_rows per mini-batch, one per scored tick (its scored words), the final read of those,
+    # rank 0's final pass (one chunk at this size)
+    reads = c.tables["word_topic"].reads
+    assert len(reads) == 60 * batches + 30 + 2
+    # a worker reads only rows of words its documents hold, never the whole vocabulary
+    held = np.unique(corpus.words)
+    assert held.size < 300 and all(np.isin(r, held).all() for r in reads)
+    np.testing.assert_array_equal(reads[-2], held)
     ll = [r["objective"] for r in work if "objective" in r]
     assert len(ll) == 30 and ll[-1] > ll[0]
     assert wt.min() >= 0 and wt.sum() == corpus.n_tokens
@@ -500,8 +506,8 @@ def test_train_in_process_mh_builds_alias_tables_once_per_tick(tmp_path, monkeyp
     wt = c.tables["word_topic"].data
     corpus = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
     # per tick: one read of all the tick's words (the alias tables), one per mini-batch; one per
-    # scored tick; the final read
-    assert len(c.tables["word_topic"].reads) == 60 * (1 + 4) + 30 + 1
+    # scored tick; the final reads (the scored words, rank 0's pass)
+    assert len(c.tables["word_topic"].reads) == 60 * (1 + 4) + 30 + 2
     work = [r for r in c.reports if "tokens" in r]
     assert all(r["alias_s"] > 0 and r["read_s"] > 0 and r["send_s"] > 0 for r in work)
     assert all(r["tick_s"] >= r["compute_s"] for r in work)
@@ -642,20 +648,21 @@ def test_train_in_process_reports_heldout_loglik_of_the_table_it_read(tmp_path):
 
 
 def _launch(tmp_path: Path, V: int, K: int, args: dict, timeout: float = 60,
-            comm: dict | None = None, servers: int = 1) -> tuple[subprocess.CompletedProcess, Path]:
+            comm: dict | None = None, servers: int = 1, workers: int = 2, staleness: int = 2,
+            word_topic: dict | None = None, name: str = "run") -> tuple[subprocess.CompletedProcess, Path]:
     cfg = {
-        "cluster": {"servers": ["127.0.0.1:0"] * servers, "workers": 2},
-        "consistency": {"staleness": 2},
-        "tables": {"word_topic": {"rows": V, "cols": K, "dtype": "int32"},
+        "cluster": {"servers": ["127.0.0.1:0"] * servers, "workers": workers},
+        "consistency": {"staleness": staleness},
+        "tables": {"word_topic": {"rows": V, "cols": K, "dtype": "int32", **(word_topic or {})},
                    "topic_summary": {"rows": 1, "cols": K, "dtype": "int32"}},
         "app": {"module": "bosen.apps.lda", "args": args},
     }
     if comm:
         cfg["comm"] = comm
-    path = tmp_path / "lda.yaml"
+    path = tmp_path / f"{name}.yaml"
     path.write_text(json.dumps(cfg))  # JSON is YAML
-    run_dir = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--workers", "2",
+    run_dir = tmp_path / name
+    p = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--workers", str(workers),
                         "--run-dir", str(run_dir), "--no-plot"], capture_output=True, text=True, timeout=timeout)
     return p, run_dir
 
@@ -923,12 +930,15 @@ def test_e2e_consistent_ll_per_scored_clock_ends_at_final_loglik(tmp_path):
     assert cons[-1]["objective"] == pytest.approx(final, rel=1e-12)
     assert cons[-1]["ll_doc"] == pytest.approx(scored[-1]["ll_doc"], rel=1e-12)  # exact part
     assert cons[-1]["objective"] > cons[0]["objective"]
-    # the workers' own view differs only in the word part: rows read up to `staleness` ticks old, less
-    # concentrated than the current state while the objective climbs (measured: up to 8% lower here), so
-    # below or at it, and not far off
+    # the workers' own view differs only in the word part. Each worker scores words its documents hold:
+    # its own counts as of the end of the tick, the other worker's as its cache has them, mostly up to
+    # `staleness` ticks old and less concentrated than the state at the clock while the objective climbs
+    # (below it), but ahead of it where the other worker ran ahead (above it). Measured over 16 runs
+    # under load: -8.6% to +2.4% (scoring w % P == rank, a worker's share of the whole vocabulary, it
+    # was -7.5% to -0.1%: rows a worker does not hold carry only the other's older counts)
     for x, c in zip(cons, scored, strict=True):
         assert x["ll_doc"] == pytest.approx(c["ll_doc"], rel=1e-12)
-        assert c["objective"] <= x["objective"] + 0.005 * abs(x["objective"]), (x, c)
+        assert c["objective"] <= x["objective"] + 0.04 * abs(x["objective"]), (x, c)
         assert c["objective"] > x["objective"] - 0.2 * abs(x["objective"]), (x, c)
     assert not (run_dir / "consistent-ll").exists()
 
@@ -1023,3 +1033,172 @@ def test_bench_job_profile_splits_a_tick_by_thread_and_phase():
     assert w["buffer"]["cpu_ms"] > 0 and "send" in p["comm"] and applied > 0
     lines = tickprofile.table(p).splitlines()
     assert lines[0].startswith("thread") and any(line.startswith(("server0  inc", "server0  flush")) for line in lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# large vocabularies (issue 29): a worker holds and scores only rows of its own words
+
+
+@pytest.mark.parametrize("method", ["dense", "sparse", "mh"])
+def test_train_in_process_objective_is_the_whole_models_bit_for_bit(tmp_path, monkeypatch, method):
+    """One worker, one mini-batch a tick: the same chain as ``fit`` on the whole model (its seed is
+    the worker's), so every per-tick objective, summed over the worker's scored words only, and the
+    final one equal the whole table's log p(w, z) exactly."""
+    monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
+    c = _client(300, 10)
+    train(c, {**SYN, "iterations": 5, "batches_per_clock": 1, "sampler": method})
+    ll = [r["objective"] for r in c.reports if "objective" in r]
+    corpus = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
+    f = fit(corpus, 10, 5, 0.1, 0.01, method, 4, 5 * 7919 + 1)
+    assert ll == f.loglik
+    assert c.reports[-1]["final_loglik"] == f.loglik[-1]
+    np.testing.assert_array_equal(np.load(tmp_path / "word_topic.npy"), f.nwk)
+
+
+@pytest.mark.parametrize("P", [1, 2, 3, 5])
+def test_scored_words_split_the_corpus_words_among_workers(P):
+    """Each word some document holds is scored by exactly one worker, one whose documents hold it, so
+    the workers' word parts add up to the whole table's."""
+    corpus = generate(120, 400, 5, 20.0, alpha=0.1, beta=0.05, seed=4)
+    held = corpus_words(corpus)
+    assert held.size < 400  # words no document holds: nobody scores them
+    parts = []
+    for rank in range(P):
+        lo, hi = corpus.doc_range(rank, P)
+        mine = scored_words(corpus, lo, hi)
+        assert mine.dtype == np.int64 and np.all(np.diff(mine) > 0)
+        assert np.isin(mine, corpus.subset(lo, hi).words).all()
+        parts.append(mine)
+    together = np.concatenate(parts)
+    assert together.size == held.size
+    np.testing.assert_array_equal(np.sort(together), held)
+    rng = np.random.default_rng(1)
+    nwk = np.zeros((400, 6), np.int32)
+    nwk[held] = rng.integers(0, 9, (held.size, 6))
+    whole = evaluation.loglik_words(nwk, 0.01, np.ones(400, np.bool_))
+    split = sum(evaluation.loglik_words(nwk[w], 0.01, np.ones(w.size, np.bool_)) for w in parts)
+    assert split == pytest.approx(whole, rel=1e-12)
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 50, 200])
+def test_top_words_in_blocks_is_one_sort_of_the_whole_table(block):
+    rng = np.random.default_rng(block)
+    nwk = rng.integers(-1, 4, (60, 5))  # many ties, and negatives
+    top = TopWords(5, 4)
+    for first in range(0, 60, block):
+        top.add(first, nwk[first:first + block])
+    want = np.argsort(-nwk, axis=0, kind="stable")[:4]
+    np.testing.assert_array_equal(top.ids, want)
+    np.testing.assert_array_equal(top.total, nwk.sum(axis=0))
+    assert top.negative == int((nwk < 0).sum())
+    names = [f"n{i}" for i in range(60)]
+    assert top.lines(names) == top_words(nwk, names, 4)
+    assert top.lines(None)[0].split(": ")[1].split() == [f"w{i}" for i in want[:, 0]]
+
+
+def test_consistent_combine_scores_the_dense_sum_exactly(tmp_path):
+    """The workers' files summed by key, dense and sparse forms mixed, score exactly as the V x K sum."""
+    rng = np.random.default_rng(2)
+    V, K = 50, 4
+    folder = tmp_path / "c"
+    folder.mkdir()
+    parts = [np.where(rng.random((V, K)) < 0.3, rng.integers(1, 30, (V, K)), 0).astype(np.int32) for _ in range(3)]
+    consistent.save(folder, 7, 0, {"dense": parts[0]}, -1.5)
+    for r in (1, 2):
+        keys = np.flatnonzero(parts[r])
+        consistent.save(folder, 7, r, {"keys": keys, "counts": parts[r].reshape(-1)[keys]}, -2.0)
+    (rec,) = consistent.combine(folder, [7], [7], 3, V, K, 0.1)
+    total = sum(parts)
+    want = (evaluation.loglik_words(total, 0.1, np.ones(V, np.bool_))
+            + evaluation.loglik_summary(total.sum(axis=0).astype(np.int32), V, 0.1))
+    assert rec["ll_word"] == want and rec["ll_doc"] == -5.5
+
+
+def _client_stats(run_dir: Path) -> dict[int, dict]:
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return {x["rank"]: x["tables"]["word_topic"] for x in lines if x.get("kind") == "client"}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_e2e_sparse_word_topic_gives_the_dense_tables_results(tmp_path):
+    """One worker at staleness 0 (deterministic), 2 servers: a word_topic with ``storage: sparse``
+    gives the dense table's objectives, final log-likelihood and counts bit for bit, and the client
+    holds only the rows of words the corpus holds."""
+    args = {**SYN, "iterations": 4, "batches_per_clock": 2, "ll_every": 1}
+    runs = {}
+    for storage in ("dense", "sparse"):
+        p, run_dir = _launch(tmp_path, 300, 10, args, servers=2, workers=1, staleness=0,
+                             word_topic={"storage": storage}, name=storage)
+        assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        runs[storage] = run_dir
+    a, b = _clocks(runs["dense"]), _clocks(runs["sparse"])
+    assert len([x for x in a if "objective" in x]) == 4
+    assert [x.get("objective") for x in b] == [x.get("objective") for x in a]
+    assert b[-1]["final_loglik"] == a[-1]["final_loglik"]
+    np.testing.assert_array_equal(np.load(runs["sparse"] / "word_topic.npy"), np.load(runs["dense"] / "word_topic.npy"))
+    held = corpus_words(generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5))
+    assert _client_stats(runs["sparse"])[0]["rows_held"] == held.size < 300
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_e2e_two_workers_hold_only_their_words_and_sum_the_exact_objective(tmp_path):
+    """2 workers, a sparse word_topic: rank 1 holds exactly the rows of its documents' words (sampling
+    and scoring), rank 0 those of the corpus' words (its final pass), and the workers' final parts sum
+    to the objective of the servers' final tables (the consistent one at the last clock)."""
+    p, run_dir = _launch(tmp_path, 300, 10, {**SYN, "iterations": 4, "consistent_ll": True},
+                         word_topic={"storage": "sparse"})
+    assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    corpus = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
+    lo, hi = corpus.doc_range(1, 2)
+    stats = _client_stats(run_dir)
+    assert stats[1]["rows_held"] == np.unique(corpus.subset(lo, hi).words).size
+    assert stats[0]["rows_held"] == corpus_words(corpus).size
+    final = _clocks(run_dir)[-1]["final_loglik"]
+    assert _consistent_ll(run_dir)[-1]["objective"] == pytest.approx(final, rel=1e-12)
+    wt = np.load(run_dir / "word_topic.npy")
+    np.testing.assert_array_equal(wt.sum(axis=1), np.bincount(corpus.words, minlength=300))
+
+
+
+def test_final_pass_reads_blocks_of_the_corpus_words_and_writes_the_whole_table(tmp_path, monkeypatch):
+    """Rank 0's final pass in blocks of 7 word ids (``FINAL_CHUNK_BYTES`` made small): it reads only
+    rows of the corpus' words, at most a block at a time, and writes the V x K table and top words
+    that one read of the whole table gives."""
+    from bosen.apps.lda import worker
+
+    monkeypatch.setattr(worker, "FINAL_CHUNK_BYTES", 7 * 8 * 10)
+    monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
+    c = _client(300, 10)
+    train(c, {**SYN, "iterations": 3})
+    reads = c.tables["word_topic"].reads
+    corpus = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
+    held = corpus_words(corpus)
+    blocks = reads[-np.unique(held // 7).size:]  # one read per block holding a corpus word
+    assert all(r.size <= 7 and r[-1] // 7 == r[0] // 7 for r in blocks)
+    np.testing.assert_array_equal(np.concatenate(blocks), held)
+    wt = c.tables["word_topic"].data
+    np.testing.assert_array_equal(np.load(tmp_path / "word_topic.npy"), wt)
+    want = top_words(wt.astype(np.int64), corpus.vocab, 5)
+    assert (tmp_path / "topics.txt").read_text().splitlines() == want
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.slow
+def test_e2e_cache_rows_below_the_corpus_words_keeps_everything_exact(tmp_path):
+    """A sparse word_topic with ``cache_rows`` (120) below what a worker must hold: its own words (the
+    mini-batches' views, kept across ticks, pin them) and, at rank 0, the corpus' 209 in one block of
+    the final pass. The client goes past the bound (counted) rather than fail, and the counts and the
+    objective stay exact."""
+    p, run_dir = _launch(tmp_path, 300, 10, {**SYN, "iterations": 4, "consistent_ll": True},
+                         word_topic={"storage": "sparse", "cache_rows": 120})
+    assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    corpus = generate(1000, 300, 8, 100.0, alpha=0.05, beta=0.02, seed=5)
+    stats = _client_stats(run_dir)
+    assert stats[0]["cache_over_limit"] > 0 and stats[0]["rows_held"] > 120, stats
+    final = _clocks(run_dir)[-1]["final_loglik"]
+    assert _consistent_ll(run_dir)[-1]["objective"] == pytest.approx(final, rel=1e-12)
+    wt = np.load(run_dir / "word_topic.npy")
+    np.testing.assert_array_equal(wt.sum(axis=1), np.bincount(corpus.words, minlength=300))
+    assert [c["negative_counts"] for c in _clocks(run_dir) if "tokens" in c] == [0] * 4
