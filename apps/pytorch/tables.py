@@ -55,7 +55,8 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
             update_args: dict[str, Any] | None = None, prefix: str = "",
             row_width: int = DEFAULT_ROW_WIDTH, staleness: int | None = None,
             wire_dtype: str | None = None, storage: Literal["dense", "sparse"] = "dense",
-            init: Mapping[str, Any] | None = None, cache_rows: int | None = None) -> dict[str, dict[str, Any]]:
+            init: Mapping[str, Any] | None = None, cache_rows: int | None = None,
+            push: bool = True) -> dict[str, dict[str, Any]]:
     """Config entries (``tables:``) for ``model``'s parameters; writes their initial values and layout.
 
     ``update``: ``add`` for ``DeltaOptimizer`` (workers push parameter deltas), or ``sgd`` /
@@ -67,6 +68,8 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
     dense); ``init``: a server-side initializer of the embeddings' rows (an ``init:`` entry, e.g.
     ``{"uniform": [-0.05, 0.05]}``) in place of the model's values, which ``storage="sparse"``
     implies; ``cache_rows``: the most rows of each embedding a worker caches (client/slots.py).
+    ``push=False``: the servers never push the embeddings' rows; a worker reads a row again once its
+    copy is too old for the staleness bound (``push: false``, for rows each worker reads rarely).
     """
     if storage not in ("dense", "sparse"):
         raise ValueError(f"storage: dense or sparse, got {storage!r}")
@@ -77,7 +80,7 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
     entries: dict[str, dict[str, Any]] = {}
 
     def entry(name: str, rows: int, cols: int, values: np.ndarray | None, start: Mapping[str, Any] | None = None,
-              sparse: bool = False) -> None:
+              sparse: bool = False, embedding: bool = False) -> None:
         if values is not None:
             file = out / f"{name}.npy"
             np.save(file, values)
@@ -90,6 +93,8 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
             e["storage"] = "sparse"
             if cache_rows is not None:
                 e["cache_rows"] = cache_rows
+        if embedding and not push:
+            e["push"] = False
         if staleness is not None:
             e["staleness"] = staleness
         if wire_dtype is not None:
@@ -111,9 +116,9 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
                              "table holds it: declare(..., storage='sparse')")
         if e.remote or storage == "sparse" or init is not None:
             start = init if init is not None else m.init if isinstance(m, PSEmbedding) else DEFAULT_INIT
-            entry(e.table, e.rows, e.cols, None, start, storage == "sparse")
+            entry(e.table, e.rows, e.cols, None, start, storage == "sparse", embedding=True)
         else:
-            entry(e.table, e.rows, e.cols, params[e.param].detach().cpu().numpy())
+            entry(e.table, e.rows, e.cols, params[e.param].detach().cpu().numpy(), embedding=True)
     layout_file(out / f"{layout.table}.npy").write_text(json.dumps(layout.describe()))
     return entries
 

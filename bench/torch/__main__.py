@@ -70,7 +70,10 @@ def cases(quick: bool) -> dict[str, dict[str, Any]]:
                           "embedding": "fused"},
                  "steps": dlrm_steps, "final_samples": final["dlrm"], "evals": 3 if quick else 8,
                  "metric": "heldout_auc",
+                 # ours-nopush: the embedding table with push: false (readers pull rows too old)
                  "systems": {"ours": {"optimizer": "adagrad", "lr": 0.05, "staleness": 2},
+                             "ours-nopush": {"optimizer": "adagrad", "lr": 0.05, "staleness": 2,
+                                             "args": {"push": False}},
                              **({} if quick else {"ours-s0": {"optimizer": "adagrad", "lr": 0.05, "staleness": 0}}),
                              "ddp": {"optimizer": "adagrad", "lr": 0.05},
                              "rpc": {"optimizer": "adagrad", "lr": 0.05},
@@ -103,7 +106,8 @@ def run_system(task: str, case: dict[str, Any], system: str, work: Path, table_c
     steps = case["steps"]
     every = max(1, steps // case["evals"])
     evals = sorted({min(steps, every * (i + 1)) for i in range(case["evals"])} | {steps})
-    base = {"task": task, "args": case["args"], "epochs": 1, "evals": evals, "world": WORKERS,
+    args = {**case["args"], **cfg.get("args", {})}
+    base = {"task": task, "args": args, "epochs": 1, "evals": evals, "world": WORKERS,
             "optimizer": cfg["optimizer"], "lr": cfg["lr"], "clock_every": case["args"]["clock_every"],
             "final_samples": case.get("final_samples")}
     run_dir = Path(tempfile.mkdtemp(prefix=f"{task}-{system}-", dir=work))
@@ -114,9 +118,10 @@ def run_system(task: str, case: dict[str, Any], system: str, work: Path, table_c
         return Child(["-m", "bench.torch.workers", json.dumps(spec)], name, run_dir)
 
     if kind == "ours":
-        if task not in table_cache:
-            table_cache[task] = tables(task, case["args"], work / f"{task}-tables")
-        job = job_config([], workers=WORKERS, tables=table_cache[task], staleness=cfg["staleness"],
+        key = f"{task}-{system}" if "args" in cfg else task
+        if key not in table_cache:
+            table_cache[key] = tables(task, args, work / f"{key}-tables")
+        job = job_config([], workers=WORKERS, tables=table_cache[key], staleness=cfg["staleness"],
                          read_timeout_s=300)
         with servers(job, int(cfg.get("servers", 1)), workdir=run_dir) as cluster:
             procs = [spawn(f"ours-{r}", {**base, "system": "ours", "rank": r, "config": str(cluster.path),
@@ -223,7 +228,13 @@ def bench_task(task: str, case: dict[str, Any], reps: int, work: Path, quick: bo
     emit(**base, case="dlrm/goal/time-to-auc-vs-rpc", goal="DLRM >= 1.5x faster than the RPC PS to the same AUC",
          met=bool(o and r and r / o >= 1.5), metric="seconds_to_target", unit="s", ours=o, baseline=r,
          baseline_name=names["rpc"], ratio=(r / o) if o and r else None, target=target)
-    for s in (k for k in summary if k.startswith("ours")):
+    if "ours-nopush" in summary:  # the embedding table without pushes beside the default
+        p = summary["ours-nopush"]
+        emit(**base, case="dlrm/no-push-vs-push", metric="seconds_to_target", unit="s", ours=p["seconds"],
+             baseline=o, baseline_name="ours with push: true (the default: servers push changed embedding rows)",
+             ratio=(o / p["seconds"]) if o and p["seconds"] else None, target=target,
+             bytes=p["bytes"], baseline_bytes=ours["bytes"], final=p["final"], baseline_final=ours["final"])
+    for s in (k for k in summary if k.startswith("ours") and k != "ours-nopush"):
         st = case["systems"][s]["staleness"]
         diff = summary[s]["final"] - summary["ddp"]["final"]
         emit(**base, case=f"dlrm/goal/final-auc-s{st}", goal="at staleness <= 2, final AUC within 0.001 of DDP's",
