@@ -71,13 +71,13 @@ def test_checkpoint_holds_exactly_the_ticks_before_it_under_ssp(tmp_path: Path) 
 @pytest.mark.slow
 @pytest.mark.parametrize("storage", ["dense", "sparse"])
 def test_resume_is_exact_and_skips_a_corrupt_checkpoint(tmp_path: Path, storage: str) -> None:
-    """A worker dies at tick 9; the newest checkpoint (8) is then corrupted; ``--resume`` says so,
-    takes the one at 6, and the job ends with exactly the sums of an uninterrupted run, its metrics
-    one record per clock."""
-    cfg = job(tmp_path, {"ticks": 12, "die_at": 9}, staleness=1, storage=storage)
+    """A worker dies at tick 9, and each of its replacements too, so the job fails; the newest
+    checkpoint (8) is then corrupted; ``--resume`` says so, takes the one at 6, and the job ends with
+    exactly the sums of an uninterrupted run, its metrics one record per clock."""
+    cfg = job(tmp_path, {"ticks": 12, "die_at": 9, "die_again": True}, staleness=1, storage=storage)
     run = tmp_path / "run"
-    code, out = launch(cfg, "--run-dir", run)
-    assert code == 1 and "worker-0 was killed by SIGKILL" in out, out
+    code, out = launch(cfg, "--run-dir", run, timeout=150)
+    assert code == 1 and "worker-0.3 was killed by SIGKILL (replaced 3 times already)" in out, out
     base = run / "checkpoints"
     assert checkpoint.newest_complete(base, 2, 2, None)[0] == 8  # parts of 10 may exist: the live worker's
     victim = base / "clock-00000008" / "server-1" / "t0.values.npy"
