@@ -295,8 +295,13 @@ class Launcher:
         ck = self.config.checkpoint
         if time.time() < self._no_prune_until:  # a replacement worker may be reading its part
             return
-        if ck is not None and ck.priority_fraction == 1.0:  # priority parts build on every earlier one
-            checkpoint.prune(Path(ck.dir), ck.keep, len(self.config.cluster.servers), self.config.cluster.workers)
+        if ck is None:
+            return
+        servers, workers = len(self.config.cluster.servers), self.config.cluster.workers
+        if ck.priority_fraction == 1.0:
+            checkpoint.prune(Path(ck.dir), ck.keep, servers, workers)
+        else:  # priority parts build on the parts since their base
+            checkpoint.prune_bases(Path(ck.dir), ck.keep, servers, workers)
 
     def _progress(self, rec: dict[str, Any]) -> None:
         parts = [f"clock {rec['clock']:>4}"]
