@@ -13,6 +13,7 @@ sooner), of the median curves of ``repeats`` runs each.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -134,6 +135,20 @@ def run_with_kill(cfg: Path, run_dir: Path, *, rank: int, at: int, timeout: floa
     return curve([r for r in read_metrics(run_dir) if r["kind"] == "clock"]), out, killed_at, last
 
 
+def finals(run_dir: Path) -> dict[str, Any]:
+    """What a run ends with beyond its curve: LDA's exact final log-likelihood (``final_loglik``,
+    negative counts read as 0), and the negative word-topic counts its rank 0 found in the final table."""
+    out: dict[str, Any] = {}
+    for r in read_metrics(run_dir):
+        if r["kind"] == "clock" and "final_loglik" in r:
+            out["final_loglik"] = float(r["final_loglik"])
+    for log in sorted((run_dir / "logs").glob("worker-0*.log")):
+        m = re.search(r"lda: (\d+) negative word-topic counts", log.read_text(errors="replace"))
+        if m:
+            out["negative_counts"] = int(m.group(1))
+    return out
+
+
 def extra_clocks(base: np.ndarray, other: np.ndarray, maximize: bool) -> float:
     """Clocks ``other`` needs beyond ``base``'s to reach ``base``'s final objective (interpolated;
     negative: it gets there sooner; inf: never within its clocks)."""
@@ -156,12 +171,15 @@ def measure(job: Job, workdir: Path, *, epochs: int, every: int, at: int, rank: 
     bases: list[np.ndarray] = []
     kills: list[np.ndarray] = []
     kills_info: list[dict[str, Any]] = []
+    base_info: list[dict[str, Any]] = []
     for i in range(repeats):
         bases.append(run(base_cfg, workdir / f"{job.name}-base-{i}")[0])
+        base_info.append(finals(workdir / f"{job.name}-base-{i}"))
         killed, out, killed_at, last = run_with_kill(long_cfg, workdir / f"{job.name}-kill-{i}", rank=rank, at=at)
         kills.append(killed)
         line = next((x for x in out.splitlines() if "replacing it from" in x), "")
-        kills_info.append({"killed_at_s": killed_at, "reported": last, "replaced": line.strip()})
+        kills_info.append({"killed_at_s": killed_at, "reported": last, "replaced": line.strip(),
+                           **finals(workdir / f"{job.name}-kill-{i}")})
     base = _median_curve(bases, epochs)
     killed = _median_curve(kills, epochs + extra)
     return {
@@ -170,5 +188,5 @@ def measure(job: Job, workdir: Path, *, epochs: int, every: int, at: int, rank: 
         "noise_extra_clocks": [extra_clocks(base, b, job.maximize) for b in bases],
         "kill_extra_clocks": [extra_clocks(base, k, job.maximize) for k in kills],
         "base_finals": [float(b[epochs - 1]) for b in bases], "kill_finals": [float(k[epochs - 1]) for k in kills],
-        "kills": kills_info, "base_curve": base.tolist(), "killed_curve": killed.tolist(),
+        "bases": base_info, "kills": kills_info, "base_curve": base.tolist(), "killed_curve": killed.tolist(),
     }
