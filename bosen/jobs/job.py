@@ -116,7 +116,8 @@ class MetricsMerger:
         self.partial: dict[int, dict[str, Any]] = defaultdict(dict)
         self.ranks: dict[int, set[int]] = defaultdict(set)
         self.done: list[dict[str, Any]] = []
-        self.last: dict[int, int] = {}  # per rank, the newest clock it reported
+        self.newest: dict[int, int] = {}  # per rank, the newest clock it reported
+        self.redo_until: dict[int, int] = {}  # per replaced rank, the newest clock its lost worker reported
 
     def poll(self) -> list[dict[str, Any]]:
         """Read new worker lines; return the clock records completed by them."""
@@ -141,15 +142,23 @@ class MetricsMerger:
                     self._add(rec)
         return self._complete(self.num_workers)
 
+    def replaced(self, rank: int) -> list[dict[str, Any]]:
+        """Worker ``rank`` was lost and is being replaced: what it wrote is read first (the clock
+        records that completes are returned), then its replacement's records of the clocks up to
+        the newest it reported are redone clocks."""
+        done = self.poll()
+        self.redo_until[rank] = self.newest.get(rank, -1)
+        return done
+
     def _redone(self, rec: dict[str, Any]) -> bool:
-        """Whether ``rec`` is of a clock its rank reported before (a replacement redoes the clocks
-        since the checkpoint it restarted from); otherwise it becomes the rank's newest."""
+        """Whether ``rec`` is a replacement's record of a clock its lost worker reported (it redoes
+        the clocks since the checkpoint it restarted from: the first record counts)."""
         rank, c = rec.get("rank", -1), rec.get("clock", 0)
         if not isinstance(rank, int) or not isinstance(c, int):
             return False
-        if c <= self.last.get(rank, -1):
+        if c <= self.redo_until.get(rank, -1):
             return True
-        self.last[rank] = c
+        self.newest[rank] = max(self.newest.get(rank, -1), c)
         return False
 
     def _add(self, rec: dict[str, Any]) -> None:

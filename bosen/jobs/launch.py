@@ -95,6 +95,7 @@ class Launcher:
         self._workers_replaced: dict[int, int] = {}
         self._cfg_path: Path | None = None
         self._no_prune_until = 0.0
+        self._merger: MetricsMerger | None = None
 
     def say(self, msg: str) -> None:
         if not self.quiet:
@@ -135,7 +136,7 @@ class Launcher:
         previous = {sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             with metrics_path.open("w", buffering=1) as metrics:
-                merger = MetricsMerger(self.run_dir, self.config.cluster.workers, metrics)
+                merger = self._merger = MetricsMerger(self.run_dir, self.config.cluster.workers, metrics)
                 # children get their own process groups, so Ctrl-C in a terminal reaches only the
                 # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
                 with ProcessGroup(self.run_dir / "logs") as group:
@@ -206,6 +207,9 @@ class Launcher:
         except checkpoint.CheckpointError:  # lost before the first checkpoint: its state at clock 0
             clock, resume, where = 0, None, "the start (no complete checkpoint yet)"
         n = self._workers_replaced[rank] = self._workers_replaced.get(rank, 0) + 1
+        if self._merger is not None:  # its records so far first: the replacement's of those clocks are redone
+            for rec in self._merger.replaced(rank):
+                self._progress(rec)
         self._no_prune_until = time.time() + PRUNE_PAUSE_S
         self.say(f"{lost.name} {describe_exit(code)}: replacing it from {where}")
         assert self.cluster is not None
