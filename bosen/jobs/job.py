@@ -5,8 +5,8 @@ RUN_DIR/metrics.jsonl (``MetricsMerger``); ``run_job`` runs a whole job through 
 reads that file back. One JSON object per line; ``kind`` says what it is:
 
 - ``worker``: one worker's record of one clock (``rank``, ``clock``, ``time`` and what it reported);
-- ``redo``: a record of a clock its rank had reported before (a replacement for a lost worker redoes
-  the clocks since its checkpoint; the first record is the one summed);
+- ``redo``: a replacement worker's record of a clock its lost worker had reported (it redoes the clocks
+  since its checkpoint; the lost worker's record is the one summed);
 - ``clock``: one clock summed over the workers (``time``: the latest), once every worker reported it,
   with the held-out measures derived from the summed held-out counts (``bosen.metrics.HELDOUT_MEASURES``);
 - ``client``: each worker's final ``client.stats()``; ``server``: each server's final STATUS;
