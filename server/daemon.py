@@ -368,8 +368,8 @@ class Server:
         """HELLO with ``rp`` = C: a replacement for worker ``rank``, restored from the job's checkpoint
         at clock C, takes the rank over (docs/recovery.md, "A lost worker is replaced"). The rank's
         clock stays where the lost worker left it (T; the server clock if it had left): the
-        replacement's CLOCKs of its redone ticks C..T move nothing, so the others are neither held
-        back by the redo nor released early, and their SSP bound is kept throughout."""
+        replacement's CLOCKs of its redone ticks C..T move nothing, so no other worker is released
+        early (their SSP bound holds throughout) and they wait for it only as for a worker at T."""
         since = h["rp"]
         if not isinstance(since, int) or isinstance(since, bool) or since < 0:
             raise ProtocolError(f"HELLO: field 'rp' (the clock a replacement restarts from) must be an int >= 0, "
