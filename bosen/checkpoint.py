@@ -237,6 +237,46 @@ def prune(base: Path, keep: int, servers: int, workers: int) -> list[int]:
     return deleted
 
 
+def _is_base(base: Path, clock: int, name: str) -> bool:
+    """Whether part ``name`` of checkpoint ``clock`` holds every row (a priority checkpoint's base);
+    only its manifest is read."""
+    try:
+        meta = json.loads((clock_dir(base, clock) / name / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    info = meta.get("info") if isinstance(meta, dict) else None
+    return isinstance(info, dict) and not info.get("partial")
+
+
+def prune_bases(base: Path, keep: int, servers: int, workers: int) -> list[int]:
+    """Priority checkpoints: a restore starts at a server's newest base (a part of every row) at or
+    before its clock, so delete every checkpoint older than each server's ``keep``-th newest base
+    at or before the newest complete checkpoint (the oldest of those over the servers); nothing
+    while a server has fewer. Returns the clocks deleted."""
+    found = clocks(base)
+    newest = None
+    for c in found:
+        try:
+            check_complete(base, c, servers, workers, None, verify=False)
+            newest = c
+            break
+        except CheckpointError:
+            continue
+    if newest is None:
+        return []
+    cuts = []
+    for r in range(servers):
+        bases = [c for c in found if c <= newest and _is_base(base, c, part_name("server", r))]
+        if len(bases) < keep:
+            return []
+        cuts.append(bases[keep - 1])
+    cut = min(cuts)
+    deleted = [c for c in found if c < cut]
+    for c in deleted:
+        shutil.rmtree(clock_dir(base, c), ignore_errors=True)
+    return deleted
+
+
 class PartWriter:
     """A thread that writes parts in the order they are submitted, so training goes on meanwhile.
 

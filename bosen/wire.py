@@ -13,6 +13,8 @@ receiving client, ``rq`` request sequence a reply answers, ``ps`` budgeted-push 
 end-of-version marks and released row versions follow the updates), ``nr`` released row count,
 ``ph`` BYE's prepare phase (the server stops pushing to the sender and answers; the final BYE follows),
 ``rd`` HELLO of a joined client's read connection (a worker thread's own socket: READ in, ROWS out),
+``rp`` HELLO of a replacement for a lost worker: the clock of the checkpoint it restarts from (the rank's
+clock on the servers stays where the lost worker left it until the replacement passes it),
 ``ss`` ROWS's number among every ROWS the server sent that client, on any of its connections (a
 client keeps each row's newest), ``na`` INC's "no ACK": the server acknowledges it only through the
 ACK (or SCLOCK) of a later message, whose ``rq`` (``a``) covers every earlier one; ``rs`` CLOCK's

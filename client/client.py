@@ -39,6 +39,20 @@ JOIN_TIMEOUT_S = 30.0
 LEAVE_TIMEOUT_S = 30.0
 
 
+def _rejoin_clock(value: str | None) -> int | None:
+    """``$BOSEN_REJOIN``: this process replaces a lost worker of its rank, restarting at that clock
+    (``bosen launch`` sets it, with ``$BOSEN_RESUME`` the checkpoint there; docs/recovery.md)."""
+    if not value:
+        return None
+    try:
+        clock = int(value)
+    except ValueError:
+        clock = -1
+    if clock < 0:
+        raise BosenError(f"BOSEN_REJOIN={value!r}: the clock a replacement worker restarts from, an int >= 0")
+    return clock
+
+
 class Client:
     """A worker process's connection to the parameter servers.
 
@@ -77,9 +91,12 @@ class Client:
         self._comm.start(min(join_timeout, START_TIMEOUT_S))
         want = rank if rank is not None else int(os.environ.get("BOSEN_RANK", -1))
         try:
-            self.rank, start = self._comm.call(self._comm.join(want, config.fingerprint(), join_timeout),
+            rejoin = _rejoin_clock(os.environ.get("BOSEN_REJOIN"))
+            self.rank, start = self._comm.call(self._comm.join(want, config.fingerprint(), join_timeout, rejoin),
                                                join_timeout + 5)
-            self._clocks.clock = start  # 0, or the clock of the checkpoint the servers resumed from
+            # 0, the clock of the checkpoint the servers resumed from, or (replacing a lost worker) the
+            # clock of the checkpoint this rank's state comes from
+            self._clocks.clock = start
             resume = os.environ.get("BOSEN_RESUME")
             if resume:
                 self._checkpoints.load(Path(resume), self.rank, start)

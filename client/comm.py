@@ -263,18 +263,29 @@ class CommThread:
         return self._request(link, {"t": Msg.HELLO, "rank": self.rank, "fp": self._fingerprint},
                              RECOVERY_TIMEOUT_S, during_recovery=True)
 
-    async def join(self, rank: int, fingerprint: str, timeout: float) -> tuple[int, int]:
+    async def join(self, rank: int, fingerprint: str, timeout: float, rejoin: int | None = None) -> tuple[int, int]:
         """HELLO to server 0 (which assigns a rank if ``rank`` is -1), then to the others; returns the
-        rank and the servers' clock (where this process's workers start: 0, or a resumed checkpoint's)."""
+        rank and the servers' clock (where this process's workers start: 0, or a resumed checkpoint's).
+        ``rejoin`` = C: this process replaces the lost worker ``rank`` from the checkpoint at clock C
+        (HELLO ``rp``); its workers start at C, each server at its own clock (at least C)."""
         first, rest = self.links[0], self.links[1:]
-        h = await self._request(first, {"t": Msg.HELLO, "rank": rank, "fp": fingerprint}, timeout)
+        hello: dict[str, Any] = {"t": Msg.HELLO, "rank": rank, "fp": fingerprint}
+        if rejoin is not None:
+            if rank < 0:
+                raise BosenError("a replacement for a lost worker needs its rank (BOSEN_RANK)")
+            hello["rp"] = rejoin
+        h = await self._request(first, dict(hello), timeout)
         first.state = LinkState.JOINED
         rank = self.rank = h["rank"]
+        hello["rank"] = rank
         self._set_capabilities(h.get("tf"))
-        welcomes = await asyncio.gather(*(self._request(link, {"t": Msg.HELLO, "rank": rank, "fp": fingerprint},
-                                                        timeout) for link in rest))
+        welcomes = await asyncio.gather(*(self._request(link, dict(hello), timeout) for link in rest))
         for link in rest:
             link.state = LinkState.JOINED
+        if rejoin is not None:
+            for link, w in zip(self.links, (h, *welcomes), strict=True):
+                link.server_clock = w["c"]
+            return rank, rejoin
         clocks = {h["c"], *(w["c"] for w in welcomes)}
         if len(clocks) != 1:
             raise ProtocolError(f"WELCOME: the servers are at different clocks {sorted(clocks)} (resumed from "

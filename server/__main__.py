@@ -29,6 +29,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--recover", action="store_true",
                    help="with --resume DIR: replace a lost server of a running job from this server's newest part")
     p.add_argument("--gone", default="", metavar="RANKS", help="worker ranks that already left (comma-separated)")
+    p.add_argument("--hold-lost", action="store_true",
+                   help="a worker lost without BYE keeps its clock until a replacement of its rank joins "
+                        "(bosen launch passes it in a job with checkpoints)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--recover needs --resume DIR (the job's checkpoint directory)")
         gone = tuple(int(x) for x in args.gone.split(",") if x.strip())
         server = Server(cfg, args.rank, bind=args.bind, resume=Path(args.resume) if args.resume else None,
-                        recover=args.recover, gone=gone)
+                        recover=args.recover, gone=gone, hold_lost=args.hold_lost)
     except (BosenError, ValueError) as e:
         print(f"bosen-server: {e}", file=sys.stderr)
         return 2

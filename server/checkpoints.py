@@ -34,6 +34,11 @@ from bosen.server.shard import TableShard
 log = logging.getLogger("bosen.server")
 
 Held = tuple[int, Callable[[], None]]  # a message's number and its handling, deferred
+# Priority checkpoints: after partial saves worth this many full checkpoints (ceil(BASE_AFTER / r)
+# saves of the fraction r), the next save is a *base*: every row, as a full checkpoint. A restore
+# starts at the newest base, so older parts can go (``bosen.checkpoint.prune_bases``): disk stays
+# within ``keep`` bases and the partial saves between them, for 1/BASE_AFTER more bytes written.
+BASE_AFTER = 2
 
 
 class ServerCheckpoints:
@@ -53,6 +58,8 @@ class ServerCheckpoints:
         self.timed = self.cfg.every_s is not None or self.cfg.mttf_s is not None
         self.chosen: set[int] = set()  # under a time rule: boundaries rank 0 chose (CLOCK "ck")
         self.running: list[scar.RunningCheckpoint] = []  # priority checkpoints: the saved copy per shard
+        self.partials = 0  # priority checkpoints: partial saves since the last base (or the start)
+        self.base_every = -(-BASE_AFTER * 1_000_000 // round(self.cfg.priority_fraction * 1_000_000))
 
     def start_running(self, shards: list[TableShard]) -> None:
         """Priority checkpoints: the in-memory running checkpoint starts as the shards are now
@@ -108,13 +115,17 @@ class ServerCheckpoints:
         t = time.perf_counter()
         arrays: dict[str, np.ndarray] = {}
         tables = {}
+        base = bool(self.running) and self.partials >= self.base_every
         for s in shards:  # files are named by table index (names may hold any character)
             key = f"t{s.index}"
             state = s.procedure.state()
-            if self.running:  # priority checkpoint: the rows the policy picks, and their state
+            if self.running:  # the running checkpoint follows every save (a base saves every row)
                 run, n = self.running[s.index], s.stored
                 if run.n_rows < n:  # a sparse shard stored rows since: saved as what a restore gives them
                     run.extend(s.initial(s.global_rows[run.n_rows:n]))
+                if base:
+                    run.save(s.values[:n], np.arange(n), clock)
+            if self.running and not base:  # priority checkpoint: the rows the policy picks, and their state
                 rows = run.step(self.cfg.policy, s.values[:n], self.cfg.priority_fraction, clock)
                 arrays[f"{key}.values"] = s.values[rows]
                 arrays[f"{key}.rows"] = s.global_rows[rows]
@@ -130,7 +141,13 @@ class ServerCheckpoints:
             tables[key] = {"name": s.cfg.name, "rows": s.stored, "storage": s.cfg.storage, "cols": s.cfg.cols,
                            "dtype": s.dtype.name, "update": s.cfg.update, "state": sorted(state)}
         self.snapshot_s += time.perf_counter() - t
-        partial = {"partial": self.cfg.priority_fraction, "policy": self.cfg.policy} if self.running else {}
+        partial: dict[str, Any] = {}
+        if base:  # a restore starts here: no "partial"
+            partial = {"base": True, "policy": self.cfg.policy}
+            self.partials = 0
+        elif self.running:
+            partial = {"partial": self.cfg.priority_fraction, "policy": self.cfg.policy}
+            self.partials += 1
         self.writer.submit(clock, "server", self.rank, arrays, {"tables": tables, **partial, **info})
         self.saved.append(clock)
 
@@ -164,8 +181,8 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
     is used (every process's part), or with ``own`` (partial recovery: the other servers keep their
     live values and the clients resend what came later) the newest valid part of this server's.
     The newer ones skipped are logged. Priority checkpoints (parts of some rows each) are put
-    together: every valid part of this server up to that clock, oldest first, over the initial
-    values. ConfigError says what does not fit."""
+    together: every valid part of this server up to that clock, oldest first, from the newest
+    valid base (a part of every row) or else the initial values. ConfigError says what does not fit."""
     fp = checkpoint.model_fingerprint(config)
     servers, workers = len(config.cluster.servers), config.cluster.workers
     base = path
@@ -191,9 +208,14 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
             if c > clock:
                 break
             try:
-                chain.append(checkpoint.read_part(checkpoint.clock_dir(base, c) / part.path.name, fp))
+                p = checkpoint.read_part(checkpoint.clock_dir(base, c) / part.path.name, fp)
             except checkpoint.CheckpointError as e:  # its rows keep an older save
                 log.warning("priority checkpoint part skipped: %s", e)
+                continue
+            if p.info.get("partial"):
+                chain.append(p)
+            else:  # a base holds every row: what came before it is not needed
+                chain = [p]
     for p in chain:
         _load(shards, p)
     log.info("server %d resumed from %s at clock %d (%d part%s)", rank, part.path, clock, len(chain),

@@ -64,6 +64,7 @@ class Peer:
     pushes_sent: int = 0  # budgeted pushes, acknowledged with PUSH_ACK
     pushes_acked: int = 0
     rows_msgs: int = 0  # ROWS messages sent to it, on any of its connections ("ss": their order)
+    clock: int = 0  # the last clock it sent (a replacement's redo runs below the rank's clock in client_clock)
 
 
 @dataclass
@@ -76,10 +77,12 @@ class Reader:
 
 class Server:
     def __init__(self, config: Config, rank: int, bind: str | None = None, resume: Path | None = None,
-                 recover: bool = False, gone: tuple[int, ...] = ()) -> None:
+                 recover: bool = False, gone: tuple[int, ...] = (), hold_lost: bool = False) -> None:
         """``resume``: start from a checkpoint (the whole job's, or with ``recover`` this server's own
         newest part, replacing a lost server while the others run on); ``gone``: worker ranks that
-        already left the job (a replacement does not wait for them)."""
+        already left the job (a replacement does not wait for them); ``hold_lost``: a worker lost
+        without BYE keeps its clock until a replacement of its rank joins (``bosen launch`` starts
+        one in a job with checkpoints), so the others are not released early."""
         if not 0 <= rank < len(config.cluster.servers):
             raise ValueError(f"--rank {rank}: the config lists {len(config.cluster.servers)} servers "
                              f"(ranks 0..{len(config.cluster.servers) - 1}) in {config.source}")
@@ -90,6 +93,7 @@ class Server:
         port = self.address.rpartition(":")[2]
         self.bind_address = f"tcp://{bind or self.address.rpartition(':')[0]}:{port}"
         self.num_clients = config.cluster.workers
+        self.hold_lost = hold_lost
         self.partition = Partition(len(config.cluster.servers))
         self.fingerprint = config.fingerprint()
         self.shards = [
@@ -336,6 +340,9 @@ class Server:
             rank = free[0]
         if not 0 <= rank < self.num_clients:
             raise ProtocolError(f"HELLO: rank {rank} out of range: cluster.workers is {self.num_clients}")
+        if "rp" in h:
+            self._rejoin(ident, h, rank)
+            return
         old = self.by_rank.get(rank)
         if old is not None and self.restored is not None and not old.gone and old.last_seq == old.hello_seq:
             # a client rejoining a replacement server whose first WELCOME it gave up waiting for
@@ -344,20 +351,52 @@ class Server:
         elif old is not None:
             state = "left the job" if old.gone else "already joined"
             raise ProtocolError(f"HELLO: worker rank {rank} {state}")
-        peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic())
+        peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic(),
+                    clock=int(self.client_clock[rank]))
         self.peers[ident] = peer
         self.by_rank[rank] = peer
         log.info("client rank %d joined (%d/%d)", rank, len(self.by_rank), self.num_clients)
+        self._welcome(ident, h, rank)
+
+    def _welcome(self, ident: bytes, h: dict[str, Any], rank: int) -> None:
         welcome = {"t": Msg.WELCOME, "rq": h["s"], "rank": rank, "c": self.clock, "tf": self.table_flags}
         if self.restored is not None:
             welcome["rc"] = self.restored
         self._send(ident, welcome)
 
+    def _rejoin(self, ident: bytes, h: dict[str, Any], rank: int) -> None:
+        """HELLO with ``rp`` = C: a replacement for worker ``rank``, restored from the job's checkpoint
+        at clock C, takes the rank over (docs/recovery.md, "A lost worker is replaced"). The rank's
+        clock stays where the lost worker left it (T; the server clock if it had left): the
+        replacement's CLOCKs of its redone ticks C..T move nothing, so no other worker is released
+        early (their SSP bound holds throughout) and they wait for it only as for a worker at T."""
+        since = h["rp"]
+        if not isinstance(since, int) or isinstance(since, bool) or since < 0:
+            raise ProtocolError(f"HELLO: field 'rp' (the clock a replacement restarts from) must be an int >= 0, "
+                                f"got {since!r}")
+        if since > self.clock:
+            raise ProtocolError(f"HELLO: a replacement for worker rank {rank} restored from clock {since}, but this "
+                                f"server is at clock {self.clock}: that checkpoint is not this job's")
+        old = self.by_rank.pop(rank, None)
+        if old is not None:
+            if not old.gone:  # its connection is gone, but this server has not tried to send to it yet
+                self._leave(old, lost=True, hold=True)
+            self.peers.pop(old.ident, None)
+        held = int(self.client_clock[rank])
+        if held == GONE:  # it had said BYE, or was let go: it rejoins at the server's clock
+            held = self.client_clock[rank] = self.clock
+        peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic(), clock=since)
+        self.peers[ident] = peer
+        self.by_rank[rank] = peer
+        log.warning("a replacement for worker rank %d joined: it redoes clocks %d..%d (the rank's clock stays at %d)",
+                    rank, since, held, held)
+        self._welcome(ident, h, rank)
+
     def _held(self, peer: Peer, seq: int, handle: Callable[[], None]) -> bool:
         """Hold a message of ``peer`` (in order) while it is past a checkpoint boundary the server has
         not reached (server/checkpoints.py); True if held."""
         ck = self.checkpoints
-        if ck is None or not (ck.holding(peer.rank) or ck.holds(int(self.client_clock[peer.rank]), self.clock)):
+        if ck is None or not (ck.holding(peer.rank) or ck.holds(peer.clock, self.clock)):
             return False
         ck.hold(peer.rank, seq, handle)
         return True
@@ -385,7 +424,7 @@ class Server:
         peer.applied = h["s"]
         self.apply_lag.add(time.perf_counter() - read_at)
         if clock is not None:
-            self.client_clock[peer.rank] = clock
+            self._set_clock(peer, clock)
             if reads is not None:  # the rows it read in the tick just ended: budgeted pushes' readers
                 for shard, read in zip(self.shards, reads, strict=True):
                     shard.set_recent(peer.rank, read)
@@ -447,7 +486,7 @@ class Server:
 
     def _on_clock(self, peer: Peer, h: dict[str, Any], reads: list[np.ndarray] | None = None) -> None:
         self._check_clock(peer, h["c"], "CLOCK")
-        self.client_clock[peer.rank] = h["c"]
+        self._set_clock(peer, h["c"])
         if reads is not None:  # the rows it read in the tick just ended: budgeted pushes' readers
             for shard, read in zip(self.shards, reads, strict=True):
                 shard.set_recent(peer.rank, read)
@@ -458,10 +497,16 @@ class Server:
     def _check_clock(self, peer: Peer, c: Any, what: str) -> None:
         if not isinstance(c, int) or isinstance(c, bool):
             raise ProtocolError(f"{what}: field 'c' must be int, got {c!r}")
-        if c < self.client_clock[peer.rank]:
-            raise ProtocolError(f"{what}: clock {c} goes back from {self.client_clock[peer.rank]}")
+        if c < peer.clock:
+            raise ProtocolError(f"{what}: clock {c} goes back from {peer.clock}")
         if c >= GONE:
             raise ProtocolError(f"{what}: clock {c} out of range (must be below {GONE})")
+
+    def _set_clock(self, peer: Peer, c: int) -> None:
+        """``peer`` sent clock ``c``; the rank's clock only rises (a replacement's redo stays below it)."""
+        peer.clock = c
+        if c > self.client_clock[peer.rank]:
+            self.client_clock[peer.rank] = c
 
     def on_bye(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
@@ -519,9 +564,10 @@ class Server:
             for p in [p for p in self.by_rank.values() if not p.gone and p.heard < quiet]:
                 self._send(p.ident, {"t": Msg.PING})  # a failed send lets the client go (_send_failed)
 
-    def _leave(self, peer: Peer, lost: bool = True) -> None:
+    def _leave(self, peer: Peer, lost: bool = True, hold: bool | None = None) -> None:
         """``peer`` is gone: it said BYE, or it was ``lost`` (its connection closed or stopped
-        answering heartbeats), in which case the row versions it held are released for it."""
+        answering heartbeats), in which case the row versions it held are released for it. With
+        ``hold`` (default: lost under ``hold_lost``) its rank keeps its clock for a replacement."""
         peer.gone = True
         released = sum(s.release_client(peer.rank, lost) for s in self.shards)
         if lost:
@@ -532,6 +578,10 @@ class Server:
             log.warning("client rank %d left with updates held past a checkpoint boundary: they are dropped",
                         peer.rank)
         self.readers = {k: r for k, r in self.readers.items() if r.peer is not peer}
+        if (lost and self.hold_lost) if hold is None else hold:
+            log.warning("client rank %d was lost at clock %d: its clock is held for a replacement", peer.rank,
+                        self.client_clock[peer.rank])
+            return
         self.client_clock[peer.rank] = GONE
         self._maybe_advance()
 
@@ -637,7 +687,7 @@ class Server:
             queue = ck.held.pop(rank)
             peer = self.by_rank[rank]
             for k, (seq, handle) in enumerate(queue):
-                if ck.holds(int(self.client_clock[rank]), self.clock):
+                if ck.holds(peer.clock, self.clock):
                     ck.held[rank] = queue[k:]
                     break
                 try:

@@ -5,6 +5,8 @@ RUN_DIR/metrics.jsonl (``MetricsMerger``); ``run_job`` runs a whole job through 
 reads that file back. One JSON object per line; ``kind`` says what it is:
 
 - ``worker``: one worker's record of one clock (``rank``, ``clock``, ``time`` and what it reported);
+- ``redo``: a replacement worker's record of a clock its lost worker had reported (it redoes the clocks
+  since its checkpoint; the lost worker's record is the one summed);
 - ``clock``: one clock summed over the workers (``time``: the latest), once every worker reported it,
   with the held-out measures derived from the summed held-out counts (``bosen.metrics.HELDOUT_MEASURES``);
 - ``client``: each worker's final ``client.stats()``; ``server``: each server's final STATUS;
@@ -62,20 +64,26 @@ def write_config(path: str | Path, cfg: Mapping[str, Any]) -> Path:
 
 
 def worker_env(config: str | Path, rank: int, run_dir: str | Path, t0: float,
-               resume: str | Path | None = None) -> dict[str, str]:
+               resume: str | Path | None = None, rejoin: int | None = None) -> dict[str, str]:
     """What a launched worker finds in its environment: the job's YAML, its rank, where its records
-    go, the job's start time and, resuming, the checkpoint (``bosen.client.Client`` reads them)."""
+    go, the job's start time, resuming, the checkpoint, and replacing a lost worker, the clock it
+    restarts from (``bosen.client.Client`` reads them)."""
     env = {"BOSEN_CONFIG": str(config), "BOSEN_RANK": str(rank), "BOSEN_RUN_DIR": str(run_dir),
            "BOSEN_T0": repr(t0)}
     if resume is not None:
         env["BOSEN_RESUME"] = str(resume)
+    if rejoin is not None:
+        env["BOSEN_REJOIN"] = str(rejoin)
     return env
 
 
 def start_worker(group: ProcessGroup, module: str, config: str | Path, rank: int, run_dir: str | Path,
-                 t0: float, resume: str | Path | None = None) -> Process:
-    """``python -m MODULE`` as worker ``rank`` of the job (member ``worker-RANK`` of ``group``)."""
-    return group.python(f"worker-{rank}", "-m", module, env=worker_env(config, rank, run_dir, t0, resume))
+                 t0: float, resume: str | Path | None = None, rejoin: int | None = None,
+                 name: str | None = None) -> Process:
+    """``python -m MODULE`` as worker ``rank`` of the job (member ``name``, default ``worker-RANK``,
+    of ``group``); with ``rejoin`` it replaces the lost worker of that rank from clock ``rejoin``."""
+    return group.python(name or f"worker-{rank}", "-m", module,
+                        env=worker_env(config, rank, run_dir, t0, resume, rejoin))
 
 
 def truncate_records(run_dir: Path, clock: int) -> float | None:
@@ -108,6 +116,8 @@ class MetricsMerger:
         self.partial: dict[int, dict[str, Any]] = defaultdict(dict)
         self.ranks: dict[int, set[int]] = defaultdict(set)
         self.done: list[dict[str, Any]] = []
+        self.newest: dict[int, int] = {}  # per rank, the newest clock it reported
+        self.redo_until: dict[int, int] = {}  # per replaced rank, the newest clock its lost worker reported
 
     def poll(self) -> list[dict[str, Any]]:
         """Read new worker lines; return the clock records completed by them."""
@@ -125,9 +135,31 @@ class MetricsMerger:
                         rec = json.loads(line)
                     except json.JSONDecodeError:
                         continue
+                    if self._redone(rec):  # a replacement worker redoing a clock: the first record counts
+                        self.out.write(json.dumps({"kind": "redo", **rec}) + "\n")
+                        continue
                     self.out.write(json.dumps({"kind": "worker", **rec}) + "\n")
                     self._add(rec)
         return self._complete(self.num_workers)
+
+    def replaced(self, rank: int) -> list[dict[str, Any]]:
+        """Worker ``rank`` was lost and is being replaced: what it wrote is read first (the clock
+        records that completes are returned), then its replacement's records of the clocks up to
+        the newest it reported are redone clocks."""
+        done = self.poll()
+        self.redo_until[rank] = self.newest.get(rank, -1)
+        return done
+
+    def _redone(self, rec: dict[str, Any]) -> bool:
+        """Whether ``rec`` is a replacement's record of a clock its lost worker reported (it redoes
+        the clocks since the checkpoint it restarted from: the first record counts)."""
+        rank, c = rec.get("rank", -1), rec.get("clock", 0)
+        if not isinstance(rank, int) or not isinstance(c, int):
+            return False
+        if c <= self.redo_until.get(rank, -1):
+            return True
+        self.newest[rank] = max(self.newest.get(rank, -1), c)
+        return False
 
     def _add(self, rec: dict[str, Any]) -> None:
         c = rec.get("clock", 0)

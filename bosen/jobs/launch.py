@@ -31,9 +31,12 @@ from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_
 from bosen.metrics import HELDOUT_MEASURES
 
 POLL_S = 0.2
-MAX_REPLACEMENTS = 3  # per server and job: a replacement that keeps dying ends the job
+MAX_REPLACEMENTS = 3  # per server (and per worker rank) and job: a replacement that keeps dying ends the job
 PRUNE_EVERY_S = 2.0  # how often old checkpoints are looked for and deleted while the job runs
 SERVER_READY_TIMEOUT_S = 60.0
+# after a worker is replaced, old checkpoints are kept this long: the replacement reads its part
+# while it starts, and a checkpoint that the lost worker had finished may complete meanwhile
+PRUNE_PAUSE_S = 60.0
 
 
 class Stopped(Exception):
@@ -89,6 +92,10 @@ class Launcher:
         self._last_time: float | None = None
         self._t0 = time.time()
         self._replaced: dict[int, int] = {}
+        self._workers_replaced: dict[int, int] = {}
+        self._cfg_path: Path | None = None
+        self._no_prune_until = 0.0
+        self._merger: MetricsMerger | None = None
 
     def say(self, msg: str) -> None:
         if not self.quiet:
@@ -117,7 +124,7 @@ class Launcher:
             stale = self.run_dir / WORKER_RECORDS  # records of an earlier run in the same directory
             if stale.exists():
                 shutil.rmtree(stale)
-        cfg_path = self.run_dir / "config.yaml"
+        cfg_path = self._cfg_path = self.run_dir / "config.yaml"
         config_mod.dump(self.config, cfg_path)
         n_servers, n_workers = len(self.config.cluster.servers), self.config.cluster.workers
         if self.config.comm.enabled and n_servers < servers_for(n_workers):
@@ -129,7 +136,7 @@ class Launcher:
         previous = {sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             with metrics_path.open("w", buffering=1) as metrics:
-                merger = MetricsMerger(self.run_dir, self.config.cluster.workers, metrics)
+                merger = self._merger = MetricsMerger(self.run_dir, self.config.cluster.workers, metrics)
                 # children get their own process groups, so Ctrl-C in a terminal reaches only the
                 # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
                 with ProcessGroup(self.run_dir / "logs") as group:
@@ -181,6 +188,35 @@ class Launcher:
             raise JobFailed(f"{lost.name} {describe_exit(code)} and its replacement failed: {e}") from None
         self.say(f"{new.name} replaces {lost.name}; the workers resend their updates since its checkpoint")
 
+    def _replace_worker(self, rank: int, lost: Process) -> None:
+        """A lost worker is replaced (docs/recovery.md): a new process of the same rank restores its
+        app state from the newest complete checkpoint (clock C; none yet: the start, C = 0) and
+        redoes its clocks from C; the servers keep their live values and the rank's clock."""
+        assert self.config.checkpoint is not None and self._cfg_path is not None
+        code = lost.returncode
+        assert code is not None
+        module = self.config.app.module
+        assert module is not None
+        base = Path(self.config.checkpoint.dir)
+        try:
+            clock, _, _ = checkpoint.newest_complete(base, len(self.config.cluster.servers),
+                                                     self.config.cluster.workers,
+                                                     checkpoint.model_fingerprint(self.config))
+            resume: Path | None = checkpoint.clock_dir(base, clock)
+            where = f"the checkpoint at clock {clock}"
+        except checkpoint.CheckpointError:  # lost before the first checkpoint: its state at clock 0
+            clock, resume, where = 0, None, "the start (no complete checkpoint yet)"
+        n = self._workers_replaced[rank] = self._workers_replaced.get(rank, 0) + 1
+        if self._merger is not None:  # its records so far first: the replacement's of those clocks are redone
+            for rec in self._merger.replaced(rank):
+                self._progress(rec)
+        self._no_prune_until = time.time() + PRUNE_PAUSE_S
+        self.say(f"{lost.name} {describe_exit(code)}: replacing it from {where}")
+        assert self.cluster is not None
+        self.workers[rank] = start_worker(self.cluster.group, module, self._cfg_path, rank, self.run_dir, self._t0,
+                                          resume, rejoin=clock, name=f"worker-{rank}.{n}")
+        self.say(f"worker-{rank}.{n} replaces {lost.name}: it redoes clocks from {clock} on")
+
     def _find_checkpoint(self) -> tuple[Path, float | None]:
         """The newest complete checkpoint of the run (newer unusable ones named), with the worker
         records of the clocks it holds kept and the rest dropped; and the last kept record's time."""
@@ -197,6 +233,8 @@ class Launcher:
 
     def _start_servers(self, cfg_path: Path, group: ProcessGroup, resume: Path | None) -> None:
         args = ["--resume", str(resume)] if resume is not None else []
+        if self.config.checkpoint is not None:  # a lost worker is replaced: its clock waits for that
+            args.append("--hold-lost")
         self.cluster = LocalCluster(cfg_path, self.config.cluster.servers, group, name="server", server_args=args)
         try:
             self.cluster.start(SERVER_READY_TIMEOUT_S)
@@ -223,12 +261,23 @@ class Launcher:
                                     f"{p.tail(15)}")
                 self._replace_server(i, p)
         workers_done = True
-        for p in self.workers:
+        for rank, p in enumerate(self.workers):
             code = p.returncode
             if code is None:
                 workers_done = False
+            elif code < 0 and self.config.checkpoint is not None \
+                    and self._workers_replaced.get(rank, 0) < MAX_REPLACEMENTS:
+                self._replace_worker(rank, p)  # killed (SIGKILL, OOM): its state is in the checkpoints
+                workers_done = False
             elif code != 0:
-                raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n{p.tail(15)}")
+                why = ""
+                if code < 0 and self.config.checkpoint is None:
+                    why = (" (a lost worker is replaced only in a job that makes checkpoints: add a checkpoint "
+                           "section, docs/recovery.md)")
+                elif code < 0:
+                    why = f" (replaced {MAX_REPLACEMENTS} times already)"
+                raise JobFailed(f"{p.name} {describe_exit(code)}{why}; stopping the job. Last log lines:\n"
+                                f"{p.tail(15)}")
         return workers_done
 
     def _watch(self, merger: MetricsMerger, start: float) -> None:
@@ -248,8 +297,15 @@ class Launcher:
 
     def _prune(self) -> None:
         ck = self.config.checkpoint
-        if ck is not None and ck.priority_fraction == 1.0:  # priority parts build on every earlier one
-            checkpoint.prune(Path(ck.dir), ck.keep, len(self.config.cluster.servers), self.config.cluster.workers)
+        if time.time() < self._no_prune_until:  # a replacement worker may be reading its part
+            return
+        if ck is None:
+            return
+        servers, workers = len(self.config.cluster.servers), self.config.cluster.workers
+        if ck.priority_fraction == 1.0:
+            checkpoint.prune(Path(ck.dir), ck.keep, servers, workers)
+        else:  # priority parts build on the parts since their base
+            checkpoint.prune_bases(Path(ck.dir), ck.keep, servers, workers)
 
     def _progress(self, rec: dict[str, Any]) -> None:
         parts = [f"clock {rec['clock']:>4}"]

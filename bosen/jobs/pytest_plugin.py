@@ -17,7 +17,7 @@ Their processes run with ``PYTHONUNBUFFERED=1`` (logs are current when a test fa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,14 +58,15 @@ def bosen_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Generator[C
     clusters: list[LocalCluster] = []
 
     def start(n_servers: int = 2, workers: int = 1, *, config: dict[str, Any] | None = None, name: str | None = None,
-              ready_timeout: float = READY_TIMEOUT_S, **job: Any) -> LocalCluster:
+              ready_timeout: float = READY_TIMEOUT_S, server_args: Sequence[str] = (), **job: Any) -> LocalCluster:
         """Servers for ``config`` (config data), or for ``job_config(..., **job)`` (tables, staleness,
-        read_timeout_s, comm, app); ``workers`` is ``cluster.workers``, used only without ``config``."""
+        read_timeout_s, comm, app); ``workers`` is ``cluster.workers``, used only without ``config``;
+        ``server_args`` go to every ``bosen-server``."""
         if config is not None and job:
             raise TypeError(f"bosen_cluster: give config= or job settings ({', '.join(job)}), not both")
         data = config if config is not None else job_config([], workers, **job)
         c = start_cluster(data, tmp_path, n_servers, group=group, name=name or f"job{len(clusters)}",
-                          ready_timeout=ready_timeout)
+                          ready_timeout=ready_timeout, server_args=server_args)
         clusters.append(c)
         return c
 

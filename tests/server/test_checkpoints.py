@@ -71,13 +71,13 @@ def test_checkpoint_holds_exactly_the_ticks_before_it_under_ssp(tmp_path: Path) 
 @pytest.mark.slow
 @pytest.mark.parametrize("storage", ["dense", "sparse"])
 def test_resume_is_exact_and_skips_a_corrupt_checkpoint(tmp_path: Path, storage: str) -> None:
-    """A worker dies at tick 9; the newest checkpoint (8) is then corrupted; ``--resume`` says so,
-    takes the one at 6, and the job ends with exactly the sums of an uninterrupted run, its metrics
-    one record per clock."""
-    cfg = job(tmp_path, {"ticks": 12, "die_at": 9}, staleness=1, storage=storage)
+    """A worker dies at tick 9, and each of its replacements too, so the job fails; the newest
+    checkpoint (8) is then corrupted; ``--resume`` says so, takes the one at 6, and the job ends with
+    exactly the sums of an uninterrupted run, its metrics one record per clock."""
+    cfg = job(tmp_path, {"ticks": 12, "die_at": 9, "die_again": True}, staleness=1, storage=storage)
     run = tmp_path / "run"
-    code, out = launch(cfg, "--run-dir", run)
-    assert code == 1 and "worker-0 was killed by SIGKILL" in out, out
+    code, out = launch(cfg, "--run-dir", run, timeout=150)
+    assert code == 1 and "worker-0.3 was killed by SIGKILL (replaced 3 times already)" in out, out
     base = run / "checkpoints"
     assert checkpoint.newest_complete(base, 2, 2, None)[0] == 8  # parts of 10 may exist: the live worker's
     victim = base / "clock-00000008" / "server-1" / "t0.values.npy"
@@ -200,8 +200,9 @@ def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp
 def test_priority_checkpoints_save_a_fraction_of_rows_and_resume_puts_them_together(tmp_path: Path,
                                                                                    storage: str) -> None:
     """``priority_fraction: 0.5`` (round robin): each save holds half of every shard's rows, exactly as
-    of its clock; a server resumed from them holds every row as of the last save that held it (a
-    sparse table's by id: the same values as the dense table's)."""
+    of its clock, but every fifth (after partial saves worth 2 full ones), the base, holds all; a
+    server resumed from them holds every row as of the last save that held it (a sparse table's by
+    id: the same values as the dense table's)."""
     from bosen.client import Client
     from bosen.jobs.cluster import start_cluster
     from bosen.jobs.supervise import ProcessGroup
@@ -216,8 +217,12 @@ def test_priority_checkpoints_save_a_fraction_of_rows_and_resume_puts_them_toget
         parts = checkpoint.check_complete(base, b, 2, 2, None)
         for j in range(2):
             arrays = parts[f"server-{j}"].load()
-            assert parts[f"server-{j}"].info["partial"] == 0.5
-            assert arrays["t0.rows"].shape == (2,)  # half of the server's 4 rows
+            if b == 10:  # the base
+                assert parts[f"server-{j}"].info.get("base") is True and "partial" not in parts[f"server-{j}"].info
+                assert arrays["t0.rows"].shape == (4,)
+            else:
+                assert parts[f"server-{j}"].info["partial"] == 0.5
+                assert arrays["t0.rows"].shape == (2,)  # half of the server's 4 rows
             np.testing.assert_array_equal(arrays["t0.values"], tri(b))
             last_save.update(dict.fromkeys(arrays["t0.rows"].tolist(), b))
     assert sorted(last_save) == list(range(8)) and set(last_save.values()) == {10, 12}
@@ -234,6 +239,43 @@ def test_priority_checkpoints_save_a_fraction_of_rows_and_resume_puts_them_toget
             c.stop(check=False)
     want = np.array([[tri(last_save[r])] * 2 for r in range(8)])
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.slow
+def test_priority_checkpoints_are_compacted_to_keep_bases(tmp_path: Path) -> None:
+    """``priority_fraction: 0.5`` at every clock, ``keep: 2``, 24 clocks: bases at clocks 5, 10, 15,
+    20; the launcher deletes what is older than the second newest base, so 10 checkpoints are left of
+    24, and a server resumed from them holds every row as of the last save that held it."""
+    from bosen.client import Client
+    from bosen.jobs.cluster import start_cluster
+    from bosen.jobs.supervise import ProcessGroup
+
+    cfg_path = job(tmp_path, {"ticks": 24}, staleness=1, every=1, priority_fraction=0.5, policy="round_robin")
+    data = yaml.safe_load(cfg_path.read_text())
+    data["checkpoint"]["keep"] = 2
+    cfg_path.write_text(yaml.safe_dump(data))
+    code, out = launch(cfg_path, "--run-dir", tmp_path / "run")
+    assert code == 0, out
+    base = tmp_path / "run" / "checkpoints"
+    assert checkpoint.clocks(base) == list(range(24, 14, -1))
+    last_save = {}
+    for b in sorted(checkpoint.clocks(base)):
+        parts = checkpoint.check_complete(base, b, 2, 2, None)
+        for j in range(2):
+            assert ("partial" not in parts[f"server-{j}"].info) == (b in (15, 20)), (b, parts[f"server-{j}"].info)
+            arrays = parts[f"server-{j}"].load()
+            last_save.update(dict.fromkeys(arrays["t0.rows"].tolist(), b))
+    assert set(last_save.values()) == {23, 24}
+    with ProcessGroup(tmp_path / "logs2") as group:
+        c = start_cluster(data, tmp_path / "again", group=group, server_args=["--resume", str(base)])
+        client = Client.connect(c.path, rank=0)
+        try:
+            assert client.tick == 24
+            got = client.table("W").get_rows(np.arange(8))
+        finally:
+            client.abort()
+            c.stop(check=False)
+    np.testing.assert_array_equal(got, np.array([[tri(last_save[r])] * 2 for r in range(8)]))
 
 
 def _shards(cfg, rank: int) -> list:

@@ -3,7 +3,8 @@
 Each tick t: add ``t + 1`` to column ``rank`` of every row of the int64 table W, read every row
 (so SSP bounds how far ahead a worker runs), clock. So a state that holds exactly the ticks < B
 has B(B+1)/2 in every cell. The worker's checkpoint state is its tick; ``app.args`` can make one
-rank slower, or SIGKILL itself at a tick (after the checkpoints before it are on disk).
+rank slower, or SIGKILL itself at a tick (after the checkpoints before it are on disk; a replacement
+for it, started with ``$BOSEN_REJOIN``, does not unless ``die_again``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Args:
     slow_s: float = 0.0  # extra sleep per tick of ``slow_rank``
     die_at: int = -1  # tick at which rank ``die_rank`` kills itself
     die_rank: int = 0
+    die_again: bool = False  # its replacements die at that tick too (the launcher gives up after 3)
 
 
 def train(client: Client, args: Mapping[str, Any]) -> None:
@@ -43,7 +45,7 @@ def train(client: Client, args: Mapping[str, Any]) -> None:
         tick = int(saved["tick"][0])
         assert tick == client.tick, (tick, client.tick)
     while tick < a.ticks:
-        if tick == a.die_at and client.rank == a.die_rank:
+        if tick == a.die_at and client.rank == a.die_rank and (a.die_again or not os.environ.get("BOSEN_REJOIN")):
             time.sleep(0.5)  # the parts of the checkpoint before reach the disk
             os.kill(os.getpid(), signal.SIGKILL)
         deltas = np.zeros((W.rows, W.cols), dtype=W.dtype)

@@ -80,3 +80,21 @@ def test_the_merger_derives_heldout_measures_from_the_workers_sums(tmp_path: Pat
     assert rec["heldout_rmse"] == pytest.approx((18.0 / 20) ** 0.5)  # over all ratings, not a mean of RMSEs
     assert rec["heldout_ll_per_token"] == pytest.approx(-80.0 / 40)
     assert rec["heldout_accuracy"] == pytest.approx(3 / 4)
+
+
+def test_the_merger_counts_a_replaced_workers_first_records_of_the_clocks_it_redoes(tmp_path: Path) -> None:
+    """Worker 1 reported clocks 0..2 (clock 2 twice: one process may report a clock twice) and was
+    replaced; its replacement's records of clocks 1 and 2 are kind ``redo`` and not summed, its clock
+    3 counts."""
+    (tmp_path / "workers").mkdir()
+    out = io.StringIO()
+    m = MetricsMerger(tmp_path, 2, out)
+    rec = lambda r, c, n: json.dumps({"rank": r, "clock": c, "time": 1.0, "samples": n}) + "\n"  # noqa: E731
+    (tmp_path / "workers" / "0.jsonl").write_text("".join(rec(0, c, 1) for c in range(4)))
+    (tmp_path / "workers" / "1.jsonl").write_text(rec(1, 0, 10) + rec(1, 1, 10) + rec(1, 2, 10) + rec(1, 2, 5))
+    assert [r["samples"] for r in m.replaced(1)] == [11, 11, 16]
+    with open(tmp_path / "workers" / "1.jsonl", "a") as f:
+        f.write(rec(1, 1, 100) + rec(1, 2, 100) + rec(1, 3, 10))
+    assert [(r["clock"], r["samples"]) for r in m.poll()] == [(3, 11)]
+    kinds = [json.loads(x)["kind"] for x in out.getvalue().splitlines()]
+    assert kinds.count("redo") == 2

@@ -1,0 +1,147 @@
+"""A replacement for a lost worker takes its rank over (server/daemon.py ``_rejoin``; docs/recovery.md,
+"A lost worker is replaced"): a real server, driven by raw DEALERs speaking the wire."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import zmq
+from rawpeer import Raw
+
+from bosen import config as config_mod
+from bosen.wire import Msg
+
+
+def _clock(r: Raw, c: int) -> int:
+    return r.send({"t": Msg.CLOCK, "c": c})
+
+
+def _next(r: Raw) -> dict:
+    """The next message but PINGs (a raw peer silent for 2 s gets them)."""
+    while True:
+        h, _ = r.recv()
+        if h["t"] != Msg.PING:
+            return h
+
+
+def _quiet(r: Raw, timeout: float = 0.5) -> bool:
+    """Nothing but PINGs arrives for ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        if r.silent(left):
+            return True
+        if r.recv()[0]["t"] != Msg.PING:
+            return False
+    return True
+
+
+def _hello(ctx: zmq.Context, address: str, fp: str, rank: int, **extra: int) -> tuple[Raw, dict]:
+    r = Raw(ctx, address)
+    r.send({"t": Msg.HELLO, "rank": rank, "fp": fp, **extra})
+    h, _ = r.recv()
+    return r, h
+
+
+@pytest.mark.timeout(60)
+def test_a_replacement_keeps_the_ranks_clock_until_its_redo_passes_it(bosen_cluster) -> None:
+    """Ranks 0 and 1 reach clock 3, rank 1 goes on to 5; rank 0's process dies and a replacement
+    restored from clock 1 joins (HELLO rp=1): the rank's clock stays at 3 through the replacement's
+    CLOCK(2) and CLOCK(3) (the server's too, so rank 1 is neither held back nor released early), and
+    its CLOCK(4) moves it. A replacement whose checkpoint is newer than the server, or a bad ``rp``,
+    is refused, naming why."""
+    c = bosen_cluster(1, workers=2)
+    fp = config_mod.load(c.path).fingerprint()
+    ctx = zmq.Context()
+    peers: list[Raw] = []
+    try:
+        a, h = _hello(ctx, c.addresses[0], fp, 0)
+        b, _ = _hello(ctx, c.addresses[0], fp, 1)
+        peers += [a, b]
+        for k in (1, 2, 3):
+            _clock(a, k)
+            _clock(b, k)
+        for k in (4, 5):
+            _clock(b, k)
+        for r in (a, b):  # SCLOCKs 1..3
+            assert [r.recv()[0]["c"] for _ in range(3)] == [1, 2, 3]
+        assert c.status()[0]["client_clocks"] == [3, 5]
+        a.close()  # the process dies; the server has not noticed yet
+
+        bad, h = _hello(ctx, c.addresses[0], fp, 0, rp=4)
+        peers.append(bad)
+        assert h["t"] == Msg.ERROR and "restored from clock 4, but this server is at clock 3" in h["m"], h
+        a2, h = _hello(ctx, c.addresses[0], fp, 0, rp=1)
+        peers.append(a2)
+        assert h["t"] == Msg.WELCOME and h["rank"] == 0 and h["c"] == 3, h
+        _clock(a2, 2)
+        _clock(a2, 3)
+        assert _quiet(a2) and _quiet(b), "the redo's CLOCKs below the rank's clock move nothing"
+        st = c.status()[0]
+        assert st["clock"] == 3 and st["client_clocks"] == [3, 5], st
+        a2.bad("CLOCK: clock 1 goes back from 3", {"t": Msg.CLOCK, "c": 1})
+        _clock(a2, 4)
+        for r in (a2, b):
+            h = _next(r)
+            assert h["t"] == Msg.SCLOCK and h["c"] == 4, h
+        assert c.status()[0]["client_clocks"] == [4, 5]
+    finally:
+        for r in peers:
+            r.close()
+        ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_a_replacement_with_a_bad_checkpoint_clock_is_refused(bosen_cluster) -> None:
+    c = bosen_cluster(1, workers=1)
+    fp = config_mod.load(c.path).fingerprint()
+    ctx = zmq.Context()
+    peers: list[Raw] = []
+    try:
+        r = Raw(ctx, c.addresses[0])
+        peers.append(r)
+        r.bad("restored from clock 2, but this server is at clock 0: that checkpoint is not this job's",
+              {"t": Msg.HELLO, "rank": 0, "fp": fp, "rp": 2})
+        r.bad("field 'rp' (the clock a replacement restarts from) must be an int >= 0",
+              {"t": Msg.HELLO, "rank": 0, "fp": fp, "rp": -1})
+    finally:
+        for p in peers:
+            p.close()
+        ctx.term()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("hold", [True, False])
+def test_hold_lost_keeps_a_lost_ranks_clock(bosen_cluster, hold: bool) -> None:
+    """Rank 0 dies at clock 2 without BYE; the server notices (its PING fails) and, under
+    ``--hold-lost``, keeps the rank's clock at 2, so rank 1's CLOCKs 3..5 do not move the server's;
+    without it the rank counts as gone and the server's clock follows rank 1."""
+    c = bosen_cluster(1, workers=2, server_args=["--hold-lost"] if hold else [])
+    fp = config_mod.load(c.path).fingerprint()
+    ctx = zmq.Context()
+    peers: list[Raw] = []
+    try:
+        a, _ = _hello(ctx, c.addresses[0], fp, 0)
+        b, _ = _hello(ctx, c.addresses[0], fp, 1)
+        peers += [a, b]
+        for k in (1, 2):
+            _clock(a, k)
+            _clock(b, k)
+        assert [b.recv()[0]["c"] for _ in range(2)] == [1, 2]
+        a.close()
+        deadline = time.monotonic() + 20
+        while c.status()[0]["clients_lost"] == 0:  # PINGed after 2 s of silence
+            assert time.monotonic() < deadline, "the server never noticed the lost client"
+            time.sleep(0.1)
+        for k in (3, 4, 5):
+            _clock(b, k)
+        if hold:
+            assert _quiet(b, 1.0)
+            st = c.status()[0]
+            assert st["clock"] == 2 and st["client_clocks"] == [2, 5], st
+        else:
+            assert [_next(b)["c"] for _ in range(3)] == [3, 4, 5]
+    finally:
+        for r in peers:
+            r.close()
+        ctx.term()
