@@ -119,6 +119,7 @@ def test_a_worker_that_dies_in_its_actor_fails_the_job_and_nothing_is_left(tmp_p
     assert left_running(tmp_path / "run") == []
 
 
+@pytest.mark.slow  # starts the module's Ray cluster (4 s)
 def test_an_impossible_placement_is_a_clear_error(tmp_path: Path, ray_cluster: Cluster) -> None:
     app = {"module": "launch_worker", "args": {}}
     cfg = job(tmp_path, app, "big.yaml", {"server_resources": {"ps": 1}, "worker_resources": {"nowhere": 1}},
