@@ -233,7 +233,13 @@ class RayJob(ProcessGroup):
             ray.init(**kw)
         except (ConnectionError, RuntimeError, ValueError) as e:
             where = f"the Ray cluster at {self.address}" if self.address else "a local Ray"
-            raise BosenError(f"--ray: cannot connect to {where}: {e}") from None
+            hint = ""
+            if self.address not in (None, "auto") and "RAY_AUTH_MODE" not in os.environ:
+                # Ray enables token auth for `ray start` where a token exists, but a driver given an
+                # explicit address only uses it when asked to
+                hint = ("; if the cluster uses token authentication (`ray start` enables it where "
+                        "~/.ray/auth_token exists), run with RAY_AUTH_MODE=token")
+            raise BosenError(f"--ray: cannot connect to {where}: {e}{hint}") from None
         self._connected = True
 
     def _place(self) -> None:
