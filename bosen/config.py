@@ -259,6 +259,36 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class RayConfig:
+    """What ``bosen launch --ray`` asks Ray for (``bosen.jobs.ray``): one placement-group bundle per
+    server and per worker process, with these CPUs, GPUs and custom resources (``server_resources``:
+    e.g. ``{"ps": 1}`` keeps servers on nodes started with ``ray start --resources '{"ps": 8}'``), and
+    how the bundles are spread over the nodes (Ray's placement strategies)."""
+
+    server_cpus: float = 1.0
+    worker_cpus: float = 1.0
+    worker_gpus: float = 0.0
+    server_resources: Mapping[str, float] = field(default_factory=dict)
+    worker_resources: Mapping[str, float] = field(default_factory=dict)
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "SPREAD"
+
+    def __post_init__(self) -> None:
+        check(self.server_cpus >= 0, "server_cpus: must be >= 0")
+        check(self.worker_cpus >= 0, "worker_cpus: must be >= 0")
+        check(self.worker_gpus >= 0, "worker_gpus: must be >= 0")
+        for key in ("server_resources", "worker_resources"):
+            for name, amount in getattr(self, key).items():
+                check(isinstance(name, str) and name not in ("CPU", "GPU", "memory"),
+                      f"{key}.{name}: a custom resource name (CPUs and GPUs have their own keys)")
+                check(not isinstance(amount, bool) and isinstance(amount, (int, float)) and amount > 0,
+                      f"{key}.{name}: expected a number > 0, got {amount!r}")
+        bundle = self.server_cpus + sum(self.server_resources.values())
+        check(bundle > 0, "server_cpus: a server's bundle must ask for something (CPUs or a custom resource)")
+        bundle = self.worker_cpus + self.worker_gpus + sum(self.worker_resources.values())
+        check(bundle > 0, "worker_cpus: a worker's bundle must ask for something (CPUs, GPUs or a custom resource)")
+
+
+@dataclass(frozen=True)
 class Config:
     cluster: ClusterConfig
     tables: tuple[TableConfig, ...]
@@ -267,6 +297,7 @@ class Config:
     app: AppConfig = field(default_factory=AppConfig)
     checkpoint: CheckpointConfig | None = None  # None: no checkpoints
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    ray: RayConfig = field(default_factory=RayConfig)  # used only by ``bosen launch --ray``
     source: str = "<dict>"
 
     def table(self, name: str) -> TableConfig:
@@ -289,6 +320,8 @@ class Config:
             d.pop("checkpoint")
         if self.metrics == MetricsConfig():
             d.pop("metrics")
+        if self.ray == RayConfig():
+            d.pop("ray")
         return d
 
     def require_tables(self) -> None:
@@ -476,7 +509,7 @@ def build(data: Mapping[str, Any], source: str = "<dict>", overrides: Any = ()) 
         key, value = parse_override(item) if isinstance(item, str) else item
         set_dotted(data, key, value)
     try:
-        allowed = {"cluster", "consistency", "comm", "tables", "app", "checkpoint", "metrics"}
+        allowed = {"cluster", "consistency", "comm", "tables", "app", "checkpoint", "metrics", "ray"}
         unknown = sorted(set(data) - allowed)
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown key (known: {', '.join(sorted(allowed))})")
@@ -500,6 +533,7 @@ def build(data: Mapping[str, Any], source: str = "<dict>", overrides: Any = ()) 
             checkpoint=None if data.get("checkpoint") is None else from_dict(CheckpointConfig, data["checkpoint"],
                                                                              "checkpoint"),
             metrics=from_dict(MetricsConfig, data.get("metrics"), "metrics"),
+            ray=from_dict(RayConfig, data.get("ray"), "ray"),
             source=source,
         )
     except ValueError as e:

@@ -13,7 +13,8 @@ def schema_keys() -> set[str]:
     keys = set()
     for section, cls in (("cluster", config.ClusterConfig), ("consistency", config.ConsistencyConfig),
                          ("comm", config.CommConfig), ("app", config.AppConfig),
-                         ("checkpoint", config.CheckpointConfig), ("metrics", config.MetricsConfig)):
+                         ("checkpoint", config.CheckpointConfig), ("metrics", config.MetricsConfig),
+                         ("ray", config.RayConfig)):
         keys |= {f"{section}.{f.name}" for f in dataclasses.fields(cls)}
     keys |= {f"tables.NAME.{f.name}" for f in dataclasses.fields(config.TableConfig) if f.name != "name"}
     return keys

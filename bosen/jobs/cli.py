@@ -18,7 +18,7 @@ def _launch(args: argparse.Namespace) -> int:
 
     launcher = Launcher(args.config, workers=args.workers, overrides=args.set, run_dir=args.run_dir,
                         timeout=args.timeout, quiet=args.quiet, plot=not args.no_plot, resume=args.resume,
-                        servers=args.servers)
+                        servers=args.servers, ray=False if args.ray is None else (args.ray or True))
     return launcher.run()
 
 
@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     lp.add_argument("--no-plot", action="store_true", help="skip objective.png")
     lp.add_argument("--resume", default=None, metavar="RUN_DIR",
                     help="go on with the job of RUN_DIR from its newest complete checkpoint")
+    lp.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                    help="run servers and workers as Ray actors: on the cluster at ADDRESS (`ray start --head` "
+                         "prints it; `auto` finds a local one), or on a local Ray started for the job")
     lp.set_defaults(fn=_launch)
     sp = sub.add_parser("status", help="print each server's clocks, rows and traffic")
     sp.add_argument("config")

@@ -60,7 +60,8 @@ def servers_for(workers: int) -> int:
 class Launcher:
     def __init__(self, config: str | Config, workers: int | None = None, overrides: Any = (),
                  run_dir: str | Path | None = None, timeout: float | None = None, quiet: bool = False,
-                 plot: bool = True, resume: str | Path | None = None, servers: int | None = None) -> None:
+                 plot: bool = True, resume: str | Path | None = None, servers: int | None = None,
+                 ray: bool | str = False) -> None:
         overrides = list(overrides)
         if workers is not None:
             overrides.append(("cluster.workers", workers))
@@ -87,6 +88,7 @@ class Launcher:
         self.timeout = timeout
         self.quiet = quiet
         self.plot = plot
+        self.ray = ray  # True: a local Ray for the job; an address: that cluster (bosen.jobs.ray)
         self.cluster: LocalCluster | None = None
         self.workers: list[Process] = []
         self._last_time: float | None = None
@@ -139,7 +141,9 @@ class Launcher:
                 merger = self._merger = MetricsMerger(self.run_dir, self.config.cluster.workers, metrics)
                 # children get their own process groups, so Ctrl-C in a terminal reaches only the
                 # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
-                with ProcessGroup(self.run_dir / "logs") as group:
+                with self._process_group() as group:
+                    if self.ray is not False:
+                        self._place_on_ray(group, cfg_path)
                     self._start_servers(cfg_path, group, resume_from)
                     self._start_workers(cfg_path, group, resume_from)
                     try:
@@ -171,6 +175,25 @@ class Launcher:
             self._plot(merger.done)
         self.say(f"done in {time.time() - start:.1f}s: {len(merger.done)} clocks; run directory {self.run_dir}")
         return 0
+
+    def _process_group(self) -> ProcessGroup:
+        """Local subprocesses, or with ``--ray`` the actors of ``bosen.jobs.ray.RayJob``."""
+        if self.ray is False:
+            return ProcessGroup(self.run_dir / "logs")
+        from bosen.jobs.ray import RayJob
+
+        return RayJob(self.config, self.run_dir, None if self.ray is True else self.ray)
+
+    def _place_on_ray(self, group: ProcessGroup, cfg_path: Path) -> None:
+        """The servers' addresses are their actors' nodes: rewrite the config the processes read."""
+        from bosen.jobs.ray import RayJob
+
+        assert isinstance(group, RayJob)
+        self.config = group.place(self.config)
+        config_mod.dump(self.config, cfg_path)
+        nodes = len({n[0] for n in group.nodes})
+        self.say(f"Ray: {len(group.bundles)} actors on {nodes} node(s) in {group.startup_s or 0.0:.1f}s "
+                 f"(placement group, strategy {group.strategy}); placements in {self.run_dir / 'ray.json'}")
 
     def _replace_server(self, i: int, lost: Process) -> None:
         """Partial recovery (server/checkpoints.py): server ``i`` restarts from its newest

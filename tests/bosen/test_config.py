@@ -411,3 +411,24 @@ def test_metrics_freshness_default_override_and_errors(tmp_path):
     assert "metrics.freshness_every:" in load_error(tmp_path, with_("metrics.freshness_every", "often"))
     assert "metrics.freshness_every:" in load_error(tmp_path, with_("metrics.freshness_every", 1.5))
     assert "metrics.freshness_every" in load_error(tmp_path, with_("metrics.freshness_every", -1))
+
+
+def test_ray_section_defaults_round_trip_and_errors(tmp_path):
+    cfg = config_mod.load(write(tmp_path, BASE))
+    r = cfg.ray
+    assert (r.server_cpus, r.worker_cpus, r.worker_gpus, r.strategy) == (1.0, 1.0, 0.0, "SPREAD")
+    assert "ray" not in cfg.to_dict()  # default: dumps unchanged
+    on = config_mod.load(write(tmp_path, BASE), ["ray.worker_gpus=1", "ray.server_resources={ps: 1}",
+                                                 "ray.strategy=STRICT_SPREAD"])
+    assert on.ray.worker_gpus == 1.0 and dict(on.ray.server_resources) == {"ps": 1}
+    assert config_mod.load(on.to_dict()).ray == on.ray  # round trip through the run directory's config
+    assert on.fingerprint() == cfg.fingerprint()  # where processes run is no concern of the servers
+    assert "ray.bogus: unknown key" in load_error(tmp_path, with_("ray.bogus", 1))
+    assert "ray.server_cpus: must be >= 0" in load_error(tmp_path, with_("ray.server_cpus", -1))
+    assert "ray.strategy: 'WIDE' is not one of" in load_error(tmp_path, with_("ray.strategy", "WIDE"))
+    assert "ray.worker_resources.gpu_node: expected a number > 0" in load_error(
+        tmp_path, with_("ray.worker_resources", {"gpu_node": 0}))
+    assert "ray.server_resources.GPU: a custom resource name" in load_error(
+        tmp_path, with_("ray.server_resources", {"GPU": 1}))
+    assert "ray.worker_cpus: a worker's bundle must ask for something" in load_error(
+        tmp_path, with_("ray.worker_cpus", 0))

@@ -1,0 +1,1 @@
+"""What ``bosen launch --ray`` costs at start-up against the plain launch (``python -m bench.raystart``)."""

@@ -1,0 +1,130 @@
+"""``bosen launch --ray ADDRESS`` (bosen/jobs/ray.py) on Ray's own multi-node test cluster: real
+server and worker processes in actors on two Ray nodes of this machine, against the plain launch."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import yaml
+from conftest import PY, run_cmd, write_config
+
+from bosen import checkpoint
+
+ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+TICKS = 6
+ROLES = {"server_resources": {"ps": 1}, "worker_resources": {"trainer": 1}}  # servers and workers apart
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Cluster]:
+    """Two Ray nodes on this machine: the head holds the ``ps`` resource, the other ``trainer``."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"ps": 4},
+                                                            "include_dashboard": False})
+    try:
+        cluster.add_node(num_cpus=2, resources={"trainer": 4})
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def job(tmp_path: Path, app: dict, name: str, ray_section: dict | None = None, ckpt: bool = True) -> Path:
+    cfg: dict = {
+        "cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
+        "consistency": {"staleness": 2, "read_timeout_s": 30},
+        "tables": {"W": {"rows": 8, "cols": 2, "dtype": "int64"}},
+        "app": app,
+        # managed communication: budgeted sends and pushes mid-clock besides the end-of-tick flushes
+        "comm": {"client_bandwidth_mbps": 1, "server_bandwidth_mbps": 1, "client_send_rows": 2,
+                 "server_push_rows": 2},
+    }
+    if ckpt:
+        cfg["checkpoint"] = {"every_clocks": 2, "keep": 100}
+    if ray_section is not None:
+        cfg["ray"] = ray_section
+    return write_config(tmp_path / name, cfg)
+
+
+def launch(*args: object, timeout: float = 90) -> tuple[int, str]:
+    r = run_cmd([PY, "-m", "bosen", "launch", *args, "--no-plot"], timeout=timeout)
+    return r.returncode, r.stdout + r.stderr
+
+
+def tables_at(run: Path, clock: int) -> np.ndarray:
+    """Table W as the run's checkpoint at ``clock`` holds it (both servers' parts put together)."""
+    parts = checkpoint.check_complete(run / "checkpoints", clock, 2, 2, None)
+    full = np.zeros((8, 2), dtype=np.int64)
+    for j in range(2):
+        arrays = parts[f"server-{j}"].load()
+        full[arrays["t0.rows"]] = arrays["t0.values"]
+    return full
+
+
+def clock_records(run: Path) -> list[tuple[int, int]]:
+    """(clock, workers) of each merged clock record in the run's metrics.jsonl."""
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [(r["clock"], r["workers"]) for r in recs if r["kind"] == "clock"]
+
+
+def left_running(run: Path) -> list[str]:
+    """Processes of the job (actors and their children) still alive after the launcher returned."""
+    placed = json.loads((run / "ray.json").read_text())["processes"]
+    return [f"{name} pid {p[key]}" for name, p in placed.items() for key in ("pid", "actor_pid")
+            if psutil.pid_exists(p[key]) and psutil.Process(p[key]).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.slow
+def test_a_job_on_two_ray_nodes_ends_with_the_tables_of_the_plain_launch(tmp_path: Path, ray_cluster: Cluster) -> None:
+    """Servers on one Ray node, workers on the other, ZeroMQ over TCP between them: integer
+    addition under SSP and managed communication ends with exactly the plain launch's tables."""
+    app = {"module": "checkpoint_worker", "args": {"ticks": TICKS}}
+    code, out = launch(job(tmp_path, app, "plain.yaml"), "--run-dir", tmp_path / "plain")
+    assert code == 0, out
+    code, out = launch(job(tmp_path, app, "ray.yaml", ROLES), "--run-dir", tmp_path / "ray",
+                       "--ray", ray_cluster.address)
+    assert code == 0, out
+    assert "Ray: 4 actors on 2 node(s)" in out, out
+
+    placed = json.loads((tmp_path / "ray" / "ray.json").read_text())["processes"]
+    head = ray_cluster.head_node.node_id
+    assert {placed[f"server-{i}"]["node_id"] for i in range(2)} == {head}
+    assert {placed[f"worker-{r}"]["node_id"] for r in range(2)} == {ray_cluster.list_all_nodes()[1].node_id}
+    servers = yaml.safe_load((tmp_path / "ray" / "config.yaml").read_text())["cluster"]["servers"]
+    assert [s.rpartition(":")[0] for s in servers] == [placed[f"server-{i}"]["node_ip"] for i in range(2)]
+
+    assert checkpoint.clocks(tmp_path / "ray" / "checkpoints") == checkpoint.clocks(tmp_path / "plain" / "checkpoints")
+    for b in checkpoint.clocks(tmp_path / "ray" / "checkpoints"):
+        np.testing.assert_array_equal(tables_at(tmp_path / "ray", b), tables_at(tmp_path / "plain", b))
+    np.testing.assert_array_equal(tables_at(tmp_path / "ray", TICKS), TICKS * (TICKS + 1) // 2)
+    assert (tmp_path / "ray" / "logs" / "worker-1.log").exists()
+    assert clock_records(tmp_path / "ray") == clock_records(tmp_path / "plain")
+    assert left_running(tmp_path / "ray") == []
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_in_its_actor_fails_the_job_and_nothing_is_left(tmp_path: Path,
+                                                                          ray_cluster: Cluster) -> None:
+    app = {"module": "launch_worker", "args": {"ticks": 50, "die_at": 2, "die_rank": 1, "sleep_s": 0.05}}
+    code, out = launch(job(tmp_path, app, "die.yaml", ROLES, ckpt=False), "--run-dir", tmp_path / "run",
+                       "--ray", ray_cluster.address)
+    assert code == 1, out
+    assert "job failed: worker-1 was killed by SIGKILL; stopping the job" in out, out
+    assert left_running(tmp_path / "run") == []
+
+
+@pytest.mark.slow  # starts the module's Ray cluster (4 s)
+def test_an_impossible_placement_is_a_clear_error(tmp_path: Path, ray_cluster: Cluster) -> None:
+    app = {"module": "launch_worker", "args": {}}
+    cfg = job(tmp_path, app, "big.yaml", {"server_resources": {"ps": 1}, "worker_resources": {"nowhere": 1}},
+              ckpt=False)
+    code, out = launch(cfg, "--run-dir", tmp_path / "run", "--ray", ray_cluster.address, "--set",
+                       "ray.worker_cpus=0")
+    assert code != 0, out
+    assert "cannot place the job" in out and "'nowhere': 2.0" in out, out
