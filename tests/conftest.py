@@ -84,3 +84,44 @@ def ahead_reader(path: Path | str, rank: int, clocks: int) -> Any:
     for _ in range(clocks):
         c.clock()
     return c
+
+
+def checkpoint_job(tmp_path: Path, args: dict[str, Any], staleness: int = 3, every: int | None = 2,
+                   comm: bool = False, storage: str = "dense", cache_rows: int | None = None,
+                   **ckpt: object) -> Path:
+    """The config of a job of ``checkpoint_worker`` (tests/workers) on 2 servers and 2 workers, one
+    int64 table W of 8 x 2; checkpoints every ``every`` clocks (None: none); ``comm``: budgeted sends
+    and pushes mid-clock besides the end-of-tick flushes."""
+    cfg: dict[str, Any] = {
+        "cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
+        "consistency": {"staleness": staleness, "read_timeout_s": 30},
+        "tables": {"W": {"rows": 8, "cols": 2, "dtype": "int64", "storage": storage,
+                         **({} if cache_rows is None else {"cache_rows": cache_rows})}},
+        "app": {"module": "checkpoint_worker", "args": args},
+    }
+    if every is not None:
+        cfg["checkpoint"] = {"every_clocks": every, "keep": 100, **ckpt}
+    if comm:
+        cfg["comm"] = {"client_bandwidth_mbps": 1, "server_bandwidth_mbps": 1, "client_send_rows": 2,
+                       "server_push_rows": 2}
+    return write_config(tmp_path / "job.yaml", cfg)
+
+
+def launch_job(*args: object, timeout: float = 120) -> tuple[int, str]:
+    """``bosen launch ARGS --no-plot``: its exit status and output."""
+    r = run_cmd([PY, "-m", "bosen", "launch", *args, "--no-plot"], timeout=timeout)
+    return r.returncode, r.stdout + r.stderr
+
+
+def saved_table(base: Path, clock: int) -> Any:
+    """Table W of ``checkpoint_job`` as checkpoint ``clock`` holds it (both servers' parts together)."""
+    import numpy as np
+
+    from bosen import checkpoint
+
+    parts = checkpoint.check_complete(base, clock, 2, 2, None)
+    full = np.zeros((8, 2), dtype=np.int64)
+    for j in range(2):
+        arrays = parts[f"server-{j}"].load()
+        full[arrays["t0.rows"]] = arrays["t0.values"]
+    return full

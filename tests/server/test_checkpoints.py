@@ -8,40 +8,39 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import PY, run_cmd, write_config
+from conftest import checkpoint_job, launch_job, saved_table
 
 from bosen import checkpoint
 
 
 def job(tmp_path: Path, args: dict, staleness: int = 3, every: int = 2, comm: bool = False,
         storage: str = "dense", cache_rows: int | None = None, **ckpt: object) -> Path:
-    cfg = {
-        "cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
-        "consistency": {"staleness": staleness, "read_timeout_s": 30},
-        "tables": {"W": {"rows": 8, "cols": 2, "dtype": "int64", "storage": storage,
-                         **({} if cache_rows is None else {"cache_rows": cache_rows})}},
-        "app": {"module": "checkpoint_worker", "args": args},
-        "checkpoint": {"every_clocks": every, "keep": 100, **ckpt},
-    }
-    if comm:  # budgeted sends and pushes mid-clock, besides the end-of-tick flushes
-        cfg["comm"] = {"client_bandwidth_mbps": 1, "server_bandwidth_mbps": 1, "client_send_rows": 2,
-                       "server_push_rows": 2}
-    return write_config(tmp_path / "job.yaml", cfg)
+    return checkpoint_job(tmp_path, args, staleness, every, comm, storage, cache_rows, **ckpt)
 
 
 def launch(*args: object, timeout: float = 90) -> tuple[int, str]:
-    r = run_cmd([PY, "-m", "bosen", "launch", *args, "--no-plot"], timeout=timeout)
-    return r.returncode, r.stdout + r.stderr
+    return launch_job(*args, timeout=timeout)
 
 
-def saved_sums(base: Path, clock: int) -> np.ndarray:
-    """Table W as checkpoint ``clock`` holds it, all rows (servers' parts put together)."""
-    parts = checkpoint.check_complete(base, clock, 2, 2, None)
-    full = np.zeros((8, 2), dtype=np.int64)
-    for j in range(2):
-        arrays = parts[f"server-{j}"].load()
-        full[arrays["t0.rows"]] = arrays["t0.values"]
-    return full
+saved_sums = saved_table
+
+
+def resumed_table(data: dict, tmp_path: Path, base: Path, clock: int) -> np.ndarray:
+    """Table W as servers resumed from ``base`` (the job's config ``data``) hold it, read by a fresh
+    client, which must start at ``clock``."""
+    from bosen.client import Client
+    from bosen.jobs.cluster import start_cluster
+    from bosen.jobs.supervise import ProcessGroup
+
+    with ProcessGroup(tmp_path / "logs2") as group:
+        c = start_cluster(data, tmp_path / "again", group=group, server_args=["--resume", str(base)])
+        client = Client.connect(c.path, rank=0)
+        try:
+            assert client.tick == clock
+            return client.table("W").get_rows(np.arange(8))
+        finally:
+            client.abort()
+            c.stop(check=False)
 
 
 def tri(b: int) -> int:
@@ -203,9 +202,6 @@ def test_priority_checkpoints_save_a_fraction_of_rows_and_resume_puts_them_toget
     of its clock, but every fifth (after partial saves worth 2 full ones), the base, holds all; a
     server resumed from them holds every row as of the last save that held it (a sparse table's by
     id: the same values as the dense table's)."""
-    from bosen.client import Client
-    from bosen.jobs.cluster import start_cluster
-    from bosen.jobs.supervise import ProcessGroup
 
     cfg_path = job(tmp_path, {"ticks": 12}, staleness=1, every=2, storage=storage, priority_fraction=0.5,
                    policy="round_robin")
@@ -228,15 +224,7 @@ def test_priority_checkpoints_save_a_fraction_of_rows_and_resume_puts_them_toget
     assert sorted(last_save) == list(range(8)) and set(last_save.values()) == {10, 12}
 
     data = yaml.safe_load(cfg_path.read_text())
-    with ProcessGroup(tmp_path / "logs2") as group:
-        c = start_cluster(data, tmp_path / "again", group=group, server_args=["--resume", str(base)])
-        client = Client.connect(c.path, rank=0)
-        try:
-            assert client.tick == 12
-            got = client.table("W").get_rows(np.arange(8))
-        finally:
-            client.abort()
-            c.stop(check=False)
+    got = resumed_table(data, tmp_path, base, 12)
     want = np.array([[tri(last_save[r])] * 2 for r in range(8)])
     np.testing.assert_array_equal(got, want)
 
@@ -246,9 +234,6 @@ def test_priority_checkpoints_are_compacted_to_keep_bases(tmp_path: Path) -> Non
     """``priority_fraction: 0.5`` at every clock, ``keep: 2``, 24 clocks: bases at clocks 5, 10, 15,
     20; the launcher deletes what is older than the second newest base, so 10 checkpoints are left of
     24, and a server resumed from them holds every row as of the last save that held it."""
-    from bosen.client import Client
-    from bosen.jobs.cluster import start_cluster
-    from bosen.jobs.supervise import ProcessGroup
 
     cfg_path = job(tmp_path, {"ticks": 24}, staleness=1, every=1, priority_fraction=0.5, policy="round_robin")
     data = yaml.safe_load(cfg_path.read_text())
@@ -266,15 +251,7 @@ def test_priority_checkpoints_are_compacted_to_keep_bases(tmp_path: Path) -> Non
             arrays = parts[f"server-{j}"].load()
             last_save.update(dict.fromkeys(arrays["t0.rows"].tolist(), b))
     assert set(last_save.values()) == {23, 24}
-    with ProcessGroup(tmp_path / "logs2") as group:
-        c = start_cluster(data, tmp_path / "again", group=group, server_args=["--resume", str(base)])
-        client = Client.connect(c.path, rank=0)
-        try:
-            assert client.tick == 24
-            got = client.table("W").get_rows(np.arange(8))
-        finally:
-            client.abort()
-            c.stop(check=False)
+    got = resumed_table(data, tmp_path, base, 24)
     np.testing.assert_array_equal(got, np.array([[tri(last_save[r])] * 2 for r in range(8)]))
 
 

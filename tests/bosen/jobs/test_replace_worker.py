@@ -9,39 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PY, run_cmd, write_config
-
-from bosen import checkpoint
+from conftest import checkpoint_job, launch_job, saved_table
 
 
 def job(tmp_path: Path, args: dict, every: int | None = 4, comm: bool = False) -> Path:
-    cfg: dict = {
-        "cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
-        "consistency": {"staleness": 2, "read_timeout_s": 30},
-        "tables": {"W": {"rows": 8, "cols": 2, "dtype": "int64"}},
-        "app": {"module": "checkpoint_worker", "args": args},
-    }
-    if every is not None:
-        cfg["checkpoint"] = {"every_clocks": every, "keep": 100}
-    if comm:  # budgeted sends and pushes mid-clock, besides the end-of-tick flushes
-        cfg["comm"] = {"client_bandwidth_mbps": 1, "server_bandwidth_mbps": 1, "client_send_rows": 2,
-                       "server_push_rows": 2}
-    return write_config(tmp_path / "job.yaml", cfg)
+    return checkpoint_job(tmp_path, args, staleness=2, every=every, comm=comm)
 
 
-def launch(*args: object, timeout: float = 120) -> tuple[int, str]:
-    r = run_cmd([PY, "-m", "bosen", "launch", *args, "--no-plot"], timeout=timeout)
-    return r.returncode, r.stdout + r.stderr
-
-
-def table(base: Path, clock: int) -> np.ndarray:
-    """Table W as checkpoint ``clock`` holds it (both servers' parts put together)."""
-    parts = checkpoint.check_complete(base, clock, 2, 2, None)
-    full = np.zeros((8, 2), dtype=np.int64)
-    for j in range(2):
-        arrays = parts[f"server-{j}"].load()
-        full[arrays["t0.rows"]] = arrays["t0.values"]
-    return full
+launch = launch_job
+table = saved_table
 
 
 def tri(b: int) -> int:
