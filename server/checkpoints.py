@@ -162,6 +162,12 @@ class ServerCheckpoints:
         w = self.writer.written
         return w[-1][0] if w else -1
 
+    def oldest_kept(self) -> int:
+        """The oldest clock of this server's last ``checkpoint.keep`` parts on disk (0: fewer yet): a
+        job never restarts a worker from an older checkpoint."""
+        w = self.writer.written
+        return w[-self.cfg.keep][0] if len(w) >= self.cfg.keep else 0
+
     def mean_save_s(self) -> float:
         """Mean seconds a save took (copy and write): Young's Ts, sent to clients in SCLOCK."""
         return (self.snapshot_s / len(self.saved) if self.saved else 0.0) + self.writer.mean_save_s()

@@ -30,6 +30,7 @@ from bosen.ratelimit import LeakyBucket, paced_sender
 from bosen.server import procedures
 from bosen.server.checkpoints import ServerCheckpoints, restore
 from bosen.server.shard import TableShard
+from bosen.server.undo import UndoLog
 from bosen.server.warmup import warm_up
 from bosen.wire import Msg
 from bosen.zsocket import LoopSocket
@@ -123,6 +124,10 @@ class Server:
         self.checkpoints = ServerCheckpoints(config, rank) if config.checkpoint is not None else None
         if self.checkpoints is not None:
             self.checkpoints.start_running(self.shards)
+        # a lost worker's updates since the checkpoint its replacement restarts from, taken back when
+        # the replacement joins (plain-addition tables; server/undo.py)
+        self.undo = UndoLog() if hold_lost and self.checkpoints is not None else None
+        self._undoable = [type(s.procedure) is StoredProcedure for s in self.shards]
         self._advancing = False
         self._pushing: asyncio.Task[None] | None = None  # a clock-advance push sent in turns with reading
         self._failed: BaseException | None = None  # what ended it, if not stop()
@@ -135,7 +140,7 @@ class Server:
                              rows_pushed=0, rows_pushed_budgeted=0, budgeted_pushes=0, push_holds=0, idle_polls=0,
                              rows_read=0, reads_parked=0, errors=0, clock_advances=0, window_paused_s=0.0,
                              clients_lost=0, push_gathers=0, push_shared_msgs=0, push_part_msgs=0,
-                             push_own_gathers=0, pushes_in_turns=0, probes=0)
+                             push_own_gathers=0, pushes_in_turns=0, probes=0, rows_taken_back=0)
         # an INC's time from being read off the socket to being applied (longer only when held at a
         # checkpoint boundary), and each push's time, during which the loop reads nothing
         self.apply_lag = Durations()
@@ -385,12 +390,35 @@ class Server:
         held = int(self.client_clock[rank])
         if held == GONE:  # it had said BYE, or was let go: it rejoins at the server's clock
             held = self.client_clock[rank] = self.clock
+        self._take_back(rank, since)
         peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic(), clock=since)
         self.peers[ident] = peer
         self.by_rank[rank] = peer
         log.warning("a replacement for worker rank %d joined: it redoes clocks %d..%d (the rank's clock stays at %d)",
                     rank, since, held, held)
         self._welcome(ident, h, rank)
+
+    def _take_back(self, rank: int, since: int) -> None:
+        """Before a replacement for worker ``rank`` redoes ticks ``since``, ...: take back the lost
+        worker's updates of those ticks (plain-addition tables, server/undo.py) and drop its messages
+        held past a checkpoint boundary (of those ticks too), so every update counts once."""
+        if self.checkpoints is not None:
+            dropped = self.checkpoints.held.pop(rank, [])
+            if dropped:
+                log.warning("dropped %d held messages of lost worker rank %d (its replacement redoes them)",
+                            len(dropped), rank)
+        if self.undo is None:
+            return
+        back = self.undo.take_since(rank, since)
+        if back is None:
+            log.warning("cannot take back lost worker rank %d's updates since clock %d (kept from clock %d on): "
+                        "its replacement's redo counts them twice", rank, since, self.undo.floor)
+            return
+        rows = 0
+        for table, batch in back:
+            rows += self.shards[table].apply(batch, rank)
+        self.counters["rows_taken_back"] += rows
+        log.warning("took back %d row updates of lost worker rank %d since clock %d", rows, rank, since)
 
     def _held(self, peer: Peer, seq: int, handle: Callable[[], None]) -> bool:
         """Hold a message of ``peer`` (in order) while it is past a checkpoint boundary the server has
@@ -415,6 +443,8 @@ class Server:
             self._check_clock(peer, clock, "INC")  # before applying: a bad message changes nothing
         ack = wire.wants_ack(h)
         self.counters["rows_applied"] += shard.apply(batch, peer.rank)
+        if self.undo is not None and self._undoable[shard.index]:
+            self.undo.record(peer.rank, peer.clock, shard.index, batch)
         self._applied(peer, ident, h, read_at, clock, ack)
 
     def _applied(self, peer: Peer, ident: bytes, h: dict[str, Any], read_at: float, clock: int | None,
@@ -462,6 +492,8 @@ class Server:
         ack = wire.wants_ack(h)
         for shard, c in checked:
             self.counters["rows_applied"] += shard.commit(c, peer.rank)
+            if self.undo is not None and self._undoable[shard.index]:
+                self.undo.record(peer.rank, peer.clock, shard.index, c[0])
         self._applied(peer, ident, h, read_at, clock, ack, reads)
 
     def on_read(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
@@ -673,6 +705,8 @@ class Server:
         extra: dict[str, Any] = {}
         if ck is not None:  # the newest part on disk; Young's Ts for rank 0's time rule
             extra["cp"] = ck.durable()
+            if self.undo is not None:  # what no kept checkpoint is older than need not be taken back
+                self.undo.trim(ck.oldest_kept())
             if ck.timed:
                 extra["ts"] = ck.mean_save_s()
         for p in live:

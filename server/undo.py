@@ -1,0 +1,61 @@
+"""What a replacement for a lost worker takes back: each rank's plain-addition updates since the
+oldest checkpoint the job keeps.
+
+A lost worker's replacement restores its state as of checkpoint C and redoes ticks C, C+1, ...; the
+servers already applied the lost worker's updates of those ticks. For a table of plain addition
+(``update: add``) the server takes them back when the replacement joins, before it redoes them, so
+every update counts once: with deterministic updates (integer counts, a fixed schedule) the job ends
+with the tables of a run without the failure, and LDA's counts stay those of some assignment of
+topics (docs/recovery.md, "A lost worker is replaced"). Updates of other procedures (a server-side
+optimizer step) cannot be taken back and count twice.
+
+Entries are the update batches as they arrived (their arrays are the messages' own, no copy), tagged
+with the sender's clock when they arrived: at a checkpoint boundary B every update of ticks < B is
+sent before CLOCK(B) and none after, so the updates of ticks >= C are exactly those tagged >= C.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from bosen.wire import UpdateBatch
+
+
+class UndoLog:
+    """Per worker rank, (clock when it arrived, table index, batch) of every plain-addition update."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, deque[tuple[int, int, UpdateBatch]]] = {}
+        self.floor = 0  # entries tagged below this clock are dropped (no checkpoint kept that old)
+
+    def record(self, rank: int, clock: int, table: int, batch: UpdateBatch) -> None:
+        self._entries.setdefault(rank, deque()).append((clock, table, batch))
+
+    def trim(self, floor: int) -> None:
+        """No checkpoint older than clock ``floor`` is kept: what came before it is not needed."""
+        if floor <= self.floor:
+            return
+        self.floor = floor
+        for log in self._entries.values():
+            while log and log[0][0] < floor:
+                log.popleft()
+
+    def take_since(self, rank: int, clock: int) -> list[tuple[int, UpdateBatch]] | None:
+        """Remove and return ``rank``'s updates of ticks >= ``clock`` as (table, the batch negated),
+        or None (nothing removed) if the log no longer reaches back to ``clock``."""
+        if clock < self.floor:
+            return None
+        log = self._entries.get(rank, deque())
+        keep: deque[tuple[int, int, UpdateBatch]] = deque()
+        out = []
+        for c, table, b in log:
+            if c >= clock:
+                out.append((table, UpdateBatch(b.rows, -b.values, b.indptr, b.cols)))
+            else:
+                keep.append((c, table, b))
+        self._entries[rank] = keep
+        return out
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.rows.nbytes + b.values.nbytes for log in self._entries.values() for _, _, b in log)

@@ -1,0 +1,37 @@
+"""The lost worker's updates a replacement takes back (server/undo.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bosen.server.undo import UndoLog
+from bosen.wire import UpdateBatch
+
+
+def batch(rows: list[int], v: float) -> UpdateBatch:
+    return UpdateBatch(np.array(rows, dtype=np.int64), np.full((len(rows), 2), v, dtype=np.float32))
+
+
+def test_a_rank_s_updates_since_a_clock_come_back_negated_and_leave_the_log():
+    log = UndoLog()
+    log.record(0, 3, 0, batch([1, 2], 1.0))
+    log.record(1, 4, 0, batch([5], 7.0))
+    log.record(0, 4, 1, batch([3], 2.0))
+    log.record(0, 6, 0, batch([4], 3.0))
+    back = log.take_since(0, 4)
+    assert back is not None
+    assert [(t, b.rows.tolist(), b.values[:, 0].tolist()) for t, b in back] == [(1, [3], [-2.0]), (0, [4], [-3.0])]
+    assert log.take_since(0, 4) == []  # taken once
+    assert [b.rows.tolist() for _, b in log.take_since(0, 0) or []] == [[1, 2]]  # the older one stayed
+    assert [b.values[0, 0] for _, b in log.take_since(1, 0) or []] == [-7.0]  # another rank's, its own
+
+
+def test_a_log_trimmed_past_a_clock_cannot_take_back_from_it():
+    log = UndoLog()
+    for c in range(6):
+        log.record(0, c, 0, batch([c], 1.0))
+    log.trim(3)
+    assert log.take_since(0, 2) is None  # updates of ticks 2 are gone: the caller knows it cannot
+    back = log.take_since(0, 3)
+    assert back is not None and [b.rows.tolist() for _, b in back] == [[3], [4], [5]]
+    assert log.nbytes == 0
