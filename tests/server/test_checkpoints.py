@@ -191,10 +191,10 @@ def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp
     base = run / "checkpoints"
     np.testing.assert_array_equal(saved_sums(base, 40), tri(40))
     clients = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"kind": "client"' in x]
-    # every client rejoined the replacement once; one may have had nothing to resend (all it sent that
-    # server was in the part the replacement restored, when the kill came just after a save)
+    # every client rejoined the replacement once; what each resent depends on when the kill came (all
+    # it sent that server may be in the part the replacement restored: a kill just after a save), and
+    # the exact sums above say nothing was lost or applied twice
     assert all(c["recoveries"] == 1 for c in clients), [c["recoveries"] for c in clients]
-    assert sum(c["bytes_resent"] for c in clients) > 0, [c["bytes_resent"] for c in clients]
 
 
 @pytest.mark.slow
