@@ -34,9 +34,23 @@ def _home(key: int, shift: np.uint64) -> np.int64:
     return np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> shift)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _entry(table: np.ndarray, ids: np.ndarray, key: int, mask: int, shift: np.uint64) -> np.int64:
+    """Where ``key`` sits in ``table`` (linear probing from its home), or the empty entry its probe
+    chain ends at: where a lookup stops and an insert writes (the client's slot map; see ``_lookup``)."""
+    h = _home(key, shift)
+    while True:
+        s = table[h]
+        if s < 0 or ids[s] == key:
+            return h
+        h = (h + 1) & mask
+
+
 @njit(nogil=True, cache=True)
 def _lookup(table: np.ndarray, ids: np.ndarray, keys: np.ndarray, out: np.ndarray) -> int:
-    """Slots of ``keys`` into ``out`` (-1 where absent); returns how many are absent."""
+    """Slots of ``keys`` into ``out`` (-1 where absent); returns how many are absent. The probe loop
+    is written out here and in ``_insert`` (not ``_entry``): a lookup through ``_entry`` took 1.3x
+    the thread CPU (200,000 ids in a 1M-row map: 5.2 -> 6.8 ms), and it is a sparse shard's cost per row."""
     mask, shift = table.shape[0] - 1, _shift(table)
     missing = 0
     for i in range(keys.shape[0]):
@@ -86,12 +100,14 @@ def _insert(table: np.ndarray, ids: np.ndarray, count: int, limit: int, keys: np
 
 @njit(nogil=True, cache=True)
 def _rehash(table: np.ndarray, ids: np.ndarray, count: int) -> None:
+    """Enter slots ``0 .. count - 1`` into an empty ``table``; a negative id is a free slot."""
     mask, shift = table.shape[0] - 1, _shift(table)
     for s in range(count):
-        h = _home(ids[s], shift)
-        while table[h] >= 0:
-            h = (h + 1) & mask
-        table[h] = s
+        if ids[s] >= 0:
+            h = _home(ids[s], shift)
+            while table[h] >= 0:
+                h = (h + 1) & mask
+            table[h] = s
 
 
 class RowMap:
@@ -182,8 +198,10 @@ def _ids_array(keys: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(keys, dtype=np.int64)
 
 
-# the hash, its shift and the lookup, for other open-addressing tables of row ids laid out the same
-# way (an int32 table of slots, the ids by slot: client/slots.py)
+# the table's kernels, for other open-addressing tables of row ids laid out the same way (an int32
+# table of slots, the ids by slot, -1 a free slot: client/slots.py)
 home = _home
 shift_of = _shift
+entry = _entry
 lookup_into = _lookup
+rehash_into = _rehash

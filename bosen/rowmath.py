@@ -498,3 +498,18 @@ def _rows_of_file(path: str, global_rows: np.ndarray, shape: tuple[int, int], dt
     if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
         raise ValueError(f"init.file: {path} holds {arr.dtype} values; the table is {dtype}")
     return np.asarray(arr[global_rows], dtype=dtype)
+
+
+def grown(a: np.ndarray, n: int, fill: int | float | bool = 0, axis: int = 0) -> np.ndarray:
+    """``a`` with ``n`` entries along ``axis`` (0 or 1), the first ones copied, the rest ``fill``: a
+    per-row array grown to more rows (a sparse shard's, a client's slots)."""
+    shape = list(a.shape)
+    old, shape[axis] = shape[axis], n
+    out = np.empty(shape, dtype=a.dtype)
+    if axis == 0:
+        out[:old] = a
+        out[old:] = fill
+    else:
+        out[:, :old] = a
+        out[:, old:] = fill
+    return out

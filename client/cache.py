@@ -17,7 +17,6 @@ import numpy as np
 from numba import njit
 
 from bosen import rowmath
-from bosen.client.slots import extended
 from bosen.partition import rows_of, server_of, server_of_jit
 
 
@@ -202,7 +201,7 @@ class RowCache:
         """Room for ``rows`` rows (slots, client/slots.py): every per-row array extended, new rows
         never received. The arrays are new objects: holders of the old ones must fetch them anew."""
         for name, fill in self._per_slot():
-            setattr(self, name, extended(getattr(self, name), rows, fill))
+            setattr(self, name, rowmath.grown(getattr(self, name), rows, fill))
 
     def clear(self, slots: np.ndarray) -> None:
         """Forget rows ``slots`` (evicted): as if never received; their stamps move on, so nothing that

@@ -23,7 +23,6 @@ import numpy as np
 
 from bosen import rowmath
 from bosen.bufferpool import BufferPool
-from bosen.client.slots import extended
 
 CHUNK_BYTES = 1 << 20  # most value bytes in one update message, and so in one staged piece
 STAGE_MIN_BYTES = 64 << 10  # smaller runs go to the dense buffer: pyzmq copies such messages anyway
@@ -64,11 +63,11 @@ class UpdateBuffer:
     def grow(self, rows: int) -> None:
         """Room for ``rows`` rows (slots, client/slots.py); staging must be off (pieces name rows)."""
         assert not self.pieces
-        self.delta = extended(self.delta, rows, 0)
-        self.dirty = extended(self.dirty, rows, False)
-        self.staged = extended(self.staged, rows, False)
+        self.delta = rowmath.grown(self.delta, rows, 0)
+        self.dirty = rowmath.grown(self.dirty, rows, False)
+        self.staged = rowmath.grown(self.staged, rows, False)
         if self.ops.shape[0]:
-            self.ops = extended(self.ops, rows, 0)
+            self.ops = rowmath.grown(self.ops, rows, 0)
 
     def add_dense(self, rows: np.ndarray, deltas: np.ndarray, mirror: np.ndarray | None = None,
                   held: np.ndarray | None = None, index: slice | np.ndarray | None = None,

@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from bosen.rowmap import home, lookup_into, shift_of
+from bosen.rowmap import entry, home, lookup_into, rehash_into, shift_of
+from bosen.rowmath import grown
 
 _EMPTY = -1
 
@@ -37,27 +38,22 @@ def _translate(table, ids, last_used, top, free, nfree, per, servers, keys, star
     mask, shift = table.shape[0] - 1, shift_of(table)
     for i in range(start, keys.shape[0]):
         k = keys[i]
-        h = home(k, shift)
-        while True:
-            s = table[h]
-            if s < 0:
-                j = k % servers
-                if top[j] - nfree[j] >= limit:
-                    return i
-                if nfree[j] > 0:
-                    nfree[j] -= 1
-                    s = free[j, nfree[j]]
-                elif top[j] < per:
-                    s = top[j] * servers + j
-                    top[j] += 1
-                else:
-                    return i
-                table[h] = s
-                ids[s] = k
-                break
-            if ids[s] == k:
-                break
-            h = (h + 1) & mask
+        h = entry(table, ids, k, mask, shift)
+        s = table[h]
+        if s < 0:
+            j = k % servers
+            if top[j] - nfree[j] >= limit:
+                return i
+            if nfree[j] > 0:
+                nfree[j] -= 1
+                s = free[j, nfree[j]]
+            elif top[j] < per:
+                s = top[j] * servers + j
+                top[j] += 1
+            else:
+                return i
+            table[h] = s
+            ids[s] = k
         last_used[s] = op
         out[i] = s
     return keys.shape[0]
@@ -68,10 +64,7 @@ def _delete(table, ids, slots):  # pragma: no cover - compiled
     """Remove ``slots``' ids from the table (backward-shift deletion: the probe chains stay whole)."""
     mask, shift = table.shape[0] - 1, shift_of(table)
     for t in range(slots.shape[0]):
-        k = ids[slots[t]]
-        h = home(k, shift)
-        while table[h] >= 0 and ids[table[h]] != k:
-            h = (h + 1) & mask
+        h = entry(table, ids, ids[slots[t]], mask, shift)
         if table[h] < 0:
             continue
         i = h
@@ -89,17 +82,6 @@ def _delete(table, ids, slots):  # pragma: no cover - compiled
             i = j
         table[i] = _EMPTY
         ids[slots[t]] = -1
-
-
-@njit(nogil=True, cache=True)
-def _rehash(table, ids):  # pragma: no cover - compiled
-    mask, shift = table.shape[0] - 1, shift_of(table)
-    for s in range(ids.shape[0]):
-        if ids[s] >= 0:
-            h = home(ids[s], shift)
-            while table[h] >= 0:
-                h = (h + 1) & mask
-            table[h] = s
 
 
 class SlotMap:
@@ -169,14 +151,12 @@ class SlotMap:
         only extends its per-slot arrays to the new ``capacity``."""
         old = self.capacity
         self.per = per
-        self.ids = extended(self.ids, self.capacity, -1)
-        self.last_used = extended(self.last_used, self.capacity, 0)
-        free = np.zeros((self.servers, per), dtype=np.int64)
-        free[:, :self._free.shape[1]] = self._free
-        self._free = free
+        self.ids = grown(self.ids, self.capacity, -1)
+        self.last_used = grown(self.last_used, self.capacity, 0)
+        self._free = grown(self._free, per, 0, axis=1)
         if _table_size(self.capacity) > self._table.shape[0]:
             self._table = np.full(_table_size(self.capacity), _EMPTY, dtype=np.int32)
-            _rehash(self._table, self.ids[:old])
+            rehash_into(self._table, self.ids, old)
 
     def victims(self, server: int, count: int, keep: np.ndarray) -> np.ndarray:
         """Up to ``count`` held slots of ``server``, least recently used first, among those not
@@ -206,14 +186,3 @@ def _table_size(capacity: int) -> int:
     while size < 2 * capacity:
         size *= 2
     return size
-
-
-
-
-def extended(a: np.ndarray, n: int, fill: int | float | bool) -> np.ndarray:
-    """``a`` copied into a longer array of ``n`` along axis 0, the new part ``fill``: a per-slot
-    array grown (the cache's, the update buffer's, ...)."""
-    out = np.empty((n,) + a.shape[1:], dtype=a.dtype)
-    out[:a.shape[0]] = a
-    out[a.shape[0]:] = fill
-    return out

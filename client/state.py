@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bosen import priority, wire
+from bosen import priority, rowmath, wire
 from bosen.client.cache import RowCache
 from bosen.client.oplog import InflightLog, UpdateBuffer
-from bosen.client.slots import SlotMap, extended
+from bosen.client.slots import SlotMap
 from bosen.client.versions import VersionLog
 from bosen.config import CommConfig, TableConfig
 
@@ -97,11 +97,18 @@ class TableState:
 
     # -- rows and slots (client/slots.py) ----------------------------------------------------------
 
-    def to_slots(self, rows: np.ndarray, op: int) -> np.ndarray:
+    def to_slots(self, rows: np.ndarray, op: int | None = None) -> np.ndarray:
         """The slots of ``rows`` (checked ids), new rows given one, each touched by operation ``op``
-        (``SlotMap.begin``); makes room as needed. Under ``lock``; slotted tables only."""
+        (``SlotMap.begin``: the rows stay until it ends), or by an operation of its own, for work done
+        before ``lock`` is released; makes room as needed. Under ``lock``; slotted tables only."""
         slots = self.slots
         assert slots is not None
+        if op is None:
+            op = slots.begin()
+            try:
+                return self.to_slots(rows, op)
+            finally:
+                slots.end(op)
         out = np.empty(rows.shape[0], dtype=np.int64)
         limit = NO_LIMIT if self.slot_limit is None else self.slot_limit
         start = slots.translate(rows, op, 0, out, limit)
@@ -119,9 +126,10 @@ class TableState:
         return rows if self.slots is None else self.slots.lookup(rows)
 
     def pin(self, slots: np.ndarray, by: int) -> None:
-        """A view holds ``slots`` (``by`` +1) or lets them go (-1): held slots are never evicted."""
+        """A view holds ``slots`` (unique: a view's rows are) (``by`` +1) or lets them go (-1): held
+        slots are never evicted."""
         with self.lock:
-            np.add.at(self.pins, slots, by)
+            self.pins[slots] += by
 
     def _make_room(self, server: int, limit: int) -> int:
         """``server`` holds ``limit`` rows, or has no slot left: at ``cache_rows``, evict its least
@@ -160,10 +168,10 @@ class TableState:
             n = slots.capacity
             self.cache.grow(n)
             self.oplog.grow(n)
-            self.pins = extended(self.pins, n, 0)
-            self.send_count = extended(self.send_count, n, 0)
+            self.pins = rowmath.grown(self.pins, n, 0)
+            self.send_count = rowmath.grown(self.send_count, n, 0)
             if self.importance is not None:
-                self.importance = extended(self.importance, n, 0)
+                self.importance = rowmath.grown(self.importance, n, 0)
             if self.vlog is not None:
                 self.vlog.grow(n)
         return limit

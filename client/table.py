@@ -209,12 +209,8 @@ class Table:
         st = self._st
         if st.slots is not None:  # the view holds its rows' slots (never evicted) while it lives
             with st.lock:
-                op = st.slots.begin()
-                try:
-                    v.slots = st.to_slots(v.rows, op)
-                    st.pins[v.slots] += 1
-                finally:
-                    st.slots.end(op)
+                v.slots = st.to_slots(v.rows)
+                st.pins[v.slots] += 1
             weakref.finalize(v, st.pin, v.slots, -1)
         return v
 
@@ -400,13 +396,7 @@ class Table:
     def _slots_now(self, rows: np.ndarray) -> tuple[np.ndarray, slice | np.ndarray]:
         """The slots of ``rows`` (checked ids) for work done under the table's lock, which holds
         until it is done (nothing evicts them meanwhile), and them as an index."""
-        slots = self._st.slots
-        assert slots is not None
-        op = slots.begin()
-        try:
-            held = self._st.to_slots(rows, op)
-        finally:
-            slots.end(op)
+        held = self._st.to_slots(rows)
         return held, rowmath.rows_index(held)
 
     def _rows_index(self, rows: Any, ids: bool = True) -> tuple[np.ndarray, slice | np.ndarray]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from bosen.client.slots import extended
+from bosen import rowmath
 
 
 @njit(nogil=True, cache=True)
@@ -60,7 +60,7 @@ class VersionLog:
 
     def grow(self, rows: int) -> None:
         """Room for ``rows`` rows (slots, client/slots.py)."""
-        self.version = extended(self.version, rows, 0)
+        self.version = rowmath.grown(self.version, rows, 0)
 
     @property
     def pending(self) -> bool:

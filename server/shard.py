@@ -192,7 +192,7 @@ class TableShard:
         """Sparse: room for ``cap`` slots in every per-row array (the stored rows copied once)."""
         n = self.values.shape[0]
         for name, axis, fill in self._row_arrays():
-            setattr(self, name, _grown(getattr(self, name), cap, axis, fill))
+            setattr(self, name, rowmath.grown(getattr(self, name), cap, fill, axis))
         # the procedure's per-row state grows with them (``StoredProcedure.grow``; rows not yet stored
         # get what ``create`` gives them, as a dense table's rows start)
         assert self.row_map is not None
@@ -433,15 +433,3 @@ class TableShard:
         arrays = [getattr(self, name) for name, _, _ in self._row_arrays()] + list(self.procedure.state().values())
         extra = self.row_map.nbytes if self.row_map is not None else 0
         return extra + sum(a.nbytes for a in arrays)
-
-
-def _grown(a: np.ndarray, cap: int, axis: int, fill: int = 0) -> np.ndarray:
-    """``a`` with ``cap`` entries along ``axis``, the first ones copied, the rest ``fill``."""
-    shape = list(a.shape)
-    n, shape[axis] = shape[axis], cap
-    out = np.full(shape, fill, dtype=a.dtype)
-    if axis == 0:
-        out[:n] = a
-    else:
-        out[:, :n] = a
-    return out
