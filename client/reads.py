@@ -214,8 +214,9 @@ class ReadPath:
 
     def _timeout(self, st: TableState, rows: np.ndarray, tick: int, need: int) -> ReadTimeout:
         fresh = st.cache.fresh_clock(rows)
+        k = int(np.argmin(fresh))
         with st.lock:
-            r = int(st.row_ids(rows[np.argmin(fresh):][:1])[0])
+            r = int(st.row_ids(rows[k:k + 1])[0])
         servers = self.config.cluster.servers
         j = int(server_of(r, len(servers)))
         have = int(fresh.min())

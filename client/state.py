@@ -28,8 +28,8 @@ from bosen.config import CommConfig, TableConfig
 DIRECT_MAX_BYTES = 64 << 20
 PAGE_BYTES = 4096
 INITIAL_SLOTS = 64  # slots per server of a slotted table at first
-EVICT_FRACTION = 8
-NO_LIMIT = 1 << 62  # an eviction frees this fraction of a server's slots at once (amortized scans)
+EVICT_FRACTION = 8  # an eviction frees this fraction of a server's slots at once (amortized scans)
+NO_LIMIT = 1 << 62  # an operation's limit on a server's rows where the bound does not apply
 
 
 class TableState:
@@ -126,8 +126,8 @@ class TableState:
         return rows if self.slots is None else self.slots.lookup(rows)
 
     def pin(self, slots: np.ndarray, by: int) -> None:
-        """A view holds ``slots`` (unique: a view's rows are) (``by`` +1) or lets them go (-1): held
-        slots are never evicted."""
+        """A view holds ``slots`` (``by`` = 1) or lets them go (-1); held slots are never evicted. The
+        slots are unique, as a view's rows are."""
         with self.lock:
             self.pins[slots] += by
 

@@ -338,7 +338,6 @@ class Table:
     def _inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:
         rows, index = self._rows_index(rows)
         st = self._st
-        n_rows = rows.shape[0]
         if cols is None:
             deltas = self._deltas(deltas, check_finite=False)  # the buffer checks them as it copies them
             if deltas.shape != (rows.shape[0], self.cols):
@@ -381,7 +380,7 @@ class Table:
                     rowmath.scatter_add_coo(st.cache.values, rows, cols, deltas)
                     st.cache.touch(rows)
         w = self._worker  # its own counters: only this thread writes them
-        w.updates_buffered += n_rows
+        w.updates_buffered += rows.shape[0]  # slots or rows: one per row
         w.inc_bytes += deltas.nbytes
 
     # -- argument checks -----------------------------------------------------------------------

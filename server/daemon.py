@@ -374,7 +374,9 @@ class Server:
         at clock C, takes the rank over (docs/recovery.md, "A lost worker is replaced"). The rank's
         clock stays where the lost worker left it (T; the server clock if it had left): the
         replacement's CLOCKs of its redone ticks C..T move nothing, so no other worker is released
-        early (their SSP bound holds throughout) and they wait for it only as for a worker at T."""
+        early and they wait for it only as for a worker at T. The lost worker's updates since C are
+        taken back first (``_take_back``); until the redo adds them again the others may read values
+        without them (docs/recovery.md, "A lost worker is replaced")."""
         since = h["rp"]
         if not isinstance(since, int) or isinstance(since, bool) or since < 0:
             raise ProtocolError(f"HELLO: field 'rp' (the clock a replacement restarts from) must be an int >= 0, "
@@ -399,8 +401,8 @@ class Server:
         self._welcome(ident, h, rank)
 
     def _take_back(self, rank: int, since: int) -> None:
-        """Before a replacement for worker ``rank`` redoes ticks ``since``, ...: take back the lost
-        worker's updates of those ticks (plain-addition tables, server/undo.py) and drop its messages
+        """Before a replacement for worker ``rank`` redoes its ticks from ``since`` on: take back the
+        lost worker's updates of those ticks (plain-addition tables, server/undo.py) and drop its messages
         held past a checkpoint boundary (of those ticks too), so every update counts once."""
         if self.checkpoints is not None:
             dropped = self.checkpoints.held.pop(rank, [])
