@@ -42,6 +42,9 @@ class ClusterConfig:
     servers: tuple[str, ...]
     workers: int = 1
     server_sched: Literal["batch", "normal"] = "batch"
+    # rows are split into this many partitions, mapped to servers (bosen/partition.py); None: a few
+    # hundred, a multiple of the servers (``partition.default_partitions``)
+    partitions: int | None = None
 
     def __post_init__(self) -> None:
         check(len(self.servers) >= 1, "servers: at least one server address is required")
@@ -52,6 +55,16 @@ class ClusterConfig:
         fixed = [s for s in self.servers if not s.endswith(":0")]  # port 0: the launcher picks one
         check(len(set(fixed)) == len(fixed), "servers: duplicate address")
         check(self.workers >= 1, "workers: must be >= 1")
+        if self.partitions is not None:
+            check(len(self.servers) <= self.partitions <= MAX_PARTITIONS,
+                  f"partitions: must be between the number of servers ({len(self.servers)}) and {MAX_PARTITIONS}")
+            # the map a job starts with must be modular (partition p on server p mod S, bosen/partition.py)
+            check(self.partitions % len(self.servers) == 0,
+                  f"partitions: {self.partitions} is not a multiple of the number of servers ({len(self.servers)})")
+
+    @property
+    def num_partitions(self) -> int:
+        return self.partitions if self.partitions is not None else default_partitions(len(self.servers))
 
 
 @dataclass(frozen=True)
@@ -95,6 +108,14 @@ class CommConfig:
 INIT_KINDS = ("constant", "normal", "uniform", "file")
 # ``rows`` of a sparse table declared without it: any non-negative int64 id below it
 UNBOUNDED = 2**63 - 1
+DEFAULT_PARTITIONS = 256  # cluster.partitions when not set: rounded down to a multiple of the servers
+MAX_PARTITIONS = 1 << 16
+
+
+def default_partitions(num_servers: int) -> int:
+    """``cluster.partitions`` when the config leaves it out: a few hundred, a multiple of the servers
+    (so that the map a job starts with is modular, bosen/partition.py), at least one per server."""
+    return max(num_servers, DEFAULT_PARTITIONS // num_servers * num_servers)
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ class CommThread:
         """``made_bytes()``: bytes of increments the process's workers made so far (``Sender``'s
         hand-over at the tick)."""
         self.config = config
-        self.partition = Partition(len(config.cluster.servers))
+        self.partition = Partition(len(config.cluster.servers), config.cluster.num_partitions)
         self.tables = tables
         self.life = life
         self.notify = notify

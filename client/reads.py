@@ -24,7 +24,6 @@ from bosen.client.state import TableState
 from bosen.client.table import TableWorker
 from bosen.config import Config
 from bosen.errors import ClientClosed, ProtocolError, ReadTimeout, ServerError
-from bosen.partition import server_of
 from bosen.wire import Msg
 
 POLL_SLICE_S = 0.05  # a waiting read checks for close() and errors this often
@@ -218,7 +217,7 @@ class ReadPath:
         with st.lock:
             r = int(st.row_ids(rows[k:k + 1])[0])
         servers = self.config.cluster.servers
-        j = int(server_of(r, len(servers)))
+        j = int(self.comm.partition.owner(np.array([r]))[0])
         have = int(fresh.min())
         return ReadTimeout(
             f"read of table {st.name!r} row {r} timed out after {self.config.consistency.read_timeout_s:g}s: "

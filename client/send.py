@@ -149,15 +149,14 @@ class Sender:
     def _take_reads(self) -> list[dict[int, tuple[np.ndarray, int]]]:
         """Per server, the rows of each table this process read since its last clock (the union over
         its workers) as that server's local indices and its local row count; the marks start again."""
-        n = self.partition.num_servers
-        out: list[dict[int, tuple[np.ndarray, int]]] = [{} for _ in range(n)]
+        out: list[dict[int, tuple[np.ndarray, int]]] = [{} for _ in range(self.partition.num_servers)]
         for st in self.tables:
             with st.lock:
                 rows = st.row_ids(st.cache.take_reads())
             if st.slots is not None:
                 rows = np.sort(rows)
             for j, rj in self.partition.rows_by_server(rows):
-                out[j][st.index] = (self.partition.local(rj), (st.rows - j + n - 1) // n)
+                out[j][st.index] = (self.partition.local(rj, j), self.partition.local_count(j, st.rows))
         return out
 
     def pump(self, link: ServerLink) -> None:

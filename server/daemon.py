@@ -95,7 +95,7 @@ class Server:
         self.bind_address = f"tcp://{bind or self.address.rpartition(':')[0]}:{port}"
         self.num_clients = config.cluster.workers
         self.hold_lost = hold_lost
-        self.partition = Partition(len(config.cluster.servers))
+        self.partition = Partition(len(config.cluster.servers), config.cluster.num_partitions)
         self.fingerprint = config.fingerprint()
         self.shards = [
             TableShard(i, t, self.partition, rank, self.num_clients, procedures.load(t, config.source), config.comm,

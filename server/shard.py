@@ -22,7 +22,8 @@ GROWTH = 1.25  # a sparse shard's per-row arrays grow by this factor: amortized 
 
 
 class TableShard:
-    """Rows ``rank, rank + S, rank + 2S, ...`` of a table, stored densely by local index.
+    """The rows of a table that server ``rank`` owns (its partitions, bosen/partition.py), stored densely
+    by local index.
 
     ``subs[row, client]`` marks which clients read the row (subscribed on first read) and so receive
     its new values; ``dirty`` marks subscribed rows changed since they were last pushed. A row nobody
@@ -118,8 +119,7 @@ class TableShard:
         """Local rows a client may name in a read set (``row // S``, also for a sparse table)."""
         if self.row_map is None:
             return int(self._global_rows.shape[0])
-        s = self.partition.num_servers
-        return max(0, (self.cfg.rows - self.rank + s - 1) // s)
+        return self.partition.local_count(self.rank, self.cfg.rows)
 
     def local_rows(self, rows: np.ndarray, what: str) -> tuple[np.ndarray, slice | np.ndarray]:
         """Local indices of ``rows`` and them as an index (a slice for a run, ``rowmath.rows_index``);
@@ -136,16 +136,16 @@ class TableShard:
             return rows, index
         self._check_range(*rowmath.min_max(rows), what)
         self._check_owner(rows, what)
-        local = self.partition.local(rows)
+        local = self.partition.local(rows, self.rank)
         return local, rowmath.rows_index(local)
 
     def _check_owner(self, rows: np.ndarray, what: str) -> None:
-        n = self.partition.num_servers
-        wrong = rows % n != self.rank
+        owner = self.partition.owner(rows)
+        wrong = owner != self.rank
         if wrong.any():
-            r = int(rows[np.argmax(wrong)])
-            raise ProtocolError(f"{what}: row {r} of table {self.cfg.name!r} belongs to server "
-                                f"{r % n}, not {self.rank}")
+            i = int(np.argmax(wrong))
+            raise ProtocolError(f"{what}: row {int(rows[i])} of table {self.cfg.name!r} belongs to server "
+                                f"{int(owner[i])}, not {self.rank}")
 
     def _slots(self, rows: np.ndarray, what: str) -> np.ndarray:
         """Sparse: the slots of ``rows``. One lookup pass when all are stored already (the steady state:
@@ -199,6 +199,91 @@ class TableShard:
         ids = np.zeros(cap, dtype=np.int64)
         ids[:n] = self.row_map.ids[:n]
         self.procedure.grow(ids, self.values, n)
+
+    # -- moving partitions (Litz: scaling moves partitions, never re-partitions rows) -------------------
+
+    def export_partitions(self, parts: np.ndarray) -> dict[str, np.ndarray]:
+        """Everything this shard keeps of the rows of partitions ``parts`` (stored rows only): "rows"
+        (their ids), every per-row array (values, change flags, subscriptions, ...) and the stored
+        procedure's state (``state.NAME``); what ``relayout`` on the new owner takes in."""
+        self._check_movable()
+        n = self.stored
+        ids = self.global_rows[:n]
+        mine = np.flatnonzero(np.isin(ids % self.partition.partitions, parts))
+        out = {"rows": ids[mine].copy()}
+        for name, axis, _ in self._row_arrays():
+            if name != "_mark":
+                out[name] = np.take(getattr(self, name), mine, axis=axis)
+        for k, v in self.procedure.state().items():
+            out[f"state.{k}"] = v[mine]
+        return out
+
+    def relayout(self, partition: Partition, incoming: dict[str, np.ndarray] | None = None) -> None:
+        """Follow the map ``partition``: rows of partitions this server no longer owns are dropped,
+        rows of partitions it gained come from ``incoming`` (the old owner's ``export_partitions``;
+        absent or partial for a sparse table, whose missing rows start as if never touched), and
+        every per-row array is laid out anew in the new local order (bosen/partition.py)."""
+        self._check_movable()
+        n = self.stored
+        old_ids = self.global_rows[:n]
+        got = incoming["rows"] if incoming is not None else _NO_ROWS
+        if self.row_map is None:
+            new_ids = partition.global_rows(self.rank, self.cfg.rows)
+        else:
+            keep = old_ids[partition.owner(old_ids) == self.rank]
+            new_ids = np.concatenate([keep, got[partition.owner(got) == self.rank]])
+        m = new_ids.shape[0]
+        # where each new row comes from: its old local index here, or its position in ``incoming``
+        here = np.full(m, -1, dtype=np.int64)
+        stayed = self.partition.owner(new_ids) == self.rank
+        if self.row_map is None:
+            here[stayed] = self.partition.local(new_ids[stayed], self.rank)
+        else:
+            here[stayed] = self.row_map.lookup(new_ids[stayed])
+        came = np.flatnonzero(here < 0)
+        at = came
+        if came.shape[0]:
+            order = np.argsort(got)
+            at = order[np.minimum(np.searchsorted(got, new_ids[came], sorter=order), max(got.shape[0] - 1, 0))] \
+                if got.shape[0] else came
+            if got.shape[0] == 0 or not np.array_equal(got[at], new_ids[came]):
+                raise ProtocolError(f"MOVE: table {self.cfg.name!r}: rows of partitions this server gains are "
+                                    "missing from what the old owner sent")
+        kept = np.flatnonzero(here >= 0)
+        state = self.procedure.state()
+        old = {name: getattr(self, name) for name, _, _ in self._row_arrays()}
+        values = rowmath.init_rows(self.cfg.init, new_ids, (self.cfg.rows, self.cfg.cols), self.dtype, self.index) \
+            if self.row_map is not None else np.empty((m, self.cfg.cols), dtype=self.dtype)
+        for name, axis, fill in self._row_arrays():
+            arr = old[name]
+            shape = list(arr.shape)
+            shape[axis] = m
+            new = values if name == "values" else np.full(shape, fill, dtype=arr.dtype)
+            put = (slice(None),) * axis
+            new[put + (kept,)] = np.take(arr, here[kept], axis=axis)
+            if came.shape[0] and incoming is not None and name in incoming:
+                new[put + (came,)] = np.take(incoming[name], at, axis=axis)
+            setattr(self, name, new)
+        if self.row_map is not None:
+            self.row_map = RowMap.of(new_ids)
+        else:
+            self._global_rows = new_ids
+        self.procedure.create(new_ids, self.values)  # fresh state arrays at the new size, then filled
+        for k, v in self.procedure.state().items():
+            v[kept] = state[k][here[kept]]
+            if came.shape[0] and incoming is not None and f"state.{k}" in incoming:
+                v[came] = incoming[f"state.{k}"][at]
+        self.partition = partition
+        # bookkeeping by local index starts again from the flags that moved
+        self._changed = [np.flatnonzero(self.dirty)]
+        self.pending = bool(self._changed[0].shape[0])
+        self.has_readers = bool(self.subscribed.any())
+        self._recent_rows = [[np.flatnonzero(self.recent[:, c])] for c in range(len(self._recent_rows))]
+
+    def _check_movable(self) -> None:
+        if self.procedure.versioned:
+            raise ConfigError(f"tables.{self.cfg.name}: partitions of a table with a versioned procedure "
+                              f"({self.cfg.update}) cannot move yet (its row versions and holdings stay put)")
 
     def _check_range(self, lo: int, hi: int, what: str) -> None:
         if lo < 0 or hi >= self.cfg.rows:
@@ -344,8 +429,8 @@ class TableShard:
         Only the rows marked before and those read now are touched: O(read set), not O(table)."""
         if not self.readers_only:
             return
-        if self.row_map is not None:  # the client names rows by ``row // S``: their slots, sorted
-            slots = self.row_map.lookup(read * self.partition.num_servers + self.rank)
+        if self.row_map is not None:  # the client names rows by their local index: their slots, sorted
+            slots = self.row_map.lookup(self.partition.global_of(read, self.rank))
             read = np.sort(slots[slots >= 0])
         marked = self._recent_rows[client]
         prev = np.concatenate(marked) if marked else read[:0]

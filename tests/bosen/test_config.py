@@ -432,3 +432,13 @@ def test_ray_section_defaults_round_trip_and_errors(tmp_path):
         tmp_path, with_("ray.server_resources", {"GPU": 1}))
     assert "ray.worker_cpus: a worker's bundle must ask for something" in load_error(
         tmp_path, with_("ray.worker_cpus", 0))
+
+
+def test_partitions_default_to_a_few_hundred_a_multiple_of_the_servers(tmp_path):
+    cfg = config_mod.load(BASE)
+    servers = len(cfg.cluster.servers)
+    assert cfg.cluster.num_partitions % servers == 0 and 200 <= cfg.cluster.num_partitions <= 256
+    assert config_mod.load(with_("cluster.partitions", 8 * servers)).cluster.num_partitions == 8 * servers
+    assert "cluster.partitions: must be between" in load_error(tmp_path, with_("cluster.partitions", 0))
+    assert "is not a multiple of the number of servers" in load_error(
+        tmp_path, with_("cluster.partitions", 2 * servers + 1))
