@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(PY) -m bench.recovery --quick
 	$(PY) -m bench.actorps --quick
 	$(PY) -m bench.tablesize --quick
+	$(PY) -m bench.elastic --quick
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache build/typecheck

@@ -107,16 +107,17 @@ class Partition:
         parts = self.owned[server]
         return full * parts.shape[0] + int(np.count_nonzero(parts < rest))
 
-    def split(self, rows: np.ndarray) -> list[np.ndarray]:
-        """Positions in ``rows`` grouped by owning server (one vectorized pass per server)."""
+    def split(self, rows: np.ndarray, owners: np.ndarray | None = None) -> list[np.ndarray]:
+        """Positions in ``rows`` grouped by owning server (one vectorized pass per server);
+        ``owners``: each row's server, if the caller knows it (rows that are slots)."""
         if self.num_servers == 1:
             return [np.arange(rows.shape[0])]
-        own = self.owner(rows)
+        own = self.owner(rows) if owners is None else owners
         return [np.flatnonzero(own == j) for j in range(self.num_servers)]
 
-    def rows_by_server(self, rows: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    def rows_by_server(self, rows: np.ndarray, owners: np.ndarray | None = None) -> list[tuple[int, np.ndarray]]:
         """(server, its rows of ``rows`` in their order) for every server that owns some; with one
-        server, ``rows`` as they are (no gather)."""
+        server, ``rows`` as they are (no gather). ``owners``: as for ``split``."""
         if self.num_servers == 1:
             return [(0, rows)] if rows.shape[0] else []
-        return [(j, rows[pos]) for j, pos in enumerate(self.split(rows)) if pos.shape[0]]
+        return [(j, rows[pos]) for j, pos in enumerate(self.split(rows, owners)) if pos.shape[0]]

@@ -513,3 +513,20 @@ def grown(a: np.ndarray, n: int, fill: int | float | bool = 0, axis: int = 0) ->
         out[:, :old] = a
         out[:, old:] = fill
     return out
+
+
+@njit(nogil=True, cache=True)
+def _copy_rows(dst, dst_rows, src, src_rows):  # pragma: no cover - compiled
+    for i in range(dst_rows.shape[0]):
+        d, s = dst_rows[i], src_rows[i]
+        for k in range(dst.shape[1]):
+            dst[d, k] = src[s, k]
+
+
+def copy_rows(dst: np.ndarray, dst_rows: np.ndarray, src: np.ndarray, src_rows: np.ndarray) -> None:
+    """``dst[dst_rows[i]] = src[src_rows[i]]`` for every i, in one pass with no temporary (a numpy
+    gather then scatter of a moved partition's rows took three times as long): 2-D arrays of one
+    dtype, or 1-D ones (then viewed as one column)."""
+    if dst.ndim == 1:
+        dst, src = dst.reshape(-1, 1), src.reshape(-1, 1)
+    _copy_rows(dst, dst_rows, src, src_rows)

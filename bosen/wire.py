@@ -26,6 +26,11 @@ in its update; ``UpdateBatch.weights``), ``ft`` ROWS's send time (server ``time.
 ``u`` FLUSH's parts: one ``[table, n, dtype, sparse, weights]`` entry per table update it carries, their
 frames in that order (as INC's), then the read set's frames (``rs``); FLUSH is the end-of-tick flush's
 one message to a server: the updates of every table and, with ``c`` (and ``ck``, ``rs``), its clock.
+
+Partition moves (docs/design.md, "Partitions"): ``mv`` the partition map's version a PLAN, PAUSED, MAP
+or MOVE is about (an ERROR with ``mv``: the rows asked for have moved, ask again under the new map);
+``op`` MOVE's step (plan, wait, export, map, abort); ``x`` PLAN's cancel flag; ``ar`` the arrays a
+MOVE, MOVE_REPLY or MAP carries: one ``[name, dtype, shape]`` entry per array frame, in order.
 """
 
 from __future__ import annotations
@@ -82,6 +87,8 @@ class Msg(IntEnum):
     PUSH_ACK = 7
     PROBE = 8  # freshness probe: rows read and the others' update count of the values read
     FLUSH = 9  # several tables' updates (INC parts) and optionally the sender's clock, in one message
+    PAUSED = 10  # a partition move's plan: this client sends nothing more until the new map
+    MOVE = 11  # a step of moving partitions, from whoever moves them (``bosen.jobs.moves``)
     # server -> client
     WELCOME = 20
     ROWS = 21
@@ -92,6 +99,9 @@ class Msg(IntEnum):
     STATUS_REPLY = 26
     PING = 27  # liveness probe: a client that is gone makes the send fail (nothing is answered)
     PROBE_REPLY = 28
+    PLAN = 29  # partitions will move: pause sends after the first clock >= c (or at once)
+    MAP = 30  # the new partition map (each server sends it after its last message under the old one)
+    MOVE_REPLY = 31
 
 
 _MSG = {int(m): m for m in Msg}
@@ -118,7 +128,15 @@ _SCHEMA: dict[Msg, dict[str, type]] = {
     Msg.STATUS_REPLY: {"rq": _INT},
     Msg.PING: {},
     Msg.PROBE_REPLY: {"rq": _INT, "n": _INT, "ms": _INT, "mx": _INT},
+    Msg.PAUSED: {"s": _INT, "mv": _INT},
+    Msg.MOVE: {"s": _INT, "op": str, "mv": _INT, "ar": list},
+    Msg.PLAN: {"mv": _INT, "c": _INT},
+    Msg.MAP: {"mv": _INT, "ar": list},
+    Msg.MOVE_REPLY: {"rq": _INT, "ar": list},
 }
+# numeric dtypes an array of a MOVE, MOVE_REPLY or MAP may have (``decode_arrays``)
+ARRAY_DTYPES = {np.dtype(x).str: np.dtype(x) for x in
+                ("bool", "int8", "int16", "int32", "int64", "uint16", "float16", "float32", "float64")}
 # Number of array frames after the header; INC depends on the sparse flag.
 _FRAMES = {Msg.READ: 1, Msg.ROWS: 2, Msg.STATUS_REPLY: 1, Msg.PROBE: 2}
 COUNT_DTYPE = np.dtype(np.int64)  # update counts (ROWS "fr", PROBE)
@@ -269,7 +287,43 @@ def expected_frames(h: dict[str, Any]) -> int:
         return len(_read_set_entries(h))
     if h["t"] == Msg.FLUSH:
         return sum(part_frames(p) for p in flush_parts(h)) + (len(_read_set_entries(h)) if "rs" in h else 0)
+    if h["t"] in (Msg.MOVE, Msg.MOVE_REPLY, Msg.MAP):
+        return len(h["ar"])
+    if h["t"] == Msg.WELCOME:  # the partition map, once partitions moved (``mv``): owner per partition
+        return 1 if "mv" in h else 0
     return _FRAMES.get(h["t"], 0)
+
+
+def encode_arrays(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[Any]:
+    """A message carrying named arrays of any numeric dtype and shape (MOVE, MOVE_REPLY, MAP): each
+    described in the header's ``ar`` and sent as its own frame."""
+    ar, data = [], []
+    for name, a in arrays.items():
+        a = np.ascontiguousarray(a)
+        if a.dtype.str not in ARRAY_DTYPES:
+            raise ValueError(f"array {name!r}: dtype {a.dtype} cannot travel")
+        ar.append([name, a.dtype.str, list(a.shape)])
+        data.append(a)
+    return encode({**header, "ar": ar}, *data)
+
+
+def decode_arrays(h: dict[str, Any], frames: Sequence[Any]) -> dict[str, np.ndarray]:
+    """The named arrays of a message built by ``encode_arrays``, each checked (name, dtype, shape,
+    byte length) and viewed without a copy."""
+    what = h["t"].name
+    out: dict[str, np.ndarray] = {}
+    for i, entry in enumerate(h["ar"]):
+        if (not isinstance(entry, list) or len(entry) != 3 or type(entry[0]) is not str
+                or type(entry[1]) is not str or not isinstance(entry[2], list)
+                or not all(type(d) is int and d >= 0 for d in entry[2])):
+            raise ProtocolError(f"{what}: array entry {i} must be [name, dtype, shape], got {entry!r}")
+        name, dt, shape = entry
+        dtype = ARRAY_DTYPES.get(dt)
+        if dtype is None:
+            raise ProtocolError(f"{what}: array {name!r} has dtype {dt!r}, not one that may travel")
+        count = int(np.prod(shape)) if shape else 1
+        out[name] = array(frames[i], dtype, count, f"{what} array {name!r}").reshape(shape)
+    return out
 
 
 def check_frames(h: dict[str, Any], arrays: int) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit
 
 from bosen import rowmath
-from bosen.partition import rows_of, server_of, server_of_jit
+from bosen.partition import Partition, rows_of
 
 
 @njit(nogil=True, cache=True)
@@ -55,28 +55,35 @@ def _count_known(clock, requested, rows):  # pragma: no cover - compiled
     return n
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _part(ids, r, parts):  # pragma: no cover - compiled
+    """The partition of row (or slot: ``ids`` non-empty, the slot's row id) ``r``."""
+    return (ids[r] if ids.shape[0] else r) % parts
+
+
 @njit(nogil=True, cache=True)
-def _read_stats(early, clock, server_clock, rows, tick, read_now):  # pragma: no cover - compiled
+def _read_stats(early, clock, server_clock, ids, rows, tick, read_now):  # pragma: no cover - compiled
     n_early = 0
     stale = 0
-    servers = server_clock.shape[0]
+    parts = server_clock.shape[0]
     for i in range(rows.shape[0]):
         r = rows[i]
         read_now[r] = True
         if early[r]:
             n_early += 1
         c = clock[r]
-        sc = server_clock[server_of_jit(r, servers)]
+        sc = server_clock[_part(ids, r, parts)]
         stale += tick - (c if c > sc else sc)
     return n_early, stale
 
 
 @njit(nogil=True, cache=True)
-def _read_fresh(values, clock, server_clock, early, rows, need, tick, out, read_now):  # pragma: no cover - compiled
+def _read_fresh(values, clock, server_clock, ids, early, rows, need, tick, out,
+                read_now):  # pragma: no cover - compiled
     """Copy ``values[rows]`` into ``out`` if every row is in range and fresh for ``need``; returns
     (0, rows holding an early-pushed value, Σ tick - their clocks), or (1, i, 0) at the first row
     ``i`` out of range, or (2, i, 0) at the first row not fresh (``out`` is then partly written)."""
-    servers = server_clock.shape[0]
+    parts = server_clock.shape[0]
     nrows = clock.shape[0]
     cols = values.shape[1]
     n_early = 0
@@ -88,7 +95,7 @@ def _read_fresh(values, clock, server_clock, early, rows, need, tick, out, read_
         c = clock[r]
         if c < 0:
             return 2, i, 0
-        sc = server_clock[server_of_jit(r, servers)]
+        sc = server_clock[_part(ids, r, parts)]
         f = c if c > sc else sc
         if f < need:
             return 2, i, 0
@@ -102,7 +109,7 @@ def _read_fresh(values, clock, server_clock, early, rows, need, tick, out, read_
 
 
 @njit(nogil=True, cache=True)
-def _refresh_fresh(values, clock, server_clock, early, stamp, rows, pos, need, tick, out, base, seen,
+def _refresh_fresh(values, clock, server_clock, ids, early, stamp, rows, pos, need, tick, out, base, seen,
                    read_now, both):  # pragma: no cover - compiled
     """``_read_fresh`` for a view's rows at positions ``pos`` (rows known to be in range): checks each
     row's clock and counts what the read counters want, but copies into ``out`` and ``base`` only the
@@ -110,7 +117,7 @@ def _refresh_fresh(values, clock, server_clock, early, stamp, rows, pos, need, t
     (``both`` False: ``base`` is ``out``, written once). Returns (0, rows holding an early-pushed
     value, Σ tick - their clocks, rows copied), or (2, i, 0, rows copied) at the first row not fresh
     (rows before it may be copied already: correct values, stamps kept)."""
-    servers = server_clock.shape[0]
+    parts = server_clock.shape[0]
     n_early = 0
     stale = 0
     copied = 0
@@ -120,7 +127,7 @@ def _refresh_fresh(values, clock, server_clock, early, stamp, rows, pos, need, t
         c = clock[r]
         if c < 0:
             return 2, i, 0, copied
-        sc = server_clock[0] if servers == 1 else server_clock[server_of_jit(r, servers)]  # no division
+        sc = server_clock[_part(ids, r, parts)]
         f = c if c > sc else sc
         if f < need:
             return 2, i, 0, copied
@@ -165,10 +172,15 @@ def _copy_if_moved(values, stamp, r, p, out, base, seen, both):  # pragma: no co
 
 class RowCache:
     """Indexed by row, or by slot for a table whose client keeps only the rows it touches
-    (client/slots.py): the same rules either way, slots keep their row's server."""
+    (client/slots.py): the same rules either way.
 
-    def __init__(self, rows: int, cols: int, dtype: np.dtype, num_servers: int = 1, counts: bool = False,
-                 pushed: bool = True) -> None:
+    A server clock holds for the partitions that server owns (bosen/partition.py): ``server_clock``
+    is kept per partition, raised for all of a server's at its clock message, so a partition that
+    moves takes its clock rules to its new owner. A row's partition is its id mod P (for a slot, the
+    id it holds: ``ids``, the slot map's, set by the table's state)."""
+
+    def __init__(self, rows: int, cols: int, dtype: np.dtype, partition: Partition | None = None,
+                 counts: bool = False, pushed: bool = True) -> None:
         """``pushed`` False: the servers never push these rows (``push: false``), so a server clock
         says nothing about them: a row is as fresh as the value last received, and a read of a row
         too old asks for it again (``claim``)."""
@@ -179,8 +191,10 @@ class RowCache:
         self.clock = np.full(rows, -1, dtype=np.int64)  # as received; see fresh_clock
         self.requested = np.zeros(rows, dtype=bool)
         self.ss = np.zeros(rows, dtype=np.int64)  # the server's number of the ROWS message last applied
-        self.num_servers = num_servers
-        self.server_clock = np.zeros(num_servers, dtype=np.int64)  # last SCLOCK of each server
+        partition = partition or Partition(1)
+        self.num_servers = partition.num_servers
+        self.server_clock = np.zeros(partition.partitions, dtype=np.int64)  # last SCLOCK of each partition's owner
+        self.ids = np.zeros(0, dtype=np.int64)  # a slotted table's row id per slot (empty: indexed by row)
         # rows whose value came in a budgeted (mid-clock) push since their server's last clock message
         self.early = np.zeros(rows, dtype=bool)
         # rows read since the process's last CLOCK (its read set under comm.push_to: readers)
@@ -211,30 +225,47 @@ class RowCache:
                 getattr(self, name)[slots] = fill
         self.stamp[slots] += 1
 
-    def raise_clock(self, server: int, clock: int) -> None:
-        """A server clock message: every cached row of that server is now valid for ``clock``."""
-        if clock > self.server_clock[server] and self.pushed:
-            self.server_clock[server] = clock
-            self.early[rows_of(server, self.num_servers)] = False
+    def raise_clock(self, server: int, clock: int, partition: Partition) -> None:
+        """A server clock message: every cached row of that server's partitions is now valid for
+        ``clock``."""
+        if not self.pushed:
+            return
+        parts = partition.owned[server]
+        if not parts.shape[0] or clock <= self.server_clock[parts].min():
+            return
+        self.server_clock[parts] = np.maximum(self.server_clock[parts], clock)
+        self.early[self.rows_of(server, partition)] = False
+
+    def rows_of(self, server: int, partition: Partition) -> slice | np.ndarray:
+        """The rows (slots) this cache holds of ``server``'s partitions, as an index: a slice under a
+        modular map (a slot's class is its row's id mod S, client/slots.py), else a mask."""
+        if partition.modular:
+            return rows_of(server, partition.num_servers)
+        return partition.owner_of[self.partition_of(np.arange(self.clock.shape[0]))] == server
+
+    def partition_of(self, rows: np.ndarray) -> np.ndarray:
+        """The partition of each of ``rows`` (slots: of the row each holds)."""
+        return (self.ids[rows] if self.ids.shape[0] else rows) % self.server_clock.shape[0]
 
     def read_stats(self, rows: np.ndarray, tick: int) -> tuple[int, int]:
         """(rows of ``rows`` holding an early-pushed value, Σ tick - their clocks) for read counters:
         one compiled pass, no temporaries (a numpy version doubled a one-row cache hit's cost)."""
-        return _read_stats(self.early, self.clock, self.server_clock, rows, tick, self.read_now)  # Python ints
+        # Python ints
+        return _read_stats(self.early, self.clock, self.server_clock, self.ids, rows, tick, self.read_now)
 
     def read_fresh(self, rows: np.ndarray, need: int, tick: int, out: np.ndarray) -> tuple[int, int, int]:
         """A read whose rows are all cached and fresh for clock ``need``, in one compiled pass (the
         caller holds the table's lock): checks each row's range and clock, counts what the read
         counters want and copies the values into ``out``. See ``_read_fresh`` for the result."""
-        return _read_fresh(self.values, self.clock, self.server_clock, self.early, rows, need, tick, out,
+        return _read_fresh(self.values, self.clock, self.server_clock, self.ids, self.early, rows, need, tick, out,
                            self.read_now)
 
     def refresh_fresh(self, rows: np.ndarray, pos: np.ndarray, need: int, tick: int, out: np.ndarray,
                       base: np.ndarray, seen: np.ndarray) -> tuple[int, int, int, int]:
         """``read_fresh`` for a view's ``rows`` at positions ``pos``: copies only rows written since the
         view's last copy of them (``seen``: their stamps then; updated). See ``_refresh_fresh``."""
-        return _refresh_fresh(self.values, self.clock, self.server_clock, self.early, self.stamp, rows, pos, need,
-                              tick, out, base, seen, self.read_now, base is not out)
+        return _refresh_fresh(self.values, self.clock, self.server_clock, self.ids, self.early, self.stamp, rows, pos,
+                              need, tick, out, base, seen, self.read_now, base is not out)
 
     def copy_changed(self, rows: np.ndarray, pos: np.ndarray, out: np.ndarray, base: np.ndarray,
                      seen: np.ndarray) -> int:
@@ -248,7 +279,7 @@ class RowCache:
     def fresh_clock(self, rows: np.ndarray) -> np.ndarray:
         """The clock each row's cached value is valid for (-1: not cached)."""
         own = self.clock[rows]
-        return np.where(own >= 0, np.maximum(own, self.server_clock[server_of(rows, self.num_servers)]), -1)
+        return np.where(own >= 0, np.maximum(own, self.server_clock[self.partition_of(rows)]), -1)
 
     def min_clock(self, rows: np.ndarray, index: slice | np.ndarray | None = None) -> int:
         """The lowest clock among ``rows`` (-1 if one is not cached); ``rows`` must not be empty.
@@ -276,15 +307,23 @@ class RowCache:
         True; else change nothing and return False."""
         return _receive_run(self.ss, self.requested, self.clock, lo, n, msg, clock)
 
-    def forget_server(self, server: int) -> None:
+    def forget_server(self, server: int, partition: Partition) -> None:
         """``server`` was replaced by one restarted from a checkpoint: nothing cached from it holds,
         and its clock and message numbers start again. Its rows are read anew (and so subscribed)."""
-        sl = rows_of(server, self.num_servers)
+        sl = self.rows_of(server, partition)
         self.clock[sl] = -1
         self.requested[sl] = False
         self.ss[sl] = 0
         self.early[sl] = False
-        self.server_clock[server] = 0
+        self.server_clock[partition.owned[server]] = 0
+
+    def moved(self, parts: np.ndarray) -> None:
+        """Partitions ``parts`` moved to another server (where every cached value and clock still
+        holds): their rows' message numbers start again with the new owner's, and every row asked
+        for is asked again."""
+        mine = np.isin(self.partition_of(np.arange(self.clock.shape[0])), parts)
+        self.ss[mine] = 0
+        self.requested[:] = False  # reads parked on any server were answered "moved"
 
     def take_reads(self) -> np.ndarray:
         """Rows read since the last call, sorted; the marks start again (the caller holds the lock)."""

@@ -33,6 +33,7 @@ from bosen.client.worker import WORKER_COUNTERS, Shared, Worker
 from bosen.config import Config
 from bosen.errors import BosenError
 from bosen.metrics import mbps, send_histogram
+from bosen.partition import Partition
 from bosen.phases import merge
 
 JOIN_TIMEOUT_S = 30.0
@@ -64,8 +65,8 @@ class Client:
                  join_timeout: float = JOIN_TIMEOUT_S) -> None:
         config.require_tables()
         self.config = config
-        servers = len(config.cluster.servers)
-        self._tables = [TableState(i, t, config.staleness_of(t), servers, config.comm,
+        partition = Partition(len(config.cluster.servers), config.cluster.num_partitions)
+        self._tables = [TableState(i, t, config.staleness_of(t), partition, config.comm,
                                    config.metrics.freshness_every) for i, t in enumerate(config.tables)]
         self._life = Lifecycle()
         # workers in this process, and the counters of those that left
@@ -74,7 +75,7 @@ class Client:
         self._departed: dict[str, float] = dict.fromkeys(WORKER_COUNTERS, 0)
         self._departed_phases: dict[str, dict[str, Any]] = {}  # metrics.profile: workers that left
         self._fresh = fresh = threading.Condition()  # rows arrived, a clock went out, failed or closing
-        self._comm = CommThread(config, self._tables, self._life, self._notify, self._inc_bytes)
+        self._comm = CommThread(config, self._tables, self._life, self._notify, self._inc_bytes, partition)
         for st in self._tables:  # a bounded cache full of unsent updates sends them early (client/slots.py)
             if st.slot_limit is not None:
                 st.send_early = functools.partial(self._comm.submit, self._comm.sender.flush, None)

@@ -31,6 +31,7 @@ from bosen.client import receive
 from bosen.client.lifecycle import Lifecycle, Phase
 from bosen.client.link import LinkState, ServerLink
 from bosen.client.loopthread import LoopThread
+from bosen.client.moves import MapFollower
 from bosen.client.recovery import RECOVERY_TIMEOUT_S, Recovery, ResendLog
 from bosen.client.send import Sender
 from bosen.client.state import TableState
@@ -68,11 +69,11 @@ class _AckedSeqs(Sequence[int]):
 
 class CommThread:
     def __init__(self, config: Config, tables: list[TableState], life: Lifecycle,
-                 notify: Callable[[], None], made_bytes: Callable[[], int]) -> None:
+                 notify: Callable[[], None], made_bytes: Callable[[], int], partition: Partition | None = None) -> None:
         """``made_bytes()``: bytes of increments the process's workers made so far (``Sender``'s
         hand-over at the tick)."""
         self.config = config
-        self.partition = Partition(len(config.cluster.servers), config.cluster.num_partitions)
+        self.partition = partition or Partition(len(config.cluster.servers), config.cluster.num_partitions)
         self.tables = tables
         self.life = life
         self.notify = notify
@@ -109,6 +110,8 @@ class CommThread:
             Msg.STATUS_REPLY: self._on_reply,
             Msg.PING: lambda link, h, arrays: None,  # the server checks that we are still there
             Msg.PROBE_REPLY: self._on_probe_reply,
+            Msg.PLAN: lambda link, h, arrays: self.moves.on_plan(link, h),
+            Msg.MAP: self._on_map,
         }
         self.thread = LoopThread("bosen-comm", self._fail)
         # metrics.profile: this thread's phases, "receive" (ROWS into the cache), "send" (flushes and
@@ -117,9 +120,11 @@ class CommThread:
         self.sender = Sender(tables, self.links, self.partition, config.comm, self.bucket, self.counters,
                              self.thread, life, notify, self._fail, made_bytes)
         self.sender.phases = self.phases
+        self.moves = MapFollower(tables, self.links, self.partition, self._take_map, self._handle, self._resume)
+        self.sender.moves = self.moves
         self._last_kind: Msg | None = None  # the kind of the message being handled (for the profile)
         self.recovery = Recovery(tables, life, self._reconnect, self._hello_again, self.sender.pump, notify,
-                                 self._fail)
+                                 self._fail, lambda: self.partition)
         self._ctx: zmq.Context | None = None
         self._socks: list[LoopSocket] = []  # every socket the loop serves, the monitors' too
         self._tasks: list[asyncio.Task] = []
@@ -282,6 +287,7 @@ class CommThread:
         welcomes = await asyncio.gather(*(self._request(link, dict(hello), timeout) for link in rest))
         for link in rest:
             link.state = LinkState.JOINED
+        self._follow_map((h, *welcomes), rejoin is not None)
         if rejoin is not None:
             for link, w in zip(self.links, (h, *welcomes), strict=True):
                 link.server_clock = w["c"]
@@ -293,6 +299,23 @@ class CommThread:
         for link in self.links:
             link.server_clock = h["c"]
         return rank, h["c"]
+
+    def _follow_map(self, welcomes: Sequence[dict[str, Any]], rejoin: bool) -> None:
+        """The partition map the servers follow (WELCOME ``mv``: partitions moved, or the job resumed
+        from a checkpoint saved after they did); every server must follow the same one."""
+        versions = {w.get("mv", 0) for w in welcomes}
+        if len(versions) != 1:
+            raise ProtocolError(f"WELCOME: the servers follow different partition maps (versions {sorted(versions)}): "
+                                "a server restored from a checkpoint older than a partition move cannot rejoin; "
+                                "resume the whole job from its checkpoint")
+        version = versions.pop()
+        if version == self.partition.version:
+            return
+        if rejoin or not isinstance(version, int) or "pm" not in welcomes[0]:
+            raise ProtocolError(f"WELCOME: partition map version {version!r}, but this client follows "
+                                f"{self.partition.version}")
+        self.moves.follow(Partition(self.partition.num_servers, self.partition.partitions, welcomes[0]["pm"],
+                                    version))
 
     def _set_capabilities(self, flags: Any) -> None:
         """Per-table flags from server 0's WELCOME: read-my-writes and versioning (absent: the config's
@@ -349,7 +372,26 @@ class CommThread:
         finally:
             ph.stop("receive" if self._last_kind is Msg.ROWS else "other_in", t)
 
+    def _take_map(self, partition: Partition) -> None:
+        self.partition = partition
+        self.sender.partition = partition
+
+    def _resume(self) -> None:
+        for link in self.links:
+            self.sender.pump(link)
+        self.notify()
+
+    def _on_map(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
+        owner = wire.decode_arrays(h, arrays).get("owner")
+        if owner is None or owner.shape != (self.partition.partitions,) or owner.dtype.kind not in "iu" \
+                or (owner.shape[0] and (owner.min() < 0 or owner.max() >= self.partition.num_servers)):
+            raise ProtocolError(f"MAP: needs an 'owner' array of {self.partition.partitions} servers in "
+                                f"[0, {self.partition.num_servers})")
+        self.moves.on_map(link, h, owner)
+
     def _handle(self, link: ServerLink, frames: list[Any]) -> None:
+        if self.moves.held and self.moves.hold(link, frames):
+            return  # after this server's new map: handled once every server's is in
         self.counters["msgs_received"] += 1
         self.counters["bytes_received"] += sum(map(len, frames))
         self._last_kind = None
@@ -403,7 +445,7 @@ class CommThread:
         each owning server; the replies are counted as they come
         (``_on_probe_reply``), never awaited. Probes still unanswered when the client leaves are
         dropped: ``freshness_probes`` - ``freshness_probes_answered`` says how many."""
-        if self.life.leaving or self.life.failed:
+        if self.life.leaving or self.life.failed or self.moves.moving:
             return
         part = self.partition
         for j, pos in enumerate(part.split(rows)) if part.num_servers > 1 else [(0, None)]:
@@ -437,7 +479,7 @@ class CommThread:
         for st in self.tables:
             with st.lock:
                 st.inflight[link.index].settle(h["a"])
-                st.cache.raise_clock(link.index, c)
+                st.cache.raise_clock(link.index, c, self.partition)
         self._acked(link, h["a"])  # the server sends no ACK for an INC that carried the clock it answers
 
     def _on_ack(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
@@ -462,6 +504,8 @@ class CommThread:
             self.sender.pump(link)  # the window opened: the flush goes on
 
     def _on_error(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
+        if isinstance(h.get("mv"), int):  # a read parked there while its rows moved: asked again
+            return
         self.counters["server_errors"] += 1
         err = ServerError(f"{link} rejected message {h['rq']}: {h['m']}")
         fut = link.pending.get(h["rq"])
@@ -475,4 +519,6 @@ class CommThread:
         if fut is not None and not fut.done():
             if h["t"] == Msg.STATUS_REPLY:
                 h["stats"] = wire.decode_status(arrays[0])
+            elif h["t"] == Msg.WELCOME and arrays:
+                h["pm"] = wire.array(arrays[0], np.dtype(np.int32), self.partition.partitions, "WELCOME partition map")
             fut.set_result(h)

@@ -77,8 +77,14 @@ class ReadPath:
         worker.blocked_reads += 1
         got = None
         try:
-            if missing.shape[0] and st.direct_reads and not self.comm.lost_a_server:
-                got = self._read_direct(st, missing, need, tick, deadline)
+            moves = self.comm.moves
+            if missing.shape[0] and st.direct_reads and not self.comm.lost_a_server and moves.begin_direct_read():
+                try:
+                    got = self._read_direct(st, missing, need, tick, deadline)
+                finally:
+                    moves.end_direct_read()
+                    if moves.moving:  # the new map waits for reads on workers' sockets to end
+                        self.comm.submit(moves.try_take)
                 if got is not None and (type(index) is not slice or missing.shape[0] != rows.shape[0]):
                     got = None
             elif missing.shape[0]:
@@ -108,7 +114,8 @@ class ReadPath:
         brought them and the cache took them unchanged, else None."""
         reader = self._reader()
         comm = self.comm
-        parts = comm.partition.rows_by_server(rows)
+        with st.lock:
+            parts = st.by_server(rows)
         with st.lock:
             pins = [(j, st.inflight[j].pin()) for j, _ in parts]
         left: dict[int, tuple[int, int]] = {}  # server -> (its READ's number, rows still to come)
@@ -131,6 +138,8 @@ class ReadPath:
                         if j not in left or h.get("rq", -1) != left[j][0]:
                             continue  # the answer to an abandoned read: its rows were asked for again
                         if h["t"] == Msg.ERROR:
+                            if isinstance(h.get("mv"), int):
+                                return None  # its rows moved: asked again under the new map
                             raise ServerError(f"server {j} ({self.config.cluster.servers[j]}) rejected a read: "
                                               f"{h['m']}")
                         if h["t"] != Msg.ROWS:
@@ -154,7 +163,7 @@ class ReadPath:
                 for j, floor in pins:
                     st.inflight[j].unpin(floor)
                 for j in left:  # not answered: whoever reads them next asks again
-                    st.cache.requested[rows[comm.partition.owner(rows) == j]] = False
+                    st.cache.requested[rows[st.servers_of(rows) == j]] = False
         self.notify()  # other threads may wait for these rows
         return whole
 

@@ -23,6 +23,7 @@ from bosen.client.lifecycle import Lifecycle
 from bosen.client.link import LinkState, ServerLink
 from bosen.client.state import TableState
 from bosen.errors import BosenError, ServerError, ServerLost
+from bosen.partition import Partition
 
 log = logging.getLogger("bosen.client")
 # A lost server's replacement must welcome us within RECOVERY_TIMEOUT_S, and apply what we resend
@@ -106,8 +107,10 @@ class Recovery:
     def __init__(self, tables: Sequence[TableState], life: Lifecycle,
                  reconnect: Callable[[ServerLink], None], hello: Callable[[ServerLink], Awaitable[dict[str, Any]]],
                  pump: Callable[[ServerLink], None], notify: Callable[[], None],
-                 fail: Callable[[BosenError], None]) -> None:
+                 fail: Callable[[BosenError], None], partition: Callable[[], Partition]) -> None:
+        """``partition()``: the partition map the client follows now."""
         self.tables = tables
+        self._partition = partition
         self.life = life
         self._reconnect = reconnect
         self._hello = hello
@@ -151,13 +154,18 @@ class Recovery:
         if not isinstance(since, int) or isinstance(since, bool):
             raise ServerLost(f"{link} was lost and came back without its checkpoint (start the replacement "
                              "with --resume DIR --recover): the updates it had are gone")
+        version = self._partition().version
+        if h.get("mv", 0) != version:
+            raise ServerLost(f"{link} came back from a checkpoint saved under partition map {h.get('mv', 0)}, but "
+                             f"the job follows map {version} (partitions moved since): resume the whole job from "
+                             "its checkpoint")
         if since < link.log.floor:
             raise ServerLost(f"{link} came back from its checkpoint at clock {since}, but this client kept "
                              f"its updates only from clock {link.log.floor} on: they cannot be replayed")
         for st in self.tables:  # read anew from the replacement (and so subscribed to it)
             with st.lock:
                 st.inflight[link.index].entries.clear()
-                st.cache.forget_server(link.index)
+                st.cache.forget_server(link.index, self._partition())
         last = resend(link, since)
         log.warning("%s is back from its checkpoint at clock %d: resent %d messages", link, since, len(link.log))
         while link.acked_seq < last:  # applied (held past a boundary, until the others catch up)

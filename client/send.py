@@ -29,6 +29,7 @@ from bosen.client import encode
 from bosen.client.lifecycle import Lifecycle
 from bosen.client.link import ServerLink
 from bosen.client.loopthread import LoopThread
+from bosen.client.moves import MapFollower
 from bosen.client.state import TableState
 from bosen.client.window import FlushWindow
 from bosen.config import CommConfig
@@ -59,6 +60,7 @@ class Sender:
         self.tables = tables
         self.links = links
         self.partition = partition
+        self.moves: MapFollower | None = None  # set by the communication thread (client/moves.py)
         self.comm = comm
         self.bucket = bucket
         self.counters = counters
@@ -135,7 +137,7 @@ class Sender:
                     self._send_versioned(st, rows)
                 continue
             if rows.shape[0]:
-                for j, rj in self.partition.rows_by_server(rows):
+                for j, rj in st.by_server(rows):
                     self.links[j].window.owe(st.index, rj)
         reads = self._take_reads() if clock is not None and self.comm.enabled and self.comm.push_to == "readers" \
             else None
@@ -167,6 +169,9 @@ class Sender:
     def _pump(self, link: ServerLink) -> None:
         if link.recovering:
             return  # goes on once the replacement has what the lost server had (client/recovery.py)
+        moves = self.moves
+        if moves is not None and moves.should_pause(link):
+            return  # partitions are moving: nothing more until the new map (client/moves.py)
         window = link.window
         sent = window.clock_sent
         window.start()
@@ -184,6 +189,8 @@ class Sender:
                 del window.due[tb]
         finally:
             window.close()
+        if moves is not None and moves.moving:
+            moves.should_pause(link)  # its PAUSED right after the clock that pauses it
         if window.clock_sent != sent:
             self.notify()  # workers waiting at a checkpoint boundary for this clock to go out
         if self._flush_waiters and not self.flushing():
@@ -314,8 +321,8 @@ class Sender:
 
     def _send_budgeted(self) -> int:
         k = self.comm.client_send_rows
-        if any(link.recovering for link in self.links):
-            return 0  # the flush sends everything once the lost server is replaced
+        if any(link.recovering for link in self.links) or (self.moves is not None and self.moves.moving):
+            return 0  # the flush sends everything once the lost server is replaced, or the map taken
         for i in range(len(self.tables)):
             st = self.tables[(self._rotation + i) % len(self.tables)]
             policy = st.policy
@@ -330,7 +337,7 @@ class Sender:
                 sent = self._send_versioned(st, picked)
             else:
                 before = self.counters["bytes_sent"]
-                for j, rj in self.partition.rows_by_server(picked):
+                for j, rj in st.by_server(picked):
                     self._send_rows_to(self.links[j], st, rj, None)
                 sent = self.counters["bytes_sent"] - before
             self.counters["rows_sent_budgeted"] += picked.shape[0]
@@ -341,7 +348,11 @@ class Sender:
     def request_rows(self, st: TableState, rows: np.ndarray, min_clock: int) -> None:
         """READ ``rows`` (as the cache keeps them: rows or slots, asked for, so not evicted) on the
         main connection (a read that cannot use its own sockets)."""
-        for j, rj in self.partition.rows_by_server(rows):
+        if self.moves is not None and self.moves.moving:  # asked again under the new map
+            with st.lock:
+                st.cache.requested[rows] = False
+            return
+        for j, rj in st.by_server(rows):
             if self.links[j].recovering:  # asked again once it is back (ReadPath.wait_fresh)
                 with st.lock:
                     st.cache.requested[rj] = False

@@ -19,6 +19,7 @@ from bosen.client.oplog import InflightLog, UpdateBuffer
 from bosen.client.slots import SlotMap
 from bosen.client.versions import VersionLog
 from bosen.config import CommConfig, TableConfig
+from bosen.partition import Partition
 
 # A dense table whose values take more than this in one process, in rows narrower than a page, is
 # cached by slot (only the rows touched); otherwise by row (no translation at all). 64 MiB: a
@@ -35,9 +36,14 @@ NO_LIMIT = 1 << 62  # an operation's limit on a server's rows where the bound do
 class TableState:
     """Everything the process keeps for one table; ``lock`` guards cache, buffer and in-flight log."""
 
-    def __init__(self, index: int, cfg: TableConfig, staleness: int, num_servers: int, comm: CommConfig,
+    def __init__(self, index: int, cfg: TableConfig, staleness: int, partition: Partition | int, comm: CommConfig,
                  probe_every: int = 0) -> None:
-        """``probe_every``: metrics.freshness_every (each worker probes one read in that many; 0 = off)."""
+        """``partition``: the job's partition map (or the number of servers, for the map a job starts
+        with); ``probe_every``: metrics.freshness_every (each worker probes one read in that many; 0 = off)."""
+        if isinstance(partition, int):
+            partition = Partition(partition)
+        self.partition = partition  # the map this process follows (replaced when partitions move)
+        num_servers = partition.num_servers
         self.index = index
         self.cfg = cfg
         self.name = cfg.name
@@ -63,7 +69,9 @@ class TableState:
         self.send_early: Callable[[], None] | None = None
         size = cfg.rows if self.slots is None else self.slots.capacity
         self.pins = np.zeros(size if self.slots is not None else 0, dtype=np.int32)  # views holding a slot
-        self.cache = RowCache(size, cfg.cols, self.dtype, num_servers, counts=probe_every > 0, pushed=cfg.push)
+        self.cache = RowCache(size, cfg.cols, self.dtype, partition, counts=probe_every > 0, pushed=cfg.push)
+        if self.slots is not None:
+            self.cache.ids = self.slots.ids
         self.oplog = UpdateBuffer(size, cfg.cols, self.dtype, stride=num_servers,
                                   staging=not comm.enabled and self.slots is None, ops=probe_every > 0)
         self.inflight = [InflightLog() for _ in range(num_servers)]
@@ -117,6 +125,21 @@ class TableState:
             start = slots.translate(rows, op, start, out, limit)
         return out
 
+    def servers_of(self, rows: np.ndarray) -> np.ndarray:
+        """The server of each of ``rows`` (slots: of the row each holds) under the current map. A
+        slot's class is its row's id mod S (client/slots.py): its server under a modular map only."""
+        part = self.partition
+        if self.slots is None or part.modular:
+            return part.owner(rows)
+        return part.owner_of[self.slots.ids[rows] % part.partitions]
+
+    def by_server(self, rows: np.ndarray) -> list[tuple[int, np.ndarray]]:
+        """``Partition.rows_by_server`` for rows as this table keeps them (rows or slots)."""
+        part = self.partition
+        if self.slots is None or part.modular:
+            return part.rows_by_server(rows)
+        return part.rows_by_server(rows, self.servers_of(rows))
+
     def row_ids(self, slots: np.ndarray) -> np.ndarray:
         """The row ids of ``slots`` (rows, as they are, for a table indexed by row)."""
         return slots if self.slots is None else self.slots.ids[slots]
@@ -167,6 +190,7 @@ class TableState:
             slots.grow(per)
             n = slots.capacity
             self.cache.grow(n)
+            self.cache.ids = slots.ids
             self.oplog.grow(n)
             self.pins = rowmath.grown(self.pins, n, 0)
             self.send_count = rowmath.grown(self.send_count, n, 0)

@@ -20,7 +20,6 @@ from bosen.client.lifecycle import Lifecycle, Phase
 from bosen.client.prefault import prefault
 from bosen.client.state import TableState
 from bosen.client.view import RowView
-from bosen.partition import server_of
 from bosen.phases import Phases
 
 
@@ -71,7 +70,7 @@ class Table:
         self._early = state.cache.early
         self._read_now = state.cache.read_now
         self._probe_every = state.probe_every
-        self._servers = state.cache.num_servers
+        self._partitions = state.cache.server_clock.shape[0]  # a row's clock class (client/cache.py)
         # indexed by row (the arrays above never change), else by slot (state.to_slots; the arrays
         # grow, so they are fetched from the state each time)
         self._direct = state.slots is None
@@ -118,7 +117,7 @@ class Table:
             need = 0
         if type(row) in _FAST_INDEX and 0 <= row < self.rows and self._direct:
             c = self._clock[row]  # the row's own clock, else the last server clock if it is cached
-            sc = self._server_clock[server_of(row, self._servers)]
+            sc = self._server_clock[row % self._partitions]
             if c >= need or (c >= 0 and sc >= need):
                 w = self._worker
                 w.rows_read += 1

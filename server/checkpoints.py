@@ -29,6 +29,7 @@ import numpy as np
 from bosen import checkpoint, scar
 from bosen.config import Config
 from bosen.errors import ConfigError, ProtocolError
+from bosen.partition import Partition
 from bosen.server.shard import TableShard
 
 log = logging.getLogger("bosen.server")
@@ -148,7 +149,10 @@ class ServerCheckpoints:
         elif self.running:
             partial = {"partial": self.cfg.priority_fraction, "policy": self.cfg.policy}
             self.partials += 1
-        self.writer.submit(clock, "server", self.rank, arrays, {"tables": tables, **partial, **info})
+        part = shards[0].partition  # the map the rows were saved under: a resume lays its shards out so
+        pmap = {"version": part.version, "owner": part.owner_of.tolist()} if part.version else {}
+        self.writer.submit(clock, "server", self.rank, arrays,
+                           {"tables": tables, **partial, **info, **({"map": pmap} if pmap else {})})
         self.saved.append(clock)
 
     def close(self) -> None:
@@ -222,6 +226,14 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
                 chain.append(p)
             else:  # a base holds every row: what came before it is not needed
                 chain = [p]
+    saved = part.info.get("map")
+    if saved is not None:  # saved after partitions moved: this server holds the partitions it held then
+        try:
+            pmap = Partition(servers, config.cluster.num_partitions, np.asarray(saved["owner"]), int(saved["version"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"--resume {part.path}: its partition map does not fit this job ({e})") from None
+        for s in shards:
+            s.relayout(pmap, fresh=True)
     for p in chain:
         _load(shards, p)
     log.info("server %d resumed from %s at clock %d (%d part%s)", rank, part.path, clock, len(chain),

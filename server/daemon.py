@@ -29,6 +29,7 @@ from bosen.procedure import StoredProcedure
 from bosen.ratelimit import LeakyBucket, paced_sender
 from bosen.server import procedures
 from bosen.server.checkpoints import ServerCheckpoints, restore
+from bosen.server.moves import PartitionMoves
 from bosen.server.shard import TableShard
 from bosen.server.undo import UndoLog
 from bosen.server.warmup import warm_up
@@ -113,6 +114,7 @@ class Server:
         self._rotation = 0
         self.clock = restore(config, rank, self.shards, resume, own=recover) if resume is not None else 0
         self.restored = self.clock if resume is not None else None  # WELCOME "rc": clients resend from it
+        self.partition = self.shards[0].partition  # a checkpoint saved after partitions moved keeps their map
         if recover and any(s.procedure.versioned for s in self.shards):
             raise ValueError("--recover: versioned tables (AdaRevision) cannot be recovered on their own (clients "
                              "hold row versions of the lost server); resume the whole job instead")
@@ -162,7 +164,10 @@ class Server:
             Msg.PUSH_ACK: self.on_push_ack,
             Msg.PROBE: self.on_probe,
             Msg.FLUSH: self.on_flush,
+            Msg.PAUSED: self.on_paused,
+            Msg.MOVE: self.on_move,
         }
+        self.moves = PartitionMoves(self)
         self._ctx: zmq.Context | None = None
         self._sock: LoopSocket | None = None
         self._stopped = asyncio.Event()
@@ -367,6 +372,10 @@ class Server:
         welcome = {"t": Msg.WELCOME, "rq": h["s"], "rank": rank, "c": self.clock, "tf": self.table_flags}
         if self.restored is not None:
             welcome["rc"] = self.restored
+        if self.partition.version:  # partitions moved (or a checkpoint saved after they did): the map follows
+            welcome["mv"] = self.partition.version
+            self._send(ident, welcome, self.partition.owner_of)
+            return
         self._send(ident, welcome)
 
     def _rejoin(self, ident: bytes, h: dict[str, Any], rank: int) -> None:
@@ -504,6 +513,11 @@ class Server:
         rows = wire.array(frames[0], wire.ROW_DTYPE, h["n"], "READ rows") if h["n"] >= 0 else None
         if rows is None:
             raise ProtocolError(f"READ: negative row count {h['n']}")
+        if self.partition.version and (self.partition.owner(rows) != self.rank).any():
+            # asked under an older map (a direct read that overtook the new one): ask again
+            self._send(ident, {"t": Msg.ERROR, "rq": h["s"], "m": "rows moved: ask again",
+                               "mv": self.partition.version})
+            return
         local, index = shard.local_rows(rows, "READ")
         shard.subscribe(local, peer.rank, index)
         if h["c"] <= self.clock:
@@ -585,6 +599,25 @@ class Server:
         self.counters["probes"] += 1
         self._send(ident, {"t": Msg.PROBE_REPLY, "rq": h["s"], "n": n, "ms": int(missing.sum()),
                            "mx": int(missing.max()) if n else 0})
+
+    # what PartitionMoves uses (server/moves.py, its Host)
+    @property
+    def pushing(self) -> bool:
+        """A clock-advance push is being sent in turns."""
+        return self._pushing is not None
+
+    def send(self, ident: bytes, header: dict[str, Any], *arrays: np.ndarray) -> int:
+        return self._send(ident, header, *arrays)
+
+    def send_frames(self, ident: bytes, frames: list[Any], kind: Msg) -> int:
+        return self._send_frames(ident, frames, kind)
+
+    def on_paused(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+        """A client sent everything it will send before partitions move (server/moves.py)."""
+        self.moves.on_paused(self._peer(ident, h).rank, h["mv"])
+
+    def on_move(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+        self.moves.on_move(ident, h, frames)
 
     def on_status(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         self._send_frames(ident, wire.encode_status(h["s"], self.stats()), Msg.STATUS_REPLY)
@@ -715,6 +748,7 @@ class Server:
             self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied, **extra})
         if ck is not None and ck.held:
             self._release_held(ck)
+        self.moves.check_waiting()
 
     def _release_held(self, ck: ServerCheckpoints) -> None:
         """Handle the held messages in order, each client's until one must be held again (it is past
@@ -925,6 +959,10 @@ class Server:
             "client_clocks": clocks,
             "clients_joined": len(self.by_rank),
             "read_connections": len(self.readers),
+            # the partition map this server follows (bosen/partition.py): version, owner per partition
+            "partitions": {"version": self.partition.version, "count": self.partition.partitions,
+                           "owned": int(self.partition.owned[self.rank].shape[0]),
+                           "owner": self.partition.owner_of.tolist()},
             "uptime_s": round(uptime, 3),
             # CPU since start(), the whole process: its loop and ZeroMQ's I/O thread
             "cpu_s": round(time.process_time() - self._cpu_at_start, 4),

@@ -206,7 +206,7 @@ class TableShard:
         """Everything this shard keeps of the rows of partitions ``parts`` (stored rows only): "rows"
         (their ids), every per-row array (values, change flags, subscriptions, ...) and the stored
         procedure's state (``state.NAME``); what ``relayout`` on the new owner takes in."""
-        self._check_movable()
+        self.check_movable()
         n = self.stored
         ids = self.global_rows[:n]
         mine = np.flatnonzero(np.isin(ids % self.partition.partitions, parts))
@@ -218,12 +218,14 @@ class TableShard:
             out[f"state.{k}"] = v[mine]
         return out
 
-    def relayout(self, partition: Partition, incoming: dict[str, np.ndarray] | None = None) -> None:
+    def relayout(self, partition: Partition, incoming: dict[str, np.ndarray] | None = None,
+                 fresh: bool = False) -> None:
         """Follow the map ``partition``: rows of partitions this server no longer owns are dropped,
         rows of partitions it gained come from ``incoming`` (the old owner's ``export_partitions``;
-        absent or partial for a sparse table, whose missing rows start as if never touched), and
-        every per-row array is laid out anew in the new local order (bosen/partition.py)."""
-        self._check_movable()
+        absent or partial for a sparse table, whose missing rows start as if never touched; with
+        ``fresh``, a dense table's too: a resume then loads them), and every per-row array is laid
+        out anew in the new local order (bosen/partition.py)."""
+        self.check_movable()
         n = self.stored
         old_ids = self.global_rows[:n]
         got = incoming["rows"] if incoming is not None else _NO_ROWS
@@ -246,23 +248,29 @@ class TableShard:
             order = np.argsort(got)
             at = order[np.minimum(np.searchsorted(got, new_ids[came], sorter=order), max(got.shape[0] - 1, 0))] \
                 if got.shape[0] else came
-            if got.shape[0] == 0 or not np.array_equal(got[at], new_ids[came]):
+            if (got.shape[0] == 0 or not np.array_equal(got[at], new_ids[came])) and not fresh:
                 raise ProtocolError(f"MOVE: table {self.cfg.name!r}: rows of partitions this server gains are "
                                     "missing from what the old owner sent")
         kept = np.flatnonzero(here >= 0)
         state = self.procedure.state()
         old = {name: getattr(self, name) for name, _, _ in self._row_arrays()}
         values = rowmath.init_rows(self.cfg.init, new_ids, (self.cfg.rows, self.cfg.cols), self.dtype, self.index) \
-            if self.row_map is not None else np.empty((m, self.cfg.cols), dtype=self.dtype)
+            if self.row_map is not None or fresh else np.empty((m, self.cfg.cols), dtype=self.dtype)
         for name, axis, fill in self._row_arrays():
             arr = old[name]
             shape = list(arr.shape)
             shape[axis] = m
             new = values if name == "values" else np.full(shape, fill, dtype=arr.dtype)
-            put = (slice(None),) * axis
-            new[put + (kept,)] = np.take(arr, here[kept], axis=axis)
-            if came.shape[0] and incoming is not None and name in incoming:
-                new[put + (came,)] = np.take(incoming[name], at, axis=axis)
+            got_arr = incoming.get(name) if came.shape[0] and incoming is not None else None
+            if axis == 0 and arr.ndim <= 2 and arr.flags.c_contiguous:  # one pass, no temporary
+                rowmath.copy_rows(new, kept, arr, here[kept])
+                if got_arr is not None:
+                    rowmath.copy_rows(new, came, np.ascontiguousarray(got_arr, dtype=arr.dtype), at)
+            else:
+                put = (slice(None),) * axis
+                new[put + (kept,)] = np.take(arr, here[kept], axis=axis)
+                if got_arr is not None:
+                    new[put + (came,)] = np.take(got_arr, at, axis=axis)
             setattr(self, name, new)
         if self.row_map is not None:
             self.row_map = RowMap.of(new_ids)
@@ -280,7 +288,8 @@ class TableShard:
         self.has_readers = bool(self.subscribed.any())
         self._recent_rows = [[np.flatnonzero(self.recent[:, c])] for c in range(len(self._recent_rows))]
 
-    def _check_movable(self) -> None:
+    def check_movable(self) -> None:
+        """Raise ConfigError if this table's partitions cannot move."""
         if self.procedure.versioned:
             raise ConfigError(f"tables.{self.cfg.name}: partitions of a table with a versioned procedure "
                               f"({self.cfg.update}) cannot move yet (its row versions and holdings stay put)")

@@ -38,14 +38,15 @@ DEFAULT_TABLES = {"W": {"rows": 10, "cols": 4, "dtype": "int64"}}
 
 def job_config(servers: Sequence[str], workers: int = 1, tables: Mapping[str, Any] | None = None,
                staleness: int = 1, read_timeout_s: float = 20.0, comm: Mapping[str, Any] | None = None,
-               app: Mapping[str, Any] | None = None) -> dict[str, Any]:
+               app: Mapping[str, Any] | None = None, partitions: int | None = None) -> dict[str, Any]:
     """Config data for a small job (what a YAML file holds).
 
     The defaults suit tests: one small int64 table ``W``, staleness 1, and a 20 s read timeout, so a
     read that can never be satisfied fails a test in seconds rather than the default minute.
     """
     cfg: dict[str, Any] = {
-        "cluster": {"servers": list(servers), "workers": workers},
+        "cluster": {"servers": list(servers), "workers": workers,
+                    **({"partitions": partitions} if partitions is not None else {})},
         "consistency": {"staleness": staleness, "read_timeout_s": read_timeout_s},
         "tables": copy.deepcopy(dict(tables if tables is not None else DEFAULT_TABLES)),
     }

@@ -35,8 +35,8 @@ def query(address: str, timeout: float = 3.0, ctx: zmq.Context | None = None) ->
 
 def format_table(stats: list[dict[str, Any] | str]) -> str:
     """Human-readable lines for ``bosen status``."""
-    lines = [f"{'rank':>4}  {'address':<22} {'clock':>6}  {'rows':>9}  {'MB rows':>9}  {'MB in':>9}  {'MB out':>9}  "
-             f"{'msgs in':>8}  {'errors':>6}  client clocks"]
+    lines = [f"{'rank':>4}  {'address':<22} {'clock':>6}  {'parts':>9}  {'rows':>9}  {'MB rows':>9}  {'MB in':>9}  "
+             f"{'MB out':>9}  {'msgs in':>8}  {'errors':>6}  client clocks"]
     for s in stats:
         if isinstance(s, str):
             lines.append(s)
@@ -44,7 +44,9 @@ def format_table(stats: list[dict[str, Any] | str]) -> str:
         # rows stored (a sparse table's touched rows) and their bytes with per-row metadata
         rows = sum(t["rows"] for t in s["tables"].values())
         mb = sum(t.get("bytes", 0) for t in s["tables"].values()) / 1e6
-        lines.append(f"{s['rank']:>4}  {s['address']:<22} {s['clock']:>6}  {rows:>9}  {mb:>9.3f}  "
+        parts = s.get("partitions", {})  # partitions held / of all, and the map's version
+        held = f"{parts.get('owned', '?')}/{parts.get('count', '?')}v{parts.get('version', '?')}"
+        lines.append(f"{s['rank']:>4}  {s['address']:<22} {s['clock']:>6}  {held:>9}  {rows:>9}  {mb:>9.3f}  "
                      f"{s['bytes_in'] / 1e6:>9.3f}  "
                      f"{s['bytes_out'] / 1e6:>9.3f}  {s['msgs_in']:>8}  {s['errors']:>6}  {s['client_clocks']}")
     return "\n".join(lines)

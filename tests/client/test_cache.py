@@ -3,22 +3,48 @@
 import numpy as np
 
 from bosen.client.cache import RowCache
+from bosen.partition import Partition
+
+ONE = Partition(1)
 
 
 def test_row_cache_clock_is_the_later_of_row_and_server_clock():
-    c = RowCache(6, 1, np.float32, num_servers=2)  # rows 0, 2, 4 on server 0; 1, 3, 5 on server 1
+    two = Partition(2, 4)
+    c = RowCache(6, 1, np.float32, two)  # rows 0, 2, 4 on server 0; 1, 3, 5 on server 1
     c.clock[[0, 1, 2]] = [3, 1, 5]
-    c.raise_clock(0, 4)
-    c.raise_clock(1, 2)
-    c.raise_clock(0, 2)  # clocks never go back
+    c.raise_clock(0, 4, two)
+    c.raise_clock(1, 2, two)
+    c.raise_clock(0, 2, two)  # clocks never go back
     assert c.fresh_clock(np.arange(6)).tolist() == [4, 2, 5, -1, -1, -1]
     assert c.min_clock(np.array([0, 1, 2])) == 2
     assert c.min_clock(np.array([0, 3])) == -1
     assert sorted(c.cached_clocks().tolist()) == [2, 4, 5]
     one = RowCache(3, 1, np.float32)
     one.clock[:] = [1, 7, 2]
-    one.raise_clock(0, 5)
+    one.raise_clock(0, 5, ONE)
     assert one.min_clock(np.arange(3)) == 5 and one.min_clock(np.array([1])) == 7
+
+
+def test_a_moved_partition_takes_its_rows_clock_rule_to_its_new_server():
+    """Partition 1 (rows 1, 5) moves from server 1 to server 0: server 0's clock messages raise those
+    rows now, server 1's no longer; their message numbers start again and every row asked for is asked anew."""
+    old = Partition(2, 4)
+    c = RowCache(8, 1, np.float32, old)
+    c.clock[:] = 0
+    c.raise_clock(0, 3, old)
+    c.raise_clock(1, 3, old)
+    c.ss[[1, 5, 2]] = 7
+    c.requested[[5, 6]] = True
+    new = old.moved(np.array([0, 0, 0, 1]))
+    c.moved(np.array([1]))
+    assert c.ss.tolist() == [0, 0, 7, 0, 0, 0, 0, 0] and not c.requested.any()
+    c.raise_clock(1, 5, new)
+    assert c.fresh_clock(np.arange(8)).tolist() == [3, 3, 3, 5, 3, 3, 3, 5]
+    c.raise_clock(0, 6, new)
+    assert c.fresh_clock(np.arange(8)).tolist() == [6, 6, 6, 5, 6, 6, 6, 5]
+    c.early[:] = True
+    c.raise_clock(1, 7, new)  # a server's clock message clears the early marks of its rows only
+    assert np.flatnonzero(~c.early).tolist() == [3, 7]
 
 
 
@@ -37,7 +63,7 @@ def test_rows_no_server_pushes_are_claimed_again_once_too_old():
     read's need is asked for again (a pushed table's would wait for the server's clock)."""
     c = RowCache(4, 1, np.float32, pushed=False)
     c.clock[:] = [3, 5, -1, 2]
-    c.raise_clock(0, 9)
+    c.raise_clock(0, 9, ONE)
     assert c.min_clock(np.array([0, 1])) == 3
     assert c.claim(np.arange(4, dtype=np.int64), 4).tolist() == [0, 2, 3]
     pushed = RowCache(4, 1, np.float32)
@@ -67,10 +93,11 @@ def test_receive_run_records_a_run_only_if_no_row_has_a_newer_message():
 
 
 def test_read_fresh_copies_and_counts_only_when_every_row_is_fresh():
-    c = RowCache(6, 2, np.float32, num_servers=2)  # rows 0, 2, 4 on server 0; 1, 3, 5 on server 1
+    two = Partition(2, 4)
+    c = RowCache(6, 2, np.float32, two)  # rows 0, 2, 4 on server 0; 1, 3, 5 on server 1
     c.values[:] = np.arange(12, dtype=np.float32).reshape(6, 2)
     c.clock[[0, 1, 2, 3]] = [3, 0, 1, 2]
-    c.raise_clock(1, 2)  # rows 1 and 3 of server 1: valid for clock 2 as cached rows
+    c.raise_clock(1, 2, two)  # rows 1 and 3 of server 1: valid for clock 2 as cached rows
     c.early[1] = True
     rows = np.array([3, 0, 1, 0], dtype=np.int64)  # any order, repeats allowed
     out = np.full((4, 2), -1, np.float32)

@@ -351,7 +351,8 @@ def test_status_lists_servers_and_fails_when_one_is_down(bosen_cluster):
         f = line.split()
         assert f[0] == str(i) and f[1] == addr
         assert f[2] == "0"  # clock
-        assert f[3] == str(5 + (2 if i == 0 else 1))  # rows of W (10 split 5/5) plus V (3 split 2/1)
+        assert f[3] == "128/256v0"  # partitions held / of all, the map's version
+        assert f[4] == str(5 + (2 if i == 0 else 1))  # rows of W (10 split 5/5) plus V (3 split 2/1)
 
     r = run_cmd([PY, "-m", "bosen", "status", c.path, "--json"], timeout=30)
     assert r.returncode == 0

@@ -1,0 +1,183 @@
+"""One server's part in moving partitions between servers (docs/design.md, "Partitions").
+
+Whoever moves partitions (``bosen.jobs.moves``) drives every server through MOVE steps; this class
+answers them for one server, beside the daemon that owns it:
+
+1. ``plan`` (server 0 only): PLAN to every client: send PAUSED to every server now, after whatever
+   is under way, and nothing more until the new map (an idle client pauses too: a pause at each
+   client's next clock would wait on clients that do not clock).
+2. ``wait``: answered once every client's PAUSED is in (each server's FIFO fence: everything a
+   client sent before it is applied here), no clock-advance push is under way and no message is
+   held at a checkpoint boundary (clients paused on both sides of one: the move is refused, to be
+   tried again).
+3. ``export``: the rows of the partitions leaving this server, all their per-row state.
+4. ``map``: the new map and the rows of the partitions this server gains: every shard laid out anew;
+   reads parked here are answered "moved" (the client asks again under the new map); then MAP to
+   every client, after everything this server sent under the old map.
+``abort``: a plan given up before any ``map`` (clients resume as they were).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from bosen import wire
+from bosen.errors import ConfigError, ProtocolError
+from bosen.partition import Partition
+from bosen.server.checkpoints import ServerCheckpoints
+from bosen.server.shard import TableShard
+from bosen.wire import Msg
+
+log = logging.getLogger("bosen.server")
+
+
+class Host(Protocol):
+    """What of its server a ``PartitionMoves`` reads and changes (``server/daemon.py``'s ``Server``)."""
+
+    rank: int
+    num_clients: int
+    clock: int
+    client_clock: np.ndarray
+    by_rank: dict[int, Any]  # rank -> Peer (ident, gone)
+    shards: list[TableShard]
+    partition: Partition
+    parked: dict[int, list[Any]]  # clock -> reads waiting for it (peer, number, connection, shard, rows)
+    checkpoints: ServerCheckpoints | None
+
+    @property
+    def pushing(self) -> bool: ...
+
+    def send(self, ident: bytes, header: dict[str, Any], *arrays: np.ndarray) -> int: ...
+
+    def send_frames(self, ident: bytes, frames: list[Any], kind: Msg) -> int: ...
+
+
+class PartitionMoves:
+    def __init__(self, server: Host) -> None:
+        self.server = server
+        self.paused: dict[int, set[int]] = {}  # map version -> client ranks paused for it
+        self.waiting: list[tuple[int, bytes, int]] = []  # (version, the mover's connection, its MOVE's number)
+        self.steps: dict[str, Callable[[bytes, dict[str, Any], dict[str, np.ndarray]], None]] = {
+            "plan": self._plan, "wait": self._wait, "export": self._export, "map": self._map, "abort": self._abort}
+
+    def on_move(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+        step = self.steps.get(h["op"])
+        if step is None:
+            raise ProtocolError(f"MOVE: unknown step {h['op']!r} (one of {', '.join(self.steps)})")
+        step(ident, h, wire.decode_arrays(h, frames))
+
+    def on_paused(self, rank: int, version: int) -> None:
+        self.paused.setdefault(version, set()).add(rank)
+        self.check_waiting()
+
+    def check_waiting(self) -> None:
+        """Answer the ``wait`` steps whose condition now holds (also called after a clock advance)."""
+        if not self.waiting:
+            return
+        still = []
+        for version, ident, seq in self.waiting:
+            answer = self._ready(version)
+            if answer is None:
+                still.append((version, ident, seq))
+            else:
+                self._reply(ident, seq, answer)
+        self.waiting = still
+
+    def _reply(self, ident: bytes, seq: int, info: dict[str, Any], arrays: dict[str, np.ndarray] | None = None) -> None:
+        self.server.send_frames(ident, wire.encode_arrays({"t": Msg.MOVE_REPLY, "rq": seq, **info}, arrays or {}),
+                                 Msg.MOVE_REPLY)
+
+    def _connected(self) -> None:
+        s = self.server
+        missing = [r for r in range(s.num_clients) if r not in s.by_rank or s.by_rank[r].gone]
+        if missing:
+            raise ProtocolError(f"MOVE: worker rank {missing[0]} is not connected; partitions move only "
+                                "while every worker is in the job")
+
+    def _plan(self, ident: bytes, h: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        s = self.server
+        if s.rank != 0:
+            raise ProtocolError("MOVE plan: only server 0 tells the clients")
+        self._connected()
+        try:
+            for shard in s.shards:
+                shard.check_movable()
+        except ConfigError as e:
+            raise ProtocolError(f"MOVE plan: {e}") from None
+        if s.checkpoints is not None and s.checkpoints.running:
+            raise ProtocolError("MOVE plan: SCAR priority checkpoints (checkpoint.priority_fraction < 1) keep rows "
+                                "by their place on this server; partitions cannot move in such a job yet")
+        for p in s.by_rank.values():
+            s.send(p.ident, {"t": Msg.PLAN, "mv": h["mv"], "c": -1})
+        log.info("partition move %d: clients pause their sends", h["mv"])
+        self._reply(ident, h["s"], {})
+
+    def _abort(self, ident: bytes, h: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        s = self.server
+        self.paused.pop(h["mv"], None)
+        self.waiting = [w for w in self.waiting if w[0] != h["mv"]]
+        if s.rank == 0:
+            for p in s.by_rank.values():
+                s.send(p.ident, {"t": Msg.PLAN, "mv": h["mv"], "c": -1, "x": True})
+        self._reply(ident, h["s"], {})
+
+    def _ready(self, version: int) -> dict[str, Any] | None:
+        s = self.server
+        if len(self.paused.get(version, ())) < s.num_clients or s.pushing:
+            return None
+        if s.checkpoints is not None and s.checkpoints.held:
+            return {"held": True}  # clients paused on both sides of a checkpoint boundary
+        return {"c": s.clock}
+
+    def _wait(self, ident: bytes, h: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        self.waiting.append((h["mv"], ident, h["s"]))
+        self.check_waiting()
+
+    def _export(self, ident: bytes, h: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        parts = arrays.get("parts")
+        if parts is None or parts.ndim != 1:
+            raise ProtocolError("MOVE export: needs a 1-d 'parts' array")
+        out: dict[str, np.ndarray] = {}
+        for shard in self.server.shards:
+            try:
+                got = shard.export_partitions(parts.astype(np.int64))
+            except ConfigError as e:
+                raise ProtocolError(f"MOVE export: {e}") from None
+            out.update({f"t{shard.index}.{k}": v for k, v in got.items()})
+        self._reply(ident, h["s"], {}, out)
+
+    def _map(self, ident: bytes, h: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        s = self.server
+        owner = arrays.get("owner")
+        old = s.partition
+        if owner is None or owner.shape != (old.partitions,):
+            raise ProtocolError(f"MOVE map: needs an 'owner' array of {old.partitions} servers")
+        if h["mv"] <= old.version:
+            raise ProtocolError(f"MOVE map: version {h['mv']} is not newer than this server's {old.version}")
+        try:
+            new = Partition(old.num_servers, old.partitions, owner, h["mv"])
+        except ValueError as e:
+            raise ProtocolError(f"MOVE map: {e}") from None
+        for shard in s.shards:
+            prefix = f"t{shard.index}."
+            incoming = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)} or None
+            shard.relayout(new, incoming)
+        s.partition = new
+        parked, s.parked = s.parked, {}
+        for reads in parked.values():
+            for _peer, seq, rident, _shard, _local in reads:
+                s.send(rident, {"t": Msg.ERROR, "rq": seq, "m": "rows moved: ask again", "mv": new.version})
+        for p in s.by_rank.values():
+            if not p.gone:
+                s.send_frames(p.ident, wire.encode_arrays({"t": Msg.MAP, "mv": new.version},
+                                                           {"owner": new.owner_of}), Msg.MAP)
+        self.paused.pop(h["mv"], None)
+        gained = int(np.count_nonzero((new.owner_of == s.rank) & (old.owner_of != s.rank)))
+        lost = int(np.count_nonzero((old.owner_of == s.rank) & (new.owner_of != s.rank)))
+        log.info("partition map %d: server %d gained %d partitions and gave %d away", new.version, s.rank,
+                 gained, lost)
+        self._reply(ident, h["s"], {})
