@@ -24,16 +24,18 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from bosen.errors import BosenError, ConfigError
 
 __all__ = ["count", "assign", "owned", "key", "pack", "unpack", "saved_tasks", "give", "take",
-           "FilePlan", "MicroTasks", "TaskState", "HANDOFF_TIMEOUT_S"]
+           "FilePlan", "MicroTasks", "TaskState", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR", "run_plan"]
 
 TaskState = dict[str, np.ndarray]
 HANDOFF_TIMEOUT_S = 120.0  # a receiver waits this long for a giver's file
+HANDOFF_DIR = "tasks"  # under the run directory: plan.json (a new assignment) and the hand-off files
 _KEY = re.compile(r"^task\.(\d+)\.(.+)$")
 
 
@@ -118,7 +120,8 @@ def give(folder: str | Path, clock: int, states: Mapping[int, Mapping[str, np.nd
         final = _path(folder, t, clock)
         tmp = final.with_name(f".{final.name}.{os.getpid()}.partial")
         with tmp.open("wb") as f:
-            np.savez(f, **{n: np.asarray(v) for n, v in st.items()})
+            arrays: dict[str, Any] = {n: np.asarray(v) for n, v in st.items()}
+            np.savez(f, **arrays)
         os.replace(tmp, final)
         out.append(final)
     return out
@@ -178,6 +181,16 @@ class FilePlan:
         if self._plan is not None and self._plan[0] == clock:
             return self._plan[1]
         return None
+
+
+def run_plan() -> tuple[FilePlan | None, Path | None]:
+    """A launched worker's plan (``$BOSEN_RUN_DIR/tasks/plan.json``) and hand-off folder
+    (``$BOSEN_RUN_DIR/tasks``); (None, None) outside a run directory (nothing will move)."""
+    run_dir = os.environ.get("BOSEN_RUN_DIR")
+    if not run_dir:
+        return None, None
+    folder = Path(run_dir, HANDOFF_DIR)
+    return FilePlan(folder / "plan.json"), folder
 
 
 class MicroTasks:

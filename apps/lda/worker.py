@@ -93,7 +93,6 @@ from bosen.errors import ConfigError, DataError
 KEEP_VIEW_BYTES = 256 << 20  # most memory the mini-batches' word-row views kept across ticks take
 FINAL_CHUNK_BYTES = 16 << 20  # rank 0's final pass over the word rows: int64 bytes of a block
 TASK_STATE = ("z", "ndk", "sweeps", "dense_phase")  # a micro-task's arrays in checkpoints and hand-offs
-HANDOFF_DIR = "tasks"  # under the run directory: plan.json (a new assignment) and the hand-off files
 
 
 @dataclass(frozen=True)
@@ -239,8 +238,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     while tick < pre:  # then (optionally) wait until everyone's are visible
         tick += 1
         client.clock()
-    run_dir = os.environ.get("BOSEN_RUN_DIR")
-    plan = microtasks.FilePlan(Path(run_dir, HANDOFF_DIR, "plan.json")) if run_dir else None
+    plan, handoff_dir = microtasks.run_plan()
     zero = np.zeros(1, dtype=np.int64)
     snapshots = consistent.snapshot_dir() if a.consistent_ll else None
     scored_clocks: list[int] = []  # the clocks this process scored (their snapshot files must all exist)
@@ -306,12 +304,12 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         tick += 1
         client.clock()
         clock_wait = time.perf_counter() - t2
-        new = plan.at(tick, n_tasks) if plan is not None else None
-        if new is not None:  # a new assignment from this clock on: hand tasks off, rebuild for ours
+        if plan is not None and handoff_dir is not None and (new := plan.at(tick, n_tasks)) is not None:
+            # a new assignment from this clock on: hand tasks off, rebuild for ours
             kept = {t: lay.state(t) for t in lay.tasks if new[t] == rank}
-            got = tasks.handoff(tick, new, Path(str(run_dir), HANDOFF_DIR), lay.state)
+            received = tasks.handoff(tick, new, handoff_dir, lay.state)
             lay = _Layout(corpus, a, cuts, tasks.mine, wt, ts, P)
-            lay.load({**kept, **got}, client.config.source)
+            lay.load({**kept, **received}, client.config.source)
 
     # closing barrier: after `staleness` more ticks every training update is readable
     while tick < pre + T + stale_bound:
