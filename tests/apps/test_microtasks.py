@@ -11,6 +11,8 @@ local copy held it).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,11 +21,15 @@ from typing import Any
 import numpy as np
 import pytest
 from inprocess import InProcessClient, InProcessTable, InProcessView
+from resume import run_until_checkpoint
 
+from bosen import checkpoint
 from bosen.apps import microtasks as M
+from bosen.apps.lda.worker import LDAArgs, load_corpus
 from bosen.apps.lda.worker import train as lda_train
 from bosen.apps.mf.worker import train as mf_train
 from bosen.apps.mlr.worker import train as mlr_train
+from bosen.config import from_dict
 from bosen.errors import BosenError, ConfigError
 
 
@@ -254,3 +260,77 @@ def test_sgd_tasks_moved_mid_run_make_the_same_updates(tmp_path, monkeypatch, ap
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     samples = [r["samples"] for r in moved[1].reports]
     assert samples[5] > samples[3]  # worker 1 took task 3 at clock 5
+
+
+# ------------------------------------------------------------------------------------------------
+# a checkpointed job resumed with another number of workers (bosen launch --resume RUN --workers K')
+
+
+def _lda_job(tmp_path: Path, micro_tasks: int) -> tuple[Path, dict]:
+    cfg = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
+           "consistency": {"staleness": 0}, "checkpoint": {"every_clocks": 3, "keep": 5},
+           "tables": {"word_topic": {"rows": 150, "cols": 5, "dtype": "int32"},
+                      "topic_summary": {"rows": 1, "cols": 5, "dtype": "int32"}},
+           "app": {"module": "bosen.apps.lda",
+                   "args": {"data": "synthetic", "K": 5, "synth_docs": 240, "synth_vocab": 150,
+                            "synth_doc_len": 20.0, "iterations": 11, "micro_tasks": micro_tasks, "seed": 2}}}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(cfg))
+    return path, cfg
+
+
+def _resume(path: Path, run_dir: Path, workers: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--resume", str(run_dir),
+                           "--workers", str(workers), "--no-plot"], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("workers", [1, 3])
+def test_lda_job_checkpointed_by_two_workers_resumes_with_another_count(tmp_path, workers):
+    """Stopped after its checkpoint at clock 6 and resumed with 1 or 3 workers: every micro-task goes
+    on from its saved chain on the worker that owns it now, and the job ends with the counts of the
+    final assignments (each token counted once) and every task swept once per batch and iteration."""
+    path, cfg = _lda_job(tmp_path, 8)
+    run = tmp_path / "run"
+    run_until_checkpoint(path, run, 6, 2, 2)
+    p = _resume(path, run, workers)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert f"made by 2 workers; its 8 micro-tasks go to {workers} workers" in p.stdout
+    last = checkpoint.clocks(run / "checkpoints")[0]
+    assert last == 12  # 1 opening clock + 11 iterations: the final clock is a boundary
+    parts = checkpoint.check_complete(run / "checkpoints", last, 2, None, None)
+    assert checkpoint.checkpoint_workers(checkpoint.clock_dir(run / "checkpoints", last)) == workers
+    states: dict[str, np.ndarray] = {}
+    for name, part in parts.items():
+        if name.startswith("worker-"):
+            got = {k: v for k, v in part.load().items() if k.startswith("task.")}
+            assert not set(got) & set(states)  # every task in one part
+            states.update(got)
+    assert M.saved_tasks(states) == 8
+    args: LDAArgs = from_dict(LDAArgs, cfg["app"]["args"], "app.args")
+    corpus = load_corpus(args)
+    z = np.concatenate([states[M.key(t, "z")] for t in range(8)])
+    counts = np.zeros((150, 5), np.int64)
+    np.add.at(counts, (corpus.words, z), 1)
+    np.testing.assert_array_equal(np.load(run / "word_topic.npy"), counts)
+    # one clock record per clock, in order, each summing the workers of its time (2 before, K' after)
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    clocks = [r for r in recs if r.get("kind") == "clock" and "tokens" in r]
+    assert [r["clock"] for r in clocks] == list(range(1, 12))
+    assert [r["workers"] for r in clocks] == [2] * 5 + [workers] * 6
+    assert all(r["tokens"] == corpus.n_tokens for r in clocks)
+    # each task sweeps once per mini-batch: 8 a tick with several workers, 1 with one (LDAArgs.batches);
+    # 5 ticks before the checkpoint at clock 6 (after the opening clock), 6 after
+    for t in range(8):
+        assert int(states[M.key(t, "sweeps")][0]) == 5 * 8 + 6 * args.batches(workers)
+
+
+@pytest.mark.timeout(120)
+def test_resume_with_more_workers_than_tasks_is_refused(tmp_path):
+    path, _ = _lda_job(tmp_path, 0)  # one task per worker: 2
+    run = tmp_path / "run"
+    run_until_checkpoint(path, run, 3, 2, 2)
+    p = _resume(path, run, 3)
+    assert p.returncode == 1
+    assert "made by 2 workers, which hold 2 micro-tasks: --workers 3 leaves workers without one (at most 2)" \
+        in p.stderr, p.stdout[-2000:] + p.stderr[-2000:]
