@@ -11,9 +11,13 @@ local copy held it).
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -309,7 +313,7 @@ def test_lda_job_checkpointed_by_two_workers_resumes_with_another_count(tmp_path
     assert M.saved_tasks(states) == 8
     args: LDAArgs = from_dict(LDAArgs, cfg["app"]["args"], "app.args")
     corpus = load_corpus(args)
-    z = np.concatenate([states[M.key(t, "z")] for t in range(8)])
+    z = np.concatenate([states[M.key(t, "z")] for t in range(M.saved_tasks(states))])
     counts = np.zeros((150, 5), np.int64)
     np.add.at(counts, (corpus.words, z), 1)
     np.testing.assert_array_equal(np.load(run / "word_topic.npy"), counts)
@@ -334,3 +338,64 @@ def test_resume_with_more_workers_than_tasks_is_refused(tmp_path):
     assert p.returncode == 1
     assert "made by 2 workers, which hold 2 micro-tasks: --workers 3 leaves workers without one (at most 2)" \
         in p.stderr, p.stdout[-2000:] + p.stderr[-2000:]
+
+
+def _pid_of_worker(run_dir: Path, rank: int) -> int | None:
+    """The process of worker ``rank`` of the job in ``run_dir`` (its environment names both)."""
+    want = {f"BOSEN_RUN_DIR={run_dir}".encode(), f"BOSEN_RANK={rank}".encode()}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = set((proc / "environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if want <= env:
+            return int(proc.name)
+    return None
+
+
+@pytest.mark.timeout(200)
+def test_lda_worker_sigkilled_has_its_micro_tasks_restored_and_the_job_finishes(tmp_path):
+    """Worker 1 of an LDA job with 8 micro-tasks is SIGKILLed after the checkpoint at clock 6: its
+    replacement restores its 4 tasks from the newest checkpoint (each task's sweeps go on from the
+    saved count: every task ends with exactly one sweep per mini-batch of every tick), the servers take
+    back its counts since (server/undo.py), and the job finishes with every token counted once."""
+    path, cfg = _lda_job(tmp_path, 8)
+    cfg["app"]["args"].update(iterations=29, synth_docs=600)
+    cfg["checkpoint"]["keep"] = 20
+    path.write_text(json.dumps(cfg))
+    run = (tmp_path / "run").resolve()
+    p = subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(run), "--no-plot"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert p.poll() is None and time.monotonic() < deadline, "the job ended or stalled before clock 6"
+            try:
+                checkpoint.check_complete(run / "checkpoints", 6, 2, 2, None)
+                break
+            except checkpoint.CheckpointError:
+                time.sleep(0.02)
+        pid = _pid_of_worker(run, 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        out, _ = p.communicate(timeout=150)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 0, out[-3000:]
+    m = re.search(r"worker-1 was killed by SIGKILL: replacing it from the checkpoint at clock (\d+)", out)
+    assert m is not None and int(m.group(1)) >= 6, out[-3000:]
+    last = checkpoint.clocks(run / "checkpoints")[0]
+    assert last == 30
+    parts = checkpoint.check_complete(run / "checkpoints", last, 2, 2, None)
+    states = {k: v for name, part in parts.items() if name.startswith("worker-")
+              for k, v in part.load().items() if k.startswith("task.")}
+    assert M.saved_tasks(states) == 8
+    for t in range(8):
+        assert int(states[M.key(t, "sweeps")][0]) == 29 * 8
+    corpus = load_corpus(from_dict(LDAArgs, cfg["app"]["args"], "app.args"))
+    final = np.load(run / "word_topic.npy")
+    assert final.min() >= 0 and final.sum() == corpus.n_tokens
