@@ -31,7 +31,8 @@ import numpy as np
 from bosen.errors import BosenError, ConfigError
 
 __all__ = ["count", "assign", "owned", "key", "pack", "unpack", "saved_tasks", "give", "take",
-           "FilePlan", "MicroTasks", "TaskState", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR", "run_plan"]
+           "FilePlan", "MicroTasks", "TaskState", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR", "run_plan",
+           "start_owners"]
 
 TaskState = dict[str, np.ndarray]
 HANDOFF_TIMEOUT_S = 120.0  # a receiver waits this long for a giver's file
@@ -159,25 +160,38 @@ class FilePlan:
         self._seen: float | None = None
         self._plan: tuple[int, np.ndarray] | None = None
 
-    def at(self, clock: int, T: int) -> np.ndarray | None:
-        """The owners that hold from ``clock`` on if the plan changes them there, else None. A plan
-        for a clock this worker has passed is an error (it would run the old assignment)."""
+    def initial(self, clock: int, T: int, default: np.ndarray) -> np.ndarray:
+        """The owners for a process that starts at ``clock`` (a resumed or replacement worker): the
+        plan's if one holds from ``clock`` or earlier, else ``default``; a later plan comes by :meth:`at`."""
+        owners = self._read(T)
+        if owners is not None and self._plan is not None and self._plan[0] <= clock:
+            return owners
+        return default
+
+    def _read(self, T: int) -> np.ndarray | None:
+        """The plan's owners if the file changed since the last read (None otherwise or without one)."""
         try:
             mtime = self.path.stat().st_mtime
         except FileNotFoundError:
             return None
-        if mtime != self._seen:
-            self._seen = mtime
-            try:
-                d = json.loads(self.path.read_text())
-                c, owners = int(d["clock"]), np.asarray(d["owners"], dtype=np.int64)
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                raise BosenError(f"{self.path}: not a task plan {{\"clock\": C, \"owners\": [...]}}: {e}") from None
-            if owners.shape != (T,):
-                raise BosenError(f"{self.path}: {owners.size} owners for {T} micro-tasks")
-            if c < clock:
-                raise BosenError(f"{self.path}: a plan for clock {c} reached this worker at clock {clock}")
-            self._plan = (c, owners)
+        if mtime == self._seen:
+            return None
+        self._seen = mtime
+        try:
+            d = json.loads(self.path.read_text())
+            c, owners = int(d["clock"]), np.asarray(d["owners"], dtype=np.int64)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise BosenError(f"{self.path}: not a task plan {{\"clock\": C, \"owners\": [...]}}: {e}") from None
+        if owners.shape != (T,):
+            raise BosenError(f"{self.path}: {owners.size} owners for {T} micro-tasks")
+        self._plan = (c, owners)
+        return owners
+
+    def at(self, clock: int, T: int) -> np.ndarray | None:
+        """The owners that hold from ``clock`` on if the plan changes them there, else None. A new
+        plan for a clock this worker has passed is an error (it would run the old assignment)."""
+        if self._read(T) is not None and self._plan is not None and self._plan[0] < clock:
+            raise BosenError(f"{self.path}: a plan for clock {self._plan[0]} reached this worker at clock {clock}")
         if self._plan is not None and self._plan[0] == clock:
             return self._plan[1]
         return None
@@ -191,6 +205,17 @@ def run_plan() -> tuple[FilePlan | None, Path | None]:
         return None, None
     folder = Path(run_dir, HANDOFF_DIR)
     return FilePlan(folder / "plan.json"), folder
+
+
+def start_owners(T: int, workers: int, saved: Mapping[str, np.ndarray] | None, plan: FilePlan | None) -> np.ndarray:
+    """Who owns which task when a worker process starts: ``assign(T, range(workers))``, or the plan's
+    owners where a plan holds from the clock the process starts at (``saved["tick"]``, 0 when new):
+    a replacement or resumed worker of a job whose tasks moved runs them where they are now."""
+    owners = assign(T, range(workers))
+    if plan is None:
+        return owners
+    start = int(saved["tick"][0]) if saved is not None and "tick" in saved else 0
+    return plan.initial(start, T, owners)
 
 
 class MicroTasks:

@@ -213,7 +213,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     stale_bound = wt.staleness  # how many ticks the barriers must span
     saved = client.restored_state()
     n_tasks = microtasks.count(a.micro_tasks, P, saved)
-    tasks = microtasks.MicroTasks(n_tasks, microtasks.assign(n_tasks, range(P)), rank)
+    plan, handoff_dir = microtasks.run_plan()
+    tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, P, saved, plan), rank)
     cuts = task_cuts(corpus, n_tasks)
     lay = _Layout(corpus, a, cuts, tasks.mine, wt, ts, P)
     held = _held_out(a, V, rank, P)
@@ -238,7 +239,6 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     while tick < pre:  # then (optionally) wait until everyone's are visible
         tick += 1
         client.clock()
-    plan, handoff_dir = microtasks.run_plan()
     zero = np.zeros(1, dtype=np.int64)
     snapshots = consistent.snapshot_dir() if a.consistent_ll else None
     scored_clocks: list[int] = []  # the clocks this process scored (their snapshot files must all exist)

@@ -171,7 +171,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     saved = client.restored_state()
     rank, P = client.rank, client.num_workers
     n_tasks = microtasks.count(a.micro_tasks, P, saved)
-    tasks = microtasks.MicroTasks(n_tasks, microtasks.assign(n_tasks, range(P)), rank)
+    plan, handoff_dir = microtasks.run_plan()
+    tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, P, saved, plan), rank)
     owner = user_owner(train_all[0], L.rows, n_tasks, seed=a.data_seed)  # each user's micro-task
     scale = (float(train_all[2].min()), float(train_all[2].max())) if train_all[2].size else (0.0, 0.0)
     evaluate = a.eval_every > 0 and test_all[2].size > 0
@@ -187,7 +188,6 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         tick = int(got["tick"][0])
         lay.load(microtasks.unpack(saved, lay.tasks, ("rng",)))
     last = a.epochs * a.clocks_per_epoch
-    plan, handoff_dir = microtasks.run_plan()
     clock_s = 0.0  # time in the previous clock() call: counted in the next report
     while tick < last:
         epoch, k = divmod(tick, a.clocks_per_epoch)

@@ -183,7 +183,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     rank, workers = client.rank, client.num_workers
     saved = client.restored_state()
     n_tasks = microtasks.count(a.micro_tasks, workers, saved)
-    tasks = microtasks.MicroTasks(n_tasks, microtasks.assign(n_tasks, range(workers)), rank)
+    plan, handoff_dir = microtasks.run_plan()
+    tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, workers, saved, plan), rank)
     lay = _Layout(train_ds, tasks.mine, n_tasks, a)
     if lay.mine.n == 0:
         raise ConfigError(f"worker {rank}: no training samples ({train_ds.n} samples, {workers} workers)")
@@ -202,7 +203,6 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         c = int(got["tick"][0])
         lay.load(microtasks.unpack(saved, lay.tasks, ("rng", "order")), client.config.source)
     clock_wait = 0.0  # time in the previous clock() call: counted in the next report
-    plan, handoff_dir = microtasks.run_plan()
 
     while c < total:
         part = c % cpe

@@ -97,6 +97,15 @@ def test_file_plan_applies_at_its_clock_and_rejects_a_late_or_bad_plan(tmp_path)
     (tmp_path / "plan.json").write_text(json.dumps({"clock": 5, "owners": [0, 0, 0, 1]}))
     assert plan.at(4, 4) is None
     np.testing.assert_array_equal(plan.at(5, 4), [0, 0, 0, 1])
+    # a process that starts later (resumed, a replacement) runs the tasks where the plan put them
+    default = M.assign(4, [0, 1])
+    later = M.FilePlan(tmp_path / "plan.json")
+    np.testing.assert_array_equal(later.initial(7, 4, default), [0, 0, 0, 1])
+    assert later.at(8, 4) is None
+    np.testing.assert_array_equal(M.FilePlan(tmp_path / "plan.json").initial(4, 4, default), default)
+    saved = {"tick": np.array([5])}
+    np.testing.assert_array_equal(M.start_owners(4, 2, saved, M.FilePlan(tmp_path / "plan.json")), [0, 0, 0, 1])
+    np.testing.assert_array_equal(M.start_owners(4, 2, None, M.FilePlan(tmp_path / "plan.json")), default)
     late = M.FilePlan(tmp_path / "plan.json")
     with pytest.raises(BosenError, match="a plan for clock 5 reached this worker at clock 6"):
         late.at(6, 4)
