@@ -210,12 +210,14 @@ def run_plan() -> tuple[FilePlan | None, Path | None]:
 def start_owners(T: int, workers: int, saved: Mapping[str, np.ndarray] | None, plan: FilePlan | None) -> np.ndarray:
     """Who owns which task when a worker process starts: ``assign(T, range(workers))``, or the plan's
     owners where a plan holds from the clock the process starts at (``saved["tick"]``, 0 when new):
-    a replacement or resumed worker of a job whose tasks moved runs them where they are now."""
+    a replacement or resumed worker of a job whose tasks moved runs them where they are now (a plan
+    naming ranks the job does not have, from before a resume with fewer workers, is ignored)."""
     owners = assign(T, range(workers))
     if plan is None:
         return owners
     start = int(saved["tick"][0]) if saved is not None and "tick" in saved else 0
-    return plan.initial(start, T, owners)
+    planned = plan.initial(start, T, owners)
+    return planned if planned.size and int(planned.max()) < workers else owners  # a plan of another job shape
 
 
 class MicroTasks:
