@@ -5,11 +5,14 @@ Tables (declared in the job's config, both int32):
 * ``word_topic``: rows = vocabulary, cols = K; ``n_wk`` counts summed over all workers.
 * ``topic_summary``: 1 row, cols = K; ``n_k``.
 
-Doc-topic counts ``n_dk`` stay local to the worker that owns the document. Documents are split among
-workers in contiguous ranges balanced by token count; a worker's range is split again into
-``clocks_per_epoch`` slices, one per clock tick (default: one pass over the partition per tick), and
-each slice into ``batches_per_clock`` mini-batches of documents (default 8, or 1 when the job has one
-worker: mini-batches are for reading other workers' counts as they arrive mid-tick).
+Doc-topic counts ``n_dk`` stay local to the worker that owns the document. Documents are split into
+``micro_tasks`` contiguous ranges balanced by token count (default: one per worker), each with its own
+chain (seed, sweeps; ``_Layout``), and a worker runs a contiguous block of them (apps/microtasks.py:
+they move between workers at clock boundaries and resume with another worker count); each task's
+range is split again into ``clocks_per_epoch`` slices, one per clock tick (default: one pass over the
+partition per tick), and each slice into ``batches_per_clock`` mini-batches of documents (a worker's
+mini-batch: its tasks' pieces; default 8, or 1 when the job has one worker: mini-batches are for
+reading other workers' counts as they arrive mid-tick).
 
 With the MH sampler the word proposal's alias tables are built once per tick, from one read of all
 the tick's word rows at its start; each mini-batch proposes from them (slightly stale counts) and

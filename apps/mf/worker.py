@@ -1,15 +1,18 @@
 """SGD matrix factorization worker: ratings r ≈ L_u · R_i with L and R living in the parameter server.
 
-Each worker keeps the ratings of its users (see data.partition), cut into fixed batches
-(model.batches). One clock is one pass over the local data by default (the thesis' setting); with
-``clocks_per_epoch = k`` each pass is split into k fixed chunks, one clock each (Bösen's "BS-k"), and
-``batches_per_clock = b`` (default 10) splits a clock's chunk into b mini-batches. Per mini-batch
-the worker refreshes its rows of the worker's views of L and R (one view per table over every row the
-worker touches, kept for the run: only rows written since are copied, so a row another batch pushed
-is not copied again; rows managed communication refreshed mid-clock are seen), runs one numba SGD
-pass on the views' arrays (its running loss, each rating's error just before its update, is the
-clock's objective) and pushes ``new - old`` of its rows at once (one compiled pass per table), so it
-can leave under the budget before the tick ends (docs/design.md, "Apps on the live cache").
+Users are split into ``micro_tasks`` sets (data.user_owner over the tasks; default one per worker),
+each with its own generator, and a worker runs a contiguous block of them (apps/microtasks.py): it
+keeps its tasks' ratings, each task's cut into fixed batches (model.batches), a worker's batch being
+its tasks' batches together (model.merge). One clock is one pass over the local data by default (the
+thesis' setting); with ``clocks_per_epoch = k`` each pass is split into k fixed chunks, one clock
+each (Bösen's "BS-k"), and ``batches_per_clock = b`` (default 10) splits a clock's chunk into b
+mini-batches. Per mini-batch the worker refreshes its rows of the worker's views of L and R (one
+view per table over every row the worker touches, kept for the run: only rows written since are
+copied, so a row another batch pushed is not copied again; rows managed communication refreshed
+mid-clock are seen), runs one numba SGD pass on the views' arrays (its running loss, each rating's
+error just before its update, is the clock's objective) and pushes ``new - old`` of its rows at once
+(one compiled pass per table), so it can leave under the budget before the tick ends
+(docs/design.md, "Apps on the live cache").
 
 Held-out ratings (``test_data``, or a ``holdout`` share of synthetic data) go to the worker that
 owns their user; after each clock (every ``eval_every``) it scores them against its cache and

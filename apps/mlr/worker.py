@@ -16,7 +16,9 @@ minibatch would cost a K x (F+1) copy and a round of client-library calls per st
 the step itself for small minibatches; a few pieces per clock keep that cost small.
 
 Data parallelism follows Bösen: the training set is split evenly across workers, each sample is used
-once per pass whatever the number of workers, and each worker's deltas add up in the table.
+once per pass whatever the number of workers, and each worker's deltas add up in the table. The split
+is into ``micro_tasks`` contiguous shares (default one per worker), each with its own generator and
+epoch order, and a worker runs a contiguous block of them (apps/microtasks.py).
 Learning rate per clock c: lr / (1 + lr_decay * t) ("inverse"), lr * lr_decay ** t ("exponential"),
 or lr ("constant"), with t = c / clocks_per_epoch passes done.
 
