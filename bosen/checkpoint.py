@@ -28,7 +28,7 @@ import re
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,12 +61,47 @@ def next_boundary(clock: int, every_clocks: int) -> int:
     return (clock // every_clocks + 1) * every_clocks
 
 
-def model_fingerprint(config: Config) -> str:
+def model_fingerprint(config: Config, workers: int | None = None) -> str:
     """What a checkpoint must match to be resumed: the tables, the number of servers and of workers
-    (not the addresses: a resumed job may listen on other ports)."""
+    (not the addresses: a resumed job may listen on other ports). ``workers``: the checkpoint's own
+    count where a job resumes with another (an app with micro-tasks, :func:`fingerprint_for`)."""
     d = config.to_dict()
-    core = {"servers": len(config.cluster.servers), "workers": config.cluster.workers, "tables": d["tables"]}
+    core = {"servers": len(config.cluster.servers), "workers": config.cluster.workers if workers is None else workers,
+            "tables": d["tables"]}
     return hashlib.sha1(json.dumps(core, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def fingerprint_for(config: Config) -> Callable[[int], str]:
+    """The fingerprint of ``config``'s model as made by any number of workers: what a job that may
+    resume with another worker count checks a checkpoint against (with ``workers=None``)."""
+    return lambda workers: model_fingerprint(config, workers)
+
+
+def checkpoint_workers(path: Path) -> int:
+    """How many workers made checkpoint ``path`` (``.../clock-N``), as its first server part says."""
+    metas = sorted(path.glob(f"{part_name('server', 0)[:-1]}*/{META}")) if path.is_dir() else []
+    if not metas:
+        raise CheckpointError(f"{path}: no server part (the checkpoint is incomplete)")
+    meta_path = metas[0]
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{meta_path}: unreadable: {e}") from None
+    workers = meta.get("workers") if isinstance(meta, dict) else None
+    if not isinstance(workers, int):
+        raise CheckpointError(f"{meta_path}: does not say how many workers made the checkpoint")
+    return workers
+
+
+_TASK_FILE = re.compile(r"^task\.(\d+)\.")
+
+
+def task_count(parts: Mapping[str, Part]) -> int:
+    """How many micro-tasks the worker parts of a checkpoint hold (``task.<t>.<name>`` arrays,
+    docs/app-contract.md); 0: the app saved none, so its state is per worker rank."""
+    ids = {int(m.group(1)) for name, p in parts.items() if name.startswith("worker-")
+           for f in p.meta["files"] if (m := _TASK_FILE.match(f))}
+    return max(ids) + 1 if ids else 0
 
 
 def root(config: Config) -> Path:
@@ -102,8 +137,9 @@ def _sha256(path: Path) -> str:
 
 
 def write_part(base: Path, clock: int, kind: str, rank: int, arrays: Mapping[str, np.ndarray],
-               info: Mapping[str, Any], fingerprint: str) -> Path:
-    """Write one part atomically (see the module docstring); returns its directory."""
+               info: Mapping[str, Any], fingerprint: str, workers: int | None = None) -> Path:
+    """Write one part atomically (see the module docstring); returns its directory. ``workers``: the
+    job's worker count, recorded so a job with micro-tasks can resume with another."""
     final = clock_dir(base, clock) / part_name(kind, rank)
     tmp = final.with_name(final.name + ".partial")
     if tmp.exists():
@@ -121,6 +157,8 @@ def write_part(base: Path, clock: int, kind: str, rank: int, arrays: Mapping[str
         files[path.name] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
     meta = {"format": FORMAT, "kind": kind, "rank": rank, "clock": clock, "fingerprint": fingerprint,
             "written": time.time(), "files": files, "info": dict(info)}
+    if workers is not None:
+        meta["workers"] = workers
     with (tmp / META).open("w") as f:
         json.dump(meta, f, indent=1, default=_json_default)
         f.flush()
@@ -152,6 +190,11 @@ class Part:
 
     def load(self) -> dict[str, np.ndarray]:
         return {name[:-4]: np.load(self.path / name, allow_pickle=False) for name in self.meta["files"]}
+
+    def load_matching(self, prefix: str) -> dict[str, np.ndarray]:
+        """The arrays whose names start with ``prefix`` (memory-mapped: read as they are used)."""
+        return {name[:-4]: np.load(self.path / name, mmap_mode="r", allow_pickle=False)
+                for name in self.meta["files"] if name.startswith(prefix)}
 
 
 def read_part(path: Path, fingerprint: str | None = None, verify: bool = True) -> Part:
@@ -188,10 +231,16 @@ def clocks(base: Path) -> list[int]:
     return sorted(found, reverse=True)
 
 
-def check_complete(base: Path, clock: int, servers: int, workers: int, fingerprint: str | None,
-                   verify: bool = True) -> dict[str, Part]:
-    """Every part of checkpoint ``clock``, verified; CheckpointError names the first problem."""
+def check_complete(base: Path, clock: int, servers: int, workers: int | None,
+                   fingerprint: str | Callable[[int], str] | None, verify: bool = True) -> dict[str, Part]:
+    """Every part of checkpoint ``clock``, verified; CheckpointError names the first problem.
+    ``workers=None``: as many as made it (:func:`checkpoint_workers`), with ``fingerprint`` then a
+    function of that count (:func:`fingerprint_for`)."""
     d = clock_dir(base, clock)
+    if workers is None:
+        workers = checkpoint_workers(d)
+    if callable(fingerprint):
+        fingerprint = fingerprint(workers)
     parts = {}
     for kind, n in (("server", servers), ("worker", workers)):
         for r in range(n):
@@ -204,9 +253,10 @@ def check_complete(base: Path, clock: int, servers: int, workers: int, fingerpri
     return parts
 
 
-def newest_complete(base: Path, servers: int, workers: int, fingerprint: str | None,
+def newest_complete(base: Path, servers: int, workers: int | None, fingerprint: str | Callable[[int], str] | None,
                     verify: bool = True) -> tuple[int, dict[str, Part], list[str]]:
-    """The newest complete checkpoint under ``base``: (clock, parts, why newer ones were skipped)."""
+    """The newest complete checkpoint under ``base``: (clock, parts, why newer ones were skipped);
+    ``workers`` and ``fingerprint`` as for :func:`check_complete`."""
     skipped: list[str] = []
     for c in clocks(base):
         try:
@@ -284,9 +334,10 @@ class PartWriter:
     submitted. A failed write is kept in ``error`` and logged; the owner raises it where its user
     will see it (``check``)."""
 
-    def __init__(self, base: Path, fingerprint: str) -> None:
+    def __init__(self, base: Path, fingerprint: str, workers: int | None = None) -> None:
         self.base = base
         self.fingerprint = fingerprint
+        self.workers = workers
         self._queue: queue.Queue[tuple[int, str, int, dict[str, np.ndarray], dict[str, Any]] | None] = queue.Queue()
         self.error: BaseException | None = None
         self.written: list[tuple[int, float, int]] = []  # (clock, seconds, bytes) per part
@@ -307,7 +358,7 @@ class PartWriter:
             clock, kind, rank, arrays, info = item
             t = time.perf_counter()
             try:
-                path = write_part(self.base, clock, kind, rank, arrays, info, self.fingerprint)
+                path = write_part(self.base, clock, kind, rank, arrays, info, self.fingerprint, self.workers)
             except BaseException as e:  # kept and raised by the owner; later parts still try
                 log.error("cannot write checkpoint part %s-%d at clock %d: %s", kind, rank, clock, e)
                 if self.error is None:

@@ -41,8 +41,8 @@ class WorkerCheckpoints:
         ck = config.checkpoint
         self.every = ck.every_clocks if ck is not None else 0
         self.provider: StateProvider | None = None
-        self._parts = checkpoint.PartWriter(checkpoint.root(config), checkpoint.model_fingerprint(config)) \
-            if ck is not None else None
+        self._parts = checkpoint.PartWriter(checkpoint.root(config), checkpoint.model_fingerprint(config),
+                                            config.cluster.workers) if ck is not None else None
         self.restored: dict[str, np.ndarray] | None = None
         self._last_choice = time.monotonic()  # rank 0: when it last chose a checkpoint (time rules)
 
@@ -88,15 +88,25 @@ class WorkerCheckpoints:
 
     def load(self, path: Path, rank: int, clock: int) -> None:
         """This rank's part of checkpoint ``path`` (``$BOSEN_RESUME``), which must be at ``clock``,
-        becomes ``restored``."""
+        becomes ``restored``, with every other worker part's micro-task arrays (``task.*``): tasks
+        may have moved (a job resumed with another worker count), and each worker picks its own. A
+        rank the checkpoint has no part of (more workers now) gets its ``tick`` from worker 0's."""
         try:
-            part = checkpoint.read_part(path / checkpoint.part_name("worker", rank),
-                                        checkpoint.model_fingerprint(self.config))
+            made_by = checkpoint.checkpoint_workers(path)
+            fp = checkpoint.model_fingerprint(self.config, made_by)
+            own = checkpoint.read_part(path / checkpoint.part_name("worker", rank if rank < made_by else 0), fp)
+            others = [checkpoint.read_part(path / checkpoint.part_name("worker", r), fp, verify=False)
+                      for r in range(made_by) if r != own.meta["rank"]]
         except checkpoint.CheckpointError as e:
             raise BosenError(f"BOSEN_RESUME: {e}") from None
-        if part.meta["clock"] != clock:
-            raise BosenError(f"BOSEN_RESUME: {part.path} is at clock {part.meta['clock']}, the servers at {clock}")
-        self.restored = part.load()
+        if own.meta["clock"] != clock:
+            raise BosenError(f"BOSEN_RESUME: {own.path} is at clock {own.meta['clock']}, the servers at {clock}")
+        restored = own.load()
+        if rank >= made_by:
+            restored = {k: v for k, v in restored.items() if k.startswith("task.") or k == "tick"}
+        for part in others:  # their tasks' arrays only (each rank's other state is its own)
+            restored.update(part.load_matching("task."))
+        self.restored = restored
 
     def close(self) -> None:
         """What was saved so far reaches the disk."""

@@ -51,7 +51,7 @@ class ServerCheckpoints:
         self.rank = rank
         self.base = checkpoint.root(config)
         self.fingerprint = checkpoint.model_fingerprint(config)
-        self.writer = checkpoint.PartWriter(self.base, self.fingerprint)
+        self.writer = checkpoint.PartWriter(self.base, self.fingerprint, config.cluster.workers)
         self.held: dict[int, list[Held]] = {}  # client rank -> its messages held past the boundary
         self.saved: list[int] = []  # boundary clocks saved (submitted to the writer)
         self.snapshot_s = 0.0  # time spent copying shards, all saves
@@ -194,19 +194,21 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
     together: every valid part of this server up to that clock, oldest first, from the newest
     valid base (a part of every row) or else the initial values. ConfigError says what does not fit."""
     fp = checkpoint.model_fingerprint(config)
-    servers, workers = len(config.cluster.servers), config.cluster.workers
+    servers = len(config.cluster.servers)
+    any_fp = checkpoint.fingerprint_for(config)  # a resumed job may have other workers (micro-tasks)
     base = path
     try:
         if checkpoint.clocks(path) and own:
             part = _newest_own(path, rank, fp)
             clock = int(part.meta["clock"])
         elif checkpoint.clocks(path):
-            clock, parts, skipped = checkpoint.newest_complete(path, servers, workers, fp)
+            clock, parts, skipped = checkpoint.newest_complete(path, servers, None, any_fp)
             for why in skipped:
                 log.warning("skipped checkpoint %s", why)
             part = parts[checkpoint.part_name("server", rank)]
         else:
-            part = checkpoint.read_part(path / checkpoint.part_name("server", rank), fp)
+            part = checkpoint.read_part(path / checkpoint.part_name("server", rank), None)
+            _check_fingerprint(part, config, any_fp)
             clock = int(part.meta["clock"])
             base = path.parent
     except checkpoint.CheckpointError as e:
@@ -218,7 +220,8 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
             if c > clock:
                 break
             try:
-                p = checkpoint.read_part(checkpoint.clock_dir(base, c) / part.path.name, fp)
+                p = checkpoint.read_part(checkpoint.clock_dir(base, c) / part.path.name, None)
+                _check_fingerprint(p, config, any_fp)
             except checkpoint.CheckpointError as e:  # its rows keep an older save
                 log.warning("priority checkpoint part skipped: %s", e)
                 continue
@@ -239,6 +242,15 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
     log.info("server %d resumed from %s at clock %d (%d part%s)", rank, part.path, clock, len(chain),
              "" if len(chain) == 1 else "s")
     return clock
+
+
+def _check_fingerprint(part: checkpoint.Part, config: Config, any_fp: Callable[[int], str]) -> None:
+    """``part`` is of this job's model, made by the workers its manifest records (a job with
+    micro-tasks may have resumed with another count since)."""
+    made_by = part.meta.get("workers", config.cluster.workers)
+    if part.meta.get("fingerprint") != any_fp(int(made_by)):
+        raise checkpoint.CheckpointError(f"{part.path}: made for another job (tables/servers/workers fingerprint "
+                                         f"{part.meta.get('fingerprint')}, this job's is {any_fp(int(made_by))})")
 
 
 def _load(shards: list[TableShard], part: checkpoint.Part) -> None:

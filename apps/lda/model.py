@@ -16,7 +16,8 @@ import numpy as np
 from bosen.apps.lda import evaluation, sampling
 from bosen.apps.lda.data import Corpus
 
-__all__ = ["AliasTables", "Sampler", "FitResult", "DocumentCompletion", "fit", "loglikelihood", "top_words", "TopWords"]
+__all__ = ["AliasTables", "Sampler", "sweep_seed", "FitResult", "DocumentCompletion", "fit", "loglikelihood",
+           "top_words", "TopWords"]
 
 
 @dataclass
@@ -82,7 +83,7 @@ class Sampler:
     def sweep(self, nwk: np.ndarray, nk: np.ndarray, words_local: np.ndarray, doc_lo: int = 0,
               doc_hi: int | None = None, stale: np.ndarray | None = None,
               stale_nk: np.ndarray | None = None, tables: AliasTables | None = None,
-              rows: np.ndarray | None = None) -> dict[str, float]:
+              rows: np.ndarray | None = None, seed: int | None = None) -> dict[str, float]:
         """Resample the tokens of documents [doc_lo, doc_hi), updating nwk/nk/ndk in place.
 
         ``words_local`` maps each token to its row in ``nwk``. MH proposes from ``tables`` (built by
@@ -90,12 +91,14 @@ class Sampler:
         among them); without them it builds tables from ``stale``/``stale_nk`` (the rows as fetched;
         default: a copy of nwk/nk now). Stale tables keep MH exact: the acceptance test evaluates the
         proposal from the counts the tables were built from and the target from the live ones.
-        Returns timings and counts; ``dense_sweeps`` (exact methods) is 1 where this sweep ran dense
+        ``seed`` (a micro-task's own stream, see the worker) replaces the sampler's: its sweep count
+        is then left alone. Returns timings and counts; ``dense_sweeps`` (exact methods) is 1 where this sweep ran dense
         (a worker's tick report sums it over its mini-batches).
         """
         doc_hi = self.n_docs if doc_hi is None else doc_hi
-        seed = (self.seed * 1_000_003 + self.sweeps * 7919 + doc_lo) & 0x7FFFFFFFFFFF
-        self.sweeps += 1
+        if seed is None:
+            seed = sweep_seed(self.seed, self.sweeps, doc_lo)
+            self.sweeps += 1
         t0 = time.perf_counter()
         c0 = time.thread_time()  # CPU too: wall above it is time the thread waited for a core
         if self.method != "mh":  # exact: dense or sparse, same arguments
@@ -141,6 +144,11 @@ class Sampler:
 
     def loglik_docs(self) -> float:
         return float(evaluation.loglik_docs(self.ndk, self.alpha))
+
+
+def sweep_seed(seed: int, sweeps: int, doc_lo: int) -> int:
+    """The kernel seed of a sweep: a chain's seed, its sweeps so far, the first document's offset."""
+    return (seed * 1_000_003 + sweeps * 7919 + doc_lo) & 0x7FFFFFFFFFFF
 
 
 @dataclass

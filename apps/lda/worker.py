@@ -5,11 +5,14 @@ Tables (declared in the job's config, both int32):
 * ``word_topic``: rows = vocabulary, cols = K; ``n_wk`` counts summed over all workers.
 * ``topic_summary``: 1 row, cols = K; ``n_k``.
 
-Doc-topic counts ``n_dk`` stay local to the worker that owns the document. Documents are split among
-workers in contiguous ranges balanced by token count; a worker's range is split again into
-``clocks_per_epoch`` slices, one per clock tick (default: one pass over the partition per tick), and
-each slice into ``batches_per_clock`` mini-batches of documents (default 8, or 1 when the job has one
-worker: mini-batches are for reading other workers' counts as they arrive mid-tick).
+Doc-topic counts ``n_dk`` stay local to the worker that owns the document. Documents are split into
+``micro_tasks`` contiguous ranges balanced by token count (default: one per worker), each with its own
+chain (seed, sweeps; ``_Layout``), and a worker runs a contiguous block of them (apps/microtasks.py:
+they move between workers at clock boundaries and resume with another worker count); each task's
+range is split again into ``clocks_per_epoch`` slices, one per clock tick (default: one pass over the
+partition per tick), and each slice into ``batches_per_clock`` mini-batches of documents (a worker's
+mini-batch: its tasks' pieces; default 8, or 1 when the job has one worker: mini-batches are for
+reading other workers' counts as they arrive mid-tick).
 
 With the MH sampler the word proposal's alias tables are built once per tick, from one read of all
 the tick's word rows at its start; each mini-batch proposes from them (slightly stale counts) and
@@ -81,9 +84,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from bosen.apps.lda import consistent, evaluation
+from bosen.apps import microtasks
+from bosen.apps.lda import consistent, evaluation, sampling
 from bosen.apps.lda.data import Corpus, generate, load
-from bosen.apps.lda.model import AliasTables, DocumentCompletion, Sampler, TopWords
+from bosen.apps.lda.model import AliasTables, DocumentCompletion, Sampler, TopWords, sweep_seed
 from bosen.apps.protocol import PSClient, PSTable, PSView, require_table
 from bosen.apps.state import restored
 from bosen.config import check, from_dict
@@ -91,6 +95,7 @@ from bosen.errors import ConfigError, DataError
 
 KEEP_VIEW_BYTES = 256 << 20  # most memory the mini-batches' word-row views kept across ticks take
 FINAL_CHUNK_BYTES = 16 << 20  # rank 0's final pass over the word rows: int64 bytes of a block
+TASK_STATE = ("z", "ndk", "sweeps", "dense_phase")  # a micro-task's arrays in checkpoints and hand-offs
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,7 @@ class LDAArgs:
     init_barrier: bool = True          # wait (staleness+1 ticks) until all initial counts are visible
     save_model: bool = True            # rank 0 writes word_topic.npy to $BOSEN_RUN_DIR
     consistent_ll: bool = False        # also score the servers' tables at each scored clock (consistent-ll.jsonl)
+    micro_tasks: int = 0               # document ranges that can move between workers; 0 = one per worker
 
     def __post_init__(self) -> None:
         for name in ("K", "iterations", "clocks_per_epoch", "mh_steps", "ll_every", "top_words",
@@ -135,6 +141,7 @@ class LDAArgs:
         check(self.synth_topics >= 0, "synth_topics: must be >= 0 (0 = K)")
         check(self.eval_every >= 0, "eval_every: must be >= 0")
         check(self.foldin_sweeps >= 1, "foldin_sweeps: must be >= 1")
+        check(self.micro_tasks >= 0, "micro_tasks: must be >= 0 (0 = one per worker)")
         for name in ("alpha", "beta", "synth_doc_len", "synth_alpha", "synth_beta"):
             check(getattr(self, name) > 0, f"{name}: must be > 0")
 
@@ -207,63 +214,34 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     wt, ts = _check_geometry(client, a, V, corpus.source)
     rank, P = int(client.rank), int(client.num_workers)
     stale_bound = wt.staleness  # how many ticks the barriers must span
-    lo, hi = corpus.doc_range(rank, P)
-    part = corpus.subset(lo, hi)
-    sampler = Sampler(part, a.K, a.alpha, a.beta, V, a.method(), a.mh_steps, a.seed * 7919 + rank + 1)
+    saved = client.restored_state()
+    n_tasks = microtasks.count(a.micro_tasks, P, saved)
+    plan, handoff_dir = microtasks.run_plan()
+    tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, P, saved, plan), rank)
+    cuts = task_cuts(corpus, n_tasks)
+    lay = _Layout(corpus, a, cuts, tasks.mine, wt, ts, P)
     held = _held_out(a, V, rank, P)
 
-    # the mini-batches of each tick (documents balanced by tokens) and their word sets, made once
-    m, b = a.clocks_per_epoch, a.batches(P)
-    ptr = sampler.doc_ptr
-    scored = scored_words(corpus, lo, hi)
-    words_local = np.empty(part.n_tokens, dtype=np.int32)  # each token's row in its batch's read
-    ticks: list[list[tuple[int, int, np.ndarray]]] = []
-    tick_words: list[tuple[np.ndarray, list[np.ndarray]]] = []  # MH: the tick's words, each batch's among them
-    for i in range(m):
-        d0, d1 = part.doc_range(i, m) if part.n_docs else (0, 0)
-        batches = []
-        piece = part.subset(d0, d1) if d1 > d0 else None
-        for j in range(b):
-            s0, s1 = piece.doc_range(j, b) if piece is not None else (0, 0)
-            lo, hi = d0 + s0, d0 + s1
-            k0, k1 = int(ptr[lo]), int(ptr[hi])
-            U = np.unique(part.words[k0:k1]).astype(np.int64)
-            words_local[k0:k1] = np.searchsorted(U, part.words[k0:k1])
-            batches.append((lo, hi, U))
-        ticks.append(batches)
-        allU = np.unique(np.concatenate([U for _, _, U in batches])) if batches else np.zeros(0, np.int64)
-        tick_words.append((allU, [np.searchsorted(allU, U).astype(np.int64) for _, _, U in batches]))
-    mh = sampler.method == "mh"
-    views = _Views(wt, ts, ticks, scored)
-
     # clocks: the initial counts' tick, the opening barrier, T training ticks, the closing barrier
-    T = a.iterations * m
+    T = a.iterations * a.clocks_per_epoch
     pre = 1 + (stale_bound if a.init_barrier else 0)
     tick = 0  # clocks done (the client's tick)
-    # a checkpoint holds the clocks done and the chain's state (the sweeps' seeds follow from it)
-    client.checkpoint_state(lambda: {"tick": np.array([tick]), "z": sampler.z, "ndk": sampler.ndk,
-                                     "sweeps": np.array([sampler.sweeps]),
-                                     "dense_phase": np.array([sampler.dense_phase])})
-    saved = restored(client.restored_state(), ("tick", "z", "ndk", "sweeps", "dense_phase"))
+    # a checkpoint holds the clocks done and each micro-task's chain (the sweeps' seeds follow from it)
+    client.checkpoint_state(lambda: {"tick": np.array([tick]),
+                                     **microtasks.pack({t: lay.state(t) for t in lay.tasks})})
     if saved is not None:
-        if saved["z"].shape != sampler.z.shape or saved["ndk"].shape != sampler.ndk.shape:
-            raise ConfigError(f"{client.config.source}: the checkpoint's topic assignments {saved['z'].shape} / "
-                              f"doc-topic counts {saved['ndk'].shape} do not fit this worker's documents "
-                              f"{sampler.z.shape} / {sampler.ndk.shape}: another corpus or K?")
-        tick = int(saved["tick"][0])
-        sampler.z[:] = saved["z"]
-        sampler.ndk[:] = saved["ndk"]
-        sampler.sweeps = int(saved["sweeps"][0])
-        sampler.dense_phase = bool(saved["dense_phase"][0])
+        got = restored(saved, ("tick",))
+        assert got is not None
+        tick = int(got["tick"][0])
+        lay.load(microtasks.unpack(saved, lay.tasks, TASK_STATE), client.config.source)
     if tick == 0:  # initial counts (in the checkpoint's tables otherwise)
-        w, k, n = sampler.word_topic_coo()
+        w, k, n = lay.sampler.word_topic_coo()
         if w.size:
             wt.inc_rows(w, n, cols=k)
-        ts.inc_rows(np.zeros(1, dtype=np.int64), sampler.topic_counts()[None, :].astype(ts.dtype))
+        ts.inc_rows(np.zeros(1, dtype=np.int64), lay.sampler.topic_counts()[None, :].astype(ts.dtype))
     while tick < pre:  # then (optionally) wait until everyone's are visible
         tick += 1
         client.clock()
-
     zero = np.zeros(1, dtype=np.int64)
     snapshots = consistent.snapshot_dir() if a.consistent_ll else None
     scored_clocks: list[int] = []  # the clocks this process scored (their snapshot files must all exist)
@@ -274,8 +252,10 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         rec: dict[str, float] = {"tokens": 0.0, "negative_counts": 0.0, "compute_s": 0.0, "comm_s": clock_wait,
                                  "clock_wait_s": clock_wait, "read_s": 0.0, "send_s": 0.0}
         tables = None
-        allU, amaps = tick_words[c % m]
-        if mh and allU.size:
+        m = a.clocks_per_epoch
+        allU, amaps = lay.tick_words[c % m]
+        sampler, views = lay.sampler, lay.views
+        if sampler.method == "mh" and allU.size:
             # MH's word proposal: alias tables built once per tick from the rows as read now; the
             # mini-batches' acceptance tests use their own fresh reads, so the chain stays exact
             t0 = time.perf_counter()
@@ -287,17 +267,16 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             rec["read_s"] += t1 - t0
             rec["comm_s"] += t1 - t0
             rec["alias_s"] = tables.build_s
-        for j, ((lo, hi, U), amap) in enumerate(zip(ticks[c % m], amaps, strict=True)):
-            if hi <= lo:
+        for j, ((ranges, U), amap) in enumerate(zip(lay.ticks[c % m], amaps, strict=True)):
+            if not ranges:
                 continue
-            st = _minibatch(sampler, views.batch(c % m, j, U), views.summary, words_local, lo, hi, tables, amap)
+            st = _minibatch(lay, views.batch(c % m, j, U), views.summary, ranges, tables, amap)
             for key, v in st.items():
                 rec[key] = rec.get(key, 0.0) + v
-            rec["tokens"] += float(ptr[hi] - ptr[lo])
         if do_ll:
             t0 = time.perf_counter()
             # the rows this worker scores, as its cache has them now (its own updates included)
-            mine = _counts(views.scored.refresh()) if scored.size else np.zeros((0, a.K), np.int32)
+            mine = _counts(views.scored.refresh()) if lay.scored.size else np.zeros((0, a.K), np.int32)
             nk = _counts(views.summary.refresh())[0]
             t1 = time.perf_counter()
             ll_doc = sampler.loglik_docs()
@@ -328,18 +307,24 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         tick += 1
         client.clock()
         clock_wait = time.perf_counter() - t2
+        if plan is not None and handoff_dir is not None and (new := plan.at(tick, n_tasks)) is not None:
+            # a new assignment from this clock on: hand tasks off, rebuild for ours
+            kept = {t: lay.state(t) for t in lay.tasks if new[t] == rank}
+            received = tasks.handoff(tick, new, handoff_dir, lay.state)
+            lay = _Layout(corpus, a, cuts, tasks.mine, wt, ts, P)
+            lay.load({**kept, **received}, client.config.source)
 
     # closing barrier: after `staleness` more ticks every training update is readable
     while tick < pre + T + stale_bound:
         tick += 1
         client.clock()
     # the exact objective, summed over the workers: each one's doc part and its scored words' part
-    final = sampler.loglik_docs()
-    if scored.size:
+    final = lay.sampler.loglik_docs()
+    if lay.scored.size:
         # read into the scoring view (no new array); a negative count adds nothing to the word part,
         # as the 0 it was clipped to before
-        mine = _counts(views.scored.refresh())
-        final += float(evaluation.loglik_words(mine, a.beta, np.ones(scored.size, dtype=np.bool_)))
+        mine = _counts(lay.views.scored.refresh())
+        final += float(evaluation.loglik_words(mine, a.beta, np.ones(lay.scored.size, dtype=np.bool_)))
     if rank == 0:
         nk_final = np.asarray(ts.get_rows(zero)[0], dtype=np.int64)
         final += float(evaluation.loglik_summary(nk_final.astype(np.int32), V, a.beta))
@@ -361,19 +346,117 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     client.report(final_loglik=final)
 
 
+def task_cuts(corpus: Corpus, n_tasks: int) -> np.ndarray:
+    """The first document of each of ``n_tasks`` micro-tasks and the end (length n_tasks + 1):
+    contiguous ranges balanced by tokens, the ranges ``Corpus.doc_range`` gives workers."""
+    cuts = np.zeros(n_tasks + 1, dtype=np.int64)
+    for t in range(n_tasks):
+        cuts[t + 1] = corpus.doc_range(t, n_tasks)[1]
+    return cuts
+
+
+class _Layout:
+    """What a worker holds for its micro-tasks ``tasks`` (sorted, contiguous ids): their documents (one
+    range of the corpus, so one :class:`Sampler` over it), the mini-batches of each tick, the views.
+
+    A micro-task is a range of the sampler's arrays, and its chain is its own: its tokens start from
+    its own seed, its sweeps draw from (its seed, its sweep count, the offset in it), and its sparse
+    sampler's dense phase is its own, so the task samples the same whichever worker runs it. Each
+    mini-batch of a tick is the union of every task's piece of it (a task's documents cut into
+    ``clocks_per_epoch`` slices, each into the batches): the batch reads its rows once and samples
+    task by task. One task per worker is the worker's documents as a job without micro-tasks cut them."""
+
+    def __init__(self, corpus: Corpus, a: LDAArgs, cuts: np.ndarray, tasks: np.ndarray, wt: PSTable, ts: PSTable,
+                 P: int) -> None:
+        self.tasks = [int(t) for t in tasks]
+        lo, hi = (int(cuts[self.tasks[0]]), int(cuts[self.tasks[-1] + 1])) if self.tasks else (0, 0)
+        self.lo, self.hi = lo, hi
+        part = corpus.subset(lo, hi)
+        self.doc = {t: (int(cuts[t]) - lo, int(cuts[t + 1]) - lo) for t in self.tasks}  # docs in the part
+        self.seed = {t: a.seed * 7919 + t + 1 for t in self.tasks}
+        s = self.sampler = Sampler(part, a.K, a.alpha, a.beta, corpus.n_vocab, a.method(), a.mh_steps,
+                                   self.seed[self.tasks[0]] if self.tasks else 0)
+        ptr = s.doc_ptr
+        for t, (d0, d1) in self.doc.items():  # each task's tokens from its own seed
+            sampling.random_init(s.z[ptr[d0]:ptr[d1]], a.K, self.seed[t])
+        s.ndk[:] = sampling.doc_topic_counts(ptr, s.z, a.K)
+        self.sweeps = {t: 0 for t in self.tasks}
+        self.dense_phase = {t: s.dense_phase for t in self.tasks}
+        m, b = a.clocks_per_epoch, a.batches(P)
+        self.words_local = np.empty(part.n_tokens, dtype=np.int32)  # each token's row in its batch's read
+        self.ticks: list[list[tuple[list[tuple[int, int, int]], np.ndarray]]] = []
+        self.tick_words: list[tuple[np.ndarray, list[np.ndarray]]] = []  # MH: the tick's words, each batch's
+        pieces = {t: part.subset(d0, d1) for t, (d0, d1) in self.doc.items()}
+        for i in range(m):
+            batches = []
+            for j in range(b):
+                ranges = []
+                for t, (d0, _) in self.doc.items():
+                    tc = pieces[t]
+                    e0, e1 = tc.doc_range(i, m) if tc.n_docs else (0, 0)
+                    s0, s1 = tc.subset(e0, e1).doc_range(j, b) if e1 > e0 else (0, 0)
+                    if s1 > s0:
+                        ranges.append((t, d0 + e0 + s0, d0 + e0 + s1))
+                toks = [part.words[ptr[x]:ptr[y]] for _, x, y in ranges]
+                U = np.unique(np.concatenate(toks)).astype(np.int64) if toks else np.zeros(0, np.int64)
+                for _, x, y in ranges:
+                    self.words_local[ptr[x]:ptr[y]] = np.searchsorted(U, part.words[ptr[x]:ptr[y]])
+                batches.append((ranges, U))
+            self.ticks.append(batches)
+            allU = np.unique(np.concatenate([U for _, U in batches])) if batches else np.zeros(0, np.int64)
+            self.tick_words.append((allU, [np.searchsorted(allU, U).astype(np.int64) for _, U in batches]))
+        self.scored = scored_words(corpus, lo, hi)
+        self.views = _Views(wt, ts, self.ticks, self.scored)
+
+    def sweep(self, t: int, nwk: np.ndarray, nk: np.ndarray, lo: int, hi: int, tables: AliasTables | None,
+              amap: np.ndarray) -> dict[str, float]:
+        """Task ``t``'s documents [lo, hi) (of the part) resampled with the task's own seed and phase."""
+        s = self.sampler
+        seed = sweep_seed(self.seed[t], self.sweeps[t], lo - self.doc[t][0])
+        self.sweeps[t] += 1
+        s.dense_phase = self.dense_phase[t]
+        st = s.sweep(nwk, nk, self.words_local, lo, hi, tables=tables, rows=amap, seed=seed) \
+            if tables is not None else s.sweep(nwk, nk, self.words_local, lo, hi, seed=seed)
+        self.dense_phase[t] = s.dense_phase
+        return st
+
+    def state(self, t: int) -> dict[str, np.ndarray]:
+        """Task ``t``'s chain (``TASK_STATE``): its tokens' topics, its documents' topic counts, its
+        sweeps so far and its sparse sampler's phase."""
+        d0, d1 = self.doc[t]
+        ptr = self.sampler.doc_ptr
+        return {"z": self.sampler.z[ptr[d0]:ptr[d1]], "ndk": self.sampler.ndk[d0:d1],
+                "sweeps": np.array([self.sweeps[t]]), "dense_phase": np.array([self.dense_phase[t]])}
+
+    def load(self, states: Mapping[int, Mapping[str, np.ndarray]], source: str) -> None:
+        """Put every task's saved chain in place (ConfigError where it does not fit its documents)."""
+        ptr = self.sampler.doc_ptr
+        for t in self.tasks:
+            st, (d0, d1) = states[t], self.doc[t]
+            z, ndk = self.sampler.z[ptr[d0]:ptr[d1]], self.sampler.ndk[d0:d1]
+            if st["z"].shape != z.shape or st["ndk"].shape != ndk.shape:
+                raise ConfigError(f"{source}: micro-task {t}'s saved topic assignments {st['z'].shape} / doc-topic "
+                                  f"counts {st['ndk'].shape} do not fit its documents {z.shape} / {ndk.shape}: "
+                                  "another corpus or K?")
+            z[:] = st["z"]
+            ndk[:] = st["ndk"]
+            self.sweeps[t] = int(st["sweeps"][0])
+            self.dense_phase[t] = bool(st["dense_phase"][0])
+
+
 class _Views:
     """The worker's views (client/view.py) of the rows it reads again and again: each mini-batch's
     word rows (kept across ticks while they fit ``KEEP_VIEW_BYTES``, else made anew per mini-batch),
     the summary row, and the word rows it scores (read only: no second copy). int32 views: the
     sampling kernels' counts."""
 
-    def __init__(self, wt: PSTable, ts: PSTable, ticks: list[list[tuple[int, int, np.ndarray]]],
+    def __init__(self, wt: PSTable, ts: PSTable, ticks: list[list[tuple[list[tuple[int, int, int]], np.ndarray]]],
                  scored: np.ndarray) -> None:
         self.wt = wt
         self.summary = ts.view(np.zeros(1, dtype=np.int64))
         self.scored = wt.view(scored, base=False)
-        size = sum(2 * U.shape[0] * wt.cols * np.dtype(wt.dtype).itemsize for batches in ticks for _, _, U in batches)
-        self.kept = [[wt.view(U) for _, _, U in batches] for batches in ticks] if size <= KEEP_VIEW_BYTES else None
+        size = sum(2 * U.shape[0] * wt.cols * np.dtype(wt.dtype).itemsize for batches in ticks for _, U in batches)
+        self.kept = [[wt.view(U) for _, U in batches] for batches in ticks] if size <= KEEP_VIEW_BYTES else None
 
     def batch(self, i: int, j: int, U: np.ndarray) -> PSView:
         """The view of mini-batch ``j`` of tick slice ``i`` (word rows ``U``)."""
@@ -427,10 +510,11 @@ def _final_pass(wt: PSTable, words: np.ndarray, V: int, n_top: int, save: Path |
     return top
 
 
-def _minibatch(sampler: Sampler, words: PSView, summary: PSView, words_local: np.ndarray, lo: int,
-               hi: int, tables: AliasTables | None, amap: np.ndarray) -> dict[str, float]:
-    """Documents [lo, hi): refresh the views of their word rows and the summary (copying only rows
-    written since), sample on the views' arrays, push the count changes (one compiled pass a table).
+def _minibatch(lay: _Layout, words: PSView, summary: PSView, ranges: list[tuple[int, int, int]],
+               tables: AliasTables | None, amap: np.ndarray) -> dict[str, float]:
+    """One mini-batch (its micro-tasks' documents ``ranges``: (task, lo, hi) each): refresh the views of
+    their word rows and the summary (copying only rows written since), sample each task's documents
+    on the views' arrays with the task's own seed, push the count changes (one compiled pass a table).
 
     ``tables`` (MH) are the tick's alias tables, ``amap`` this batch's rows among theirs."""
     t0 = time.perf_counter()
@@ -439,8 +523,11 @@ def _minibatch(sampler: Sampler, words: PSView, summary: PSView, words_local: np
     t1 = time.perf_counter()
     neg = negative_rows(cur) + negative_rows(nk2)
     nk = nk2[0]
-    st = sampler.sweep(cur, nk, words_local, lo, hi, tables=tables, rows=amap) if tables is not None \
-        else sampler.sweep(cur, nk, words_local, lo, hi)
+    st: dict[str, float] = {"tokens": 0.0}
+    for t, lo, hi in ranges:
+        for key, v in lay.sweep(t, cur, nk, lo, hi, tables, amap).items():
+            st[key] = st.get(key, 0.0) + v
+        st["tokens"] += float(lay.sampler.doc_ptr[hi] - lay.sampler.doc_ptr[lo])
     if cur is not words.values:  # an int64 table: the kernels counted on an int32 copy
         words.values[:] = cur
     if nk2 is not summary.values:

@@ -17,7 +17,7 @@ import numpy as np
 from bosen.apps.mf.data import Triples
 from bosen.apps.mf.kernels import grad_pass, sgd_pass
 
-__all__ = ["Batch", "batches"]
+__all__ = ["Batch", "batches", "merge"]
 
 
 @dataclass
@@ -63,3 +63,19 @@ def batches(part: Triples, k: int, rng: np.random.Generator) -> list[Batch]:
         out.append(Batch(users.astype(np.int64), items.astype(np.int64), u_idx.astype(np.int64),
                          i_idx.astype(np.int64), np.ascontiguousarray(r[sel], dtype=np.float32)))
     return out
+
+
+def merge(parts: list[Batch]) -> Batch:
+    """One batch of the ratings of ``parts``, in their order (micro-tasks' batches a worker runs as
+    one); a single part comes back as it is."""
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        z = np.zeros(0, np.int64)
+        return Batch(z, z, z, z, np.zeros(0, np.float32))
+    u = np.concatenate([p.users[p.u_idx] for p in parts])
+    i = np.concatenate([p.items[p.i_idx] for p in parts])
+    users, u_idx = np.unique(u, return_inverse=True)
+    items, i_idx = np.unique(i, return_inverse=True)
+    return Batch(users.astype(np.int64), items.astype(np.int64), u_idx.astype(np.int64), i_idx.astype(np.int64),
+                 np.concatenate([p.r for p in parts]))

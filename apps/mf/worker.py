@@ -1,15 +1,18 @@
 """SGD matrix factorization worker: ratings r ≈ L_u · R_i with L and R living in the parameter server.
 
-Each worker keeps the ratings of its users (see data.partition), cut into fixed batches
-(model.batches). One clock is one pass over the local data by default (the thesis' setting); with
-``clocks_per_epoch = k`` each pass is split into k fixed chunks, one clock each (Bösen's "BS-k"), and
-``batches_per_clock = b`` (default 10) splits a clock's chunk into b mini-batches. Per mini-batch
-the worker refreshes its rows of the worker's views of L and R (one view per table over every row the
-worker touches, kept for the run: only rows written since are copied, so a row another batch pushed
-is not copied again; rows managed communication refreshed mid-clock are seen), runs one numba SGD
-pass on the views' arrays (its running loss, each rating's error just before its update, is the
-clock's objective) and pushes ``new - old`` of its rows at once (one compiled pass per table), so it
-can leave under the budget before the tick ends (docs/design.md, "Apps on the live cache").
+Users are split into ``micro_tasks`` sets (data.user_owner over the tasks; default one per worker),
+each with its own generator, and a worker runs a contiguous block of them (apps/microtasks.py): it
+keeps its tasks' ratings, each task's cut into fixed batches (model.batches), a worker's batch being
+its tasks' batches together (model.merge). One clock is one pass over the local data by default (the
+thesis' setting); with ``clocks_per_epoch = k`` each pass is split into k fixed chunks, one clock
+each (Bösen's "BS-k"), and ``batches_per_clock = b`` (default 10) splits a clock's chunk into b
+mini-batches. Per mini-batch the worker refreshes its rows of the worker's views of L and R (one
+view per table over every row the worker touches, kept for the run: only rows written since are
+copied, so a row another batch pushed is not copied again; rows managed communication refreshed
+mid-clock are seen), runs one numba SGD pass on the views' arrays (its running loss, each rating's
+error just before its update, is the clock's objective) and pushes ``new - old`` of its rows at once
+(one compiled pass per table), so it can leave under the budget before the tick ends
+(docs/design.md, "Apps on the live cache").
 
 Held-out ratings (``test_data``, or a ``holdout`` share of synthetic data) go to the worker that
 owns their user; after each clock (every ``eval_every``) it scores them against its cache and
@@ -36,9 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from bosen.apps.mf.data import Triples, load_csv, partition, synthetic, user_owner
+from bosen.apps import microtasks
+from bosen.apps.mf.data import Triples, load_csv, synthetic, user_owner
 from bosen.apps.mf.kernels import clipped_squared_error, sgd_pass
-from bosen.apps.mf.model import Batch, batches
+from bosen.apps.mf.model import Batch, batches, merge
 from bosen.apps.protocol import PSClient, PSTable, require_table
 from bosen.apps.state import restored, rng_state, set_rng_state
 from bosen.config import check, from_dict
@@ -68,6 +72,7 @@ class MFArgs:
     batches_per_clock: int = 10  # mini-batches per clock, each reading its rows from the live cache
     seed: int = 0  # shuffling order (mixed with the worker's rank)
     send: str = "auto"  # "delta" (local SGD, new - old), "gradient" (raw gradients), "auto"
+    micro_tasks: int = 0  # user sets that can move between workers; 0 = one per worker
 
     def __post_init__(self) -> None:
         for k in ("n_users", "n_items", "rank"):
@@ -86,6 +91,7 @@ class MFArgs:
         check(self.send in ("auto", "delta", "gradient"), f"send: expected auto, delta or gradient, got {self.send!r}")
         check(0 <= self.holdout < 1, f"holdout: must be in [0, 1), got {self.holdout}")
         check(self.eval_every >= 0, f"eval_every: must be >= 0, got {self.eval_every}")
+        check(self.micro_tasks >= 0, f"micro_tasks: must be >= 0 (0 = one per worker), got {self.micro_tasks}")
         check(not (self.holdout and self.test_data), "holdout and test_data: give one of them, not both")
 
 
@@ -165,42 +171,100 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     a: MFArgs = from_dict(MFArgs, args, "app.args")
     L, R = _check_tables(client, a)
     train_all, test_all = load_data(a, L.rows, R.rows, L.cols)
-    owner = user_owner(train_all[0], L.rows, client.num_workers, seed=a.data_seed)
-    part = partition(*train_all, client.rank, client.num_workers, owner=owner)
+    saved = client.restored_state()
+    rank, P = client.rank, client.num_workers
+    n_tasks = microtasks.count(a.micro_tasks, P, saved)
+    plan, handoff_dir = microtasks.run_plan()
+    tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, P, saved, plan), rank)
+    owner = user_owner(train_all[0], L.rows, n_tasks, seed=a.data_seed)  # each user's micro-task
     scale = (float(train_all[2].min()), float(train_all[2].max())) if train_all[2].size else (0.0, 0.0)
-    held = HeldOut(partition(*test_all, client.rank, client.num_workers, owner=owner), *scale)
     evaluate = a.eval_every > 0 and test_all[2].size > 0
-    rng = np.random.default_rng([a.seed, client.rank])
-    b = a.batches_per_clock
-    cut = batches(part, a.clocks_per_epoch * b, rng)
     gradient = _gradient_mode(a, L, R)
-    views = Views(L, R, cut, push=not gradient)
-    clocks = [list(zip(cut[k:k + b], views.at[k:k + b], strict=True)) for k in range(0, len(cut), b)]
-    tick, last = 0, a.epochs * len(clocks)
-    # a checkpoint holds the clocks done and the generator (the batches' order is fixed by the seed)
-    client.checkpoint_state(lambda: {"tick": np.array([tick]), "rng": rng_state(rng)})
-    saved = restored(client.restored_state(), ("tick", "rng"))
+    lay = _Layout(train_all, test_all, owner, tasks.mine, a, L, R, gradient, scale)
+    tick = 0
+    # a checkpoint holds the clocks done and each task's generator (its batches' order is fixed by the seed)
+    client.checkpoint_state(lambda: {"tick": np.array([tick]),
+                                     **microtasks.pack({t: lay.state(t) for t in lay.tasks})})
     if saved is not None:
-        tick = int(saved["tick"][0])
-        set_rng_state(rng, saved["rng"])
+        got = restored(saved, ("tick",))
+        assert got is not None
+        tick = int(got["tick"][0])
+        lay.load(microtasks.unpack(saved, lay.tasks, ("rng",)))
+    last = a.epochs * a.clocks_per_epoch
     clock_s = 0.0  # time in the previous clock() call: counted in the next report
     while tick < last:
-        epoch, k = divmod(tick, len(clocks))
+        epoch, k = divmod(tick, a.clocks_per_epoch)
         lr = a.lr * a.lr_decay ** epoch
         cost = np.zeros(4)  # loss, compute s, read s, send s
         samples = 0
-        for batch, at in clocks[k]:
-            cost += _step(batch, views, at, L, R, a, lr, gradient, rng)
+        for batch, at, sizes in lay.clocks[k]:
+            cost += _step(batch, lay.views, at, L, R, a, lr, gradient, lay.order(sizes))
             samples += int(batch.r.size)
         tick += 1
         t0 = time.perf_counter()
-        fields = held.score(L, R) if evaluate and (tick % a.eval_every == 0 or tick == last) else {}
+        fields = lay.held.score(L, R) if evaluate and (tick % a.eval_every == 0 or tick == last) else {}
         eval_s = time.perf_counter() - t0
         client.report(objective=float(cost[0]), samples=samples, seconds=float(cost[1]),
                       read_s=float(cost[2]), send_s=float(cost[3]), eval_s=eval_s, clock_s=clock_s, **fields)
         t0 = time.perf_counter()
         client.clock()
         clock_s = time.perf_counter() - t0
+        if plan is not None and handoff_dir is not None and (new := plan.at(tick, n_tasks)) is not None:
+            # a new assignment from this clock on: hand tasks off, rebuild for ours
+            kept = {t: lay.state(t) for t in lay.tasks if new[t] == rank}
+            got_states = tasks.handoff(tick, new, handoff_dir, lay.state)
+            lay = _Layout(train_all, test_all, owner, tasks.mine, a, L, R, gradient, scale)
+            lay.load({**kept, **got_states})
+
+
+class _Layout:
+    """What a worker holds for its micro-tasks: each task is the ratings of a fixed set of users
+    (``owner``: each user's task, :func:`user_owner` over the tasks) with its own generator, which
+    cuts them into its fixed batches and orders each batch's SGD pass, so a task does the same work
+    whichever worker runs it. The worker's k-th batch is the union of its tasks' k-th batches (one
+    read, one numba pass; the pass visits task by task, each in its own order). One task per worker is
+    the worker's ratings as a job without micro-tasks cut them."""
+
+    def __init__(self, train: Triples, test: Triples, owner: np.ndarray, tasks: np.ndarray, a: MFArgs,
+                 L: PSTable, R: PSTable, gradient: bool, scale: tuple[float, float]) -> None:
+        self.tasks = [int(t) for t in tasks]
+        self.rng = {t: np.random.default_rng([a.seed, t]) for t in self.tasks}
+        b = a.batches_per_clock
+        n = a.clocks_per_epoch * b
+        per_task = [batches(_of_tasks(train, owner, [t]), n, self.rng[t]) for t in self.tasks]
+        cut = [merge([p[k] for p in per_task]) for k in range(n)]
+        sizes = [np.array([int(p[k].r.size) for p in per_task], dtype=np.int64) for k in range(n)]
+        self.views = Views(L, R, cut, push=not gradient)
+        self.clocks = [list(zip(cut[k:k + b], self.views.at[k:k + b], sizes[k:k + b], strict=True))
+                       for k in range(0, n, b)]
+        self.held = HeldOut(_of_tasks(test, owner, self.tasks), *scale)
+
+    def order(self, sizes: np.ndarray) -> np.ndarray:
+        """A merged batch's SGD order: each task's ratings in its own generator's order, task by task."""
+        if len(sizes) == 1:
+            return self.rng[self.tasks[0]].permutation(int(sizes[0]))
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        return np.concatenate([s + self.rng[t].permutation(int(k))
+                               for t, s, k in zip(self.tasks, starts, sizes, strict=True)]).astype(np.int64)
+
+    def state(self, t: int) -> dict[str, np.ndarray]:
+        """Task ``t``'s generator (its batches follow from the seed)."""
+        return {"rng": rng_state(self.rng[t])}
+
+    def load(self, states: Mapping[int, Mapping[str, np.ndarray]]) -> None:
+        for t in self.tasks:
+            set_rng_state(self.rng[t], states[t]["rng"])
+
+
+def _of_tasks(data: Triples, owner: np.ndarray, tasks: list[int]) -> Triples:
+    """The ratings of the users of ``tasks`` (in data order)."""
+    u, i, r = data
+    if u.size == 0:
+        return u[:0], i[:0], r[:0]
+    if int(u.max()) >= owner.size:
+        raise ValueError(f"user id {int(u.max())} has no micro-task (owner covers {owner.size} users)")
+    mask = np.isin(owner[u], np.asarray(tasks, dtype=np.int64))
+    return u[mask], i[mask], r[mask]
 
 
 class Views:
@@ -231,7 +295,7 @@ class Positions:
 
 
 def _step(batch: Batch, views: Views, at: Positions, L: PSTable, R: PSTable, a: MFArgs, lr: float,
-          gradient: bool, rng: np.random.Generator) -> tuple[float, float, float, float]:
+          gradient: bool, order: np.ndarray) -> tuple[float, float, float, float]:
     """One mini-batch: read its rows (fresh as the cache allows), compute, send; (loss, compute
     seconds, seconds reading, seconds sending): where a clock's time goes, for the report.
 
@@ -252,7 +316,7 @@ def _step(batch: Batch, views: Views, at: Positions, L: PSTable, R: PSTable, a: 
         L.inc_rows(batch.users, gL if L.update != "add" else gL * np.float32(-lr))
         R.inc_rows(batch.items, gR if R.update != "add" else gR * np.float32(-lr))
     else:
-        loss = float(sgd_pass(at.u, at.i, batch.r, Lall, Rall, lr, a.reg, rng.permutation(batch.r.size)))
+        loss = float(sgd_pass(at.u, at.i, batch.r, Lall, Rall, lr, a.reg, order))
         t2 = time.perf_counter()
         views.L.push(at.users)
         views.R.push(at.items)

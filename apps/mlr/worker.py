@@ -16,7 +16,9 @@ minibatch would cost a K x (F+1) copy and a round of client-library calls per st
 the step itself for small minibatches; a few pieces per clock keep that cost small.
 
 Data parallelism follows Bösen: the training set is split evenly across workers, each sample is used
-once per pass whatever the number of workers, and each worker's deltas add up in the table.
+once per pass whatever the number of workers, and each worker's deltas add up in the table. The split
+is into ``micro_tasks`` contiguous shares (default one per worker), each with its own generator and
+epoch order, and a worker runs a contiguous block of them (apps/microtasks.py).
 Learning rate per clock c: lr / (1 + lr_decay * t) ("inverse"), lr * lr_decay ** t ("exponential"),
 or lr ("constant"), with t = c / clocks_per_epoch passes done.
 
@@ -36,6 +38,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from bosen.apps import microtasks
 from bosen.apps.mlr import data as D
 from bosen.apps.mlr.model import LocalModel
 from bosen.apps.protocol import PSClient, require_table
@@ -44,6 +47,7 @@ from bosen.config import check, from_dict
 from bosen.errors import ConfigError
 
 __all__ = ["MLRArgs", "SyntheticArgs", "load_data", "lr_at", "train"]
+
 
 
 @dataclass(frozen=True)
@@ -83,9 +87,11 @@ class MLRArgs:
     holdout: float = 0.2
     eval_every: int = 1  # clocks between held-out evaluations on rank 0 (the last clock always); 0 = never
     seed: int = 0
+    micro_tasks: int = 0  # sample shares that can move between workers; 0 = one per worker
 
     def __post_init__(self) -> None:
         check(self.batch_size >= 1, "batch_size: must be >= 1")
+        check(self.micro_tasks >= 0, "micro_tasks: must be >= 0 (0 = one per worker)")
         check(self.lr > 0, "lr: must be > 0")
         check(self.lr_decay >= 0, "lr_decay: must be >= 0")
         if self.lr_schedule == "exponential":
@@ -177,54 +183,58 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     classes, features = _geometry(a, T.rows, T.cols, a.table)
     train_ds, held = load_data(a, classes, features)
     rank, workers = client.rank, client.num_workers
-    mine = train_ds.take(D.partition(train_ds.n, rank, workers))
-    if mine.n == 0:
+    saved = client.restored_state()
+    n_tasks = microtasks.count(a.micro_tasks, workers, saved)
+    plan, handoff_dir = microtasks.run_plan()
+    tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, workers, saved, plan), rank)
+    lay = _Layout(train_ds, tasks.mine, n_tasks, a)
+    if lay.mine.n == 0:
         raise ConfigError(f"worker {rank}: no training samples ({train_ds.n} samples, {workers} workers)")
 
     view = T.view(np.arange(classes, dtype=np.int64))  # the table, re-read where it changed
     model = LocalModel(classes, features)
-    rng = np.random.default_rng([a.seed, rank])
     cpe = a.clocks_per_epoch
-    bounds = np.linspace(0, mine.n, cpe + 1).round().astype(np.int64)
     total = a.epochs * cpe
-    order = np.arange(mine.n, dtype=np.int64)
     c = 0  # clocks done
-    # a checkpoint holds the clocks done, the generator and this epoch's sample order
-    client.checkpoint_state(lambda: {"tick": np.array([c]), "rng": rng_state(rng), "order": order})
-    saved = restored(client.restored_state(), ("tick", "rng", "order"))
+    # a checkpoint holds the clocks done and each task's generator and epoch order
+    client.checkpoint_state(lambda: {"tick": np.array([c]),
+                                     **microtasks.pack({t: lay.state(t) for t in lay.tasks})})
     if saved is not None:
-        if saved["order"].shape != order.shape:
-            raise ConfigError(f"{client.config.source}: the checkpoint's sample order has {saved['order'].size} "
-                              f"samples, this worker has {order.size}: another data set?")
-        c, order = int(saved["tick"][0]), saved["order"].astype(np.int64)
-        set_rng_state(rng, saved["rng"])
+        got = restored(saved, ("tick",))
+        assert got is not None
+        c = int(got["tick"][0])
+        lay.load(microtasks.unpack(saved, lay.tasks, ("rng", "order")), client.config.source)
     clock_wait = 0.0  # time in the previous clock() call: counted in the next report
 
     while c < total:
         part = c % cpe
         if part == 0:
-            order = rng.permutation(mine.n).astype(np.int64)
-        seg = order[bounds[part]:bounds[part + 1]]
+            lay.shuffle()
+        segs = lay.segments(part)
         lr = lr_at(a, c)
         compute_s, comm_s = 0.0, clock_wait
         loss = 0.0
 
-        # the clock's minibatches in batches_per_clock pieces; each reads the table from the cache
-        nb = -(-len(seg) // a.batch_size)
-        cuts = np.linspace(0, nb, a.batches_per_clock + 1).round().astype(np.int64) * a.batch_size
-        for lo, hi in zip(cuts[:-1], cuts[1:], strict=True):
-            piece = seg[lo:hi]
-            if piece.shape[0] == 0:
+        # the clock's minibatches in batches_per_clock pieces; each reads the table from the cache and
+        # runs every task's piece (a minibatch holds one task's samples)
+        cuts = [np.linspace(0, -(-len(seg) // a.batch_size), a.batches_per_clock + 1).round().astype(np.int64)
+                * a.batch_size for seg in segs]
+        for j in range(a.batches_per_clock):
+            pieces = [seg[cut[j]:cut[j + 1]] for seg, cut in zip(segs, cuts, strict=True)]
+            if not any(p.shape[0] for p in pieces):
                 continue
             t0 = time.perf_counter()
             model.load(view.refresh())
             t1 = time.perf_counter()
-            loss += model.train(mine, piece, a.batch_size, lr, a.reg)
+            for piece in pieces:
+                if piece.shape[0]:
+                    loss += model.train(lay.mine, piece, a.batch_size, lr, a.reg)
             t2 = time.perf_counter()
             model.store(view.values)
             view.push()
             compute_s += t2 - t1
             comm_s += (t1 - t0) + (time.perf_counter() - t2)
+        seg_n = sum(len(seg) for seg in segs)
 
         fields: dict[str, float] = {}
         last = c == total - 1
@@ -233,9 +243,57 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             fields.update(heldout_correct=correct, heldout_total=held.n, heldout_loss=hloss)
         if rank == 0:
             fields["lr"] = lr
-        client.report(objective=loss, samples=int(len(seg)), compute_s=compute_s,
+        client.report(objective=loss, samples=int(seg_n), compute_s=compute_s,
                       comm_s=comm_s, **fields)
         t3 = time.perf_counter()
         c += 1
         client.clock()
         clock_wait = time.perf_counter() - t3
+        if plan is not None and handoff_dir is not None and (new := plan.at(c, n_tasks)) is not None:
+            # a new assignment from this clock on: hand tasks off, rebuild for ours
+            kept = {t: lay.state(t) for t in lay.tasks if new[t] == rank}
+            got_states = tasks.handoff(c, new, handoff_dir, lay.state)
+            lay = _Layout(train_ds, tasks.mine, n_tasks, a)
+            lay.load({**kept, **got_states}, client.config.source)
+
+
+class _Layout:
+    """What a worker holds for its micro-tasks: each task is a fixed contiguous share of the training
+    samples (``D.partition`` over the tasks) with its own generator and epoch order, so a task visits
+    the same minibatches whichever worker runs it (a minibatch never mixes tasks). The worker's
+    samples are its tasks' shares side by side (one ``Dataset``: the kernels index it). One task per
+    worker is the worker's share as a job without micro-tasks cut it."""
+
+    def __init__(self, train: D.Dataset, tasks: np.ndarray, n_tasks: int, a: MLRArgs) -> None:
+        self.tasks = [int(t) for t in tasks]
+        ids = [D.partition(train.n, t, n_tasks) for t in self.tasks]
+        self.mine = train.take(np.concatenate(ids) if ids else np.zeros(0, np.int64))
+        sizes = np.array([x.size for x in ids], dtype=np.int64)
+        self.start = dict(zip(self.tasks, (np.cumsum(sizes) - sizes).tolist(), strict=True))
+        self.n = dict(zip(self.tasks, sizes.tolist(), strict=True))
+        self.rng = {t: np.random.default_rng([a.seed, t]) for t in self.tasks}
+        self.order = {t: np.arange(self.n[t], dtype=np.int64) for t in self.tasks}  # positions in the task
+        self.bounds = {t: np.linspace(0, self.n[t], a.clocks_per_epoch + 1).round().astype(np.int64)
+                       for t in self.tasks}
+
+    def shuffle(self) -> None:
+        """A new epoch: every task draws its order."""
+        for t in self.tasks:
+            self.order[t] = self.rng[t].permutation(self.n[t]).astype(np.int64)
+
+    def segments(self, part: int) -> list[np.ndarray]:
+        """Each task's samples of clock ``part`` of the epoch, as ids into :attr:`mine`."""
+        return [self.start[t] + self.order[t][self.bounds[t][part]:self.bounds[t][part + 1]] for t in self.tasks]
+
+    def state(self, t: int) -> dict[str, np.ndarray]:
+        """Task ``t``'s generator and its epoch's order."""
+        return {"rng": rng_state(self.rng[t]), "order": self.order[t]}
+
+    def load(self, states: Mapping[int, Mapping[str, np.ndarray]], source: str) -> None:
+        for t in self.tasks:
+            st = states[t]
+            if st["order"].shape != self.order[t].shape:
+                raise ConfigError(f"{source}: micro-task {t}'s saved sample order has {st['order'].size} samples, "
+                                  f"the task has {self.n[t]}: another data set?")
+            self.order[t] = np.asarray(st["order"], dtype=np.int64).copy()
+            set_rng_state(self.rng[t], st["rng"])

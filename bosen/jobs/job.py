@@ -109,9 +109,10 @@ def truncate_records(run_dir: Path, clock: int) -> float | None:
 class MetricsMerger:
     """Collects worker records and emits one summed record per clock once every worker reported."""
 
-    def __init__(self, run_dir: Path, num_workers: int, out: TextIO) -> None:
+    def __init__(self, run_dir: Path, num_workers: int, out: TextIO, before: tuple[int, int] | None = None) -> None:
         self.dir = run_dir / WORKER_RECORDS
         self.num_workers = num_workers
+        self.before = before  # (C, K): clocks below C had K workers (a job resumed with another count)
         self.out = out
         self.offsets: dict[Path, int] = {}
         self.partial: dict[int, dict[str, Any]] = defaultdict(dict)
@@ -174,7 +175,7 @@ class MetricsMerger:
     def _complete(self, need: int) -> list[dict[str, Any]]:
         out = []
         for c in sorted(self.partial):
-            if len(self.ranks[c]) >= need:
+            if len(self.ranks[c]) >= (self.before[1] if self.before and c < self.before[0] and need > 1 else need):
                 rec = {"kind": "clock", "clock": c, "workers": len(self.ranks[c]), **self.partial.pop(c)}
                 rec.update(derive_heldout(rec))
                 del self.ranks[c]

@@ -98,6 +98,7 @@ class Launcher:
         self._cfg_path: Path | None = None
         self._no_prune_until = 0.0
         self._merger: MetricsMerger | None = None
+        self._resumed_from: tuple[int, int] | None = None  # (clock, workers) of a checkpoint made by other workers
 
     def say(self, msg: str) -> None:
         if not self.quiet:
@@ -138,7 +139,8 @@ class Launcher:
         previous = {sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             with metrics_path.open("w", buffering=1) as metrics:
-                merger = self._merger = MetricsMerger(self.run_dir, self.config.cluster.workers, metrics)
+                merger = self._merger = MetricsMerger(self.run_dir, self.config.cluster.workers, metrics,
+                                                      self._resumed_from)
                 # children get their own process groups, so Ctrl-C in a terminal reaches only the
                 # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
                 with self._process_group() as group:
@@ -222,9 +224,8 @@ class Launcher:
         assert module is not None
         base = Path(self.config.checkpoint.dir)
         try:
-            clock, _, _ = checkpoint.newest_complete(base, len(self.config.cluster.servers),
-                                                     self.config.cluster.workers,
-                                                     checkpoint.model_fingerprint(self.config))
+            clock, _, _ = checkpoint.newest_complete(base, len(self.config.cluster.servers), None,
+                                                     checkpoint.fingerprint_for(self.config))
             resume: Path | None = checkpoint.clock_dir(base, clock)
             where = f"the checkpoint at clock {clock}"
         except checkpoint.CheckpointError:  # lost before the first checkpoint: its state at clock 0
@@ -246,11 +247,23 @@ class Launcher:
         ck = self.config.checkpoint
         assert ck is not None
         base = Path(ck.dir)
-        clock, _, skipped = checkpoint.newest_complete(base, len(self.config.cluster.servers),
-                                                       self.config.cluster.workers,
-                                                       checkpoint.model_fingerprint(self.config))
+        clock, parts, skipped = checkpoint.newest_complete(base, len(self.config.cluster.servers), None,
+                                                           checkpoint.fingerprint_for(self.config))
         for why in skipped:
             self.say(f"skipping checkpoint {why}")
+        made_by, workers = checkpoint.checkpoint_workers(checkpoint.clock_dir(base, clock)), self.config.cluster.workers
+        if made_by != workers:  # only micro-tasks move between workers (docs/app-contract.md)
+            tasks = checkpoint.task_count(parts)
+            where = f"the checkpoint at clock {clock} was made by {made_by} workers"
+            if not tasks:
+                raise checkpoint.CheckpointError(
+                    f"{where} and its app saved no micro-tasks: it resumes with {made_by} workers only "
+                    "(an app with micro-tasks, app.args.micro_tasks, resumes with any number up to its tasks)")
+            if workers > tasks:
+                raise checkpoint.CheckpointError(f"{where}, which hold {tasks} micro-tasks: --workers {workers} "
+                                                 f"leaves workers without one (at most {tasks})")
+            self.say(f"{where}; its {tasks} micro-tasks go to {workers} workers")
+            self._resumed_from = (clock, made_by)
         self.say(f"resuming from the checkpoint at clock {clock} ({checkpoint.clock_dir(base, clock)})")
         return checkpoint.clock_dir(base, clock), truncate_records(self.run_dir, clock)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,29 @@ def test_a_torn_part_is_not_a_checkpoint(tmp_path: Path) -> None:
     clock, parts, skipped = checkpoint.newest_complete(tmp_path, 2, 2, fp)
     assert clock == 4 and len(parts) == 4
     assert len(skipped) == 1 and "server-1" in skipped[0] and "never finished" in skipped[0]
+
+
+def test_a_checkpoint_found_by_the_workers_that_made_it(tmp_path: Path) -> None:
+    """``workers=None``: a checkpoint is complete with the parts of as many workers as its server parts
+    say made it (the fingerprint is that count's), so a job with micro-tasks can resume with another
+    count; a missing worker part still makes it incomplete. ``task_count`` reads the parts' manifests."""
+    fps = {k: f"{k:016d}" for k in (2, 3)}
+    for r in range(2):
+        checkpoint.write_part(tmp_path, 4, "server", r, {"x": np.arange(3)}, {}, fps[3], workers=3)
+    for r in range(3):
+        arrays = {"tick": np.array([4]), f"task.{2 * r}.z": np.zeros(2), f"task.{2 * r + 1}.z": np.zeros(2)}
+        checkpoint.write_part(tmp_path, 4, "worker", r, arrays, {}, fps[3], workers=3)
+    clock, parts, _ = checkpoint.newest_complete(tmp_path, 2, None, lambda k: fps[k])
+    assert clock == 4 and len(parts) == 5 and checkpoint.task_count(parts) == 6
+    assert checkpoint.checkpoint_workers(tmp_path / "clock-00000004") == 3
+    with pytest.raises(checkpoint.CheckpointError, match="made for another job"):
+        checkpoint.check_complete(tmp_path, 4, 2, 2, fps[2])  # asked for 2 workers: 3 made it
+    shutil.rmtree(tmp_path / "clock-00000004" / "worker-2")
+    with pytest.raises(checkpoint.CheckpointError, match="worker-2"):
+        checkpoint.check_complete(tmp_path, 4, 2, None, lambda k: fps[k])
+    checkpoint.write_part(tmp_path, 8, "server", 0, {"x": np.arange(3)}, {}, fps[2])  # no count recorded
+    with pytest.raises(checkpoint.CheckpointError, match="does not say how many workers"):
+        checkpoint.checkpoint_workers(tmp_path / "clock-00000008")
 
 
 @pytest.mark.slow

@@ -1,0 +1,254 @@
+"""Micro-tasks (Litz): an app's data cut into T pieces, many more than workers, each with its own state.
+
+A worker process runs the tasks it owns; scaling a job is moving tasks between processes at a clock
+boundary, not re-partitioning data. T is fixed for a job's life (``app.args.micro_tasks``; 0 = one
+per worker at the start, the layout of a job without micro-tasks), so a task's data, its random
+streams and its state mean the same whichever process runs it, and a checkpoint made by K workers
+resumes with K' (each worker loads the tasks it owns now; ``client.restored_state()`` holds every
+worker's ``task.*`` arrays).
+
+Ownership is contiguous blocks of task ids over the workers in rank order (:func:`assign`), so a
+worker's tasks are one range of the data and the tasks' global order follows the ranks'.
+
+State of task t goes into a checkpoint as arrays named ``task.<t>.<name>`` (no pickle); a live hand-off
+(:meth:`MicroTasks.handoff`) writes each given task's arrays as ``task-<t>.clock-<c>.npz`` into a
+folder the receiver reads. :class:`FilePlan` is how a running job learns a new assignment: a JSON file
+``{"clock": C, "owners": [...]}`` (``owners[t]`` = the rank that runs task t from clock C on).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bosen.errors import BosenError, ConfigError
+
+__all__ = ["count", "assign", "owned", "key", "pack", "unpack", "saved_tasks", "give", "take",
+           "FilePlan", "MicroTasks", "TaskState", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR", "run_plan",
+           "start_owners"]
+
+TaskState = dict[str, np.ndarray]
+HANDOFF_TIMEOUT_S = 120.0  # a receiver waits this long for a giver's file
+HANDOFF_DIR = "tasks"  # under the run directory: plan.json (a new assignment) and the hand-off files
+_KEY = re.compile(r"^task\.(\d+)\.(.+)$")
+
+
+def count(setting: int, workers: int, saved: Mapping[str, np.ndarray] | None = None) -> int:
+    """The job's number of tasks: the checkpoint's when it holds tasks (T is fixed for a job's life),
+    else ``setting`` (``app.args.micro_tasks``), 0 meaning one per worker. ConfigError if the
+    setting contradicts the checkpoint or there are fewer tasks than workers."""
+    if setting < 0:
+        raise ConfigError(f"app.args.micro_tasks: must be >= 0 (0 = one per worker), got {setting}")
+    got = saved_tasks(saved) if saved is not None else 0
+    if got and setting and setting != got:
+        raise ConfigError(f"app.args.micro_tasks={setting}, but the checkpoint this job resumes from holds {got} "
+                          "micro-tasks: a job keeps its tasks for life (leave micro_tasks unset or set it to "
+                          f"{got})")
+    T = got or setting or workers
+    if T < workers:
+        raise ConfigError(f"{workers} workers but {T} micro-tasks: every worker needs one at least "
+                          f"(set app.args.micro_tasks >= {workers}, or use fewer workers)")
+    return T
+
+
+def assign(T: int, ranks: Sequence[int]) -> np.ndarray:
+    """The owner of each of T tasks when the workers ``ranks`` run the job: contiguous blocks in rank
+    order, sizes differing by at most one (int64, length T)."""
+    ranks = sorted(ranks)
+    if not ranks:
+        raise ValueError("assign: no workers")
+    if len(set(ranks)) != len(ranks):
+        raise ValueError(f"assign: a rank twice in {ranks}")
+    k = len(ranks)
+    block = np.arange(T, dtype=np.int64) * k // T  # task t's block: floor(t k / T)
+    return np.asarray(ranks, dtype=np.int64)[block]
+
+
+def owned(owners: np.ndarray, rank: int) -> np.ndarray:
+    """The task ids ``rank`` owns (sorted int64)."""
+    return np.flatnonzero(owners == rank).astype(np.int64)
+
+
+def key(t: int, name: str) -> str:
+    """The checkpoint array name of task ``t``'s array ``name``."""
+    return f"task.{t}.{name}"
+
+
+def pack(states: Mapping[int, Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Tasks' states as one flat dict of checkpoint arrays (``task.<t>.<name>``)."""
+    return {key(t, n): np.asarray(v) for t, st in states.items() for n, v in st.items()}
+
+
+def unpack(saved: Mapping[str, np.ndarray], tasks: Iterable[int], names: Sequence[str]) -> dict[int, TaskState]:
+    """The states of ``tasks`` from checkpoint arrays; BosenError names the first one missing."""
+    out: dict[int, TaskState] = {}
+    for t in tasks:
+        st = {}
+        for n in names:
+            k = key(int(t), n)
+            if k not in saved:
+                raise BosenError(f"the checkpoint this job resumes from has no state {k!r} of micro-task {t} "
+                                 f"({saved_tasks(saved)} tasks there)")
+            st[n] = saved[k]
+        out[int(t)] = st
+    return out
+
+
+def saved_tasks(saved: Mapping[str, np.ndarray]) -> int:
+    """How many tasks checkpoint arrays describe (0: none; they are numbered 0..T-1)."""
+    ids = {int(m.group(1)) for k in saved if (m := _KEY.match(k))}
+    return max(ids) + 1 if ids else 0
+
+
+def _path(folder: Path, t: int, clock: int) -> Path:
+    return folder / f"task-{t}.clock-{clock}.npz"
+
+
+def give(folder: str | Path, clock: int, states: Mapping[int, Mapping[str, np.ndarray]]) -> list[Path]:
+    """Write each task's state as ``task-<t>.clock-<clock>.npz`` in ``folder`` (written whole, then
+    renamed: a reader never sees half a file). Returns the files."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for t, st in states.items():
+        final = _path(folder, t, clock)
+        tmp = final.with_name(f".{final.name}.{os.getpid()}.partial")
+        with tmp.open("wb") as f:
+            arrays: dict[str, Any] = {n: np.asarray(v) for n, v in st.items()}
+            np.savez(f, **arrays)
+        os.replace(tmp, final)
+        out.append(final)
+    return out
+
+
+def take(folder: str | Path, clock: int, tasks: Iterable[int], timeout: float = HANDOFF_TIMEOUT_S,
+         check: Callable[[], None] | None = None) -> dict[int, TaskState]:
+    """The states of ``tasks`` that their givers wrote at ``clock`` (waiting up to ``timeout`` s for each
+    file; ``check`` is called while waiting, to fail early). Each file is removed once read."""
+    folder = Path(folder)
+    deadline = time.monotonic() + timeout
+    out: dict[int, TaskState] = {}
+    for t in tasks:
+        p = _path(folder, int(t), clock)
+        while not p.exists():
+            if check is not None:
+                check()
+            if time.monotonic() > deadline:
+                raise BosenError(f"micro-task {t}: no hand-off at clock {clock} in {folder} within {timeout:g}s "
+                                 "(its giver is gone?)")
+            time.sleep(0.01)
+        with np.load(p, allow_pickle=False) as z:
+            out[int(t)] = {n: z[n] for n in z.files}
+        p.unlink()
+    return out
+
+
+class FilePlan:
+    """A new assignment of the tasks from a given clock on, read from a JSON file
+    ``{"clock": C, "owners": [rank of task 0, ...]}`` (whoever scales the job writes it, renamed into
+    place, before the fastest worker reaches C). :meth:`at` is asked at every clock boundary."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._seen: float | None = None
+        self._plan: tuple[int, np.ndarray] | None = None
+
+    def initial(self, clock: int, T: int, default: np.ndarray) -> np.ndarray:
+        """The owners for a process that starts at ``clock`` (a resumed or replacement worker): the
+        plan's if one holds from ``clock`` or earlier, else ``default``; a later plan comes by :meth:`at`."""
+        owners = self._read(T)
+        if owners is not None and self._plan is not None and self._plan[0] <= clock:
+            return owners
+        return default
+
+    def _read(self, T: int) -> np.ndarray | None:
+        """The plan's owners if the file changed since the last read (None otherwise or without one)."""
+        try:
+            mtime = self.path.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        if mtime == self._seen:
+            return None
+        self._seen = mtime
+        try:
+            d = json.loads(self.path.read_text())
+            c, owners = int(d["clock"]), np.asarray(d["owners"], dtype=np.int64)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise BosenError(f"{self.path}: not a task plan {{\"clock\": C, \"owners\": [...]}}: {e}") from None
+        if owners.shape != (T,):
+            raise BosenError(f"{self.path}: {owners.size} owners for {T} micro-tasks")
+        self._plan = (c, owners)
+        return owners
+
+    def at(self, clock: int, T: int) -> np.ndarray | None:
+        """The owners that hold from ``clock`` on if the plan changes them there, else None. A new
+        plan for a clock this worker has passed is an error (it would run the old assignment)."""
+        if self._read(T) is not None and self._plan is not None and self._plan[0] < clock:
+            raise BosenError(f"{self.path}: a plan for clock {self._plan[0]} reached this worker at clock {clock}")
+        if self._plan is not None and self._plan[0] == clock:
+            return self._plan[1]
+        return None
+
+
+def run_plan() -> tuple[FilePlan | None, Path | None]:
+    """A launched worker's plan (``$BOSEN_RUN_DIR/tasks/plan.json``) and hand-off folder
+    (``$BOSEN_RUN_DIR/tasks``); (None, None) outside a run directory (nothing will move)."""
+    run_dir = os.environ.get("BOSEN_RUN_DIR")
+    if not run_dir:
+        return None, None
+    folder = Path(run_dir, HANDOFF_DIR)
+    return FilePlan(folder / "plan.json"), folder
+
+
+def start_owners(T: int, workers: int, saved: Mapping[str, np.ndarray] | None, plan: FilePlan | None) -> np.ndarray:
+    """Who owns which task when a worker process starts: ``assign(T, range(workers))``, or the plan's
+    owners where a plan holds from the clock the process starts at (``saved["tick"]``, 0 when new):
+    a replacement or resumed worker of a job whose tasks moved runs them where they are now (a plan
+    naming ranks the job does not have, from before a resume with fewer workers, is ignored)."""
+    owners = assign(T, range(workers))
+    if plan is None:
+        return owners
+    start = int(saved["tick"][0]) if saved is not None and "tick" in saved else 0
+    planned = plan.initial(start, T, owners)
+    return planned if planned.size and int(planned.max()) < workers else owners  # a plan of another job shape
+
+
+class MicroTasks:
+    """Which tasks this worker runs, and moving them: the app keeps each task's state, this says
+    which are whose and carries states between processes (checkpoints, hand-offs)."""
+
+    def __init__(self, T: int, owners: np.ndarray, rank: int) -> None:
+        owners = np.asarray(owners, dtype=np.int64)
+        if owners.shape != (T,):
+            raise ValueError(f"MicroTasks: {owners.size} owners for {T} tasks")
+        self.T, self.owners, self.rank = T, owners, rank
+
+    @property
+    def mine(self) -> np.ndarray:
+        """This worker's task ids, sorted."""
+        return owned(self.owners, self.rank)
+
+    def handoff(self, clock: int, new_owners: np.ndarray, folder: str | Path,
+                states: Callable[[int], Mapping[str, np.ndarray]], timeout: float = HANDOFF_TIMEOUT_S,
+                check: Callable[[], None] | None = None) -> dict[int, TaskState]:
+        """At the boundary ``clock``: write the states of the tasks this worker gives away (``states(t)``,
+        as they are now) into ``folder``, then load those it receives, and own ``new_owners``' share
+        from now on. A leaving worker (no task in ``new_owners``) gives all away. Returns the received
+        states by task id; the app rebuilds its data for :attr:`mine` from them and its kept tasks'."""
+        new_owners = np.asarray(new_owners, dtype=np.int64)
+        if new_owners.shape != (self.T,):
+            raise ValueError(f"handoff: {new_owners.size} owners for {self.T} tasks")
+        old = self.owners
+        given = np.flatnonzero((old == self.rank) & (new_owners != self.rank))
+        got = np.flatnonzero((new_owners == self.rank) & (old != self.rank))
+        give(folder, clock, {int(t): states(int(t)) for t in given})
+        received = take(folder, clock, got, timeout, check)
+        self.owners = new_owners
+        return received
