@@ -330,7 +330,9 @@ def test_lda_job_checkpointed_by_two_workers_resumes_with_another_count(tmp_path
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     clocks = [r for r in recs if r.get("kind") == "clock" and "tokens" in r]
     assert [r["clock"] for r in clocks] == list(range(1, 12))
-    assert [r["workers"] for r in clocks] == [2] * 5 + [workers] * 6
+    # resumed from the checkpoint at clock 6, or a later one the first run reached before it stopped
+    before = sum(r["workers"] == 2 for r in clocks)
+    assert before >= 5 and [r["workers"] for r in clocks] == [2] * before + [workers] * (11 - before)
     assert all(r["tokens"] == corpus.n_tokens for r in clocks)
     # each task sweeps once per mini-batch: 8 a tick with several workers, 1 with one (LDAArgs.batches);
     # 5 ticks before the checkpoint at clock 6 (after the opening clock), 6 after
