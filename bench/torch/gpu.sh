@@ -9,6 +9,7 @@
 #
 # It runs from a scratch folder holding only a link to bench/: in the checkout, its bosen/ folder would
 # shadow the installed package (whose bosen.server, .client and .apps come from server/, client/, apps/).
+# A case's last JSON line is its result (cases write one after every repetition). Limits: 55+55+55+30+40 s.
 set -u
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 DEVICE=${DEVICE:-cuda}
@@ -49,18 +50,21 @@ PY
 status env $? 0
 
 if [ "$DEVICE" = cpu ]; then
-    SPLIT=(--steps 3 --reps 1 --batch 8)
-    HYB=(--steps 10 --reps 1)
+    SPLIT=(--steps 3 --batch 8)
+    HYB=(--steps 10)
 else
-    SPLIT=(--steps 10 --reps 2 --batch 256)
-    HYB=(--steps 30 --reps 2)
+    SPLIT=(--steps 10 --batch 256)
+    HYB=(--steps 20)
 fi
 # the numba kernels (client and servers) compile on first use and are cached: a short run first
-run warmup 50 -m bench.torch.steps --cases split --device "$DEVICE" --quick --steps 1 --warm 1 --batch 32 --timeout 50
-run split 100 -m bench.torch.steps --cases split --device "$DEVICE" --wire bfloat16 --timeout 45 "${SPLIT[@]}"
+run warmup 55 -m bench.torch.steps --cases split --device "$DEVICE" --quick --steps 1 --warm 1 --batch 32 --timeout 50
+# two repetitions of the split, as separate cases (the second in reverse order), so a timeout loses one
+run split-a 55 -m bench.torch.steps --cases split --device "$DEVICE" --wire bfloat16 --timeout 25 --reps 1 "${SPLIT[@]}"
+run split-b 55 -m bench.torch.steps --cases split --device "$DEVICE" --wire bfloat16 --timeout 25 --reps 1 --rep0 1 \
+    "${SPLIT[@]}"
 # hybrid on the GPU: NCCL needs a GPU per rank, so one worker (world size 1: no all-reduce) beside DDP
-run hybrid-gpu 40 -m bench.torch.steps --cases hybrid --device "$DEVICE" --timeout 35 "${HYB[@]}"
+run hybrid-gpu 30 -m bench.torch.steps --cases hybrid --device "$DEVICE" --timeout 25 --reps 1 "${HYB[@]}"
 # hybrid with 2 workers over gloo on this machine's CPU cores, beside DDP over gloo
-run hybrid-gloo 40 -m bench.torch.steps --cases hybrid --device cpu --timeout 35 "${HYB[@]}"
+run hybrid-gloo 40 -m bench.torch.steps --cases hybrid --device cpu --timeout 18 --reps 2 "${HYB[@]}"
 rm -rf "$WORK"
 echo "results: $RES" >&2

@@ -217,16 +217,17 @@ def case_hybrid(a: argparse.Namespace, work: Path) -> None:
     world = 2 if dev == "cpu" else 1  # NCCL needs a GPU per rank
     runs: dict[str, list[dict[str, Any]]] = {"hybrid": [], "ddp": []}
     for rep in range(a.reps):
-        order = ["hybrid", "ddp"] if rep % 2 == 0 else ["ddp", "hybrid"]
+        order = ["hybrid", "ddp"] if (rep + a.rep0) % 2 == 0 else ["ddp", "hybrid"]
         for s in order:
             log(f"steps bench: hybrid case, {s} (rep {rep + 1}/{a.reps}, {world} workers on {dev})")
             runs[s].append(_summary(run_system(s, a, "cnn", world, work, device=dev)))
-    ratios = [h["step_s"] / d["step_s"] for h, d in zip(runs["hybrid"], runs["ddp"], strict=True)]
-    cpu = [h["cpu_s"] / d["cpu_s"] for h, d in zip(runs["hybrid"], runs["ddp"], strict=True)]
-    emit(bench="torch.steps", case="hybrid-vs-ddp", model="cnn", device=dev, workers=world,
-         batch=a.batch["cnn"], reps=a.reps, steps=a.steps, metric="step_s_ratio", ratio=_stats(ratios),
-         cpu_ratio=_stats(cpu), hybrid=runs["hybrid"], ddp=runs["ddp"], goal="hybrid <= 1.1x DDP",
-         met=statistics.median(ratios) <= 1.1, loadavg=_loadavg())
+        # after every repetition (a timeout keeps the ones done): the last line of a case is its result
+        ratios = [h["step_s"] / d["step_s"] for h, d in zip(runs["hybrid"], runs["ddp"], strict=True)]
+        cpu = [h["cpu_s"] / d["cpu_s"] for h, d in zip(runs["hybrid"], runs["ddp"], strict=True)]
+        emit(bench="torch.steps", case="hybrid-vs-ddp", model="cnn", device=dev, workers=world,
+             batch=a.batch["cnn"], reps=rep + 1, steps=a.steps, metric="step_s_ratio", ratio=_stats(ratios),
+             cpu_ratio=_stats(cpu), hybrid=runs["hybrid"], ddp=runs["ddp"], goal="hybrid <= 1.1x DDP",
+             met=statistics.median(ratios) <= 1.1, loadavg=_loadavg())
 
 
 def case_split(a: argparse.Namespace, work: Path) -> None:
@@ -235,18 +236,24 @@ def case_split(a: argparse.Namespace, work: Path) -> None:
         systems[f"ps-overlap-{a.wire}"] = {"overlap": True, "wire": a.wire}
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     for rep in range(a.reps):
-        order = list(systems) if rep % 2 == 0 else list(systems)[::-1]
+        order = list(systems) if (rep + a.rep0) % 2 == 0 else list(systems)[::-1]
         for s in order:
             log(f"steps bench: split case, {s} (rep {rep + 1}/{a.reps}, {a.device})")
             runs[s].append(_summary(run_system(s.split("-")[0], a, "resnet18", 1, work, device=a.device,
                                                **systems[s])))
+        _emit_split(a, systems, runs, rep + 1)
+
+
+def _emit_split(a: argparse.Namespace, systems: dict[str, dict[str, Any]], runs: dict[str, list[dict[str, Any]]],
+                reps: int) -> None:
+    """The split case's results after ``reps`` repetitions (a timeout keeps the ones done)."""
     for s in systems:
         if s == "local":
             continue
         ratios = [p["step_s"] / loc["step_s"] for p, loc in zip(runs[s], runs["local"], strict=True)]
         split = {k: statistics.median(r[k] for r in runs[s]) for k in ("compute_s", "pull_s", "push_s")}
         emit(bench="torch.steps", case=f"split/{s}", model="resnet18", params=11_173_962, device=a.device,
-             batch=a.batch["resnet18"], staleness=a.staleness, servers=a.servers, reps=a.reps, steps=a.steps,
+             batch=a.batch["resnet18"], staleness=a.staleness, servers=a.servers, reps=reps, steps=a.steps,
              metric="step_s_ratio_vs_local", ratio=_stats(ratios),
              local_step_s=statistics.median(r["step_s"] for r in runs["local"]),
              step_s=statistics.median(r["step_s"] for r in runs[s]), split=split, runs=runs[s],
@@ -280,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--wire", default=None, help="also PS mode with overlap and these updates (bfloat16, float16)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
+    p.add_argument("--rep0", type=int, default=0, help="the first repetition's number (odd: systems in reverse "
+                   "order), so that separate invocations alternate")
     a = p.parse_args(argv)
     # a timeout's TERM unwinds (children killed, servers stopped) instead of leaving them running
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
