@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 from conftest import WORKERS, worker
 
 from bosen.apps.pytorch import PSModule, ServerOptimizer, declare
@@ -100,3 +101,19 @@ def test_an_unknown_dense_mode_names_the_argument(bosen_cluster, tmp_path):
             PSModule(m, client, row_width=64, dense="all-reduce")
     finally:
         client.close()
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.slow
+def test_dlrm_in_hybrid_mode_learns_through_the_launcher(tmp_path):
+    """``bosen launch`` with ``app.args.dense=allreduce``: the workers meet in the run directory
+    (a file store), the MLPs are all-reduced, only the embedding has a table, and the model learns."""
+    from test_dlrm import launch
+
+    lines = launch(tmp_path / "run", "consistency.staleness=2", "app.args.train_samples=60000",
+                   "app.args.evals_per_epoch=1", "app.args.dense=allreduce", timeout=140)
+    clocks = [x for x in lines if x.get("kind") == "clock" and "heldout_auc" in x]
+    assert clocks and clocks[-1]["workers"] == 2
+    assert clocks[-1]["heldout_auc"] > 0.6, clocks[-1]
+    cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert sorted(cfg["tables"]) == ["emb"]  # no dense table
