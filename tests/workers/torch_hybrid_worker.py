@@ -58,7 +58,7 @@ def main() -> None:
     if args.optimizer == "server-sgd":
         opt: ServerOptimizer | DeltaOptimizer = ServerOptimizer(model, "sgd", lr=0.1)
     else:
-        opt = DeltaOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        opt = DeltaOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
     half = GLOBAL_BATCH // client.num_workers
     for step in range(args.steps):
         ids, x, y = batch(step)

@@ -43,11 +43,17 @@ def close(got: list[float], want: torch.Tensor, what: str, rtol: float = 1e-5) -
 
 
 @pytest.mark.timeout(180)
-def test_two_hybrid_workers_end_equal_and_match_single_process_torch(bosen_cluster, bosen_procs, tmp_path):
-    tables = declare(hw.net(), tmp_path / "t", update="sgd", lr=0.1, row_width=64, dense="allreduce")
+@pytest.mark.parametrize("optimizer", ["server-sgd", "delta-sgd"])
+def test_two_hybrid_workers_end_equal_and_match_single_process_torch(bosen_cluster, bosen_procs, tmp_path,
+                                                                     optimizer):
+    """``ServerOptimizer``: the servers step the embedding; ``DeltaOptimizer``: each worker steps its
+    rows and pushes the change to an ``add`` table. Either way a step is the global batch's."""
+    update = {"update": "sgd", "lr": 0.1} if optimizer == "server-sgd" else {}
+    tables = declare(hw.net(), tmp_path / "t", row_width=64, dense="allreduce", **update)
     assert list(tables) == ["emb"]  # no table for the dense layers: they are all-reduced
     c = bosen_cluster(2, workers=2, staleness=0, tables=tables)
-    procs = [worker(bosen_procs, "torch_hybrid_worker.py", c.path, "--steps", STEPS) for _ in range(2)]
+    procs = [worker(bosen_procs, "torch_hybrid_worker.py", c.path, "--steps", STEPS, "--optimizer", optimizer)
+             for _ in range(2)]
     assert bosen_procs.wait_all(procs, timeout=150) == [0, 0], [p.output()[-2000:] for p in procs]
     out = sorted((json.loads(p.output().strip().splitlines()[-1]) for p in procs), key=lambda r: r["rank"])
     assert [r["rank"] for r in out] == [0, 1]
