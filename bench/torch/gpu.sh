@@ -57,7 +57,8 @@ else
     HYB=(--steps 20)
 fi
 # the numba kernels (client and servers) compile on first use and are cached: a short run first
-run warmup 55 -m bench.torch.steps --cases split --device "$DEVICE" --quick --steps 1 --warm 1 --batch 32 --timeout 50
+run warmup 55 -m bench.torch.steps --cases split --device "$DEVICE" --quick --steps 1 --warm 1 --batch 32 --wire bfloat16 \
+    --timeout 50
 # two repetitions of the split, as separate cases (the second in reverse order), so a timeout loses one
 run split-a 55 -m bench.torch.steps --cases split --device "$DEVICE" --wire bfloat16 --timeout 25 --reps 1 "${SPLIT[@]}"
 run split-b 55 -m bench.torch.steps --cases split --device "$DEVICE" --wire bfloat16 --timeout 25 --reps 1 --rep0 1 \
