@@ -107,6 +107,12 @@ class PSEmbedding(nn.Module):
         for _, leaf in self._batches:
             leaf.grad = None
 
+    def scale_grad(self, factor: float) -> None:
+        """Multiply the gradients of the rows read so far by ``factor`` (hybrid mode's 1 / workers)."""
+        for _, leaf in self._batches:
+            if leaf.grad is not None:
+                leaf.grad = leaf.grad * factor
+
     def clear(self) -> None:
         """Drop the rows read so far (after their gradient was pushed)."""
         self._batches = []

@@ -36,6 +36,8 @@ import torch
 from torch import nn
 
 from bosen.apps.protocol import PSClient, PSTable, PSView, require_table
+from bosen.apps.pytorch.allreduce import BUCKET_VALUES, DenseAllReduce, check_mode, process_group
+from bosen.apps.pytorch.buckets import Buckets
 from bosen.apps.pytorch.embedding import PSEmbedding
 from bosen.apps.pytorch.layout import DEFAULT_ROW_WIDTH, Layout, Sparse
 from bosen.apps.pytorch.tables import layout_file
@@ -54,16 +56,18 @@ class PSModule(nn.Module):
 
     def __init__(self, module: nn.Module, client: PSClient, clock_every: int = 1, *, prefix: str = "",
                  row_width: int = DEFAULT_ROW_WIDTH, device: str | torch.device | None = None,
-                 prefetch: bool = True, prefault: bool = True) -> None:
+                 prefetch: bool = True, prefault: bool = True, dense: str = "ps", overlap: bool = False,
+                 bucket_values: int = BUCKET_VALUES) -> None:
         super().__init__()
         if not isinstance(clock_every, int) or clock_every < 1:
             raise ValueError(f"clock_every: must be a positive integer, got {clock_every!r}")
+        self.dense = check_mode(dense)
         self.module = module
         self.client = client
         self.clock_every = clock_every
         self.layout = layout = Layout.of(module, prefix, row_width)
         need = "PSModule keeps the model's parameters in it (declare the tables with bosen.apps.pytorch.declare)"
-        self.table = require_table(client, layout.table, need) if layout.slots else None
+        self.table = require_table(client, layout.table, need) if layout.slots and dense == "ps" else None
         self.sparse_tables = [require_table(client, e.table, need) for e in layout.sparse]
         self._check_tables()
         self.prefault_s = 0.0
@@ -110,6 +114,7 @@ class PSModule(nn.Module):
             modules[e.module].register_forward_pre_hook(self._embedding_hook(i, e, t, w))
         cuda = self.device.type == "cuda"
         self._host = torch.empty(n, dtype=dtype, pin_memory=True) if cuda and n else None
+        self._copied: Any = None  # the CUDA event of the last transfer out of the pinned buffer
         self._rows = np.arange(layout.rows, dtype=np.int64)
         # the dense table's rows as this worker last read them (client/view.py): a pull copies only rows
         # written since into one persistent array, where a read of the whole table allocated a new one
@@ -129,6 +134,24 @@ class PSModule(nn.Module):
         self.settle_s = 0.0  # seconds a push waited for reads in flight
         self.rows_pulled = 0  # embedding rows read
         self.rows_pushed = 0  # embedding rows sent
+        self.push_s = 0.0  # seconds spent sending updates (per-bucket pushes during backward included)
+        slots = [(s.offset, s.numel) for s in layout.slots]
+        # hybrid mode: the dense gradients averaged by all-reduce, the dense step taken here
+        self.allreduce: DenseAllReduce | None = None
+        if dense == "allreduce" and layout.slots:
+            group = process_group(client.rank, client.num_workers, self.device, str(client.config.source))
+            self.allreduce = DenseAllReduce(self.params, slots, self.flat, group, client.num_workers, bucket_values)
+            self.allreduce.broadcast(self.flat)  # every rank starts from rank 0's values, as DDP does
+        # PS mode with overlap: each bucket of dense gradients (whole rows) is pushed from the backward
+        # hooks once the backward has produced all of it; ServerOptimizer pushes only the rest
+        self.overlap = bool(overlap) and self.table is not None
+        self._grads = torch.zeros(n, dtype=dtype)  # the dense gradients on the host, as pushed
+        self._pushed: Buckets | None = None
+        if self.overlap:
+            self._pushed = Buckets(slots, n, self._push_bucket, size=bucket_values, align=layout.row_width)
+            for k, p in enumerate(self.params):
+                p.register_post_accumulate_grad_hook(self._push_hook(k))
+            self._grads_zeroed = False
 
     # -- the training loop's side ------------------------------------------------------------------
 
@@ -143,16 +166,27 @@ class PSModule(nn.Module):
             return
         t0 = time.perf_counter()
         ahead, self._next = self._next, None
-        assert self._dense is not None  # a dense table has its view
-        values = torch.from_numpy(ahead.result() if ahead is not None else self._dense.refresh()).view(-1)
+        values = ahead.result() if ahead is not None else self._fetch()
         with torch.no_grad():
             if self._host is None:
-                self.flat.copy_(values)
-            else:
-                self._host.copy_(values)
+                self.flat.copy_(torch.from_numpy(values).view(-1))
+            else:  # the prefetch staged the values in pinned memory: only the transfer is left
                 self.flat.copy_(self._host, non_blocking=True)
+                self._copied = torch.cuda.Event()
+                self._copied.record()
         self.pulled = True
         self.pull_s += time.perf_counter() - t0
+
+    def _fetch(self) -> np.ndarray:
+        """Read the dense rows (the prefetch thread's job); on CUDA also copy them into the pinned host
+        buffer, once the last transfer out of it has finished, so the pull only starts a transfer."""
+        assert self._dense is not None  # a dense table has its view
+        values = self._dense.refresh()
+        if self._host is not None:
+            if self._copied is not None:
+                self._copied.synchronize()
+            self._host.copy_(torch.from_numpy(values).view(-1))
+        return values
 
     def prefetch_rows(self, ids: Mapping[str, torch.Tensor]) -> None:
         """Start reading the rows a coming batch needs, by ids per sparse embedding (its module name in
@@ -289,6 +323,8 @@ class PSModule(nn.Module):
         t0 = time.perf_counter()
         self._settle()
         self.settle_s += time.perf_counter() - t0
+        if block is not None and self._pushed is not None:
+            raise UsageError("push(block): this module pushes its dense gradients per bucket (overlap=True)")
         if changed and self._dense is not None:
             if not self.pulled:
                 raise UsageError("push(changed=True) needs a pull since the last push: the change is "
@@ -307,23 +343,99 @@ class PSModule(nn.Module):
         self.steps += 1
         if self.steps % self.clock_every == 0:
             self.client.clock()
+        self.push_s += time.perf_counter() - t0
         if self.prefetch and self.table is not None:
             # a read started before this push may miss it (read-my-writes): read again
-            assert self._dense is not None
-            self._next = self._pool.submit(self._dense.refresh)
+            self._next = self._pool.submit(self._fetch)
+
+    # -- overlap: dense gradients pushed per bucket from the backward pass ---------------------------
+
+    def _push_hook(self, k: int) -> Any:
+        o, n = self.layout.slots[k].offset, self.layout.slots[k].numel
+
+        def ready(p: torch.Tensor) -> None:
+            if p.grad is None or p.grad.is_sparse:
+                return  # gradients() names a sparse gradient of a dense parameter
+            t0 = time.perf_counter()
+            self._zero_grads()
+            self._grads[o:o + n].copy_(p.grad.reshape(-1))  # from the GPU: waits for this gradient only
+            assert self._pushed is not None
+            self._pushed.ready(k)
+            self.push_s += time.perf_counter() - t0
+        return ready
+
+    def _zero_grads(self) -> None:
+        if not self._grads_zeroed:  # a parameter without a gradient this step pushes zeros
+            self._grads.zero_()
+            self._grads_zeroed = True
+            t0 = time.perf_counter()
+            self._settle()  # no push overlaps a read in flight (the first bucket of a step waits)
+            self.settle_s += time.perf_counter() - t0
+
+    def _push_bucket(self, b: int, lo: int, hi: int) -> None:
+        assert self.table is not None
+        w = self.layout.row_width
+        self.table.inc_rows(self._rows[lo // w:hi // w], self._grads[lo:hi].numpy().reshape(-1, w))
+
+    def push_rest(self) -> bool:
+        """Overlap mode: push the dense buckets the backward hooks have not (parameters without a
+        gradient: zeros); whether any dense parameter had a gradient this step."""
+        assert self._pushed is not None
+        t0 = time.perf_counter()
+        had = any(self._pushed.seen)
+        self._zero_grads()
+        self._pushed.flush()
+        self._grads_zeroed = False
+        self.push_s += time.perf_counter() - t0
+        return had
+
+    def sync(self) -> None:
+        """Hybrid mode, before the optimizer's step: the dense gradients averaged over the workers; the
+        embeddings' gradients divided by the workers, since the servers add every worker's push: a step
+        then follows the mean gradient of the global batch, as DDP's does."""
+        if self.allreduce is None or self.allreduce.group is None:
+            return
+        self.allreduce.wait()
+        scale = 1.0 / self.allreduce.world
+        for w in self.local.values():
+            if w.grad is not None:
+                w.grad.mul_(scale)
+        for emb in self.remote.values():
+            emb.scale_grad(scale)
+
+    def split(self) -> dict[str, float]:
+        """Where this module's time went so far, in seconds: waiting for dense and embedding reads
+        (``pull_s``), sending updates (``push_s``, per-bucket pushes included; ``settle_s`` of it waited
+        for reads in flight), and in hybrid mode waiting for all-reduces after the backward."""
+        return {"pull_s": self.pull_s, "push_s": self.push_s, "settle_s": self.settle_s,
+                "allreduce_s": self.allreduce.allreduce_s if self.allreduce is not None else 0.0,
+                "steps": float(self.steps)}
 
     def resume(self) -> int:
         """Checkpoints save this module's step count (the client's checkpoint hook); in a job resumed
         from one, the count comes back and is returned: the steps the training loop has done (0 in a
         job that did not resume). The parameters come back from the tables. A local torch optimizer's
         own state (momentum buffers) is not saved: it starts again empty."""
-        self.client.checkpoint_state(lambda: {"steps": np.array([self.steps])})
+        hybrid = self.allreduce is not None
+
+        def state() -> dict[str, np.ndarray]:
+            out = {"steps": np.array([self.steps])}
+            if hybrid:  # no table holds them: every rank saves its (identical) copy
+                out["dense"] = self.values()
+            return out
+        self.client.checkpoint_state(state)
         saved = self.client.restored_state()
         if saved is not None:
             if "steps" not in saved:
                 raise UsageError(f"the checkpoint this job resumes from holds no step count (it holds: "
                                  f"{', '.join(sorted(saved)) or 'nothing'})")
             self.steps = int(saved["steps"][0])
+            if hybrid:
+                if "dense" not in saved or saved["dense"].size != self.flat.numel():
+                    raise UsageError("the checkpoint this job resumes from holds no dense parameters of this "
+                                     "model (was it saved with dense='ps', or by another model?)")
+                with torch.no_grad():
+                    self.flat.copy_(torch.from_numpy(saved["dense"]))
         return self.steps
 
     def close(self) -> None:
@@ -384,10 +496,15 @@ class PSModule(nn.Module):
         where the client exposes its config's tables (the real client does); else None."""
         lay = self.layout
         table = getattr(self.client.config, "table", None)
-        return table(lay.table if lay.slots else lay.sparse[0].table) if callable(table) else None
+        if not callable(table):
+            return None
+        if self.table is not None:
+            return table(lay.table)
+        return table(lay.sparse[0].table) if lay.sparse else None
 
     @property
-    def update(self) -> str:
-        """The stored procedure every table of the model applies."""
-        return (self.table or self.sparse_tables[0]).update
+    def update(self) -> str | None:
+        """The stored procedure every table of the model applies (None: hybrid mode without embeddings)."""
+        t = self.table or (self.sparse_tables[0] if self.sparse_tables else None)
+        return t.update if t is not None else None
 

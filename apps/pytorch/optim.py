@@ -5,6 +5,11 @@
   state on the workers).
 - ``DeltaOptimizer(model, torch_optimizer)`` steps any local torch optimizer and pushes the change
   of the parameters, on an ``add`` table whose cache shows this worker's own deltas at once.
+
+In hybrid mode (``PSModule(..., dense="allreduce")``) both first average the dense gradients over the
+workers (``model.sync()``); the dense parameters are then stepped here, by the same local torch
+optimizer on every rank (``ServerOptimizer``: torch's namesake of the servers' procedure, or the
+``dense=`` optimizer given), and only the embeddings' part goes to the servers.
 """
 
 from __future__ import annotations
@@ -35,11 +40,12 @@ class ServerOptimizer(_PSOptimizer):
     """Pushes gradients for the table's stored procedure ``name`` with step size ``lr``; both must be
     what the tables were declared with (``declare(..., update=name, lr=lr)``), which the servers run."""
 
-    def __init__(self, model: PSModule, name: str, lr: float) -> None:
+    def __init__(self, model: PSModule, name: str, lr: float, *, dense: torch.optim.Optimizer | None = None) -> None:
         super().__init__(model)
         if name not in STEP_ARG:
             raise ValueError(f"ServerOptimizer: {name!r} is not a server optimizer (one of {', '.join(STEP_ARG)})")
-        if model.update != name:
+        self.dense = self._dense_optimizer(name, lr, dense)
+        if model.update is not None and model.update != name:
             raise self._table_error(f"applies {model.update!r} on the servers, not {name!r}: declare the tables "
                                     f"with update={name!r}")
         cfg = model.config_entry
@@ -51,12 +57,46 @@ class ServerOptimizer(_PSOptimizer):
         self.name, self.lr = name, lr
         self._grads = torch.zeros(model.flat.numel(), dtype=model.flat.dtype)
 
+    def _dense_optimizer(self, name: str, lr: float,
+                         given: torch.optim.Optimizer | None) -> torch.optim.Optimizer | None:
+        """Hybrid mode: the local optimizer of the dense parameters (``given``, else torch's SGD or
+        AdaGrad as the servers run them); PS mode: None (``given`` is then an error)."""
+        m = self.model
+        if m.allreduce is None:
+            if given is not None:
+                raise ValueError("ServerOptimizer: dense= is for hybrid mode (PSModule(..., dense='allreduce')); "
+                                 "here the servers step the dense parameters")
+            return None
+        if given is not None:
+            return given
+        if name == "sgd":
+            return torch.optim.SGD(m.params, lr=lr)
+        if name == "adagrad":  # the servers' AdaGrad: accumulator from near 0 (declare's init_z)
+            return torch.optim.Adagrad(m.params, lr=lr, eps=1e-10)
+        raise ConfigError(f"ServerOptimizer: torch has no {name!r}; in hybrid mode pass the dense parameters' "
+                          "optimizer: ServerOptimizer(model, ..., dense=torch.optim.X(model.params, ...))")
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        if self.dense is not None:
+            self.dense.zero_grad(set_to_none=set_to_none)
+
     def step(self) -> None:
-        dense = self.model.gradients(self._grads)
-        rows = self.model.sparse_gradients()
+        m = self.model
+        if m.overlap:
+            dense = m.push_rest()  # the rest of the buckets the backward pushed
+        elif m.allreduce is not None:
+            m.sync()
+            dense = any(p.grad is not None for p in m.params)
+        else:
+            dense = m.gradients(self._grads)
+        rows = m.sparse_gradients()
         if not dense and not rows:
             raise UsageError("step() before backward(): no parameter has a gradient")
-        self.model.push(self._grads.numpy() if dense else None, rows)
+        if self.dense is not None:
+            self.dense.step()
+        block = self._grads.numpy() if dense and m.table is not None and not m.overlap else None
+        m.push(block, rows)
 
 
 class DeltaOptimizer(_PSOptimizer):
@@ -70,7 +110,10 @@ class DeltaOptimizer(_PSOptimizer):
             names = ", ".join(model.layout.sparse[i].module for i in model.remote)
             raise ConfigError(f"DeltaOptimizer steps a local torch optimizer over local weights; the PSEmbedding "
                               f"{names} has none (its rows stay in the parameter server): use ServerOptimizer")
-        if model.update != "add":
+        if model.overlap:
+            raise ConfigError("DeltaOptimizer pushes the change after its local step, which the backward's "
+                              "per-bucket pushes cannot send: PSModule(..., overlap=True) is for ServerOptimizer")
+        if model.update not in ("add", None):
             raise self._table_error(f"applies {model.update!r} on the servers, which takes gradients: "
                                     "DeltaOptimizer pushes parameter deltas and needs update='add' "
                                     "(or use ServerOptimizer)")
@@ -86,6 +129,7 @@ class DeltaOptimizer(_PSOptimizer):
 
     def step(self) -> None:
         m = self.model
+        m.sync()  # hybrid mode: the dense gradients averaged over the workers
         touched = [(i, rows) for i, rows, _ in m.sparse_gradients()]
         if not touched and all(p.grad is None for p in m.params):
             raise UsageError("step() before backward(): no parameter has a gradient")

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 from torch import nn
 
+from bosen.apps.pytorch.allreduce import check_mode
 from bosen.apps.pytorch.embedding import DEFAULT_INIT, PSEmbedding
 from bosen.apps.pytorch.layout import DEFAULT_ROW_WIDTH, Layout
 from bosen.config import UNBOUNDED
@@ -56,7 +57,7 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
             row_width: int = DEFAULT_ROW_WIDTH, staleness: int | None = None,
             wire_dtype: str | None = None, storage: Literal["dense", "sparse"] = "dense",
             init: Mapping[str, Any] | None = None, cache_rows: int | None = None,
-            push: bool = True) -> dict[str, dict[str, Any]]:
+            push: bool = True, dense: str = "ps") -> dict[str, dict[str, Any]]:
     """Config entries (``tables:``) for ``model``'s parameters; writes their initial values and layout.
 
     ``update``: ``add`` for ``DeltaOptimizer`` (workers push parameter deltas), or ``sgd`` /
@@ -70,7 +71,10 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
     implies; ``cache_rows``: the most rows of each embedding a worker caches (client/slots.py).
     ``push=False``: the servers never push the embeddings' rows; a worker reads a row again once its
     copy is too old for the staleness bound (``push: false``, for rows each worker reads rarely).
+    ``dense="allreduce"`` (hybrid mode, ``PSModule(..., dense="allreduce")``): no table for the dense
+    parameters, which the workers keep in sync by all-reduce.
     """
+    check_mode(dense)
     if storage not in ("dense", "sparse"):
         raise ValueError(f"storage: dense or sparse, got {storage!r}")
     layout = Layout.of(model, prefix, row_width)
@@ -101,7 +105,7 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
             e["wire_dtype"] = wire_dtype
         entries[name] = e
 
-    if layout.slots:
+    if layout.slots and dense == "ps":
         values = layout.values(model)
         entry(layout.table, values.shape[0], values.shape[1], values)
     params = dict(model.named_parameters())

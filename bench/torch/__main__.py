@@ -29,6 +29,8 @@ ids to every other), RPC from the tensors each call carries. Systems alternate o
 repetitions. Goal records carry ``met``.
 
 ``python -m bench.torch [--quick] [--tasks cnn,dlrm] [--reps N]`` prints JSON lines (bench/common.py).
+``--tasks hybrid,split`` runs ``bench.torch.steps`` (issue 31: time per step of hybrid mode beside
+DDP on the CNN; ResNet-18's step split, local against PS mode, without and with overlap).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from bosen.jobs.cluster import free_ports
 from bosen.jobs.job import job_config
 
 WORKERS = 2
+STEP_CASES = ("hybrid", "split")  # bench/torch/steps.py's cases
 
 
 def cases(quick: bool) -> dict[str, dict[str, Any]]:
@@ -247,15 +250,23 @@ def bench_task(task: str, case: dict[str, Any], reps: int, work: Path, quick: bo
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small data, one repetition (about a minute)")
-    p.add_argument("--tasks", default="cnn,dlrm", help="comma-separated: cnn, dlrm")
+    p.add_argument("--tasks", default="cnn,dlrm", help="comma-separated: cnn, dlrm, hybrid, split")
     p.add_argument("--reps", type=int, default=None, help="repetitions per system (default 1 quick, 2 full)")
     a = p.parse_args(argv)
     reps = a.reps or (1 if a.quick else 2)
     all_cases = cases(a.quick)
     tasks = [t for t in a.tasks.split(",") if t]
-    bad = [t for t in tasks if t not in all_cases]
+    bad = [t for t in tasks if t not in all_cases and t not in STEP_CASES]
     if bad:
-        p.error(f"--tasks: unknown task {bad[0]!r} (known: {', '.join(all_cases)})")
+        p.error(f"--tasks: unknown task {bad[0]!r} (known: {', '.join([*all_cases, *STEP_CASES])})")
+    step_cases = [t for t in tasks if t in STEP_CASES]
+    tasks = [t for t in tasks if t not in STEP_CASES]
+    if step_cases:  # time per step (bench/torch/steps.py)
+        from bench.torch import steps
+        steps.main(["--cases", ",".join(step_cases), *(["--quick"] if a.quick else []),
+                    *(["--reps", str(a.reps)] if a.reps else [])])
+    if not tasks:
+        return 0
     if "cnn" in tasks:
         from bosen.apps.datasets import images
         if not images.FASHION_DIR.is_dir():

@@ -134,7 +134,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             loss.backward()
             opt.step()
             loss_sum += float(loss) * idx.shape[0]
-        fields: dict[str, Any] = {"compute_s": time.perf_counter() - t0, "pull_s": model.pull_s}
+        fields: dict[str, Any] = {"compute_s": time.perf_counter() - t0, "pull_s": model.pull_s,
+                                  "push_s": model.push_s}
         if test is not None:
             correct, hloss = accuracy(model, *test)
             fields.update(heldout_correct=correct, heldout_total=int(test[1].shape[0]), heldout_loss=hloss)

@@ -85,6 +85,8 @@ class DLRMArgs:
     # worker reads a row again once it is too old for the staleness bound (bench.torch's
     # dlrm/no-push-vs-push: on the quick case, 6% fewer bytes but no faster, so pushes stay the default)
     push: bool = True
+    # hybrid mode (issue 31): "allreduce" keeps the MLPs in sync by all-reduce, the embeddings in the PS
+    dense: Literal["ps", "allreduce"] = "ps"
     threads: int = 1  # torch intra-op threads per worker
     seed: int = 0  # the model's initialization and the sample order
 
@@ -197,7 +199,8 @@ def model(a: DLRMArgs) -> DLRM:
 def tables(args: Mapping[str, Any], out_dir: Path) -> dict[str, dict[str, Any]]:
     """``app.tables``: the dense table and one table per embedding, initial values from ``model()``."""
     a: DLRMArgs = from_dict(DLRMArgs, args, "app.args")
-    kw: dict[str, Any] = {"storage": a.storage, "init": a.server_init, "cache_rows": a.cache_rows, "push": a.push}
+    kw: dict[str, Any] = {"storage": a.storage, "init": a.server_init, "cache_rows": a.cache_rows, "push": a.push,
+                          "dense": a.dense}
     if a.optimizer in SERVER:
         return declare(model(a), out_dir, update=a.optimizer, lr=a.lr, **kw)
     return declare(model(a), out_dir, **kw)
@@ -248,7 +251,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     if test is not None:
         test = dataclasses.replace(test, ids=a.keys(test.ids))
     net = model(a)
-    m = PSModule(net, client, clock_every=a.clock_every)
+    m = PSModule(net, client, clock_every=a.clock_every, dense=a.dense)
     opt = optimizer(a, m)
     dense, ids, labels = (torch.from_numpy(x) for x in (data.dense, a.keys(data.ids), data.labels))
     rng = np.random.default_rng(a.seed * 1000 + client.rank)
@@ -271,7 +274,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             loss_sum += float(loss.detach()) * idx.shape[0]
             if i + 1 not in evals:
                 continue
-            fields: dict[str, Any] = {"compute_s": time.perf_counter() - t0, "pull_s": m.pull_s,
+            fields: dict[str, Any] = {"compute_s": time.perf_counter() - t0, "pull_s": m.pull_s, "push_s": m.push_s,
                                       "rows_pulled": m.rows_pulled, "rows_pushed": m.rows_pushed}
             if test is not None:
                 te = time.perf_counter()
