@@ -132,6 +132,21 @@ class Table:
                     return self._values[row].copy()
         return self.get_rows(np.array([self._row(row)], dtype=np.int64))[0]
 
+    def fresh_clocks(self, rows: Any) -> np.ndarray:
+        """The clock each of ``rows``' cached value is valid for now (-1: not cached), without reading
+        or waiting. A value read after this call is at least as new (a cached row only gets newer, and
+        one read again from a server is at least that server's clock), so it is a lower bound for it:
+        what a copy kept outside the client (the PyTorch device cache) is reused by."""
+        ids, _ = self._rows_index(rows)
+        st = self._st
+        with st.lock:
+            slots = st.lookup(ids)
+            out = np.full(ids.shape[0], -1, dtype=np.int64)
+            have = slots >= 0
+            if have.any():
+                out[have] = st.cache.fresh_clock(slots[have])
+        return out
+
     def get(self, row: int, col: int) -> Any:
         if not 0 <= col < self.cols:
             raise IndexError(f"table {self.name!r}: column {col} out of range [0, {self.cols})")

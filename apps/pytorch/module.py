@@ -26,6 +26,7 @@ tables bigger than a worker (issue 29: 100M rows, 64-bit ids).
 from __future__ import annotations
 
 import json
+import operator
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,8 +39,11 @@ from torch import nn
 from bosen.apps.protocol import PSClient, PSTable, PSView, require_table
 from bosen.apps.pytorch.embedding import PSEmbedding
 from bosen.apps.pytorch.layout import DEFAULT_ROW_WIDTH, Layout, Sparse
+from bosen.apps.pytorch.rowcache import DeviceRowCache, fetch_through
 from bosen.apps.pytorch.tables import layout_file
 from bosen.errors import ConfigError, UsageError
+
+_tick = operator.attrgetter("tick")  # the real client's main worker's tick (not in the PSClient protocol)
 
 
 class PSModule(nn.Module):
@@ -49,12 +53,14 @@ class PSModule(nn.Module):
     an error rather than a silent copy. ``prefetch``: read the next step's dense parameters in the
     background right after each push (off: read them in ``forward``). ``prefault``: fault in the
     client's buffers of the sparse tables now (seconds in ``prefault_s``), where a run would otherwise
-    fault a page with nearly every row of its first steps.
+    fault a page with nearly every row of its first steps. ``device_cache_rows``: keep up to that many
+    rows of each ``PSEmbedding`` on the module's device (rowcache.py), reused while the SSP bound
+    allows, so repeated ids do not cross the host each step (0: off).
     """
 
     def __init__(self, module: nn.Module, client: PSClient, clock_every: int = 1, *, prefix: str = "",
                  row_width: int = DEFAULT_ROW_WIDTH, device: str | torch.device | None = None,
-                 prefetch: bool = True, prefault: bool = True) -> None:
+                 prefetch: bool = True, prefault: bool = True, device_cache_rows: int = 0) -> None:
         super().__init__()
         if not isinstance(clock_every, int) or clock_every < 1:
             raise ValueError(f"clock_every: must be a positive integer, got {clock_every!r}")
@@ -91,6 +97,15 @@ class PSModule(nn.Module):
         self.local: dict[int, nn.Parameter] = {i: named[e.param] for i, e in enumerate(layout.sparse)
                                                if not e.remote}
         self.remote: dict[int, PSEmbedding] = {}
+        # the PSEmbeddings' rows kept on the device, by index in layout.sparse (device_cache_rows)
+        self.device_caches: dict[int, DeviceRowCache] = {}
+        if not isinstance(device_cache_rows, int) or device_cache_rows < 0:
+            raise ValueError(f"device_cache_rows: must be a non-negative integer, got {device_cache_rows!r}")
+        if device_cache_rows and not any(e.remote for e in layout.sparse):
+            raise ValueError("device_cache_rows: the device cache holds PSEmbedding rows, and the model has no "
+                             "PSEmbedding (an nn.Embedding's weight already holds its rows on the device)")
+        if device_cache_rows and not isinstance(getattr(client, "tick", None), int):
+            raise ConfigError("device_cache_rows: the client does not say its tick, which the cache's SSP rule needs")
         # a sparse embedding on the CPU whose table shows this process's writes: its weight *is* the
         # array of a read-only view of every row (client/view.py), so the forward's read of a batch's
         # rows copies only those written since they were last read, straight into the weight
@@ -99,6 +114,9 @@ class PSModule(nn.Module):
             if e.remote:
                 emb = modules[e.module]
                 assert isinstance(emb, PSEmbedding)
+                if device_cache_rows:
+                    self.device_caches[i] = DeviceRowCache(device_cache_rows, e.cols, getattr(torch, layout.dtype),
+                                                           self.device)
                 emb.bind(self._lookup(i, e, t))
                 self.remote[i] = emb
                 continue
@@ -168,8 +186,17 @@ class PSModule(nn.Module):
                                f"(they are: {', '.join(index) or 'none'})")
             i = index[name]
             rows = self._check_ids(self.layout.sparse[i], x)
+            cache = self.device_caches.get(i)
+            if cache is not None and rows.numel():
+                # rows the device cache will serve at the next step's tick need no read ahead
+                need = self._need(self.sparse_tables[i], ahead=1)
+                rows = rows[~cache.valid(rows.to(self.device), need).cpu()]
             if rows.numel():
                 self._ahead.append(self._pool.submit(self.sparse_tables[i].get_rows, rows.numpy()))
+
+    def _need(self, table: PSTable, ahead: int = 0) -> int:
+        """The oldest clock a read at this worker's tick (plus ``ahead``) may see of ``table``."""
+        return max(int(_tick(self.client)) + ahead - table.staleness, 0)
 
     def _check_ids(self, e: Sparse, ids: torch.Tensor) -> torch.Tensor:
         return self._check_rows(e, torch.unique(ids.detach()).cpu())
@@ -223,6 +250,10 @@ class PSModule(nn.Module):
     def _lookup(self, i: int, e: Sparse, table: PSTable) -> Any:
         """What a PSEmbedding reads its batch's distinct, sorted ids with: their rows, read through
         the cache (a read-ahead's rows served from there), as a new tensor on the model's device."""
+        cache = self.device_caches.get(i)
+        if cache is not None:
+            return self._cached_lookup(e, table, cache)
+
         def lookup(rows: torch.Tensor) -> torch.Tensor:
             t0 = time.perf_counter()
             self._raise_failed()
@@ -231,6 +262,27 @@ class PSModule(nn.Module):
             if self.device.type != "cpu":
                 values = values.to(self.device, non_blocking=True)
             self.rows_pulled += rows.numel()
+            dt = time.perf_counter() - t0
+            self.pull_s += dt
+            self.rows_s += dt
+            return values
+        return lookup
+
+    def _cached_lookup(self, e: Sparse, table: PSTable, cache: DeviceRowCache) -> Any:
+        """``_lookup`` through a device cache: the rows it holds fresh enough for this tick from
+        there, the others read through the client in one ``get_rows`` with the clock each value is
+        valid for (``Table.fresh_clocks`` just before the read, at least the read's own bound)."""
+        fetch = fetch_through(table, lambda: self._need(table))
+
+        def lookup(rows: torch.Tensor) -> torch.Tensor:
+            t0 = time.perf_counter()
+            self._raise_failed()
+            rows = rows.detach()
+            if rows.numel() and (int(rows[0]) < 0 or int(rows[-1]) >= e.rows):
+                self._check_rows(e, rows[[0, -1]].cpu())  # raises, naming them
+            misses = cache.misses
+            values = cache.read(rows, self._need(table), fetch)
+            self.rows_pulled += cache.misses - misses
             dt = time.perf_counter() - t0
             self.pull_s += dt
             self.rows_s += dt
@@ -301,6 +353,9 @@ class PSModule(nn.Module):
         for i, r, v in rows:
             self.sparse_tables[i].inc_rows(r.numpy(), v.numpy())
             self.rows_pushed += r.numel()
+            cache = self.device_caches.get(i)
+            if cache is not None and getattr(self.sparse_tables[i], "read_my_writes", False):
+                cache.add(r, v)  # read-my-writes: the device copies show the push as the client's cache does
         for emb in self.remote.values():
             emb.clear()  # this step's rows are pushed: the next forward reads them again
         self.pulled = False
