@@ -27,7 +27,7 @@ each run, the order alternating every round; the worker's main-thread CPU (``tim
 wall time per step over steps 20..119 (batch 1024), and the per-round ratio sparse / dense (median
 and spread; below 1: the new path is cheaper).
 
-``--cases devcache`` (``--device``, ``--rounds``, ``--steps``, ``--device-cache-rows``, ``--staleness``):
+``--cases devcache`` (``--device``, ``--rounds``, ``--steps``, ``--device-cache-rows``, ``--staleness``, ``--zipf``):
 the same step with and without the device row cache, alternated (devcache.py); ``gpu.sh`` runs it on
 a CUDA machine.
 """
@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device", default="cpu", help="devcache: the model's device (cpu, cuda)")
     p.add_argument("--device-cache-rows", type=int, default=100_000, help="devcache: the cache's rows")
     p.add_argument("--staleness", type=int, default=1, help="devcache: the SSP bound")
+    p.add_argument("--zipf", type=float, default=None, help="devcache: the ids' Zipf exponent (default: the config's)")
     o = p.parse_args(argv)
     samples = o.samples if o.samples is not None else 100_000 if o.quick else 1_200_000
     common: dict[str, Any] = {"app.args.train_samples": samples}
@@ -224,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
         elif name == "devcache":
             from bench.torchsparse import devcache
 
-            devcache.run(o.rounds, o.steps, o.device_cache_rows, o.staleness, o.device)
+            devcache.run(o.rounds, o.steps, o.device_cache_rows, o.staleness, o.device, o.zipf)
         elif name in cases:
             got[name] = case(name, cases[name], 2)
         else:

@@ -1,16 +1,19 @@
 """The DLRM step with and without the device row cache (issue 31 point 3), alternated.
 
     python -m bench.torchsparse --cases devcache [--device cpu|cuda] [--rounds 3] [--steps 120]
-                                [--device-cache-rows 100000] [--staleness 1]
+                                [--device-cache-rows 100000] [--staleness 1] [--zipf 0.9]
 
 One worker and one server in this process's control, fresh servers each run; the DLRM example's
 model (``configs/torch-dlrm-100m.yaml``: dim 64, batch 1024, server AdaGrad, clock every 4 steps) over
 the same hashed ids in a 1M-row ``storage: sparse`` table read by a ``PSEmbedding``, the next batch's
-rows read ahead as ``dlrm.train`` does. Each round runs the cache off and on (the order alternating
-every round). Per run, over the steps after the first 20: the main thread's CPU (``time.thread_time``)
-and wall time per step (CUDA synchronized at the end), the seconds per step in the embedding reads
-(``PSModule.rows_s``), the rows read through the client per step and their bytes (what crossed the
-host; row values only), the device cache's hit rate. One JSON line per run, one per setting with the
+rows read ahead as ``dlrm.train`` does; ``--zipf``: the ids' skew (the config's 0.9: about 30% of a
+step's distinct rows were read in the last few steps; 1.1, the small DLRM config's, repeats more).
+Each round runs the cache off and on (the order alternating every round). Per run, over the steps
+after the first 20: the main thread's CPU (``time.thread_time``) and wall time per step (CUDA
+synchronized at the end), the seconds per step in the embedding reads (``PSModule.rows_s``), the
+rows read through the client per step and their bytes (what crossed the host; row values only), the
+device cache's hit rate.
+One JSON line per run, one per setting with the
 median and spread, and the per-round ratios on / off (below 1: the cache is cheaper).
 """
 
@@ -75,19 +78,21 @@ def one(base: dict[str, Any], cache_rows: int, staleness: int, steps: int, devic
             return out
 
 
-def run(rounds: int, steps: int, cache_rows: int, staleness: int, device_name: str) -> None:
+def run(rounds: int, steps: int, cache_rows: int, staleness: int, device_name: str, zipf: float | None = None) -> None:
     from bench.torchsparse.__main__ import CONFIG, _args
 
     device = torch.device(device_name)
     torch.set_num_threads(1 if device.type == "cpu" else 4)
     base = {**_args(CONFIG), "table_rows": 1_000_000, "cache_rows": None, "train_samples": 200_000}
+    if zipf is not None:
+        base["zipf"] = zipf
     a0 = dlrm.DLRMArgs(**base)
     data = criteo.generate(a0.spec, 0, steps * a0.batch_size)
     tensors = tuple(torch.from_numpy(x) for x in (a0.keys(data.ids), data.dense, data.labels))
     assert len(tensors) == 3
     setting = {"bench": "torchsparse", "case": "devcache", "device": str(device),
                "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-               "staleness": staleness, "device_cache_rows": cache_rows, "steps": steps - WARM,
+               "staleness": staleness, "zipf": a0.zipf, "device_cache_rows": cache_rows, "steps": steps - WARM,
                "batch": a0.batch_size, "dim": a0.dim, "torch": torch.__version__}
     got: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
     for r in range(rounds):

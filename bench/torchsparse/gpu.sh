@@ -44,5 +44,5 @@ run_case() {  # name, timeout (s), then the bench's arguments
 run_case warmup 45 --rounds 1 --steps 25 --device-cache-rows 100000 --staleness 1
 # 2. staleness 1 (the config's), 100,000 cached rows, cache off / on alternated, 3 rounds
 run_case s1-100k 80 --rounds 3 --device-cache-rows 100000 --staleness 1
-# 3. staleness 2, 500,000 cached rows (rows live a tick longer, more of them fit), 2 rounds
-run_case s2-500k 55 --rounds 2 --device-cache-rows 500000 --staleness 2
+# 3. ids that repeat more (Zipf 1.1, the small DLRM config's), staleness 2 (rows live a tick longer), 2 rounds
+run_case z11-s2 55 --rounds 2 --device-cache-rows 100000 --staleness 2 --zipf 1.1
