@@ -69,9 +69,13 @@ class DeviceRowCache:
         self.device = device
         i64 = torch.int64
         self.ids = torch.full((capacity,), -1, dtype=i64, device=device)  # per slot, -1: empty
-        self.values = torch.zeros((capacity, dim), dtype=dtype, device=device)
-        self.clock = torch.full((capacity,), -1, dtype=i64, device=device)  # per slot: its value is valid for
-        self.used = torch.zeros((capacity,), dtype=i64, device=device)  # per slot: the last step that read it
+        # per slot, and one scratch entry past the last, where writes for rows without a slot go (so
+        # that a read needs no boolean masks): the values, the clock they are valid for, the last
+        # step that read the slot (0: never)
+        self._values = torch.zeros((capacity + 1, dim), dtype=dtype, device=device)
+        self._clock = torch.full((capacity + 1,), -1, dtype=i64, device=device)
+        self._used = torch.zeros((capacity + 1,), dtype=i64, device=device)
+        self.values, self.clock, self.used = self._values[:capacity], self._clock[:capacity], self._used[:capacity]
         self._sorted = torch.full((capacity,), _EMPTY, dtype=i64, device=device)  # slots' ids, ascending
         self._order = torch.arange(capacity, dtype=i64, device=device)  # the slot of each sorted position
         self._row_bytes = dim * self.values.element_size()
@@ -102,25 +106,26 @@ class DeviceRowCache:
         ``need`` from here, the others through ``fetch`` in one call (and kept, evicting the least
         recently used rows this read does not use)."""
         self.step += 1
+        count = int(rows.shape[0])
         slot = self.find(rows)
         held = slot >= 0
-        fresh = held & (self.clock[slot.clamp(min=0)] >= need)
-        out = torch.empty((rows.shape[0], self.dim), dtype=self.values.dtype, device=self.device)
-        hit = slot[fresh]
-        out[fresh] = self.values[hit]
-        self.used[hit] = self.step
-        miss = ~fresh
-        ids = rows[miss]
-        n = int(ids.shape[0])
-        self.hits += int(rows.shape[0]) - n
+        fresh = held & (self._clock[slot.clamp(min=0)] >= need)
+        # every held row is used by this read (the scratch entry takes the others' writes)
+        self._used[torch.where(held, slot, self.capacity)] = self.step
+        out = self.values.index_select(0, slot.clamp(min=0))
+        miss = (~fresh).nonzero().squeeze(1)
+        n = int(miss.shape[0])  # the one wait for the device of a read that only hits
+        self.hits += count - n
         self.misses += n
         if n:
-            self.stale += int((held & miss).sum())
+            n_held = int(held.sum())
+            self.stale += n_held - (count - n)
+            ids = rows[miss]
             values, clocks = fetch(ids.cpu())
             values = values.to(self.device, non_blocking=True)
             clocks = clocks.to(self.device, non_blocking=True)
-            out[miss] = values
-            self._store(ids, slot[miss], values, clocks)
+            out.index_copy_(0, miss, values)
+            self._store(ids, slot[miss], values, clocks, self.capacity - n_held)
         return out
 
     def add(self, rows: torch.Tensor, deltas: torch.Tensor) -> None:
@@ -139,21 +144,19 @@ class DeviceRowCache:
         self._sorted.fill_(_EMPTY)
         self._order = torch.arange(self.capacity, dtype=torch.int64, device=self.device)
 
-    def _store(self, ids: torch.Tensor, slot: torch.Tensor, values: torch.Tensor, clocks: torch.Tensor) -> None:
+    def _store(self, ids: torch.Tensor, slot: torch.Tensor, values: torch.Tensor, clocks: torch.Tensor,
+               room: int) -> None:
         """Keep the rows just read: in their own slot where held (too old), else in the least recently
-        used slots this read did not use; rows beyond the room left are not kept."""
+        used of the ``room`` slots this read did not use; rows beyond that room are not kept."""
         held = slot >= 0
-        if bool(held.any()):
-            s = slot[held]
-            self.values[s] = values[held]
-            self.clock[s] = clocks[held]
-            self.used[s] = self.step
-        new = ~held
-        room = int((self.used < self.step).sum())
-        k = min(int(new.sum()), room)
+        at = torch.where(held, slot, self.capacity)  # the not held ones write the scratch row
+        self._values[at] = values
+        self._clock[at] = clocks
+        new = (~held).nonzero().squeeze(1)
+        k = min(int(new.shape[0]), room)
         if k:
             victims = torch.topk(self.used, k, largest=False).indices  # empty slots (0) first
-            take = new.nonzero().squeeze(1)[:k]
+            take = new[:k]
             self.ids[victims] = ids[take]
             self.values[victims] = values[take]
             self.clock[victims] = clocks[take]

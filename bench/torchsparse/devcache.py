@@ -12,9 +12,8 @@ Each round runs the cache off and on (the order alternating every round). Per ru
 after the first 20: the main thread's CPU (``time.thread_time``) and wall time per step (CUDA
 synchronized at the end), the seconds per step in the embedding reads (``PSModule.rows_s``), the
 rows read through the client per step and their bytes (what crossed the host; row values only), the
-device cache's hit rate.
-One JSON line per run, one per setting with the
-median and spread, and the per-round ratios on / off (below 1: the cache is cheaper).
+device cache's hit rate. One JSON line per run, one per setting with the median and spread, and
+the per-round ratios on / off (below 1: the cache is cheaper).
 """
 
 from __future__ import annotations
