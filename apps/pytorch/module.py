@@ -114,6 +114,10 @@ class PSModule(nn.Module):
             if e.remote:
                 emb = modules[e.module]
                 assert isinstance(emb, PSEmbedding)
+                if device_cache_rows and getattr(t, "versioned", False):
+                    raise ConfigError(f"device_cache_rows: table {t.name} applies {t.update}, whose updates are "
+                                      "tagged with the version of the client's copy of a row; a device copy may "
+                                      "be older than that: leave the device cache off for it")
                 if device_cache_rows:
                     self.device_caches[i] = DeviceRowCache(device_cache_rows, e.cols, getattr(torch, layout.dtype),
                                                            self.device)

@@ -16,6 +16,8 @@ least the read's own bound (tick - staleness). Own updates: on a read-my-writes 
 sees its writes at once. On a table whose stored procedure transforms the update on the server (sgd,
 adagrad, ...) the client's copy does not show the worker's own step before the server's answer either;
 the device copy is then simply not reused past its clock, which is the same guarantee.
+Versioned tables (AdaRevision) are refused by ``PSModule``: an update carries the version of the
+client's copy of its row, and a device copy may be older than that.
 
 Everything is torch ops on index tensors (one sorted id tensor, ``searchsorted`` to find slots,
 ``topk`` for the least recently used victims): no Python per row, on any device.

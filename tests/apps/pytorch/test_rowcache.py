@@ -15,6 +15,7 @@ from bosen.apps.pytorch import PSModule
 from bosen.apps.pytorch.examples import criteo, dlrm
 from bosen.apps.pytorch.rowcache import DeviceRowCache, fetch_through
 from bosen.client import Client
+from bosen.errors import ConfigError
 
 SMALL = {"max_rows": 500, "train_samples": 4096, "test_samples": 2048, "batch_size": 128, "evals_per_epoch": 4,
          "clock_every": 2, "dim": 8, "bottom": 16, "top": 16, "optimizer": "adagrad", "lr": 0.05,
@@ -155,3 +156,9 @@ def test_bad_device_cache_settings_are_named(bosen_cluster, tmp_path):
             PSModule(net, client, device_cache_rows=10)
     with pytest.raises(ValueError, match="device_cache_rows: the device cache holds PSEmbedding rows"):
         dlrm.DLRMArgs(**{**SMALL, "storage": "dense", "device_cache_rows": 10})
+    # AdaRevision tags each update with the version of the client's copy it was computed from
+    args = {**SMALL, "optimizer": "adarevision"}
+    c = bosen_cluster(1, workers=1, staleness=0, tables=dlrm.tables(args, tmp_path / "rev"))
+    with Client.connect(c.path, rank=0) as client:
+        with pytest.raises(ConfigError, match="device_cache_rows: table emb applies adarevision"):
+            PSModule(dlrm.model(dlrm.DLRMArgs(**args)), client, device_cache_rows=10)
