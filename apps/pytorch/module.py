@@ -68,6 +68,13 @@ class PSModule(nn.Module):
         self.client = client
         self.clock_every = clock_every
         self.layout = layout = Layout.of(module, prefix, row_width)
+        if not isinstance(device_cache_rows, int) or device_cache_rows < 0:
+            raise ValueError(f"device_cache_rows: must be a non-negative integer, got {device_cache_rows!r}")
+        if device_cache_rows and not layout.sparse:
+            raise ValueError("device_cache_rows: the device cache holds sparse embedding rows, and the model has "
+                             "none (a PSEmbedding, or an nn.Embedding with sparse=True)")
+        if device_cache_rows and not isinstance(getattr(client, "tick", None), int):
+            raise ConfigError("device_cache_rows: the client does not say its tick, which the cache's SSP rule needs")
         need = "PSModule keeps the model's parameters in it (declare the tables with bosen.apps.pytorch.declare)"
         self.table = require_table(client, layout.table, need) if layout.slots else None
         self.sparse_tables = [require_table(client, e.table, need) for e in layout.sparse]
@@ -99,25 +106,24 @@ class PSModule(nn.Module):
         self.remote: dict[int, PSEmbedding] = {}
         # the PSEmbeddings' rows kept on the device, by index in layout.sparse (device_cache_rows)
         self.device_caches: dict[int, DeviceRowCache] = {}
-        if not isinstance(device_cache_rows, int) or device_cache_rows < 0:
-            raise ValueError(f"device_cache_rows: must be a non-negative integer, got {device_cache_rows!r}")
-        if device_cache_rows and not any(e.remote for e in layout.sparse):
-            raise ValueError("device_cache_rows: the device cache holds PSEmbedding rows, and the model has no "
-                             "PSEmbedding (an nn.Embedding's weight already holds its rows on the device)")
-        if device_cache_rows and not isinstance(getattr(client, "tick", None), int):
-            raise ConfigError("device_cache_rows: the client does not say its tick, which the cache's SSP rule needs")
         # a sparse embedding on the CPU whose table shows this process's writes: its weight *is* the
         # array of a read-only view of every row (client/view.py), so the forward's read of a batch's
         # rows copies only those written since they were last read, straight into the weight
         self._row_views: dict[int, PSView] = {}
+        # a sparse nn.Embedding's weight, when device_cache_rows is on and it is not such a view (on
+        # CUDA; or a table with a server-side optimizer): the clock each row's value is valid for, so
+        # the forward reads again only the rows too old for the SSP bound (the weight holds every row:
+        # no bound on the rows kept); weight_hits counts the rows it did not read
+        self._weight_clocks: dict[int, np.ndarray] = {}
+        self.weight_hits = 0
         for i, (e, t) in enumerate(zip(layout.sparse, self.sparse_tables, strict=True)):
+            if device_cache_rows and getattr(t, "versioned", False):
+                raise ConfigError(f"device_cache_rows: table {t.name} applies {t.update}, whose updates are "
+                                  "tagged with the version of the client's copy of a row; a device copy may "
+                                  "be older than that: leave the device cache off for it")
             if e.remote:
                 emb = modules[e.module]
                 assert isinstance(emb, PSEmbedding)
-                if device_cache_rows and getattr(t, "versioned", False):
-                    raise ConfigError(f"device_cache_rows: table {t.name} applies {t.update}, whose updates are "
-                                      "tagged with the version of the client's copy of a row; a device copy may "
-                                      "be older than that: leave the device cache off for it")
                 if device_cache_rows:
                     self.device_caches[i] = DeviceRowCache(device_cache_rows, e.cols, getattr(torch, layout.dtype),
                                                            self.device)
@@ -129,6 +135,9 @@ class PSModule(nn.Module):
                 rv = t.view(np.arange(e.rows, dtype=np.int64), base=False)
                 w.data = torch.from_numpy(rv.values)
                 self._row_views[i] = rv
+            elif device_cache_rows and not getattr(t, "read_my_writes", False):
+                # (a local torch optimizer, read-my-writes, steps the weight itself: left as it is)
+                self._weight_clocks[i] = np.full(e.rows, -1, dtype=np.int64)
             modules[e.module].register_forward_pre_hook(self._embedding_hook(i, e, t, w))
         cuda = self.device.type == "cuda"
         self._host = torch.empty(n, dtype=dtype, pin_memory=True) if cuda and n else None
@@ -191,10 +200,14 @@ class PSModule(nn.Module):
             i = index[name]
             rows = self._check_ids(self.layout.sparse[i], x)
             cache = self.device_caches.get(i)
-            if cache is not None and rows.numel():
-                # rows the device cache will serve at the next step's tick need no read ahead
+            clocks = self._weight_clocks.get(i)
+            if (cache is not None or clocks is not None) and rows.numel():
+                # rows the device cache (or the weight) will serve at the next step's tick need no read ahead
                 need = self._need(self.sparse_tables[i], ahead=1)
-                rows = rows[~cache.valid(rows.to(self.device), need).cpu()]
+                if cache is not None:
+                    rows = rows[~cache.valid(rows.to(self.device), need).cpu()]
+                elif clocks is not None:
+                    rows = rows[torch.from_numpy(clocks[rows.numpy()] < need)]
             if rows.numel():
                 self._ahead.append(self._pool.submit(self.sparse_tables[i].get_rows, rows.numpy()))
 
@@ -239,13 +252,23 @@ class PSModule(nn.Module):
             rows = self._check_ids(e, ids)
             # through the cache: rows a read-ahead brought are served from there where fresh enough
             view = self._row_views.get(i)
+            clocks = self._weight_clocks.get(i)
+            r = rows.numpy()
             if view is not None:
-                view.refresh(rows.numpy())  # into the weight: only rows written since their last read
+                view.refresh(r)  # into the weight: only rows written since their last read
+            elif clocks is not None:  # only the rows whose copy in the weight is too old
+                need = self._need(table)
+                r = r[clocks[r] < need]
+                self.weight_hits += rows.numel() - r.shape[0]
+                values, valid = fetch_through(table, lambda: need)(torch.from_numpy(r))
+                clocks[r] = valid.numpy()
+                with torch.no_grad():
+                    weight[torch.from_numpy(r).to(weight.device)] = values.to(weight.device, non_blocking=True)
             else:
-                values = torch.from_numpy(table.get_rows(rows.numpy()))
+                values = torch.from_numpy(table.get_rows(r))
                 with torch.no_grad():
                     weight[rows.to(weight.device)] = values.to(weight.device, non_blocking=True)
-            self.rows_pulled += rows.numel()
+            self.rows_pulled += r.shape[0]
             dt = time.perf_counter() - t0
             self.pull_s += dt
             self.rows_s += dt
@@ -275,7 +298,7 @@ class PSModule(nn.Module):
     def _cached_lookup(self, e: Sparse, table: PSTable, cache: DeviceRowCache) -> Any:
         """``_lookup`` through a device cache: the rows it holds fresh enough for this tick from
         there, the others read through the client in one ``get_rows`` with the clock each value is
-        valid for (``Table.fresh_clocks`` just before the read, at least the read's own bound)."""
+        valid for (``Table.get_rows_clocked``)."""
         fetch = fetch_through(table, lambda: self._need(table))
 
         def lookup(rows: torch.Tensor) -> torch.Tensor:

@@ -9,9 +9,9 @@ served from here only while that clock is at least the worker's tick minus the t
 the rule the client's own cache applies, so a read from here is never staler than one through the
 client. Rows that miss, or are too old, are read in one ``get_rows`` of the client.
 
-The clock of a row read through the client is a lower bound: the clock the client's cached copy had
-just before the read (a value read afterwards is at least as new; ``Table.fresh_clocks``), and at
-least the read's own bound (tick - staleness). Own updates: on a read-my-writes table (plain ``add``)
+The clock of a row read through the client is a lower bound: where the client's cache serves the
+read, the clock of each value copied, taken under the same lock (``Table.get_rows_clocked``); else
+the bound the read itself waited for (tick - staleness). Own updates: on a read-my-writes table (plain ``add``)
 ``add`` applies the pushed delta to the cached copy, as the client does to its cache, so the worker
 sees its writes at once. On a table whose stored procedure transforms the update on the server (sgd,
 adagrad, ...) the client's copy does not show the worker's own step before the server's answer either;
@@ -42,16 +42,17 @@ Fetch = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 def fetch_through(table: PSTable, need: Callable[[], int]) -> Fetch:
     """A ``Fetch`` reading rows through the client's ``table`` (one ``get_rows``), each with the clock
-    its value is valid for: the client's cached copy's just before the read (``Table.fresh_clocks``;
-    a table without it: none), at least ``need()``, the bound the read itself waits for."""
-    clocks_of = getattr(table, "fresh_clocks", None)
+    its value is valid for: ``Table.get_rows_clocked``'s (the clocks of a read served from the
+    client's cache, taken with the values), else ``need()``, the bound the read itself waits for."""
+    clocked = getattr(table, "get_rows_clocked", None)
 
     def fetch(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        bound = need()
         keys = ids.numpy()
-        before = clocks_of(keys) if clocks_of is not None else np.full(keys.shape[0], -1, np.int64)
-        values = table.get_rows(keys)
-        return torch.from_numpy(values), torch.from_numpy(np.maximum(before, bound))
+        if clocked is not None:
+            values, clocks = clocked(keys)
+        else:
+            values, clocks = table.get_rows(keys), np.full(keys.shape[0], need(), np.int64)
+        return torch.from_numpy(values), torch.from_numpy(clocks)
     return fetch
 
 

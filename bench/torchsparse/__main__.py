@@ -27,9 +27,9 @@ each run, the order alternating every round; the worker's main-thread CPU (``tim
 wall time per step over steps 20..119 (batch 1024), and the per-round ratio sparse / dense (median
 and spread; below 1: the new path is cheaper).
 
-``--cases devcache`` (``--device``, ``--rounds``, ``--steps``, ``--device-cache-rows``, ``--staleness``, ``--zipf``):
-the same step with and without the device row cache, alternated (devcache.py); ``gpu.sh`` runs it on
-a CUDA machine.
+``--cases devcache`` (``--device``, ``--rounds``, ``--steps``, ``--device-cache-rows``, ``--staleness``,
+``--zipf``, ``--storage``): the same step with and without the device row cache, alternated
+(devcache.py); ``gpu.sh`` runs it on a CUDA machine.
 """
 
 from __future__ import annotations
@@ -210,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--device-cache-rows", type=int, default=100_000, help="devcache: the cache's rows")
     p.add_argument("--staleness", type=int, default=1, help="devcache: the SSP bound")
     p.add_argument("--zipf", type=float, default=None, help="devcache: the ids' Zipf exponent (default: the config's)")
+    p.add_argument("--storage", choices=("sparse", "dense"), default="sparse",
+                   help="devcache: PSEmbedding over a sparse table, or nn.Embedding over a dense one")
     o = p.parse_args(argv)
     samples = o.samples if o.samples is not None else 100_000 if o.quick else 1_200_000
     common: dict[str, Any] = {"app.args.train_samples": samples}
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
         elif name == "devcache":
             from bench.torchsparse import devcache
 
-            devcache.run(o.rounds, o.steps, o.device_cache_rows, o.staleness, o.device, o.zipf)
+            devcache.run(o.rounds, o.steps, o.device_cache_rows, o.staleness, o.device, o.zipf, o.storage)
         elif name in cases:
             got[name] = case(name, cases[name], 2)
         else:

@@ -2,12 +2,15 @@
 
     python -m bench.torchsparse --cases devcache [--device cpu|cuda] [--rounds 3] [--steps 120]
                                 [--device-cache-rows 100000] [--staleness 1] [--zipf 0.9]
+                                [--storage sparse|dense]
 
 One worker and one server in this process's control, fresh servers each run; the DLRM example's
 model (``configs/torch-dlrm-100m.yaml``: dim 64, batch 1024, server AdaGrad, clock every 4 steps) over
 the same hashed ids in a 1M-row ``storage: sparse`` table read by a ``PSEmbedding``, the next batch's
 rows read ahead as ``dlrm.train`` does; ``--zipf``: the ids' skew (the config's 0.9: about 30% of a
 step's distinct rows were read in the last few steps; 1.1, the small DLRM config's, repeats more).
+``--storage dense``: an ``nn.Embedding``
+over a dense table instead, whose weight keeps each row's clock when the cache is on (no bound).
 Each round runs the cache off and on (the order alternating every round). Per run, over the steps
 after the first 20: the main thread's CPU (``time.thread_time``) and wall time per step (CUDA
 synchronized at the end), the seconds per step in the embedding reads (``PSModule.rows_s``), the
@@ -56,7 +59,7 @@ def one(base: dict[str, Any], cache_rows: int, staleness: int, steps: int, devic
                     if device.type == "cuda":
                         torch.cuda.synchronize(device)
                     c0, w0, r0, p0 = time.thread_time(), time.perf_counter(), m.rows_s, m.rows_pulled
-                    h0 = sum(x.hits for x in m.device_caches.values())
+                    h0 = sum(x.hits for x in m.device_caches.values()) + m.weight_hits
                 idx = slice(i * batch, (i + 1) * batch)
                 if i + 1 < steps:  # the next batch's rows, read ahead as dlrm.train does
                     m.prefetch_rows(net.rows(keys[(i + 1) * batch:(i + 2) * batch]))
@@ -68,7 +71,7 @@ def one(base: dict[str, Any], cache_rows: int, staleness: int, steps: int, devic
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             n = steps - WARM
-            hits = sum(x.hits for x in m.device_caches.values()) - h0
+            hits = sum(x.hits for x in m.device_caches.values()) + m.weight_hits - h0
             pulled = m.rows_pulled - p0
             out = {"cpu_ms": (time.thread_time() - c0) / n * 1000, "wall_ms": (time.perf_counter() - w0) / n * 1000,
                    "rows_ms": (m.rows_s - r0) / n * 1000, "host_rows": pulled / n,
@@ -77,7 +80,8 @@ def one(base: dict[str, Any], cache_rows: int, staleness: int, steps: int, devic
             return out
 
 
-def run(rounds: int, steps: int, cache_rows: int, staleness: int, device_name: str, zipf: float | None = None) -> None:
+def run(rounds: int, steps: int, cache_rows: int, staleness: int, device_name: str, zipf: float | None = None,
+        storage: str = "sparse") -> None:
     from bench.torchsparse.__main__ import CONFIG, _args
 
     device = torch.device(device_name)
@@ -85,13 +89,16 @@ def run(rounds: int, steps: int, cache_rows: int, staleness: int, device_name: s
     base = {**_args(CONFIG), "table_rows": 1_000_000, "cache_rows": None, "train_samples": 200_000}
     if zipf is not None:
         base["zipf"] = zipf
+    if storage == "dense":
+        base.update(storage="dense", embedding_init="server")
     a0 = dlrm.DLRMArgs(**base)
     data = criteo.generate(a0.spec, 0, steps * a0.batch_size)
     tensors = tuple(torch.from_numpy(x) for x in (a0.keys(data.ids), data.dense, data.labels))
     assert len(tensors) == 3
     setting = {"bench": "torchsparse", "case": "devcache", "device": str(device),
                "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-               "staleness": staleness, "zipf": a0.zipf, "device_cache_rows": cache_rows, "steps": steps - WARM,
+               "staleness": staleness, "zipf": a0.zipf, "storage": storage, "device_cache_rows": cache_rows,
+               "steps": steps - WARM,
                "batch": a0.batch_size, "dim": a0.dim, "torch": torch.__version__}
     got: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
     for r in range(rounds):

@@ -81,7 +81,8 @@ class DLRMArgs:
     hashed: bool = False  # ids (feature, id) hashed into one id space (fused only), see table_rows
     table_rows: int = 0  # with hashed: the table's rows (ids hashed mod it); 0: no bound (sparse only)
     cache_rows: int | None = None  # the most embedding rows a worker caches (sparse storage)
-    # the most embedding rows a worker keeps on its device (PSModule's device cache; sparse storage; 0: off)
+    # the most embedding rows a worker keeps on its device (PSModule's device cache; 0: off); with storage:
+    # dense, the local weights keep each row's clock instead and are read again only where too old
     device_cache_rows: int = 0
     # servers push changed embedding rows to the workers that read them (true), or never (false): a
     # worker reads a row again once it is too old for the staleness bound (bench.torch's
@@ -108,8 +109,6 @@ class DLRMArgs:
                                                             "embedding: fused")
         check(self.table_rows >= 0, "table_rows: must be >= 0")
         check(self.device_cache_rows >= 0, "device_cache_rows: must be >= 0")
-        check(not self.device_cache_rows or self.storage == "sparse",
-              "device_cache_rows: the device cache holds PSEmbedding rows: needs storage: sparse")
         check(not self.table_rows or self.hashed, "table_rows: the row count of a hashed table: needs hashed: true")
         check(not (self.hashed and not self.table_rows and self.storage == "dense"),
               "table_rows: 0 (any 64-bit id) needs storage: sparse; give a row count for a dense table")
@@ -278,8 +277,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
                 continue
             fields: dict[str, Any] = {"compute_s": time.perf_counter() - t0, "pull_s": m.pull_s,
                                       "rows_pulled": m.rows_pulled, "rows_pushed": m.rows_pushed}
-            if m.device_caches:  # rows served from the device (cumulative, as rows_pulled)
-                fields["device_cache_hits"] = sum(c.hits for c in m.device_caches.values())
+            if a.device_cache_rows:  # rows served from the device (cumulative, as rows_pulled)
+                fields["device_cache_hits"] = sum(c.hits for c in m.device_caches.values()) + m.weight_hits
             if test is not None:
                 te = time.perf_counter()
                 fields.update(heldout(m, test))
