@@ -41,8 +41,10 @@ run_case() {  # name, timeout (s), then the bench's arguments
 }
 
 # 1. warm-up: numba's kernels compiled into their cache, CUDA initialized (not a measurement)
-run_case warmup 45 --rounds 1 --steps 25 --device-cache-rows 100000 --staleness 1
-# 2. staleness 1 (the config's), 100,000 cached rows, cache off / on alternated, 3 rounds
-run_case s1-100k 80 --rounds 3 --device-cache-rows 100000 --staleness 1
-# 3. ids that repeat more (Zipf 1.1, the small DLRM config's), staleness 2 (rows live a tick longer), 2 rounds
-run_case z11-s2 55 --rounds 2 --device-cache-rows 100000 --staleness 2 --zipf 1.1
+run_case warmup 40 --rounds 1 --steps 25 --device-cache-rows 100000 --staleness 1
+# 2. PSEmbedding, staleness 1 (the config's), 100,000 device rows, cache off / on alternated, 2 rounds
+run_case s1-100k 55 --rounds 2 --device-cache-rows 100000 --staleness 1
+# 3. ids that repeat more (Zipf 1.1, the small DLRM config's), staleness 2 (rows live a tick longer)
+run_case z11-s2 40 --rounds 2 --device-cache-rows 100000 --staleness 2 --zipf 1.1
+# 4. nn.Embedding over a dense 1M-row table: its weight on the GPU, each row's clock kept when on
+run_case dense-s1 45 --rounds 2 --device-cache-rows 100000 --staleness 1 --storage dense
