@@ -131,6 +131,17 @@ class Table:
                     return self._values[row].copy()
         return self.get_rows(np.array([self._row(row)], dtype=np.int64))[0]
 
+    def get_rows_clocked(self, rows: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``get_rows``, and the clock each value is valid for (a lower bound): for a read served
+        from the cache, the clocks of the values copied, taken under the same lock; else the bound
+        the read waited for (tick - staleness). What a copy kept outside the client (the PyTorch
+        device cache) is reused by."""
+        need = max(self._worker.tick - self.staleness, 0)  # a read now returns values at least this fresh
+        got: list[np.ndarray] = []
+        values = phases.timed(self._worker.phases, "read", self._get_rows, rows, got)
+        clocks = got[0] if got else np.full(values.shape[0], need, dtype=np.int64)
+        return values, np.maximum(clocks, need)
+
     def get(self, row: int, col: int) -> Any:
         if not 0 <= col < self.cols:
             raise IndexError(f"table {self.name!r}: column {col} out of range [0, {self.cols})")
@@ -141,9 +152,9 @@ class Table:
         # metrics.profile: the worker's "read" phase (waits for fresh rows included)
         return phases.timed(self._worker.phases, "read", self._get_rows, rows)
 
-    def _get_rows(self, rows: Any) -> np.ndarray:
+    def _get_rows(self, rows: Any, clocks: list[np.ndarray] | None = None) -> np.ndarray:
         if self._direct:
-            return self._read(rows)
+            return self._read(rows, clocks=clocks)
         st = self._st
         slots = st.slots
         assert slots is not None
@@ -156,13 +167,14 @@ class Table:
                 slots.end(op)
                 raise
         try:  # the rows stay (not evicted) until the read is done
-            return self._read(held, ids=False)
+            return self._read(held, ids=False, clocks=clocks)
         finally:
             with st.lock:
                 slots.end(op)
 
-    def _read(self, rows: Any, ids: bool = True) -> np.ndarray:
-        """Read ``rows``: row ids (``ids``), else the slots of a slotted table's rows (checked)."""
+    def _read(self, rows: Any, ids: bool = True, clocks: list[np.ndarray] | None = None) -> np.ndarray:
+        """Read ``rows``: row ids (``ids``), else the slots of a slotted table's rows (checked);
+        ``clocks``: a read served from the cache appends the clock each value copied is valid for."""
         if type(rows) is np.ndarray and rows.dtype.kind in "iu" and rows.ndim == 1 and rows.shape[0]:
             # the usual read, of rows all cached and fresh: checked, counted and copied in one pass
             r64 = rows if rows.dtype == np.int64 else rows.astype(np.int64)  # a uint64 past int64: negative
@@ -174,6 +186,8 @@ class Table:
             out = np.empty((rows.shape[0], self.cols), self.dtype)
             with self._st.lock:
                 status, a, b = self._st.cache.read_fresh(r64, need if need > 0 else 0, tick, out)
+                if status == 0 and clocks is not None:
+                    clocks.append(self._st.cache.fresh_clock(r64))
                 if status == 0 and self._probe_every and self._probe_due():
                     self._probe(r64.copy())
             if status == 0:

@@ -26,6 +26,7 @@ tables bigger than a worker (issue 29: 100M rows, 64-bit ids).
 from __future__ import annotations
 
 import json
+import operator
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,8 +41,11 @@ from bosen.apps.pytorch.allreduce import BUCKET_VALUES, DenseAllReduce, check_mo
 from bosen.apps.pytorch.buckets import Buckets
 from bosen.apps.pytorch.embedding import PSEmbedding
 from bosen.apps.pytorch.layout import DEFAULT_ROW_WIDTH, Layout, Sparse
+from bosen.apps.pytorch.rowcache import DeviceRowCache, fetch_through
 from bosen.apps.pytorch.tables import layout_file
 from bosen.errors import ConfigError, UsageError
+
+_tick = operator.attrgetter("tick")  # the real client's main worker's tick (not in the PSClient protocol)
 
 
 class PSModule(nn.Module):
@@ -51,13 +55,15 @@ class PSModule(nn.Module):
     an error rather than a silent copy. ``prefetch``: read the next step's dense parameters in the
     background right after each push (off: read them in ``forward``). ``prefault``: fault in the
     client's buffers of the sparse tables now (seconds in ``prefault_s``), where a run would otherwise
-    fault a page with nearly every row of its first steps.
+    fault a page with nearly every row of its first steps. ``device_cache_rows``: keep up to that many
+    rows of each ``PSEmbedding`` on the module's device (rowcache.py), reused while the SSP bound
+    allows, so repeated ids do not cross the host each step (0: off).
     """
 
     def __init__(self, module: nn.Module, client: PSClient, clock_every: int = 1, *, prefix: str = "",
                  row_width: int = DEFAULT_ROW_WIDTH, device: str | torch.device | None = None,
                  prefetch: bool = True, prefault: bool = True, dense: str = "ps", overlap: bool = False,
-                 bucket_values: int = BUCKET_VALUES) -> None:
+                 bucket_values: int = BUCKET_VALUES, device_cache_rows: int = 0) -> None:
         super().__init__()
         if not isinstance(clock_every, int) or clock_every < 1:
             raise ValueError(f"clock_every: must be a positive integer, got {clock_every!r}")
@@ -66,6 +72,13 @@ class PSModule(nn.Module):
         self.client = client
         self.clock_every = clock_every
         self.layout = layout = Layout.of(module, prefix, row_width)
+        if not isinstance(device_cache_rows, int) or device_cache_rows < 0:
+            raise ValueError(f"device_cache_rows: must be a non-negative integer, got {device_cache_rows!r}")
+        if device_cache_rows and not layout.sparse:
+            raise ValueError("device_cache_rows: the device cache holds sparse embedding rows, and the model has "
+                             "none (a PSEmbedding, or an nn.Embedding with sparse=True)")
+        if device_cache_rows and not isinstance(getattr(client, "tick", None), int):
+            raise ConfigError("device_cache_rows: the client does not say its tick, which the cache's SSP rule needs")
         need = "PSModule keeps the model's parameters in it (declare the tables with bosen.apps.pytorch.declare)"
         self.table = require_table(client, layout.table, need) if layout.slots and dense == "ps" else None
         self.sparse_tables = [require_table(client, e.table, need) for e in layout.sparse]
@@ -95,14 +108,29 @@ class PSModule(nn.Module):
         self.local: dict[int, nn.Parameter] = {i: named[e.param] for i, e in enumerate(layout.sparse)
                                                if not e.remote}
         self.remote: dict[int, PSEmbedding] = {}
+        # the PSEmbeddings' rows kept on the device, by index in layout.sparse (device_cache_rows)
+        self.device_caches: dict[int, DeviceRowCache] = {}
         # a sparse embedding on the CPU whose table shows this process's writes: its weight *is* the
         # array of a read-only view of every row (client/view.py), so the forward's read of a batch's
         # rows copies only those written since they were last read, straight into the weight
         self._row_views: dict[int, PSView] = {}
+        # a sparse nn.Embedding's weight, when device_cache_rows is on and it is not such a view (on
+        # CUDA; or a table with a server-side optimizer): the clock each row's value is valid for, so
+        # the forward reads again only the rows too old for the SSP bound (the weight holds every row:
+        # no bound on the rows kept); weight_hits counts the rows it did not read
+        self._weight_clocks: dict[int, np.ndarray] = {}
+        self.weight_hits = 0
         for i, (e, t) in enumerate(zip(layout.sparse, self.sparse_tables, strict=True)):
+            if device_cache_rows and getattr(t, "versioned", False):
+                raise ConfigError(f"device_cache_rows: table {t.name} applies {t.update}, whose updates are "
+                                  "tagged with the version of the client's copy of a row; a device copy may "
+                                  "be older than that: leave the device cache off for it")
             if e.remote:
                 emb = modules[e.module]
                 assert isinstance(emb, PSEmbedding)
+                if device_cache_rows:
+                    self.device_caches[i] = DeviceRowCache(device_cache_rows, e.cols, getattr(torch, layout.dtype),
+                                                           self.device)
                 emb.bind(self._lookup(i, e, t))
                 self.remote[i] = emb
                 continue
@@ -111,6 +139,9 @@ class PSModule(nn.Module):
                 rv = t.view(np.arange(e.rows, dtype=np.int64), base=False)
                 w.data = torch.from_numpy(rv.values)
                 self._row_views[i] = rv
+            elif device_cache_rows and not getattr(t, "read_my_writes", False):
+                # (a local torch optimizer, read-my-writes, steps the weight itself: left as it is)
+                self._weight_clocks[i] = np.full(e.rows, -1, dtype=np.int64)
             modules[e.module].register_forward_pre_hook(self._embedding_hook(i, e, t, w))
         cuda = self.device.type == "cuda"
         self._host = torch.empty(n, dtype=dtype, pin_memory=True) if cuda and n else None
@@ -202,8 +233,21 @@ class PSModule(nn.Module):
                                f"(they are: {', '.join(index) or 'none'})")
             i = index[name]
             rows = self._check_ids(self.layout.sparse[i], x)
+            cache = self.device_caches.get(i)
+            clocks = self._weight_clocks.get(i)
+            if (cache is not None or clocks is not None) and rows.numel():
+                # rows the device cache (or the weight) will serve at the next step's tick need no read ahead
+                need = self._need(self.sparse_tables[i], ahead=1)
+                if cache is not None:
+                    rows = rows[~cache.valid(rows.to(self.device), need).cpu()]
+                elif clocks is not None:
+                    rows = rows[torch.from_numpy(clocks[rows.numpy()] < need)]
             if rows.numel():
                 self._ahead.append(self._pool.submit(self.sparse_tables[i].get_rows, rows.numpy()))
+
+    def _need(self, table: PSTable, ahead: int = 0) -> int:
+        """The oldest clock a read at this worker's tick (plus ``ahead``) may see of ``table``."""
+        return max(int(_tick(self.client)) + ahead - table.staleness, 0)
 
     def _check_ids(self, e: Sparse, ids: torch.Tensor) -> torch.Tensor:
         return self._check_rows(e, torch.unique(ids.detach()).cpu())
@@ -242,13 +286,23 @@ class PSModule(nn.Module):
             rows = self._check_ids(e, ids)
             # through the cache: rows a read-ahead brought are served from there where fresh enough
             view = self._row_views.get(i)
+            clocks = self._weight_clocks.get(i)
+            r = rows.numpy()
             if view is not None:
-                view.refresh(rows.numpy())  # into the weight: only rows written since their last read
+                view.refresh(r)  # into the weight: only rows written since their last read
+            elif clocks is not None:  # only the rows whose copy in the weight is too old
+                need = self._need(table)
+                r = r[clocks[r] < need]
+                self.weight_hits += rows.numel() - r.shape[0]
+                values, valid = fetch_through(table, lambda: need)(torch.from_numpy(r))
+                clocks[r] = valid.numpy()
+                with torch.no_grad():
+                    weight[torch.from_numpy(r).to(weight.device)] = values.to(weight.device, non_blocking=True)
             else:
-                values = torch.from_numpy(table.get_rows(rows.numpy()))
+                values = torch.from_numpy(table.get_rows(r))
                 with torch.no_grad():
                     weight[rows.to(weight.device)] = values.to(weight.device, non_blocking=True)
-            self.rows_pulled += rows.numel()
+            self.rows_pulled += r.shape[0]
             dt = time.perf_counter() - t0
             self.pull_s += dt
             self.rows_s += dt
@@ -257,6 +311,10 @@ class PSModule(nn.Module):
     def _lookup(self, i: int, e: Sparse, table: PSTable) -> Any:
         """What a PSEmbedding reads its batch's distinct, sorted ids with: their rows, read through
         the cache (a read-ahead's rows served from there), as a new tensor on the model's device."""
+        cache = self.device_caches.get(i)
+        if cache is not None:
+            return self._cached_lookup(e, table, cache)
+
         def lookup(rows: torch.Tensor) -> torch.Tensor:
             t0 = time.perf_counter()
             self._raise_failed()
@@ -265,6 +323,27 @@ class PSModule(nn.Module):
             if self.device.type != "cpu":
                 values = values.to(self.device, non_blocking=True)
             self.rows_pulled += rows.numel()
+            dt = time.perf_counter() - t0
+            self.pull_s += dt
+            self.rows_s += dt
+            return values
+        return lookup
+
+    def _cached_lookup(self, e: Sparse, table: PSTable, cache: DeviceRowCache) -> Any:
+        """``_lookup`` through a device cache: the rows it holds fresh enough for this tick from
+        there, the others read through the client in one ``get_rows`` with the clock each value is
+        valid for (``Table.get_rows_clocked``)."""
+        fetch = fetch_through(table, lambda: self._need(table))
+
+        def lookup(rows: torch.Tensor) -> torch.Tensor:
+            t0 = time.perf_counter()
+            self._raise_failed()
+            rows = rows.detach()
+            if rows.numel() and (int(rows[0]) < 0 or int(rows[-1]) >= e.rows):
+                self._check_rows(e, rows[[0, -1]].cpu())  # raises, naming them
+            misses = cache.misses
+            values = cache.read(rows, self._need(table), fetch)
+            self.rows_pulled += cache.misses - misses
             dt = time.perf_counter() - t0
             self.pull_s += dt
             self.rows_s += dt
@@ -337,6 +416,9 @@ class PSModule(nn.Module):
         for i, r, v in rows:
             self.sparse_tables[i].inc_rows(r.numpy(), v.numpy())
             self.rows_pushed += r.numel()
+            cache = self.device_caches.get(i)
+            if cache is not None and getattr(self.sparse_tables[i], "read_my_writes", False):
+                cache.add(r, v)  # read-my-writes: the device copies show the push as the client's cache does
         for emb in self.remote.values():
             emb.clear()  # this step's rows are pushed: the next forward reads them again
         self.pulled = False

@@ -26,6 +26,10 @@ a ``PSEmbedding`` over a sparse table against an ``nn.Embedding`` over a dense o
 each run, the order alternating every round; the worker's main-thread CPU (``time.thread_time``) and
 wall time per step over steps 20..119 (batch 1024), and the per-round ratio sparse / dense (median
 and spread; below 1: the new path is cheaper).
+
+``--cases devcache`` (``--device``, ``--rounds``, ``--steps``, ``--device-cache-rows``, ``--staleness``,
+``--zipf``, ``--storage``): the same step with and without the device row cache, alternated
+(devcache.py); ``gpu.sh`` runs it on a CUDA machine.
 """
 
 from __future__ import annotations
@@ -199,8 +203,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", type=int, default=100_000_000)
     p.add_argument("--dense-rows", type=int, default=1_000_000)
     p.add_argument("--cache-rows", type=int, default=500_000)
-    p.add_argument("--cases", default="sparse,dense", help="sparse, dense, cpu (comma-separated)")
-    p.add_argument("--rounds", type=int, default=4, help="cpu: alternated rounds")
+    p.add_argument("--cases", default="sparse,dense", help="sparse, dense, cpu, devcache (comma-separated)")
+    p.add_argument("--rounds", type=int, default=4, help="cpu, devcache: alternated rounds")
+    p.add_argument("--steps", type=int, default=120, help="devcache: steps a run (the first 20 not measured)")
+    p.add_argument("--device", default="cpu", help="devcache: the model's device (cpu, cuda)")
+    p.add_argument("--device-cache-rows", type=int, default=100_000, help="devcache: the cache's rows")
+    p.add_argument("--staleness", type=int, default=1, help="devcache: the SSP bound")
+    p.add_argument("--zipf", type=float, default=None, help="devcache: the ids' Zipf exponent (default: the config's)")
+    p.add_argument("--storage", choices=("sparse", "dense"), default="sparse",
+                   help="devcache: PSEmbedding over a sparse table, or nn.Embedding over a dense one")
     o = p.parse_args(argv)
     samples = o.samples if o.samples is not None else 100_000 if o.quick else 1_200_000
     common: dict[str, Any] = {"app.args.train_samples": samples}
@@ -213,10 +224,14 @@ def main(argv: list[str] | None = None) -> None:
     for name in o.cases.split(","):
         if name == "cpu":
             path_cpu(o.rounds)
+        elif name == "devcache":
+            from bench.torchsparse import devcache
+
+            devcache.run(o.rounds, o.steps, o.device_cache_rows, o.staleness, o.device, o.zipf, o.storage)
         elif name in cases:
             got[name] = case(name, cases[name], 2)
         else:
-            p.error(f"--cases: {name!r} is not one of sparse, dense, cpu")
+            p.error(f"--cases: {name!r} is not one of sparse, dense, cpu, devcache")
     if "sparse" in got and "dense" in got:
         s, d = got["sparse"], got["dense"]
         emit(bench="torchsparse", case="sparse-vs-dense", metric="heldout_auc", unit="auc", ours=s["heldout_auc"],

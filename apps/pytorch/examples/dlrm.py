@@ -81,6 +81,9 @@ class DLRMArgs:
     hashed: bool = False  # ids (feature, id) hashed into one id space (fused only), see table_rows
     table_rows: int = 0  # with hashed: the table's rows (ids hashed mod it); 0: no bound (sparse only)
     cache_rows: int | None = None  # the most embedding rows a worker caches (sparse storage)
+    # the most embedding rows a worker keeps on its device (PSModule's device cache; 0: off); with storage:
+    # dense, the local weights keep each row's clock instead and are read again only where too old
+    device_cache_rows: int = 0
     # servers push changed embedding rows to the workers that read them (true), or never (false): a
     # worker reads a row again once it is too old for the staleness bound (bench.torch's
     # dlrm/no-push-vs-push: on the quick case, 6% fewer bytes but no faster, so pushes stay the default)
@@ -107,6 +110,7 @@ class DLRMArgs:
         check(not self.hashed or self.embedding == "fused", "hashed: hashes every feature into one table: needs "
                                                             "embedding: fused")
         check(self.table_rows >= 0, "table_rows: must be >= 0")
+        check(self.device_cache_rows >= 0, "device_cache_rows: must be >= 0")
         check(not self.table_rows or self.hashed, "table_rows: the row count of a hashed table: needs hashed: true")
         check(not (self.hashed and not self.table_rows and self.storage == "dense"),
               "table_rows: 0 (any 64-bit id) needs storage: sparse; give a row count for a dense table")
@@ -251,7 +255,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     if test is not None:
         test = dataclasses.replace(test, ids=a.keys(test.ids))
     net = model(a)
-    m = PSModule(net, client, clock_every=a.clock_every, dense=a.dense)
+    m = PSModule(net, client, clock_every=a.clock_every, dense=a.dense, device_cache_rows=a.device_cache_rows)
     opt = optimizer(a, m)
     dense, ids, labels = (torch.from_numpy(x) for x in (data.dense, a.keys(data.ids), data.labels))
     rng = np.random.default_rng(a.seed * 1000 + client.rank)
@@ -276,6 +280,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
                 continue
             fields: dict[str, Any] = {"compute_s": time.perf_counter() - t0, "pull_s": m.pull_s, "push_s": m.push_s,
                                       "rows_pulled": m.rows_pulled, "rows_pushed": m.rows_pushed}
+            if a.device_cache_rows:  # rows served from the device (cumulative, as rows_pulled)
+                fields["device_cache_hits"] = sum(c.hits for c in m.device_caches.values()) + m.weight_hits
             if test is not None:
                 te = time.perf_counter()
                 fields.update(heldout(m, test))
