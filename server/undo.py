@@ -5,9 +5,9 @@ A lost worker's replacement restores its state as of checkpoint C and redoes tic
 servers already applied the lost worker's updates of those ticks. For a table of plain addition
 (``update: add``) the server takes them back when the replacement joins, before it redoes them, so
 every update counts once: with deterministic updates (integer counts, a fixed schedule) the job ends
-with the tables of a run without the failure, and LDA's counts should stay those of some assignment
-of topics (docs/recovery.md, "A lost worker is replaced", says where that is not yet so). Updates of
-other procedures (a server-side optimizer step) cannot be taken back and count twice.
+with the tables of a run without the failure, and LDA's counts stay those of some assignment of
+topics (docs/recovery.md, "A lost worker is replaced"). Updates of other procedures (a server-side
+optimizer step) cannot be taken back and count twice.
 
 Entries are the update batches as they arrived (their arrays are the messages' own, no copy), tagged
 with the sender's clock when they arrived: at a checkpoint boundary B every update of ticks < B is

@@ -95,6 +95,8 @@ class Launcher:
         self._t0 = time.time()
         self._replaced: dict[int, int] = {}
         self._workers_replaced: dict[int, int] = {}
+        # ranks killed after they had left the job (BYE): their work is done, nothing is redone
+        self._left_then_killed: set[int] = set()
         self._cfg_path: Path | None = None
         self._no_prune_until = 0.0
         self._merger: MetricsMerger | None = None
@@ -213,6 +215,16 @@ class Launcher:
             raise JobFailed(f"{lost.name} {describe_exit(code)} and its replacement failed: {e}") from None
         self.say(f"{new.name} replaces {lost.name}; the workers resend their updates since its checkpoint")
 
+    def _left(self, rank: int) -> bool:
+        """Whether worker ``rank`` had left the job (its BYE reached the servers) before it ended."""
+        if self.cluster is None:
+            return False
+        try:
+            clocks = status_mod.query(self.cluster.addresses[0], timeout=3.0)["client_clocks"]
+        except (BosenError, KeyError, IndexError):
+            return False  # not known: replaced, as a worker lost mid-job
+        return 0 <= rank < len(clocks) and clocks[rank] == "left"
+
     def _replace_worker(self, rank: int, lost: Process) -> None:
         """A lost worker is replaced (docs/recovery.md): a new process of the same rank restores its
         app state from the newest complete checkpoint (clock C; none yet: the start, C = 0) and
@@ -301,6 +313,14 @@ class Launcher:
             code = p.returncode
             if code is None:
                 workers_done = False
+            elif rank in self._left_then_killed:
+                continue
+            elif code < 0 and self.config.checkpoint is not None and self._left(rank):
+                # a replacement would redo its clocks after the others finished with its results:
+                # what they wrote (a final model) would no longer be the tables' state
+                self.say(f"{p.name} {describe_exit(code)} after it left the job: its work is done, nothing "
+                         "is redone")
+                self._left_then_killed.add(rank)
             elif code < 0 and self.config.checkpoint is not None \
                     and self._workers_replaced.get(rank, 0) < MAX_REPLACEMENTS:
                 self._replace_worker(rank, p)  # killed (SIGKILL, OOM): its state is in the checkpoints

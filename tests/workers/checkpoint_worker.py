@@ -29,7 +29,7 @@ class Args:
     ticks: int = 12
     slow_rank: int = -1
     slow_s: float = 0.0  # extra sleep per tick of ``slow_rank``
-    die_at: int = -1  # tick at which rank ``die_rank`` kills itself
+    die_at: int = -1  # tick at which rank ``die_rank`` kills itself (``ticks``: after it left the job)
     die_rank: int = 0
     die_again: bool = False  # its replacements die at that tick too (the launcher gives up after 3)
 
@@ -57,6 +57,9 @@ def train(client: Client, args: Mapping[str, Any]) -> None:
             time.sleep(a.slow_s)
         tick += 1
         client.clock()
+    if a.die_at == a.ticks and client.rank == a.die_rank and not os.environ.get("BOSEN_REJOIN"):
+        client.close()  # it left the job, its work done, and is killed on its way out
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":

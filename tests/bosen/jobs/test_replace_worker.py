@@ -57,3 +57,20 @@ def test_a_killed_worker_without_checkpoints_fails_the_job_saying_why(tmp_path: 
     code, out = launch(cfg, "--run-dir", tmp_path / "run")
     assert code == 1, out
     assert "worker-0 was killed by SIGKILL (a lost worker is replaced only in a job that makes checkpoints" in out, out
+
+
+@pytest.mark.slow
+def test_a_worker_killed_after_it_left_the_job_is_not_replaced(tmp_path: Path) -> None:
+    """Worker 1 finishes, leaves the job (BYE) and is SIGKILLed on its way out: its work is done, and
+    a replacement would redo its clocks after the others finished with its results (what they wrote
+    would no longer be the tables' state). The launcher says so and the job ends as if it had exited."""
+    ticks = 12
+    cfg = job(tmp_path, {"ticks": ticks, "die_at": ticks, "die_rank": 1})
+    run = tmp_path / "run"
+    code, out = launch(cfg, "--run-dir", run)
+    assert code == 0, out
+    assert "worker-1 was killed by SIGKILL after it left the job: its work is done, nothing is redone" in out, out
+    assert "replacing it" not in out, out
+    w = table(run / "checkpoints", ticks)
+    np.testing.assert_array_equal(w, np.full((8, 2), tri(ticks)))
+    assert "took back" not in "\n".join(p.read_text() for p in (run / "logs").glob("server-*.log")), out
