@@ -193,13 +193,12 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
     The newer ones skipped are logged. Priority checkpoints (parts of some rows each) are put
     together: every valid part of this server up to that clock, oldest first, from the newest
     valid base (a part of every row) or else the initial values. ConfigError says what does not fit."""
-    fp = checkpoint.model_fingerprint(config)
     servers = len(config.cluster.servers)
     any_fp = checkpoint.fingerprint_for(config)  # a resumed job may have other workers (micro-tasks)
     base = path
     try:
         if checkpoint.clocks(path) and own:
-            part = _newest_own(path, rank, fp)
+            part = _newest_own(path, rank, config, any_fp)
             clock = int(part.meta["clock"])
         elif checkpoint.clocks(path):
             clock, parts, skipped = checkpoint.newest_complete(path, servers, None, any_fp)
@@ -286,12 +285,17 @@ def _load(shards: list[TableShard], part: checkpoint.Part) -> None:
             arr[local] = got
 
 
-def _newest_own(base: Path, rank: int, fp: str) -> checkpoint.Part:
+def _newest_own(base: Path, rank: int, config: Config, any_fp: Callable[[int], str]) -> checkpoint.Part:
+    """This server's newest valid part, made by this job's model with the workers its manifest
+    records (a lost server right after a resume with another worker count restores the part the job
+    resumed from, made by the workers before)."""
     name = checkpoint.part_name("server", rank)
     problems = []
     for c in checkpoint.clocks(base):
         try:
-            return checkpoint.read_part(checkpoint.clock_dir(base, c) / name, fp)
+            part = checkpoint.read_part(checkpoint.clock_dir(base, c) / name, None)
+            _check_fingerprint(part, config, any_fp)
+            return part
         except checkpoint.CheckpointError as e:
             problems.append(str(e))
             log.warning("skipped checkpoint part: %s", e)

@@ -380,3 +380,27 @@ def test_priority_checkpoints_of_sparse_shards_save_stored_rows_by_id_and_restor
         np.testing.assert_array_equal(s.values[local], s.initial(never))
         if s.versioned:
             assert (s.procedure.versions[local] == 0).all() and (s.procedure.z[local] == 1.0).all()
+
+
+def test_a_lost_servers_replacement_restores_its_part_made_by_another_worker_count(tmp_path: Path) -> None:
+    """A job that resumed with 3 workers from a checkpoint 2 made: a server lost before the next
+    checkpoint restores the part the job resumed from (its manifest says 2 workers made it); a part of
+    another model is still refused."""
+    from bosen.config import build as config_from_dict
+    from bosen.errors import ConfigError
+    from bosen.server.checkpoints import restore
+
+    data = {"cluster": {"servers": ["127.0.0.1:1", "127.0.0.1:2"], "workers": 2},
+            "tables": {"W": {"rows": 8, "cols": 2, "dtype": "int64"}}}
+    two = config_from_dict(data)
+    three = config_from_dict({**data, "cluster": {**data["cluster"], "workers": 3}})
+    rows = np.arange(1, 8, 2)
+    base = tmp_path / "checkpoints"
+    checkpoint.write_part(base, 6, "server", 1, {"t0.values": np.full((4, 2), 21, np.int64), "t0.rows": rows},
+                          {"tables": {"t0": {"name": "W"}}}, checkpoint.model_fingerprint(two), workers=2)
+    shards = _shards(three, 1)
+    assert restore(three, 1, shards, base, own=True) == 6
+    np.testing.assert_array_equal(shards[0].values, np.full((4, 2), 21))
+    other = config_from_dict({**data, "tables": {"W": {"rows": 8, "cols": 3, "dtype": "int64"}}})
+    with pytest.raises(ConfigError, match="no valid part server-1"):
+        restore(other, 1, _shards(other, 1), base, own=True)
