@@ -40,8 +40,8 @@ def _batches(rows: np.ndarray, cols: int, dtype: np.dtype, versioned: bool) -> l
 
 
 def warm_up(config: Config, rank: int) -> float:
-    """Run the kernels of a dense increment and a subscription once per table on scratch shards of
-    this server's rows; returns the seconds it took. A kernel that fails here is left to fail (or not)
+    """Run the kernels of a dense increment, a subscription and a partition move once per table on
+    scratch shards of this server's rows; returns the seconds it took. A kernel that fails here is left to fail (or not)
     where it is really used: nothing in this function may keep a server from starting."""
     t0 = time.perf_counter()
     servers = len(config.cluster.servers)
@@ -57,6 +57,8 @@ def warm_up(config: Config, rank: int) -> float:
             for batch in _batches(rows, t.cols, np.dtype(t.dtype), shard.versioned):
                 shard.apply(batch, 0)
             shard.push_to(local, 0)
+            if not shard.versioned:  # a partition move's layout copies (rowmath.copy_rows, per dtype)
+                shard.relayout(partition.moved(partition.owner_of.copy()))
         except Exception as e:  # noqa: BLE001 - a warm-up is an optimization, never a failure
             log.debug("warm-up of table %s skipped: %s", t.name, e)
     return time.perf_counter() - t0
