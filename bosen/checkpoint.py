@@ -104,6 +104,17 @@ def task_count(parts: Mapping[str, Part]) -> int:
     return max(ids) + 1 if ids else 0
 
 
+def tasks_by_worker(parts: Mapping[str, Part]) -> dict[int, list[int]]:
+    """Which micro-tasks each worker rank's part of a checkpoint holds (empty: the app saved none)."""
+    out: dict[int, list[int]] = {}
+    for name, p in parts.items():
+        if name.startswith("worker-"):
+            ids = {int(m.group(1)) for f in p.meta["files"] if (m := _TASK_FILE.match(f))}
+            if ids:
+                out[int(p.meta["rank"])] = sorted(ids)
+    return dict(sorted(out.items()))
+
+
 def root(config: Config) -> Path:
     """The checkpoint directory of ``config`` (relative paths: to the working directory; the launcher
     makes it absolute, inside the run directory)."""

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
+from bosen import checkpoint
 from bosen import config as config_mod
 from bosen.apps.datasets.packaged import NAMES as DATASET_NAMES
 from bosen.errors import BosenError
@@ -23,7 +25,9 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    cfg = config_mod.load(args.config, args.set)
+    path = Path(args.config)
+    run_dir = path if path.is_dir() else None  # a run directory: its config.yaml, and its micro-tasks
+    cfg = config_mod.load(path / "config.yaml" if run_dir is not None else path, args.set)
     stats: list = []
     failed = False
     for addr in cfg.cluster.servers:
@@ -36,7 +40,29 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps([s for s in stats if isinstance(s, dict)], indent=1))
     else:
         print(status_mod.format_table(stats))
+        if run_dir is not None and cfg.checkpoint is not None:
+            print(_tasks(run_dir, cfg))
     return 1 if failed else 0
+
+
+def _tasks(run_dir: Path, cfg: config_mod.Config) -> str:
+    """The micro-tasks per worker of the run's newest complete checkpoint, and a plan moving them."""
+    assert cfg.checkpoint is not None
+    base = Path(cfg.checkpoint.dir)
+    base = base if base.is_absolute() else run_dir / base
+    try:
+        clock, parts, _ = checkpoint.newest_complete(base, len(cfg.cluster.servers), None, None, verify=False)
+    except checkpoint.CheckpointError as e:
+        return f"micro-tasks: no complete checkpoint yet ({e})"
+    by_worker = checkpoint.tasks_by_worker(parts)
+    if not by_worker:
+        return f"micro-tasks: none (the app's checkpoint at clock {clock} holds its state per worker rank)"
+    plan_path = run_dir / "tasks" / "plan.json"
+    try:
+        plan = json.loads(plan_path.read_text()) if plan_path.exists() else None
+    except (OSError, ValueError):
+        plan = None
+    return status_mod.format_tasks(by_worker, clock, plan if isinstance(plan, dict) else None)
 
 
 def _data(args: argparse.Namespace) -> int:
@@ -92,8 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run servers and workers as Ray actors: on the cluster at ADDRESS (`ray start --head` "
                          "prints it; `auto` finds a local one), or on a local Ray started for the job")
     lp.set_defaults(fn=_launch)
-    sp = sub.add_parser("status", help="print each server's clocks, rows and traffic")
-    sp.add_argument("config")
+    sp = sub.add_parser("status", help="print each server's clocks, partitions, rows and traffic; given a run "
+                                       "directory, also the micro-tasks each worker holds")
+    sp.add_argument("config", help="the job's config, or its run directory")
     sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     sp.add_argument("--timeout", type=float, default=3.0)
     sp.add_argument("--json", action="store_true")

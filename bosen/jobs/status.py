@@ -50,3 +50,29 @@ def format_table(stats: list[dict[str, Any] | str]) -> str:
                      f"{s['bytes_in'] / 1e6:>9.3f}  "
                      f"{s['bytes_out'] / 1e6:>9.3f}  {s['msgs_in']:>8}  {s['errors']:>6}  {s['client_clocks']}")
     return "\n".join(lines)
+
+
+def _spans(ids: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
+    out, start = [], None
+    for i, t in enumerate(ids):
+        if start is None:
+            start = t
+        if i + 1 == len(ids) or ids[i + 1] != t + 1:
+            out.append(str(start) if start == t else f"{start}-{t}")
+            start = None
+    return ", ".join(out)
+
+
+def format_tasks(by_worker: dict[int, list[int]], clock: int, plan: dict[str, Any] | None = None) -> str:
+    """Lines for ``bosen status RUN_DIR``: the micro-tasks each worker held at checkpoint ``clock``,
+    and a plan that moves them (``RUN_DIR/tasks/plan.json``: from its clock on, by its owners)."""
+    lines = [f"micro-tasks at the checkpoint of clock {clock}: " +
+             "; ".join(f"worker {r}: {_spans(ts)}" for r, ts in by_worker.items())]
+    if plan is not None and isinstance(plan.get("owners"), list) and isinstance(plan.get("clock"), int):
+        owners: dict[int, list[int]] = {}
+        for t, r in enumerate(plan["owners"]):
+            owners.setdefault(int(r), []).append(t)
+        lines.append(f"micro-tasks from clock {plan['clock']} (tasks/plan.json): " +
+                     "; ".join(f"worker {r}: {_spans(ts)}" for r, ts in sorted(owners.items())))
+    return "\n".join(lines)

@@ -320,6 +320,14 @@ def test_lda_job_checkpointed_by_two_workers_resumes_with_another_count(tmp_path
             assert not set(got) & set(states)  # every task in one part
             states.update(got)
     assert M.saved_tasks(states) == 8
+    # bosen status RUN_DIR: the servers are gone, the micro-tasks each worker held are on disk
+    by = checkpoint.tasks_by_worker(parts)
+    assert len(by) == workers and sorted(t for ts in by.values() for t in ts) == list(range(8))
+    r = subprocess.run([sys.executable, "-m", "bosen", "status", str(run), "--timeout", "0.5"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1 and "DOWN" in r.stdout, r.stdout + r.stderr
+    want = "; ".join(f"worker {k}: {ts[0]}-{ts[-1]}" if len(ts) > 1 else f"worker {k}: {ts[0]}" for k, ts in by.items())
+    assert f"micro-tasks at the checkpoint of clock {last}: {want}" in r.stdout, r.stdout
     args: LDAArgs = from_dict(LDAArgs, cfg["app"]["args"], "app.args")
     corpus = load_corpus(args)
     z = np.concatenate([states[M.key(t, "z")] for t in range(M.saved_tasks(states))])
