@@ -22,6 +22,11 @@ class ProtocolError(BosenError):
     """A wire message is malformed or inconsistent with the job's tables."""
 
 
+class NotOwned(ProtocolError):
+    """A message names rows of partitions another server owns (after a partition move, a reader
+    that asked under the old map is told to ask again)."""
+
+
 class ServerError(BosenError):
     """A server rejected one of our messages; carries the server's explanation."""
 

@@ -234,7 +234,12 @@ class RowCache:
         if not parts.shape[0] or clock <= self.server_clock[parts].min():
             return
         self.server_clock[parts] = np.maximum(self.server_clock[parts], clock)
-        self.early[self.rows_of(server, partition)] = False
+        if partition.modular:
+            self.early[rows_of(server, partition.num_servers)] = False
+        else:  # only the rows marked: an SCLOCK would otherwise build per-row arrays of the whole table
+            marked = np.flatnonzero(self.early)
+            if marked.shape[0]:
+                self.early[marked[partition.owner_of[self.partition_of(marked)] == server]] = False
 
     def rows_of(self, server: int, partition: Partition) -> slice | np.ndarray:
         """The rows (slots) this cache holds of ``server``'s partitions, as an index: a slice under a

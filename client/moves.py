@@ -109,11 +109,18 @@ class MapFollower:
 
     def follow(self, new: Partition) -> None:
         """Take map ``new`` at once (joining a job whose partitions moved: nothing cached or sent yet)."""
+        self._install(new, None)
+
+    def _install(self, new: Partition, moved: np.ndarray | None) -> None:
+        """Every table and the communication thread follow ``new``; after a live move (``moved``: the
+        partitions that changed server) the caches start those rows again (``RowCache.moved``)."""
         for st in self.tables:
             with st.lock:
                 st.partition = new
+                if moved is not None:
+                    st.cache.moved(moved)
                 if not new.modular:
-                    st.oplog.stop_staging()
+                    st.oplog.stop_staging()  # staged pieces are runs of one server's rows under a modular map
         self.partition = new
         self._taken(new)
 
@@ -131,14 +138,7 @@ class MapFollower:
         old = self.partition
         new = Partition(old.num_servers, old.partitions, owners[0], self.version)
         moved = np.flatnonzero(old.owner_of != new.owner_of)
-        for st in self.tables:
-            with st.lock:
-                st.partition = new
-                st.cache.moved(moved)
-                if not new.modular:
-                    st.oplog.stop_staging()  # staged pieces are runs of one server's rows under a modular map
-        self.partition = new
-        self._taken(new)
+        self._install(new, moved)
         self._reroute()
         self.moves += 1
         log.info("partition map %d taken: %d partitions moved", new.version, moved.shape[0])

@@ -21,7 +21,7 @@ import zmq
 
 from bosen import rowmath, wire
 from bosen.config import Config
-from bosen.errors import ProtocolError
+from bosen.errors import NotOwned, ProtocolError
 from bosen.metrics import Durations, mbps, send_histogram
 from bosen.partition import Partition
 from bosen.phases import Phases
@@ -513,12 +513,15 @@ class Server:
         rows = wire.array(frames[0], wire.ROW_DTYPE, h["n"], "READ rows") if h["n"] >= 0 else None
         if rows is None:
             raise ProtocolError(f"READ: negative row count {h['n']}")
-        if self.partition.version and (self.partition.owner(rows) != self.rank).any():
+        try:
+            local, index = shard.local_rows(rows, "READ")
+        except NotOwned:
+            if not self.partition.version:
+                raise
             # asked under an older map (a direct read that overtook the new one): ask again
             self._send(ident, {"t": Msg.ERROR, "rq": h["s"], "m": "rows moved: ask again",
                                "mv": self.partition.version})
             return
-        local, index = shard.local_rows(rows, "READ")
         shard.subscribe(local, peer.rank, index)
         if h["c"] <= self.clock:
             self._send_rows(peer, shard, local, h["s"], ident, index=index)

@@ -6,7 +6,7 @@ import numpy as np
 
 from bosen import priority, rowmath
 from bosen.config import CommConfig, TableConfig
-from bosen.errors import ConfigError, ProtocolError
+from bosen.errors import ConfigError, NotOwned, ProtocolError
 from bosen.partition import Partition
 from bosen.procedure import StoredProcedure
 from bosen.rowmap import RowMap
@@ -144,8 +144,8 @@ class TableShard:
         wrong = owner != self.rank
         if wrong.any():
             i = int(np.argmax(wrong))
-            raise ProtocolError(f"{what}: row {int(rows[i])} of table {self.cfg.name!r} belongs to server "
-                                f"{int(owner[i])}, not {self.rank}")
+            raise NotOwned(f"{what}: row {int(rows[i])} of table {self.cfg.name!r} belongs to server "
+                           f"{int(owner[i])}, not {self.rank}")
 
     def _slots(self, rows: np.ndarray, what: str) -> np.ndarray:
         """Sparse: the slots of ``rows``. One lookup pass when all are stored already (the steady state:
