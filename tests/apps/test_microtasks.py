@@ -343,9 +343,9 @@ def test_lda_job_checkpointed_by_two_workers_resumes_with_another_count(tmp_path
     assert before >= 5 and [r["workers"] for r in clocks] == [2] * before + [workers] * (11 - before)
     assert all(r["tokens"] == corpus.n_tokens for r in clocks)
     # each task sweeps once per mini-batch: 8 a tick with several workers, 1 with one (LDAArgs.batches);
-    # 5 ticks before the checkpoint at clock 6 (after the opening clock), 6 after
+    # `before` ticks with 2 workers (after the opening clock, up to the checkpoint resumed from), the rest after
     for t in range(8):
-        assert int(states[M.key(t, "sweeps")][0]) == 5 * 8 + 6 * args.batches(workers)
+        assert int(states[M.key(t, "sweeps")][0]) == before * 8 + (11 - before) * args.batches(workers)
 
 
 @pytest.mark.timeout(120)
