@@ -47,7 +47,10 @@ class Partition:
     compare versions, never maps."""
 
     def __init__(self, num_servers: int, partitions: int | None = None, owner: np.ndarray | None = None,
-                 version: int = 0) -> None:
+                 version: int = 0, classes: int | None = None) -> None:
+        """``classes``: the round-robin classes its holder's arrays interleave rows by (a client's
+        buffers keep the layout of the servers it started with): the map counts as modular only for
+        that many servers. None: the holder lays its rows out by this map (a server)."""
         self.num_servers = num_servers
         self.partitions = partitions if partitions is not None else num_servers
         p = self.partitions
@@ -58,7 +61,8 @@ class Partition:
             raise ValueError(f"partition map: {owner.shape[0]} owners for {p} partitions, each in [0, {num_servers})")
         self.owner_of = owner
         self.version = version
-        self.modular = p % num_servers == 0 and bool((owner == np.arange(p) % num_servers).all())
+        self.modular = p % num_servers == 0 and bool((owner == np.arange(p) % num_servers).all()) \
+            and classes in (None, num_servers)
         self.owned = [np.flatnonzero(owner == j) for j in range(num_servers)]  # sorted
         self.position = np.zeros(p, dtype=np.int64)  # each partition's place among its owner's
         for parts in self.owned:

@@ -228,7 +228,7 @@ class RowCache:
     def raise_clock(self, server: int, clock: int, partition: Partition) -> None:
         """A server clock message: every cached row of that server's partitions is now valid for
         ``clock``."""
-        if not self.pushed:
+        if not self.pushed or server >= partition.num_servers:  # a server joining: no partition yet
             return
         parts = partition.owned[server]
         if not parts.shape[0] or clock <= self.server_clock[parts].min():

@@ -32,6 +32,7 @@ from bosen.client.lifecycle import Lifecycle, Phase
 from bosen.client.link import LinkState, ServerLink
 from bosen.client.loopthread import LoopThread
 from bosen.client.moves import MapFollower
+from bosen.client.oplog import InflightLog
 from bosen.client.recovery import RECOVERY_TIMEOUT_S, Recovery, ResendLog
 from bosen.client.send import Sender
 from bosen.client.state import TableState
@@ -74,6 +75,10 @@ class CommThread:
         hand-over at the tick)."""
         self.config = config
         self.partition = partition or Partition(len(config.cluster.servers), config.cluster.num_partitions)
+        # the classes the tables' buffers interleave rows by (the servers of the config): a map with
+        # another number of servers (servers joined or left) is never treated as modular here
+        self.classes = len(config.cluster.servers)
+        self.servers_changed = False  # servers joined or left the job since this client's start
         self.tables = tables
         self.life = life
         self.notify = notify
@@ -110,7 +115,7 @@ class CommThread:
             Msg.STATUS_REPLY: self._on_reply,
             Msg.PING: lambda link, h, arrays: None,  # the server checks that we are still there
             Msg.PROBE_REPLY: self._on_probe_reply,
-            Msg.PLAN: lambda link, h, arrays: self.moves.on_plan(link, h),
+            Msg.PLAN: self._on_plan,
             Msg.MAP: self._on_map,
         }
         self.thread = LoopThread("bosen-comm", self._fail)
@@ -120,7 +125,8 @@ class CommThread:
         self.sender = Sender(tables, self.links, self.partition, config.comm, self.bucket, self.counters,
                              self.thread, life, notify, self._fail, made_bytes)
         self.sender.phases = self.phases
-        self.moves = MapFollower(tables, self.links, self.partition, self._take_map, self._handle, self._resume)
+        self.moves = MapFollower(tables, self.links, self.partition, self._take_map, self._handle, self._resume,
+                                 self.classes)
         self.sender.moves = self.moves
         self._last_kind: Msg | None = None  # the kind of the message being handled (for the profile)
         self.recovery = Recovery(tables, life, self._reconnect, self._hello_again, self.sender.pump, notify,
@@ -208,10 +214,10 @@ class CommThread:
         return self.life.error
 
     @property
-    def lost_a_server(self) -> bool:
-        """A server was lost and replaced: workers' read connections know only the lost one, so no
-        more direct reads."""
-        return any(link.losses for link in self.links)
+    def no_direct_reads(self) -> bool:
+        """A server was lost and replaced, or servers joined or left: workers' read connections know
+        the servers of the config only, so no more direct reads."""
+        return self.servers_changed or any(link.losses for link in self.links)
 
     @property
     def context(self) -> zmq.Context:
@@ -265,8 +271,9 @@ class CommThread:
 
     def _hello_again(self, link: ServerLink) -> Coroutine[Any, Any, dict[str, Any]]:
         """HELLO to a lost server's replacement (partial recovery)."""
-        return self._request(link, {"t": Msg.HELLO, "rank": self.rank, "fp": self._fingerprint},
-                             RECOVERY_TIMEOUT_S, during_recovery=True)
+        # "cs": the last clock it sent there (a replacement worker redoing its clocks is below its rank's)
+        return self._request(link, {"t": Msg.HELLO, "rank": self.rank, "fp": self._fingerprint,
+                                    "cs": max(link.window.clock_sent, 0)}, RECOVERY_TIMEOUT_S, during_recovery=True)
 
     async def join(self, rank: int, fingerprint: str, timeout: float, rejoin: int | None = None) -> tuple[int, int]:
         """HELLO to server 0 (which assigns a rank if ``rank`` is -1), then to the others; returns the
@@ -283,6 +290,9 @@ class CommThread:
         first.state = LinkState.JOINED
         rank = self.rank = h["rank"]
         hello["rank"] = rank
+        if "sv" in h:  # servers joined or left the job since it started: connect to those it has now
+            self._follow_servers(h["sv"], None)
+            rest = self.links[1:]
         self._set_capabilities(h.get("tf"))
         welcomes = await asyncio.gather(*(self._request(link, dict(hello), timeout) for link in rest))
         for link in rest:
@@ -291,6 +301,7 @@ class CommThread:
         if rejoin is not None:
             for link, w in zip(self.links, (h, *welcomes), strict=True):
                 link.server_clock = w["c"]
+                link.window.clock_sent = rejoin  # what it sends now is of ticks >= rejoin (the resend log's tag)
             return rank, rejoin
         clocks = {h["c"], *(w["c"] for w in welcomes)}
         if len(clocks) != 1:
@@ -298,6 +309,7 @@ class CommThread:
                                 "different checkpoints?)")
         for link in self.links:
             link.server_clock = h["c"]
+            link.window.clock_sent = h["c"]  # the start: what it sends now is of ticks >= it
         return rank, h["c"]
 
     def _follow_map(self, welcomes: Sequence[dict[str, Any]], rejoin: bool) -> None:
@@ -314,8 +326,8 @@ class CommThread:
         if rejoin or not isinstance(version, int) or "pm" not in welcomes[0]:
             raise ProtocolError(f"WELCOME: partition map version {version!r}, but this client follows "
                                 f"{self.partition.version}")
-        self.moves.follow(Partition(self.partition.num_servers, self.partition.partitions, welcomes[0]["pm"],
-                                    version))
+        self.moves.follow(Partition(len(self.links), self.partition.partitions, welcomes[0]["pm"], version,
+                                    classes=self.classes))
 
     def _set_capabilities(self, flags: Any) -> None:
         """Per-table flags from server 0's WELCOME: read-my-writes and versioning (absent: the config's
@@ -350,7 +362,30 @@ class CommThread:
                     if st.vlog is not None:
                         st.vlog.release_all()
                 self.sender.send_retired(st)
-        await asyncio.gather(*(self._request(link, {"t": Msg.BYE}, timeout) for link in self.links))
+        await asyncio.gather(*(self._bye(link, timeout) for link in self.links))
+
+    async def _bye(self, link: ServerLink, timeout: float) -> None:
+        """BYE to ``link``'s server, answered. A server lost before it answered is replaced from its
+        checkpoint, which may not hold this client's last updates: recovery resends them, and the
+        BYE goes to the replacement (a loss is no loss only once BYE is answered)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RECOVERY_TIMEOUT_S + timeout
+        while True:
+            while link.recovering and not self.life.failed:
+                if loop.time() > deadline:
+                    raise BosenError(f"leaving: {link} was lost and not replaced in time")
+                await asyncio.sleep(0.05)
+            self.life.raise_failure()
+            losses = link.losses
+            bye = asyncio.ensure_future(self._request(link, {"t": Msg.BYE}, timeout, during_recovery=True))
+            while not bye.done() and link.losses == losses:
+                await asyncio.wait({bye}, timeout=0.05)
+            if bye.done():
+                bye.result()
+                link.said_bye = True
+                return
+            bye.cancel()  # its server was lost meanwhile: the replacement gets it
+            await asyncio.gather(bye, return_exceptions=True)
 
     async def status(self, timeout: float) -> list[dict[str, Any]]:
         """Every server's STATUS, asked once this process's flushes so far have gone out (so it
@@ -375,6 +410,85 @@ class CommThread:
     def _take_map(self, partition: Partition) -> None:
         self.partition = partition
         self.sender.partition = partition
+        if partition.num_servers < len(self.links):
+            self._follow_servers([link.address for link in self.links[:partition.num_servers]], None)
+
+    def _on_plan(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
+        sv = h.get("sv")
+        if sv is not None:
+            if not (isinstance(sv, list) and sv and all(isinstance(a, str) for a in sv)):
+                raise ProtocolError(f"PLAN: field 'sv' must list the servers' addresses, got {sv!r}")
+            if len(sv) > len(self.links):  # joining: connected before the PAUSED that follows
+                self._follow_servers(sv, max(min(lk.window.clock_sent for lk in self.links), 0))
+        self.moves.on_plan(link, h)
+
+    def _follow_servers(self, addresses: list[str], clock: int | None) -> None:
+        """Servers joined the job (connect to them; ``clock``: this client's clock so far, in the HELLO
+        to a server added while the job runs) or left it (BYE to them once the map without them is
+        taken, then their sockets close). Servers join and leave at the end of the list."""
+        current = [link.address for link in self.links]
+        common = min(len(addresses), len(current))
+        if addresses[:common] != current[:common]:
+            raise ProtocolError(f"the job's servers changed to {addresses}, which does not extend or shorten "
+                                f"{current}")
+        self.servers_changed = True
+        loop = self.thread.loop
+        assert loop is not None
+        for j in range(len(current), len(addresses)):
+            link = ServerLink(j, addresses[j], self.counters, self.bucket)
+            if self.config.checkpoint is not None:
+                link.log = ResendLog()
+            if current:  # the new server has what this client sent the others: its clocks so far
+                link.window.clock_sent = min(lk.window.clock_sent for lk in self.links[:len(current)])
+                due = [lk.window.clock_due for lk in self.links[:len(current)] if lk.window.clock_due is not None]
+                link.window.clock_due = max(due) if due else None
+            self.links.append(link)
+            for st in self.tables:
+                with st.lock:
+                    st.inflight.append(InflightLog())
+            self._connect(link, loop)
+            if clock is not None:
+                hello = {"t": Msg.HELLO, "rank": self.rank, "fp": self._fingerprint, "jc": clock}
+                link.state = LinkState.JOINED
+                link.request(hello, loop).add_done_callback(functools.partial(self._joined, link))
+            log.info("server %d (%s) joined the job", j, link.address)
+        if len(addresses) < len(current):
+            gone = self.links[len(addresses):]
+            del self.links[len(addresses):]
+            for st in self.tables:
+                with st.lock:
+                    del st.inflight[len(addresses):]
+            for link in gone:
+                joined = link.state is LinkState.JOINED
+                link.state = LinkState.LEFT  # its connection closing is no loss
+                link.window.abort()
+                link.window.clock_due = None
+                if joined:
+                    link.request({"t": Msg.BYE}, loop).add_done_callback(functools.partial(self._left, link))
+                else:  # joining a job whose servers left since its config was written
+                    self._left(link, None)
+
+    def _joined(self, link: ServerLink, fut: asyncio.Future[dict[str, Any]]) -> None:
+        if fut.cancelled():
+            return
+        err = fut.exception()
+        if err is not None:
+            self._fail(err if isinstance(err, BosenError) else BosenError(f"joining {link}: {err!r}"))
+            return
+        link.server_clock = fut.result()["c"]
+
+    def _left(self, link: ServerLink, fut: asyncio.Future[dict[str, Any]] | None) -> None:
+        """A server that left the job answered our BYE: its sockets close."""
+        if fut is not None and not fut.cancelled() and fut.exception() is not None:
+            log.warning("%s left the job; our BYE to it failed: %s", link, fut.exception())
+        if link.sock is not None:
+            link.sock.sock.disable_monitor()
+        for s in (link.sock, link.monitor):
+            if s is not None:
+                s.close(linger=0)
+                self._socks.remove(s)
+        link.sock = link.monitor = None
+        log.info("%s left the job", link)
 
     def _resume(self) -> None:
         for link in self.links:
@@ -383,10 +497,11 @@ class CommThread:
 
     def _on_map(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
         owner = wire.decode_arrays(h, arrays).get("owner")
+        servers = self.moves.servers or len(self.links)
         if owner is None or owner.shape != (self.partition.partitions,) or owner.dtype.kind not in "iu" \
-                or (owner.shape[0] and (owner.min() < 0 or owner.max() >= self.partition.num_servers)):
+                or (owner.shape[0] and (owner.min() < 0 or owner.max() >= servers)):
             raise ProtocolError(f"MAP: needs an 'owner' array of {self.partition.partitions} servers in "
-                                f"[0, {self.partition.num_servers})")
+                                f"[0, {servers})")
         self.moves.on_map(link, h, owner)
 
     def _handle(self, link: ServerLink, frames: list[Any]) -> None:
@@ -398,6 +513,8 @@ class CommThread:
         try:
             h, arrays = receive.decode(frames)
             self._last_kind = h["t"]
+            if link.state is LinkState.LEFT and h["t"] not in (Msg.BYE_OK, Msg.ERROR):
+                return  # a server that left the job: nothing it says changes what this client holds
             handler = self._handlers.get(h["t"])
             if handler is None:
                 raise ProtocolError(f"{h['t'].name} is not a message a client accepts")
@@ -413,7 +530,8 @@ class CommThread:
 
     def _on_monitor(self, link: ServerLink, frames: list[Any]) -> None:
         event = parse_monitor_message([f.bytes for f in frames])["event"]
-        if event != zmq.EVENT_DISCONNECTED or link.state is not LinkState.JOINED or self.life.leaving:
+        if event != zmq.EVENT_DISCONNECTED or link.state is not LinkState.JOINED or link.said_bye \
+                or self.life.phase is Phase.CLOSED or (self.life.leaving and not self.recovery.possible(link)):
             return
         if self.recovery.possible(link):
             log.warning("lost the connection to %s: waiting for a replacement", link)

@@ -41,6 +41,7 @@ class LinkState(enum.Enum):
     CONNECTING = "connecting"
     JOINED = "joined"
     RECOVERING = "recovering"
+    LEFT = "left"  # the server left the job (its partitions moved): BYE sent, closing
 
 
 class ServerLink:
@@ -56,6 +57,7 @@ class ServerLink:
         self.save_s = 0.0  # the server's mean time to save a checkpoint, from SCLOCK "ts"
         self.state = LinkState.CONNECTING
         self.losses = 0  # times the server was lost and replaced
+        self.said_bye = False  # our BYE was answered: its connection closing is no loss
         # updates: messages sent and acknowledged, the highest acknowledged number, bytes in flight,
         # and per unacknowledged one (number, send time, bytes) for the update latency
         self.incs_sent = 0

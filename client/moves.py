@@ -34,9 +34,10 @@ log = logging.getLogger("bosen.client")
 class MapFollower:
     def __init__(self, tables: Sequence[TableState], links: Sequence[ServerLink], partition: Partition,
                  taken: Callable[[Partition], None], replay: Callable[[ServerLink, list[Any]], None],
-                 resume: Callable[[], None]) -> None:
-        """``taken(map)``: the communication thread's holders of the map follow it; ``replay(link,
-        frames)``: handle a message held back; ``resume()``: the flush windows go on, readers wake."""
+                 resume: Callable[[], None], classes: int | None = None) -> None:
+        """``taken(map)``: the communication thread's holders of the map follow it (and the connections
+        the servers after it); ``replay(link, frames)``: handle a message held back; ``resume()``: the
+        flush windows go on, readers wake; ``classes``: as for ``Partition``."""
         self.tables = tables
         self.links = links
         self.partition = partition
@@ -44,10 +45,13 @@ class MapFollower:
         self._replay = replay
         self._resume = resume
         self.version = -1  # the plan being followed (-1: none)
+        self.classes = classes
+        self.servers: int | None = None  # servers after the plan, if they join or leave (PLAN "sv")
         self.pause_at: int | None = None  # the clock after which the connections pause
         self.paused: set[int] = set()  # connections that sent PAUSED
         self._maps: dict[int, Any] = {}  # connection -> the owner array of its MAP
-        self.held: dict[int, list[list[Any]]] = {}  # connection -> messages after its MAP, in order
+        # connection -> (it, the messages after its MAP, in order); the connection may close meanwhile
+        self.held: dict[int, tuple[ServerLink, list[list[Any]]]] = {}
         # a worker's read on its own sockets: never started during a move, and the map is taken
         # only when none is in flight (its answer names rows by the old map's message numbers)
         self.gate = threading.Lock()
@@ -80,6 +84,7 @@ class MapFollower:
             return
         with self.gate:
             self.version, self.pause_at = h["mv"], h["c"]
+        self.servers = len(h["sv"]) if "sv" in h else None
         self.paused.clear()
         self._resume()  # connections already past the clock pause at once
 
@@ -94,7 +99,7 @@ class MapFollower:
 
     def hold(self, link: ServerLink, frames: list[Any]) -> bool:
         """Keep a message that came after ``link``'s MAP until the map is taken (True: kept)."""
-        held = self.held.get(link.index)
+        held = self.held.get(link.index, (link, None))[1]
         if held is None:
             return False
         held.append(frames)
@@ -104,7 +109,7 @@ class MapFollower:
         if h["mv"] != self.version or self.pause_at is None:
             raise ProtocolError(f"MAP: version {h['mv']} without its plan (following {self.version})")
         self._maps[link.index] = owner.copy()
-        self.held[link.index] = []
+        self.held[link.index] = (link, [])
         self.try_take()
 
     def follow(self, new: Partition) -> None:
@@ -117,6 +122,7 @@ class MapFollower:
         for st in self.tables:
             with st.lock:
                 st.partition = new
+                st.cache.num_servers = new.num_servers
                 if moved is not None:
                     st.cache.moved(moved)
                 if not new.modular:
@@ -136,22 +142,27 @@ class MapFollower:
                 return  # tried again when the read ends (ReadPath calls back through submit)
             self.pause_at = None
         old = self.partition
-        new = Partition(old.num_servers, old.partitions, owners[0], self.version)
+        new = Partition(self.servers or old.num_servers, old.partitions, owners[0], self.version, self.classes)
         moved = np.flatnonzero(old.owner_of != new.owner_of)
+        owed = self._owed()  # before connections to servers that leave close
         self._install(new, moved)
-        self._reroute()
+        self._reroute(owed)
         self.moves += 1
         log.info("partition map %d taken: %d partitions moved", new.version, moved.shape[0])
         self._end()
 
-    def _reroute(self) -> None:
-        """What the flush windows owe, routed by the new map (rows queued by the old one)."""
+    def _owed(self) -> dict[int, list[np.ndarray]]:
+        """What the flush windows owe (rows queued by the old map), taken out of them."""
         owed: dict[int, list[np.ndarray]] = {}
         for link in self.links:
             for tb, queue in link.window.due.items():
                 owed.setdefault(tb, []).extend(queue)
             link.window.due.clear()
             link.window.reads_due = None  # local rows under the old map: this tick's read set is dropped
+        return owed
+
+    def _reroute(self, owed: dict[int, list[np.ndarray]]) -> None:
+        """``owed`` routed by the new map to the connections it has."""
         for tb, chunks in owed.items():
             st = self.tables[tb]
             rows = np.unique(np.concatenate(chunks))
@@ -165,8 +176,9 @@ class MapFollower:
             self.pause_at = None
         self._maps.clear()
         self.paused.clear()
+        self.servers = None
         held, self.held = self.held, {}
-        for j, msgs in held.items():
+        for link, msgs in held.values():
             for frames in msgs:
-                self._replay(self.links[j], frames)
+                self._replay(link, frames)
         self._resume()

@@ -78,7 +78,7 @@ class ReadPath:
         got = None
         try:
             moves = self.comm.moves
-            if missing.shape[0] and st.direct_reads and not self.comm.lost_a_server and moves.begin_direct_read():
+            if missing.shape[0] and st.direct_reads and not self.comm.no_direct_reads and moves.begin_direct_read():
                 try:
                     got = self._read_direct(st, missing, need, tick, deadline)
                 finally:

@@ -151,7 +151,9 @@ class Sender:
     def _take_reads(self) -> list[dict[int, tuple[np.ndarray, int]]]:
         """Per server, the rows of each table this process read since its last clock (the union over
         its workers) as that server's local indices and its local row count; the marks start again."""
-        out: list[dict[int, tuple[np.ndarray, int]]] = [{} for _ in range(self.partition.num_servers)]
+        # one per connection: a server joining the job is connected before its map (it owns no row yet)
+        out: list[dict[int, tuple[np.ndarray, int]]] = [{} for _ in range(max(self.partition.num_servers,
+                                                                               len(self.links)))]
         for st in self.tables:
             with st.lock:
                 rows = st.row_ids(st.cache.take_reads())

@@ -14,15 +14,22 @@ import uvloop
 
 from bosen import config as config_mod
 from bosen.errors import BosenError
+from bosen.jobs import status as status_mod
 from bosen.malloc import reuse_large_buffers
 from bosen.server import sched
 from bosen.server.daemon import Server
+from bosen.server.moves import Joining
+
+JOIN_TIMEOUT_S = 10.0  # server 0 of the job a --join server joins answers within this
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bosen-server", description="Run one Bösen parameter server daemon.")
     p.add_argument("--config", required=True, help="job YAML (the same file every process uses)")
-    p.add_argument("--rank", type=int, required=True, help="index of this server in cluster.servers")
+    p.add_argument("--rank", type=int, default=None, help="index of this server in cluster.servers")
+    p.add_argument("--join", default=None, metavar="HOST:PORT",
+                   help="add a server at HOST:PORT to the running job of --config (it takes partitions when "
+                        "`bosen scale` moves them; server 0 tells it the job's state)")
     p.add_argument("--bind", default=None, help="host/interface to bind (default: the host in the config)")
     p.add_argument("--resume", default=None, metavar="DIR",
                    help="start from a checkpoint: DIR/clock-N, or the newest complete one under DIR")
@@ -51,14 +58,22 @@ async def _run(server: Server) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format=f"%(asctime)s server{args.rank} %(levelname)s %(message)s")
+                        format=f"%(asctime)s server{args.rank if args.join is None else '+'} %(levelname)s %(message)s")
     try:
         cfg = config_mod.load(args.config, args.set)
         if args.recover and not args.resume:
             raise ValueError("--recover needs --resume DIR (the job's checkpoint directory)")
         gone = tuple(int(x) for x in args.gone.split(",") if x.strip())
-        server = Server(cfg, args.rank, bind=args.bind, resume=Path(args.resume) if args.resume else None,
-                        recover=args.recover, gone=gone, hold_lost=args.hold_lost)
+        if (args.rank is None) == (args.join is None):
+            raise ValueError("give --rank N (a server of the config) or --join HOST:PORT (a server added to the "
+                             "running job), one of them")
+        join = None
+        if args.join is not None:
+            stats = status_mod.query(cfg.cluster.servers[0], timeout=JOIN_TIMEOUT_S)
+            join = Joining.from_status(args.join, stats)
+        server = Server(cfg, args.rank if args.rank is not None else -1, bind=args.bind,
+                        resume=Path(args.resume) if args.resume else None, recover=args.recover, gone=gone,
+                        hold_lost=args.hold_lost, join=join)
     except (BosenError, ValueError) as e:
         print(f"bosen-server: {e}", file=sys.stderr)
         return 2

@@ -29,7 +29,7 @@ from bosen.procedure import StoredProcedure
 from bosen.ratelimit import LeakyBucket, paced_sender
 from bosen.server import procedures
 from bosen.server.checkpoints import ServerCheckpoints, restore
-from bosen.server.moves import PartitionMoves
+from bosen.server.moves import Joining, PartitionMoves
 from bosen.server.shard import TableShard
 from bosen.server.undo import UndoLog
 from bosen.server.warmup import warm_up
@@ -79,24 +79,39 @@ class Reader:
 
 class Server:
     def __init__(self, config: Config, rank: int, bind: str | None = None, resume: Path | None = None,
-                 recover: bool = False, gone: tuple[int, ...] = (), hold_lost: bool = False) -> None:
+                 recover: bool = False, gone: tuple[int, ...] = (), hold_lost: bool = False,
+                 join: Joining | None = None) -> None:
         """``resume``: start from a checkpoint (the whole job's, or with ``recover`` this server's own
         newest part, replacing a lost server while the others run on); ``gone``: worker ranks that
         already left the job (a replacement does not wait for them); ``hold_lost``: a worker lost
         without BYE keeps its clock until a replacement of its rank joins (``bosen launch`` starts
-        one in a job with checkpoints), so the others are not released early."""
-        if not 0 <= rank < len(config.cluster.servers):
+        one in a job with checkpoints), so the others are not released early; ``join``: a server
+        added to a running job (``rank`` is then the next after its servers; it holds no partition
+        until a move gives it some: server/moves.py)."""
+        config.require_tables()
+        if join is not None:
+            if resume is not None or recover:
+                raise ValueError("--join: a server joining a running job starts empty (no --resume/--recover)")
+            if config.checkpoint is not None:
+                raise ValueError("--join: servers cannot join a job with checkpoints yet (its checkpoints are "
+                                 "made by a fixed set of servers)")
+            rank = len(join.servers)
+            self.addresses = [*join.servers, join.address]
+        elif not 0 <= rank < len(config.cluster.servers):
             raise ValueError(f"--rank {rank}: the config lists {len(config.cluster.servers)} servers "
                              f"(ranks 0..{len(config.cluster.servers) - 1}) in {config.source}")
-        config.require_tables()
+        else:
+            self.addresses = list(config.cluster.servers)  # the job's servers now (servers/moves.py changes it)
         self.config = config
         self.rank = rank
-        self.address = config.cluster.servers[rank]
+        self.address = self.addresses[rank]
+        self.joined_live = join is not None  # its clients send HELLO with their clock ("jc")
         port = self.address.rpartition(":")[2]
         self.bind_address = f"tcp://{bind or self.address.rpartition(':')[0]}:{port}"
-        self.num_clients = config.cluster.workers
+        self.num_clients = config.cluster.workers if join is None else len(join.client_clocks)
         self.hold_lost = hold_lost
-        self.partition = Partition(len(config.cluster.servers), config.cluster.num_partitions)
+        self.partition = Partition(len(config.cluster.servers), config.cluster.num_partitions) if join is None \
+            else Partition(len(self.addresses), join.owner.shape[0], join.owner, join.version)
         self.fingerprint = config.fingerprint()
         self.shards = [
             TableShard(i, t, self.partition, rank, self.num_clients, procedures.load(t, config.source), config.comm,
@@ -113,6 +128,8 @@ class Server:
         self.bucket = LeakyBucket(config.comm.server_bandwidth_mbps) if config.comm.enabled else None
         self._rotation = 0
         self.clock = restore(config, rank, self.shards, resume, own=recover) if resume is not None else 0
+        if join is not None:
+            self.clock = join.clock
         self.restored = self.clock if resume is not None else None  # WELCOME "rc": clients resend from it
         self.partition = self.shards[0].partition  # a checkpoint saved after partitions moved keeps their map
         if recover and any(s.procedure.versioned for s in self.shards):
@@ -123,6 +140,8 @@ class Server:
             if not 0 <= r < self.num_clients:
                 raise ValueError(f"--gone {r}: no such worker rank (cluster.workers is {self.num_clients})")
             self.client_clock[r] = GONE
+        if join is not None:  # ranks that left; the others' clocks come with their HELLO
+            self.client_clock[[c == "left" for c in join.client_clocks]] = GONE
         self.checkpoints = ServerCheckpoints(config, rank) if config.checkpoint is not None else None
         if self.checkpoints is not None:
             self.checkpoints.start_running(self.shards)
@@ -166,16 +185,19 @@ class Server:
             Msg.FLUSH: self.on_flush,
             Msg.PAUSED: self.on_paused,
             Msg.MOVE: self.on_move,
+            Msg.LEFT: self.on_left,
         }
         self.moves = PartitionMoves(self)
         self._ctx: zmq.Context | None = None
         self._sock: LoopSocket | None = None
         self._stopped = asyncio.Event()
+        self._linger_ms = 0  # on close: what is still queued is dropped (but see retire)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def start(self) -> None:
-        warm_up(self.config, self.rank)  # numba kernels loaded before anyone is answered (server/warmup.py)
+        # numba kernels loaded before anyone is answered (server/warmup.py); a server that joined: a rank's
+        warm_up(self.config, min(self.rank, len(self.config.cluster.servers) - 1))
         self._cpu_at_start = time.process_time()  # STATUS's cpu_s: serving, not imports and warm-up
         self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.ROUTER)
@@ -215,11 +237,16 @@ class Server:
     def stop(self) -> None:
         self._stopped.set()
 
+    def retire(self) -> None:
+        """Stop after leaving the job (server/moves.py): what is queued (the answer saying so) still goes."""
+        self._linger_ms = 2000
+        self.stop()
+
     def close(self) -> None:
         if self.checkpoints is not None:
             self.checkpoints.close()  # what was saved so far reaches the disk
         if self._sock is not None:
-            self._sock.close(linger=0)
+            self._sock.close(linger=self._linger_ms)
             self._sock = None
         if self._ctx is not None:
             self._ctx.term()
@@ -361,17 +388,30 @@ class Server:
         elif old is not None:
             state = "left the job" if old.gone else "already joined"
             raise ProtocolError(f"HELLO: worker rank {rank} {state}")
-        peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic(),
-                    clock=int(self.client_clock[rank]))
+        if "jc" in h:  # a running client connecting to this server, added to the job: its clock so far
+            self._check_clock_field(h["jc"], "HELLO", "jc")
+            if not self.joined_live or self.client_clock[rank] == GONE:
+                raise ProtocolError("HELLO: 'jc' (a running client's clock) is only for a server added to a "
+                                    "running job, from a worker still in it")
+            self.client_clock[rank] = max(int(self.client_clock[rank]), h["jc"])
+        clock = int(self.client_clock[rank])
+        if "cs" in h:  # rejoining a replacement of this server: its CLOCKs go on from the last it sent
+            self._check_clock_field(h["cs"], "HELLO", "cs")
+            clock = min(clock, h["cs"])  # below the rank's clock: a replacement worker redoing its ticks
+        peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic(), clock=clock)
         self.peers[ident] = peer
         self.by_rank[rank] = peer
         log.info("client rank %d joined (%d/%d)", rank, len(self.by_rank), self.num_clients)
         self._welcome(ident, h, rank)
+        if "jc" in h:
+            self._maybe_advance()
 
     def _welcome(self, ident: bytes, h: dict[str, Any], rank: int) -> None:
         welcome = {"t": Msg.WELCOME, "rq": h["s"], "rank": rank, "c": self.clock, "tf": self.table_flags}
         if self.restored is not None:
             welcome["rc"] = self.restored
+        if self.addresses != list(self.config.cluster.servers):  # servers joined or left: clients follow
+            welcome["sv"] = self.addresses
         if self.partition.version:  # partitions moved (or a checkpoint saved after they did): the map follows
             welcome["mv"] = self.partition.version
             self._send(ident, welcome, self.partition.owner_of)
@@ -546,12 +586,16 @@ class Server:
         self._maybe_advance()
 
     def _check_clock(self, peer: Peer, c: Any, what: str) -> None:
-        if not isinstance(c, int) or isinstance(c, bool):
-            raise ProtocolError(f"{what}: field 'c' must be int, got {c!r}")
-        if c < peer.clock:
+        if isinstance(c, int) and not isinstance(c, bool) and c < peer.clock:
             raise ProtocolError(f"{what}: clock {c} goes back from {peer.clock}")
-        if c >= GONE:
-            raise ProtocolError(f"{what}: clock {c} out of range (must be below {GONE})")
+        self._check_clock_field(c, what, "c")
+
+    @staticmethod
+    def _check_clock_field(c: Any, what: str, field: str) -> None:
+        if not isinstance(c, int) or isinstance(c, bool):
+            raise ProtocolError(f"{what}: field '{field}' must be int, got {c!r}")
+        if not 0 <= c < GONE:
+            raise ProtocolError(f"{what}: clock {c} out of range (must be in [0, {GONE}))")
 
     def _set_clock(self, peer: Peer, c: int) -> None:
         """``peer`` sent clock ``c``; the rank's clock only rises (a replacement's redo stays below it)."""
@@ -622,6 +666,24 @@ class Server:
     def on_move(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         self.moves.on_move(ident, h, frames)
 
+    def on_left(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+        """Worker ranks that left the job, from whoever runs it: a server restored from a checkpoint
+        after their BYE (which the lost server had) would otherwise wait for them for ever."""
+        ranks = h["r"]
+        if not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < self.num_clients for r in ranks):
+            raise ProtocolError(f"LEFT: field 'r' must list worker ranks in [0, {self.num_clients}), got {ranks!r}")
+        for r in ranks:
+            peer = self.by_rank.get(r)
+            if peer is not None and not peer.gone:
+                raise ProtocolError(f"LEFT: worker rank {r} is in the job (connected, no BYE)")
+        news = [r for r in ranks if self.client_clock[r] != GONE]
+        for r in news:
+            self.client_clock[r] = GONE
+        if news:
+            log.info("worker ranks %s left the job (said BYE to a server lost since)", news)
+        self._send(ident, {"t": Msg.ACK, "rq": h["s"]})
+        self._maybe_advance()
+
     def on_status(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         self._send_frames(ident, wire.encode_status(h["s"], self.stats()), Msg.STATUS_REPLY)
 
@@ -653,6 +715,7 @@ class Server:
                         self.client_clock[peer.rank])
             return
         self.client_clock[peer.rank] = GONE
+        self.moves.check_retiring()
         self._maybe_advance()
 
     def _maybe_advance(self) -> bool:
@@ -743,8 +806,8 @@ class Server:
         extra: dict[str, Any] = {}
         if ck is not None:  # the newest part on disk; Young's Ts for rank 0's time rule
             extra["cp"] = ck.durable()
-            if self.undo is not None:  # what no kept checkpoint is older than need not be taken back
-                self.undo.trim(ck.oldest_kept())
+            if self.undo is not None:  # what came before the newest complete checkpoint is not taken back
+                self.undo.trim(ck.undo_floor())
             if ck.timed:
                 extra["ts"] = ck.mean_save_s()
         for p in live:
@@ -958,6 +1021,7 @@ class Server:
         return {**comm,
             "rank": self.rank,
             "address": self.address,
+            "servers": self.addresses,  # the job's servers now (servers join and leave: server/moves.py)
             "clock": self.clock,
             "client_clocks": clocks,
             "clients_joined": len(self.by_rank),

@@ -15,12 +15,19 @@ answers them for one server, beside the daemon that owns it:
    reads parked here are answered "moved" (the client asks again under the new map); then MAP to
    every client, after everything this server sent under the old map.
 ``abort``: a plan given up before any ``map`` (clients resume as they were).
+
+Servers join and leave through the same steps. A server added to a running job (``bosen-server
+--join``, :class:`Joining`) starts with no partition; the ``plan`` names the servers after the move
+(``sv``), so each client connects to the new one (HELLO with its clock) before its PAUSED, and the
+``map`` gives it partitions. A server leaving is given none in the ``map``: its clients say BYE to it
+once they take the map, and ``retire`` answers when all have, then stops it.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -35,10 +42,33 @@ from bosen.wire import Msg
 log = logging.getLogger("bosen.server")
 
 
+@dataclass(frozen=True)
+class Joining:
+    """What a server added to a running job takes from server 0's STATUS (``bosen-server --join``):
+    the job's servers (it becomes the next), clock, worker clocks and partition map."""
+
+    address: str  # its own
+    servers: list[str]
+    clock: int
+    client_clocks: list[int | str]  # "left": a worker that left the job
+    owner: np.ndarray
+    version: int
+
+    @classmethod
+    def from_status(cls, address: str, stats: Mapping[str, Any]) -> Joining:
+        servers = list(stats["servers"])
+        if address in servers:
+            raise ValueError(f"--join {address}: the job already has a server there ({', '.join(servers)})")
+        parts = stats["partitions"]
+        return cls(address, servers, int(stats["clock"]), list(stats["client_clocks"]),
+                   np.asarray(parts["owner"], dtype=np.int32), int(parts["version"]))
+
+
 class Host(Protocol):
     """What of its server a ``PartitionMoves`` reads and changes (``server/daemon.py``'s ``Server``)."""
 
     rank: int
+    addresses: list[str]
     num_clients: int
     clock: int
     client_clock: np.ndarray
@@ -55,14 +85,18 @@ class Host(Protocol):
 
     def send_frames(self, ident: bytes, frames: list[Any], kind: Msg) -> int: ...
 
+    def retire(self) -> None: ...
+
 
 class PartitionMoves:
     def __init__(self, server: Host) -> None:
         self.server = server
         self.paused: dict[int, set[int]] = {}  # map version -> client ranks paused for it
         self.waiting: list[tuple[int, bytes, int]] = []  # (version, the mover's connection, its MOVE's number)
+        self.retiring: tuple[bytes, int] | None = None  # the mover's ``retire`` step, answered once clients left
         self.steps: dict[str, Callable[[bytes, dict[str, Any], dict[str, np.ndarray]], None]] = {
-            "plan": self._plan, "wait": self._wait, "export": self._export, "map": self._map, "abort": self._abort}
+            "plan": self._plan, "wait": self._wait, "export": self._export, "map": self._map, "abort": self._abort,
+            "retire": self._retire}
 
     def on_move(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         step = self.steps.get(h["op"])
@@ -111,8 +145,11 @@ class PartitionMoves:
         if s.checkpoints is not None and s.checkpoints.running:
             raise ProtocolError("MOVE plan: SCAR priority checkpoints (checkpoint.priority_fraction < 1) keep rows "
                                 "by their place on this server; partitions cannot move in such a job yet")
+        plan: dict[str, Any] = {"t": Msg.PLAN, "mv": h["mv"], "c": -1}
+        if "sv" in h:  # servers join or leave: the list after the move (clients connect to new ones now)
+            plan["sv"] = _servers(h, s.addresses)
         for p in s.by_rank.values():
-            s.send(p.ident, {"t": Msg.PLAN, "mv": h["mv"], "c": -1})
+            s.send(p.ident, plan)
         log.info("partition move %d: clients pause their sends", h["mv"])
         self._reply(ident, h["s"], {})
 
@@ -158,8 +195,11 @@ class PartitionMoves:
             raise ProtocolError(f"MOVE map: needs an 'owner' array of {old.partitions} servers")
         if h["mv"] <= old.version:
             raise ProtocolError(f"MOVE map: version {h['mv']} is not newer than this server's {old.version}")
-        try:
-            new = Partition(old.num_servers, old.partitions, owner, h["mv"])
+        servers = _servers(h, s.addresses) if "sv" in h else s.addresses
+        if owner.shape[0] and int(owner.max()) >= len(servers):
+            raise ProtocolError(f"MOVE map: an owner beyond the {len(servers)} servers of the job")
+        try:  # a server leaving the job (its rank beyond the list) keeps a map in which it owns nothing
+            new = Partition(max(len(servers), s.rank + 1), old.partitions, owner, h["mv"])
         except ValueError as e:
             raise ProtocolError(f"MOVE map: {e}") from None
         for shard in s.shards:
@@ -167,6 +207,8 @@ class PartitionMoves:
             incoming = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)} or None
             shard.relayout(new, incoming)
         s.partition = new
+        if s.rank < len(servers):
+            s.addresses = list(servers)
         parked, s.parked = s.parked, {}
         for reads in parked.values():
             for _peer, seq, rident, _shard, _local in reads:
@@ -181,3 +223,38 @@ class PartitionMoves:
         log.info("partition map %d: server %d gained %d partitions and gave %d away", new.version, s.rank,
                  gained, lost)
         self._reply(ident, h["s"], {})
+
+    def _retire(self, ident: bytes, h: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """This server leaves the job: answered (and the server stopped) once it owns no partition and
+        every client has said BYE (clients do once they take a map without it)."""
+        s = self.server
+        if s.rank == 0:
+            raise ProtocolError("MOVE retire: server 0 coordinates the job and cannot leave it")
+        if s.partition.owned[s.rank].shape[0]:
+            raise ProtocolError(f"MOVE retire: this server still owns {s.partition.owned[s.rank].shape[0]} "
+                                "partitions: move them away first")
+        self.retiring = (ident, h["s"])
+        self.check_retiring()
+
+    def check_retiring(self) -> None:
+        """Called as clients leave: a retiring server with no client left answers and stops."""
+        s = self.server
+        if self.retiring is None or any(not p.gone for p in s.by_rank.values()):
+            return
+        ident, seq = self.retiring
+        self.retiring = None
+        self._reply(ident, seq, {})
+        log.info("server %d left the job (its partitions moved to the others)", s.rank)
+        s.retire()
+
+
+def _servers(h: dict[str, Any], current: list[str]) -> list[str]:
+    """A MOVE's ``sv``: the job's servers after the move; the current ones keep their ranks."""
+    sv = h["sv"]
+    if not (isinstance(sv, list) and sv and all(isinstance(a, str) for a in sv)):
+        raise ProtocolError(f"MOVE: field 'sv' must list the servers' addresses, got {sv!r}")
+    common = min(len(sv), len(current))
+    if sv[:common] != current[:common]:
+        raise ProtocolError(f"MOVE: servers join or leave at the end of the list: {sv} does not extend or "
+                            f"shorten {current}")
+    return sv

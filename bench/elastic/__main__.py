@@ -1,11 +1,18 @@
-"""``python -m bench.elastic [--mb 100] [--moves 4] [--quick]``: partitions moved between the two
-servers of a running job while two worker processes train (read, add, clock as fast as they can).
+"""``python -m bench.elastic [--mb 100] [--moves 4] [--joins 2] [--quick]``: partitions moved between
+the two servers of a running job while two worker processes train (read, add, clock as fast as they
+can); then a third server joins (``bosen-server --join``, taking a third of the partitions) and leaves
+again (handing them back), ``--joins`` times.
 
 Each move gives half of the partitions to the other server, ``--mb`` MB of rows, and the next one
 gives them back (alternated). Per move: ``pause_s``, from the plan to the last server's new map (how
 long clients held their sends), and the longest gap between two clocks of any worker during the move
 beside the median gap outside moves (``stall_s``: what training lost). One result line per metric:
-median and min-max over the moves, the bytes moved, and the load average.
+median and min-max over the moves, the bytes moved, and the load average; the same for the joins
+(case ``server-join``) and the leaves (``server-leave``), timed from the plan to the leaving server's
+exit (its clients' BYE included).
+
+``--chaos [--app lda|mf] [--kills 10]``: instead, a checkpointed job under random SIGKILLs of servers
+and workers against a failure-free run (bench/elastic/chaos.py).
 """
 
 from __future__ import annotations
@@ -16,12 +23,13 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from bench.common import Child, emit, log, median, servers, spread
 from bosen.config import load
-from bosen.jobs.moves import move_partitions
+from bosen.jobs.moves import MoveReport, move_partitions, scale_servers
 
 COLS = 128  # float32: 512 bytes a row
 
@@ -30,9 +38,22 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--mb", type=float, default=100.0, help="MB of rows each move carries (half the table)")
     p.add_argument("--moves", type=int, default=4)
-    p.add_argument("--quick", action="store_true", help="10 MB, 2 moves (CI)")
+    p.add_argument("--joins", type=int, default=2, help="a third server joins and leaves this many times")
+    p.add_argument("--quick", action="store_true", help="10 MB, 2 moves, 1 join (CI); with --chaos: 2 kills")
+    p.add_argument("--chaos", action="store_true", help="random SIGKILLs of servers and workers instead")
+    p.add_argument("--app", choices=["lda", "mf"], action="append", help="--chaos: default lda and mf")
+    p.add_argument("--kills", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=120, help="--chaos: the failure-free job's clocks")
+    p.add_argument("--every", type=int, default=5, help="--chaos: a checkpoint every this many clocks")
+    p.add_argument("--gap", type=int, default=3, help="--chaos: clocks of progress between two kills")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--servers-only", action="store_true", help="--chaos: kill servers only")
+    p.add_argument("--repeats", type=int, default=3, help="--chaos: failure-free and chaos runs each (alternated)")
     a = p.parse_args()
-    mb, moves = (10.0, 2) if a.quick else (a.mb, a.moves)
+    if a.chaos:
+        _chaos(a)
+        return
+    mb, moves, joins = (10.0, 2, 1) if a.quick else (a.mb, a.moves, a.joins)
     rows = int(2 * mb * 1e6 / (COLS * 4))
     job = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
            "consistency": {"staleness": 2, "read_timeout_s": 120},
@@ -51,14 +72,26 @@ def main() -> None:
             while not all(s["clients_joined"] == 2 for s in c.status()):
                 time.sleep(0.05)
             time.sleep(3.0)  # every worker's cache warm, clocks steady
-            windows, reports = [], []
-            for k in range(moves):
+            windows: dict[str, list[tuple[float, float]]] = {"move": [], "server-join": [], "server-leave": []}
+            reports: dict[str, list[MoveReport]] = {k: [] for k in windows}
+
+            def timed(case: str, step: Any) -> None:
                 t0 = time.time()
-                reports.append(move_partitions(cfg, swapped if k % 2 == 0 else home, timeout=120))
-                windows.append((t0, time.time()))
+                reports[case].append(step())
+                windows[case].append((t0, time.time()))
                 loads.append(os.getloadavg()[0])
-                log(f"move {k}: {reports[-1]}")
+                log(f"{case} {len(reports[case])}: {reports[case][-1]}")
                 time.sleep(1.5)
+
+            for k in range(moves):
+                timed("move", lambda k=k: move_partitions(cfg, swapped if k % 2 == 0 else home, timeout=120))
+            two = list(cfg.cluster.servers)
+            for _ in range(joins):
+                added = c.add_server()  # its process starts (seconds) before the clock runs
+                time.sleep(1.0)
+                timed("server-join", lambda added=added: scale_servers(cfg, [*two, added], timeout=120))
+                timed("server-leave", lambda: scale_servers(cfg, two, timeout=120))
+                c.retired(len(c.servers) - 1)
             for o in outs:
                 o.with_suffix(".stop").touch()
             for w in ws:
@@ -67,7 +100,38 @@ def main() -> None:
             for w in ws:
                 w.stop()
         times = [np.array(json.loads(o.read_text())["clock_times"]) for o in outs]
-    gaps_in, gaps_out = [], []
+    every = [w for ws_ in windows.values() for w in ws_]
+    gaps_out = []
+    for t in times:
+        g = np.diff(t)
+        inside = np.zeros(g.shape[0], dtype=bool)
+        for lo, hi in every:
+            inside |= (t[1:] >= lo) & (t[:-1] <= hi + 0.2)
+        gaps_out.extend(g[~inside].tolist())
+    typical = median(gaps_out)
+    for case, label in (("move", f"move-{mb:g}MB"), ("server-join", f"server-join-{mb:g}MB"),
+                        ("server-leave", f"server-leave-{mb:g}MB")):
+        if reports[case]:
+            _emit(label, windows[case], reports[case], times, typical, loads)
+
+
+def _chaos(a: argparse.Namespace) -> None:
+    from bench.elastic import chaos
+
+    kills, epochs = (2, 30) if a.quick else (a.kills, a.epochs)
+    for app in a.app or ["lda", "mf"]:
+        with tempfile.TemporaryDirectory(prefix=f"bench-chaos-{app}-") as d:
+            load0 = os.getloadavg()[0]
+            r = chaos.measure(app, Path(d), epochs=epochs, every=a.every, kills=kills, gap=a.gap, seed=a.seed,
+                              servers_only=a.servers_only, repeats=1 if a.quick else a.repeats)
+            emit(bench="elastic", case=f"chaos-{app}" + ("-servers" if a.servers_only else ""),
+                 metric="extra_clocks", unit="clocks", ours=r.pop("extra_clocks"), target=2,
+                 load_avg=spread([load0, os.getloadavg()[0]]), **r)
+
+
+def _emit(case: str, windows: list[tuple[float, float]], reports: list[MoveReport], times: list[np.ndarray],
+          typical: float, loads: list[float]) -> None:
+    gaps_in = []
     for lo, hi in windows:
         worst = 0.0
         for t in times:
@@ -77,16 +141,9 @@ def main() -> None:
             if during.any():
                 worst = max(worst, float(g[during].max()))
         gaps_in.append(worst)
-    for t in times:
-        g = np.diff(t)
-        inside = np.zeros(g.shape[0], dtype=bool)
-        for lo, hi in windows:
-            inside |= (t[1:] >= lo) & (t[:-1] <= hi + 0.2)
-        gaps_out.extend(g[~inside].tolist())
-    typical = median(gaps_out)
     pauses = [r.pause_s for r in reports]
     stalls = [g - typical for g in gaps_in]
-    common = {"bench": "elastic", "case": f"move-{mb:g}MB", "moves": moves,
+    common = {"bench": "elastic", "case": case, "moves": len(reports),
               "bytes_moved": median([r.bytes for r in reports]), "load_avg": spread(loads)}
     emit(**common, metric="pause_s", unit="s", ours=median(pauses), spread=spread(pauses),
          wait_s=median([r.wait_s for r in reports]), export_s=median([r.export_s for r in reports]),

@@ -30,7 +30,12 @@ def _status(args: argparse.Namespace) -> int:
     cfg = config_mod.load(path / "config.yaml" if run_dir is not None else path, args.set)
     stats: list = []
     failed = False
-    for addr in cfg.cluster.servers:
+    servers = list(cfg.cluster.servers)
+    try:  # servers may have joined or left the running job: server 0 knows which it has now
+        servers = status_mod.query(servers[0], timeout=args.timeout).get("servers", servers)
+    except BosenError:
+        pass  # reported below, as DOWN
+    for addr in servers:
         try:
             stats.append(status_mod.query(addr, timeout=args.timeout))
         except BosenError as e:

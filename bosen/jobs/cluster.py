@@ -88,6 +88,7 @@ class LocalCluster:
         self.server_args = list(server_args)
         self.servers: list[Process] = []
         self._on_purpose: set[int] = set()  # stopped by stop_server: their exit is no failure
+        self._retired: set[int] = set()  # left the job (``retired``)
         self._terminated = False  # terminate() sent SIGTERM to all
         self._died: dict[int, int] = {}  # exited on their own before stop(): index -> status
 
@@ -118,8 +119,8 @@ class LocalCluster:
             ctx.term()
 
     def status(self, timeout: float = 3.0) -> list[dict[str, Any]]:
-        """Every server's STATUS, in rank order."""
-        return [status_mod.query(a, timeout=timeout) for a in self.addresses]
+        """Every server's STATUS, in rank order (those in the job: not the ones that left it)."""
+        return [status_mod.query(a, timeout=timeout) for i, a in enumerate(self.addresses) if i not in self._retired]
 
     def stop_server(self, i: int, sig: int = signal.SIGTERM) -> int:
         """Stop server ``i`` on purpose (SIGKILL: at once, like a crash); its exit status."""
@@ -149,6 +150,38 @@ class LocalCluster:
         finally:
             ctx.term()
         return new
+
+    def add_server(self, ready_timeout: float = READY_TIMEOUT_S) -> str:
+        """Start a server that joins the running job (``--join``, on a free local port) and wait until it
+        answers; its address. It holds no partition until ``bosen.jobs.moves.scale_servers`` gives it some."""
+        address = f"127.0.0.1:{free_ports(1)[0]}"
+        i = len(self.servers)
+        new = self.group.python(f"{self.name}-{i}", "-m", "bosen.server", "--config", self.path, "--join", address,
+                                *self.server_args)
+        self.servers.append(new)
+        self.addresses.append(address)
+
+        def exited() -> None:
+            if new.returncode is not None:
+                raise ProcessFailed(f"{new.name} (joining at {address}) {describe_exit(new.returncode)}:\n"
+                                    f"{new.tail()}")
+
+        ctx = zmq.Context()
+        try:
+            _await_answer(new, address, time.monotonic() + ready_timeout, ready_timeout, ctx, exited)
+        finally:
+            ctx.term()
+        return address
+
+    def retired(self, i: int, timeout: float = 30.0) -> int:
+        """Server ``i`` left the job (its partitions moved away): wait for it to exit; its status."""
+        self._on_purpose.add(i)
+        self._retired.add(i)
+        code = self.servers[i].wait(timeout)
+        if code != 0:
+            raise ProcessFailed(f"{self.servers[i].name} {describe_exit(code)} leaving the job:\n"
+                                f"{self.servers[i].tail()}")
+        return code
 
     def check(self, when: str = "while its cluster was running") -> None:
         """Raise ProcessFailed if a server has exited without being asked to."""

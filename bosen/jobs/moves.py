@@ -8,6 +8,11 @@ everything sent before is applied), the servers losing partitions export their r
 takes the new map with the rows it gains and tells its clients, and the clients go on under the new
 map. A plan that meets clients paused on both sides of a checkpoint boundary is given up and tried
 again a clock later. The workers compute on throughout; only their sends wait (``pause_s``).
+
+``scale_servers(config, addresses)`` adds servers to a running job or lets the last ones go: a server
+started with ``bosen-server --config CONFIG --join HOST:PORT`` takes a fair share of the partitions
+(``balanced``); a server leaving hands all of its partitions to the others and exits. The job's
+servers are then no longer its config's: server 0 knows them (``current_servers``).
 """
 
 from __future__ import annotations
@@ -42,8 +47,8 @@ class MoveReport:
 
 
 class _Mover:
-    def __init__(self, config: Config, timeout: float) -> None:
-        self.servers = list(config.cluster.servers)
+    def __init__(self, servers: list[str], timeout: float) -> None:
+        self.servers = servers
         self.timeout = timeout
         self.ctx = zmq.Context()
         self.socks = []
@@ -59,10 +64,11 @@ class _Mover:
             s.close()
         self.ctx.term()
 
-    def send(self, j: int, op: str, version: int, arrays: dict[str, np.ndarray] | None = None) -> int:
+    def send(self, j: int, op: str, version: int, arrays: dict[str, np.ndarray] | None = None,
+             extra: dict[str, Any] | None = None) -> int:
         seq = next(self.seq)
-        self.socks[j].send_multipart(wire.encode_arrays({"t": Msg.MOVE, "s": seq, "op": op, "mv": version},
-                                                        arrays or {}))
+        self.socks[j].send_multipart(wire.encode_arrays({"t": Msg.MOVE, "s": seq, "op": op, "mv": version,
+                                                         **(extra or {})}, arrays or {}))
         return seq
 
     def reply(self, j: int, seq: int, timeout: float | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -79,13 +85,19 @@ class _Mover:
         return h, wire.decode_arrays(h, frames[1:])  # views of the frames, which they keep alive
 
     def ask(self, j: int, op: str, version: int, arrays: dict[str, np.ndarray] | None = None,
-            timeout: float | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        return self.reply(j, self.send(j, op, version, arrays), timeout)
+            timeout: float | None = None, extra: dict[str, Any] | None = None
+            ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        return self.reply(j, self.send(j, op, version, arrays, extra), timeout)
+
+
+def current_servers(config: Config, timeout: float = 5.0) -> list[str]:
+    """The running job's servers now (those of its config, unless servers joined or left)."""
+    return list(status_mod.query(config.cluster.servers[0], timeout=timeout)["servers"])
 
 
 def current_map(config: Config, timeout: float = 5.0) -> tuple[int, np.ndarray]:
     """The partition map the job's servers follow now: (version, owner per partition)."""
-    stats = [status_mod.query(addr, timeout=timeout) for addr in config.cluster.servers]
+    stats = [status_mod.query(addr, timeout=timeout) for addr in current_servers(config, timeout)]
     versions = {s["partitions"]["version"] for s in stats}
     if len(versions) != 1:
         raise BosenError(f"servers follow different partition maps (versions {sorted(versions)}): a move is "
@@ -93,38 +105,73 @@ def current_map(config: Config, timeout: float = 5.0) -> tuple[int, np.ndarray]:
     return versions.pop(), np.asarray(stats[0]["partitions"]["owner"], dtype=np.int32)
 
 
-def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0) -> MoveReport:
-    """Give partition ``p`` to server ``owner[p]`` in the running job of ``config``."""
-    version, old = current_map(config)
+def balanced(owner: np.ndarray, servers: int) -> np.ndarray:
+    """A map over ``servers`` servers that moves as few partitions of ``owner`` as it can: each server
+    ends with P // servers partitions or one more (the first P % servers servers)."""
     owner = np.asarray(owner, dtype=np.int32)
-    servers = len(config.cluster.servers)
-    if owner.shape != old.shape or (owner.shape[0] and (owner.min() < 0 or owner.max() >= servers)):
-        raise ValueError(f"owner: one server in [0, {servers}) for each of the {old.shape[0]} partitions")
+    p = owner.shape[0]
+    if not 1 <= servers <= p:
+        raise ValueError(f"{servers} servers for {p} partitions: need between 1 and {p}")
+    target = np.full(servers, p // servers, dtype=np.int64)
+    target[:p % servers] += 1
+    new = owner.copy()
+    free: list[int] = []  # partitions to place: on servers that leave, or over their server's share
+    held = np.zeros(servers, dtype=np.int64)
+    for i, j in enumerate(owner):
+        if j < servers and held[j] < target[j]:
+            held[j] += 1
+        else:
+            free.append(i)
+    for j in range(servers):
+        while held[j] < target[j]:
+            new[free.pop()] = j
+            held[j] += 1
+    return new
+
+
+def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
+                    servers: list[str] | None = None) -> MoveReport:
+    """Give partition ``p`` to server ``owner[p]`` in the running job of ``config``. ``servers``: the
+    job's servers after the move, when servers join (started with ``--join``, at the end of the list)
+    or leave (the last ones; they then own nothing and exit)."""
+    version, old = current_map(config)
+    now = current_servers(config)
+    after = now if servers is None else list(servers)
+    common = min(len(now), len(after))
+    if after[:common] != now[:common] or not after:
+        raise ValueError(f"servers: join or leave at the end of the job's list ({', '.join(now)}); "
+                         f"got {', '.join(after) or 'none'}")
+    owner = np.asarray(owner, dtype=np.int32)
+    n = len(after)
+    if owner.shape != old.shape or (owner.shape[0] and (owner.min() < 0 or owner.max() >= n)):
+        raise ValueError(f"owner: one server in [0, {n}) for each of the {old.shape[0]} partitions")
+    everyone = after if len(after) > len(now) else now  # the new servers, or those leaving, take part
+    extra: dict[str, Any] = {"sv": after} if after != now else {}
     new = version + 1
-    mover = _Mover(config, timeout)
+    mover = _Mover(everyone, timeout)
     tries = 0
     try:
         while True:
             tries += 1
             t0 = time.perf_counter()
-            mover.ask(0, "plan", new)
-            seqs = [mover.send(j, "wait", new) for j in range(servers)]
+            mover.ask(0, "plan", new, extra=extra)
+            seqs = [mover.send(j, "wait", new) for j in range(len(everyone))]
             answers = [mover.reply(j, seq)[0] for j, seq in enumerate(seqs)]
             wait_s = time.perf_counter() - t0
             if not any(a.get("held") for a in answers):
                 break
             mover.ask(0, "abort", new)  # clients paused on both sides of a checkpoint boundary
-            for j in range(1, servers):
+            for j in range(1, len(everyone)):
                 mover.ask(j, "abort", new)
             if tries == RETRIES:
                 raise BosenError(f"partitions could not move: {RETRIES} plans met a checkpoint boundary between "
                                  "the workers' clocks")
             time.sleep(0.05)
-        incoming: list[dict[str, np.ndarray]] = [{} for _ in range(servers)]
+        incoming: list[dict[str, np.ndarray]] = [{} for _ in range(len(everyone))]
         nbytes = 0
         t1 = time.perf_counter()
         asked = {}  # every server that loses partitions exports at once
-        for j in range(servers):
+        for j in range(len(everyone)):
             leaving = np.flatnonzero((old == j) & (owner != j))
             if leaving.shape[0]:
                 asked[j] = mover.send(j, "export", new, {"parts": leaving.astype(np.int64)})
@@ -141,11 +188,32 @@ def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0) ->
                     part = arr if (dest == k).all() else np.take(arr, np.flatnonzero(dest == k), axis=axis)
                     got[name] = part if name not in got else np.concatenate([got[name], part], axis=axis)
         t2 = time.perf_counter()
-        seqs = [mover.send(j, "map", new, {"owner": owner, **incoming[j]}) for j in range(servers)]
+        seqs = [mover.send(j, "map", new, {"owner": owner, **incoming[j]}, extra) for j in range(len(everyone))]
         for j, seq in enumerate(seqs):  # every server lays its rows out at once
             mover.reply(j, seq)
         pause_s = time.perf_counter() - t0
+        retiring = [mover.send(j, "retire", new) for j in range(n, len(everyone))]
+        for j, seq in enumerate(retiring, start=n):  # each answers once every client said BYE to it
+            mover.reply(j, seq)
     finally:
         mover.close()
     return MoveReport(version=new, moved=int(np.count_nonzero(old != owner)), bytes=nbytes, pause_s=pause_s,
                       wait_s=wait_s, export_s=t2 - t1, map_s=t0 + pause_s - t2, tries=tries)
+
+
+def scale_servers(config: Config, servers: list[str], timeout: float = 60.0) -> MoveReport:
+    """The running job of ``config`` goes on with ``servers``: the current ones and new ones (each
+    started with ``bosen-server --config CONFIG --join ADDRESS`` and answering), or the first of the
+    current ones (the others hand their partitions off and exit). Each server ends with a fair share
+    of the partitions (``balanced``)."""
+    now = current_servers(config)
+    if len(servers) == len(now):
+        raise ValueError(f"the job runs on {len(now)} servers already")
+    for addr in servers[len(now):]:
+        try:
+            status_mod.query(addr, timeout=min(timeout, 5.0))
+        except BosenError as e:
+            raise BosenError(f"server {addr} does not answer: start it with `bosen-server --config "
+                             f"{config.source} --join {addr}` first ({e})") from None
+    _, owner = current_map(config)
+    return move_partitions(config, balanced(owner, len(servers)), timeout, servers=servers)

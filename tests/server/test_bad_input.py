@@ -16,6 +16,7 @@ from conftest import PY, run_cmd, write_config
 from rawpeer import Raw
 
 from bosen import config as config_mod
+from bosen import wire
 from bosen.client import Client
 from bosen.wire import Msg
 
@@ -428,5 +429,38 @@ def test_read_connections_are_checked_and_answer_reads_only(bosen_cluster):
     finally:
         for r in (main, rd, rd2):
             r.close()
+        ctx.term()
+    c.check()
+
+
+@pytest.mark.timeout(60)
+def test_joining_servers_and_scaling_messages_are_checked(bosen_cluster):
+    """``--join`` and the messages that add or retire servers: bad ones are refused with a reason, and
+    the server goes on serving."""
+    c = bosen_cluster(2, workers=1)
+    r = run_cmd([PY, "-m", "bosen.server", "--config", c.path, "--join", c.addresses[1]], timeout=30)
+    assert r.returncode == 2 and "the job already has a server there" in r.stderr, r.stderr
+    r = run_cmd([PY, "-m", "bosen.server", "--config", c.path, "--rank", "0", "--join", "127.0.0.1:1"], timeout=30)
+    assert r.returncode == 2 and "one of them" in r.stderr, r.stderr
+    fp = config_mod.load(c.path).fingerprint()
+    ctx = zmq.Context()
+    raw = Raw(ctx, c.addresses[1])
+    try:
+        m = raw.bad("HELLO", {"t": Msg.HELLO, "rank": 0, "fp": fp, "jc": 3})
+        assert "only for a server added to a running job" in m, m
+        m = raw.bad("HELLO", {"t": Msg.HELLO, "rank": 0, "fp": fp, "jc": "x"})
+        assert "'jc' must be int" in m, m
+        owner = {"owner": np.zeros(c.status()[0]["partitions"]["count"], np.int32)}
+        for sv, why in ((["10.0.0.1:1"], "does not extend or shorten"), ("x", "must list the servers")):
+            frames = wire.encode_arrays({"t": Msg.MOVE, "s": 7, "op": "map", "mv": 1, "sv": sv}, owner)
+            raw.send_frames(frames)
+            h, _ = raw.recv()
+            assert h["t"] == Msg.ERROR and why in h["m"], h
+        raw.send_frames(wire.encode_arrays({"t": Msg.MOVE, "s": 8, "op": "retire", "mv": 1}, {}))
+        assert "still owns" in raw.expect_error("MOVE retire", rq=8)
+        assert [s["partitions"]["version"] for s in c.status()] == [0, 0]
+        assert all(s["servers"] == c.addresses for s in c.status())
+    finally:
+        raw.close()
         ctx.term()
     c.check()

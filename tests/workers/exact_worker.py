@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -240,6 +241,7 @@ def main() -> int:
     p.add_argument("--max-sleep-ms", type=float, default=6.0)
     p.add_argument("--residual", action="store_true", help="float deltas that float16 cannot carry exactly")
     p.add_argument("--result", required=True)
+    p.add_argument("--stay-until", default=None, help="a file: stay in the job (after the last clock) until it exists")
     args = p.parse_args()
 
     client = Client.connect(args.config)
@@ -292,6 +294,10 @@ def main() -> int:
     for name in "IF":
         check(name, list(range(ROWS)), tables[name].get_rows(np.arange(ROWS)), args.ticks, "after the last clock")
     elapsed = time.monotonic() - t0
+    if args.stay_until:  # whoever moves partitions needs every worker in the job until it is done
+        deadline = time.monotonic() + 120
+        while not os.path.exists(args.stay_until) and time.monotonic() < deadline:
+            time.sleep(0.02)
     stats = client.stats()
     client.close()
     totals = {name: [[own.get((name, r, col), 0.0) for col in range(P + 1)] for r in range(ROWS)] for name in "IF"}
