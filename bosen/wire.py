@@ -29,8 +29,13 @@ one message to a server: the updates of every table and, with ``c`` (and ``ck``,
 
 Partition moves (docs/design.md, "Partitions"): ``mv`` the partition map's version a PLAN, PAUSED, MAP
 or MOVE is about (an ERROR with ``mv``: the rows asked for have moved, ask again under the new map);
-``op`` MOVE's step (plan, wait, export, map, abort); ``x`` PLAN's cancel flag; ``ar`` the arrays a
-MOVE, MOVE_REPLY or MAP carries: one ``[name, dtype, shape]`` entry per array frame, in order.
+``op`` MOVE's step (plan, wait, export, map, abort, retire); ``x`` PLAN's cancel flag; ``ar`` the
+arrays a MOVE, MOVE_REPLY or MAP carries: one ``[name, dtype, shape]`` entry per array frame, in order.
+Servers joining and leaving: ``sv`` the job's servers' addresses after a MOVE plan or map (in PLAN:
+clients connect to new ones) and in WELCOME (the servers the job has now, when not its config's);
+``jc`` HELLO of a running client to a server added to the job: the client's clock so far.
+Recovery: ``cs`` HELLO of a client rejoining a lost server's replacement: the last clock it sent
+there; ``r`` LEFT's worker ranks (from whoever runs the job: they left it; answered by ACK).
 """
 
 from __future__ import annotations
@@ -89,6 +94,7 @@ class Msg(IntEnum):
     FLUSH = 9  # several tables' updates (INC parts) and optionally the sender's clock, in one message
     PAUSED = 10  # a partition move's plan: this client sends nothing more until the new map
     MOVE = 11  # a step of moving partitions, from whoever moves them (``bosen.jobs.moves``)
+    LEFT = 12  # from whoever runs the job: worker ranks that left it (answered by ACK)
     # server -> client
     WELCOME = 20
     ROWS = 21
@@ -130,6 +136,7 @@ _SCHEMA: dict[Msg, dict[str, type]] = {
     Msg.PROBE_REPLY: {"rq": _INT, "n": _INT, "ms": _INT, "mx": _INT},
     Msg.PAUSED: {"s": _INT, "mv": _INT},
     Msg.MOVE: {"s": _INT, "op": str, "mv": _INT, "ar": list},
+    Msg.LEFT: {"s": _INT, "r": list},
     Msg.PLAN: {"mv": _INT, "c": _INT},
     Msg.MAP: {"mv": _INT, "ar": list},
     Msg.MOVE_REPLY: {"rq": _INT, "ar": list},

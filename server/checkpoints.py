@@ -61,6 +61,8 @@ class ServerCheckpoints:
         self.running: list[scar.RunningCheckpoint] = []  # priority checkpoints: the saved copy per shard
         self.partials = 0  # priority checkpoints: partial saves since the last base (or the start)
         self.base_every = -(-BASE_AFTER * 1_000_000 // round(self.cfg.priority_fraction * 1_000_000))
+        self.servers = len(config.cluster.servers)
+        self._floor = 0  # undo_floor's last answer
 
     def start_running(self, shards: list[TableShard]) -> None:
         """Priority checkpoints: the in-memory running checkpoint starts as the shards are now
@@ -166,11 +168,21 @@ class ServerCheckpoints:
         w = self.writer.written
         return w[-1][0] if w else -1
 
-    def oldest_kept(self) -> int:
-        """The oldest clock of this server's last ``checkpoint.keep`` parts on disk (0: fewer yet): a
-        job never restarts a worker from an older checkpoint."""
+    def undo_floor(self) -> int:
+        """The newest complete checkpoint on disk (every server's and worker's part finished; 0: none
+        yet): a lost worker's replacement restarts from it or a newer one, never an older one, so its
+        updates before it need no taking back. Not this server's own parts: a worker's part may still
+        be on its way (or never come, its worker killed while writing it) when this server's is done.
+        Looked up again only while this server's newest part is not yet known complete."""
         w = self.writer.written
-        return w[-self.cfg.keep][0] if len(w) >= self.cfg.keep else 0
+        if not w or self._floor >= w[-1][0]:
+            return self._floor
+        try:
+            clock, _, _ = checkpoint.newest_complete(self.base, self.servers, None, None, verify=False)
+        except checkpoint.CheckpointError:
+            return self._floor
+        self._floor = max(self._floor, clock)
+        return self._floor
 
     def mean_save_s(self) -> float:
         """Mean seconds a save took (copy and write): Young's Ts, sent to clients in SCLOCK."""
@@ -197,6 +209,12 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
     any_fp = checkpoint.fingerprint_for(config)  # a resumed job may have other workers (micro-tasks)
     base = path
     try:
+        if own and not _has_own(path, rank):
+            # lost before its first part was saved: the job's start is its checkpoint (the initial
+            # values, a function of each row alone), and the clients resend all they sent it
+            log.warning("server %d has no checkpoint part of its own yet: it starts from the initial values at "
+                        "clock 0 and the clients resend everything", rank)
+            return 0
         if checkpoint.clocks(path) and own:
             part = _newest_own(path, rank, config, any_fp)
             clock = int(part.meta["clock"])
@@ -283,6 +301,14 @@ def _load(shards: list[TableShard], part: checkpoint.Part) -> None:
                 raise ConfigError(f"--resume {part.path}: table {name!r}: procedure state {k!r} is missing or "
                                   f"misshapen")
             arr[local] = got
+
+
+def _has_own(base: Path, rank: int) -> bool:
+    """Whether this server finished any part under ``base`` (a meta.json is written last)."""
+    name = checkpoint.part_name("server", rank)
+    if (base / name / "meta.json").exists():  # ``base`` is one checkpoint
+        return True
+    return any((checkpoint.clock_dir(base, c) / name / "meta.json").exists() for c in checkpoint.clocks(base))
 
 
 def _newest_own(base: Path, rank: int, config: Config, any_fp: Callable[[int], str]) -> checkpoint.Part:

@@ -95,6 +95,7 @@ class Launcher:
         self._t0 = time.time()
         self._replaced: dict[int, int] = {}
         self._workers_replaced: dict[int, int] = {}
+        self._told_left: set[int] = set()  # worker ranks that finished, told to servers replaced meanwhile
         # ranks killed after they had left the job (BYE): their work is done, nothing is redone
         self._left_then_killed: set[int] = set()
         self._cfg_path: Path | None = None
@@ -215,6 +216,20 @@ class Launcher:
             raise JobFailed(f"{lost.name} {describe_exit(code)} and its replacement failed: {e}") from None
         self.say(f"{new.name} replaces {lost.name}; the workers resend their updates since its checkpoint")
 
+    def _tell_left(self, rank: int) -> None:
+        """Worker ``rank`` finished: tell every server. One restored from a checkpoint after the
+        worker's BYE went to the lost server it replaces would wait for the rank for ever (the
+        launcher names the ranks that finished before it starts one, ``--gone``; this is for a worker
+        that said BYE and exited while its server was being replaced). A server that does not answer
+        is told at the next look."""
+        assert self.cluster is not None
+        try:
+            for addr in self.cluster.addresses:
+                status_mod.tell_left(addr, [rank])
+        except BosenError:
+            return
+        self._told_left.add(rank)
+
     def _left(self, rank: int) -> bool:
         """Whether worker ``rank`` had left the job (its BYE reached the servers) before it ended."""
         if self.cluster is None:
@@ -313,6 +328,9 @@ class Launcher:
             code = p.returncode
             if code is None:
                 workers_done = False
+            elif code == 0:
+                if self._replaced and rank not in self._told_left:
+                    self._tell_left(rank)
             elif rank in self._left_then_killed:
                 continue
             elif code < 0 and self.config.checkpoint is not None and self._left(rank):

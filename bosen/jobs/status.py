@@ -33,6 +33,26 @@ def query(address: str, timeout: float = 3.0, ctx: zmq.Context | None = None) ->
             ctx.term()
 
 
+def tell_left(address: str, ranks: list[int], timeout: float = 3.0) -> None:
+    """Tell the server at HOST:PORT that worker ``ranks`` left the job (LEFT, answered by ACK)."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(f"tcp://{address}")
+        sock.send_multipart(wire.encode({"t": Msg.LEFT, "s": 1, "r": ranks}))
+        if not sock.poll(int(timeout * 1000)):
+            raise BosenError(f"server at {address}: no answer within {timeout:g}s")
+        h = wire.decode_header(sock.recv_multipart()[0])
+        if h["t"] == Msg.ERROR:
+            raise BosenError(f"server at {address} refused: {h['m']}")
+        if h["t"] != Msg.ACK:
+            raise BosenError(f"server at {address}: unexpected reply {h['t'].name}")
+    finally:
+        sock.close()
+        ctx.term()
+
+
 def format_table(stats: list[dict[str, Any] | str]) -> str:
     """Human-readable lines for ``bosen status``."""
     lines = [f"{'rank':>4}  {'address':<22} {'clock':>6}  {'parts':>9}  {'rows':>9}  {'MB rows':>9}  {'MB in':>9}  "

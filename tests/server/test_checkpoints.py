@@ -222,6 +222,45 @@ def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp
 
 
 @pytest.mark.slow
+def test_a_server_lost_before_its_first_checkpoint_restarts_from_the_initial_values(tmp_path: Path) -> None:
+    """SIGKILL of a server before any part of its own is on disk: its replacement starts from the
+    initial values at clock 0 and the workers resend everything they sent it; the job ends exact."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+    from conftest import child_env
+
+    cfg = job(tmp_path, {"ticks": 40, "slow_rank": 1, "slow_s": 0.05}, staleness=2, every=40)
+    run = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(cfg), "--run-dir", str(run), "--no-plot"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(),
+                         start_new_session=True)
+    try:
+        record = run / "workers" / "1.jsonl"
+        deadline = time.monotonic() + 60
+        while not (record.exists() and record.read_text().count('"clock": ') >= 5):
+            assert p.poll() is None and time.monotonic() < deadline, p.stdout.read() if p.stdout else ""
+            time.sleep(0.02)
+        victim = [c for c in psutil.Process(p.pid).children(recursive=True)
+                  if "bosen.server" in " ".join(c.cmdline()) and "--rank 1" in " ".join(c.cmdline())]
+        assert len(victim) == 1
+        victim[0].send_signal(signal.SIGKILL)
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 0, out
+    assert "server-1 was killed by SIGKILL: starting a replacement" in out, out
+    assert "no checkpoint part of its own yet" in (run / "logs" / "server-1.1.log").read_text()
+    np.testing.assert_array_equal(saved_sums(run / "checkpoints", 40), tri(40))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("storage", ["dense", "sparse"])
 def test_priority_checkpoints_save_a_fraction_of_rows_and_resume_puts_them_together(tmp_path: Path,
                                                                                    storage: str) -> None:

@@ -145,3 +145,34 @@ def test_hold_lost_keeps_a_lost_ranks_clock(bosen_cluster, hold: bool) -> None:
         for r in peers:
             r.close()
         ctx.term()
+
+
+@pytest.mark.timeout(60)
+def test_ranks_that_left_unblock_a_server_that_waits_for_them(bosen_cluster) -> None:
+    """LEFT (from the launcher: workers that said BYE to a server lost since, then exited) lets a
+    replacement's clock go on without them; a connected rank cannot be declared gone, bad ranks are
+    refused, and a LEFT repeated changes nothing."""
+    c = bosen_cluster(1, workers=2)
+    fp = config_mod.load(c.path).fingerprint()
+    ctx = zmq.Context()
+    a, h = _hello(ctx, c.addresses[0], fp, 0)
+    boss = Raw(ctx, c.addresses[0])
+    try:
+        assert h["t"] == Msg.WELCOME
+        _clock(a, 1)
+        _clock(a, 2)
+        assert _quiet(a)  # rank 1 never came: the server's clock waits at 0
+        assert boss.bad("worker rank 0 is in the job", {"t": Msg.LEFT, "r": [0]})
+        assert boss.bad("must list worker ranks", {"t": Msg.LEFT, "r": [5]})
+        assert boss.bad("must list worker ranks", {"t": Msg.LEFT, "r": ["1"]})
+        for _ in range(2):
+            s = boss.send({"t": Msg.LEFT, "r": [1]})
+            assert boss.recv()[0] == {"t": Msg.ACK, "rq": s}
+        got = _next(a)
+        assert got["t"] == Msg.SCLOCK and got["c"] == 2, got
+        assert c.status()[0]["client_clocks"] == [2, "left"]
+    finally:
+        a.close()
+        boss.close()
+        ctx.term()
+    c.check()
