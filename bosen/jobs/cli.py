@@ -1,5 +1,6 @@
-"""The ``bosen`` command: ``bosen launch CONFIG``, ``bosen status CONFIG``, ``bosen data NAME`` and
-``bosen tables CONFIG --out DIR``."""
+"""The ``bosen`` command: ``bosen launch CONFIG``, ``bosen status CONFIG``, ``bosen data NAME``,
+``bosen tables CONFIG --out DIR`` and ``bosen examples [NAME [DIR]]``. CONFIG is a file or the name of
+an example shipped in the package (``bosen launch mf``: ``bosen.jobs.examples``)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ from bosen import checkpoint
 from bosen import config as config_mod
 from bosen.apps.datasets.packaged import NAMES as DATASET_NAMES
 from bosen.errors import BosenError
+from bosen.jobs import examples
 from bosen.jobs import status as status_mod
 
 
 def _launch(args: argparse.Namespace) -> int:
     from bosen.jobs.launch import Launcher
 
-    launcher = Launcher(args.config, workers=args.workers, overrides=args.set, run_dir=args.run_dir,
+    config = examples.resolve(args.config)
+    needs = examples.missing_data(config, config_mod.load(config, args.set).app.args)
+    if needs is not None:
+        raise BosenError(needs)
+    launcher = Launcher(config, workers=args.workers, overrides=args.set, run_dir=args.run_dir,
                         timeout=args.timeout, quiet=args.quiet, plot=not args.no_plot, resume=args.resume,
                         servers=args.servers, ray=False if args.ray is None else (args.ray or True))
     return launcher.run()
@@ -79,6 +85,15 @@ def _data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _examples(args: argparse.Namespace) -> int:
+    if args.name is None:
+        print(examples.listing())
+        print("bosen launch NAME runs one; bosen examples NAME [DIR] copies it to edit")
+        return 0
+    print(f"{examples.copy(args.name, args.dir)}: edit it, then bosen launch it")
+    return 0
+
+
 def _tables(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -102,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bosen", description="Bösen parameter server tools.")
     sub = p.add_subparsers(dest="command", required=True)
     lp = sub.add_parser("launch", help="run a job locally: servers plus worker processes")
-    lp.add_argument("config")
+    lp.add_argument("config", help="a config file, or the name of an example (bosen examples lists them)")
     lp.add_argument("--workers", type=int, default=None, help="worker processes (default: cluster.workers)")
     lp.add_argument("--servers", type=int, default=None,
                     help="server processes on free local ports, replacing cluster.servers (one per 4 workers "
@@ -135,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     tp.add_argument("--out", required=True, help="directory for config.yaml and the tables' initial values")
     tp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     tp.set_defaults(fn=_tables)
+    ep = sub.add_parser("examples", help="list the example configs shipped in the package, or copy one")
+    ep.add_argument("name", nargs="?", default=None, help="the example to copy")
+    ep.add_argument("dir", nargs="?", default=".", help="where to copy it (default: this folder)")
+    ep.set_defaults(fn=_examples)
     args = p.parse_args(argv)
     try:
         return args.fn(args)
