@@ -23,7 +23,7 @@ from bosen import checkpoint
 from bosen import config as config_mod
 from bosen.config import Config
 from bosen.errors import BosenError
-from bosen.jobs import app_tables, kernels
+from bosen.jobs import app_tables, exporter, kernels
 from bosen.jobs import status as status_mod
 from bosen.jobs.cluster import LocalCluster, resolve_ports
 from bosen.jobs.job import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, start_worker, truncate_records
@@ -146,7 +146,11 @@ class Launcher:
                                                       self._resumed_from)
                 # children get their own process groups, so Ctrl-C in a terminal reaches only the
                 # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
-                with self._process_group() as group:
+                with exporter.serving(self.config.metrics.port, merger, self.config.cluster.workers,
+                                      lambda: self.config.cluster.servers, self._t0) as endpoint, \
+                        self._process_group() as group:
+                    if endpoint is not None:
+                        self.say(f"metrics on http://{exporter.HOST}:{endpoint.port}/metrics")
                     if self.ray is not False:
                         self._place_on_ray(group, cfg_path)
                     self._start_servers(cfg_path, group, resume_from)
