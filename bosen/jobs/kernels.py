@@ -2,7 +2,8 @@
 fresh install, or after the sources changed) every worker compiles the app's and the client's kernels
 at their first call, tens of seconds before the first clock ends, and the launcher would otherwise
 sit silent. Numba keeps what it compiled in its cache (``@njit(cache=True)``, ``__pycache__/*.nbi``
-beside the sources); the launcher looks there before it starts the workers."""
+beside the sources); the launcher looks there before it starts the servers (which compile theirs in
+their warm-up, before they answer) and the workers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 
 # the library's packages whose kernels a worker runs (the servers compile theirs at start, server/warmup.py)
 LIBRARY = ("bosen", "bosen.client")
+# what a server compiles in its warm-up, before it answers STATUS (server/warmup.py)
+SERVER = ("bosen", "bosen.server", "bosen.server.procedures")
 NOTICE_EVERY_S = 10.0
 
 
@@ -63,6 +66,12 @@ def first_run(app_module: str) -> list[str]:
         if total and not held:
             out.append(what)
     return out
+
+
+def servers_first_run() -> bool:
+    """Whether numba's cache holds none of the servers' kernels: their warm-up compiles them all."""
+    held, total = _cached([m for p in SERVER for m in _kernel_modules(p)])
+    return total > 0 and not held
 
 
 class CompileNotice:

@@ -289,6 +289,8 @@ class Launcher:
         if self.config.checkpoint is not None:  # a lost worker is replaced: its clock waits for that
             args.append("--hold-lost")
         self.cluster = LocalCluster(cfg_path, self.config.cluster.servers, group, name="server", server_args=args)
+        if not self.quiet and self.ray is False and kernels.servers_first_run():
+            self.say("compiling kernels (first run only): the servers compile theirs before they answer")
         try:
             self.cluster.start(SERVER_READY_TIMEOUT_S)
         except ProcessFailed as e:

@@ -85,3 +85,10 @@ def test_the_notice_speaks_until_the_first_clock():
     assert "compiling kernels (first run only)..." in (n.tick(3) or "")  # a resumed job's kept clocks
     assert "kernels compiled" in (n.tick(4) or "")
     assert n.tick(5) is None
+
+
+def test_the_servers_kernels_are_looked_for_in_the_server_packages(monkeypatch):
+    assert "bosen.server.warmup" in kernels._kernel_modules("bosen.server")
+    assert kernels._cached(kernels._kernel_modules("bosen.server.procedures"))[1] > 0  # found, cached or not
+    monkeypatch.setattr(kernels, "SERVER", ())
+    assert kernels.servers_first_run() is False  # nothing to compile, nothing to say
