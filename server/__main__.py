@@ -46,7 +46,7 @@ def _metrics(server: Server) -> prometheus.Endpoint | None:
     loop, labels = asyncio.get_running_loop(), {"server": str(server.rank)}
     host = server.bind_address.removeprefix("tcp://").rpartition(":")[0]
     endpoint = prometheus.Endpoint(host, port, lambda: prometheus.server_families(
-        prometheus.on_loop(loop, server.stats), labels))
+        prometheus.on_loop(loop, lambda: server.stats(histograms=False)), labels))
     logging.getLogger("bosen.server").info("metrics on http://%s:%d/metrics", host, endpoint.port)
     return endpoint
 
