@@ -13,14 +13,22 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
+import socket
+import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import start_http_server
+from prometheus_client import make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from bosen.errors import BosenError
+
+log = logging.getLogger("bosen.metrics")
 
 FETCH_TIMEOUT_S = 5.0
 
@@ -170,6 +178,23 @@ def on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[[], Any], timeout: flo
     return done.result(timeout)
 
 
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # a scrape is no news
+        pass
+
+
+class _Server(ThreadingWSGIServer):
+    """prometheus_client's threaded WSGI server (a thread per request, daemon threads), with a
+    request that fails (a peer that hung up, garbage) one log line, not a traceback on stderr."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.warning("metrics: a request from %s failed: %s", client_address[0], sys.exc_info()[1])
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
 class Endpoint:
     """``/metrics`` on ``host:port`` in prometheus_client's HTTP server threads; ``close()`` stops them."""
 
@@ -177,10 +202,13 @@ class Endpoint:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Families(fetch))
         try:
-            self._httpd, self._thread = start_http_server(port, host, registry=registry)
+            self._httpd = make_server(host, port, make_wsgi_app(registry), _Server6 if ":" in host else _Server,
+                                      handler_class=_QuietHandler)
         except OSError as e:
             raise BosenError(f"metrics: cannot serve /metrics on {host}:{port}: {e.strerror or e}") from None
         self.port = int(self._httpd.server_address[1])
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics-http", daemon=True)
+        self._thread.start()
 
     def close(self) -> None:
         self._httpd.shutdown()

@@ -99,6 +99,8 @@ def test_each_server_serves_its_status_and_bad_requests_change_nothing(bosen_clu
         assert one(got, "bosen_server_apply_lag_seconds_count", **lab) == st["apply_lag_ms"]["n"] > 0
         assert one(got, "bosen_server_partitions_owned", **lab) == st["partitions"]["owned"]
     assert config_mod.load(c.path).metrics.port == base
+    for server in c.servers:  # a bad request is a log line at most
+        assert "Traceback" not in server.tail(200), server.tail(200)
 
 
 @pytest.mark.timeout(120)
