@@ -13,11 +13,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import sysconfig
+import time
 import venv
 import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import free_port_run, scrape
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_JOB_ENV = {"PYTHONPATH": None, "BOSEN_CONFIG": None, "BOSEN_RANK": None, "BOSEN_RUN_DIR": None,
@@ -54,12 +56,32 @@ def test_a_wheel_in_a_fresh_venv_launches_an_example_by_name(tmp_path, bosen_pro
     assert all(line.startswith(str(site)) for line in where.split()), where  # the wheel's, not the checkout's
     assert "mf " in _run([env_dir / "bin" / "bosen", "examples"], cwd=work)
 
+    port = free_port_run(3)  # /metrics: the launcher's, then each server's
     launch = bosen_procs.spawn("launch", [env_dir / "bin" / "bosen", "launch", "mf", "--set", "app.args.epochs=2",
-                                          "--set", "app.args.nnz=20000", "--no-plot", "--timeout", "300"],
-                               env=NO_JOB_ENV, cwd=work)
+                                          "--set", "app.args.nnz=20000", "--set", f"metrics.port={port}",
+                                          "--no-plot", "--timeout", "300"], env=NO_JOB_ENV, cwd=work)
+    job, server = _scrape_while_running(launch, port)  # the workers compile for seconds: time enough
     assert bosen_procs.wait_all([launch], timeout=340) == [0], launch.tail(40)
+    assert job["bosen_job_workers"][()] == 2, job
+    assert {v for k, v in job["bosen_server_up"].items()} == {1.0} and len(job["bosen_server_up"]) == 2, job
+    assert server["bosen_server_up"] == {(("server", "0"),): 1.0}
+    assert server["bosen_server_table_rows"][(("server", "0"), ("table", "L"))] == 10000  # half of mf's 20,000
     out = launch.tail(40)
     assert "compiling kernels (first run only)" in out and "done in" in out, out
     assert "the servers compile theirs" in out, out  # their warm-up, before "servers up"
     (metrics,) = work.glob("runs/mf-*/metrics.jsonl")
     assert '"kind": "summary"' in metrics.read_text()
+
+
+def _scrape_while_running(launch, port: int) -> tuple[dict, dict]:
+    """The launcher's /metrics once both servers answer there, and server 0's own, while the job runs."""
+    deadline = time.monotonic() + 300
+    while launch.returncode is None and time.monotonic() < deadline:
+        try:
+            job = scrape(port)
+            if len(job.get("bosen_server_up", {})) == 2 and set(job["bosen_server_up"].values()) == {1.0}:
+                return job, scrape(port + 1)
+        except OSError:  # not serving yet
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"the launcher's /metrics never showed both servers up; exit {launch.returncode}:\n{launch.tail(40)}")

@@ -6,7 +6,6 @@ the job's newest clock record and every server's numbers."""
 from __future__ import annotations
 
 import json
-import random
 import socket
 import time
 import urllib.error
@@ -14,7 +13,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from conftest import free_port_run, scrape
 
 from bosen import config as config_mod
 from bosen import prometheus
@@ -26,42 +25,13 @@ from bosen.jobs.job import WORKER_RECORDS, MetricsMerger, job_config
 TABLES = {"W": {"rows": 40, "cols": 3, "dtype": "int64"}}
 
 
-def free_base(n: int) -> int:
-    """A port P with P .. P + n - 1 free on loopback now (the ports metrics.port P takes)."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free run of ports")
-
-
-def scrape(port: int) -> dict[str, dict[tuple, float]]:
-    """{sample name: {sorted labels: value}} of one GET /metrics."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    out: dict[str, dict[tuple, float]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
-    return out
-
-
 def one(samples: dict[str, dict[tuple, float]], name: str, **labels: str) -> float:
     return samples[name][tuple(sorted(labels.items()))]
 
 
 @pytest.mark.timeout(120)
 def test_each_server_serves_its_status_and_bad_requests_change_nothing(bosen_cluster, tmp_path):
-    base = free_base(3)
+    base = free_port_run(3)
     cfg = job_config([], 1, tables=TABLES)
     cfg["metrics"] = {"port": base}
     c = bosen_cluster(2, config={**cfg, "cluster": {"servers": ["127.0.0.1:0"] * 2, "workers": 1}})
@@ -115,7 +85,7 @@ def test_the_launcher_serves_the_job_and_every_server(bosen_cluster, tmp_path):
         merger = MetricsMerger(run_dir, 1, out)
         assert len(merger.poll()) == 3
         addresses = [*c.addresses, "127.0.0.1:1"]  # a third that nobody serves: reported down
-        with exporter.serving(free_base(1), merger, 1, lambda: addresses, time.time() - 5) as endpoint:
+        with exporter.serving(free_port_run(1), merger, 1, lambda: addresses, time.time() - 5) as endpoint:
             assert endpoint is not None
             got = scrape(endpoint.port)
     assert one(got, "bosen_job_clock") == 2 and one(got, "bosen_job_objective") == 8.0
