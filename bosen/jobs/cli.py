@@ -99,7 +99,7 @@ def _tables(args: argparse.Namespace) -> int:
 
     from bosen.jobs import app_tables
 
-    cfg = config_mod.load(args.config, args.set)
+    cfg = config_mod.load(examples.resolve(args.config), args.set)  # a file, or an example's name
     if not cfg.app.tables:
         raise BosenError(f"{cfg.source}: app.tables is not set: the YAML's tables are all there is")
     out = Path(args.out)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     dp.add_argument("--libsvm", action="store_true", help="image sets: libsvm text files too")
     dp.set_defaults(fn=_data)
     tp = sub.add_parser("tables", help="declare the app's tables from its model (app.tables) into a full config")
-    tp.add_argument("config")
+    tp.add_argument("config", help="a config file, or the name of an example")
     tp.add_argument("--out", required=True, help="directory for config.yaml and the tables' initial values")
     tp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     tp.set_defaults(fn=_tables)

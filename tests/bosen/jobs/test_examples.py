@@ -92,3 +92,10 @@ def test_the_servers_kernels_are_looked_for_in_the_server_packages(monkeypatch):
     assert kernels._cached(kernels._kernel_modules("bosen.server.procedures"))[1] > 0  # found, cached or not
     monkeypatch.setattr(kernels, "SERVER", ())
     assert kernels.servers_first_run() is False  # nothing to compile, nothing to say
+
+
+def test_bosen_tables_takes_an_example_by_name_too(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["tables", "mf", "--out", str(tmp_path / "out")]) == 2  # mf's YAML has its tables
+    err = capsys.readouterr().err
+    assert "examples/mf.yaml: app.tables is not set" in err, err
