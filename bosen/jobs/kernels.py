@@ -76,7 +76,9 @@ def servers_first_run() -> bool:
 
 class CompileNotice:
     """The launcher's lines while the workers compile: one when they start, then one every
-    ``every_s`` until the first clock's record arrives, and one when it has."""
+    ``every_s`` until the first clock's record arrives, and one when it has. Most of the compiling
+    is before that record (the reads and the app's kernels); what a clock's end first calls (the
+    send path, pushes applied, an evaluation) compiles in the clocks right after it."""
 
     def __init__(self, packages: list[str], clocks: int = 0, every_s: float = NOTICE_EVERY_S) -> None:
         self.packages = packages
@@ -98,7 +100,8 @@ class CompileNotice:
         now = time.monotonic()
         if clocks > self.clocks:
             self.done = True
-            return f"kernels compiled and cached: the first clock ended {now - self.t0:.0f}s after the workers started"
+            return (f"first clock done {now - self.t0:.0f}s after the workers started; the next ones may still "
+                    "compile kernels they are the first to call (send, push and evaluation paths)")
         if now - self.last >= self.every_s:
             self.last = now
             return f"compiling kernels (first run only)... {now - self.t0:.0f}s"

@@ -83,7 +83,7 @@ def test_the_notice_speaks_until_the_first_clock():
     n = kernels.CompileNotice(["bosen.apps.mf"], clocks=3, every_s=0.0)
     assert "compiling kernels (first run only)" in (n.first() or "")
     assert "compiling kernels (first run only)..." in (n.tick(3) or "")  # a resumed job's kept clocks
-    assert "kernels compiled" in (n.tick(4) or "")
+    assert "first clock done" in (n.tick(4) or "")
     assert n.tick(5) is None
 
 
