@@ -234,13 +234,17 @@ class MetricsConfig:
     that the values it read do not include (docs/design.md, "Freshness probes"); 0 = off. Pushes
     and replies then carry per-row update counts, so servers and clients must agree (fingerprint).
     ``profile``: every thread (workers, the communication thread, each server's loop) times its
-    phases, wall and CPU (``bosen.phases``), reported by ``Client.stats`` and server STATUS."""
+    phases, wall and CPU (``bosen.phases``), reported by ``Client.stats`` and server STATUS.
+    ``port``: Prometheus ``/metrics`` over HTTP (``bosen.prometheus``, docs/metrics.md): the launcher
+    serves the job on ``port``, server rank R on ``port + 1 + R``; 0 = off."""
 
     freshness_every: int = 0
     profile: bool = False
+    port: int = 0
 
     def __post_init__(self) -> None:
         check(self.freshness_every >= 0, "freshness_every: must be >= 0 (0 = off)")
+        check(0 <= self.port <= 65535, f"port: {self.port} is not a TCP port (1-65535; 0 = off)")
 
 
 @dataclass(frozen=True)

@@ -302,10 +302,15 @@ class Client:
             n += w.inc_bytes
         return n
 
-    def _read_totals(self) -> dict[str, int]:
-        """Rows read so far, how many held mid-clock values and their summed staleness (all workers)."""
+    def _read_totals(self) -> dict[str, int | float]:
+        """Rows read so far, how many held mid-clock values and their summed staleness, and the reads
+        that blocked and their time: who holds the job back (all workers; Prometheus's
+        ``bosen_job_blocked_seconds``)."""
         w = self._worker_totals()
-        return {k: int(w[k]) for k in ("rows_read", "rows_read_early", "read_staleness_sum")}
+        totals: dict[str, int | float] = {k: int(w[k]) for k in ("rows_read", "rows_read_early", "read_staleness_sum",
+                                                                 "blocked_reads")}
+        totals["blocked_s"] = round(float(w["blocked_s"]), 6)
+        return totals
 
     def _worker_totals(self) -> dict[str, float]:
         with self._workers_lock:

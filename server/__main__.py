@@ -13,6 +13,7 @@ from pathlib import Path
 import uvloop
 
 from bosen import config as config_mod
+from bosen import prometheus
 from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
 from bosen.malloc import reuse_large_buffers
@@ -44,14 +45,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _metrics(server: Server) -> prometheus.Endpoint | None:
+    """``/metrics`` (metrics.port; off when 0) on the host the server binds: its STATUS, taken on the loop."""
+    port = prometheus.port_for(server.config.metrics.port, server.rank)
+    if not port:
+        return None
+    loop, labels = asyncio.get_running_loop(), {"server": str(server.rank)}
+    host = server.bind_address.removeprefix("tcp://").rpartition(":")[0]
+    endpoint = prometheus.Endpoint(host, port, lambda: prometheus.server_families(
+        prometheus.on_loop(loop, lambda: server.stats(histograms=False)), labels))
+    logging.getLogger("bosen.server").info("metrics on http://%s:%d/metrics", host, endpoint.port)
+    return endpoint
+
+
 async def _run(server: Server) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop)
     await server.start()
+    endpoint = _metrics(server)
     try:
         await server.serve()
     finally:
+        if endpoint is not None:
+            endpoint.close()
         server.close()
 
 
@@ -85,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     try:
         uvloop.run(_run(server))
+    except BosenError as e:  # the metrics port
+        print(f"bosen-server: {e}", file=sys.stderr)
+        return 1
     except OSError as e:
         print(f"bosen-server: cannot serve on {server.bind_address}: {e}", file=sys.stderr)
         return 1

@@ -1009,7 +1009,8 @@ class Server:
             return sent
         return 0
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self, histograms: bool = True) -> dict[str, Any]:
+        """STATUS; without ``histograms`` (a Prometheus scrape) no pass over each table's send counts."""
         clocks = [int(c) if c != GONE else "left" for c in self.client_clock]
         uptime = time.time() - self.started
         comm: dict[str, Any] = {}
@@ -1036,8 +1037,9 @@ class Server:
             "apply_lag_ms": self.apply_lag.stats(),
             "push_stall_ms": self.push_stall.stats(),
             **({"phases": self.phases.stats()} if self.phases is not None else {}),
-            "tables": {s.cfg.name: {"rows": s.stored, "bytes": s.nbytes,
-                                    "send_count_hist": send_histogram(s.send_count[:s.stored]), **s.procedure.stats()}
+            "tables": {s.cfg.name: {"rows": s.stored, "bytes": s.nbytes, **s.procedure.stats(),
+                                    **({"send_count_hist": send_histogram(s.send_count[:s.stored])} if histograms
+                                       else {})}
                        for s in self.shards},
             **self.counters,
         }

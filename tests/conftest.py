@@ -9,9 +9,12 @@ group), and a failing test's report carries the processes' logs.
 from __future__ import annotations
 
 import os
+import random
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -125,3 +128,36 @@ def saved_table(base: Path, clock: int) -> Any:
         arrays = parts[f"server-{j}"].load()
         full[arrays["t0.rows"]] = arrays["t0.values"]
     return full
+
+
+def free_port_run(n: int) -> int:
+    """A port P with P .. P + n - 1 all free on loopback now (what ``metrics.port`` P takes for the
+    launcher and n - 1 servers)."""
+    for _ in range(200):
+        base = random.randrange(20000, 60000)
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
+def scrape(port: int) -> dict[str, dict[tuple, float]]:
+    """One GET http://127.0.0.1:PORT/metrics, parsed by prometheus_client's own text parser:
+    {sample name: {sorted (label, value) pairs: value}}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return out

@@ -386,8 +386,11 @@ def from_dense(x: np.ndarray, labels: np.ndarray, classes: int) -> Dataset:
 def digits() -> Dataset:
     """sklearn's handwritten digits (1797 8x8 images, 10 classes): a real data set shipped with
     scikit-learn, so tests need no download. Pixels are scaled from 0..16 to [0, 1]."""
-    from sklearn.datasets import load_digits
-
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:  # not a dependency of the package: the test extra has it
+        raise DataError("data: digits: the data set ships in scikit-learn, which is not installed: "
+                        "pip install scikit-learn") from None
     d = load_digits()
     return from_dense(d.data / 16.0, d.target, 10)
 

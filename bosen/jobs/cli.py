@@ -1,5 +1,6 @@
-"""The ``bosen`` command: ``bosen launch CONFIG``, ``bosen status CONFIG``, ``bosen data NAME`` and
-``bosen tables CONFIG --out DIR``."""
+"""The ``bosen`` command: ``bosen launch CONFIG``, ``bosen status CONFIG``, ``bosen data NAME``,
+``bosen tables CONFIG --out DIR`` and ``bosen examples [NAME [DIR]]``. CONFIG is a file or the name of
+an example shipped in the package (``bosen launch mf``: ``bosen.jobs.examples``)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ from bosen import checkpoint
 from bosen import config as config_mod
 from bosen.apps.datasets.packaged import NAMES as DATASET_NAMES
 from bosen.errors import BosenError
+from bosen.jobs import examples
 from bosen.jobs import status as status_mod
 
 
 def _launch(args: argparse.Namespace) -> int:
     from bosen.jobs.launch import Launcher
 
-    launcher = Launcher(args.config, workers=args.workers, overrides=args.set, run_dir=args.run_dir,
+    config = examples.resolve(args.config)
+    needs = examples.missing_data(config, config_mod.load(config, args.set).app.args)
+    if needs is not None:
+        raise BosenError(needs)
+    launcher = Launcher(config, workers=args.workers, overrides=args.set, run_dir=args.run_dir,
                         timeout=args.timeout, quiet=args.quiet, plot=not args.no_plot, resume=args.resume,
                         servers=args.servers, ray=False if args.ray is None else (args.ray or True))
     return launcher.run()
@@ -84,12 +90,21 @@ def _data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _examples(args: argparse.Namespace) -> int:
+    if args.name is None:
+        print(examples.listing())
+        print("bosen launch NAME runs one; bosen examples NAME [DIR] copies it to edit")
+        return 0
+    print(f"{examples.copy(args.name, args.dir)}: edit it, then bosen launch it")
+    return 0
+
+
 def _tables(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from bosen.jobs import app_tables
 
-    cfg = config_mod.load(args.config, args.set)
+    cfg = config_mod.load(examples.resolve(args.config), args.set)  # a file, or an example's name
     if not cfg.app.tables:
         raise BosenError(f"{cfg.source}: app.tables is not set: the YAML's tables are all there is")
     out = Path(args.out)
@@ -107,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bosen", description="Bösen parameter server tools.")
     sub = p.add_subparsers(dest="command", required=True)
     lp = sub.add_parser("launch", help="run a job locally: servers plus worker processes")
-    lp.add_argument("config")
+    lp.add_argument("config", help="a config file, or the name of an example (bosen examples lists them)")
     lp.add_argument("--workers", type=int, default=None, help="worker processes (default: cluster.workers)")
     lp.add_argument("--servers", type=int, default=None,
                     help="server processes on free local ports, replacing cluster.servers (one per 4 workers "
@@ -136,10 +151,14 @@ def main(argv: list[str] | None = None) -> int:
     dp.add_argument("--libsvm", action="store_true", help="image sets: libsvm text files too")
     dp.set_defaults(fn=_data)
     tp = sub.add_parser("tables", help="declare the app's tables from its model (app.tables) into a full config")
-    tp.add_argument("config")
+    tp.add_argument("config", help="a config file, or the name of an example")
     tp.add_argument("--out", required=True, help="directory for config.yaml and the tables' initial values")
     tp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     tp.set_defaults(fn=_tables)
+    ep = sub.add_parser("examples", help="list the example configs shipped in the package, or copy one")
+    ep.add_argument("name", nargs="?", default=None, help="the example to copy")
+    ep.add_argument("dir", nargs="?", default=".", help="where to copy it (default: this folder)")
+    ep.set_defaults(fn=_examples)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

@@ -23,7 +23,7 @@ from bosen import checkpoint
 from bosen import config as config_mod
 from bosen.config import Config
 from bosen.errors import BosenError
-from bosen.jobs import app_tables
+from bosen.jobs import app_tables, exporter, kernels
 from bosen.jobs import status as status_mod
 from bosen.jobs.cluster import LocalCluster, resolve_ports
 from bosen.jobs.job import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, start_worker, truncate_records
@@ -102,6 +102,7 @@ class Launcher:
         self._no_prune_until = 0.0
         self._merger: MetricsMerger | None = None
         self._resumed_from: tuple[int, int] | None = None  # (clock, workers) of a checkpoint made by other workers
+        self._compiling: kernels.CompileNotice | None = None  # says so while the workers compile numba kernels
 
     def say(self, msg: str) -> None:
         if not self.quiet:
@@ -146,7 +147,11 @@ class Launcher:
                                                       self._resumed_from)
                 # children get their own process groups, so Ctrl-C in a terminal reaches only the
                 # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
-                with self._process_group() as group:
+                with exporter.serving(self.config.metrics.port, merger, self.config.cluster.workers,
+                                      lambda: self.config.cluster.servers, self._t0) as endpoint, \
+                        self._process_group() as group:
+                    if endpoint is not None:
+                        self.say(f"metrics on http://{exporter.HOST}:{endpoint.port}/metrics")
                     if self.ray is not False:
                         self._place_on_ray(group, cfg_path)
                     self._start_servers(cfg_path, group, resume_from)
@@ -299,6 +304,8 @@ class Launcher:
         if self.config.checkpoint is not None:  # a lost worker is replaced: its clock waits for that
             args.append("--hold-lost")
         self.cluster = LocalCluster(cfg_path, self.config.cluster.servers, group, name="server", server_args=args)
+        if not self.quiet and self.ray is False and kernels.servers_first_run():
+            self.say("compiling kernels (first run only): the servers compile theirs before they answer")
         try:
             self.cluster.start(SERVER_READY_TIMEOUT_S)
         except ProcessFailed as e:
@@ -312,6 +319,11 @@ class Launcher:
         self.workers = [start_worker(group, module, cfg_path, rank, self.run_dir, self._t0, resume)
                         for rank in range(k)]
         self.say(f"{k} workers running {module}; run directory {self.run_dir}")
+        if not self.quiet:
+            done = len(self._merger.done) if self._merger is not None else 0  # a resumed job's kept clocks
+            self._compiling = kernels.CompileNotice(kernels.first_run(module), done)
+            if line := self._compiling.first():
+                self.say(line)
 
     def _check_alive(self) -> bool:
         """Raise JobFailed if any process failed (a lost server is replaced where the job makes
@@ -360,6 +372,8 @@ class Launcher:
             done = self._check_alive()
             for rec in merger.poll():
                 self._progress(rec)
+            if self._compiling is not None and (line := self._compiling.tick(len(merger.done))):
+                self.say(line)
             if done or time.time() - pruned > PRUNE_EVERY_S:
                 self._prune()
                 pruned = time.time()

@@ -455,3 +455,9 @@ def test_bench_time_to_accuracy_counts_training_seconds_up_to_the_first_hit():
     run = {"epoch_s": [1.0, 2.0, 4.0], "accuracy": [0.5, 0.8, 0.9]}
     assert apps_mlr._time_to(run, 0.8) == (2, 3.0)
     assert apps_mlr._time_to(run, 0.95) == (None, None)
+
+
+def test_digits_without_scikit_learn_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # as if not installed (pip install bosen alone)
+    with pytest.raises(D.DataError, match="pip install scikit-learn"):
+        D.digits()

@@ -392,6 +392,9 @@ def test_unsatisfiable_read_times_out_naming_table_row_and_clocks(bosen_cluster)
         assert isinstance(ei.value, TimeoutError)
         st = client.stats()
         assert st["blocked_reads"] >= 2 and st["blocked_s"] >= 3.5
+        rec = client.report()  # every record carries them too (metrics.jsonl, bosen_job_blocked_seconds)
+        assert rec["blocked_reads"] == st["blocked_reads"]
+        assert rec["blocked_s"] == pytest.approx(st["blocked_s"], abs=1e-5)
     finally:
         client.close()
     c.check()
