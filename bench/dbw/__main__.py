@@ -152,16 +152,16 @@ def _reached(records: list[dict[str, Any]], target: float) -> float:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.dbw", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="4 workers, 3 seeds, alphas 0 and 1 (CI)")
-    p.add_argument("--workers", type=int, default=8)
-    p.add_argument("--seeds", type=int, default=10)
-    p.add_argument("--alphas", type=float, nargs="+", default=[0.0, 0.2, 1.0])
+    p.add_argument("--workers", type=int, default=None, help="n (default 8, --quick 4)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per setting (default 10, --quick 3)")
+    p.add_argument("--alphas", type=float, nargs="+", default=None, help="default 0 0.2 1 (--quick: 0 1)")
     p.add_argument("--data", default="digits", help="digits, or a `bosen data` MLR set under data/ (fashion-mnist)")
     p.add_argument("--samples", type=int, default=5000, help="training samples taken of a data/ set")
     p.add_argument("--lr", type=float, default=1.0, help="the step at k = n (static k: lr*k/n)")
     p.add_argument("--batch", type=int, default=16, help="samples per worker gradient")
     p.add_argument("--target", type=float, default=0.3, help="training loss to reach")
     p.add_argument("--max-time", type=float, default=3000.0, help="virtual time limit of one run")
-    p.add_argument("--slow-from", type=int, default=40, help="slowdown experiment: iteration of the slowdown")
+    p.add_argument("--slow-from", type=int, default=None, help="slowdown: its iteration (default 40, --quick 20)")
     p.add_argument("--window", type=int, default=BackupConfig.window, help="backup.window (D)")
     p.add_argument("--memory", type=float, default=BackupConfig.memory, help="backup.memory")
     p.add_argument("--methods", nargs="+", default=None, help="only these (static1.., dynamic, blind)")
@@ -171,9 +171,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iterations", type=int, default=400, help="--processes: most iterations of a job")
     p.add_argument("--timeout", type=float, default=300.0, help="--processes: seconds one job may take")
     a = p.parse_args(argv)
-    if a.quick:
-        a.workers, a.seeds, a.alphas = 4, 3, [0.0, 1.0]
-        a.slow_from = 20
+    for key, full, quick in (("workers", 8, 4), ("seeds", 10, 3), ("alphas", [0.0, 0.2, 1.0], [0.0, 1.0]),
+                             ("slow_from", 40, 20)):
+        if getattr(a, key) is None:
+            setattr(a, key, quick if a.quick else full)
     t0 = time.perf_counter()
     if a.processes:
         alpha_processes(a)
