@@ -3,11 +3,14 @@
 
 Two experiments, one JSON line per result (``experiment``):
 
+Each line has ``bench``, ``case``, ``metric``, ``unit``, ``ours`` (a median over the seeds) and, on
+summary lines, ``baseline``, ``baseline_name`` and ``ratio`` (baseline / DBW: above 1, DBW is faster).
+
 - ``alpha``: n workers, round trips ``1 - alpha + alpha * Exp(1)`` (mean 1: the time unit), softmax
   regression (MLR) on a real data set, the virtual time until the training loss reaches ``--target``,
   over ``--seeds`` seeds, for static k = 1..n (learning rate lr·k/n), ``dynamic`` (DBW) and ``blind``
-  (B-DBW), both at lr. One line per (alpha, method): median, min, max, mean k_t; then per alpha a
-  ``summary`` line: DBW / best static and DBW / B-DBW (medians), and whether DBW is within 10%.
+  (B-DBW), both at lr. One line per (alpha, method): median, min, max, mean k_t; then per alpha two
+  ``summary`` lines: DBW against the best static k (and whether it is within 10%) and against B-DBW.
 - ``slowdown`` (Fig. 9): deterministic equal round trips, then from iteration ``--slow-from`` the upper
   half of the workers 5x slower: per seed, the first iteration from which k_t stays at or below n/2
   for 10 iterations (how long DBW takes to notice), and k_t's mean 20-40 iterations after.
@@ -35,6 +38,8 @@ from bench.common import REPO, emit
 from bosen.apps.delays import DelayArgs
 from bosen.apps.mlr import data as D
 from bosen.config import BackupConfig
+
+VIRTUAL = "mean round trips (virtual time)"
 
 
 def dataset(name: str, samples: int) -> D.Dataset:
@@ -73,22 +78,26 @@ def alpha_sim(a: argparse.Namespace, ds: D.Dataset) -> None:
                 ks.append(float(np.mean(r.k)) if r.k else math.nan)
             s = _spread(times)
             medians[name] = s["median"]
-            emit(bench="dbw", experiment="alpha", clock="virtual", workers=a.workers, alpha=alpha, method=name,
+            emit(bench="dbw", case=f"alpha={alpha:g} {name}", metric="time_to_target", unit=VIRTUAL,
+                 ours=s["median"], experiment="alpha", clock="virtual", workers=a.workers, alpha=alpha, method=name,
                  lr=cfg.lr if cfg.mode != "static" else a.lr * (cfg.k or 1) / a.workers, batch=a.batch,
                  target=a.target, seeds=a.seeds, time_to_target=s, mean_k=statistics.mean(ks))
-        _summary(a, alpha, medians)
+        _summary(a, alpha, medians, VIRTUAL)
 
 
-def _summary(a: argparse.Namespace, alpha: float, medians: dict[str, float]) -> None:
+def _summary(a: argparse.Namespace, alpha: float, medians: dict[str, float], unit: str) -> None:
+    """Two lines: DBW against the best static k, and against B-DBW (median times; ratio = baseline /
+    DBW, above 1 when DBW is faster)."""
     if not ("dynamic" in medians and "blind" in medians and any(k.startswith("static") for k in medians)):
         return
     static = {k: v for k, v in medians.items() if k.startswith("static")}
     best = min(static, key=lambda k: static[k])
-    dbw, blind = medians["dynamic"], medians["blind"]
-    emit(bench="dbw", experiment="alpha", summary=True, workers=a.workers, alpha=alpha, best_static=best,
-         best_static_time=static[best], dynamic_time=dbw, blind_time=blind,
-         dynamic_vs_best_static=dbw / static[best], dynamic_vs_blind=dbw / blind,
-         within_10pct=bool(dbw <= 1.1 * static[best]))
+    dbw = medians["dynamic"]
+    for vs, base in (("best static", best), ("B-DBW", "blind")):
+        emit(bench="dbw", case=f"alpha={alpha:g} DBW vs {vs}", metric="time_to_target", unit=unit, ours=dbw,
+             baseline=medians[base], baseline_name=base, ratio=medians[base] / dbw, experiment="alpha",
+             summary=True, workers=a.workers, alpha=alpha, seeds=a.seeds,
+             **({"within_10pct": bool(dbw <= 1.1 * medians[base])} if base == best else {}))
 
 
 def slowdown_sim(a: argparse.Namespace, ds: D.Dataset) -> None:
@@ -104,10 +113,11 @@ def slowdown_sim(a: argparse.Namespace, ds: D.Dataset) -> None:
         first = next((t for t in range(a.slow_from, len(k) - 9) if max(k[t:t + 10]) <= half), None)
         detect.append(math.inf if first is None else first - a.slow_from)
         after.append(float(np.mean(k[a.slow_from + 20:a.slow_from + 40])))
-        emit(bench="dbw", experiment="slowdown", clock="virtual", workers=n, seed=seed, slow_from=a.slow_from,
-             k_before=float(np.mean(k[max(0, a.slow_from - 10):a.slow_from])), iterations_to_half=detect[-1],
-             k_after=after[-1], k=k)
-    emit(bench="dbw", experiment="slowdown", summary=True, workers=n, seeds=a.seeds, slow_from=a.slow_from,
+        emit(bench="dbw", case=f"slowdown seed={seed}", metric="iterations_to_half", unit="iterations",
+             ours=detect[-1], experiment="slowdown", clock="virtual", workers=n, seed=seed, slow_from=a.slow_from,
+             k_before=float(np.mean(k[max(0, a.slow_from - 10):a.slow_from])), k_after=after[-1], k=k)
+    emit(bench="dbw", case="slowdown", metric="k_after", unit="gradients per step", ours=_spread(after)["median"],
+         experiment="slowdown", summary=True, workers=n, seeds=a.seeds, slow_from=a.slow_from,
          iterations_to_half=_spread(detect), k_after=_spread(after), half=half,
          within_20=bool(all(d <= 20 for d in detect)))
 
@@ -136,9 +146,10 @@ def alpha_processes(a: argparse.Namespace) -> None:
                     times.append(_reached(run.kind("worker"), a.target))
             s = _spread(times)
             medians[name] = s["median"]
-            emit(bench="dbw", experiment="alpha", clock="wall", workers=a.workers, alpha=alpha, method=name,
-                 unit_s=a.unit_s, lr=a.lr, batch=a.batch, target=a.target, seeds=a.seeds, time_to_target_s=s)
-        _summary(a, alpha, medians)
+            emit(bench="dbw", case=f"alpha={alpha:g} {name}", metric="time_to_target", unit="s", ours=s["median"],
+                 experiment="alpha", clock="wall", workers=a.workers, alpha=alpha, method=name, unit_s=a.unit_s,
+                 lr=a.lr, batch=a.batch, target=a.target, seeds=a.seeds, time_to_target=s)
+        _summary(a, alpha, medians, "s")
 
 
 def _reached(records: list[dict[str, Any]], target: float) -> float:
