@@ -123,8 +123,8 @@ def slowdown_sim(a: argparse.Namespace, ds: D.Dataset) -> None:
 
 
 def alpha_processes(a: argparse.Namespace) -> None:
-    """Real jobs (``bosen launch``): servers and MLR worker processes; wall seconds to the target (rank
-    0 evaluates the training loss of every iteration's value)."""
+    """Real jobs (``bosen launch``): servers and MLR worker processes; wall seconds to the target from
+    the first iteration (rank 0 evaluates the training loss of every iteration's value)."""
     from bosen.jobs.job import job_config, run_job, write_config
 
     for alpha in a.alphas:
@@ -153,10 +153,12 @@ def alpha_processes(a: argparse.Namespace) -> None:
 
 
 def _reached(records: list[dict[str, Any]], target: float) -> float:
-    """Seconds from the job's start to rank 0's first report of a training loss at most ``target``."""
-    for rec in records:
-        if rec.get("rank") == 0 and rec.get("train_loss", math.inf) <= target:
-            return float(rec["time"])
+    """Seconds from rank 0's first report (its first gradient: process start-up left out) to its
+    first report of a training loss at most ``target``."""
+    mine = [r for r in records if r.get("rank") == 0 and "train_loss" in r]
+    for rec in mine:
+        if rec["train_loss"] <= target:
+            return float(rec["time"]) - float(mine[0]["time"])
     return math.inf
 
 
