@@ -222,6 +222,8 @@ class TableConfig:
                                                    "not their own writes")
             check(self.storage == "dense", "storage: a backup table must be dense")
             check(self.dtype.startswith("float"), f"dtype: a backup table needs a float dtype, got {self.dtype}")
+            check(self.wire_dtype in (None, self.dtype), f"wire_dtype: a backup table's gradients travel unrounded "
+                  f"(a rounding residual would go out with the next iteration's gradient), got {self.wire_dtype}")
             object.__setattr__(self, "push", False)
         check(self.rows >= 1, "rows: must be >= 1")
         check(self.rows <= UNBOUNDED, f"rows: must be <= 2**63 - 1 (int64 row ids), got {self.rows}")
@@ -365,6 +367,15 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     ray: RayConfig = field(default_factory=RayConfig)  # used only by ``bosen launch --ray``
     source: str = "<dict>"
+
+    def __post_init__(self) -> None:
+        for t in self.tables:
+            if t.backup is not None and self.comm.enabled and t.wire_dtype is None:
+                check(self.comm.wire_dtype == t.dtype,
+                      f"tables.{t.name}.backup: the table's gradients must travel unrounded, and comm.wire_dtype "
+                      f"sends {t.dtype} updates as {self.comm.wire_dtype} (a rounding residual would go out with the "
+                      f"next iteration's gradient): under managed communication a backup table's dtype must be "
+                      f"comm.wire_dtype")
 
     def table(self, name: str) -> TableConfig:
         for t in self.tables:

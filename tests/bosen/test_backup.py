@@ -138,3 +138,21 @@ def test_a_backup_table_is_synchronous_and_pulled(tmp_path) -> None:
     assert table.backup == from_dict(BackupConfig, {"mode": "blind"}, "backup")
     assert table.backup.lr == 0.1 and table.backup.window == 20 and table.backup.memory == 0.9
     assert table.push is False and table.shows_own_writes is False and cfg.staleness_of(table) == 0
+
+
+def test_gradients_of_a_backup_table_are_never_rounded_on_the_wire(tmp_path) -> None:
+    import yaml
+
+    path = tmp_path / "job.yaml"
+    table = {"rows": 2, "cols": 3, "dtype": "float32", "backup": {}}
+    path.write_text(yaml.safe_dump({"cluster": {"servers": ["127.0.0.1:9600"]},
+                                    "comm": {"enabled": True, "wire_dtype": "float16"}, "tables": {"W": table}}))
+    with pytest.raises(ConfigError, match="tables.W.backup: the table's gradients must travel unrounded"):
+        load(path)
+    path.write_text(yaml.safe_dump({"cluster": {"servers": ["127.0.0.1:9600"]},
+                                    "tables": {"W": {**table, "wire_dtype": "bfloat16"}}}))
+    with pytest.raises(ConfigError, match="tables.W.wire_dtype: a backup table's gradients travel unrounded"):
+        load(path)
+    path.write_text(yaml.safe_dump({"cluster": {"servers": ["127.0.0.1:9600"]}, "comm": {"enabled": True},
+                                    "tables": {"W": table}}))
+    assert load(path).table("W").backup is not None  # float32 on a float32 wire
