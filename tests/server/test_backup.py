@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 from conftest import worker
 
+from bosen.config import BackupConfig, CommConfig, TableConfig
+from bosen.errors import ConfigError
 from bosen.jobs.status import query
 from bosen.partition import Partition
-
-pytestmark = pytest.mark.slow
+from bosen.server import procedures
+from bosen.server.backup import BackupStep
+from bosen.server.shard import TableShard
 
 LR = 0.5
 
@@ -24,6 +27,7 @@ def _status(c, server: int = 0) -> dict:
     return query(c.config["cluster"]["servers"][server])["tables"]["G"]["backup"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("servers", [1, 2])
 def test_static_k_applies_the_first_k_gradients_of_each_iteration_once(bosen_cluster, bosen_procs, tmp_path,
                                                                        servers):
@@ -52,6 +56,7 @@ def test_static_k_applies_the_first_k_gradients_of_each_iteration_once(bosen_clu
     assert sum(_status(c, s)["dropped_late"] for s in range(servers)) > 0
 
 
+@pytest.mark.slow
 def test_dynamic_k_falls_to_half_after_half_the_workers_slow_down(bosen_cluster, bosen_procs):
     n, slow, iters = 4, 6, 30
     app = {"module": "bosen.apps.mlr", "args": {"data": "digits", "holdout": 0.0, "batch_size": 16,
@@ -72,6 +77,7 @@ def test_dynamic_k_falls_to_half_after_half_the_workers_slow_down(bosen_cluster,
     assert b["dropped_late"] > 0
 
 
+@pytest.mark.slow
 def test_a_worker_that_dies_mid_iteration_does_not_hang_the_others(bosen_cluster, bosen_procs):
     n, iters = 3, 12
     c = _job(bosen_cluster, n, {"mode": "static", "k": n, "lr": LR})
@@ -81,3 +87,12 @@ def test_a_worker_that_dies_mid_iteration_does_not_hang_the_others(bosen_cluster
     b = _status(c)
     assert b["iteration"] == iters
     assert b["k_history"][:4] == [3] * 4 and b["k_history"][4:] == [2] * (iters - 4)  # k_t: the workers left
+
+
+def test_a_backup_table_refuses_to_move():
+    cfg = TableConfig(name="B", rows=8, cols=2, dtype="float32", backup=BackupConfig(mode="blind"))
+    proc = procedures.load(cfg, "t.yaml")
+    assert isinstance(proc, BackupStep) and not proc.read_my_writes
+    s = TableShard(0, cfg, Partition(1, 4), 0, 1, proc, CommConfig(enabled=False))
+    with pytest.raises(ConfigError, match="partitions of a table with backup workers cannot move"):
+        s.export_partitions(np.array([1]))
