@@ -132,12 +132,17 @@ class BackupStep(StoredProcedure):
             return True
         return False
 
+    def forget(self, rank: int) -> None:
+        """Drop what ``rank`` sent of a gradient not yet complete (its process is gone; a replacement
+        of the rank starts a gradient afresh)."""
+        self.has.discard(rank)
+        self.buffers.pop(rank, None)
+
     def left(self, rank: int, now: float) -> bool:
         """Rank ``rank`` left the job (or was lost): k_t is at most the workers left. Returns True if
         the table stepped with the gradients it already had."""
         self.alive.discard(rank)
-        self.has.discard(rank)
-        self.buffers.pop(rank, None)
+        self.forget(rank)
         if self.alive and self.k > len(self.alive):
             self.k = len(self.alive)
             if len(self.accepted) >= self.k:

@@ -677,6 +677,8 @@ class Server:
             log.warning("client rank %d left with updates held past a checkpoint boundary: they are dropped",
                         peer.rank)
         self.readers = {k: r for k, r in self.readers.items() if r.peer is not peer}
+        for backup in self.backups.values():  # a gradient it had not completed is dropped
+            backup.forget(peer.rank)
         if (lost and self.hold_lost) if hold is None else hold:
             log.warning("client rank %d was lost at clock %d: its clock is held for a replacement", peer.rank,
                         self.client_clock[peer.rank])
