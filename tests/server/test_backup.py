@@ -58,7 +58,7 @@ def test_static_k_applies_the_first_k_gradients_of_each_iteration_once(bosen_clu
 
 @pytest.mark.slow
 def test_dynamic_k_falls_to_half_after_half_the_workers_slow_down(bosen_cluster, bosen_procs):
-    n, slow, iters = 4, 6, 30
+    n, slow, iters = 4, 6, 34
     app = {"module": "bosen.apps.mlr", "args": {"data": "digits", "holdout": 0.0, "batch_size": 16,
                                                 "epochs": iters, "eval_every": 0,
                                                 "delay": {"mean_s": 0.05, "alpha": 0.0, "slow_from": slow}}}
