@@ -1,4 +1,4 @@
-"""One PyTorch worker of a dense table with backup workers (tests/apps/pytorch/test_backup.py): linear
+"""One PyTorch worker of a dense table with backup workers (tests/apps/pytorch/test_torch_backup.py): linear
 regression whose mini-batch at iteration t is a pure function of (rank, t), so the test can redo the
 steps; the final parameters as JSON on stdout's last line (rank 0)."""
 
