@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(PY) -m bench.actorps --quick
 	$(PY) -m bench.tablesize --quick
 	$(PY) -m bench.elastic --quick
+	$(PY) -m bench.dbw --quick
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache build/typecheck

@@ -151,6 +151,36 @@ class InitConfig:
 
 
 @dataclass(frozen=True)
+class BackupConfig:
+    """A synchronous table with backup workers (DBW, Xu et al. 2021; docs/design.md, "Backup workers"):
+    its servers step at iteration t from the first ``k_t`` of the workers' gradients of w_t and drop
+    the rest of that iteration. ``mode``: ``static`` (k_t = ``k``), ``dynamic`` (the paper's k_t, from
+    gradient statistics and round-trip times, ``bosen/backup.py``) or ``blind`` (B-DBW: k_t maximizes
+    k / T_k). Learning rate: ``lr`` is the step at k = n (the workers); ``static`` steps with
+    ``lr * k / n`` (the proportional rule), ``dynamic`` and ``blind`` with ``lr`` whatever k_t is, as
+    in the paper. ``window``: D, the iterations the gradient statistics are averaged over (the paper's
+    D = 5 was too noisy with the servers' gradient-only estimate of L: bench/dbw);
+    ``memory``: per iteration, the weight round-trip samples keep (older ones fade)."""
+
+    mode: Literal["dynamic", "static", "blind"] = "dynamic"
+    k: int | None = None  # static only: gradients per step
+    lr: float = 0.1
+    window: int = 20
+    memory: float = 0.9
+
+    def __post_init__(self) -> None:
+        if self.mode == "static":
+            check(self.k is not None, "k: mode static needs k, the gradients each step waits for")
+        else:
+            check(self.k is None, f"k: only mode static takes k (mode {self.mode} chooses k_t itself)")
+        if self.k is not None:
+            check(type(self.k) is int and self.k >= 1, f"k: must be an integer >= 1, got {self.k!r}")
+        check(self.lr > 0, f"lr: must be > 0, got {self.lr!r}")
+        check(type(self.window) is int and self.window >= 1, f"window: must be an integer >= 1, got {self.window!r}")
+        check(0 < self.memory <= 1, f"memory: must be in (0, 1], got {self.memory!r}")
+
+
+@dataclass(frozen=True)
 class TableConfig:
     """One shared table: ``rows`` x ``cols`` values, partitioned by row.
 
@@ -178,8 +208,23 @@ class TableConfig:
     # false: servers never push this table's rows; a reader pulls a row again once its cached value
     # is too old for the SSP rule (sparse embeddings read by many, each row rarely: no subscriptions)
     push: bool = True
+    # a synchronous table whose servers step from the first k_t of the workers' gradients (DBW);
+    # None: a plain SSP table
+    backup: BackupConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.backup is not None:
+            # synchronous and pulled: a reader waits for the iteration it needs, nothing is pushed
+            check(self.staleness in (None, 0), f"staleness: a backup table is synchronous (0), got {self.staleness}")
+            check(self.update == "add", f"update: a backup table's servers take raw gradients and step with "
+                                        f"backup.lr themselves; leave update out (got {self.update!r})")
+            check(self.read_my_writes is not True, "read_my_writes: a backup table's clients send gradients, "
+                                                   "not their own writes")
+            check(self.storage == "dense", "storage: a backup table must be dense")
+            check(self.dtype.startswith("float"), f"dtype: a backup table needs a float dtype, got {self.dtype}")
+            check(self.wire_dtype in (None, self.dtype), f"wire_dtype: a backup table's gradients travel unrounded "
+                  f"(a rounding residual would go out with the next iteration's gradient), got {self.wire_dtype}")
+            object.__setattr__(self, "push", False)
         check(self.rows >= 1, "rows: must be >= 1")
         check(self.rows <= UNBOUNDED, f"rows: must be <= 2**63 - 1 (int64 row ids), got {self.rows}")
         check(self.storage in ("dense", "sparse"), f"storage: expected dense or sparse, got {self.storage!r}")
@@ -207,6 +252,8 @@ class TableConfig:
     @property
     def shows_own_writes(self) -> bool:
         """Read-my-writes: on by default only for plain addition, whose effect the client can mirror."""
+        if self.backup is not None:
+            return False
         return self.update == "add" if self.read_my_writes is None else self.read_my_writes
 
 
@@ -325,6 +372,15 @@ class Config:
     ray: RayConfig = field(default_factory=RayConfig)  # used only by ``bosen launch --ray``
     source: str = "<dict>"
 
+    def __post_init__(self) -> None:
+        for t in self.tables:
+            if t.backup is not None and self.comm.enabled and t.wire_dtype is None:
+                check(self.comm.wire_dtype == t.dtype,
+                      f"tables.{t.name}.backup: the table's gradients must travel unrounded, and comm.wire_dtype "
+                      f"sends {t.dtype} updates as {self.comm.wire_dtype} (a rounding residual would go out with the "
+                      f"next iteration's gradient): under managed communication a backup table's dtype must be "
+                      f"comm.wire_dtype")
+
     def table(self, name: str) -> TableConfig:
         for t in self.tables:
             if t.name == name:
@@ -332,6 +388,8 @@ class Config:
         raise KeyError(f"no table {name!r} in {self.source}; tables: {', '.join(t.name for t in self.tables)}")
 
     def staleness_of(self, t: TableConfig) -> int:
+        if t.backup is not None:
+            return 0  # synchronous: an iteration's value
         return self.consistency.staleness if t.staleness is None else t.staleness
 
     def to_dict(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from bosen.phases import Phases
 from bosen.procedure import StoredProcedure
 from bosen.ratelimit import LeakyBucket, paced_sender
 from bosen.server import procedures
+from bosen.server.backup import BackupStep
 from bosen.server.checkpoints import ServerCheckpoints, restore
 from bosen.server.moves import Joining, PartitionMoves
 from bosen.server.shard import TableShard
@@ -142,6 +143,13 @@ class Server:
             self.client_clock[r] = GONE
         if join is not None:  # ranks that left; the others' clocks come with their HELLO
             self.client_clock[[c == "left" for c in join.client_clocks]] = GONE
+        # synchronous tables with backup workers (server/backup.py): their own iteration, their parked reads
+        self.backups = {s.index: s.procedure for s in self.shards if isinstance(s.procedure, BackupStep)}
+        self.backup_parked: dict[int, list[tuple[Peer, int, bytes, int, np.ndarray]]] = {i: [] for i in self.backups}
+        for b in self.backups.values():
+            b.start(self.num_clients, self.clock, time.monotonic())
+            for r in gone:
+                b.left(r, time.monotonic())
         self.checkpoints = ServerCheckpoints(config, rank) if config.checkpoint is not None else None
         if self.checkpoints is not None:
             self.checkpoints.start_running(self.shards)
@@ -563,6 +571,14 @@ class Server:
                                "mv": self.partition.version})
             return
         shard.subscribe(local, peer.rank, index)
+        backup = self.backups.get(shard.index)
+        if backup is not None:  # a synchronous table: the read waits for its iteration, not the clock
+            if h["c"] <= backup.iteration:
+                self._send_rows(peer, shard, local, h["s"], ident, index=index)
+            else:
+                self.counters["reads_parked"] += 1
+                self.backup_parked[shard.index].append((peer, h["s"], ident, h["c"], local.copy()))
+            return
         if h["c"] <= self.clock:
             self._send_rows(peer, shard, local, h["s"], ident, index=index)
         else:
@@ -602,6 +618,19 @@ class Server:
         peer.clock = c
         if c > self.client_clock[peer.rank]:
             self.client_clock[peer.rank] = c
+        for i, backup in self.backups.items():
+            if backup.clocked(peer.rank, c, time.monotonic()):
+                self._backup_stepped(i)
+
+    def _backup_stepped(self, index: int) -> None:
+        """Table ``index`` (with backup workers) reached a new iteration: answer the reads that wait for it."""
+        shard, it = self.shards[index], self.backups[index].iteration
+        waiting, self.backup_parked[index] = self.backup_parked[index], []
+        for peer, seq, ident, need, local in waiting:
+            if need > it:
+                self.backup_parked[index].append((peer, seq, ident, need, local))
+            elif not peer.gone and (ident == peer.ident or ident in self.readers):
+                self._send_rows(peer, shard, local, seq, ident)
 
     def on_bye(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
@@ -710,12 +739,17 @@ class Server:
             log.warning("client rank %d left with updates held past a checkpoint boundary: they are dropped",
                         peer.rank)
         self.readers = {k: r for k, r in self.readers.items() if r.peer is not peer}
+        for backup in self.backups.values():  # a gradient it had not completed is dropped
+            backup.forget(peer.rank)
         if (lost and self.hold_lost) if hold is None else hold:
             log.warning("client rank %d was lost at clock %d: its clock is held for a replacement", peer.rank,
                         self.client_clock[peer.rank])
             return
         self.client_clock[peer.rank] = GONE
         self.moves.check_retiring()
+        for i, backup in self.backups.items():  # k_t is at most the workers left: an iteration may end now
+            if backup.left(peer.rank, time.monotonic()):
+                self._backup_stepped(i)
         self._maybe_advance()
 
     def _maybe_advance(self) -> bool:
@@ -949,7 +983,9 @@ class Server:
         self.counters["rows_pushed" if rq < 0 else "rows_read"] += n
         # "ss" orders a client's ROWS across its connections: the client keeps a row's newest
         peer.rows_msgs += 1
-        header = {"t": Msg.ROWS, "tb": shard.index, "n": n, "c": self.clock, "a": peer.applied, "rq": rq,
+        backup = self.backups.get(shard.index)
+        clock = self.clock if backup is None else backup.iteration  # a backup table's value is of its iteration
+        header = {"t": Msg.ROWS, "tb": shard.index, "n": n, "c": clock, "a": peer.applied, "rq": rq,
                   "dt": wire.DTYPE_NAMES[shard.dtype], "ss": peer.rows_msgs}
         if budgeted:
             peer.pushes_sent += 1

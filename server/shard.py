@@ -293,6 +293,9 @@ class TableShard:
         if self.procedure.versioned:
             raise ConfigError(f"tables.{self.cfg.name}: partitions of a table with a versioned procedure "
                               f"({self.cfg.update}) cannot move yet (its row versions and holdings stay put)")
+        if self.cfg.backup is not None:
+            raise ConfigError(f"tables.{self.cfg.name}: partitions of a table with backup workers cannot move yet "
+                              "(its iteration and the workers' buffered gradients stay put)")
 
     def _check_range(self, lo: int, hi: int, what: str) -> None:
         if lo < 0 or hi >= self.cfg.rows:

@@ -39,7 +39,10 @@ from typing import Any, Literal
 import numpy as np
 
 from bosen.apps import microtasks
+from bosen.apps.backup import is_backup, read_iteration
+from bosen.apps.delays import DelayArgs, Delays
 from bosen.apps.mlr import data as D
+from bosen.apps.mlr import kernels as K
 from bosen.apps.mlr.model import LocalModel
 from bosen.apps.protocol import PSClient, require_table
 from bosen.apps.state import restored, rng_state, set_rng_state
@@ -88,6 +91,7 @@ class MLRArgs:
     eval_every: int = 1  # clocks between held-out evaluations on rank 0 (the last clock always); 0 = never
     seed: int = 0
     micro_tasks: int = 0  # sample shares that can move between workers; 0 = one per worker
+    delay: DelayArgs = field(default_factory=DelayArgs)  # injected round trips (tests, benches); off by default
 
     def __post_init__(self) -> None:
         check(self.batch_size >= 1, "batch_size: must be >= 1")
@@ -183,6 +187,9 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     classes, features = _geometry(a, T.rows, T.cols, a.table)
     train_ds, held = load_data(a, classes, features)
     rank, workers = client.rank, client.num_workers
+    if is_backup(client, a.table):
+        _train_sync(client, T, a, train_ds, held, classes)
+        return
     saved = client.restored_state()
     n_tasks = microtasks.count(a.micro_tasks, workers, saved)
     plan, handoff_dir = microtasks.run_plan()
@@ -255,6 +262,45 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             got_states = tasks.handoff(c, new, handoff_dir, lay.state)
             lay = _Layout(train_ds, tasks.mine, n_tasks, a)
             lay.load({**kept, **got_states}, client.config.source)
+
+
+def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Dataset, classes: int) -> None:
+    """A table with backup workers: ``epochs * clocks_per_epoch`` iterations, each this worker's mean
+    gradient of one minibatch of ``batch_size`` samples (drawn from the whole training set, which
+    every worker holds, as DBW assumes) at w_t; the servers step (docs/design.md, "Backup workers").
+    Per iteration it reports ``objective`` (the minibatch's summed log-loss at w_t), ``samples``,
+    ``iteration`` and ``compute_s``; every ``eval_every`` iterations rank 0 adds ``train_loss`` (the
+    mean log-loss of w_t on the whole training set) and the held-out figures."""
+    rank, workers = client.rank, client.num_workers
+    total = a.epochs * a.clocks_per_epoch
+    rows = np.arange(classes, dtype=np.int64)
+    rng = np.random.default_rng([a.seed, rank])
+    delays = Delays(a.delay, rank, workers)
+    model = LocalModel(classes, train_ds.features)
+    F = train_ds.features
+    while True:
+        W, it = read_iteration(client, T, rows)
+        if it >= total:
+            break
+        t0 = time.perf_counter()
+        batch = rng.integers(0, train_ds.n, a.batch_size).astype(np.int64)
+        loss, G = K.loss_grad(train_ds.indptr, train_ds.indices, train_ds.values, train_ds.labels, batch,
+                              W.astype(np.float64, copy=False))
+        G /= a.batch_size
+        if a.reg:
+            G[:, :F] += a.reg * W[:, :F]
+        compute_s = time.perf_counter() - t0
+        delays.wait(it, t0)  # the injected round trip, counted from the read
+        T.inc_rows(rows, G.astype(T.dtype, copy=False))
+        fields: dict[str, float] = {}
+        if rank == 0 and a.eval_every and it % a.eval_every == 0:  # the loss of w_t: on the whole training set
+            model.load(W)
+            fields["train_loss"] = model.evaluate(train_ds)[1] / train_ds.n
+            if len(held.labels):
+                correct, hloss = model.evaluate(held)
+                fields.update(heldout_correct=correct, heldout_total=held.n, heldout_loss=hloss)
+        client.report(objective=float(loss), samples=a.batch_size, iteration=it, compute_s=compute_s, **fields)
+        client.clock()
 
 
 class _Layout:

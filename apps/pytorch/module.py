@@ -30,12 +30,13 @@ import operator
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch import nn
 
+from bosen.apps.backup import read_iteration
 from bosen.apps.protocol import PSClient, PSTable, PSView, require_table
 from bosen.apps.pytorch.allreduce import BUCKET_VALUES, DenseAllReduce, check_mode, process_group
 from bosen.apps.pytorch.buckets import Buckets
@@ -150,6 +151,18 @@ class PSModule(nn.Module):
         # the dense table's rows as this worker last read them (client/view.py): a pull copies only rows
         # written since into one persistent array, where a read of the whole table allocated a new one
         self._dense = self.table.view(self._rows) if self.table is not None else None
+        # a dense table with backup workers (docs/design.md, "Backup workers"): each pull reads an
+        # iteration's value and moves the tick up to it; nothing is read ahead (the next value does not
+        # exist before this worker's gradient, or another's, makes it)
+        entry = self.config_entry if self.table is not None else None
+        self.backup = getattr(entry, "backup", None)
+        self.iteration = -1  # the iteration of the dense values last pulled (backup tables)
+        if self.backup is not None:
+            if clock_every != 1 or overlap or layout.sparse:
+                raise ConfigError(f"{client.config.source}: table {layout.table} has backup workers: one step per "
+                                  "iteration (clock_every=1), the whole gradient at once (overlap=False), no "
+                                  "embeddings")
+            prefetch = False
         self.prefetch = prefetch
         # one background reader, owned here. Its reads run beside the forward's own row reads (the
         # client serves one worker's reads from several threads: a row asked for by one is waited for
@@ -197,7 +210,10 @@ class PSModule(nn.Module):
             return
         t0 = time.perf_counter()
         ahead, self._next = self._next, None
-        values = ahead.result() if ahead is not None else self._fetch()
+        if self.backup is not None:
+            values, self.iteration = read_iteration(cast(Any, self.client), cast(Any, self.table), self._rows)
+        else:
+            values = ahead.result() if ahead is not None else self._fetch()
         with torch.no_grad():
             if self._host is None:
                 self.flat.copy_(torch.from_numpy(values).view(-1))

@@ -45,6 +45,14 @@ class ServerOptimizer(_PSOptimizer):
         if name not in STEP_ARG:
             raise ValueError(f"ServerOptimizer: {name!r} is not a server optimizer (one of {', '.join(STEP_ARG)})")
         self.dense = self._dense_optimizer(name, lr, dense)
+        backup = getattr(model, "backup", None)
+        if backup is not None:  # the servers step with backup.lr (docs/design.md, "Backup workers")
+            if name != "sgd" or abs(backup.lr - lr) > 1e-12 * max(1.0, abs(lr)):
+                raise self._table_error(f"has backup workers, whose servers take SGD steps of lr={backup.lr}: "
+                                        f"use ServerOptimizer(model, 'sgd', lr={backup.lr})")
+            self.name, self.lr = name, lr
+            self._grads = torch.zeros(model.flat.numel(), dtype=model.flat.dtype)
+            return
         if model.update is not None and model.update != name:
             raise self._table_error(f"applies {model.update!r} on the servers, not {name!r}: declare the tables "
                                     f"with update={name!r}")

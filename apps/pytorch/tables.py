@@ -57,7 +57,7 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
             row_width: int = DEFAULT_ROW_WIDTH, staleness: int | None = None,
             wire_dtype: str | None = None, storage: Literal["dense", "sparse"] = "dense",
             init: Mapping[str, Any] | None = None, cache_rows: int | None = None,
-            push: bool = True, dense: str = "ps") -> dict[str, dict[str, Any]]:
+            push: bool = True, dense: str = "ps", backup: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Config entries (``tables:``) for ``model``'s parameters; writes their initial values and layout.
 
     ``update``: ``add`` for ``DeltaOptimizer`` (workers push parameter deltas), or ``sgd`` /
@@ -73,6 +73,10 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
     copy is too old for the staleness bound (``push: false``, for rows each worker reads rarely).
     ``dense="allreduce"`` (hybrid mode, ``PSModule(..., dense="allreduce")``): no table for the dense
     parameters, which the workers keep in sync by all-reduce.
+    ``backup``: the dense parameters' table with backup workers (a ``backup:`` entry, e.g.
+    ``{"mode": "dynamic", "lr": 0.05}``; docs/design.md, "Backup workers"): synchronous SGD whose
+    servers step from the first k_t of the workers' gradients; train it with
+    ``ServerOptimizer(model, "sgd", lr=backup["lr"])``. Not with embeddings.
     """
     check_mode(dense)
     if storage not in ("dense", "sparse"):
@@ -80,6 +84,13 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
     layout = Layout.of(model, prefix, row_width)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if backup is not None:
+        if layout.sparse or dense != "ps":
+            raise ValueError("backup: for a model whose parameters are all dense and in the PS (no embeddings, "
+                             "dense='ps')")
+        if update not in ("add", "sgd"):
+            raise ValueError(f"backup: the servers take plain SGD steps (backup.lr), not {update!r}")
+        update, lr, update_args = "add", None, None
     args = step_args(update, lr, update_args)
     entries: dict[str, dict[str, Any]] = {}
 
@@ -101,6 +112,8 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
             e["push"] = False
         if staleness is not None:
             e["staleness"] = staleness
+        if backup is not None:
+            e["backup"] = dict(backup)
         if wire_dtype is not None:
             e["wire_dtype"] = wire_dtype
         entries[name] = e

@@ -19,6 +19,9 @@ BUILTINS: dict[str, str] = {
 def load(table: TableConfig, source: str = "config") -> StoredProcedure:
     """Instantiate the table's procedure; any problem is a ConfigError naming table and key."""
     key = f"{source}: tables.{table.name}.update"
+    if table.backup is not None:  # a synchronous table with backup workers steps by its own rule
+        from bosen.server.backup import BackupStep
+        return BackupStep(table)
     path = BUILTINS.get(table.update, table.update)
     mod_name, sep, cls_name = path.partition(":")
     if not sep or not mod_name or not cls_name:

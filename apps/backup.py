@@ -1,0 +1,49 @@
+"""A worker's side of a table with backup workers (DBW; docs/design.md, "Backup workers").
+
+Each iteration a worker reads w_t, sends its gradient of w_t and clocks. Its tick must name the
+iteration it computes on, since the servers take a gradient as one of tick t (the CLOCK that ends the
+tick completes it). A worker whose last gradient was dropped, or that fell behind, reads a newer
+iteration than its tick: it first clocks, with no gradient, up to that iteration.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from bosen.apps.protocol import PSClient
+
+
+class ClockedTable(Protocol):
+    """A table whose reads say which clock (here: iteration) each value is of (``bosen.client.Table``)."""
+
+    def get_rows_clocked(self, rows: Any) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class TickingClient(Protocol):
+    """A client whose tick the worker can see (``bosen.client.Client``)."""
+
+    @property
+    def tick(self) -> int: ...
+
+    def clock(self) -> None: ...
+
+
+def is_backup(client: PSClient, table: str) -> bool:
+    """Whether ``table`` has backup workers (the client's config says; a stand-in client: no)."""
+    lookup = getattr(client.config, "table", None)
+    return callable(lookup) and getattr(lookup(table), "backup", None) is not None
+
+
+def read_iteration(client: TickingClient, table: ClockedTable, rows: np.ndarray) -> tuple[np.ndarray, int]:
+    """Rows of w_t for this worker's tick or later, and t; the tick is moved up to t (clocks with no
+    gradient), so what the worker sends next is a gradient of iteration t. With several servers a
+    table's rows may be at different iterations: t is the oldest (the others drop this gradient as late)."""
+    values, clocks = table.get_rows_clocked(rows)
+    # a read that waited returns the bound it waited for; the rows are cached now: their own clocks
+    values, clocks = table.get_rows_clocked(rows)
+    it = int(clocks.min()) if clocks.shape[0] else client.tick
+    while client.tick < it:
+        client.clock()
+    return values, it

@@ -1,0 +1,183 @@
+"""``BackupStep``: one server's share of a synchronous table with backup workers (DBW; docs/design.md,
+"Backup workers").
+
+The table's value moves by iterations, not by the SSP clock: w_t is the value of iteration t. A
+worker at tick t reads w_t (the table is synchronous and pulled: a read for tick t waits here until
+the iteration reaches t), adds its gradient of w_t and clocks; its CLOCK(t + 1) says the gradient is
+complete (every update of a tick arrives before the clock that ends it). The first k_t complete
+gradients of iteration t are accepted; at the k_t-th the server steps, w_{t+1} = w_t − η·mean, and the
+reads parked for t + 1 are answered. A gradient of an older iteration, or one more of the current
+from a worker already counted, is dropped, never applied: it only times the round trip. Workers
+whose gradient was dropped read w_{t+1} (or later) next and go on from there. Updates buffer per
+worker rank until their clock; gradients are accumulated, averaged and stepped in float64.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import numpy as np
+
+from bosen.backup import BackupPolicy
+from bosen.config import TableConfig
+from bosen.gradstats import Moments
+from bosen.procedure import StoredProcedure
+from bosen.wire import UpdateBatch
+
+log = logging.getLogger("bosen.server")
+
+HISTORY = 1000  # k_t and applied ranks of the most recent iterations kept for STATUS
+KEEP_STARTS = 64  # iterations back whose start time late gradients are still timed against
+
+
+class BackupStep(StoredProcedure):
+    """The stored procedure of a table with ``backup``: ``apply`` buffers a rank's gradient,
+    ``clocked`` accepts or drops it, ``left`` lowers k_t when a worker is gone."""
+
+    read_my_writes = False
+    float_only = True
+
+    def __init__(self, table: TableConfig, **args: Any) -> None:
+        super().__init__(table, **args)
+        assert table.backup is not None
+        self.backup = table.backup
+        self.iteration = 0
+        self.policy: BackupPolicy | None = None
+        self.values: np.ndarray | None = None
+        self.buffers: dict[int, np.ndarray] = {}  # rank -> its gradient of the tick in progress
+        self.has: set[int] = set()  # ranks with updates since their last clock
+        self.alive: set[int] = set()
+        self.k = 1
+        self.accepted: list[int] = []  # ranks accepted in the current iteration, in arrival order
+        self.acc: np.ndarray | None = None  # their sum, float64
+        self.sq = 0.0  # Σ‖g_j‖² of the accepted
+        self.prev_mean: np.ndarray | None = None
+        self.starts: dict[int, tuple[float, int]] = {}  # iteration -> (when w_t came, k_{t-1})
+        self.arrivals: dict[int, int] = {}  # iteration -> gradients of it arrived so far
+        self.k_history: list[int] = []
+        self.applied: list[list[int]] = []  # per iteration, the ranks whose gradient it applied (recent)
+        self.counts = dict(accepted=0, dropped_late=0, dropped_repeat=0, dropped_ahead=0, steps=0)
+
+    def create(self, global_rows: np.ndarray, values: np.ndarray) -> None:
+        self.values = values
+
+    def start(self, workers: int, iteration: int, now: float) -> None:
+        """The job's ``workers`` ranks, the iteration the server starts at (its clock)."""
+        self.policy = BackupPolicy(self.backup, workers)
+        self.alive = set(range(workers))
+        self.iteration = iteration
+        self.k = self.policy.choose(len(self.alive))
+        self.starts[iteration] = (now, workers)
+        self.arrivals[iteration] = 0
+
+    def apply(self, values: np.ndarray, local_rows: np.ndarray, batch: UpdateBatch, client: int) -> None:
+        """Buffer ``client``'s update: part of its gradient of the tick it is at."""
+        import bosen.rowmath as rowmath
+
+        self.values = values  # the shard's array (it may be replaced, e.g. by a partition move)
+        buf = self.buffers.get(client)
+        if buf is None or buf.shape != values.shape:
+            buf = self.buffers[client] = np.zeros(values.shape, dtype=np.float64)
+        if client not in self.has:
+            buf[...] = 0.0
+            self.has.add(client)
+        upd = batch.values.astype(np.float64)
+        if batch.sparse:
+            rowmath.scatter_add_csr(buf, local_rows, batch.indptr, batch.cols, upd)
+        else:
+            rowmath.add_rows(buf, local_rows, upd)
+
+    def put(self, rank: int, gradient: np.ndarray) -> None:
+        """``rank``'s whole gradient of the tick it is at, in one piece (what ``apply`` builds from
+        batches; the virtual-clock bench hands it over directly)."""
+        self.buffers[rank] = np.asarray(gradient, dtype=np.float64).reshape(-1, gradient.shape[-1])
+        self.has.add(rank)
+
+    def clocked(self, rank: int, clock: int, now: float) -> bool:
+        """Rank ``rank`` sent CLOCK(``clock``): its gradient of tick ``clock - 1``, if it sent one, is
+        complete. Returns True if the table stepped (reads may be answered)."""
+        if rank not in self.has:
+            return False  # a clock with no gradient: the worker caught up with a newer iteration
+        self.has.discard(rank)
+        tick = clock - 1
+        start = self.starts.get(tick)
+        if start is not None and self.policy is not None:
+            self.arrivals[tick] += 1
+            self.policy.rtt.add(start[1], self.arrivals[tick], now - start[0])
+        if tick < self.iteration:
+            self.counts["dropped_late"] += 1
+            return False
+        if tick > self.iteration:
+            self.counts["dropped_ahead"] += 1
+            log.warning("table %s: rank %d sent a gradient of iteration %d, the table is at %d: dropped "
+                        "(it must read the iteration it computes on)", self.table.name, rank, tick, self.iteration)
+            return False
+        if rank in self.accepted:
+            self.counts["dropped_repeat"] += 1
+            return False
+        g = self.buffers[rank]
+        if self.acc is None or self.acc.shape != g.shape:
+            self.acc = np.zeros_like(g)
+        if not self.accepted:
+            self.acc[...] = 0.0
+            self.sq = 0.0
+        self.acc += g
+        self.sq += float(np.vdot(g, g))
+        self.accepted.append(rank)
+        self.counts["accepted"] += 1
+        if len(self.accepted) >= self.k:
+            self._step(now)
+            return True
+        return False
+
+    def forget(self, rank: int) -> None:
+        """Drop what ``rank`` sent of a gradient not yet complete (its process is gone; a replacement
+        of the rank starts a gradient afresh)."""
+        self.has.discard(rank)
+        self.buffers.pop(rank, None)
+
+    def left(self, rank: int, now: float) -> bool:
+        """Rank ``rank`` left the job (or was lost): k_t is at most the workers left. Returns True if
+        the table stepped with the gradients it already had."""
+        self.alive.discard(rank)
+        self.forget(rank)
+        if self.alive and self.k > len(self.alive):
+            self.k = len(self.alive)
+            if len(self.accepted) >= self.k:
+                self._step(now)
+                return True
+        return False
+
+    def _step(self, now: float) -> None:
+        assert self.acc is not None and self.values is not None and self.policy is not None
+        k = len(self.accepted)
+        mean = self.acc / k
+        lr = self.policy.lr(k)
+        self.values -= (lr * mean).astype(self.values.dtype, copy=False)
+        total = float(np.vdot(mean, mean))
+        cross = math.nan
+        if self.prev_mean is not None and self.prev_mean.shape == mean.shape:
+            cross = float(np.vdot(mean, self.prev_mean))
+        self.prev_mean = mean
+        self.policy.observe(Moments(k, self.sq / k, total), cross)
+        self.applied.append(list(self.accepted))
+        del self.applied[:-HISTORY]
+        self.k_history.append(k)
+        del self.k_history[:-HISTORY]
+        self.counts["steps"] += 1
+        self.accepted = []
+        self.iteration += 1
+        self.starts[self.iteration] = (now, k)
+        self.arrivals[self.iteration] = 0
+        old = self.iteration - KEEP_STARTS
+        self.starts.pop(old, None)
+        self.arrivals.pop(old, None)
+        self.k = self.policy.choose(len(self.alive))
+
+    def stats(self) -> dict[str, Any]:
+        est = self.policy.state() if self.policy is not None else {}
+        return {"backup": {"mode": self.backup.mode, "iteration": self.iteration, "k": self.k,
+                           "k_history": list(self.k_history), "applied": [list(a) for a in self.applied],
+                           **self.counts, **{k: (None if math.isnan(v) else v) for k, v in est.items()}}}

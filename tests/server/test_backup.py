@@ -1,0 +1,98 @@
+"""Tables with backup workers (server/backup.py) in real jobs: servers and worker processes over
+loopback, round trips injected (bosen.apps.delays). Which gradients a step applied is checked from the
+values themselves (tests/workers/backup_worker.py): nothing twice, nothing of a past iteration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import worker
+
+from bosen.config import BackupConfig, CommConfig, TableConfig
+from bosen.errors import ConfigError
+from bosen.jobs.status import query
+from bosen.partition import Partition
+from bosen.server import procedures
+from bosen.server.backup import BackupStep
+from bosen.server.shard import TableShard
+
+LR = 0.5
+
+
+def _job(bosen_cluster, n: int, backup: dict, servers: int = 1) -> object:
+    return bosen_cluster(servers, n, tables={"G": {"rows": 2, "cols": n + 1, "dtype": "float64", "backup": backup}})
+
+
+def _status(c, server: int = 0) -> dict:
+    return query(c.config["cluster"]["servers"][server])["tables"]["G"]["backup"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("servers", [1, 2])
+def test_static_k_applies_the_first_k_gradients_of_each_iteration_once(bosen_cluster, bosen_procs, tmp_path,
+                                                                       servers):
+    """With two servers each decides for its own row (docs/design.md, "Backup workers", limitations):
+    row 0's values follow the ranks its server took, row 1's the iterations its server took them in."""
+    n, k, iters = 3, 2, 20
+    c = _job(bosen_cluster, n, {"mode": "static", "k": k, "lr": LR}, servers)
+    out = tmp_path / "final.npy"
+    ps = [worker(bosen_procs, "backup_worker.py", c.path, "--rank", r, "--iterations", iters, "--mean-s", 0.01,
+                 "--alpha", 1.0, *(["--out", out] if r == 0 else [])) for r in range(n)]
+    assert bosen_procs.wait_all(ps, 60) == [0] * n
+    owner = Partition(servers).owner(np.arange(2, dtype=np.int64))
+    W = np.load(out)
+    step = LR * k / n / k  # proportional rate, mean of k
+    for server in range(servers):
+        b = _status(c, server)
+        assert b["iteration"] == iters and b["steps"] == iters and b["k_history"] == [k] * iters
+        assert b["dropped_ahead"] == 0 and b["dropped_repeat"] == 0 and b["accepted"] == k * iters
+        applied = b["applied"]
+        assert all(len(a) == k and len(set(a)) == k for a in applied)
+        if owner[0] == server:
+            per_rank = [sum(r in a for a in applied) for r in range(n)]
+            assert W[0, :n] == pytest.approx([-step * m for m in per_rank])  # each accepted gradient once
+        if owner[1] == server:
+            assert W[1, 0] == pytest.approx(-step * k * sum(range(iters)))  # each of the iteration it was taken in
+    assert sum(_status(c, s)["dropped_late"] for s in range(servers)) > 0
+
+
+@pytest.mark.slow
+def test_dynamic_k_falls_to_half_after_half_the_workers_slow_down(bosen_cluster, bosen_procs):
+    n, slow, iters = 4, 6, 34
+    app = {"module": "bosen.apps.mlr", "args": {"data": "digits", "holdout": 0.0, "batch_size": 16,
+                                                "epochs": iters, "eval_every": 0,
+                                                "delay": {"mean_s": 0.05, "alpha": 0.0, "slow_from": slow}}}
+    c = bosen_cluster(1, n, tables={"W": {"rows": 10, "cols": 65, "dtype": "float64",
+                                          "backup": {"mode": "dynamic", "lr": 1.0}}}, app=app)
+    ps = [bosen_procs.python(f"mlr{r}", "-m", "bosen.apps.mlr", "--config", c.path, "--rank", r) for r in range(n)]
+    assert bosen_procs.wait_all(ps, 90) == [0] * n
+    b = query(c.config["cluster"]["servers"][0])["tables"]["W"]["backup"]
+    k = b["k_history"]
+    assert len(k) == iters and b["dropped_repeat"] == 0 and b["dropped_ahead"] == 0
+    # within 20 iterations k_t is n/2, and the steps take the fast half's gradients only
+    late = range(slow + 20, iters)
+    assert np.mean([k[t] for t in late]) <= n / 2 + 0.5, k
+    assert all(set(b["applied"][t]) <= {0, 1} for t in late if k[t] == n // 2), (k, b["applied"])
+    assert k[:slow].count(n) >= slow - 1, k  # before: equal round trips, everyone (the warm-up at least)
+    assert b["dropped_late"] > 0
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_mid_iteration_does_not_hang_the_others(bosen_cluster, bosen_procs):
+    n, iters = 3, 12
+    c = _job(bosen_cluster, n, {"mode": "static", "k": n, "lr": LR})
+    ps = [worker(bosen_procs, "backup_worker.py", c.path, "--rank", r, "--iterations", iters,
+                 *(["--die-at", 4] if r == 2 else [])) for r in range(n)]
+    assert bosen_procs.wait_all(ps, 60) == [0, 0, 3]
+    b = _status(c)
+    assert b["iteration"] == iters
+    assert b["k_history"][:4] == [3] * 4 and b["k_history"][4:] == [2] * (iters - 4)  # k_t: the workers left
+
+
+def test_a_backup_table_refuses_to_move():
+    cfg = TableConfig(name="B", rows=8, cols=2, dtype="float32", backup=BackupConfig(mode="blind"))
+    proc = procedures.load(cfg, "t.yaml")
+    assert isinstance(proc, BackupStep) and not proc.read_my_writes
+    s = TableShard(0, cfg, Partition(1, 4), 0, 1, proc, CommConfig(enabled=False))
+    with pytest.raises(ConfigError, match="partitions of a table with backup workers cannot move"):
+        s.export_partitions(np.array([1]))
