@@ -341,6 +341,9 @@ class Server:
             self.readers[ident] = Reader(peer, last_seq=h["s"])
             self._send(ident, {"t": Msg.WELCOME, "rq": h["s"], "rank": rank, "c": self.clock})
             return
+        if "jn" in h:
+            self._join(ident, h, rank)
+            return
         if rank == -1:
             if self.rank != 0:
                 raise ProtocolError("HELLO: only server 0 assigns ranks; send the rank it gave you")
@@ -377,6 +380,41 @@ class Server:
             self._send(ident, welcome, self.partition.owner_of)
             return
         self._send(ident, welcome)
+
+    def _join(self, ident: bytes, h: dict[str, Any], rank: Any) -> None:
+        """HELLO with ``jn`` = C: a worker joins the running job as a new rank (``bosen scale``), the next
+        one (server 0 assigns it to ``rank`` -1; the others get it named), starting at clock C. C must
+        not be below this server's clock: the server's clock, the minimum over the clients, then does
+        not go back, and the newcomer's updates of ticks >= C reach values that vouch only for earlier
+        ones (SSP stays exact). Its reads wait as any worker's at tick C (for clock C - s)."""
+        start = h["jn"]
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise ProtocolError(f"HELLO: field 'jn' (the clock a joining worker starts at) must be an int >= 0, "
+                                f"got {start!r}")
+        if start < self.clock:
+            raise ProtocolError(f"HELLO: a worker joining at clock {start}, but this server is at clock {self.clock} "
+                                f"already (every worker passed it): join at a later boundary")
+        if rank == -1 and self.rank == 0:
+            rank = self.num_clients
+        if rank != self.num_clients:
+            raise ProtocolError(f"HELLO: a joining worker takes the next rank, {self.num_clients} here (ranks are "
+                                f"never reused), not {rank!r}")
+        self.add_client(start)
+        peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic(), clock=start)
+        self.peers[ident] = peer
+        self.by_rank[rank] = peer
+        log.info("worker rank %d joined the running job at clock %d (server clock %d; %d ranks)", rank, start,
+                 self.clock, self.num_clients)
+        self._welcome(ident, h, rank)
+
+    def add_client(self, clock: int) -> int:
+        """One more worker rank, at ``clock``: every per-client array grows by one; returns the rank."""
+        rank = self.num_clients
+        self.client_clock = np.append(self.client_clock, np.int64(clock))
+        for shard in self.shards:
+            shard.add_client()
+        self.num_clients += 1
+        return rank
 
     def _rejoin(self, ident: bytes, h: dict[str, Any], rank: int) -> None:
         """HELLO with ``rp`` = C: a replacement for worker ``rank``, restored from the job's checkpoint
