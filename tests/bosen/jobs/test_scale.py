@@ -1,0 +1,134 @@
+"""``bosen scale``: workers join and leave a running job launched by ``bosen launch`` (bosen/jobs/scale.py),
+its micro-tasks moving at clock boundaries; real processes throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bosen
+from bosen import checkpoint
+from bosen.apps import microtasks as M
+from bosen.apps.lda.worker import LDAArgs, load_corpus
+from bosen.config import from_dict
+from bosen.jobs.scale import ScaleError
+
+
+def _lda_job(tmp_path: Path, iterations: int, checkpoints: bool = True) -> tuple[Path, dict]:
+    cfg: dict = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
+                 "consistency": {"staleness": 1}, "comm": {"enabled": True},
+                 "tables": {"word_topic": {"rows": 150, "cols": 5, "dtype": "int32"},
+                            "topic_summary": {"rows": 1, "cols": 5, "dtype": "int32"}},
+                 "app": {"module": "bosen.apps.lda",
+                         "args": {"data": "synthetic", "K": 5, "synth_docs": 600, "synth_vocab": 150,
+                                  "synth_doc_len": 20.0, "iterations": iterations, "micro_tasks": 8, "seed": 2}}}
+    if checkpoints:
+        cfg["checkpoint"] = {"every_clocks": 3, "keep": 5}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(cfg))
+    return path, cfg
+
+
+def _launch(path: Path, run: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(run), "--no-plot"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _wait_clock(p: subprocess.Popen, run: Path, clock: int, timeout: float = 90) -> None:
+    """Until worker 0 reported ``clock`` (the job runs, past its start)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert p.poll() is None and time.monotonic() < deadline, "the job ended or stalled before it got going"
+        try:
+            lines = (run / "workers" / "0.jsonl").read_text().splitlines()
+            if lines and json.loads(lines[-1]).get("clock", 0) >= clock:
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+@pytest.mark.timeout(200)
+def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_path):
+    """An LDA job (8 micro-tasks, managed communication on, integer counts) scaled 2 -> 3 -> 2 workers
+    mid-run: worker 2 joins and takes 2 tasks at one boundary, gives them back and leaves at a later
+    one. Every clock counts every token once, the clock records sum 2, then 3, then 2 workers, every
+    task sweeps once per mini-batch of every tick wherever it ran, and the final word-topic table is
+    exactly the counts of the final assignments (nothing counted twice or lost in the moves). Before
+    that, impossible requests are refused with a clear error and the job runs on."""
+    iterations = 400
+    path, cfg = _lda_job(tmp_path, iterations)
+    run = (tmp_path / "run").resolve()
+    with pytest.raises(ScaleError, match="no running launcher"):
+        bosen.scale(run, workers=3)
+    p = _launch(path, run)
+    try:
+        _wait_clock(p, run, 5)
+        for kw, msg in [({"workers": 0}, "a job needs at least 1 worker"),
+                        ({"workers": 9}, "the app has 8 micro-tasks .* so at most 8 workers"),
+                        ({"servers": 3}, "scaling servers is not built yet"),
+                        ({}, "nothing to scale")]:
+            with pytest.raises(ScaleError, match=msg):
+                bosen.scale(run, **kw)
+        lines: list[str] = []
+        up = bosen.scale(run, workers=3, servers=2, out=lines.append)
+        assert "the job runs with 3 workers (ranks [0, 1, 2])" in lines[-1], lines
+        r = subprocess.run([sys.executable, "-m", "bosen", "scale", str(run), "--workers", "2"], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "ranks [2] leave" in r.stdout and "the job runs with 2 workers (ranks [0, 1])" in r.stdout, r.stdout
+        out, _ = p.communicate(timeout=150)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    assert up < 60
+    moved = [int(m) for m in re.findall(r"committed: micro-tasks move at clock (\d+)", out)]
+    assert len(moved) == 2 and moved[0] < moved[1], out[-3000:]
+    last = checkpoint.clocks(run / "checkpoints")[0]
+    parts = checkpoint.check_complete(run / "checkpoints", last, 2, 2, None)
+    states = {k: v for name, part in parts.items() if name.startswith("worker-")
+              for k, v in part.load().items() if k.startswith("task.")}
+    assert last == iterations + 2 and M.saved_tasks(states) == 8  # 2 opening clocks (staleness 1)
+    args: LDAArgs = from_dict(LDAArgs, cfg["app"]["args"], "app.args")
+    for t in range(8):
+        assert int(states[M.key(t, "sweeps")][0]) == iterations * args.batches(2), t
+    corpus = load_corpus(args)
+    final = np.load(run / "word_topic.npy")
+    z = np.concatenate([states[M.key(t, "z")] for t in range(8)])
+    counts = np.zeros(final.shape, dtype=np.int64)
+    np.add.at(counts, (corpus.words, z), 1)
+    np.testing.assert_array_equal(final, counts)
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    clocks = [r for r in recs if r.get("kind") == "clock" and "tokens" in r]
+    assert all(r["tokens"] == corpus.n_tokens for r in clocks)
+    workers = [r["workers"] for r in clocks]
+    b1, b2 = moved
+    assert workers == [2] * (b1 - clocks[0]["clock"]) + [3] * (b2 - b1) + [2] * (clocks[-1]["clock"] + 1 - b2), workers
+
+
+@pytest.mark.timeout(120)
+def test_a_job_without_checkpoints_is_not_scaled(tmp_path):
+    path, _ = _lda_job(tmp_path, 400, checkpoints=False)
+    run = (tmp_path / "run").resolve()
+    p = _launch(path, run)
+    try:
+        _wait_clock(p, run, 3)
+        with pytest.raises(ScaleError, match="this job makes no checkpoints"):
+            bosen.scale(run, workers=3)
+    finally:
+        _stop(p)
