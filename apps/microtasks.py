@@ -316,7 +316,10 @@ def start_owners(T: int, workers: int, saved: Mapping[str, np.ndarray] | None, p
         return owners
     start = int(saved["tick"][0]) if saved is not None and "tick" in saved else 0
     planned = plan.initial(start, T, owners)
-    return planned if planned.size and int(planned.max()) < workers else owners  # a plan of another job shape
+    # a replacement in a running job trusts the plan (ranks past cluster.workers joined it: bosen scale);
+    # otherwise a plan naming ranks the job does not have is of another job shape
+    live = bool(os.environ.get("BOSEN_REJOIN"))
+    return planned if planned.size and (live or int(planned.max()) < workers) else owners
 
 
 class MicroTasks:

@@ -93,6 +93,20 @@ def checkpoint_workers(path: Path) -> int:
     return workers
 
 
+def checkpoint_ranks(path: Path) -> list[int]:
+    """The worker ranks whose parts make checkpoint ``path``: those its server part records (a job whose
+    workers joined or left, ``bosen scale``), else 0..workers-1."""
+    metas = sorted(path.glob(f"{part_name('server', 0)[:-1]}*/{META}")) if path.is_dir() else []
+    if metas:
+        try:
+            ranks = json.loads(metas[0].read_text()).get("info", {}).get("ranks")
+        except (OSError, ValueError, AttributeError):
+            ranks = None
+        if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks):
+            return ranks
+    return list(range(checkpoint_workers(path)))
+
+
 _TASK_FILE = re.compile(r"^task\.(\d+)\.")
 
 
@@ -252,9 +266,10 @@ def check_complete(base: Path, clock: int, servers: int, workers: int | None,
         workers = checkpoint_workers(d)
     if callable(fingerprint):
         fingerprint = fingerprint(workers)
+    ranks = checkpoint_ranks(d) if d.is_dir() else list(range(workers))  # recorded where workers joined or left
     parts = {}
-    for kind, n in (("server", servers), ("worker", workers)):
-        for r in range(n):
+    for kind, which in (("server", list(range(servers))), ("worker", ranks)):
+        for r in which:
             name = part_name(kind, r)
             part = read_part(d / name, fingerprint, verify)
             if part.meta["clock"] != clock or part.meta["kind"] != kind or part.meta["rank"] != r:

@@ -119,6 +119,9 @@ class Server:
             raise ValueError("--recover: versioned tables (AdaRevision) cannot be recovered on their own (clients "
                              "hold row versions of the lost server); resume the whole job instead")
         self.client_clock = np.full(self.num_clients, self.clock, dtype=np.int64)
+        # per rank, the clock it joined at and (said BYE) left at: which ranks' parts make a checkpoint
+        self.joined_at = [self.clock] * self.num_clients
+        self.left_at: dict[int, int] = {}
         for r in gone:
             if not 0 <= r < self.num_clients:
                 raise ValueError(f"--gone {r}: no such worker rank (cluster.workers is {self.num_clients})")
@@ -411,6 +414,7 @@ class Server:
         """One more worker rank, at ``clock``: every per-client array grows by one; returns the rank."""
         rank = self.num_clients
         self.client_clock = np.append(self.client_clock, np.int64(clock))
+        self.joined_at.append(clock)
         for shard in self.shards:
             shard.add_client()
         self.num_clients += 1
@@ -609,6 +613,7 @@ class Server:
             return
         self._send(ident, {"t": Msg.BYE_OK, "rq": h["s"]})
         log.info("client rank %d left at clock %d", peer.rank, self.client_clock[peer.rank])
+        self.left_at[peer.rank] = peer.clock
         self._leave(peer, lost=False)
 
     def on_push_ack(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
@@ -715,7 +720,7 @@ class Server:
         ck = self.checkpoints
         boundary = ck.crossed(old, new) if ck is not None else None
         if ck is not None and boundary is not None:
-            ck.save(boundary, self.shards, {"client_clocks": self.client_clock.tolist()})
+            ck.save(boundary, self.shards, {"client_clocks": self.client_clock.tolist(), **self._makers(boundary)})
         self.counters["clock_advances"] += 1
         live = self._live()
         work = [(shard, changed) for shard in self.shards if (changed := shard.take_changed()).shape[0]]
@@ -728,6 +733,14 @@ class Server:
             self._push(shard, changed, live, budgeted=False)
         self._advanced(new, live)
         return True
+
+    def _makers(self, clock: int) -> dict[str, Any]:
+        """``{"ranks": [...]}``, the worker ranks whose parts make the checkpoint at ``clock``, where
+        workers joined or left the job (``bosen scale``): those that ran tick ``clock`` - 1 (joined
+        before ``clock``, not left by BYE before it). Empty (ranks 0..workers-1) otherwise."""
+        ranks = [r for r in range(self.num_clients)
+                 if self.joined_at[r] < clock and self.left_at.get(r, clock) >= clock]
+        return {} if ranks == list(range(self.config.cluster.workers)) else {"ranks": ranks}
 
     def _in_turns(self, work: list[tuple[TableShard, np.ndarray]]) -> bool:
         """Whether a clock-advance push is sent in turns with reading the socket: when it is more than

@@ -333,7 +333,8 @@ class Launcher:
             code = p.returncode
             if code is None:
                 workers_done = False
-            elif rank in self._left_then_killed or rank in self.dropped:
+            elif rank in self._left_then_killed or rank in self.dropped \
+                    or (self.scaler is not None and rank in self.scaler.joining):
                 continue
             elif code < 0 and self.config.checkpoint is not None and self._left(rank):
                 # a replacement would redo its clocks after the others finished with its results:

@@ -28,17 +28,18 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import zmq
 
 from bosen.apps import microtasks
+from bosen.config import Config
 from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
-
-if TYPE_CHECKING:
-    from bosen.jobs.launch import Launcher
+from bosen.jobs.cluster import LocalCluster
+from bosen.jobs.job import MetricsMerger
+from bosen.jobs.supervise import Process
 
 CONTROL_FILE = "control.json"
 PLAN_AHEAD = 2  # the boundary B proposed: this many clocks past the fastest worker's
@@ -72,11 +73,28 @@ class _Step:
     seconds: float | None = None
 
 
+class Host(Protocol):
+    """What the scaler uses of the launcher (bosen/jobs/launch.py ``Launcher``)."""
+
+    config: Config
+    run_dir: Path
+    workers: list[Process]  # by rank; ranks are never reused
+    cluster: LocalCluster | None
+    dropped: set[int]
+
+    @property
+    def merger(self) -> MetricsMerger | None: ...
+
+    def say(self, msg: str) -> None: ...
+
+    def start_joiner(self, rank: int, clock: int) -> None: ...
+
+
 class Scaler:
     """The launcher's side: answers control requests and moves the job to the asked shape, one step per
     call of :meth:`step` (from the launcher's watch loop, the thread that started the processes)."""
 
-    def __init__(self, launcher: Launcher) -> None:
+    def __init__(self, launcher: Host) -> None:
         self.launcher = launcher
         self.run_dir = launcher.run_dir
         self.folder = self.run_dir / microtasks.HANDOFF_DIR
@@ -104,6 +122,12 @@ class Scaler:
     @property
     def busy(self) -> bool:
         return self.current is not None
+
+    @property
+    def joining(self) -> list[int]:
+        """Ranks started by the step under way that have not joined yet: their exit fails the step, not the job."""
+        step = self.current
+        return step.joiners if step is not None and step.phase in ("answers", "joined") else []
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -162,6 +186,8 @@ class Scaler:
                              f"{'' if cfg.app.args.get('micro_tasks') else ', 0: one per worker at the start'}), "
                              f"so at most {T} workers")
         live = self.live()
+        if not live:
+            raise ScaleError("the job's workers have all finished")
         if m == len(live):
             return None
         self._ids += 1
@@ -233,8 +259,11 @@ class Scaler:
     def _propose(self, step: _Step) -> None:
         if step.proposals >= MAX_PROPOSALS:
             raise ScaleError(f"{MAX_PROPOSALS} proposed boundaries were each passed by a worker before it read them")
-        seen = [c for clocks in self._clocks() for c in clocks if isinstance(c, int)]
-        step.clock = max(seen, default=0) + PLAN_AHEAD
+        cluster = self.launcher.cluster
+        assert cluster is not None
+        stats = [status_mod.query(a, timeout=3.0) for a in cluster.addresses]
+        seen = [c for st in stats for c in [st["clock"], *st["client_clocks"]] if isinstance(c, int)]
+        step.clock = max(seen) + PLAN_AHEAD
         step.proposals += 1
         self._plan_ids += 1
         for old in self.folder.glob("ack-*.json"):
@@ -245,6 +274,8 @@ class Scaler:
 
     def _answers(self, step: _Step) -> None:
         live = [r for r in self.live() if r not in step.joiners]
+        if not live:
+            raise ScaleError("the job's workers finished before they reached the proposed clock")
         answers = {}
         for r in live:
             path = self.folder / f"ack-{self._plan_ids}.rank-{r}.json"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,19 @@ from bosen.config import from_dict
 from bosen.jobs.scale import ScaleError
 
 
+def _final_counts(run: Path, cfg: dict, parts: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The final word-topic table and the counts of the final assignments in checkpoint ``parts``."""
+    states = {k: v for name, part in parts.items() if name.startswith("worker-")
+              for k, v in part.load().items() if k.startswith("task.")}
+    assert M.saved_tasks(states) == 8
+    corpus = load_corpus(from_dict(LDAArgs, cfg["app"]["args"], "app.args"))
+    final = np.load(run / "word_topic.npy")
+    z = np.concatenate([states[M.key(t, "z")] for t in range(8)])
+    counts = np.zeros(final.shape, dtype=np.int64)
+    np.add.at(counts, (corpus.words, z), 1)
+    return final, counts, states
+
+
 def _lda_job(tmp_path: Path, iterations: int, checkpoints: bool = True) -> tuple[Path, dict]:
     cfg: dict = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
                  "consistency": {"staleness": 1}, "comm": {"enabled": True},
@@ -32,7 +46,7 @@ def _lda_job(tmp_path: Path, iterations: int, checkpoints: bool = True) -> tuple
                          "args": {"data": "synthetic", "K": 5, "synth_docs": 600, "synth_vocab": 150,
                                   "synth_doc_len": 20.0, "iterations": iterations, "micro_tasks": 8, "seed": 2}}}
     if checkpoints:
-        cfg["checkpoint"] = {"every_clocks": 3, "keep": 5}
+        cfg["checkpoint"] = {"every_clocks": 3, "keep": 500}  # all kept: the scaled ones are checked
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps(cfg))
     return path, cfg
@@ -70,7 +84,8 @@ def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_
     one. Every clock counts every token once, the clock records sum 2, then 3, then 2 workers, every
     task sweeps once per mini-batch of every tick wherever it ran, and the final word-topic table is
     exactly the counts of the final assignments (nothing counted twice or lost in the moves). Before
-    that, impossible requests are refused with a clear error and the job runs on."""
+    that, impossible requests are refused with a clear error and the job runs on. The checkpoints made
+    while 3 workers ran record ranks 0-2 as their makers, and the newest of them resumes."""
     iterations = 400
     path, cfg = _lda_job(tmp_path, iterations)
     run = (tmp_path / "run").resolve()
@@ -99,26 +114,38 @@ def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_
     assert up < 60
     moved = [int(m) for m in re.findall(r"committed: micro-tasks move at clock (\d+)", out)]
     assert len(moved) == 2 and moved[0] < moved[1], out[-3000:]
+    b1, b2 = moved
     last = checkpoint.clocks(run / "checkpoints")[0]
-    parts = checkpoint.check_complete(run / "checkpoints", last, 2, 2, None)
-    states = {k: v for name, part in parts.items() if name.startswith("worker-")
-              for k, v in part.load().items() if k.startswith("task.")}
-    assert last == iterations + 2 and M.saved_tasks(states) == 8  # 2 opening clocks (staleness 1)
+    assert last == iterations + 2  # 2 opening clocks (staleness 1)
+    final, counts, states = _final_counts(run, cfg, checkpoint.check_complete(run / "checkpoints", last, 2, 2, None))
     args: LDAArgs = from_dict(LDAArgs, cfg["app"]["args"], "app.args")
     for t in range(8):
         assert int(states[M.key(t, "sweeps")][0]) == iterations * args.batches(2), t
     corpus = load_corpus(args)
-    final = np.load(run / "word_topic.npy")
-    z = np.concatenate([states[M.key(t, "z")] for t in range(8)])
-    counts = np.zeros(final.shape, dtype=np.int64)
-    np.add.at(counts, (corpus.words, z), 1)
     np.testing.assert_array_equal(final, counts)
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
     clocks = [r for r in recs if r.get("kind") == "clock" and "tokens" in r]
     assert all(r["tokens"] == corpus.n_tokens for r in clocks)
     workers = [r["workers"] for r in clocks]
-    b1, b2 = moved
     assert workers == [2] * (b1 - clocks[0]["clock"]) + [3] * (b2 - b1) + [2] * (clocks[-1]["clock"] + 1 - b2), workers
+    # the checkpoints made while 3 workers ran record their makers; each holds every task once
+    scaled = [c for c in checkpoint.clocks(run / "checkpoints") if b1 < c <= b2]
+    assert scaled
+    for c in checkpoint.clocks(run / "checkpoints"):
+        ranks = checkpoint.checkpoint_ranks(checkpoint.clock_dir(run / "checkpoints", c))
+        assert ranks == ([0, 1, 2] if c in scaled else [0, 1]), (c, ranks)
+        parts = checkpoint.check_complete(run / "checkpoints", c, 2, None, None, verify=False)
+        assert sorted(t for ts in checkpoint.tasks_by_worker(parts).values() for t in ts) == list(range(8))
+    # and one made by ranks 0, 1, 2 resumes (with 2 workers): every task goes on from its saved chain
+    for c in checkpoint.clocks(run / "checkpoints"):
+        if c > scaled[-1]:
+            shutil.rmtree(checkpoint.clock_dir(run / "checkpoints", c))
+    (run / "word_topic.npy").unlink()
+    r = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--resume", str(run), "--no-plot"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and f"resuming from the checkpoint at clock {scaled[-1]}" in r.stdout, r.stdout + r.stderr
+    final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(run / "checkpoints", last, 2, 2, None))
+    np.testing.assert_array_equal(final, counts)
 
 
 @pytest.mark.timeout(120)
