@@ -84,7 +84,7 @@ def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_
     one. Every clock counts every token once, the clock records sum 2, then 3, then 2 workers, every
     task sweeps once per mini-batch of every tick wherever it ran, and the final word-topic table is
     exactly the counts of the final assignments (nothing counted twice or lost in the moves). Before
-    that, impossible requests are refused with a clear error and the job runs on. The checkpoints made
+    that, more workers than tasks and a run directory without a launcher are refused. The checkpoints made
     while 3 workers ran record ranks 0-2 as their makers, and the newest of them resumes."""
     iterations = 400
     path, cfg = _lda_job(tmp_path, iterations)
@@ -94,12 +94,8 @@ def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_
     p = _launch(path, run)
     try:
         _wait_clock(p, run, 5)
-        for kw, msg in [({"workers": 0}, "a job needs at least 1 worker"),
-                        ({"workers": 9}, "the app has 8 micro-tasks .* so at most 8 workers"),
-                        ({"servers": 3}, "scaling servers is not built yet"),
-                        ({}, "nothing to scale")]:
-            with pytest.raises(ScaleError, match=msg):
-                bosen.scale(run, **kw)
+        with pytest.raises(ScaleError, match="the app has 8 micro-tasks .* so at most 8 workers"):
+            bosen.scale(run, workers=9)
         lines: list[str] = []
         up = bosen.scale(run, workers=3, servers=2, out=lines.append)
         assert "the job runs with 3 workers (ranks [0, 1, 2])" in lines[-1], lines
@@ -149,13 +145,19 @@ def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_
 
 
 @pytest.mark.timeout(120)
-def test_a_job_without_checkpoints_is_not_scaled(tmp_path):
+def test_impossible_requests_are_refused_naming_why(tmp_path):
+    """A job without checkpoints, fewer than 1 worker, servers (not built yet), nothing asked."""
     path, _ = _lda_job(tmp_path, 400, checkpoints=False)
     run = (tmp_path / "run").resolve()
     p = _launch(path, run)
     try:
         _wait_clock(p, run, 3)
-        with pytest.raises(ScaleError, match="this job makes no checkpoints"):
-            bosen.scale(run, workers=3)
+        for kw, msg in [({"workers": 3}, "this job makes no checkpoints"),
+                        ({"workers": 0}, "a job needs at least 1 worker"),
+                        ({"servers": 3}, "scaling servers is not built yet"),
+                        ({}, "nothing to scale")]:
+            with pytest.raises(ScaleError, match=msg):
+                bosen.scale(run, **kw)
+        assert p.poll() is None  # refused requests leave the job running
     finally:
         _stop(p)
