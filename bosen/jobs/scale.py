@@ -16,7 +16,7 @@ next rank at clock B, which holds nobody back: the servers' clock is at most B w
 there) and, once every server counts them, the plan is committed: the givers write their tasks'
 states at B, the new workers take them, and leaving workers (the newest ranks: scale-in is last in,
 first out) give all theirs away and leave by BYE. A scale step ends when every new worker has
-passed B on every server and every leaving one has exited.
+passed B on every server and every server has every leaving one's BYE.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ from bosen.jobs.job import MetricsMerger
 from bosen.jobs.supervise import Process
 
 CONTROL_FILE = "control.json"
-PLAN_AHEAD = 2  # the boundary B proposed: this many clocks past the fastest worker's
+PLAN_AHEAD = 2  # the first boundary B proposed: this many clocks past the newest one seen; doubled per retry
 ANSWER_TIMEOUT_S = 60.0  # every worker answers a proposal within this (it reads the plan at each clock)
 JOIN_TIMEOUT_S = 120.0  # a new worker process starts (imports, data) and joins every server within this
 SETTLE_TIMEOUT_S = 120.0
-MAX_PROPOSALS = 5
+MAX_PROPOSALS = 10  # a job of 300 clocks a second needed 4 (margins 2, 4, 8, 16)
 REQUEST_TIMEOUT_S = 10.0
 
 
@@ -68,6 +68,7 @@ class _Step:
     deadline: float = 0.0
     joiners: list[int] = field(default_factory=list)
     leavers: list[int] = field(default_factory=list)
+    owners: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # each task's rank after the step
     done: bool = False
     error: str | None = None
     seconds: float | None = None
@@ -102,6 +103,9 @@ class Scaler:
         self.handlers: dict[str, Callable[[Any], _Step | None]] = {"workers": self._workers, "servers": self._servers}
         self.steps: dict[int, _Step] = {}
         self.current: _Step | None = None
+        # the ranks in the job: joiners count from the commit on, leavers no more from it (a leaving
+        # process may still be exiting when the next step starts)
+        self.members = set(range(len(launcher.workers)))
         self._ids = 0
         self._plan_ids = int(time.time() * 1000) % (1 << 30)  # plan ids differ across launches in one directory
         self._ctx = zmq.Context()
@@ -185,19 +189,20 @@ class Scaler:
             raise ScaleError(f"--workers {m}: the app has {T} micro-tasks (app.args.micro_tasks"
                              f"{'' if cfg.app.args.get('micro_tasks') else ', 0: one per worker at the start'}), "
                              f"so at most {T} workers")
-        live = self.live()
-        if not live:
+        if not self.live():
             raise ScaleError("the job's workers have all finished")
-        if m == len(live):
+        now = sorted(self.members)
+        if m == len(now):
             return None
         self._ids += 1
         step = _Step(self._ids, m, time.time())
         nxt = len(self.launcher.workers)  # ranks are never reused
-        step.joiners = list(range(nxt, nxt + m - len(live))) if m > len(live) else []
-        step.leavers = sorted(live)[m:] if m < len(live) else []  # the newest leave first
+        step.joiners = list(range(nxt, nxt + m - len(now))) if m > len(now) else []
+        step.leavers = now[m:]  # the newest leave first
+        step.owners = microtasks.assign(T, sorted((set(now) | set(step.joiners)) - set(step.leavers)))
         self.steps[step.id] = step
         self.current = step
-        self._say(step, f"scaling from {len(live)} to {m} workers"
+        self._say(step, f"scaling from {len(now)} to {m} workers"
                   + (f": ranks {step.joiners} join" if step.joiners else f": ranks {step.leavers} leave"))
         return step
 
@@ -210,8 +215,8 @@ class Scaler:
         return int(t) if isinstance(t, int) and t > 0 else cfg.cluster.workers
 
     def live(self) -> list[int]:
-        """Ranks whose process runs and has not left."""
-        return [r for r, p in enumerate(self.launcher.workers) if p.returncode is None]
+        """The job's ranks whose process runs (not yet finished)."""
+        return [r for r in sorted(self.members) if self.launcher.workers[r].returncode is None]
 
     def _clocks(self) -> list[list[Any]]:
         cluster = self.launcher.cluster
@@ -221,6 +226,7 @@ class Scaler:
     # -- carrying a step out -------------------------------------------------------------------
 
     def _say(self, step: _Step, line: str) -> None:
+        line = f"{time.time() - step.started:6.2f}s {line}"  # since the request: where a step spends its time
         step.lines.append(line)
         self.launcher.say(f"scale: {line}")
 
@@ -244,12 +250,9 @@ class Scaler:
         except (BosenError, OSError) as e:
             self._fail(step, str(e))
 
-    def _owners(self, step: _Step) -> np.ndarray:
-        ranks = sorted(set(self.live()) - set(step.leavers) | set(step.joiners))
-        return microtasks.assign(self.tasks(), ranks)
 
     def _write_plan(self, step: _Step, state: str) -> None:
-        d = {"id": self._plan_ids, "clock": step.clock, "owners": self._owners(step).tolist(), "state": state,
+        d = {"id": self._plan_ids, "clock": step.clock, "owners": step.owners.tolist(), "state": state,
              "leave": step.leavers}
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.folder / ".plan.json.partial"
@@ -263,7 +266,7 @@ class Scaler:
         assert cluster is not None
         stats = [status_mod.query(a, timeout=3.0) for a in cluster.addresses]
         seen = [c for st in stats for c in [st["clock"], *st["client_clocks"]] if isinstance(c, int)]
-        step.clock = max(seen) + PLAN_AHEAD
+        step.clock = max(seen) + PLAN_AHEAD * 2 ** step.proposals  # fast clocks: a wider margin each retry
         step.proposals += 1
         self._plan_ids += 1
         for old in self.folder.glob("ack-*.json"):
@@ -311,6 +314,7 @@ class Scaler:
                 raise ScaleError(f"new worker(s) {step.joiners} did not join every server within {JOIN_TIMEOUT_S:g}s")
             return
         self._write_plan(step, "committed")
+        self.members = (self.members | set(step.joiners)) - set(step.leavers)
         if self.launcher.merger is not None:
             self.launcher.merger.workers_from(step.clock, step.target)
         step.phase, step.deadline = "settle", time.monotonic() + SETTLE_TIMEOUT_S
@@ -318,23 +322,25 @@ class Scaler:
                   f"({', '.join(f'worker {r}: {len(t)}' for r, t in self._shares(step).items())})")
 
     def _shares(self, step: _Step) -> dict[int, np.ndarray]:
-        owners = self._owners(step)
+        owners = step.owners
         return {int(r): microtasks.owned(owners, int(r)) for r in np.unique(owners)}
 
     def _settle(self, step: _Step) -> None:
         clocks = self._clocks()
         joined = all(isinstance(c[r], int) and c[r] > step.clock for c in clocks for r in step.joiners)
-        left = all(self.launcher.workers[r].returncode is not None for r in step.leavers)
+        # a leaving worker is out once every server has its BYE (its process then exits on its own)
+        left = all(c[r] == "left" or self.launcher.workers[r].returncode == 0 for c in clocks for r in step.leavers)
         if not (joined and left):
+            for r in step.leavers:
+                code = self.launcher.workers[r].returncode
+                if code is not None and code != 0:
+                    raise ScaleError(f"leaving worker {r} exited with status {code}")
             if time.monotonic() > step.deadline:
                 raise ScaleError(f"the move at clock {step.clock} did not finish within {SETTLE_TIMEOUT_S:g}s")
             return
-        for r in step.leavers:
-            if self.launcher.workers[r].returncode != 0:
-                raise ScaleError(f"leaving worker {r} exited with status {self.launcher.workers[r].returncode}")
         step.seconds = round(time.time() - step.started, 3)
         step.done, self.current = True, None
-        self._say(step, f"the job runs with {step.target} workers (ranks {self.live()}) "
+        self._say(step, f"the job runs with {step.target} workers (ranks {sorted(self.members)}) "
                   f"after {step.seconds:.2f}s")
 
 
