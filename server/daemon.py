@@ -385,11 +385,13 @@ class Server:
         self._send(ident, welcome)
 
     def _join(self, ident: bytes, h: dict[str, Any], rank: Any) -> None:
-        """HELLO with ``jn`` = C: a worker joins the running job as a new rank (``bosen scale``), the next
-        one (server 0 assigns it to ``rank`` -1; the others get it named), starting at clock C. C must
-        not be below this server's clock: the server's clock, the minimum over the clients, then does
-        not go back, and the newcomer's updates of ticks >= C reach values that vouch only for earlier
-        ones (SSP stays exact). Its reads wait as any worker's at tick C (for clock C - s)."""
+        """HELLO with ``jn`` = C: a worker joins the running job as a new rank (``bosen scale``), starting
+        at clock C: one never used (ranks are never reused), past those so far (server 0 gives the next
+        to ``rank`` -1; the scaler names them). Several joining at once may arrive in any order: ranks
+        skipped are kept free (clock GONE, holding nobody back) until theirs joins. C must not be below
+        this server's clock: the server's clock, the minimum over the clients, then does not go back,
+        and the newcomer's updates of ticks >= C reach values that vouch only for earlier ones (SSP stays
+        exact). Its reads wait as any worker's at tick C (for clock C - s)."""
         start = h["jn"]
         if not isinstance(start, int) or isinstance(start, bool) or start < 0:
             raise ProtocolError(f"HELLO: field 'jn' (the clock a joining worker starts at) must be an int >= 0, "
@@ -399,10 +401,15 @@ class Server:
                                 f"already (every worker passed it): join at a later boundary")
         if rank == -1 and self.rank == 0:
             rank = self.num_clients
-        if rank != self.num_clients:
-            raise ProtocolError(f"HELLO: a joining worker takes the next rank, {self.num_clients} here (ranks are "
-                                f"never reused), not {rank!r}")
-        self.add_client(start)
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise ProtocolError(f"HELLO: a joining worker needs a rank (-1 at server 0: the next), got {rank!r}")
+        if rank < self.num_clients and (rank in self.by_rank or self.joined_at[rank] != GONE):
+            raise ProtocolError(f"HELLO: worker rank {rank} is taken (ranks are never reused): a joining worker takes "
+                                f"a new one, {self.num_clients} or above here")
+        while self.num_clients <= rank:
+            self.add_client()
+        self.client_clock[rank] = start
+        self.joined_at[rank] = start
         peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic(), clock=start)
         self.peers[ident] = peer
         self.by_rank[rank] = peer
@@ -410,11 +417,12 @@ class Server:
                  self.clock, self.num_clients)
         self._welcome(ident, h, rank)
 
-    def add_client(self, clock: int) -> int:
-        """One more worker rank, at ``clock``: every per-client array grows by one; returns the rank."""
+    def add_client(self) -> int:
+        """One more worker rank, free until a worker joins as it (clock GONE): every per-client array
+        grows by one; returns the rank."""
         rank = self.num_clients
-        self.client_clock = np.append(self.client_clock, np.int64(clock))
-        self.joined_at.append(clock)
+        self.client_clock = np.append(self.client_clock, np.int64(GONE))
+        self.joined_at.append(GONE)
         for shard in self.shards:
             shard.add_client()
         self.num_clients += 1

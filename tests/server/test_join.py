@@ -18,8 +18,8 @@ def test_a_worker_joins_as_the_next_rank_at_a_clock_that_holds_nobody_back(bosen
     """Rank 0 (of 1) reaches clock 2; a worker joins at clock 3 as rank 1 (the next: server 0 assigns it
     to rank -1): the server's clock stays 2 (the newcomer is ahead of it), its per-client state grows
     (its reads are answered, its updates applied), and the clock moves only as both pass it. A join
-    below the server's clock, or as another rank than the next, is refused naming why; a rank that left
-    by BYE holds nobody back and is never given out again."""
+    below the server's clock, or as a rank that is taken, is refused naming why; a rank that left by BYE
+    holds nobody back and is never given out again; joiners may come in any order."""
     c = bosen_cluster(1, workers=1, tables={"t": {"rows": 8, "cols": 2, "dtype": "int64"}})
     fp = config_mod.load(c.path).fingerprint()
     ctx = zmq.Context()
@@ -35,8 +35,8 @@ def test_a_worker_joins_as_the_next_rank_at_a_clock_that_holds_nobody_back(bosen
         peers.append(late)
         late.bad("a worker joining at clock 1, but this server is at clock 2 already",
                  {"t": Msg.HELLO, "rank": -1, "fp": fp, "jn": 1})
-        late.bad("a joining worker takes the next rank, 1 here (ranks are never reused), not 5",
-                 {"t": Msg.HELLO, "rank": 5, "fp": fp, "jn": 3})
+        late.bad("worker rank 0 is taken (ranks are never reused): a joining worker takes a new one, 1 or above",
+                 {"t": Msg.HELLO, "rank": 0, "fp": fp, "jn": 3})
         late.bad("field 'jn' (the clock a joining worker starts at) must be an int >= 0",
                  {"t": Msg.HELLO, "rank": -1, "fp": fp, "jn": -2})
 
@@ -69,10 +69,19 @@ def test_a_worker_joins_as_the_next_rank_at_a_clock_that_holds_nobody_back(bosen
         assert _next(a)["c"] == 5, "a rank that left holds nobody back"
         again = Raw(ctx, c.addresses[0])
         peers.append(again)
-        again.send({"t": Msg.HELLO, "rank": -1, "fp": fp, "jn": 6})
-        h, _ = again.recv()
-        assert h["t"] == Msg.WELCOME and h["rank"] == 2, "ranks are never reused"
-        assert c.status()[0]["client_clocks"] == [5, "left", 6]
+        again.bad("worker rank 1 is taken", {"t": Msg.HELLO, "rank": 1, "fp": fp, "jn": 6})
+        # two join at once, the later rank first: rank 2 stays free (holding nobody back) until it joins
+        d, h = _hello(ctx, c.addresses[0], fp, 3, jn=6)
+        peers.append(d)
+        assert h["t"] == Msg.WELCOME and h["rank"] == 3, h
+        assert c.status()[0]["client_clocks"] == [5, "left", "left", 6]
+        e, h = _hello(ctx, c.addresses[0], fp, -1, jn=6)  # server 0's next: 4
+        peers.append(e)
+        assert h["t"] == Msg.WELCOME and h["rank"] == 4, "ranks are never reused"
+        f, h = _hello(ctx, c.addresses[0], fp, 2, jn=6)
+        peers.append(f)
+        assert h["t"] == Msg.WELCOME and h["rank"] == 2, h
+        assert c.status()[0]["client_clocks"] == [5, "left", 6, 6, 6]
     finally:
         for r in peers:
             r.close()
