@@ -100,7 +100,8 @@ class Scaler:
         self.run_dir = launcher.run_dir
         self.folder = self.run_dir / microtasks.HANDOFF_DIR
         self.plan_path = self.folder / "plan.json"
-        self.handlers: dict[str, Callable[[Any], _Step | None]] = {"workers": self._workers, "servers": self._servers}
+        # what can be scaled, each asked in this order (one that only checks goes before one that starts a step)
+        self.handlers: dict[str, Callable[[Any], _Step | None]] = {"servers": self._servers, "workers": self._workers}
         self.steps: dict[int, _Step] = {}
         self.current: _Step | None = None
         # the ranks in the job: joiners count from the commit on, leavers no more from it (a leaving
@@ -143,6 +144,8 @@ class Scaler:
                 reply = self._answer(req if isinstance(req, dict) else {})
             except (ValueError, BosenError) as e:
                 reply = {"ok": False, "error": str(e)}
+            except Exception as e:  # a bug here must not leave the REP socket without its reply
+                reply = {"ok": False, "error": f"internal error in the launcher: {e!r}"}
             self._sock.send(json.dumps(reply).encode())
 
     def _answer(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -182,7 +185,11 @@ class Scaler:
             raise ScaleError(f"{cfg.source}: this job makes no checkpoints (no checkpoint section): a job that scales "
                              "must, so that a lost worker's micro-tasks can be restored (docs/recovery.md)")
         module = cfg.app.module or ""
-        if not getattr(importlib.import_module(module), "ELASTIC", False):
+        try:
+            elastic = getattr(importlib.import_module(module), "ELASTIC", False)
+        except ImportError as e:
+            raise ScaleError(f"app {module}: cannot import it here: {e}") from None
+        if not elastic:
             raise ScaleError(f"app {module} has no micro-tasks that move to joining workers (docs/app-contract.md)")
         T = self.tasks()
         if m > T:
