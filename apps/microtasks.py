@@ -32,7 +32,7 @@ from bosen.errors import BosenError, ConfigError
 
 __all__ = ["count", "assign", "owned", "key", "pack", "unpack", "saved_tasks", "give", "take",
            "FilePlan", "MicroTasks", "TaskState", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR", "run_plan",
-           "start_owners"]
+           "start_owners", "join_clock", "join"]
 
 TaskState = dict[str, np.ndarray]
 HANDOFF_TIMEOUT_S = 120.0  # a receiver waits this long for a giver's file
@@ -153,48 +153,146 @@ def take(folder: str | Path, clock: int, tasks: Iterable[int], timeout: float = 
 class FilePlan:
     """A new assignment of the tasks from a given clock on, read from a JSON file
     ``{"clock": C, "owners": [rank of task 0, ...]}`` (whoever scales the job writes it, renamed into
-    place, before the fastest worker reaches C). :meth:`at` is asked at every clock boundary."""
+    place). :meth:`at` is asked at every clock boundary.
 
-    def __init__(self, path: str | Path) -> None:
+    A plan with an ``id`` is agreed in two phases, so it is race-free whatever the workers' speeds
+    (``bosen scale``, bosen/jobs/scale.py): ``"state": "proposed"`` asks each worker that reads it to
+    answer in ``ack-<id>.rank-<r>.json`` whether it is still before C (``{"ok": true}``: it will wait at
+    C) or already past it (``{"ok": false}``: it goes on with the old assignment); a worker that
+    reaches C waits there until the scaler writes ``"committed"`` (every worker answered ok: the
+    tasks move at C) or ``"withdrawn"`` (someone was late: nothing moves; a later C is proposed).
+    ``"leave": [ranks]`` names workers that give all their tasks away at C and leave the job. A plan
+    without an ``id`` holds as written (it must reach every worker before C)."""
+
+    def __init__(self, path: str | Path, rank: int | None = None, timeout: float = HANDOFF_TIMEOUT_S) -> None:
         self.path = Path(path)
-        self._seen: float | None = None
+        self.rank = rank
+        self.timeout = timeout
+        self._seen: tuple[int, int, int] | None = None
         self._plan: tuple[int, np.ndarray] | None = None
+        self._meta: dict[str, Any] = {}
+        self._refused: set[int] = set()  # proposals this worker was already past
+        self._answered: set[int] = set()
 
     def initial(self, clock: int, T: int, default: np.ndarray) -> np.ndarray:
         """The owners for a process that starts at ``clock`` (a resumed or replacement worker): the
         plan's if one holds from ``clock`` or earlier, else ``default``; a later plan comes by :meth:`at`."""
         owners = self._read(T)
-        if owners is not None and self._plan is not None and self._plan[0] <= clock:
+        if owners is not None and self._plan is not None and self._plan[0] <= clock and self._holds():
             return owners
         return default
+
+    def _holds(self) -> bool:
+        """The plan read last is in force (no id, or committed)."""
+        return self._meta.get("state", "committed") == "committed"
 
     def _read(self, T: int) -> np.ndarray | None:
         """The plan's owners if the file changed since the last read (None otherwise or without one)."""
         try:
-            mtime = self.path.stat().st_mtime
+            st = self.path.stat()
         except FileNotFoundError:
             return None
-        if mtime == self._seen:
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp == self._seen:
             return None
-        self._seen = mtime
+        self._seen = stamp
         try:
             d = json.loads(self.path.read_text())
             c, owners = int(d["clock"]), np.asarray(d["owners"], dtype=np.int64)
+        except FileNotFoundError:  # replaced between stat and read: the next look reads the new one
+            self._seen = None
+            return None
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise BosenError(f"{self.path}: not a task plan {{\"clock\": C, \"owners\": [...]}}: {e}") from None
         if owners.shape != (T,):
             raise BosenError(f"{self.path}: {owners.size} owners for {T} micro-tasks")
         self._plan = (c, owners)
+        self._meta = d if isinstance(d, dict) else {}
         return owners
 
-    def at(self, clock: int, T: int) -> np.ndarray | None:
-        """The owners that hold from ``clock`` on if the plan changes them there, else None. A new
-        plan for a clock this worker has passed is an error (it would run the old assignment)."""
-        if self._read(T) is not None and self._plan is not None and self._plan[0] < clock:
-            raise BosenError(f"{self.path}: a plan for clock {self._plan[0]} reached this worker at clock {clock}")
-        if self._plan is not None and self._plan[0] == clock:
-            return self._plan[1]
-        return None
+    def _answer(self, clock: int) -> None:
+        """Answer a new proposal: before (or at) its clock, this worker will wait there; past it, not."""
+        pid = self._meta.get("id")
+        if self._meta.get("state") != "proposed" or not isinstance(pid, int) or self.rank is None \
+                or self._plan is None or pid in self._answered:
+            return
+        self._answered.add(pid)
+        ack = self.path.with_name(f"ack-{pid}.rank-{self.rank}.json")
+        ok = self._plan[0] >= clock
+        if not ok:
+            self._refused.add(pid)
+        tmp = ack.with_name(f".{ack.name}.partial")
+        tmp.write_text(json.dumps({"ok": ok, "at": clock}))
+        os.replace(tmp, ack)
+
+    def at(self, clock: int, T: int, check: Callable[[], None] | None = None) -> np.ndarray | None:
+        """The owners that hold from ``clock`` on if the plan changes them there, else None. A proposed
+        plan for ``clock`` is waited for here (committed: its owners; withdrawn: None). A plan without
+        an id for a clock this worker has passed is an error (it would run the old assignment)."""
+        if self._read(T) is not None and self._plan is not None and "id" not in self._meta:
+            if self._plan[0] < clock:
+                raise BosenError(f"{self.path}: a plan for clock {self._plan[0]} reached this worker at clock {clock}")
+        self._answer(clock)  # a proposal read now or earlier (at the start) is answered once
+        if self._plan is None or self._plan[0] != clock or self._meta.get("id") in self._refused:
+            return None
+        if self._meta.get("state") == "proposed":
+            self._wait(clock, T, check)
+        return self._plan[1] if self._plan is not None and self._plan[0] == clock and self._holds() else None
+
+    def _wait(self, clock: int, T: int, check: Callable[[], None] | None) -> None:
+        """At a proposal's clock: wait until it is committed or withdrawn (or replaced by another)."""
+        pid = self._meta.get("id")
+        deadline = time.monotonic() + self.timeout
+        while self._meta.get("id") == pid and self._meta.get("state") == "proposed":
+            if check is not None:
+                check()
+            if time.monotonic() > deadline:
+                raise BosenError(f"{self.path}: waited {self.timeout:g}s at clock {clock} for task plan {pid} to be "
+                                 "committed or withdrawn (is the launcher that proposed it gone?)")
+            time.sleep(0.005)
+            self._read(T)
+            self._answer(clock)
+
+    def leaving(self) -> bool:
+        """The plan in force says this worker leaves the job at its clock (after giving its tasks away)."""
+        leave = self._meta.get("leave", [])
+        return self._holds() and isinstance(leave, list) and self.rank in leave
+
+    def joined(self, clock: int, T: int, check: Callable[[], None] | None = None) -> np.ndarray:
+        """For a worker that joins the job at ``clock`` (``bosen scale``): wait for the plan of that clock
+        to be committed; its owners. BosenError if it is withdrawn or does not come in time."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            self._read(T)
+            if self._plan is not None and self._plan[0] == clock and self._meta.get("state") != "proposed":
+                if not self._holds():
+                    raise BosenError(f"{self.path}: the task plan this worker joined for (clock {clock}) was "
+                                     "withdrawn")
+                return self._plan[1]
+            if check is not None:
+                check()
+            if time.monotonic() > deadline:
+                raise BosenError(f"{self.path}: no committed task plan for clock {clock} within {self.timeout:g}s "
+                                 "(this worker joined the job for one)")
+            time.sleep(0.005)
+
+
+def join_clock() -> int | None:
+    """``$BOSEN_JOIN``: the clock at which this worker process joins a running job (``bosen scale``)."""
+    v = os.environ.get("BOSEN_JOIN")
+    return int(v) if v else None
+
+
+def join(T: int, rank: int, clock: int, plan: FilePlan | None, folder: Path | None) -> tuple[MicroTasks,
+                                                                                           dict[int, TaskState]]:
+    """A worker joining at ``clock``: its tasks (from the committed plan of that clock) and their states,
+    taken from the workers that held them (:meth:`MicroTasks.handoff`)."""
+    if plan is None or folder is None:
+        raise BosenError("BOSEN_JOIN is set but not BOSEN_RUN_DIR: a joining worker takes its micro-tasks from "
+                         "the run directory's task plan")
+    owners = plan.joined(clock, T)
+    tasks = MicroTasks(T, np.full(T, -1, dtype=np.int64), rank)
+    return tasks, tasks.handoff(clock, owners, folder, lambda t: {})
 
 
 def run_plan() -> tuple[FilePlan | None, Path | None]:
@@ -204,7 +302,8 @@ def run_plan() -> tuple[FilePlan | None, Path | None]:
     if not run_dir:
         return None, None
     folder = Path(run_dir, HANDOFF_DIR)
-    return FilePlan(folder / "plan.json"), folder
+    rank = os.environ.get("BOSEN_RANK")
+    return FilePlan(folder / "plan.json", int(rank) if rank else None), folder
 
 
 def start_owners(T: int, workers: int, saved: Mapping[str, np.ndarray] | None, plan: FilePlan | None) -> np.ndarray:
@@ -217,7 +316,10 @@ def start_owners(T: int, workers: int, saved: Mapping[str, np.ndarray] | None, p
         return owners
     start = int(saved["tick"][0]) if saved is not None and "tick" in saved else 0
     planned = plan.initial(start, T, owners)
-    return planned if planned.size and int(planned.max()) < workers else owners  # a plan of another job shape
+    # a replacement in a running job trusts the plan (ranks past cluster.workers joined it: bosen scale);
+    # otherwise a plan naming ranks the job does not have is of another job shape
+    live = bool(os.environ.get("BOSEN_REJOIN"))
+    return planned if planned.size and (live or int(planned.max()) < workers) else owners
 
 
 class MicroTasks:

@@ -93,6 +93,25 @@ def checkpoint_workers(path: Path) -> int:
     return workers
 
 
+def recorded_ranks(path: Path) -> list[int] | None:
+    """The worker ranks checkpoint ``path``'s server part records as its makers (a job whose workers
+    joined or left, ``bosen scale``), or None where it records none (ranks 0..workers-1 made it)."""
+    metas = sorted(path.glob(f"{part_name('server', 0)[:-1]}*/{META}")) if path.is_dir() else []
+    if not metas:
+        return None
+    try:
+        ranks = json.loads(metas[0].read_text()).get("info", {}).get("ranks")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return ranks if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks) else None
+
+
+def checkpoint_ranks(path: Path) -> list[int]:
+    """The worker ranks whose parts make checkpoint ``path``: those it records, else 0..workers-1."""
+    ranks = recorded_ranks(path)
+    return ranks if ranks is not None else list(range(checkpoint_workers(path)))
+
+
 _TASK_FILE = re.compile(r"^task\.(\d+)\.")
 
 
@@ -252,9 +271,12 @@ def check_complete(base: Path, clock: int, servers: int, workers: int | None,
         workers = checkpoint_workers(d)
     if callable(fingerprint):
         fingerprint = fingerprint(workers)
+    ranks = recorded_ranks(d)  # where workers joined or left; else ranks 0..workers-1
+    if ranks is None:
+        ranks = list(range(workers))
     parts = {}
-    for kind, n in (("server", servers), ("worker", workers)):
-        for r in range(n):
+    for kind, which in (("server", list(range(servers))), ("worker", ranks)):
+        for r in which:
             name = part_name(kind, r)
             part = read_part(d / name, fingerprint, verify)
             if part.meta["clock"] != clock or part.meta["kind"] != kind or part.meta["rank"] != r:

@@ -15,6 +15,8 @@ end-of-version marks and released row versions follow the updates), ``nr`` relea
 ``rd`` HELLO of a joined client's read connection (a worker thread's own socket: READ in, ROWS out),
 ``rp`` HELLO of a replacement for a lost worker: the clock of the checkpoint it restarts from (the rank's
 clock on the servers stays where the lost worker left it until the replacement passes it),
+``jn`` HELLO of a worker that joins a running job as a new rank (the next one: ranks are never reused) at
+that clock, a boundary no worker has passed yet (``bosen scale``; the servers grow their per-client state),
 ``ss`` ROWS's number among every ROWS the server sent that client, on any of its connections (a
 client keeps each row's newest), ``na`` INC's "no ACK": the server acknowledges it only through the
 ACK (or SCLOCK) of a later message, whose ``rq`` (``a``) covers every earlier one; ``rs`` CLOCK's

@@ -93,16 +93,17 @@ class WorkerCheckpoints:
         rank the checkpoint has no part of (more workers now) gets its ``tick`` from worker 0's."""
         try:
             made_by = checkpoint.checkpoint_workers(path)
+            ranks = checkpoint.checkpoint_ranks(path)  # 0..made_by-1, or those recorded after a scale
             fp = checkpoint.model_fingerprint(self.config, made_by)
-            own = checkpoint.read_part(path / checkpoint.part_name("worker", rank if rank < made_by else 0), fp)
+            own = checkpoint.read_part(path / checkpoint.part_name("worker", rank if rank in ranks else ranks[0]), fp)
             others = [checkpoint.read_part(path / checkpoint.part_name("worker", r), fp, verify=False)
-                      for r in range(made_by) if r != own.meta["rank"]]
+                      for r in ranks if r != own.meta["rank"]]
         except checkpoint.CheckpointError as e:
             raise BosenError(f"BOSEN_RESUME: {e}") from None
         if own.meta["clock"] != clock:
             raise BosenError(f"BOSEN_RESUME: {own.path} is at clock {own.meta['clock']}, the servers at {clock}")
         restored = own.load()
-        if rank >= made_by:
+        if rank not in ranks:
             restored = {k: v for k, v in restored.items() if k.startswith("task.") or k == "tick"}
         for part in others:  # their tasks' arrays only (each rank's other state is its own)
             restored.update(part.load_matching("task."))

@@ -40,9 +40,11 @@ JOIN_TIMEOUT_S = 30.0
 LEAVE_TIMEOUT_S = 30.0
 
 
-def _rejoin_clock(value: str | None) -> int | None:
+def _rejoin_clock(value: str | None, name: str = "BOSEN_REJOIN",
+                  what: str = "a replacement worker restarts from") -> int | None:
     """``$BOSEN_REJOIN``: this process replaces a lost worker of its rank, restarting at that clock
-    (``bosen launch`` sets it, with ``$BOSEN_RESUME`` the checkpoint there; docs/recovery.md)."""
+    (``bosen launch`` sets it, with ``$BOSEN_RESUME`` the checkpoint there; docs/recovery.md).
+    ``$BOSEN_JOIN``: this process joins a running job as a new rank at that clock (``bosen scale``)."""
     if not value:
         return None
     try:
@@ -50,7 +52,7 @@ def _rejoin_clock(value: str | None) -> int | None:
     except ValueError:
         clock = -1
     if clock < 0:
-        raise BosenError(f"BOSEN_REJOIN={value!r}: the clock a replacement worker restarts from, an int >= 0")
+        raise BosenError(f"{name}={value!r}: the clock {what}, an int >= 0")
     return clock
 
 
@@ -93,8 +95,10 @@ class Client:
         want = rank if rank is not None else int(os.environ.get("BOSEN_RANK", -1))
         try:
             rejoin = _rejoin_clock(os.environ.get("BOSEN_REJOIN"))
-            self.rank, start = self._comm.call(self._comm.join(want, config.fingerprint(), join_timeout, rejoin),
-                                               join_timeout + 5)
+            joining = _rejoin_clock(os.environ.get("BOSEN_JOIN"), "BOSEN_JOIN", "a worker joining a running job "
+                                    "starts at")
+            self.rank, start = self._comm.call(self._comm.join(want, config.fingerprint(), join_timeout, rejoin,
+                                                               joining), join_timeout + 5)
             # 0, the clock of the checkpoint the servers resumed from, or (replacing a lost worker) the
             # clock of the checkpoint this rank's state comes from
             self._clocks.clock = start

@@ -275,17 +275,21 @@ class CommThread:
         return self._request(link, {"t": Msg.HELLO, "rank": self.rank, "fp": self._fingerprint,
                                     "cs": max(link.window.clock_sent, 0)}, RECOVERY_TIMEOUT_S, during_recovery=True)
 
-    async def join(self, rank: int, fingerprint: str, timeout: float, rejoin: int | None = None) -> tuple[int, int]:
+    async def join(self, rank: int, fingerprint: str, timeout: float, rejoin: int | None = None,
+                   joining: int | None = None) -> tuple[int, int]:
         """HELLO to server 0 (which assigns a rank if ``rank`` is -1), then to the others; returns the
         rank and the servers' clock (where this process's workers start: 0, or a resumed checkpoint's).
         ``rejoin`` = C: this process replaces the lost worker ``rank`` from the checkpoint at clock C
-        (HELLO ``rp``); its workers start at C, each server at its own clock (at least C)."""
+        (HELLO ``rp``); its workers start at C, each server at its own clock (at least C). ``joining`` = C:
+        this process joins a running job as a new rank at clock C (HELLO ``jn``, ``bosen scale``)."""
         first, rest = self.links[0], self.links[1:]
         hello: dict[str, Any] = {"t": Msg.HELLO, "rank": rank, "fp": fingerprint}
         if rejoin is not None:
             if rank < 0:
                 raise BosenError("a replacement for a lost worker needs its rank (BOSEN_RANK)")
             hello["rp"] = rejoin
+        if joining is not None:
+            hello["jn"] = joining
         h = await self._request(first, dict(hello), timeout)
         first.state = LinkState.JOINED
         rank = self.rank = h["rank"]
@@ -298,11 +302,14 @@ class CommThread:
         for link in rest:
             link.state = LinkState.JOINED
         self._follow_map((h, *welcomes), rejoin is not None)
-        if rejoin is not None:
+        if rejoin is not None or joining is not None:
             for link, w in zip(self.links, (h, *welcomes), strict=True):
                 link.server_clock = w["c"]
-                link.window.clock_sent = rejoin  # what it sends now is of ticks >= rejoin (the resend log's tag)
-            return rank, rejoin
+            start = rejoin if rejoin is not None else joining
+            assert start is not None
+            for link in self.links:
+                link.window.clock_sent = start  # what it sends now is of ticks >= it (the resend log's tag)
+            return rank, start
         clocks = {h["c"], *(w["c"] for w in welcomes)}
         if len(clocks) != 1:
             raise ProtocolError(f"WELCOME: the servers are at different clocks {sorted(clocks)} (resumed from "

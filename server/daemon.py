@@ -137,6 +137,9 @@ class Server:
             raise ValueError("--recover: versioned tables (AdaRevision) cannot be recovered on their own (clients "
                              "hold row versions of the lost server); resume the whole job instead")
         self.client_clock = np.full(self.num_clients, self.clock, dtype=np.int64)
+        # per rank, the clock it joined at and (said BYE) left at: which ranks' parts make a checkpoint
+        self.joined_at = [self.clock] * self.num_clients
+        self.left_at: dict[int, int] = {}
         for r in gone:
             if not 0 <= r < self.num_clients:
                 raise ValueError(f"--gone {r}: no such worker rank (cluster.workers is {self.num_clients})")
@@ -376,6 +379,9 @@ class Server:
             self.readers[ident] = Reader(peer, last_seq=h["s"])
             self._send(ident, {"t": Msg.WELCOME, "rq": h["s"], "rank": rank, "c": self.clock})
             return
+        if "jn" in h:
+            self._join(ident, h, rank)
+            return
         if rank == -1:
             if self.rank != 0:
                 raise ProtocolError("HELLO: only server 0 assigns ranks; send the rank it gave you")
@@ -425,6 +431,50 @@ class Server:
             self._send(ident, welcome, self.partition.owner_of)
             return
         self._send(ident, welcome)
+
+    def _join(self, ident: bytes, h: dict[str, Any], rank: Any) -> None:
+        """HELLO with ``jn`` = C: a worker joins the running job as a new rank (``bosen scale``), starting
+        at clock C: one never used (ranks are never reused), past those so far (server 0 gives the next
+        to ``rank`` -1; the scaler names them). Several joining at once may arrive in any order: ranks
+        skipped are kept free (clock GONE, holding nobody back) until theirs joins. C must not be below
+        this server's clock: the server's clock, the minimum over the clients, then does not go back,
+        and the newcomer's updates of ticks >= C reach values that vouch only for earlier ones (SSP stays
+        exact). Its reads wait as any worker's at tick C (for clock C - s)."""
+        start = h["jn"]
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise ProtocolError(f"HELLO: field 'jn' (the clock a joining worker starts at) must be an int >= 0, "
+                                f"got {start!r}")
+        if start < self.clock:
+            raise ProtocolError(f"HELLO: a worker joining at clock {start}, but this server is at clock {self.clock} "
+                                f"already (every worker passed it): join at a later boundary")
+        if rank == -1 and self.rank == 0:
+            rank = self.num_clients
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise ProtocolError(f"HELLO: a joining worker needs a rank (-1 at server 0: the next), got {rank!r}")
+        if rank < self.num_clients and (rank in self.by_rank or self.joined_at[rank] != GONE):
+            raise ProtocolError(f"HELLO: worker rank {rank} is taken (ranks are never reused): a joining worker takes "
+                                f"a new one, {self.num_clients} or above here")
+        while self.num_clients <= rank:
+            self.add_client()
+        self.client_clock[rank] = start
+        self.joined_at[rank] = start
+        peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic(), clock=start)
+        self.peers[ident] = peer
+        self.by_rank[rank] = peer
+        log.info("worker rank %d joined the running job at clock %d (server clock %d; %d ranks)", rank, start,
+                 self.clock, self.num_clients)
+        self._welcome(ident, h, rank)
+
+    def add_client(self) -> int:
+        """One more worker rank, free until a worker joins as it (clock GONE): every per-client array
+        grows by one; returns the rank."""
+        rank = self.num_clients
+        self.client_clock = np.append(self.client_clock, np.int64(GONE))
+        self.joined_at.append(GONE)
+        for shard in self.shards:
+            shard.add_client()
+        self.num_clients += 1
+        return rank
 
     def _rejoin(self, ident: bytes, h: dict[str, Any], rank: int) -> None:
         """HELLO with ``rp`` = C: a replacement for worker ``rank``, restored from the job's checkpoint
@@ -644,6 +694,7 @@ class Server:
             return
         self._send(ident, {"t": Msg.BYE_OK, "rq": h["s"]})
         log.info("client rank %d left at clock %d", peer.rank, self.client_clock[peer.rank])
+        self.left_at[peer.rank] = peer.clock
         self._leave(peer, lost=False)
 
     def on_push_ack(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
@@ -774,7 +825,7 @@ class Server:
         ck = self.checkpoints
         boundary = ck.crossed(old, new) if ck is not None else None
         if ck is not None and boundary is not None:
-            ck.save(boundary, self.shards, {"client_clocks": self.client_clock.tolist()})
+            ck.save(boundary, self.shards, {"client_clocks": self.client_clock.tolist(), **self._makers(boundary)})
         self.counters["clock_advances"] += 1
         live = self._live()
         work = [(shard, changed) for shard in self.shards if (changed := shard.take_changed()).shape[0]]
@@ -787,6 +838,14 @@ class Server:
             self._push(shard, changed, live, budgeted=False)
         self._advanced(new, live)
         return True
+
+    def _makers(self, clock: int) -> dict[str, Any]:
+        """``{"ranks": [...]}``, the worker ranks whose parts make the checkpoint at ``clock``, where
+        workers joined or left the job (``bosen scale``): those that ran tick ``clock`` - 1 (joined
+        before ``clock``, not left by BYE before it). Empty (ranks 0..workers-1) otherwise."""
+        ranks = [r for r in range(self.num_clients)
+                 if self.joined_at[r] < clock and self.left_at.get(r, clock) >= clock]
+        return {} if ranks == list(range(self.config.cluster.workers)) else {"ranks": ranks}
 
     def _in_turns(self, work: list[tuple[TableShard, np.ndarray]]) -> bool:
         """Whether a clock-advance push is sent in turns with reading the socket: when it is more than

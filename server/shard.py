@@ -436,6 +436,23 @@ class TableShard:
         self.current[np.ix_(rows, clients)] |= give[:, rest].T
         self._partial = True
 
+    def add_client(self) -> int:
+        """One more client column in every per-client array (a worker that joins a running job takes
+        the next rank: ranks are never reused); returns the new client's index. Nothing is owed to it
+        yet: it subscribes by its first reads, as a client at the start does."""
+        k = self.subs.shape[1]
+        self.subs = np.concatenate([self.subs, np.zeros((self.subs.shape[0], 1), dtype=bool)], axis=1)
+        if self.readers_only:
+            for name in ("recent", "current"):
+                a = getattr(self, name)
+                setattr(self, name, np.concatenate([a, np.zeros((a.shape[0], 1), dtype=bool)], axis=1))
+            self._recent_rows.append([])
+        if self.counts:
+            self.applied_by = np.concatenate([self.applied_by, np.zeros((1, self.applied_by.shape[1]), np.int64)])
+        if self.procedure.versioned:
+            self.holdings.append(Holdings())
+        return k
+
     def set_recent(self, client: int, read: np.ndarray) -> None:
         """``client``'s CLOCK says it read rows ``read`` (sorted local rows) in the tick just ended.
         Only the rows marked before and those read now are touched: O(read set), not O(table)."""

@@ -81,7 +81,9 @@ def test_packages_import_only_what_they_may(rule):
     for mod, deps in graph().items():
         for dep in deps:
             a, b = area(mod), area(dep)
-            if rule == "vocabulary" and a == "bosen" and b != "bosen" and mod != "bosen.__main__":  # python -m bosen
+            # python -m bosen; and bosen.scale, the public API DESIGN.md §3 names, imports its tool when called
+            entry = mod == "bosen.__main__" or (mod == "bosen" and dep == "bosen.jobs.scale")
+            if rule == "vocabulary" and a == "bosen" and b != "bosen" and not entry:
                 bad.append(f"{mod} -> {dep}")
             if rule == "server-client" and {a, b} == {"bosen.server", "bosen.client"}:
                 bad.append(f"{mod} -> {dep}")

@@ -6,3 +6,5 @@ sampler state and objective), ``consistent`` (the objective of the servers' tabl
 ``worker`` (``train``: the loop against the PS). Run with
 ``bosen launch configs/lda.yaml``.
 """
+
+ELASTIC = True  # workers may join and leave a running job (bosen scale): micro-tasks move to them

@@ -217,10 +217,15 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     saved = client.restored_state()
     n_tasks = microtasks.count(a.micro_tasks, P, saved)
     plan, handoff_dir = microtasks.run_plan()
-    tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, P, saved, plan), rank)
+    joining = microtasks.join_clock()  # a worker joining the running job (bosen scale) at that clock
+    received: dict[int, microtasks.TaskState] = {}
+    if joining is not None:
+        tasks, received = microtasks.join(n_tasks, rank, joining, plan, handoff_dir)
+    else:
+        tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, P, saved, plan), rank)
     cuts = task_cuts(corpus, n_tasks)
     lay = _Layout(corpus, a, cuts, tasks.mine, wt, ts, P)
-    held = _held_out(a, V, rank, P)
+    held = _held_out(a, V, rank, P) if rank < P else None  # a rank that joined later has no share of them
 
     # clocks: the initial counts' tick, the opening barrier, T training ticks, the closing barrier
     T = a.iterations * a.clocks_per_epoch
@@ -234,6 +239,9 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         assert got is not None
         tick = int(got["tick"][0])
         lay.load(microtasks.unpack(saved, lay.tasks, TASK_STATE), client.config.source)
+    if joining is not None:  # its tasks' chains as their givers left them at the boundary
+        tick = joining
+        lay.load(received, client.config.source)
     if tick == 0:  # initial counts (in the checkpoint's tables otherwise)
         w, k, n = lay.sampler.word_topic_coo()
         if w.size:
@@ -311,6 +319,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             # a new assignment from this clock on: hand tasks off, rebuild for ours
             kept = {t: lay.state(t) for t in lay.tasks if new[t] == rank}
             received = tasks.handoff(tick, new, handoff_dir, lay.state)
+            if plan.leaving():  # its tasks are given away: it leaves the job here (BYE on close)
+                return
             lay = _Layout(corpus, a, cuts, tasks.mine, wt, ts, P)
             lay.load({**kept, **received}, client.config.source)
 

@@ -4,3 +4,5 @@
 (a mini-batch's rows and step), ``worker`` (``train``: the loop against the PS). Run with
 ``bosen launch configs/mf.yaml``.
 """
+
+ELASTIC = True  # workers may join and leave a running job (bosen scale): micro-tasks move to them

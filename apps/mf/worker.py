@@ -175,7 +175,12 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     rank, P = client.rank, client.num_workers
     n_tasks = microtasks.count(a.micro_tasks, P, saved)
     plan, handoff_dir = microtasks.run_plan()
-    tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, P, saved, plan), rank)
+    joining = microtasks.join_clock()  # a worker joining the running job (bosen scale) at that clock
+    received: dict[int, microtasks.TaskState] = {}
+    if joining is not None:
+        tasks, received = microtasks.join(n_tasks, rank, joining, plan, handoff_dir)
+    else:
+        tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, P, saved, plan), rank)
     owner = user_owner(train_all[0], L.rows, n_tasks, seed=a.data_seed)  # each user's micro-task
     scale = (float(train_all[2].min()), float(train_all[2].max())) if train_all[2].size else (0.0, 0.0)
     evaluate = a.eval_every > 0 and test_all[2].size > 0
@@ -190,6 +195,9 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         assert got is not None
         tick = int(got["tick"][0])
         lay.load(microtasks.unpack(saved, lay.tasks, ("rng",)))
+    if joining is not None:  # its tasks' generators as their givers left them at the boundary
+        tick = joining
+        lay.load(received)
     last = a.epochs * a.clocks_per_epoch
     clock_s = 0.0  # time in the previous clock() call: counted in the next report
     while tick < last:
@@ -213,6 +221,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             # a new assignment from this clock on: hand tasks off, rebuild for ours
             kept = {t: lay.state(t) for t in lay.tasks if new[t] == rank}
             got_states = tasks.handoff(tick, new, handoff_dir, lay.state)
+            if plan.leaving():  # its tasks are given away: it leaves the job here (BYE on close)
+                return
             lay = _Layout(train_all, test_all, owner, tasks.mine, a, L, R, gradient, scale)
             lay.load({**kept, **got_states})
 

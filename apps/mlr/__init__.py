@@ -4,3 +4,5 @@
 ``model`` (the local weight copy), ``worker`` (``train``: the loop against the PS). Run with
 ``bosen launch configs/mlr.yaml``.
 """
+
+ELASTIC = True  # workers may join and leave a running job (bosen scale): micro-tasks move to them

@@ -193,7 +193,12 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     saved = client.restored_state()
     n_tasks = microtasks.count(a.micro_tasks, workers, saved)
     plan, handoff_dir = microtasks.run_plan()
-    tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, workers, saved, plan), rank)
+    joining = microtasks.join_clock()  # a worker joining the running job (bosen scale) at that clock
+    received: dict[int, microtasks.TaskState] = {}
+    if joining is not None:
+        tasks, received = microtasks.join(n_tasks, rank, joining, plan, handoff_dir)
+    else:
+        tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, workers, saved, plan), rank)
     lay = _Layout(train_ds, tasks.mine, n_tasks, a)
     if lay.mine.n == 0:
         raise ConfigError(f"worker {rank}: no training samples ({train_ds.n} samples, {workers} workers)")
@@ -211,6 +216,9 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         assert got is not None
         c = int(got["tick"][0])
         lay.load(microtasks.unpack(saved, lay.tasks, ("rng", "order")), client.config.source)
+    if joining is not None:  # its tasks' generators and epoch orders as their givers left them
+        c = joining
+        lay.load(received, client.config.source)
     clock_wait = 0.0  # time in the previous clock() call: counted in the next report
 
     while c < total:
@@ -260,6 +268,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             # a new assignment from this clock on: hand tasks off, rebuild for ours
             kept = {t: lay.state(t) for t in lay.tasks if new[t] == rank}
             got_states = tasks.handoff(c, new, handoff_dir, lay.state)
+            if plan.leaving():  # its tasks are given away: it leaves the job here (BYE on close)
+                return
             lay = _Layout(train_ds, tasks.mine, n_tasks, a)
             lay.load({**kept, **got_states}, client.config.source)
 

@@ -1,6 +1,6 @@
-"""The ``bosen`` command: ``bosen launch CONFIG``, ``bosen status CONFIG``, ``bosen data NAME``,
-``bosen tables CONFIG --out DIR`` and ``bosen examples [NAME [DIR]]``. CONFIG is a file or the name of
-an example shipped in the package (``bosen launch mf``: ``bosen.jobs.examples``)."""
+"""The ``bosen`` command: ``bosen launch CONFIG``, ``bosen status CONFIG``, ``bosen scale RUN_DIR``,
+``bosen data NAME``, ``bosen tables CONFIG --out DIR`` and ``bosen examples [NAME [DIR]]``. CONFIG is a
+file or the name of an example shipped in the package (``bosen launch mf``: ``bosen.jobs.examples``)."""
 
 from __future__ import annotations
 
@@ -76,6 +76,14 @@ def _tasks(run_dir: Path, cfg: config_mod.Config) -> str:
     return status_mod.format_tasks(by_worker, clock, plan if isinstance(plan, dict) else None)
 
 
+def _scale(args: argparse.Namespace) -> int:
+    from bosen.jobs.scale import scale
+
+    seconds = scale(args.target, workers=args.workers, servers=args.servers, timeout=args.timeout)
+    print(f"done in {seconds:.2f}s")
+    return 0
+
+
 def _data(args: argparse.Namespace) -> int:
     from bosen.apps import datasets
 
@@ -145,6 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--timeout", type=float, default=3.0)
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=_status)
+    cp = sub.add_parser("scale", help="a running job (started by bosen launch) gains or loses worker processes: "
+                                      "micro-tasks move at a clock boundary")
+    cp.add_argument("target", metavar="RUN_DIR", help="the job's run directory (or its config.yaml there)")
+    cp.add_argument("--workers", type=int, default=None, help="worker processes the job should have")
+    cp.add_argument("--servers", type=int, default=None, help="server processes (not built yet: only the current "
+                                                               "count is accepted)")
+    cp.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    cp.set_defaults(fn=_scale)
     dp = sub.add_parser("data", help="prepare a real data set that ships in a package (no network)")
     dp.add_argument("name", choices=DATASET_NAMES)
     dp.add_argument("--out", default=None, help="directory to write (default: data/NAME)")

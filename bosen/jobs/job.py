@@ -65,7 +65,7 @@ def write_config(path: str | Path, cfg: Mapping[str, Any]) -> Path:
 
 
 def worker_env(config: str | Path, rank: int, run_dir: str | Path, t0: float,
-               resume: str | Path | None = None, rejoin: int | None = None) -> dict[str, str]:
+               resume: str | Path | None = None, rejoin: int | None = None, join: int | None = None) -> dict[str, str]:
     """What a launched worker finds in its environment: the job's YAML, its rank, where its records
     go, the job's start time, resuming, the checkpoint, and replacing a lost worker, the clock it
     restarts from (``bosen.client.Client`` reads them)."""
@@ -75,16 +75,19 @@ def worker_env(config: str | Path, rank: int, run_dir: str | Path, t0: float,
         env["BOSEN_RESUME"] = str(resume)
     if rejoin is not None:
         env["BOSEN_REJOIN"] = str(rejoin)
+    if join is not None:  # a new rank joining the running job at that clock (bosen scale)
+        env["BOSEN_JOIN"] = str(join)
     return env
 
 
 def start_worker(group: ProcessGroup, module: str, config: str | Path, rank: int, run_dir: str | Path,
                  t0: float, resume: str | Path | None = None, rejoin: int | None = None,
-                 name: str | None = None) -> Process:
+                 name: str | None = None, join: int | None = None) -> Process:
     """``python -m MODULE`` as worker ``rank`` of the job (member ``name``, default ``worker-RANK``,
-    of ``group``); with ``rejoin`` it replaces the lost worker of that rank from clock ``rejoin``."""
+    of ``group``); with ``rejoin`` it replaces the lost worker of that rank from clock ``rejoin``; with
+    ``join`` it is a new rank that joins the running job at that clock."""
     return group.python(name or f"worker-{rank}", "-m", module,
-                        env=worker_env(config, rank, run_dir, t0, resume, rejoin))
+                        env=worker_env(config, rank, run_dir, t0, resume, rejoin, join))
 
 
 def truncate_records(run_dir: Path, clock: int) -> float | None:
@@ -120,6 +123,19 @@ class MetricsMerger:
         self.done: list[dict[str, Any]] = []
         self.newest: dict[int, int] = {}  # per rank, the newest clock it reported
         self.redo_until: dict[int, int] = {}  # per replaced rank, the newest clock its lost worker reported
+        self.changes: list[tuple[int, int]] = []  # (C, K): from clock C on, K workers report (bosen scale)
+
+    def workers_from(self, clock: int, workers: int) -> None:
+        """From ``clock`` on the job has ``workers`` workers (a scale step moved its tasks there)."""
+        self.changes.append((clock, workers))
+
+    def _need(self, c: int, need: int) -> int:
+        if self.before and c < self.before[0] and need > 1:
+            need = self.before[1]
+        for start, k in self.changes:
+            if c >= start and need > 1:
+                need = k
+        return need
 
     def poll(self) -> list[dict[str, Any]]:
         """Read new worker lines; return the clock records completed by them."""
@@ -175,7 +191,7 @@ class MetricsMerger:
     def _complete(self, need: int) -> list[dict[str, Any]]:
         out = []
         for c in sorted(self.partial):
-            if len(self.ranks[c]) >= (self.before[1] if self.before and c < self.before[0] and need > 1 else need):
+            if len(self.ranks[c]) >= self._need(c, need):
                 rec = {"kind": "clock", "clock": c, "workers": len(self.ranks[c]), **self.partial.pop(c)}
                 rec.update(derive_heldout(rec))
                 del self.ranks[c]

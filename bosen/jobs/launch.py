@@ -27,10 +27,12 @@ from bosen.jobs import app_tables, exporter, kernels
 from bosen.jobs import status as status_mod
 from bosen.jobs.cluster import LocalCluster, resolve_ports
 from bosen.jobs.job import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, start_worker, truncate_records
+from bosen.jobs.scale import Scaler
 from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
 from bosen.metrics import HELDOUT_MEASURES
 
 POLL_S = 0.2
+SCALE_POLL_S = 0.02  # while a scale step is under way: its phases wait on files and the servers' clocks
 MAX_REPLACEMENTS = 3  # per server (and per worker rank) and job: a replacement that keeps dying ends the job
 PRUNE_EVERY_S = 2.0  # how often old checkpoints are looked for and deleted while the job runs
 SERVER_READY_TIMEOUT_S = 60.0
@@ -103,6 +105,20 @@ class Launcher:
         self._merger: MetricsMerger | None = None
         self._resumed_from: tuple[int, int] | None = None  # (clock, workers) of a checkpoint made by other workers
         self._compiling: kernels.CompileNotice | None = None  # says so while the workers compile numba kernels
+        self.dropped: set[int] = set()  # ranks started by a scale step that failed, then stopped: not a failure
+        self.scaler: Scaler | None = None  # answers `bosen scale` (bosen/jobs/scale.py) while the job runs
+
+    @property
+    def merger(self) -> MetricsMerger | None:
+        return self._merger
+
+    def start_joiner(self, rank: int, clock: int) -> None:
+        """Start worker ``rank``, the next one, joining the running job at clock ``clock`` (``bosen scale``)."""
+        assert self.cluster is not None and self._cfg_path is not None and rank == len(self.workers)
+        module = self.config.app.module
+        assert module is not None
+        self.workers.append(start_worker(self.cluster.group, module, self._cfg_path, rank, self.run_dir, self._t0,
+                                         join=clock))
 
     def say(self, msg: str) -> None:
         if not self.quiet:
@@ -156,9 +172,13 @@ class Launcher:
                         self._place_on_ray(group, cfg_path)
                     self._start_servers(cfg_path, group, resume_from)
                     self._start_workers(cfg_path, group, resume_from)
+                    self.scaler = Scaler(self) if self.ray is False else None
                     try:
                         self._watch(merger, start)
                     finally:  # a failed job's metrics keep every clock its workers recorded
+                        if self.scaler is not None:
+                            self.scaler.close()
+                            self.scaler = None
                         for rec in merger.finish():
                             self._progress(rec)
                     for path in sorted((self.run_dir / WORKER_RECORDS).glob("*.stats.json")):
@@ -343,7 +363,8 @@ class Launcher:
             elif code == 0:
                 if self._replaced and rank not in self._told_left:
                     self._tell_left(rank)
-            elif rank in self._left_then_killed:
+            elif rank in self._left_then_killed or rank in self.dropped \
+                    or (self.scaler is not None and rank in self.scaler.joining):
                 continue
             elif code < 0 and self.config.checkpoint is not None and self._left(rank):
                 # a replacement would redo its clocks after the others finished with its results:
@@ -381,7 +402,10 @@ class Launcher:
                 return
             if self.timeout is not None and time.time() - start > self.timeout:
                 raise JobFailed(f"timed out after {self.timeout:g}s")
-            time.sleep(POLL_S)
+            if self.scaler is not None:
+                self.scaler.poll()
+                self.scaler.step()
+            time.sleep(SCALE_POLL_S if self.scaler is not None and self.scaler.busy else POLL_S)
 
     def _prune(self) -> None:
         ck = self.config.checkpoint

@@ -114,6 +114,44 @@ def test_file_plan_applies_at_its_clock_and_rejects_a_late_or_bad_plan(tmp_path)
         M.FilePlan(tmp_path / "plan.json").at(7, 4)
 
 
+def test_a_proposed_plan_is_answered_waited_for_at_its_clock_and_committed_or_withdrawn(tmp_path):
+    """The two-phase plan ``bosen scale`` writes: a worker before the proposal's clock answers ok and
+    waits there until the plan is committed (its owners) or withdrawn (None); one past it answers
+    not ok and goes on as before; ``leaving`` names the ranks the committed plan lets go; a joining
+    worker waits for the commit."""
+    path = tmp_path / "plan.json"
+
+    def write(state: str, pid: int = 7, clock: int = 5, leave: list[int] | None = None) -> None:
+        tmp = tmp_path / ".p"
+        tmp.write_text(json.dumps({"id": pid, "clock": clock, "owners": [0, 0, 1, 2], "state": state,
+                                   "leave": leave or []}))
+        os.replace(tmp, path)
+
+    early, late = M.FilePlan(path, rank=0, timeout=5), M.FilePlan(path, rank=1, timeout=5)
+    write("proposed")
+    assert early.at(4, 4) is None and late.at(6, 4) is None
+    assert json.loads((tmp_path / "ack-7.rank-0.json").read_text()) == {"ok": True, "at": 4}
+    assert json.loads((tmp_path / "ack-7.rank-1.json").read_text()) == {"ok": False, "at": 6}
+    threading.Timer(0.2, write, args=("committed",)).start()
+    t0 = time.monotonic()
+    np.testing.assert_array_equal(early.at(5, 4), [0, 0, 1, 2])  # waited at clock 5 for the commit
+    assert time.monotonic() - t0 >= 0.15 and not early.leaving()
+    assert M.FilePlan(path, rank=2).joined(5, 4).tolist() == [0, 0, 1, 2]
+    write("proposed", pid=8, clock=9, leave=[2])
+    assert early.at(8, 4) is None
+    threading.Timer(0.1, write, args=("withdrawn", 8, 9, [2])).start()
+    assert early.at(9, 4) is None  # withdrawn: nothing moves
+    leaver = M.FilePlan(path, rank=2)
+    write("committed", pid=9, clock=11, leave=[2])
+    assert leaver.at(11, 4) is not None and leaver.leaving()
+    write("withdrawn", pid=10, clock=13)
+    with pytest.raises(BosenError, match="was withdrawn"):
+        M.FilePlan(path, rank=3).joined(13, 4)
+    write("proposed", pid=11, clock=15)
+    with pytest.raises(BosenError, match="waited 0.2s at clock 15 for task plan 11"):
+        M.FilePlan(path, rank=0, timeout=0.2).at(15, 4)
+
+
 # ------------------------------------------------------------------------------------------------
 # two workers in lockstep on shared in-process tables
 

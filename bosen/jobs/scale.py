@@ -1,0 +1,425 @@
+"""``bosen scale``: a running job gains or loses worker processes (Litz), asked of its launcher.
+
+The launcher of a job (``bosen launch``) listens on a small control endpoint: a ZeroMQ REP socket on
+loopback whose address it writes to ``RUN_DIR/control.json`` (JSON requests and replies, no pickle).
+``bosen scale RUN_DIR --workers M`` (:func:`scale`) sends ``{"op": "scale", "workers": M}``, then asks
+for progress until the job runs with M workers. What can be scaled is a table of handlers keyed by
+its name (:attr:`Scaler.handlers`): ``workers`` here; ``servers`` answers that it is not built yet
+unless the count is the current one.
+
+Scaling workers moves micro-tasks at a clock boundary B (apps/microtasks.py, ``FilePlan``) in two
+phases, so no worker can be past B when the tasks move: the launcher proposes a plan for B (a few
+clocks past the fastest worker's clock on the servers); every worker answers whether it is still
+before B (then it waits at B) or past it; if any was past, the plan is withdrawn and a later B
+proposed. Once all answered, the new workers start (``BOSEN_JOIN=B``: each joins the servers as the
+next rank at clock B, which holds nobody back: the servers' clock is at most B while the others wait
+there) and, once every server counts them, the plan is committed: the givers write their tasks'
+states at B, the new workers take them, and leaving workers (the newest ranks: scale-in is last in,
+first out) give all theirs away and leave by BYE. A scale step ends when every new worker has
+passed B on every server and every server has every leaving one's BYE.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import zmq
+
+from bosen.apps import microtasks
+from bosen.config import Config
+from bosen.errors import BosenError
+from bosen.jobs import status as status_mod
+from bosen.jobs.cluster import LocalCluster
+from bosen.jobs.job import MetricsMerger
+from bosen.jobs.supervise import Process
+
+CONTROL_FILE = "control.json"
+PLAN_AHEAD = 2  # the first boundary B proposed: this many clocks past the newest one seen; doubled per retry
+ANSWER_TIMEOUT_S = 60.0  # every worker answers a proposal within this (it reads the plan at each clock)
+JOIN_TIMEOUT_S = 120.0  # a new worker process starts (imports, data) and joins every server within this
+SETTLE_TIMEOUT_S = 120.0
+MAX_PROPOSALS = 10  # a job of 300 clocks a second needed 4 (margins 2, 4, 8, 16)
+REQUEST_TIMEOUT_S = 10.0
+
+
+class ScaleError(BosenError):
+    """A scale request that cannot be met, or one that failed on the way (the job runs on as it was)."""
+
+
+@dataclass
+class _Step:
+    """One scale request being carried out by the launcher's loop."""
+
+    id: int
+    target: int  # workers wanted
+    started: float
+    lines: list[str] = field(default_factory=list)
+    phase: str = "propose"
+    clock: int = -1  # the proposed boundary B
+    proposals: int = 0
+    deadline: float = 0.0
+    joiners: list[int] = field(default_factory=list)
+    leavers: list[int] = field(default_factory=list)
+    owners: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # each task's rank after the step
+    done: bool = False
+    error: str | None = None
+    seconds: float | None = None
+
+
+class Host(Protocol):
+    """What the scaler uses of the launcher (bosen/jobs/launch.py ``Launcher``)."""
+
+    config: Config
+    run_dir: Path
+    workers: list[Process]  # by rank; ranks are never reused
+    cluster: LocalCluster | None
+    dropped: set[int]
+
+    @property
+    def merger(self) -> MetricsMerger | None: ...
+
+    def say(self, msg: str) -> None: ...
+
+    def start_joiner(self, rank: int, clock: int) -> None: ...
+
+
+class Scaler:
+    """The launcher's side: answers control requests and moves the job to the asked shape, one step per
+    call of :meth:`step` (from the launcher's watch loop, the thread that started the processes)."""
+
+    def __init__(self, launcher: Host) -> None:
+        self.launcher = launcher
+        self.run_dir = launcher.run_dir
+        self.folder = self.run_dir / microtasks.HANDOFF_DIR
+        self.plan_path = self.folder / "plan.json"
+        # what can be scaled, each asked in this order (one that only checks goes before one that starts a step)
+        self.handlers: dict[str, Callable[[Any], _Step | None]] = {"servers": self._servers, "workers": self._workers}
+        self.steps: dict[int, _Step] = {}
+        self.current: _Step | None = None
+        # the ranks in the job: joiners count from the commit on, leavers no more from it (a leaving
+        # process may still be exiting when the next step starts)
+        self.members = set(range(len(launcher.workers)))
+        self._ids = 0
+        self._plan_ids = int(time.time() * 1000) % (1 << 30)  # plan ids differ across launches in one directory
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.REP)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        port = self._sock.bind_to_random_port("tcp://127.0.0.1")
+        self.address = f"tcp://127.0.0.1:{port}"
+        path = self.run_dir / CONTROL_FILE
+        tmp = path.with_name(f".{CONTROL_FILE}.partial")
+        tmp.write_text(json.dumps({"address": self.address, "pid": os.getpid()}))
+        os.replace(tmp, path)
+
+    def close(self) -> None:
+        (self.run_dir / CONTROL_FILE).unlink(missing_ok=True)
+        self._sock.close(0)
+        self._ctx.term()
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None
+
+    @property
+    def joining(self) -> list[int]:
+        """Ranks started by the step under way that have not joined yet: their exit fails the step, not the job."""
+        step = self.current
+        return step.joiners if step is not None and step.phase in ("answers", "joined") else []
+
+    # -- requests ------------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Answer every waiting control request (non-blocking)."""
+        while self._sock.poll(0):
+            try:
+                req = json.loads(self._sock.recv())
+                reply = self._answer(req if isinstance(req, dict) else {})
+            except (ValueError, BosenError) as e:
+                reply = {"ok": False, "error": str(e)}
+            except Exception as e:  # a bug here must not leave the REP socket without its reply
+                reply = {"ok": False, "error": f"internal error in the launcher: {e!r}"}
+            self._sock.send(json.dumps(reply).encode())
+
+    def _answer(self, req: dict[str, Any]) -> dict[str, Any]:
+        op = req.get("op")
+        if op == "scale":
+            asked = {k: req[k] for k in self.handlers if req.get(k) is not None}
+            if not asked:
+                raise ScaleError(f"nothing to scale: give one of {', '.join('--' + k for k in self.handlers)}")
+            if self.current is not None:
+                raise ScaleError(f"a scale step (to {self.current.target} workers) is still under way")
+            step = None
+            for what, value in asked.items():
+                step = self.handlers[what](value) or step
+            if step is None:
+                return {"ok": True, "id": -1, "lines": ["nothing to do: the job already has that shape"], "done": True}
+            return {"ok": True, "id": step.id}
+        if op == "progress":
+            step = self.steps.get(req.get("id", -2))
+            if step is None:
+                raise ScaleError(f"no scale step {req.get('id')!r}")
+            start = req.get("from", 0)
+            return {"ok": True, "lines": step.lines[start if isinstance(start, int) else 0:], "done": step.done,
+                    "error": step.error, "seconds": step.seconds}
+        raise ScaleError(f"unknown request {op!r} (scale, progress)")
+
+    def _servers(self, n: Any) -> None:
+        now = len(self.launcher.config.cluster.servers)
+        if n != now:
+            raise ScaleError(f"--servers {n}: scaling servers is not built yet (the job has {now})")
+        return None
+
+    def _workers(self, m: Any) -> _Step | None:
+        cfg = self.launcher.config
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ScaleError(f"--workers {m!r}: a job needs at least 1 worker")
+        if cfg.checkpoint is None:
+            raise ScaleError(f"{cfg.source}: this job makes no checkpoints (no checkpoint section): a job that scales "
+                             "must, so that a lost worker's micro-tasks can be restored (docs/recovery.md)")
+        module = cfg.app.module or ""
+        try:
+            elastic = getattr(importlib.import_module(module), "ELASTIC", False)
+        except ImportError as e:
+            raise ScaleError(f"app {module}: cannot import it here: {e}") from None
+        if not elastic:
+            raise ScaleError(f"app {module} has no micro-tasks that move to joining workers (docs/app-contract.md)")
+        T = self.tasks()
+        if m > T:
+            raise ScaleError(f"--workers {m}: the app has {T} micro-tasks (app.args.micro_tasks"
+                             f"{'' if cfg.app.args.get('micro_tasks') else ', 0: one per worker at the start'}), "
+                             f"so at most {T} workers")
+        if not self.live():
+            raise ScaleError("the job's workers have all finished")
+        now = sorted(self.members)
+        if m == len(now):
+            return None
+        self._ids += 1
+        step = _Step(self._ids, m, time.time())
+        nxt = len(self.launcher.workers)  # ranks are never reused
+        step.joiners = list(range(nxt, nxt + m - len(now))) if m > len(now) else []
+        step.leavers = now[m:]  # the newest leave first
+        step.owners = microtasks.assign(T, sorted((set(now) | set(step.joiners)) - set(step.leavers)))
+        self.steps[step.id] = step
+        self.current = step
+        self._say(step, f"scaling from {len(now)} to {m} workers"
+                  + (f": ranks {step.joiners} join" if step.joiners else f": ranks {step.leavers} leave"))
+        return step
+
+    # -- the job's shape -----------------------------------------------------------------------
+
+    def tasks(self) -> int:
+        """The job's micro-tasks (fixed for its life: app.args.micro_tasks, 0 = one per worker at the start)."""
+        cfg = self.launcher.config
+        t = cfg.app.args.get("micro_tasks", 0)
+        return int(t) if isinstance(t, int) and t > 0 else cfg.cluster.workers
+
+    def live(self) -> list[int]:
+        """The job's ranks whose process runs (not yet finished)."""
+        return [r for r in sorted(self.members) if self.launcher.workers[r].returncode is None]
+
+    def _clocks(self) -> list[list[Any]]:
+        cluster = self.launcher.cluster
+        assert cluster is not None
+        return [status_mod.query(a, timeout=3.0)["client_clocks"] for a in cluster.addresses]
+
+    # -- carrying a step out -------------------------------------------------------------------
+
+    def _say(self, step: _Step, line: str) -> None:
+        line = f"{time.time() - step.started:6.2f}s {line}"  # since the request: where a step spends its time
+        step.lines.append(line)
+        self.launcher.say(f"scale: {line}")
+
+    def _fail(self, step: _Step, why: str) -> None:
+        if step.phase in ("answers", "joined") and self.plan_path.exists():  # not yet committed: nothing moves
+            self._write_plan(step, "withdrawn")
+        for r in step.joiners:  # new workers that did not get their tasks stop
+            if r < len(self.launcher.workers):
+                self.launcher.workers[r].stop(grace=2.0)
+                self.launcher.dropped.add(r)
+        step.error, step.done, self.current = why, True, None
+        self._say(step, f"failed: {why}; the job runs on as it was")
+
+    def step(self) -> None:
+        """Advance the current scale step by what is ready now."""
+        step = self.current
+        if step is None:
+            return
+        try:
+            getattr(self, f"_{step.phase}")(step)
+        except (BosenError, OSError) as e:
+            self._fail(step, str(e))
+
+
+    def _write_plan(self, step: _Step, state: str) -> None:
+        d = {"id": self._plan_ids, "clock": step.clock, "owners": step.owners.tolist(), "state": state,
+             "leave": step.leavers}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / ".plan.json.partial"
+        tmp.write_text(json.dumps(d))
+        os.replace(tmp, self.plan_path)
+
+    def _propose(self, step: _Step) -> None:
+        if step.proposals >= MAX_PROPOSALS:
+            raise ScaleError(f"{MAX_PROPOSALS} proposed boundaries were each passed by a worker before it read them")
+        cluster = self.launcher.cluster
+        assert cluster is not None
+        stats = [status_mod.query(a, timeout=3.0) for a in cluster.addresses]
+        seen = [c for st in stats for c in [st["clock"], *st["client_clocks"]] if isinstance(c, int)]
+        step.clock = max(seen) + PLAN_AHEAD * 2 ** step.proposals  # fast clocks: a wider margin each retry
+        step.proposals += 1
+        self._plan_ids += 1
+        for old in self.folder.glob("ack-*.json"):
+            old.unlink(missing_ok=True)
+        self._write_plan(step, "proposed")
+        step.phase, step.deadline = "answers", time.monotonic() + ANSWER_TIMEOUT_S
+        self._say(step, f"proposed clock {step.clock} for the move; waiting for every worker to reach it")
+
+    def _answers(self, step: _Step) -> None:
+        live = [r for r in self.live() if r not in step.joiners]
+        if not live:
+            raise ScaleError("the job's workers finished before they reached the proposed clock")
+        answers = {}
+        for r in live:
+            path = self.folder / f"ack-{self._plan_ids}.rank-{r}.json"
+            if path.exists():
+                answers[r] = json.loads(path.read_text())
+        late = [r for r, a in answers.items() if not a.get("ok")]
+        if late:
+            self._write_plan(step, "withdrawn")
+            self._say(step, f"worker(s) {late} were past clock {step.clock} when they read the plan: withdrawn")
+            step.phase = "propose"
+            return
+        if len(answers) < len(live):
+            if time.monotonic() > step.deadline:
+                missing = sorted(set(live) - set(answers))
+                raise ScaleError(f"worker(s) {missing} did not read the plan for clock {step.clock} within "
+                                 f"{ANSWER_TIMEOUT_S:g}s (is the job finishing?)")
+            return
+        self._say(step, f"every worker waits at clock {step.clock}")
+        for r in step.joiners:
+            self.launcher.start_joiner(r, step.clock)
+        step.phase, step.deadline = "joined", time.monotonic() + JOIN_TIMEOUT_S
+        if step.joiners:
+            self._say(step, f"started worker(s) {step.joiners}; waiting for them to join every server")
+
+    def _joined(self, step: _Step) -> None:
+        for r in step.joiners:
+            code = self.launcher.workers[r].returncode
+            if code is not None:
+                raise ScaleError(f"new worker {r} exited (status {code}) before it joined. Last log lines:\n"
+                                 f"{self.launcher.workers[r].tail(10)}")
+        if step.joiners and not all(len(c) > max(step.joiners) for c in self._clocks()):
+            if time.monotonic() > step.deadline:
+                raise ScaleError(f"new worker(s) {step.joiners} did not join every server within {JOIN_TIMEOUT_S:g}s")
+            return
+        self._write_plan(step, "committed")
+        self.members = (self.members | set(step.joiners)) - set(step.leavers)
+        if self.launcher.merger is not None:
+            self.launcher.merger.workers_from(step.clock, step.target)
+        step.phase, step.deadline = "settle", time.monotonic() + SETTLE_TIMEOUT_S
+        self._say(step, f"committed: micro-tasks move at clock {step.clock} "
+                  f"({', '.join(f'worker {r}: {len(t)}' for r, t in self._shares(step).items())})")
+
+    def _shares(self, step: _Step) -> dict[int, np.ndarray]:
+        owners = step.owners
+        return {int(r): microtasks.owned(owners, int(r)) for r in np.unique(owners)}
+
+    def _settle(self, step: _Step) -> None:
+        clocks = self._clocks()
+        joined = all(isinstance(c[r], int) and c[r] > step.clock for c in clocks for r in step.joiners)
+        # a leaving worker is out once every server has its BYE (its process then exits on its own)
+        left = all(c[r] == "left" or self.launcher.workers[r].returncode == 0 for c in clocks for r in step.leavers)
+        if not (joined and left):
+            for r in step.leavers:
+                code = self.launcher.workers[r].returncode
+                if code is not None and code != 0:
+                    raise ScaleError(f"leaving worker {r} exited with status {code}")
+            if time.monotonic() > step.deadline:
+                raise ScaleError(f"the move at clock {step.clock} did not finish within {SETTLE_TIMEOUT_S:g}s")
+            return
+        step.seconds = round(time.time() - step.started, 3)
+        step.done, self.current = True, None
+        self._say(step, f"the job runs with {step.target} workers (ranks {sorted(self.members)}) "
+                  f"after {step.seconds:.2f}s")
+
+
+def _address(target: str | os.PathLike[str]) -> str:
+    """The control endpoint of the launcher running the job of ``target`` (its run directory, or a
+    file in it such as its config.yaml)."""
+    path = Path(target)
+    run_dir = path if path.is_dir() else path.parent
+    control = run_dir / CONTROL_FILE
+    if not control.exists():
+        raise ScaleError(f"{target}: no running launcher ({control} is absent): `bosen scale` takes the run "
+                         "directory of a job that `bosen launch` is running")
+    try:
+        d = json.loads(control.read_text())
+        address, pid = str(d["address"]), int(d["pid"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ScaleError(f"{control}: not a launcher's control file: {e}") from None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        raise ScaleError(f"{target}: its launcher (pid {pid}) is not running any more") from None
+    except PermissionError:
+        pass
+    return address
+
+
+def scale(target: str | os.PathLike[str], workers: int | None = None, servers: int | None = None,
+          out: Callable[[str], None] | None = print, timeout: float = 600.0) -> float:
+    """Ask the launcher of the running job ``target`` (its run directory) for ``workers`` worker
+    processes (and ``servers``: not built yet); prints progress lines through ``out``, returns when
+    the job runs with that shape (seconds it took). ScaleError if the request cannot be met."""
+    address = _address(target)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    t0 = time.time()
+
+    def ask(req: dict[str, Any]) -> dict[str, Any]:
+        sock.send(json.dumps(req).encode())
+        waited = 0.0
+        while not sock.poll(100):
+            waited += 0.1
+            if not (Path(target if Path(target).is_dir() else Path(target).parent) / CONTROL_FILE).exists():
+                raise ScaleError("the job ended (its launcher stopped listening) before the scale step finished")
+            if waited > REQUEST_TIMEOUT_S:
+                raise ScaleError(f"the launcher at {address} did not answer within {REQUEST_TIMEOUT_S:g}s")
+        reply = json.loads(sock.recv())
+        if not reply.get("ok"):
+            raise ScaleError(str(reply.get("error")))
+        return reply  # type: ignore[no-any-return]
+
+    try:
+        first = ask({"op": "scale", "workers": workers, "servers": servers})
+        seen = 0
+        while True:
+            if first.get("id", -1) == -1:  # nothing to do
+                lines, done, error = first.get("lines", []), True, None
+            else:
+                reply = ask({"op": "progress", "id": first["id"], "from": seen})
+                lines, done, error = reply["lines"], reply["done"], reply.get("error")
+            for line in lines:
+                if out is not None:
+                    out(line)
+            seen += len(lines)
+            if error:
+                raise ScaleError(error)
+            if done:
+                return time.time() - t0
+            if time.time() - t0 > timeout:
+                raise ScaleError(f"the scale step did not finish within {timeout:g}s")
+            time.sleep(0.05)
+    finally:
+        sock.close(0)
+        ctx.term()

@@ -1,0 +1,163 @@
+"""``bosen scale``: workers join and leave a running job launched by ``bosen launch`` (bosen/jobs/scale.py),
+its micro-tasks moving at clock boundaries; real processes throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bosen
+from bosen import checkpoint
+from bosen.apps import microtasks as M
+from bosen.apps.lda.worker import LDAArgs, load_corpus
+from bosen.config import from_dict
+from bosen.jobs.scale import ScaleError
+
+
+def _final_counts(run: Path, cfg: dict, parts: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The final word-topic table and the counts of the final assignments in checkpoint ``parts``."""
+    states = {k: v for name, part in parts.items() if name.startswith("worker-")
+              for k, v in part.load().items() if k.startswith("task.")}
+    assert M.saved_tasks(states) == 8
+    corpus = load_corpus(from_dict(LDAArgs, cfg["app"]["args"], "app.args"))
+    final = np.load(run / "word_topic.npy")
+    z = np.concatenate([states[M.key(t, "z")] for t in range(8)])
+    counts = np.zeros(final.shape, dtype=np.int64)
+    np.add.at(counts, (corpus.words, z), 1)
+    return final, counts, states
+
+
+def _lda_job(tmp_path: Path, iterations: int, checkpoints: bool = True) -> tuple[Path, dict]:
+    cfg: dict = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
+                 "consistency": {"staleness": 1}, "comm": {"enabled": True},
+                 "tables": {"word_topic": {"rows": 150, "cols": 5, "dtype": "int32"},
+                            "topic_summary": {"rows": 1, "cols": 5, "dtype": "int32"}},
+                 "app": {"module": "bosen.apps.lda",
+                         "args": {"data": "synthetic", "K": 5, "synth_docs": 600, "synth_vocab": 150,
+                                  "synth_doc_len": 20.0, "iterations": iterations, "micro_tasks": 8, "seed": 2}}}
+    if checkpoints:
+        cfg["checkpoint"] = {"every_clocks": 3, "keep": 500}  # all kept: the scaled ones are checked
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(cfg))
+    return path, cfg
+
+
+def _launch(path: Path, run: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(run), "--no-plot"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _wait_clock(p: subprocess.Popen, run: Path, clock: int, timeout: float = 90) -> None:
+    """Until worker 0 reported ``clock`` (the job runs, past its start)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert p.poll() is None and time.monotonic() < deadline, "the job ended or stalled before it got going"
+        try:
+            lines = (run / "workers" / "0.jsonl").read_text().splitlines()
+            if lines and json.loads(lines[-1]).get("clock", 0) >= clock:
+                return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.02)
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+@pytest.mark.timeout(200)
+def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_path):
+    """An LDA job (8 micro-tasks, managed communication on, integer counts) scaled 2 -> 3 -> 2 workers
+    mid-run: worker 2 joins and takes 2 tasks at one boundary, gives them back and leaves at a later
+    one. Every clock counts every token once, the clock records sum 2, then 3, then 2 workers, every
+    task sweeps once per mini-batch of every tick wherever it ran, and the final word-topic table is
+    exactly the counts of the final assignments (nothing counted twice or lost in the moves). Before
+    that, more workers than tasks and a run directory without a launcher are refused. The checkpoints made
+    while 3 workers ran record ranks 0-2 as their makers, and the newest of them resumes."""
+    iterations = 400
+    path, cfg = _lda_job(tmp_path, iterations)
+    run = (tmp_path / "run").resolve()
+    with pytest.raises(ScaleError, match="no running launcher"):
+        bosen.scale(run, workers=3)
+    p = _launch(path, run)
+    try:
+        _wait_clock(p, run, 5)
+        with pytest.raises(ScaleError, match="the app has 8 micro-tasks .* so at most 8 workers"):
+            bosen.scale(run, workers=9)
+        lines: list[str] = []
+        up = bosen.scale(run, workers=3, servers=2, out=lines.append)
+        assert "the job runs with 3 workers (ranks [0, 1, 2])" in lines[-1], lines
+        r = subprocess.run([sys.executable, "-m", "bosen", "scale", str(run), "--workers", "2"], capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "ranks [2] leave" in r.stdout and "the job runs with 2 workers (ranks [0, 1])" in r.stdout, r.stdout
+        out, _ = p.communicate(timeout=150)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    assert up < 60
+    moved = [int(m) for m in re.findall(r"committed: micro-tasks move at clock (\d+)", out)]
+    assert len(moved) == 2 and moved[0] < moved[1], out[-3000:]
+    b1, b2 = moved
+    last = checkpoint.clocks(run / "checkpoints")[0]
+    assert last == iterations + 2  # 2 opening clocks (staleness 1)
+    final, counts, states = _final_counts(run, cfg, checkpoint.check_complete(run / "checkpoints", last, 2, 2, None))
+    args: LDAArgs = from_dict(LDAArgs, cfg["app"]["args"], "app.args")
+    for t in range(8):
+        assert int(states[M.key(t, "sweeps")][0]) == iterations * args.batches(2), t
+    corpus = load_corpus(args)
+    np.testing.assert_array_equal(final, counts)
+    recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    clocks = [r for r in recs if r.get("kind") == "clock" and "tokens" in r]
+    assert all(r["tokens"] == corpus.n_tokens for r in clocks)
+    workers = [r["workers"] for r in clocks]
+    assert workers == [2] * (b1 - clocks[0]["clock"]) + [3] * (b2 - b1) + [2] * (clocks[-1]["clock"] + 1 - b2), workers
+    # the checkpoints made while 3 workers ran record their makers; each holds every task once
+    scaled = [c for c in checkpoint.clocks(run / "checkpoints") if b1 < c <= b2]
+    assert scaled
+    for c in checkpoint.clocks(run / "checkpoints"):
+        ranks = checkpoint.checkpoint_ranks(checkpoint.clock_dir(run / "checkpoints", c))
+        assert ranks == ([0, 1, 2] if c in scaled else [0, 1]), (c, ranks)
+        parts = checkpoint.check_complete(run / "checkpoints", c, 2, None, None, verify=False)
+        assert sorted(t for ts in checkpoint.tasks_by_worker(parts).values() for t in ts) == list(range(8))
+    # and one made by ranks 0, 1, 2 resumes (with 2 workers): every task goes on from its saved chain
+    for c in checkpoint.clocks(run / "checkpoints"):
+        if c > scaled[-1]:
+            shutil.rmtree(checkpoint.clock_dir(run / "checkpoints", c))
+    (run / "word_topic.npy").unlink()
+    r = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--resume", str(run), "--no-plot"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and f"resuming from the checkpoint at clock {scaled[-1]}" in r.stdout, r.stdout + r.stderr
+    final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(run / "checkpoints", last, 2, 2, None))
+    np.testing.assert_array_equal(final, counts)
+
+
+@pytest.mark.timeout(120)
+def test_impossible_requests_are_refused_naming_why(tmp_path):
+    """A job without checkpoints, fewer than 1 worker, servers (not built yet), nothing asked."""
+    path, _ = _lda_job(tmp_path, 400, checkpoints=False)
+    run = (tmp_path / "run").resolve()
+    p = _launch(path, run)
+    try:
+        _wait_clock(p, run, 3)
+        for kw, msg in [({"workers": 3}, "this job makes no checkpoints"),
+                        ({"workers": 0}, "a job needs at least 1 worker"),
+                        ({"servers": 3}, "scaling servers is not built yet"),
+                        ({}, "nothing to scale")]:
+            with pytest.raises(ScaleError, match=msg):
+                bosen.scale(run, **kw)
+        assert p.poll() is None  # refused requests leave the job running
+    finally:
+        _stop(p)
