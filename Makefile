@@ -52,6 +52,8 @@ bench: $(STAMP)
 	$(PY) -m bench.actorps --quick
 	$(PY) -m bench.tablesize --quick
 	$(PY) -m bench.elastic --quick
+	$(PY) -m bench.elastic --chaos --quick --app lda
+	$(PY) -m bench.elastic.litz --quick
 	$(PY) -m bench.dbw --quick
 
 clean:

@@ -106,6 +106,17 @@ def recorded_ranks(path: Path) -> list[int] | None:
     return ranks if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks) else None
 
 
+def recorded_servers(path: Path) -> int | None:
+    """How many servers made checkpoint ``path``, as its server 0 part records (servers joined or
+    left the job), or None where it records nothing (the config's servers made it)."""
+    meta = path / part_name("server", 0) / META
+    try:
+        servers = json.loads(meta.read_text()).get("info", {}).get("servers")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return len(servers) if isinstance(servers, list) and servers else None
+
+
 def checkpoint_ranks(path: Path) -> list[int]:
     """The worker ranks whose parts make checkpoint ``path``: those it records, else 0..workers-1."""
     ranks = recorded_ranks(path)
@@ -265,7 +276,8 @@ def check_complete(base: Path, clock: int, servers: int, workers: int | None,
                    fingerprint: str | Callable[[int], str] | None, verify: bool = True) -> dict[str, Part]:
     """Every part of checkpoint ``clock``, verified; CheckpointError names the first problem.
     ``workers=None``: as many as made it (:func:`checkpoint_workers`), with ``fingerprint`` then a
-    function of that count (:func:`fingerprint_for`)."""
+    function of that count (:func:`fingerprint_for`). ``servers``: the config's, unless the
+    checkpoint records others (:func:`recorded_servers`)."""
     d = clock_dir(base, clock)
     if workers is None:
         workers = checkpoint_workers(d)
@@ -274,6 +286,7 @@ def check_complete(base: Path, clock: int, servers: int, workers: int | None,
     ranks = recorded_ranks(d)  # where workers joined or left; else ranks 0..workers-1
     if ranks is None:
         ranks = list(range(workers))
+    servers = recorded_servers(d) or servers  # where servers joined or left; else the config's
     parts = {}
     for kind, which in (("server", list(range(servers))), ("worker", ranks)):
         for r in which:

@@ -246,6 +246,11 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
                 chain.append(p)
             else:  # a base holds every row: what came before it is not needed
                 chain = [p]
+    made_by = part.info.get("servers")
+    if isinstance(made_by, list) and len(made_by) != servers:
+        raise ConfigError(f"--resume {part.path}: made by {len(made_by)} servers (servers joined or left the job), "
+                          f"but this config has {servers}: resuming from a checkpoint made by servers other than the "
+                          "config's is not built yet (resume from an older one, made before the servers changed)")
     saved = part.info.get("map")
     if saved is not None:  # saved after partitions moved: this server holds the partitions it held then
         try:

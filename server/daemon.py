@@ -93,9 +93,6 @@ class Server:
         if join is not None:
             if resume is not None or recover:
                 raise ValueError("--join: a server joining a running job starts empty (no --resume/--recover)")
-            if config.checkpoint is not None:
-                raise ValueError("--join: servers cannot join a job with checkpoints yet (its checkpoints are "
-                                 "made by a fixed set of servers)")
             rank = len(join.servers)
             self.addresses = [*join.servers, join.address]
         elif not 0 <= rank < len(config.cluster.servers):
@@ -160,6 +157,7 @@ class Server:
         # the replacement joins (plain-addition tables; server/undo.py)
         self.undo = UndoLog() if hold_lost and self.checkpoints is not None else None
         self._undoable = [type(s.procedure) is StoredProcedure for s in self.shards]
+        self._redoing: dict[int, int] = {}  # rank -> the clock its replacement restarted from, while it redoes
         self._advancing = False
         self._pushing: asyncio.Task[None] | None = None  # a clock-advance push sent in turns with reading
         self._failed: BaseException | None = None  # what ended it, if not stop()
@@ -247,6 +245,10 @@ class Server:
 
     def stop(self) -> None:
         self._stopped.set()
+
+    def live_ranks(self) -> list[int]:
+        """The worker ranks in the job now (not left): those a partition move waits for."""
+        return [r for r in range(self.num_clients) if self.client_clock[r] != GONE]
 
     def retire(self) -> None:
         """Stop after leaving the job (server/moves.py): what is queued (the answer saying so) still goes."""
@@ -500,6 +502,7 @@ class Server:
         if held == GONE:  # it had said BYE, or was let go: it rejoins at the server's clock
             held = self.client_clock[rank] = self.clock
         self._take_back(rank, since)
+        self._redoing[rank] = since
         peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic(), clock=since)
         self.peers[ident] = peer
         self.by_rank[rank] = peer
@@ -668,6 +671,8 @@ class Server:
         peer.clock = c
         if c > self.client_clock[peer.rank]:
             self.client_clock[peer.rank] = c
+        if c >= self.client_clock[peer.rank]:
+            self._redoing.pop(peer.rank, None)
         for i, backup in self.backups.items():
             if backup.clocked(peer.rank, c, time.monotonic()):
                 self._backup_stepped(i)
@@ -825,7 +830,9 @@ class Server:
         ck = self.checkpoints
         boundary = ck.crossed(old, new) if ck is not None else None
         if ck is not None and boundary is not None:
-            ck.save(boundary, self.shards, {"client_clocks": self.client_clock.tolist(), **self._makers(boundary)})
+            servers = {"servers": self.addresses} if self.addresses != list(self.config.cluster.servers) else {}
+            ck.save(boundary, self.shards, {"client_clocks": self.client_clock.tolist(), **self._makers(boundary),
+                                            **servers})
         self.counters["clock_advances"] += 1
         live = self._live()
         work = [(shard, changed) for shard in self.shards if (changed := shard.take_changed()).shape[0]]
@@ -900,7 +907,9 @@ class Server:
         if ck is not None:  # the newest part on disk; Young's Ts for rank 0's time rule
             extra["cp"] = ck.durable()
             if self.undo is not None:  # what came before the newest complete checkpoint is not taken back
-                self.undo.trim(ck.undo_floor())
+                # a replacement redoing its ticks rewrites its parts of them: until it is past its rank's
+                # clock the newest complete checkpoint may go back to the one it restarted from
+                self.undo.trim(min([ck.undo_floor(), *self._redoing.values()]))
             if ck.timed:
                 extra["ts"] = ck.mean_save_s()
         for p in live:

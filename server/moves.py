@@ -87,6 +87,8 @@ class Host(Protocol):
 
     def retire(self) -> None: ...
 
+    def live_ranks(self) -> list[int]: ...
+
 
 class PartitionMoves:
     def __init__(self, server: Host) -> None:
@@ -127,7 +129,7 @@ class PartitionMoves:
 
     def _connected(self) -> None:
         s = self.server
-        missing = [r for r in range(s.num_clients) if r not in s.by_rank or s.by_rank[r].gone]
+        missing = [r for r in s.live_ranks() if r not in s.by_rank or s.by_rank[r].gone]
         if missing:
             raise ProtocolError(f"MOVE: worker rank {missing[0]} is not connected; partitions move only "
                                 "while every worker is in the job")
@@ -164,7 +166,7 @@ class PartitionMoves:
 
     def _ready(self, version: int) -> dict[str, Any] | None:
         s = self.server
-        if len(self.paused.get(version, ())) < s.num_clients or s.pushing:
+        if not set(s.live_ranks()) <= self.paused.get(version, set()) or s.pushing:
             return None
         if s.checkpoints is not None and s.checkpoints.held:
             return {"held": True}  # clients paused on both sides of a checkpoint boundary

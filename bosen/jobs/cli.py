@@ -153,12 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--timeout", type=float, default=3.0)
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(fn=_status)
-    cp = sub.add_parser("scale", help="a running job (started by bosen launch) gains or loses worker processes: "
-                                      "micro-tasks move at a clock boundary")
+    cp = sub.add_parser("scale", help="a running job (started by bosen launch) gains or loses worker processes "
+                                      "(micro-tasks move at a clock boundary) or server processes (partitions move)")
     cp.add_argument("target", metavar="RUN_DIR", help="the job's run directory (or its config.yaml there)")
     cp.add_argument("--workers", type=int, default=None, help="worker processes the job should have")
-    cp.add_argument("--servers", type=int, default=None, help="server processes (not built yet: only the current "
-                                                               "count is accepted)")
+    cp.add_argument("--servers", type=int, default=None, help="server processes the job should have (new ones "
+                                                               "take a fair share of the partitions; the last ones "
+                                                               "leave first)")
     cp.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
     cp.set_defaults(fn=_scale)
     dp = sub.add_parser("data", help="prepare a real data set that ships in a package (no network)")

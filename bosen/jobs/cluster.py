@@ -88,7 +88,6 @@ class LocalCluster:
         self.server_args = list(server_args)
         self.servers: list[Process] = []
         self._on_purpose: set[int] = set()  # stopped by stop_server: their exit is no failure
-        self._retired: set[int] = set()  # left the job (``retired``)
         self._terminated = False  # terminate() sent SIGTERM to all
         self._died: dict[int, int] = {}  # exited on their own before stop(): index -> status
 
@@ -119,8 +118,8 @@ class LocalCluster:
             ctx.term()
 
     def status(self, timeout: float = 3.0) -> list[dict[str, Any]]:
-        """Every server's STATUS, in rank order (those in the job: not the ones that left it)."""
-        return [status_mod.query(a, timeout=timeout) for i, a in enumerate(self.addresses) if i not in self._retired]
+        """Every server's STATUS, in rank order."""
+        return [status_mod.query(a, timeout=timeout) for a in self.addresses]
 
     def stop_server(self, i: int, sig: int = signal.SIGTERM) -> int:
         """Stop server ``i`` on purpose (SIGKILL: at once, like a crash); its exit status."""
@@ -174,13 +173,18 @@ class LocalCluster:
         return address
 
     def retired(self, i: int, timeout: float = 30.0) -> int:
-        """Server ``i`` left the job (its partitions moved away): wait for it to exit; its status."""
-        self._on_purpose.add(i)
-        self._retired.add(i)
-        code = self.servers[i].wait(timeout)
+        """Server ``i``, the last, left the job (its partitions moved away): wait for it to exit and
+        drop it from ``servers`` and ``addresses``; its exit status."""
+        if i != len(self.servers) - 1:
+            raise ValueError(f"servers leave at the end of the list: {i} is not the last of {len(self.servers)}")
+        p = self.servers[i]
+        code = p.wait(timeout)
         if code != 0:
-            raise ProcessFailed(f"{self.servers[i].name} {describe_exit(code)} leaving the job:\n"
-                                f"{self.servers[i].tail()}")
+            raise ProcessFailed(f"{p.name} {describe_exit(code)} leaving the job:\n{p.tail()}")
+        self.servers.pop()
+        self.addresses.pop()
+        self._died.pop(i, None)
+        self._on_purpose.discard(i)
         return code
 
     def check(self, when: str = "while its cluster was running") -> None:

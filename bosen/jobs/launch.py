@@ -98,6 +98,7 @@ class Launcher:
         self._replaced: dict[int, int] = {}
         self._workers_replaced: dict[int, int] = {}
         self._told_left: set[int] = set()  # worker ranks that finished, told to servers replaced meanwhile
+        self.servers_changed = False  # `bosen scale --servers` added or removed servers
         # ranks killed after they had left the job (BYE): their work is done, nothing is redone
         self._left_then_killed: set[int] = set()
         self._cfg_path: Path | None = None
@@ -164,7 +165,7 @@ class Launcher:
                 # children get their own process groups, so Ctrl-C in a terminal reaches only the
                 # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
                 with exporter.serving(self.config.metrics.port, merger, self.config.cluster.workers,
-                                      lambda: self.config.cluster.servers, self._t0) as endpoint, \
+                                      self._servers, self._t0) as endpoint, \
                         self._process_group() as group:
                     if endpoint is not None:
                         self.say(f"metrics on http://{exporter.HOST}:{endpoint.port}/metrics")
@@ -354,6 +355,9 @@ class Launcher:
                 if self.config.checkpoint is None or self._replaced.get(i, 0) >= MAX_REPLACEMENTS:
                     raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n"
                                     f"{p.tail(15)}")
+                if self.servers_changed:
+                    raise JobFailed(f"{p.name} {describe_exit(code)} in a job whose servers joined or left: replacing "
+                                    "one is not built yet; stopping the job")
                 self._replace_server(i, p)
         workers_done = True
         for rank, p in enumerate(self.workers):
@@ -436,9 +440,13 @@ class Launcher:
             self._last_time = t
         self.say(" | ".join(parts))
 
+    def _servers(self) -> list[str]:
+        """The job's servers now (servers join and leave through ``bosen scale``)."""
+        return list(self.cluster.addresses) if self.cluster is not None else list(self.config.cluster.servers)
+
     def _server_stats(self) -> list[dict[str, Any]]:
         out = []
-        for addr in self.config.cluster.servers:
+        for addr in self._servers():
             try:
                 out.append(status_mod.query(addr, timeout=3.0))
             except BosenError as e:

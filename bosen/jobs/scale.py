@@ -4,8 +4,9 @@ The launcher of a job (``bosen launch``) listens on a small control endpoint: a 
 loopback whose address it writes to ``RUN_DIR/control.json`` (JSON requests and replies, no pickle).
 ``bosen scale RUN_DIR --workers M`` (:func:`scale`) sends ``{"op": "scale", "workers": M}``, then asks
 for progress until the job runs with M workers. What can be scaled is a table of handlers keyed by
-its name (:attr:`Scaler.handlers`): ``workers`` here; ``servers`` answers that it is not built yet
-unless the count is the current one.
+its name (:attr:`Scaler.handlers`): ``servers`` (done at once, before a workers step of the same
+request: servers join on free local ports, ``bosen-server --join``, or the last ones leave, while
+``bosen.jobs.moves.scale_servers`` moves the partitions) and ``workers``.
 
 Scaling workers moves micro-tasks at a clock boundary B (apps/microtasks.py, ``FilePlan``) in two
 phases, so no worker can be past B when the tasks move: the launcher proposes a plan for B (a few
@@ -39,6 +40,7 @@ from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
 from bosen.jobs.cluster import LocalCluster
 from bosen.jobs.job import MetricsMerger
+from bosen.jobs.moves import scale_servers
 from bosen.jobs.supervise import Process
 
 CONTROL_FILE = "control.json"
@@ -47,7 +49,7 @@ ANSWER_TIMEOUT_S = 60.0  # every worker answers a proposal within this (it reads
 JOIN_TIMEOUT_S = 120.0  # a new worker process starts (imports, data) and joins every server within this
 SETTLE_TIMEOUT_S = 120.0
 MAX_PROPOSALS = 10  # a job of 300 clocks a second needed 4 (margins 2, 4, 8, 16)
-REQUEST_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = 90.0  # a scale request is answered within this (a servers step starts processes first)
 
 
 class ScaleError(BosenError):
@@ -82,6 +84,7 @@ class Host(Protocol):
     workers: list[Process]  # by rank; ranks are never reused
     cluster: LocalCluster | None
     dropped: set[int]
+    servers_changed: bool  # servers joined or left: a lost one is not replaced alone
 
     @property
     def merger(self) -> MetricsMerger | None: ...
@@ -158,7 +161,10 @@ class Scaler:
                 raise ScaleError(f"a scale step (to {self.current.target} workers) is still under way")
             step = None
             for what, value in asked.items():
-                step = self.handlers[what](value) or step
+                got = self.handlers[what](value)
+                if got is not None and step is not None:  # one request: the command shows every step's lines
+                    got.lines[:0] = step.lines
+                step = got or step
             if step is None:
                 return {"ok": True, "id": -1, "lines": ["nothing to do: the job already has that shape"], "done": True}
             return {"ok": True, "id": step.id}
@@ -171,11 +177,43 @@ class Scaler:
                     "error": step.error, "seconds": step.seconds}
         raise ScaleError(f"unknown request {op!r} (scale, progress)")
 
-    def _servers(self, n: Any) -> None:
-        now = len(self.launcher.config.cluster.servers)
-        if n != now:
-            raise ScaleError(f"--servers {n}: scaling servers is not built yet (the job has {now})")
-        return None
+    def _servers(self, n: Any) -> _Step | None:
+        """Servers join (``bosen-server --join``, on free local ports) or the last ones leave, at once:
+        ``bosen.jobs.moves.scale_servers`` moves the partitions while the workers compute on (their
+        sends pause). Done before a workers step of the same request starts."""
+        cluster = self.launcher.cluster
+        assert cluster is not None
+        now = list(cluster.addresses)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ScaleError(f"--servers {n!r}: a job needs at least 1 server")
+        if n == len(now):
+            return None
+        parts = self.launcher.config.cluster.num_partitions
+        if n > parts:
+            raise ScaleError(f"--servers {n}: the job's rows are in {parts} partitions (cluster.partitions), so at "
+                             f"most {parts} servers")
+        if not self.live():
+            raise ScaleError("the job's workers have all finished")
+        self._ids += 1
+        step = _Step(self._ids, -n, time.time())
+        self.steps[step.id] = step
+        self._say(step, f"scaling from {len(now)} to {n} servers")
+        try:
+            added = [cluster.add_server() for _ in range(n - len(now))]
+            if added:
+                self._say(step, f"servers {', '.join(added)} started; moving partitions to them")
+            report = scale_servers(self.launcher.config, now[:n] + added, timeout=JOIN_TIMEOUT_S)
+            for i in range(len(now) - 1, n - 1, -1):
+                cluster.retired(i)
+        except (BosenError, ValueError) as e:
+            step.error, step.done = str(e), True
+            self._say(step, f"failed: {e}")
+            raise ScaleError(f"--servers {n}: {e}") from None
+        self.launcher.servers_changed = True
+        step.done, step.seconds = True, time.time() - step.started
+        self._say(step, f"the job runs on {n} servers: {report.moved} partitions ({report.bytes / 1e6:.1f} MB) "
+                        f"moved, sends paused {report.pause_s:.2f}s")
+        return step
 
     def _workers(self, m: Any) -> _Step | None:
         cfg = self.launcher.config
@@ -377,7 +415,7 @@ def _address(target: str | os.PathLike[str]) -> str:
 def scale(target: str | os.PathLike[str], workers: int | None = None, servers: int | None = None,
           out: Callable[[str], None] | None = print, timeout: float = 600.0) -> float:
     """Ask the launcher of the running job ``target`` (its run directory) for ``workers`` worker
-    processes (and ``servers``: not built yet); prints progress lines through ``out``, returns when
+    processes and ``servers`` server processes; prints progress lines through ``out``, returns when
     the job runs with that shape (seconds it took). ScaleError if the request cannot be met."""
     address = _address(target)
     ctx = zmq.Context()
