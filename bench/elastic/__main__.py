@@ -49,6 +49,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--servers-only", action="store_true", help="--chaos: kill servers only")
     p.add_argument("--repeats", type=int, default=3, help="--chaos: failure-free and chaos runs each (alternated)")
+    p.add_argument("--data-scale", type=int, default=8, help="--chaos: times the data of bench.workerloss's jobs "
+                                                              "(a job of minutes: room for the kills)")
     a = p.parse_args()
     if a.chaos:
         _chaos(a)
@@ -123,9 +125,10 @@ def _chaos(a: argparse.Namespace) -> None:
         with tempfile.TemporaryDirectory(prefix=f"bench-chaos-{app}-") as d:
             load0 = os.getloadavg()[0]
             r = chaos.measure(app, Path(d), epochs=epochs, every=a.every, kills=kills, gap=a.gap, seed=a.seed,
-                              servers_only=a.servers_only, repeats=1 if a.quick else a.repeats)
+                              servers_only=a.servers_only, repeats=1 if a.quick else a.repeats,
+                              scale=1 if a.quick else a.data_scale)
             emit(bench="elastic", case=f"chaos-{app}" + ("-servers" if a.servers_only else ""),
-                 metric="extra_clocks", unit="clocks", ours=r.pop("extra_clocks"), target=2,
+                 metric="extra_clocks", unit="clocks", ours=r.pop("extra_clocks"), goal=2,
                  load_avg=spread([load0, os.getloadavg()[0]]), **r)
 
 

@@ -20,6 +20,7 @@ failures (reads race with updates), so this, not equality with another run, is t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import signal
@@ -160,12 +161,15 @@ def exact_counts(run_dir: Path) -> dict[str, Any]:
 
 
 def measure(app: str, workdir: Path, *, epochs: int, every: int, kills: int, gap: int, seed: int,
-            servers_only: bool = False, extra: int = 2, repeats: int = 3) -> dict[str, Any]:
+            servers_only: bool = False, extra: int = 2, repeats: int = 3, scale: int = 1) -> dict[str, Any]:
     """``repeats`` failure-free runs of ``app`` (E clocks) and as many under chaos (E + ``extra``),
     alternated. Runs of an SSP job differ (each settles at its own level), so as in
     ``bench.workerloss`` the target is the median failure-free curve's final value, the extra
     clocks are those of the median chaos curve, and the noise is each failure-free run's own."""
     job = JOBS[app]
+    if scale > 1:  # a longer job: ``scale`` times the data (LDA's documents, MF's ratings)
+        job = dataclasses.replace(job, args=tuple((k, v * scale if k in ("synth_docs", "nnz") else v)
+                                                   for k, v in job.args))
     base_cfg = write_job(job, workdir / f"{app}-base.yaml", epochs, every)
     long_cfg = write_job(job, workdir / f"{app}-chaos.yaml", epochs + extra, every)
     bases: list[np.ndarray] = []

@@ -27,3 +27,13 @@ def test_the_move_bench_reports_the_pause_and_the_stall_of_each_move():
     assert 1.5e6 < pause["bytes_moved"] < 3e6  # half the table: about --mb MB
     assert 0 < pause["ours"] < 60 and pause["export_s"] > 0 and pause["map_s"] > 0
     assert lines["stall_s"]["clock_gap_typical_s"] > 0
+
+
+def test_litz_ideal_is_the_first_runs_time_to_the_boundary_plus_the_seconds_from_it():
+    from bench.elastic.litz import ideal
+
+    half = {c: 10.0 + 2.0 * c for c in range(11)}  # 2 s a clock, first record at 10 s
+    full = {c: 5.0 + 1.0 * c for c in range(11)}  # 1 s a clock
+    assert ideal(half, full, 3) == 6.0 + 7.0  # 3 clocks at half, 7 at full
+    assert ideal(full, half, 7) == 7.0 + 6.0
+    assert ideal(half, full, 0) == 10.0 and ideal(half, full, 10) == 20.0
