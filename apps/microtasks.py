@@ -32,7 +32,7 @@ from bosen.errors import BosenError, ConfigError
 
 __all__ = ["count", "assign", "owned", "key", "pack", "unpack", "saved_tasks", "give", "take",
            "FilePlan", "MicroTasks", "TaskState", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR", "run_plan",
-           "start_owners", "join_clock", "join"]
+           "start_owners", "join_clock", "join", "start"]
 
 TaskState = dict[str, np.ndarray]
 HANDOFF_TIMEOUT_S = 120.0  # a receiver waits this long for a giver's file
@@ -293,6 +293,19 @@ def join(T: int, rank: int, clock: int, plan: FilePlan | None, folder: Path | No
     owners = plan.joined(clock, T)
     tasks = MicroTasks(T, np.full(T, -1, dtype=np.int64), rank)
     return tasks, tasks.handoff(clock, owners, folder, lambda t: {})
+
+
+def start(T: int, rank: int, workers: int, saved: Mapping[str, np.ndarray] | None
+          ) -> tuple[MicroTasks, dict[int, TaskState], FilePlan | None, Path | None]:
+    """An app's micro-tasks as its worker process starts: those it owns (a worker joining the running
+    job at ``$BOSEN_JOIN``: the committed plan's, with the states handed to it; else the start's, the
+    saved checkpoint's or a plan's), the states received, and the run's plan and hand-off folder."""
+    plan, folder = run_plan()
+    joining = join_clock()
+    if joining is not None:
+        tasks, received = join(T, rank, joining, plan, folder)
+        return tasks, received, plan, folder
+    return MicroTasks(T, start_owners(T, workers, saved, plan), rank), {}, plan, folder
 
 
 def run_plan() -> tuple[FilePlan | None, Path | None]:

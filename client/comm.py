@@ -178,6 +178,12 @@ class CommThread:
     def _reconnect(self, link: ServerLink) -> None:
         """Close ``link``'s sockets at once (what is queued there was for a server that is gone) and
         open new ones to the same address."""
+        self._close_sockets(link)
+        assert self.thread.loop is not None
+        self._connect(link, self.thread.loop, attempt=1 + self.counters["recoveries"])
+
+    def _close_sockets(self, link: ServerLink) -> None:
+        """``link``'s sockets closed at once, its monitor first (their closing is no loss)."""
         if link.sock is not None:
             link.sock.sock.disable_monitor()
         for s in (link.sock, link.monitor):
@@ -185,8 +191,6 @@ class CommThread:
                 s.close(linger=0)
                 self._socks.remove(s)
         link.sock = link.monitor = None
-        assert self.thread.loop is not None
-        self._connect(link, self.thread.loop, attempt=1 + self.counters["recoveries"])
 
     def _close(self) -> None:
         """On the thread, once its loop stopped: tasks cancelled, sockets closed, context ended."""
@@ -488,13 +492,7 @@ class CommThread:
         """A server that left the job answered our BYE: its sockets close."""
         if fut is not None and not fut.cancelled() and fut.exception() is not None:
             log.warning("%s left the job; our BYE to it failed: %s", link, fut.exception())
-        if link.sock is not None:
-            link.sock.sock.disable_monitor()
-        for s in (link.sock, link.monitor):
-            if s is not None:
-                s.close(linger=0)
-                self._socks.remove(s)
-        link.sock = link.monitor = None
+        self._close_sockets(link)
         log.info("%s left the job", link)
 
     def _resume(self) -> None:

@@ -216,13 +216,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     stale_bound = wt.staleness  # how many ticks the barriers must span
     saved = client.restored_state()
     n_tasks = microtasks.count(a.micro_tasks, P, saved)
-    plan, handoff_dir = microtasks.run_plan()
+    tasks, received, plan, handoff_dir = microtasks.start(n_tasks, rank, P, saved)
     joining = microtasks.join_clock()  # a worker joining the running job (bosen scale) at that clock
-    received: dict[int, microtasks.TaskState] = {}
-    if joining is not None:
-        tasks, received = microtasks.join(n_tasks, rank, joining, plan, handoff_dir)
-    else:
-        tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, P, saved, plan), rank)
     cuts = task_cuts(corpus, n_tasks)
     lay = _Layout(corpus, a, cuts, tasks.mine, wt, ts, P)
     held = _held_out(a, V, rank, P) if rank < P else None  # a rank that joined later has no share of them

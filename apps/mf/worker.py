@@ -174,13 +174,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     saved = client.restored_state()
     rank, P = client.rank, client.num_workers
     n_tasks = microtasks.count(a.micro_tasks, P, saved)
-    plan, handoff_dir = microtasks.run_plan()
+    tasks, received, plan, handoff_dir = microtasks.start(n_tasks, rank, P, saved)
     joining = microtasks.join_clock()  # a worker joining the running job (bosen scale) at that clock
-    received: dict[int, microtasks.TaskState] = {}
-    if joining is not None:
-        tasks, received = microtasks.join(n_tasks, rank, joining, plan, handoff_dir)
-    else:
-        tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, P, saved, plan), rank)
     owner = user_owner(train_all[0], L.rows, n_tasks, seed=a.data_seed)  # each user's micro-task
     scale = (float(train_all[2].min()), float(train_all[2].max())) if train_all[2].size else (0.0, 0.0)
     evaluate = a.eval_every > 0 and test_all[2].size > 0

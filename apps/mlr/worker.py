@@ -192,13 +192,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         return
     saved = client.restored_state()
     n_tasks = microtasks.count(a.micro_tasks, workers, saved)
-    plan, handoff_dir = microtasks.run_plan()
+    tasks, received, plan, handoff_dir = microtasks.start(n_tasks, rank, workers, saved)
     joining = microtasks.join_clock()  # a worker joining the running job (bosen scale) at that clock
-    received: dict[int, microtasks.TaskState] = {}
-    if joining is not None:
-        tasks, received = microtasks.join(n_tasks, rank, joining, plan, handoff_dir)
-    else:
-        tasks = microtasks.MicroTasks(n_tasks, microtasks.start_owners(n_tasks, workers, saved, plan), rank)
     lay = _Layout(train_ds, tasks.mine, n_tasks, a)
     if lay.mine.n == 0:
         raise ConfigError(f"worker {rank}: no training samples ({train_ds.n} samples, {workers} workers)")
