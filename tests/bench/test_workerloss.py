@@ -22,12 +22,13 @@ def test_extra_clocks_interpolate_to_the_target_both_ways():
 
 @pytest.mark.slow
 def test_a_killed_mf_worker_is_replaced_and_the_objective_gets_where_a_failure_free_run_ends(tmp_path: Path):
-    """20 clocks, checkpoints every 4, worker 1 SIGKILLed at clock 10. Runs of this SSP job end at
-    levels up to ~20% apart (bench.workerloss measures the median over runs, docs/recovery.md); one
-    pair shows that the failure run, given 2 extra clocks, gets within that of the failure-free one."""
+    """20 clocks, checkpoints every 4, worker 1 SIGKILLed at clock 10. Failure-free runs of this SSP
+    job end at levels up to ~1.5x apart (six runs: 2584 to 3906; bench.workerloss measures the median
+    over runs, docs/recovery.md), so one pair shows only that the failure run, given 2 extra clocks,
+    ends within that spread of the failure-free one."""
     r = measure(JOBS["mf"], tmp_path, epochs=20, every=4, at=10, repeats=1)
     (kill,) = r["kills"]
     assert "worker-1 was killed by SIGKILL: replacing it from the checkpoint at clock" in kill["replaced"], r
     curve = np.array(r["killed_curve"])
     assert curve.shape == (22,) and np.isfinite(curve).all(), r
-    assert curve[-1] <= 1.25 * r["target"], r
+    assert curve[-1] <= 1.6 * r["target"], r
