@@ -155,8 +155,9 @@ class LocalCluster:
         answers; its address. It holds no partition until ``bosen.jobs.moves.scale_servers`` gives it some."""
         address = f"127.0.0.1:{free_ports(1)[0]}"
         i = len(self.servers)
-        new = self.group.python(f"{self.name}-{i}", "-m", "bosen.server", "--config", self.path, "--join", address,
-                                *self.server_args)
+        n = sum(1 for p in self.group.procs if p.name.startswith(f"{self.name}-{i}"))  # rank i joined before
+        new = self.group.python(f"{self.name}-{i}" + (f".{n}" if n else ""), "-m", "bosen.server", "--config",
+                                self.path, "--join", address, *self.server_args)
         self.servers.append(new)
         self.addresses.append(address)
 
