@@ -31,6 +31,13 @@ from bosen.config import Config
 from bosen.errors import ConfigError, ProtocolError
 from bosen.partition import Partition
 from bosen.server.shard import TableShard
+from bosen.wire import UpdateBatch
+
+
+def _correction_path(base: Path, clock: int, server: int, rank: int) -> Path:
+    """Beside checkpoint ``clock``'s parts: what server ``server``'s part holds of worker ``rank``'s
+    updates that were taken back after it was saved (a lost worker's, its replacement redoing them)."""
+    return checkpoint.clock_dir(base, clock) / f"redo.server-{server}.rank-{rank}.npz"
 
 log = logging.getLogger("bosen.server")
 
@@ -168,6 +175,31 @@ class ServerCheckpoints:
         w = self.writer.written
         return w[-1][0] if w else -1
 
+    def correct(self, rank: int, since: int, held: int, back: list[tuple[int, int, UpdateBatch]]) -> list[int]:
+        """Worker ``rank``'s updates of ticks >= ``since`` were just taken back (``back``: (tick, table,
+        batch negated)); this server's parts of clocks in (since, held] were saved with those of ticks
+        below their clock. Beside each goes the correction a restore from it adds (those batches; no
+        pickle), so a replacement of this server restored from it holds none of them, and that
+        rank's client resends from ``since`` (docs/recovery.md). Returns the clocks corrected."""
+        fixed = []
+        for c in sorted(set(self.saved)):
+            if not since < c <= held:
+                continue
+            arrays: dict[str, np.ndarray] = {"since": np.array([since]), "held": np.array([held])}
+            for i, (_, table, b) in enumerate(x for x in back if x[0] < c):
+                arrays[f"b{i}.table"] = np.array([table])
+                arrays[f"b{i}.rows"], arrays[f"b{i}.values"] = b.rows, b.values
+                if b.indptr is not None and b.cols is not None:
+                    arrays[f"b{i}.indptr"], arrays[f"b{i}.cols"] = b.indptr, b.cols
+            path = _correction_path(self.base, c, self.rank, rank)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.partial")
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as its allow_pickle
+            tmp.replace(path)
+            fixed.append(c)
+        return fixed
+
     def undo_floor(self) -> int:
         """The newest complete checkpoint on disk (every server's and worker's part finished; 0: none
         yet): a lost worker's replacement restarts from it or a newer one, never an older one, so its
@@ -196,7 +228,8 @@ class ServerCheckpoints:
                 "error": None if self.writer.error is None else str(self.writer.error)}
 
 
-def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own: bool = False) -> int:
+def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own: bool = False,
+            redo: dict[int, tuple[int, int]] | None = None) -> int:
     """Load this server's part of a checkpoint into ``shards``; returns its clock.
 
     ``path`` is a checkpoint (``.../clock-N``) or a directory of them: then the newest complete one
@@ -261,9 +294,32 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
             s.relayout(pmap, fresh=True)
     for p in chain:
         _load(shards, p)
+    if own:
+        _apply_corrections(base, clock, rank, shards, redo if redo is not None else {})
     log.info("server %d resumed from %s at clock %d (%d part%s)", rank, part.path, clock, len(chain),
              "" if len(chain) == 1 else "s")
     return clock
+
+
+def _apply_corrections(base: Path, clock: int, rank: int, shards: list[TableShard],
+                       redo: dict[int, tuple[int, int]]) -> None:
+    """Take the corrections beside this server's part of ``clock`` (``ServerCheckpoints.correct``)
+    back out of the restored shards; ``redo``: each corrected worker rank -> (C, T): its client
+    resends from C."""
+    for path in sorted(checkpoint.clock_dir(base, clock).glob(f"redo.server-{rank}.rank-*.npz")):
+        worker = int(path.stem.rpartition("-")[2])
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        n = sum(1 for k in arrays if k.endswith(".table"))
+        for i in range(n):
+            table = int(arrays[f"b{i}.table"][0])
+            batch = UpdateBatch(arrays[f"b{i}.rows"], arrays[f"b{i}.values"], arrays.get(f"b{i}.indptr"),
+                                arrays.get(f"b{i}.cols"))
+            shards[table].apply(batch, worker)
+        redo[worker] = (int(arrays["since"][0]), int(arrays["held"][0]))
+        log.warning("server %d's part of clock %d held worker rank %d's updates since clock %d, taken back "
+                    "after it was saved: %d batches taken out again; that rank resends from clock %d", rank,
+                    clock, worker, redo[worker][0], n, redo[worker][0])
 
 
 def _check_fingerprint(part: checkpoint.Part, config: Config, any_fp: Callable[[int], str]) -> None:

@@ -125,7 +125,9 @@ class Server:
         self.comm = config.comm
         self.bucket = LeakyBucket(config.comm.server_bandwidth_mbps) if config.comm.enabled else None
         self._rotation = 0
-        self.clock = restore(config, rank, self.shards, resume, own=recover) if resume is not None else 0
+        self._restored_redo: dict[int, tuple[int, int]] = {}  # a recovered part's corrections: rank -> (C, T)
+        self.clock = restore(config, rank, self.shards, resume, own=recover, redo=self._restored_redo) \
+            if resume is not None else 0
         if join is not None:
             self.clock = join.clock
         self.restored = self.clock if resume is not None else None  # WELCOME "rc": clients resend from it
@@ -158,6 +160,9 @@ class Server:
         self.undo = UndoLog() if hold_lost and self.checkpoints is not None else None
         self._undoable = [type(s.procedure) is StoredProcedure for s in self.shards]
         self._redoing: dict[int, int] = {}  # rank -> the clock its replacement restarted from, while it redoes
+        # rank -> (C, T): parts of clocks in (C, T] were saved before rank's updates since C were taken
+        # back; until a part after T is on disk, that rank's client keeps what it sent since C (SCLOCK cp)
+        self._redo_cp: dict[int, tuple[int, int]] = dict(self._restored_redo)
         self._advancing = False
         self._pushing: asyncio.Task[None] | None = None  # a clock-advance push sent in turns with reading
         self._failed: BaseException | None = None  # what ended it, if not stop()
@@ -414,6 +419,8 @@ class Server:
         if "cs" in h:  # rejoining a replacement of this server: its CLOCKs go on from the last it sent
             self._check_clock_field(h["cs"], "HELLO", "cs")
             clock = min(clock, h["cs"])  # below the rank's clock: a replacement worker redoing its ticks
+        if self.restored is not None:  # what it resends (from the clock WELCOME names) comes first
+            clock = min(clock, self._resend_from(rank))
         peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic(), clock=clock)
         self.peers[ident] = peer
         self.by_rank[rank] = peer
@@ -425,7 +432,7 @@ class Server:
     def _welcome(self, ident: bytes, h: dict[str, Any], rank: int) -> None:
         welcome = {"t": Msg.WELCOME, "rq": h["s"], "rank": rank, "c": self.clock, "tf": self.table_flags}
         if self.restored is not None:
-            welcome["rc"] = self.restored
+            welcome["rc"] = self._resend_from(rank)
         if self.addresses != list(self.config.cluster.servers):  # servers joined or left: clients follow
             welcome["sv"] = self.addresses
         if self.partition.version:  # partitions moved (or a checkpoint saved after they did): the map follows
@@ -478,6 +485,12 @@ class Server:
         self.num_clients += 1
         return rank
 
+    def _resend_from(self, rank: int) -> int:
+        """The clock a client of a restored server resends from (WELCOME ``rc``): the part's, or for a
+        rank whose updates since C the part lacks (taken back after it was saved), C."""
+        assert self.restored is not None
+        return self._restored_redo[rank][0] if rank in self._restored_redo else self.restored
+
     def _rejoin(self, ident: bytes, h: dict[str, Any], rank: int) -> None:
         """HELLO with ``rp`` = C: a replacement for worker ``rank``, restored from the job's checkpoint
         at clock C, takes the rank over (docs/recovery.md, "A lost worker is replaced"). The rank's
@@ -527,10 +540,17 @@ class Server:
                         "its replacement's redo counts them twice", rank, since, self.undo.floor)
             return
         rows = 0
-        for table, batch in back:
+        for _, table, batch in back:
             rows += self.shards[table].apply(batch, rank)
         self.counters["rows_taken_back"] += rows
         log.warning("took back %d row updates of lost worker rank %d since clock %d", rows, rank, since)
+        if self.checkpoints is not None:  # parts saved since `since` still hold them: say so beside them
+            held = int(self.client_clock[rank])
+            fixed = self.checkpoints.correct(rank, since, held, back)
+            if fixed:
+                self._redo_cp[rank] = (since, held)
+                log.warning("checkpoint parts of clocks %s hold lost worker rank %d's updates since clock %d: "
+                            "corrections written beside them", fixed, rank, since)
 
     def _held(self, peer: Peer, seq: int, handle: Callable[[], None]) -> bool:
         """Hold a message of ``peer`` (in order) while it is past a checkpoint boundary the server has
@@ -912,8 +932,14 @@ class Server:
                 self.undo.trim(min([ck.undo_floor(), *self._redoing.values()]))
             if ck.timed:
                 extra["ts"] = ck.mean_save_s()
+        redo = {}
+        if ck is not None and self._redo_cp:
+            durable = ck.durable()
+            self._redo_cp = {r: ct for r, ct in self._redo_cp.items() if durable <= ct[1]}
+            redo = {r: min(durable, c) for r, (c, _) in self._redo_cp.items()}
         for p in live:
-            self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied, **extra})
+            cp = {"cp": redo[p.rank]} if p.rank in redo else {}
+            self._send(p.ident, {"t": Msg.SCLOCK, "c": new, "a": p.applied, **extra, **cp})
         if ck is not None and ck.held:
             self._release_held(ck)
         self.moves.check_waiting()

@@ -40,9 +40,9 @@ class UndoLog:
             while log and log[0][0] < floor:
                 log.popleft()
 
-    def take_since(self, rank: int, clock: int) -> list[tuple[int, UpdateBatch]] | None:
-        """Remove and return ``rank``'s updates of ticks >= ``clock`` as (table, the batch negated),
-        or None (nothing removed) if the log no longer reaches back to ``clock``."""
+    def take_since(self, rank: int, clock: int) -> list[tuple[int, int, UpdateBatch]] | None:
+        """Remove and return ``rank``'s updates of ticks >= ``clock`` as (their tick tag, table, the
+        batch negated), or None (nothing removed) if the log no longer reaches back to ``clock``."""
         if clock < self.floor:
             return None
         log = self._entries.get(rank, deque())
@@ -50,7 +50,7 @@ class UndoLog:
         out = []
         for c, table, b in log:
             if c >= clock:
-                out.append((table, UpdateBatch(b.rows, -b.values, b.indptr, b.cols)))
+                out.append((c, table, UpdateBatch(b.rows, -b.values, b.indptr, b.cols)))
             else:
                 keep.append((c, table, b))
         self._entries[rank] = keep

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 import zmq
 from rawpeer import Raw
@@ -176,3 +177,64 @@ def test_ranks_that_left_unblock_a_server_that_waits_for_them(bosen_cluster) -> 
         boss.close()
         ctx.term()
     c.check()
+
+
+@pytest.mark.timeout(90)
+def test_a_part_saved_before_a_take_back_is_corrected_when_a_replacement_server_restores_it(bosen_cluster,
+                                                                                         tmp_path) -> None:
+    """Worker rank 1 is replaced from clock 2 while the server's part of clock 4 already holds its updates
+    of ticks 2 and 3: the take-back writes a correction beside that part. The server is then lost and
+    restored from that part: it holds rank 1's updates below 2 only (the correction taken out again),
+    and tells rank 1 to resend from 2, rank 0 from 4."""
+    import signal
+
+    from bosen.jobs.job import job_config
+
+    data = job_config([], 2, tables={"W": {"rows": 2, "cols": 1, "dtype": "int64"}})
+    data["checkpoint"] = {"every_clocks": 2, "dir": str(tmp_path / "ck"), "keep": 10}
+    c = bosen_cluster(1, config=data, server_args=["--hold-lost"])
+    fp = config_mod.load(c.path).fingerprint()
+    ctx = zmq.Context()
+    peers: list[Raw] = []
+
+    def inc(r: Raw, row: int, v: int) -> None:
+        r.send({"t": Msg.INC, "tb": 0, "n": 1, "dt": "int64", "sp": False}, np.array([row], np.int64),
+               np.array([[v]], np.int64))
+
+    try:
+        a, _ = _hello(ctx, c.addresses[0], fp, 0)
+        b, _ = _hello(ctx, c.addresses[0], fp, 1)
+        peers += [a, b]
+        for t in range(4):  # ticks 0-3: rank 0 adds 1 to row 0, rank 1 adds 10 to row 1
+            inc(a, 0, 1)
+            inc(b, 1, 10)
+            _clock(a, t + 1)
+            _clock(b, t + 1)
+        meta = tmp_path / "ck" / "clock-00000004" / "server-0" / "meta.json"
+        deadline = time.monotonic() + 20
+        while not meta.exists():
+            assert time.monotonic() < deadline, "no part at clock 4"
+            time.sleep(0.02)
+        b2, h = _hello(ctx, c.addresses[0], fp, 1, rp=2)  # rank 1 replaced from the checkpoint at clock 2
+        peers.append(b2)
+        assert h["t"] == Msg.WELCOME, h
+        assert (tmp_path / "ck" / "clock-00000004" / "redo.server-0.rank-1.npz").exists()
+        assert not (tmp_path / "ck" / "clock-00000002" / "redo.server-0.rank-1.npz").exists()
+        c.stop_server(0, signal.SIGKILL)
+        c.replace_server(0, ["--resume", str(tmp_path / "ck"), "--recover"])
+        a2, h0 = _hello(ctx, c.addresses[0], fp, 0)
+        b3, h1 = _hello(ctx, c.addresses[0], fp, 1)
+        peers += [a2, b3]
+        assert (h0["rc"], h1["rc"]) == (4, 2), (h0, h1)
+        s = a2.send({"t": Msg.READ, "tb": 0, "n": 2, "c": 0}, np.array([0, 1], np.int64))
+        while True:
+            got, frames = a2.recv()
+            if got["t"] == Msg.ROWS and got.get("rq") == s:
+                break
+        # rank 0's four ticks; rank 1's ticks 0 and 1 only (its 2 and 3, in the part, taken out again)
+        np.testing.assert_array_equal(np.frombuffer(frames[1], np.int64), [4, 20])
+        assert "Traceback" not in c.servers[0].output()
+    finally:
+        for r in peers:
+            r.close()
+        ctx.term()

@@ -20,10 +20,11 @@ def test_a_rank_s_updates_since_a_clock_come_back_negated_and_leave_the_log():
     log.record(0, 6, 0, batch([4], 3.0))
     back = log.take_since(0, 4)
     assert back is not None
-    assert [(t, b.rows.tolist(), b.values[:, 0].tolist()) for t, b in back] == [(1, [3], [-2.0]), (0, [4], [-3.0])]
+    assert [(c, t, b.rows.tolist(), b.values[:, 0].tolist()) for c, t, b in back] == [(4, 1, [3], [-2.0]),
+                                                                                      (6, 0, [4], [-3.0])]
     assert log.take_since(0, 4) == []  # taken once
-    assert [b.rows.tolist() for _, b in log.take_since(0, 0) or []] == [[1, 2]]  # the older one stayed
-    assert [b.values[0, 0] for _, b in log.take_since(1, 0) or []] == [-7.0]  # another rank's, its own
+    assert [b.rows.tolist() for _, _, b in log.take_since(0, 0) or []] == [[1, 2]]  # the older one stayed
+    assert [b.values[0, 0] for _, _, b in log.take_since(1, 0) or []] == [-7.0]  # another rank's, its own
 
 
 def test_a_log_trimmed_past_a_clock_cannot_take_back_from_it():
@@ -33,5 +34,5 @@ def test_a_log_trimmed_past_a_clock_cannot_take_back_from_it():
     log.trim(3)
     assert log.take_since(0, 2) is None  # updates of ticks 2 are gone: the caller knows it cannot
     back = log.take_since(0, 3)
-    assert back is not None and [b.rows.tolist() for _, b in back] == [[3], [4], [5]]
+    assert back is not None and [b.rows.tolist() for _, _, b in back] == [[3], [4], [5]]
     assert log.nbytes == 0
