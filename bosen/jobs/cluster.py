@@ -138,16 +138,7 @@ class LocalCluster:
                                 *self.server_args, *extra_args)
         self.servers[i] = new
         self._died.pop(i, None)
-        def exited() -> None:
-            if new.returncode is not None:
-                raise ProcessFailed(f"{new.name} (replacing {old.name}) {describe_exit(new.returncode)}:\n"
-                                    f"{new.tail()}")
-
-        ctx = zmq.Context()
-        try:
-            _await_answer(new, self.addresses[i], time.monotonic() + ready_timeout, ready_timeout, ctx, exited)
-        finally:
-            ctx.term()
+        _await_started(new, self.addresses[i], f"replacing {old.name}", ready_timeout)
         return new
 
     def add_server(self, ready_timeout: float = READY_TIMEOUT_S) -> str:
@@ -160,17 +151,7 @@ class LocalCluster:
                                 self.path, "--join", address, *self.server_args)
         self.servers.append(new)
         self.addresses.append(address)
-
-        def exited() -> None:
-            if new.returncode is not None:
-                raise ProcessFailed(f"{new.name} (joining at {address}) {describe_exit(new.returncode)}:\n"
-                                    f"{new.tail()}")
-
-        ctx = zmq.Context()
-        try:
-            _await_answer(new, address, time.monotonic() + ready_timeout, ready_timeout, ctx, exited)
-        finally:
-            ctx.term()
+        _await_started(new, address, f"joining at {address}", ready_timeout)
         return address
 
     def retired(self, i: int, timeout: float = 30.0) -> int:
@@ -234,6 +215,20 @@ class LocalCluster:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop(check=exc_type is None)
+
+
+def _await_started(proc: Process, addr: str, role: str, timeout: float) -> None:
+    """Until one server started on its own (``role``: why, for the error) answers at ``addr``;
+    ProcessFailed with its log if it exits first or does not answer within ``timeout``."""
+    def exited() -> None:
+        if proc.returncode is not None:
+            raise ProcessFailed(f"{proc.name} ({role}) {describe_exit(proc.returncode)}:\n{proc.tail()}")
+
+    ctx = zmq.Context()
+    try:
+        _await_answer(proc, addr, time.monotonic() + timeout, timeout, ctx, exited)
+    finally:
+        ctx.term()
 
 
 def _await_answer(proc: Process, addr: str, deadline: float, timeout: float, ctx: zmq.Context,
