@@ -32,11 +32,15 @@ from bosen.errors import BosenError, ConfigError
 
 __all__ = ["count", "assign", "owned", "key", "pack", "unpack", "saved_tasks", "give", "take",
            "FilePlan", "MicroTasks", "TaskState", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR", "run_plan",
-           "start_owners", "join_clock", "join", "start"]
+           "start_owners", "join_clock", "join", "start", "JOIN_AHEAD", "join_ahead", "ready", "await_join",
+           "announce_join"]
 
 TaskState = dict[str, np.ndarray]
 HANDOFF_TIMEOUT_S = 120.0  # a receiver waits this long for a giver's file
 HANDOFF_DIR = "tasks"  # under the run directory: plan.json (a new assignment) and the hand-off files
+JOIN_AHEAD = "ahead"  # $BOSEN_JOIN of a joiner started before its boundary is agreed
+JOIN_FILE = "join.json"  # in HANDOFF_DIR: the boundary joiners started ahead join at
+JOIN_AHEAD_TIMEOUT_S = 600.0  # a joiner started ahead waits this long for its boundary
 _KEY = re.compile(r"^task\.(\d+)\.(.+)$")
 
 
@@ -280,7 +284,52 @@ class FilePlan:
 def join_clock() -> int | None:
     """``$BOSEN_JOIN``: the clock at which this worker process joins a running job (``bosen scale``)."""
     v = os.environ.get("BOSEN_JOIN")
-    return int(v) if v else None
+    return int(v) if v and v != JOIN_AHEAD else None
+
+
+def join_ahead() -> bool:
+    """This process was started before its boundary was agreed (``$BOSEN_JOIN=ahead``): it prepares
+    its data, says so (:func:`ready`) and waits for its clock (:func:`await_join`) before it joins."""
+    return os.environ.get("BOSEN_JOIN") == JOIN_AHEAD
+
+
+def ready(folder: Path, rank: int) -> None:
+    """Tell the scaler that joiner ``rank`` has its data ready (``ready-<rank>.json``): the boundary
+    is proposed only then, so the running workers do not wait at it while new processes start."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"ready-{rank}.json"
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(json.dumps({"pid": os.getpid()}))
+    os.replace(tmp, path)
+
+
+def await_join(folder: Path, rank: int, timeout: float = JOIN_AHEAD_TIMEOUT_S) -> int:
+    """The clock at which joiner ``rank`` joins: from ``join.json`` (``{"clock": B, "ranks": [...]}``,
+    written once every running worker agreed to wait at B). Ranks are never reused, so a file of an
+    earlier step does not name this one. BosenError if none comes within ``timeout``."""
+    path = folder / JOIN_FILE
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            d = json.loads(path.read_text())
+            if rank in d["ranks"]:
+                return int(d["clock"])
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise BosenError(f"{path}: not a join notice {{\"clock\": B, \"ranks\": [...]}}: {e}") from None
+        if time.monotonic() > deadline:
+            raise BosenError(f"{path}: no clock to join at for worker {rank} within {timeout:g}s (is the launcher "
+                             "that started it gone?)")
+        time.sleep(0.005)
+
+
+def announce_join(folder: Path, clock: int, ranks: Sequence[int]) -> None:
+    """Tell joiners ``ranks`` (started ahead) to join at ``clock`` (read by :func:`await_join`)."""
+    path = folder / JOIN_FILE
+    tmp = path.with_name(f".{JOIN_FILE}.partial")
+    tmp.write_text(json.dumps({"clock": int(clock), "ranks": [int(r) for r in ranks]}))
+    os.replace(tmp, path)
 
 
 def join(T: int, rank: int, clock: int, plan: FilePlan | None, folder: Path | None) -> tuple[MicroTasks,

@@ -6,18 +6,28 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, NoReturn
 
+from bosen import config as config_mod
+from bosen.apps import microtasks
 from bosen.client import Client
+from bosen.config import Config
 from bosen.errors import BosenError
 
 EXIT_FAILED = 1  # the job failed while it ran (a server lost, a read timed out, ...)
 EXIT_USAGE = 2  # the job as given cannot run: bad command line, config, app.args or input data
 
 
-def run_app(train: Callable[[Client, Mapping[str, Any]], None], argv: list[str] | None = None) -> None:
-    """Connect (config from --config or $BOSEN_CONFIG), run ``train(client, app.args)``, close.
+def run_app(train: Callable[..., None], argv: list[str] | None = None,
+            prepare: Callable[[Config], Any] | None = None) -> None:
+    """Load the config (from --config or $BOSEN_CONFIG), connect, run ``train(client, app.args)``, close.
+
+    An app whose data takes time to load passes ``prepare(config)``: it runs before the process
+    joins the servers and ``train(client, app.args, prepared)`` gets what it returned. A worker that
+    ``bosen scale`` starts ahead of its boundary (``$BOSEN_JOIN=ahead``) prepares while the job runs
+    on, says it is ready, and joins at the clock the scaler then names (apps/microtasks.py), so the
+    running workers do not wait at the boundary for a process to start and load its data.
 
     A configuration or argument error (a ValueError, which ConfigError and DataError are) exits with
     status 2 and a one-line message, so the launcher can show it instead of a traceback; any other
@@ -34,15 +44,34 @@ def run_app(train: Callable[[Client, Mapping[str, Any]], None], argv: list[str] 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s worker %(levelname)s %(message)s")
     try:
-        client = Client.connect(args.config, rank=args.rank, overrides=args.set)
+        config = config_mod.load(args.config, args.set)
+        prepared = prepare(config) if prepare is not None else None
+        if microtasks.join_ahead():
+            _await_boundary(args.rank)
+        client = Client.connect(config, rank=args.rank)
     except (BosenError, ValueError) as e:
-        _exit(e, "worker")
+        rank = args.rank if args.rank is not None else os.environ.get("BOSEN_RANK")
+        _exit(e, "worker" if rank is None else f"worker {rank}")
     try:
-        train(client, client.config.app.args)
+        if prepare is not None:
+            train(client, client.config.app.args, prepared)
+        else:
+            train(client, client.config.app.args)
     except (BosenError, ValueError) as e:
         client.abort()
         _exit(e, f"worker {client.rank}")
     client.close()
+
+
+def _await_boundary(rank: int | None) -> None:
+    """A joiner started ahead: ready, then wait for its clock; from then on it is an ordinary joiner
+    (``$BOSEN_JOIN`` = that clock, read by the client and the app)."""
+    plan, folder = microtasks.run_plan()
+    rank = rank if rank is not None else int(os.environ.get("BOSEN_RANK", -1))
+    if folder is None or rank < 0:
+        raise BosenError("BOSEN_JOIN=ahead needs BOSEN_RUN_DIR and a rank: only `bosen scale` starts such workers")
+    microtasks.ready(folder, rank)
+    os.environ["BOSEN_JOIN"] = str(microtasks.await_join(folder, rank))
 
 
 def _exit(e: Exception, who: str) -> NoReturn:

@@ -90,7 +90,7 @@ from bosen.apps.lda.data import Corpus, generate, load
 from bosen.apps.lda.model import AliasTables, DocumentCompletion, Sampler, TopWords, sweep_seed
 from bosen.apps.protocol import PSClient, PSTable, PSView, require_table
 from bosen.apps.state import restored
-from bosen.config import check, from_dict
+from bosen.config import Config, check, from_dict
 from bosen.errors import ConfigError, DataError
 
 KEEP_VIEW_BYTES = 256 << 20  # most memory the mini-batches' word-row views kept across ticks take
@@ -206,10 +206,16 @@ def _check_geometry(client: PSClient, a: LDAArgs, V: int, source: str) -> tuple[
     return wt, ts
 
 
-def train(client: PSClient, args: Mapping[str, Any]) -> None:
-    """Run LDA as one worker of a Bösen job (see the module docstring for the protocol)."""
+def prepare(config: Config) -> Corpus:
+    """The corpus, loaded before the worker joins the servers (``run_app``'s ``prepare``)."""
+    return load_corpus(from_dict(LDAArgs, config.app.args, "app.args"))
+
+
+def train(client: PSClient, args: Mapping[str, Any], corpus: Corpus | None = None) -> None:
+    """Run LDA as one worker of a Bösen job (see the module docstring for the protocol); ``corpus``
+    as :func:`prepare` loaded it, or None to load it here."""
     a: LDAArgs = from_dict(LDAArgs, args, "app.args")
-    corpus = load_corpus(a)
+    corpus = corpus if corpus is not None else load_corpus(a)
     V = corpus.n_vocab
     wt, ts = _check_geometry(client, a, V, corpus.source)
     rank, P = int(client.rank), int(client.num_workers)

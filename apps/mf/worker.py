@@ -45,7 +45,7 @@ from bosen.apps.mf.kernels import clipped_squared_error, sgd_pass
 from bosen.apps.mf.model import Batch, batches, merge
 from bosen.apps.protocol import PSClient, PSTable, require_table
 from bosen.apps.state import restored, rng_state, set_rng_state
-from bosen.config import check, from_dict
+from bosen.config import Config, check, from_dict
 from bosen.errors import ConfigError, DataError
 
 
@@ -166,11 +166,23 @@ class HeldOut:
         return {"heldout_se": float(se), "heldout_count": int(self.r.size)}
 
 
-def train(client: PSClient, args: Mapping[str, Any]) -> None:
-    """Run ``epochs * clocks_per_epoch`` clocks of data-parallel SGD on this worker's partition."""
+def prepare(config: Config) -> tuple[Triples, Triples] | None:
+    """(training, held-out) ratings, loaded before the worker joins the servers (``run_app``'s
+    ``prepare``); None where the config lacks a table (``train`` then says what is missing)."""
+    a: MFArgs = from_dict(MFArgs, config.app.args, "app.args")
+    names = {t.name for t in config.tables}
+    if not {"L", "R"} <= names:
+        return None
+    L, R = config.table("L"), config.table("R")
+    return load_data(a, L.rows, R.rows, L.cols)
+
+
+def train(client: PSClient, args: Mapping[str, Any], data: tuple[Triples, Triples] | None = None) -> None:
+    """Run ``epochs * clocks_per_epoch`` clocks of data-parallel SGD on this worker's partition; ``data``
+    as :func:`prepare` loaded it, or None to load it here."""
     a: MFArgs = from_dict(MFArgs, args, "app.args")
     L, R = _check_tables(client, a)
-    train_all, test_all = load_data(a, L.rows, R.rows, L.cols)
+    train_all, test_all = data if data is not None else load_data(a, L.rows, R.rows, L.cols)
     saved = client.restored_state()
     rank, P = client.rank, client.num_workers
     n_tasks = microtasks.count(a.micro_tasks, P, saved)

@@ -1,7 +1,7 @@
 """``python -m bosen.apps.mlr``: one MLR worker process (``bosen launch`` starts K of them)."""
 
-from bosen.apps.mlr.worker import train
+from bosen.apps.mlr.worker import prepare, train
 from bosen.apps.runner import run_app
 
 if __name__ == "__main__":
-    run_app(train)
+    run_app(train, prepare=prepare)

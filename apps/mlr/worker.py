@@ -46,7 +46,7 @@ from bosen.apps.mlr import kernels as K
 from bosen.apps.mlr.model import LocalModel
 from bosen.apps.protocol import PSClient, require_table
 from bosen.apps.state import restored, rng_state, set_rng_state
-from bosen.config import check, from_dict
+from bosen.config import Config, check, from_dict
 from bosen.errors import ConfigError
 
 __all__ = ["MLRArgs", "SyntheticArgs", "load_data", "lr_at", "train"]
@@ -178,14 +178,25 @@ def _geometry(a: MLRArgs, rows: int, cols: int, name: str) -> tuple[int, int]:
     return classes, features
 
 
-def train(client: PSClient, args: Mapping[str, Any]) -> None:
-    """Run the MLR job as one worker: ``epochs * clocks_per_epoch`` clocks, one report each."""
+def prepare(config: Config) -> tuple[D.Dataset, D.Dataset] | None:
+    """(train, held-out), loaded before the worker joins the servers (``run_app``'s ``prepare``);
+    None where the config lacks the table (``train`` then says what is missing)."""
+    a: MLRArgs = from_dict(MLRArgs, config.app.args, "app.args")
+    if not any(t.name == a.table for t in config.tables):
+        return None
+    spec = config.table(a.table)
+    return load_data(a, *_geometry(a, spec.rows, spec.cols, a.table))
+
+
+def train(client: PSClient, args: Mapping[str, Any], data: tuple[D.Dataset, D.Dataset] | None = None) -> None:
+    """Run the MLR job as one worker: ``epochs * clocks_per_epoch`` clocks, one report each; ``data``
+    as :func:`prepare` loaded it, or None to load it here."""
     a: MLRArgs = from_dict(MLRArgs, args, "app.args")
     T = require_table(client, a.table, f"MLR needs table {a.table} (rows = classes, cols = features + 1)")
     if not np.issubdtype(np.dtype(T.dtype), np.floating):
         raise ConfigError(f"table {a.table!r}: MLR needs a float table, it is {np.dtype(T.dtype)}")
     classes, features = _geometry(a, T.rows, T.cols, a.table)
-    train_ds, held = load_data(a, classes, features)
+    train_ds, held = data if data is not None else load_data(a, classes, features)
     rank, workers = client.rank, client.num_workers
     if is_backup(client, a.table):
         _train_sync(client, T, a, train_ds, held, classes)

@@ -65,7 +65,7 @@ def write_config(path: str | Path, cfg: Mapping[str, Any]) -> Path:
 
 
 def worker_env(config: str | Path, rank: int, run_dir: str | Path, t0: float,
-               resume: str | Path | None = None, rejoin: int | None = None, join: int | None = None) -> dict[str, str]:
+               resume: str | Path | None = None, rejoin: int | None = None, join: str | None = None) -> dict[str, str]:
     """What a launched worker finds in its environment: the job's YAML, its rank, where its records
     go, the job's start time, resuming, the checkpoint, and replacing a lost worker, the clock it
     restarts from (``bosen.client.Client`` reads them)."""
@@ -75,17 +75,17 @@ def worker_env(config: str | Path, rank: int, run_dir: str | Path, t0: float,
         env["BOSEN_RESUME"] = str(resume)
     if rejoin is not None:
         env["BOSEN_REJOIN"] = str(rejoin)
-    if join is not None:  # a new rank joining the running job at that clock (bosen scale)
+    if join is not None:  # a new rank joining the running job (bosen scale): a clock, or "ahead"
         env["BOSEN_JOIN"] = str(join)
     return env
 
 
 def start_worker(group: ProcessGroup, module: str, config: str | Path, rank: int, run_dir: str | Path,
                  t0: float, resume: str | Path | None = None, rejoin: int | None = None,
-                 name: str | None = None, join: int | None = None) -> Process:
+                 name: str | None = None, join: str | None = None) -> Process:
     """``python -m MODULE`` as worker ``rank`` of the job (member ``name``, default ``worker-RANK``,
     of ``group``); with ``rejoin`` it replaces the lost worker of that rank from clock ``rejoin``; with
-    ``join`` it is a new rank that joins the running job at that clock."""
+    ``join`` it is a new rank that joins the running job (``BOSEN_JOIN``: a clock, or ``ahead``)."""
     return group.python(name or f"worker-{rank}", "-m", module,
                         env=worker_env(config, rank, run_dir, t0, resume, rejoin, join))
 

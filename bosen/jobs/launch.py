@@ -21,6 +21,7 @@ from typing import Any
 
 from bosen import checkpoint
 from bosen import config as config_mod
+from bosen.apps import microtasks
 from bosen.config import Config
 from bosen.errors import BosenError
 from bosen.jobs import app_tables, exporter, kernels
@@ -113,13 +114,14 @@ class Launcher:
     def merger(self) -> MetricsMerger | None:
         return self._merger
 
-    def start_joiner(self, rank: int, clock: int) -> None:
-        """Start worker ``rank``, the next one, joining the running job at clock ``clock`` (``bosen scale``)."""
+    def start_joiner(self, rank: int) -> None:
+        """Start worker ``rank``, the next one, to join the running job (``bosen scale``): it loads its
+        data, then joins at the clock the scaler names (``BOSEN_JOIN=ahead``, apps/microtasks.py)."""
         assert self.cluster is not None and self._cfg_path is not None and rank == len(self.workers)
         module = self.config.app.module
         assert module is not None
         self.workers.append(start_worker(self.cluster.group, module, self._cfg_path, rank, self.run_dir, self._t0,
-                                         join=clock))
+                                         join=microtasks.JOIN_AHEAD))
 
     def say(self, msg: str) -> None:
         if not self.quiet:

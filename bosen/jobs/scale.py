@@ -12,9 +12,12 @@ Scaling workers moves micro-tasks at a clock boundary B (apps/microtasks.py, ``F
 phases, so no worker can be past B when the tasks move: the launcher proposes a plan for B (a few
 clocks past the fastest worker's clock on the servers); every worker answers whether it is still
 before B (then it waits at B) or past it; if any was past, the plan is withdrawn and a later B
-proposed. Once all answered, the new workers start (``BOSEN_JOIN=B``: each joins the servers as the
-next rank at clock B, which holds nobody back: the servers' clock is at most B while the others wait
-there) and, once every server counts them, the plan is committed: the givers write their tasks'
+proposed. New workers start first, ahead of the proposal (``BOSEN_JOIN=ahead``): each loads its data
+while the job runs on and says it is ready (``tasks/ready-R.json``); only then is B proposed, so the
+running workers never wait at B for a process to start. Once all answered, the launcher names B to
+the new workers (``tasks/join.json``; each joins the servers as the next rank at clock B, which holds
+nobody back: the servers' clock is at most B while the others wait there) and, once every server
+counts them, the plan is committed: the givers write their tasks'
 states at B, the new workers take them, and leaving workers (the newest ranks: scale-in is last in,
 first out) give all theirs away and leave by BYE. A scale step ends when every new worker has
 passed B on every server and every server has every leaving one's BYE.
@@ -64,7 +67,7 @@ class _Step:
     target: int  # workers wanted
     started: float
     lines: list[str] = field(default_factory=list)
-    phase: str = "propose"
+    phase: str = "propose"  # "prepare" first where workers join
     clock: int = -1  # the proposed boundary B
     proposals: int = 0
     deadline: float = 0.0
@@ -91,7 +94,7 @@ class Host(Protocol):
 
     def say(self, msg: str) -> None: ...
 
-    def start_joiner(self, rank: int, clock: int) -> None: ...
+    def start_joiner(self, rank: int) -> None: ...
 
 
 class Scaler:
@@ -135,7 +138,7 @@ class Scaler:
     def joining(self) -> list[int]:
         """Ranks started by the step under way that have not joined yet: their exit fails the step, not the job."""
         step = self.current
-        return step.joiners if step is not None and step.phase in ("answers", "joined") else []
+        return step.joiners if step is not None and step.phase in ("prepare", "answers", "joined") else []
 
     # -- requests ------------------------------------------------------------------------------
 
@@ -249,6 +252,13 @@ class Scaler:
         self.current = step
         self._say(step, f"scaling from {len(now)} to {m} workers"
                   + (f": ranks {step.joiners} join" if step.joiners else f": ranks {step.leavers} leave"))
+        if step.joiners:  # started ahead: they load their data while the job runs on
+            for old in [*self.folder.glob("ready-*.json"), self.folder / microtasks.JOIN_FILE]:
+                old.unlink(missing_ok=True)
+            for r in step.joiners:
+                self.launcher.start_joiner(r)
+            step.phase, step.deadline = "prepare", time.monotonic() + JOIN_TIMEOUT_S
+            self._say(step, f"started worker(s) {step.joiners}; waiting for them to load their data")
         return step
 
     # -- the job's shape -----------------------------------------------------------------------
@@ -304,6 +314,25 @@ class Scaler:
         tmp.write_text(json.dumps(d))
         os.replace(tmp, self.plan_path)
 
+    def _prepare(self, step: _Step) -> None:
+        """Joiners started ahead load their data while the job runs on; the boundary is proposed once
+        every one is ready, so the running workers wait at it only for the hand-off itself."""
+        self._check_joiners(step)
+        if not all((self.folder / f"ready-{r}.json").exists() for r in step.joiners):
+            if time.monotonic() > step.deadline:
+                raise ScaleError(f"new worker(s) {step.joiners} did not load their data within {JOIN_TIMEOUT_S:g}s")
+            return
+        self._say(step, f"worker(s) {step.joiners} ready")
+        step.phase = "propose"
+        self._propose(step)
+
+    def _check_joiners(self, step: _Step) -> None:
+        for r in step.joiners:
+            code = self.launcher.workers[r].returncode
+            if code is not None:
+                raise ScaleError(f"new worker {r} exited (status {code}) before it joined. Last log lines:\n"
+                                 f"{self.launcher.workers[r].tail(10)}")
+
     def _propose(self, step: _Step) -> None:
         if step.proposals >= MAX_PROPOSALS:
             raise ScaleError(f"{MAX_PROPOSALS} proposed boundaries were each passed by a worker before it read them")
@@ -342,18 +371,13 @@ class Scaler:
                                  f"{ANSWER_TIMEOUT_S:g}s (is the job finishing?)")
             return
         self._say(step, f"every worker waits at clock {step.clock}")
-        for r in step.joiners:
-            self.launcher.start_joiner(r, step.clock)
-        step.phase, step.deadline = "joined", time.monotonic() + JOIN_TIMEOUT_S
         if step.joiners:
-            self._say(step, f"started worker(s) {step.joiners}; waiting for them to join every server")
+            microtasks.announce_join(self.folder, step.clock, step.joiners)
+            self._say(step, f"worker(s) {step.joiners} join at clock {step.clock}")
+        step.phase, step.deadline = "joined", time.monotonic() + JOIN_TIMEOUT_S
 
     def _joined(self, step: _Step) -> None:
-        for r in step.joiners:
-            code = self.launcher.workers[r].returncode
-            if code is not None:
-                raise ScaleError(f"new worker {r} exited (status {code}) before it joined. Last log lines:\n"
-                                 f"{self.launcher.workers[r].tail(10)}")
+        self._check_joiners(step)
         if step.joiners and not all(len(c) > max(step.joiners) for c in self._clocks()):
             if time.monotonic() > step.deadline:
                 raise ScaleError(f"new worker(s) {step.joiners} did not join every server within {JOIN_TIMEOUT_S:g}s")

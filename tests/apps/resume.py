@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from bosen import checkpoint
 def run_until_checkpoint(config: Path, run_dir: Path, clock: int, servers: int, workers: int,
                          timeout: float = 60) -> None:
     """``bosen launch`` in the background; SIGTERM once checkpoint ``clock`` is complete, like a
-    machine lost after it (the job must not have finished by then)."""
+    machine lost after it (the job must not have finished by then); later checkpoints are removed."""
     p = subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(config), "--run-dir", str(run_dir),
                           "--no-plot", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True)
@@ -36,6 +37,11 @@ def run_until_checkpoint(config: Path, run_dir: Path, clock: int, servers: int, 
             time.sleep(0.02)
         os.killpg(p.pid, signal.SIGTERM)
         p.wait(30)
+        # a loaded machine may let the job pass a later checkpoint before the signal lands: drop those,
+        # so the resume starts from ``clock`` as the caller counts on (the tiny jobs finish in a second)
+        for later in checkpoint.clocks(run_dir / "checkpoints"):
+            if later > clock:
+                shutil.rmtree(checkpoint.clock_dir(run_dir / "checkpoints", later))
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)

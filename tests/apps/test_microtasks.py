@@ -114,6 +114,25 @@ def test_file_plan_applies_at_its_clock_and_rejects_a_late_or_bad_plan(tmp_path)
         M.FilePlan(tmp_path / "plan.json").at(7, 4)
 
 
+def test_a_joiner_started_ahead_is_ready_then_joins_at_the_clock_named_for_its_rank(tmp_path, monkeypatch):
+    """``BOSEN_JOIN=ahead``: the joiner writes ready-R.json; join.json of an earlier step (other ranks)
+    is not its clock; the one naming it is; a garbled notice and no notice in time are errors."""
+    monkeypatch.setenv("BOSEN_JOIN", M.JOIN_AHEAD)
+    assert M.join_ahead() and M.join_clock() is None
+    M.ready(tmp_path, 3)
+    assert json.loads((tmp_path / "ready-3.json").read_text())["pid"] == os.getpid()
+    M.announce_join(tmp_path, 7, [2])
+    with pytest.raises(BosenError, match="no clock to join at for worker 3 within 0.05s"):
+        M.await_join(tmp_path, 3, timeout=0.05)
+    M.announce_join(tmp_path, 9, [3, 4])
+    assert M.await_join(tmp_path, 3, timeout=1) == 9
+    (tmp_path / M.JOIN_FILE).write_text("{")
+    with pytest.raises(BosenError, match="not a join notice"):
+        M.await_join(tmp_path, 3, timeout=1)
+    monkeypatch.setenv("BOSEN_JOIN", "9")
+    assert not M.join_ahead() and M.join_clock() == 9
+
+
 def test_a_proposed_plan_is_answered_waited_for_at_its_clock_and_committed_or_withdrawn(tmp_path):
     """The two-phase plan ``bosen scale`` writes: a worker before the proposal's clock answers ok and
     waits there until the plan is committed (its owners) or withdrawn (None); one past it answers

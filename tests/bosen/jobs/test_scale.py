@@ -100,6 +100,9 @@ def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_
         up = bosen.scale(run, workers=3, servers=3, out=lines.append)
         assert "the job runs with 3 workers (ranks [0, 1, 2])" in lines[-1], lines
         assert any("the job runs on 3 servers" in x for x in lines), lines
+        # the joiner was started ahead: it loaded its data before the boundary was proposed
+        said = [next(i for i, x in enumerate(lines) if w in x) for w in ("ready", "proposed clock", "join at clock")]
+        assert said == sorted(said), lines
         r = subprocess.run([sys.executable, "-m", "bosen", "scale", str(run), "--workers", "2", "--servers", "2"],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr
