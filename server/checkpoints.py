@@ -255,8 +255,12 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
             clock, parts, skipped = checkpoint.newest_complete(path, servers, None, any_fp)
             for why in skipped:
                 log.warning("skipped checkpoint %s", why)
+            if checkpoint.recorded_servers(checkpoint.clock_dir(path, clock)) not in (None, servers):
+                return _restore_regrouped(config, rank, shards, checkpoint.clock_dir(path, clock))
             part = parts[checkpoint.part_name("server", rank)]
         else:
+            if not own and checkpoint.recorded_servers(path) not in (None, servers):
+                return _restore_regrouped(config, rank, shards, path)
             part = checkpoint.read_part(path / checkpoint.part_name("server", rank), None)
             _check_fingerprint(part, config, any_fp)
             clock = int(part.meta["clock"])
@@ -280,10 +284,9 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
             else:  # a base holds every row: what came before it is not needed
                 chain = [p]
     made_by = part.info.get("servers")
-    if isinstance(made_by, list) and len(made_by) != servers:
+    if own and isinstance(made_by, list) and len(made_by) != servers:
         raise ConfigError(f"--resume {part.path}: made by {len(made_by)} servers (servers joined or left the job), "
-                          f"but this config has {servers}: resuming from a checkpoint made by servers other than the "
-                          "config's is not built yet (resume from an older one, made before the servers changed)")
+                          f"but this config has {servers}: a lost server of such a job is not restored alone")
     saved = part.info.get("map")
     if saved is not None:  # saved after partitions moved: this server holds the partitions it held then
         try:
@@ -298,6 +301,33 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
         _apply_corrections(base, clock, rank, shards, redo if redo is not None else {})
     log.info("server %d resumed from %s at clock %d (%d part%s)", rank, part.path, clock, len(chain),
              "" if len(chain) == 1 else "s")
+    return clock
+
+
+def _restore_regrouped(config: Config, rank: int, shards: list[TableShard], ck: Path) -> int:
+    """Resume from checkpoint ``ck``, made while servers other than the config's ran (``bosen scale
+    --servers``): this server takes, from every server's part, the rows the config's own map gives it
+    (rows are saved with their global ids, so who held them then does not matter). Priority
+    (SCAR) parts hold some rows each and need a chain per server: those are refused."""
+    any_fp = checkpoint.fingerprint_for(config)
+    made_by = checkpoint.recorded_servers(ck) or 0
+    try:
+        parts = [checkpoint.read_part(ck / checkpoint.part_name("server", r), None) for r in range(made_by)]
+        for p in parts:
+            _check_fingerprint(p, config, any_fp)
+    except checkpoint.CheckpointError as e:
+        raise ConfigError(f"--resume {ck}: {e}") from None
+    partial = [p.path for p in parts if p.info.get("partial")]
+    if partial:
+        raise ConfigError(f"--resume {ck}: made by {made_by} servers (servers joined or left the job), this config "
+                          f"has {len(config.cluster.servers)}, and {partial[0]} is a priority (SCAR) part of some "
+                          "rows: such a checkpoint resumes only with the servers that made it (resume from a base, "
+                          "checkpoint.priority_fraction 1, or one made before the servers changed)")
+    for p in parts:
+        _load(shards, p, owned_only=True)
+    clock = int(parts[0].meta["clock"])
+    log.info("server %d resumed from %s at clock %d: the rows the config's map gives it, from the parts of the "
+             "%d servers that made it", rank, ck, clock, made_by)
     return clock
 
 
@@ -331,9 +361,10 @@ def _check_fingerprint(part: checkpoint.Part, config: Config, any_fp: Callable[[
                                          f"{part.meta.get('fingerprint')}, this job's is {any_fp(int(made_by))})")
 
 
-def _load(shards: list[TableShard], part: checkpoint.Part) -> None:
+def _load(shards: list[TableShard], part: checkpoint.Part, owned_only: bool = False) -> None:
     """Put a part's rows (all of a shard's, or those a priority checkpoint saved) and their
-    stored-procedure state into ``shards``."""
+    stored-procedure state into ``shards``; with ``owned_only``, only the rows this server owns
+    (a part made by another server of a job whose servers changed)."""
     arrays = part.load()
     saved = part.info.get("tables", {})
     for s in shards:
@@ -346,6 +377,9 @@ def _load(shards: list[TableShard], part: checkpoint.Part) -> None:
                 or rows.shape != values.shape[:1]:
             raise ConfigError(f"--resume {part.path}: table {name!r} is {values.shape} {values.dtype} there, "
                               f"rows of {s.values.shape[1]} {s.values.dtype} here")
+        mine = s.partition.owner(rows.astype(np.int64)) == s.rank if owned_only else None
+        if mine is not None:
+            rows, values = rows[mine], values[mine]
         try:
             local, _ = s.local_rows(rows.astype(np.int64), "checkpoint")
         except ProtocolError as e:
@@ -358,6 +392,8 @@ def _load(shards: list[TableShard], part: checkpoint.Part) -> None:
                               f"update {s.cfg.update!r}")
         for k, arr in live.items():
             got = arrays.get(f"{key}.{k}")
+            if got is not None and mine is not None and got.shape[:1] == mine.shape:
+                got = got[mine]
             if got is None or got.shape[1:] != arr.shape[1:] or got.shape[0] != local.shape[0]:
                 raise ConfigError(f"--resume {part.path}: table {name!r}: procedure state {k!r} is missing or "
                                   f"misshapen")

@@ -443,3 +443,46 @@ def test_a_lost_servers_replacement_restores_its_part_made_by_another_worker_cou
     other = config_from_dict({**data, "tables": {"W": {"rows": 8, "cols": 3, "dtype": "int64"}}})
     with pytest.raises(ConfigError, match="no valid part server-1"):
         restore(other, 1, _shards(other, 1), base, own=True)
+
+
+def test_a_checkpoint_made_by_three_servers_resumes_on_the_configs_two(tmp_path: Path) -> None:
+    """Parts of three servers (servers joined the job) hold rows by global id: each of the config's two
+    servers takes the rows its map gives it from all three, with their procedure state; a priority
+    (SCAR) part among them is refused, naming it."""
+    from bosen.config import build as config_from_dict
+    from bosen.errors import ConfigError
+    from bosen.server.checkpoints import restore
+
+    data = {"cluster": {"servers": ["127.0.0.1:1", "127.0.0.1:2"], "workers": 2},
+            "tables": {"W": {"rows": 40, "cols": 2, "dtype": "float64", "update": "adagrad"}}}
+    cfg = config_from_dict(data)
+    three = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+    base = tmp_path / "checkpoints"
+    fp = checkpoint.model_fingerprint(cfg)
+
+    def write(partial: bool) -> None:
+        for r in range(3):
+            rows = np.arange(r, 40, 3)
+            info = {"tables": {"t0": {"name": "W"}}, "servers": three, **({"partial": 0.5} if partial else {})}
+            checkpoint.write_part(base, 6, "server", r, {"t0.values": np.stack([rows * 10.0, -rows]).T,
+                                                         "t0.rows": rows, "t0.z": rows[:, None] + 0.5 * np.ones(2)},
+                                  info, fp, workers=2)
+
+    write(partial=False)
+    got = 0
+    for rank in (0, 1):
+        shards = _shards(cfg, rank)
+        assert restore(cfg, rank, shards, checkpoint.clock_dir(base, 6)) == 6
+        s = shards[0]
+        ids = s.global_rows[:s.stored]
+        local, _ = s.local_rows(ids, "test")
+        np.testing.assert_array_equal(s.values[local], np.stack([ids * 10.0, -ids]).T)
+        state = s.procedure.state()
+        assert set(state) == {"z"}, state.keys()
+        np.testing.assert_array_equal(state["z"][local], ids[:, None] + 0.5 * np.ones(2))
+        got += ids.shape[0]
+    assert got == 40
+    shutil.rmtree(base)
+    write(partial=True)
+    with pytest.raises(ConfigError, match="made by 3 servers .* priority \\(SCAR\\) part"):
+        restore(cfg, 0, _shards(cfg, 0), checkpoint.clock_dir(base, 6))

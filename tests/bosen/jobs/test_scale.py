@@ -85,7 +85,8 @@ def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_
     task sweeps once per mini-batch of every tick wherever it ran, and the final word-topic table is
     exactly the counts of the final assignments (nothing counted twice or lost in the moves). Before
     that, more workers than tasks and a run directory without a launcher are refused. The checkpoints made
-    while 3 workers ran record ranks 0-2 as their makers, and the newest of them resumes."""
+    while 3 workers ran record ranks 0-2 as their makers, and the newest made by 3 servers resumes with
+    the config's 2 servers and 2 workers, ending exact too."""
     iterations = 400
     path, cfg = _lda_job(tmp_path, iterations)
     run = (tmp_path / "run").resolve()
@@ -141,18 +142,16 @@ def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_
     # third server's time record the three
     three = [c for c in scaled if checkpoint.recorded_servers(checkpoint.clock_dir(run / "checkpoints", c)) == 3]
     assert three and three[-1] == scaled[-1], (three, scaled)  # newest first: the oldest of them
-    # and one made by ranks 0, 1, 2 (and the config's servers) resumes with 2 workers: every task goes on
-    # from its saved chain (one made by three servers is refused: not built yet)
-    mine = [c for c in scaled if c not in three]
-    if not mine:
-        pytest.skip("no checkpoint between the servers' and the workers' scale-in (timing)")
+    # and the newest one made by three servers (and ranks 0, 1, 2) resumes with the config's two servers
+    # and two workers: each server takes the rows the config's map gives it from all three parts, and
+    # every task goes on from its saved chain
     for c in checkpoint.clocks(run / "checkpoints"):
-        if c > mine[-1]:
+        if c > three[0]:
             shutil.rmtree(checkpoint.clock_dir(run / "checkpoints", c))
     (run / "word_topic.npy").unlink()
     r = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--resume", str(run), "--no-plot"],
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and f"resuming from the checkpoint at clock {mine[-1]}" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and f"resuming from the checkpoint at clock {three[0]}" in r.stdout, r.stdout + r.stderr
     final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(run / "checkpoints", last, 2, 2, None))
     np.testing.assert_array_equal(final, counts)
 
