@@ -9,7 +9,9 @@ so process start and numba's warm-up count alike everywhere) less that of its fi
 elastic run is what a job that changed size for free would take: the static run's time up to the
 clock B at which its micro-tasks moved (``committed: ... at clock B``), plus the other static run's
 time from B to the end. Per case one line: the elastic time over its ideal (median over the repeats,
-with the spread), the static runs' times and the scale steps' own times (``bosen.scale``).
+with the spread), the static runs' times and the scale steps' own times (``bosen.scale``). With
+``--out DIR`` a figure per app, ``elastic-litz-APP.png``: clocks done against seconds for the four
+runs of the first repeat, the boundary marked, beside each elastic run's ideal.
 """
 
 from __future__ import annotations
@@ -108,6 +110,48 @@ def ideal(before: dict[int, float], after: dict[int, float], boundary: int) -> f
     return _since_start(before, boundary) + (after[max(after)] - after[min(after)]) - _since_start(after, boundary)
 
 
+def plot(app: str, runs: dict[str, dict[str, Any]], half: int, full: int, out: Path) -> Path:
+    """Clocks done against seconds since the first clock for one repeat's four runs; each elastic run's
+    boundary marked and its ideal (the static runs' pieces joined at the boundary) dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def xy(times: dict[int, float]) -> tuple[list[float], list[int]]:
+        cs = sorted(times)
+        return [times[c] - times[cs[0]] for c in cs], cs
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    styles = {"half": ("static-half", "tab:gray"), "full": ("static-full", "black"),
+              "out": (f"scale-out {half} -> {full}", "tab:blue"), "in": (f"scale-in {full} -> {half}", "tab:orange")}
+    for key, (label, color) in styles.items():
+        x, y = xy(runs[key]["times"])
+        ax.plot(x, y, color=color, label=label, lw=1.6 if key in ("out", "in") else 1.0)
+    for key, before, after in (("out", "half", "full"), ("in", "full", "half")):
+        b = runs[key]["boundary"]
+        tb = _since_start(runs[before]["times"], b)
+        after_t = runs[after]["times"]
+        x, y = xy(after_t)
+        shift = tb - _since_start(after_t, b)
+        ideal = [(t + shift, c) for t, c in zip(x, y, strict=True) if c >= b]
+        bx, by = xy(runs[before]["times"])
+        ideal = [(t, c) for t, c in zip(bx, by, strict=True) if c <= b] + ideal
+        ax.plot([t for t, _ in ideal], [c for _, c in ideal], ls="--", color=styles[key][1], lw=0.8,
+                label=f"ideal of {key}")
+        ax.axhline(b, color=styles[key][1], lw=0.5, ls=":")
+    ax.set_xlabel("seconds since the first clock")
+    ax.set_ylabel("clocks done")
+    ax.set_title(f"Litz in miniature: {app.upper()}, {half} and {full} workers")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"elastic-litz-{app}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--app", choices=sorted(APPS), action="append", help="default: lda and mlr")
@@ -118,6 +162,7 @@ def main() -> None:
     p.add_argument("--docs", type=int, default=6000, help="LDA: synthetic documents (of --doc-len tokens)")
     p.add_argument("--doc-len", type=float, default=60.0)
     p.add_argument("--quick", action="store_true", help="LDA, 20 iterations, one repeat (CI)")
+    p.add_argument("--out", type=Path, default=None, help="write elastic-litz-APP.png here")
     a = p.parse_args()
     APPS["lda"]["app"]["args"].update(synth_docs=a.docs, synth_doc_len=a.doc_len)
     apps = ["lda"] if a.quick else (a.app or ["lda", "mlr"])
@@ -139,6 +184,8 @@ def main() -> None:
                 log(f"{app} {i}: half {res['half'][-1]['seconds']:.2f}s, full {res['full'][-1]['seconds']:.2f}s, "
                     f"out {res['out'][-1]['seconds']:.2f}s (at {res['out'][-1]['boundary']}), "
                     f"in {res['in'][-1]['seconds']:.2f}s (at {res['in'][-1]['boundary']})")
+        if a.out is not None:
+            plot(app, {k: v[0] for k, v in res.items()}, half, full, a.out)
         for case, small_first in (("out", True), ("in", False)):
             ratios, ideals = [], []
             for i, r in enumerate(res[case]):
