@@ -208,6 +208,10 @@ class TableConfig:
     # false: servers never push this table's rows; a reader pulls a row again once its cached value
     # is too old for the SSP rule (sparse embeddings read by many, each row rarely: no subscriptions)
     push: bool = True
+    # a reader's subscription to a row lapses after this many of its clocks without a read of the row:
+    # the servers stop pushing it there and the client forgets its cached value (a later read pulls it
+    # again); 0: never (every row read once is pushed to its reader for the job's life)
+    lapse: int = 0
     # a synchronous table whose servers step from the first k_t of the workers' gradients (DBW);
     # None: a plain SSP table
     backup: BackupConfig | None = None
@@ -236,6 +240,10 @@ class TableConfig:
             check(self.dtype.startswith("float"), f"wire_dtype: {self.wire_dtype} needs a float table, "
                                                   f"table is {self.dtype}")
         check(self.cols >= 1, "cols: must be >= 1")
+        check(type(self.lapse) is int and self.lapse >= 0, f"lapse: clocks without a read, an integer >= 0 "
+                                                            f"(0: never), got {self.lapse!r}")
+        check(not (self.lapse and not self.push), "lapse: subscriptions lapse on a table whose rows are pushed; "
+                                                  "with push: false nothing is subscribed")
         if self.cache_rows is not None:
             check(type(self.cache_rows) is int and self.cache_rows >= 1,
                   f"cache_rows: must be an integer >= 1, got {self.cache_rows!r}")

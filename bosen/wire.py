@@ -110,6 +110,7 @@ class Msg(IntEnum):
     PLAN = 29  # partitions will move: pause sends after the first clock >= c (or at once)
     MAP = 30  # the new partition map (each server sends it after its last message under the old one)
     MOVE_REPLY = 31
+    LAPSED = 32  # rows whose subscription lapsed (tables.X.lapse): no more pushes; "ss" orders it as ROWS
 
 
 _MSG = {int(m): m for m in Msg}
@@ -142,12 +143,13 @@ _SCHEMA: dict[Msg, dict[str, type]] = {
     Msg.PLAN: {"mv": _INT, "c": _INT},
     Msg.MAP: {"mv": _INT, "ar": list},
     Msg.MOVE_REPLY: {"rq": _INT, "ar": list},
+    Msg.LAPSED: {"tb": _INT, "n": _INT, "ss": _INT},
 }
 # numeric dtypes an array of a MOVE, MOVE_REPLY or MAP may have (``decode_arrays``)
 ARRAY_DTYPES = {np.dtype(x).str: np.dtype(x) for x in
                 ("bool", "int8", "int16", "int32", "int64", "uint16", "float16", "float32", "float64")}
 # Number of array frames after the header; INC depends on the sparse flag.
-_FRAMES = {Msg.READ: 1, Msg.ROWS: 2, Msg.STATUS_REPLY: 1, Msg.PROBE: 2}
+_FRAMES = {Msg.READ: 1, Msg.ROWS: 2, Msg.STATUS_REPLY: 1, Msg.PROBE: 2, Msg.LAPSED: 1}
 COUNT_DTYPE = np.dtype(np.int64)  # update counts (ROWS "fr", PROBE)
 WEIGHT_DTYPE = np.dtype(np.int32)  # inc operations per row of an update (INC "w")
 MAX_STATUS_BYTES = 16 << 20

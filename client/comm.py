@@ -87,7 +87,7 @@ class CommThread:
                              rows_sent_budgeted=0, budgeted_sends=0, rows_received=0, rows_pushed_to_us=0,
                              rows_pushed_early_to_us=0, update_batches=0, sparse_batches=0, acks=0,
                              server_errors=0, window_paused_s=0.0, idle_polls=0, flushes=0, bytes_resent=0,
-                             recoveries=0)
+                             recoveries=0, rows_lapsed=0)
         if config.metrics.freshness_every:  # freshness probes (``probe``), answered by PROBE_REPLY
             self.counters.update(freshness_probes=0, freshness_probes_answered=0, freshness_probed_rows=0,
                                  missing_updates_sum=0, missing_updates_max=0, content_age_sum=0.0)
@@ -117,6 +117,7 @@ class CommThread:
             Msg.PROBE_REPLY: self._on_probe_reply,
             Msg.PLAN: self._on_plan,
             Msg.MAP: self._on_map,
+            Msg.LAPSED: self._on_lapsed,
         }
         self.thread = LoopThread("bosen-comm", self._fail)
         # metrics.profile: this thread's phases, "receive" (ROWS into the cache), "send" (flushes and
@@ -561,6 +562,23 @@ class CommThread:
         if isinstance(ps, int) and not isinstance(ps, bool) and not self.life.leaving:  # budgeted push: ack it
             self.counters["rows_pushed_early_to_us"] += n
             link.send({"t": Msg.PUSH_ACK, "ps": ps})
+
+    def _on_lapsed(self, link: ServerLink, h: dict[str, Any], arrays: Sequence[Any]) -> None:
+        """The server stopped pushing these rows to this process (not read for ``tables.X.lapse``
+        clocks): their cached values are forgotten, as if never received, so a later read pulls them.
+        The message's ``ss`` counts among the server's ROWS: a reply of these rows sent before it (on
+        a read connection, which may overtake it) is older and ignored, one sent after is taken."""
+        tb, n = h["tb"], h["n"]
+        if not 0 <= tb < len(self.tables) or n < 0:
+            raise ProtocolError(f"LAPSED: table {tb} or row count {n} out of range")
+        rows = wire.array(arrays[0], wire.ROW_DTYPE, n, "LAPSED rows")
+        st = self.tables[tb]
+        with st.lock:
+            slots = st.lookup(rows)
+            slots = slots[(slots >= 0) & (slots < st.cache.clock.shape[0])]
+            st.cache.clear(slots)
+            st.cache.ss[slots] = h["ss"]
+        self.counters["rows_lapsed"] += n
 
     def probe(self, st: TableState, rows: np.ndarray, seen: np.ndarray, age: np.ndarray) -> None:
         """A freshness probe of rows a worker read (``seen``: per row, the other processes' update

@@ -79,6 +79,10 @@ class Sender:
         self._flush_pending = False
         self._flush_taken = threading.Condition(self._handover)  # notified when a flush is taken up
         self._taken_bytes = 0  # increments made (all workers) when the last flush was taken up
+        # the tables whose rows read each tick go to the servers with the CLOCK: every table under
+        # comm.push_to: readers (budgeted pushes' readers), else those whose subscriptions lapse
+        readers = comm.enabled and comm.push_to == "readers"
+        self.read_tables = [st for st in tables if readers or st.cfg.lapse]
 
     # -- the hand-over at the tick -------------------------------------------------------------
 
@@ -139,8 +143,7 @@ class Sender:
             if rows.shape[0]:
                 for j, rj in st.by_server(rows):
                     self.links[j].window.owe(st.index, rj)
-        reads = self._take_reads() if clock is not None and self.comm.enabled and self.comm.push_to == "readers" \
-            else None
+        reads = self._take_reads() if clock is not None and self.read_tables else None
         for j, link in enumerate(self.links):
             if clock is not None:
                 link.window.owe_clock(clock)
@@ -154,7 +157,7 @@ class Sender:
         # one per connection: a server joining the job is connected before its map (it owns no row yet)
         out: list[dict[int, tuple[np.ndarray, int]]] = [{} for _ in range(max(self.partition.num_servers,
                                                                                len(self.links)))]
-        for st in self.tables:
+        for st in self.read_tables:
             with st.lock:
                 rows = st.row_ids(st.cache.take_reads())
             if st.slots is not None:

@@ -175,7 +175,8 @@ class Server:
                              rows_pushed=0, rows_pushed_budgeted=0, budgeted_pushes=0, push_holds=0, idle_polls=0,
                              rows_read=0, reads_parked=0, errors=0, clock_advances=0, window_paused_s=0.0,
                              clients_lost=0, push_gathers=0, push_shared_msgs=0, push_part_msgs=0,
-                             push_own_gathers=0, pushes_in_turns=0, probes=0, rows_taken_back=0)
+                             push_own_gathers=0, pushes_in_turns=0, probes=0, rows_taken_back=0,
+                             rows_lapsed=0)
         # an INC's time from being read off the socket to being applied (longer only when held at a
         # checkpoint boundary), and each push's time, during which the loop reads nothing
         self.apply_lag = Durations()
@@ -587,9 +588,8 @@ class Server:
         self.apply_lag.add(time.perf_counter() - read_at)
         if clock is not None:
             self._set_clock(peer, clock)
-            if reads is not None:  # the rows it read in the tick just ended: budgeted pushes' readers
-                for shard, read in zip(self.shards, reads, strict=True):
-                    shard.set_recent(peer.rank, read)
+            if reads is not None:
+                self._note_reads(peer, reads)
             if h.get("ck") is True and peer.rank == 0 and self.checkpoints is not None:
                 self.checkpoints.choose(clock)
             if self._maybe_advance() and not peer.leaving:
@@ -643,7 +643,7 @@ class Server:
             self._send(ident, {"t": Msg.ERROR, "rq": h["s"], "m": "rows moved: ask again",
                                "mv": self.partition.version})
             return
-        shard.subscribe(local, peer.rank, index)
+        shard.subscribe(local, peer.rank, index, peer.clock)
         backup = self.backups.get(shard.index)
         if backup is not None:  # a synchronous table: the read waits for its iteration, not the clock
             if h["c"] <= backup.iteration:
@@ -667,12 +667,26 @@ class Server:
     def _on_clock(self, peer: Peer, h: dict[str, Any], reads: list[np.ndarray] | None = None) -> None:
         self._check_clock(peer, h["c"], "CLOCK")
         self._set_clock(peer, h["c"])
-        if reads is not None:  # the rows it read in the tick just ended: budgeted pushes' readers
-            for shard, read in zip(self.shards, reads, strict=True):
-                shard.set_recent(peer.rank, read)
+        if reads is not None:
+            self._note_reads(peer, reads)
         if h.get("ck") is True and peer.rank == 0 and self.checkpoints is not None:
             self.checkpoints.choose(h["c"])
         self._maybe_advance()
+
+    def _note_reads(self, peer: Peer, reads: list[np.ndarray]) -> None:
+        """The rows ``peer`` read in the tick it just ended (its CLOCK's read set): the readers of
+        budgeted pushes (``comm.push_to: readers``), and where a table's subscriptions lapse
+        (``tables.X.lapse``), the rows it has not read for that many clocks, which it is told it no
+        longer gets (LAPSED, before any later push or SCLOCK of this server)."""
+        for shard, read in zip(self.shards, reads, strict=True):
+            shard.set_recent(peer.rank, read)
+            if shard.lapse:
+                gone = shard.note_reads(peer.rank, read, peer.clock)
+                if gone.shape[0]:
+                    peer.rows_msgs += 1  # ordered among its ROWS: an older reply of these rows is ignored
+                    self.counters["rows_lapsed"] += int(gone.shape[0])
+                    self._send(peer.ident, {"t": Msg.LAPSED, "tb": shard.index, "n": int(gone.shape[0]),
+                                            "ss": peer.rows_msgs}, shard.global_rows[gone])
 
     def _check_clock(self, peer: Peer, c: Any, what: str) -> None:
         if isinstance(c, int) and not isinstance(c, bool) and c < peer.clock:

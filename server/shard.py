@@ -100,6 +100,13 @@ class TableShard:
         self.current = np.zeros(shape, dtype=bool)
         self.read_recently = np.zeros(shape[0], dtype=bool)  # some client read the row in its last tick
         self.fresh = np.zeros(shape[0], dtype=bool)  # changed since last pushed (budgeted candidates)
+        # tables.X.lapse: per row and client, the reader's clock at its last read of the row (its READ,
+        # or its CLOCK's read set); a subscription not read for ``lapse`` clocks lapses (``note_reads``)
+        self.lapse = cfg.lapse
+        if self.lapse and procedure.versioned:
+            raise ConfigError(f"tables.{cfg.name}.lapse: not for versioned procedures ({cfg.update}): their clients "
+                              "hold row versions that the pushes keep current")
+        self.last_read = np.zeros((n, num_clients) if self.lapse else (0, num_clients), dtype=np.int64)
         # per client, the rows whose ``recent`` mark is set (so a CLOCK clears only those)
         self._recent_rows: list[list[np.ndarray]] = [[] for _ in range(num_clients if self.readers_only else 0)]
         self._partial = False  # some row went to only some of its subscribers (``current`` is set)
@@ -184,6 +191,7 @@ class TableShard:
         names = ["values", "dirty", "_mark", "subs", "subscribed", "send_count"]
         names += ["importance", "_known"] if self.importance is not None else []
         names += ["recent", "current", "read_recently", "fresh"] if self.readers_only else []
+        names += ["last_read"] if self.lapse else []
         names += ["applied"] if self.counts else []
         out = [(name, 0, 0) for name in names] + [("writer", 0, NOBODY)]
         return out + [("applied_by", 1, 0)] if self.counts else out
@@ -449,6 +457,8 @@ class TableShard:
             self._recent_rows.append([])
         if self.counts:
             self.applied_by = np.concatenate([self.applied_by, np.zeros((1, self.applied_by.shape[1]), np.int64)])
+        if self.lapse:
+            self.last_read = np.concatenate([self.last_read, np.zeros((self.last_read.shape[0], 1), np.int64)], axis=1)
         if self.procedure.versioned:
             self.holdings.append(Holdings())
         return k
@@ -470,13 +480,16 @@ class TableShard:
         touched = np.union1d(prev, now)
         self.read_recently[touched] = self.recent[touched].any(axis=1)
 
-    def subscribe(self, local: np.ndarray, client: int, index: slice | np.ndarray | None = None) -> None:
-        """``client`` reads ``local`` (``index``: them as an index, if known) and gets their changes;
-        a table with ``push: false`` keeps no subscriptions (its readers pull)."""
+    def subscribe(self, local: np.ndarray, client: int, index: slice | np.ndarray | None = None,
+                  clock: int = 0) -> None:
+        """``client`` reads ``local`` (``index``: them as an index, if known) at its clock ``clock``
+        and gets their changes; a table with ``push: false`` keeps no subscriptions (its readers pull)."""
         if not self.cfg.push:
             return
         if index is None:
             index = rowmath.rows_index(local)
+        if self.lapse:
+            self.last_read[index, client] = clock
         if self.importance is not None:  # a first reader gets the current value: nothing is owed
             known = self.subscribed[index]
             if not known.all():
@@ -488,6 +501,29 @@ class TableShard:
             self.read_recently[index] = True
             self._recent_rows[client].append(np.array(local, dtype=np.int64))
         self.has_readers = True
+
+    def note_reads(self, client: int, read: np.ndarray, clock: int) -> np.ndarray:
+        """``client``, now at ``clock``, read rows ``read`` (sorted local rows, its CLOCK's read set)
+        in the tick it ended. Every ``lapse`` clocks, its subscriptions to rows it has not read for
+        more than ``lapse`` clocks end: those rows (local) are returned, and it gets no more pushes of
+        them until it reads them again (a READ subscribes anew)."""
+        n = self.stored
+        if self.row_map is not None and read.shape[0]:  # the client names local rows: their slots
+            slots = self.row_map.lookup(self.partition.global_of(read, self.rank))
+            read = slots[slots >= 0]
+        read = read[read < n]
+        self.last_read[read, client] = clock
+        if clock % self.lapse:
+            return read[:0]
+        col = self.subs[:n, client]
+        gone = np.flatnonzero(col & (self.last_read[:n, client] < clock - self.lapse))
+        if gone.shape[0]:
+            self.subs[gone, client] = False
+            self.subscribed[gone] = self.subs[gone].any(axis=1)
+            if self.readers_only:
+                self.recent[gone, client] = False
+                self.current[gone, client] = False
+        return gone
 
     def mark_sent(self, local: np.ndarray) -> None:
         """These rows went to all their subscribers: nothing of theirs is pending any more."""

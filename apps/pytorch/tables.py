@@ -57,7 +57,8 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
             row_width: int = DEFAULT_ROW_WIDTH, staleness: int | None = None,
             wire_dtype: str | None = None, storage: Literal["dense", "sparse"] = "dense",
             init: Mapping[str, Any] | None = None, cache_rows: int | None = None,
-            push: bool = True, dense: str = "ps", backup: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+            push: bool = True, lapse: int = 0, dense: str = "ps",
+            backup: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """Config entries (``tables:``) for ``model``'s parameters; writes their initial values and layout.
 
     ``update``: ``add`` for ``DeltaOptimizer`` (workers push parameter deltas), or ``sgd`` /
@@ -71,6 +72,8 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
     implies; ``cache_rows``: the most rows of each embedding a worker caches (client/slots.py).
     ``push=False``: the servers never push the embeddings' rows; a worker reads a row again once its
     copy is too old for the staleness bound (``push: false``, for rows each worker reads rarely).
+    ``lapse``: a worker's subscription to an embedding row ends after that many of its clocks without
+    reading it (``tables.X.lapse``): rows a worker stopped using are pushed to it no more.
     ``dense="allreduce"`` (hybrid mode, ``PSModule(..., dense="allreduce")``): no table for the dense
     parameters, which the workers keep in sync by all-reduce.
     ``backup``: the dense parameters' table with backup workers (a ``backup:`` entry, e.g.
@@ -110,6 +113,8 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
                 e["cache_rows"] = cache_rows
         if embedding and not push:
             e["push"] = False
+        elif embedding and lapse:
+            e["lapse"] = lapse
         if staleness is not None:
             e["staleness"] = staleness
         if backup is not None:

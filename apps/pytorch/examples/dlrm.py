@@ -88,6 +88,10 @@ class DLRMArgs:
     # worker reads a row again once it is too old for the staleness bound (bench.torch's
     # dlrm/no-push-vs-push: on the quick case, 6% fewer bytes but no faster, so pushes stay the default)
     push: bool = True
+    # a worker's subscription to an embedding row lapses after this many of its clocks without reading
+    # the row (tables.X.lapse): rows it stopped using are pushed to it no more; 0: never. Not with
+    # adarevision (versioned rows), where it is left off
+    lapse: int = 8
     # hybrid mode (issue 31): "allreduce" keeps the MLPs in sync by all-reduce, the embeddings in the PS
     dense: Literal["ps", "allreduce"] = "ps"
     threads: int = 1  # torch intra-op threads per worker
@@ -103,6 +107,7 @@ class DLRMArgs:
         check(self.dim >= 1 and self.bottom >= 1 and self.top >= 1, "dim, bottom, top: must be >= 1")
         check(self.init_scale > 0, "init_scale: must be > 0")
         check(self.threads >= 1, "threads: must be >= 1")
+        check(self.lapse >= 0, "lapse: clocks without a read, >= 0 (0: never)")
         check(self.storage in ("dense", "sparse"), f"storage: dense or sparse, got {self.storage!r}")
         check(not (self.storage == "sparse" and self.embedding_init == "model"),
               "embedding_init: a sparse table starts from the servers' initializer (no file of every row): "
@@ -204,7 +209,7 @@ def tables(args: Mapping[str, Any], out_dir: Path) -> dict[str, dict[str, Any]]:
     """``app.tables``: the dense table and one table per embedding, initial values from ``model()``."""
     a: DLRMArgs = from_dict(DLRMArgs, args, "app.args")
     kw: dict[str, Any] = {"storage": a.storage, "init": a.server_init, "cache_rows": a.cache_rows, "push": a.push,
-                          "dense": a.dense}
+                          "lapse": a.lapse if a.optimizer != "adarevision" else 0, "dense": a.dense}
     if a.optimizer in SERVER:
         return declare(model(a), out_dir, update=a.optimizer, lr=a.lr, **kw)
     return declare(model(a), out_dir, **kw)
