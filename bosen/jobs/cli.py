@@ -128,22 +128,25 @@ def _tables(args: argparse.Namespace) -> int:
 
 
 def _dashboard(args: argparse.Namespace) -> int:
-    import time
+    import signal
+    import threading
 
     from bosen.jobs.dashboard import Dashboard
     from bosen.jobs.jobview import JobView
 
     target = args.target if Path(args.target).exists() else str(examples.resolve(args.target))
     view = JobView(target)
+    stop = threading.Event()
+    # explicit handlers: SIGINT arrives ignored in a background job, and SIGTERM should close cleanly
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         with Dashboard(view, args.host, args.port) as board:
             print(f"dashboard of {view.title} on {board.url} (Ctrl-C stops it)", flush=True)
-            try:
-                while True:
-                    time.sleep(3600)
-            except KeyboardInterrupt:
+            while not stop.wait(3600):
                 pass
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         view.close()
     return 0
 
