@@ -1,7 +1,7 @@
 """``bosen dashboard`` (bosen/jobs/dashboard.py, bosen/jobs/jobview.py): headless Chromium renders the
-page of a running MF job with 2 servers and 4 workers; its JSON is checked against the servers'
-STATUS and the run directory, live and after the job ended; bad HTTP requests get a 4xx and the
-dashboard keeps serving; it never writes into the run directory."""
+page of a running MF job with 2 servers and 4 workers, one of them lost and replaced; its JSON is
+checked against the servers' STATUS and the run directory, live and after the job ended; bad HTTP
+requests get a 4xx and the dashboard keeps serving; it never writes into the run directory."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from conftest import free_port_run, run_cmd, scrape, wait_until
 
@@ -46,6 +47,18 @@ def files(run_dir: Path) -> dict[str, tuple[int, int]]:
     return {str(p.relative_to(run_dir)): (p.stat().st_size, p.stat().st_mtime_ns) for p in run_dir.rglob("*")}
 
 
+def kill_worker(launcher_pid: int, rank: int) -> None:
+    """SIGKILL the launcher's worker process of ``rank`` (the launcher replaces it from a checkpoint)."""
+    for p in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            if p.environ().get("BOSEN_RANK") == str(rank) and "bosen.apps.mf" in p.cmdline():
+                p.kill()
+                return
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no worker process of rank {rank}")
+
+
 def raw(port: int, data: bytes) -> bytes:
     """Send ``data`` as it is, return what comes back (b"" when the dashboard just hangs up)."""
     with socket.create_connection(("127.0.0.1", port), timeout=15) as s:
@@ -60,7 +73,7 @@ def raw(port: int, data: bytes) -> bytes:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian package chromium; .ci/run installs it)")
-def test_chromium_shows_a_running_job_and_bad_requests_change_nothing(bosen_procs, tmp_path):
+def test_chromium_shows_a_running_job_and_its_recovery_and_bad_requests_change_nothing(bosen_procs, tmp_path):
     run_dir = tmp_path / "run"
     metrics_port, port = free_port_run(3), free_port_run(1)
     sets = [a for s in [*MF, "app.args.epochs=100000", f"metrics.port={metrics_port}"] for a in ("--set", s)]
@@ -78,6 +91,13 @@ def test_chromium_shows_a_running_job_and_bad_requests_change_nothing(bosen_proc
             return False
     assert wait_until(up, timeout=30, step=0.1), board.tail()
 
+    # a worker lost and replaced from its checkpoint: a recovery the page shows
+    kill_worker(job.pid, 1)
+    assert wait_until(lambda: get(url + "api/job")["recoveries"] and clock_records(run_dir) >= 20, timeout=90,
+                      step=0.3), job.tail()
+    (recovery,) = get(url + "api/job")["recoveries"]
+    assert recovery["process"] == "worker-1.1" and recovery["kind"] == "worker" and recovery["rank"] == 1
+
     # the page in a browser: what it shows after its first polls
     out = run_cmd([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -87,16 +107,16 @@ def test_chromium_shows_a_running_job_and_bad_requests_change_nothing(bosen_proc
     dom = out.stdout
     assert re.search(r'id="state" class="badge running">running<', dom), dom[:3000]
     workers = re.findall(r'<tr class="worker[^"]*" data-rank="(\d+)">.*?<td class="clock">(\d+)</td>', dom)
-    assert [r for r, _ in workers] == ["0", "1", "2", "3"] and all(int(c) >= 11 for _, c in workers), workers
+    assert [r for r, _ in workers] == ["0", "1", "2", "3"] and all(int(c) >= 19 for _, c in workers), workers
     assert len(re.findall(r'<td class="blocked">\d+\.\d{3}</td>', dom)) == 4
     assert len(re.findall(r'<tr class="server" data-rank="\d">', dom)) == 2
     for chart in ("objective", "heldout"):  # each curve drawn with a point per clock so far
         points = re.search(rf'<svg id="{chart}"[^>]*>.*?data-points="(\d+)"', dom)
-        assert points and int(points.group(1)) >= 12, chart
+        assert points and int(points.group(1)) >= 20, chart
     owners = re.findall(r'class="pcell" data-owner="(\d)"', dom)
     assert len(owners) == 256 and owners.count("0") == owners.count("1") == 128
     assert re.search(r'class="checkpoint" data-clock="\d+"', dom)
-    assert "heldout_rmse" in dom and "recoveries: none" in dom
+    assert "heldout_rmse" in dom and re.search(r'class="recovery">worker-1.1 replaced a lost worker 1', dom)
 
     # the JSON the page polls, against the servers' STATUS asked just after
     snap = get(url + "api/job")
