@@ -60,6 +60,7 @@ class JobView:
         self._rates: dict[str, tuple[float, int, float]] = {}  # per address: (when, bytes out, recent Mbit/s)
         self._last: tuple[float, dict[str, Any]] | None = None
         self._answered = True  # whether a server answered the last poll
+        self._complete: set[int] = set()  # clocks of the checkpoints found complete
 
     def close(self) -> None:
         self._ctx.term()
@@ -134,13 +135,15 @@ class JobView:
                 return {"every_clocks": ck.every_clocks, "dir": ck.dir, "saved": [], "complete": []}
             base = self.run_dir / base
         saved = checkpoint.clocks(base)
-        complete = []
         for c in saved:
-            try:  # sizes against the manifests, no checksums: cheap enough for every poll
+            if c in self._complete:  # once complete, a checkpoint stays so until it is pruned
+                continue
+            try:  # sizes against the manifests, no checksums
                 checkpoint.check_complete(base, c, len(self.config.cluster.servers), None, None, verify=False)
-                complete.append(c)
+                self._complete.add(c)
             except checkpoint.CheckpointError:
                 pass
+        complete = [c for c in saved if c in self._complete]
         return {"every_clocks": ck.every_clocks, "dir": str(base), "saved": saved, "complete": complete}
 
     def _recoveries(self) -> list[dict[str, Any]]:
