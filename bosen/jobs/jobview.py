@@ -169,14 +169,18 @@ class JobView:
         addresses = list(self.config.cluster.servers)
         if ended:  # its ports may serve another job by now: the records are the truth
             return [(self._final[r], False) for r in sorted(self._final)], []
+        first: dict[str, Any] | None = None
         try:  # servers may have joined or left: server 0 knows which the job has now
-            addresses = list(status_mod.query(addresses[0], self._timeout(), self._ctx).get("servers", addresses))
+            first = status_mod.query(addresses[0], self._timeout(), self._ctx)
+            addresses = list(first.get("servers", addresses))
         except BosenError:
             pass
         out, down = [], []
         for rank, addr in enumerate(addresses):
             try:
-                out.append((status_mod.query(addr, self._timeout(), self._ctx), True))
+                st = first if first is not None and first.get("address") == addr else \
+                    status_mod.query(addr, self._timeout(), self._ctx)
+                out.append((st, True))
                 self._answered = True
             except BosenError as e:
                 down.append(str(e))
