@@ -14,6 +14,7 @@ import json
 import re
 import threading
 import time
+from collections import defaultdict, deque
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,29 @@ STATUS_TIMEOUT_S = 1.0
 MAX_POINTS = 2000  # a long job's curve is thinned to about this many points (every k-th clock, the last kept)
 DOWN_TIMEOUT_S = 0.25
 MIN_INTERVAL_S = 0.5  # snapshots asked for sooner (many open pages) get the last one
+RECENT_CLOCKS = 10  # a worker's blocked share now: over its last this many clocks
+HOLD_MIN_SHARE = 0.05  # the others' blocked share above which the least blocked worker holds them back
+HOLD_GAP = 0.2  # ... if it is blocked half as much as they are, or this share of its time less
 _REPLACEMENT = re.compile(r"^(worker|server)-(\d+)\.(\d+)\.log$")
+
+
+def holding_back(workers: list[dict[str, Any]]) -> int | None:
+    """The rank the others wait for, if one does: under SSP a straggler is the one behind (its newest
+    record has the lowest clock, ties included) and blocks least, while the workers ahead block on it.
+    So: the least blocked over the last clocks, if it is at the lowest clock, the others are blocked
+    (median share >= HOLD_MIN_SHARE) and it is at most half of theirs or HOLD_GAP less (on a crowded
+    machine every read waits longer, the straggler's too). Neither sign alone: the workers of a
+    balanced job pass each other by a clock, and their shares spread, all the time."""
+    going = [w for w in workers if w["recent_blocked_fraction"] is not None and isinstance(w.get("clock"), int)
+             and not w["left"]]
+    if len(going) < 2:
+        return None
+    shares = sorted((w["recent_blocked_fraction"], w["rank"]) for w in going)
+    least, rest = shares[0], [x for x, _ in shares[1:]]
+    if next(w for w in going if w["rank"] == least[1])["clock"] > min(w["clock"] for w in going):
+        return None
+    median = rest[len(rest) // 2] if len(rest) % 2 else (rest[len(rest) // 2 - 1] + rest[len(rest) // 2]) / 2
+    return int(least[1]) if median >= HOLD_MIN_SHARE and least[0] <= max(median / 2, median - HOLD_GAP) else None
 
 
 class JobView:
@@ -53,6 +76,9 @@ class JobView:
         self._offset = 0
         self._clocks: list[dict[str, Any]] = []
         self._workers: dict[int, dict[str, Any]] = {}  # per rank, its newest record
+        # per rank, (time, blocked s) of its last RECENT_CLOCKS + 1 records
+        self._recent: defaultdict[int, deque[tuple[float, float]]] = defaultdict(
+            lambda: deque(maxlen=RECENT_CLOCKS + 1))
         self._redo: dict[int, int] = {}  # per replaced rank, the first clock its replacement redid
         self._final: dict[int, dict[str, Any]] = {}  # per server rank, the STATUS written at the job's end
         self._summary: dict[str, Any] | None = None
@@ -104,6 +130,7 @@ class JobView:
     def _reset(self) -> None:
         self._offset = 0
         self._clocks, self._workers, self._redo, self._final, self._summary = [], {}, {}, {}, None
+        self._recent.clear()
         self._heldout = None
 
     def _take(self, rec: dict[str, Any]) -> None:
@@ -118,6 +145,9 @@ class JobView:
         elif kind == "worker" and isinstance(rank, int) and isinstance(clock, int):
             if clock >= self._workers.get(rank, {}).get("clock", -1):
                 self._workers[rank] = rec
+                t, b = rec.get("time"), rec.get("blocked_s")
+                if isinstance(t, (int, float)) and isinstance(b, (int, float)):
+                    self._recent[rank].append((float(t), float(b)))
         elif kind == "redo" and isinstance(rank, int) and isinstance(clock, int):
             self._redo[rank] = min(self._redo.get(rank, clock), clock)
         elif kind == "server" and isinstance(rank, int):
@@ -217,6 +247,16 @@ class JobView:
                 "rows": sum(int(t.get("rows", 0)) for t in s.get("tables", {}).values()),
                 "partitions_owned": s.get("partitions", {}).get("owned"), "uptime_s": uptime}
 
+    def _recent_share(self, rank: int) -> float | None:
+        """The share of its time worker ``rank`` was blocked over its last RECENT_CLOCKS clocks
+        (a replacement's counters start again: then over its records since)."""
+        recent = self._recent.get(rank)
+        if not recent or len(recent) < 2:
+            return None
+        start = max((i for i in range(1, len(recent)) if recent[i][1] < recent[i - 1][1]), default=0)
+        (t0, b0), (t1, b1) = recent[start], recent[-1]  # from a replacement's first record, if one came
+        return round(min(1.0, max(0.0, (b1 - b0) / (t1 - t0))), 4) if t1 > t0 else None
+
     # -- all of it --------------------------------------------------------------------------------
 
     def _snapshot(self) -> dict[str, Any]:
@@ -236,15 +276,9 @@ class JobView:
                             "blocked_reads": rec.get("blocked_reads"),
                             "blocked_fraction": round(blocked / t, 4) if isinstance(blocked, (int, float))
                             and isinstance(t, (int, float)) and t > 0 else None,
+                            "recent_blocked_fraction": self._recent_share(rank),
                             "server_clock": seen, "left": seen == "left"})
-        # (clock, blocked s, rank) of the workers still at work: the slowest holds the others back
-        going = [(int(w["clock"]), float(w["blocked_s"] or 0.0), int(w["rank"])) for w in workers
-                 if isinstance(w["clock"], int) and not w["left"]]
-        behind = None
-        if not ended and len(going) > 1:  # the lowest clock; among equals the least blocked (the others wait)
-            slow = min(going)
-            if any(g[:2] > slow[:2] for g in going):
-                behind = slow[2]
+        behind = None if ended else holding_back(workers)
         stride = max(1, -(-len(self._clocks) // MAX_POINTS))
         curve = self._clocks[::stride]
         if self._clocks and curve[-1] is not self._clocks[-1]:

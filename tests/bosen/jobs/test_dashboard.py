@@ -24,7 +24,7 @@ from bosen.jobs import status as status_mod
 from bosen.jobs.cli import main as bosen_main
 from bosen.jobs.dashboard import Dashboard
 from bosen.jobs.job import run_job
-from bosen.jobs.jobview import JobView
+from bosen.jobs.jobview import JobView, holding_back
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # a small MF job: 2 servers, 4 workers, a held-out share, checkpoints every 5 clocks
@@ -109,6 +109,7 @@ def test_chromium_shows_a_running_job_and_its_recovery_and_bad_requests_change_n
     workers = re.findall(r'<tr class="worker[^"]*" data-rank="(\d+)">.*?<td class="clock">(\d+)</td>', dom)
     assert [r for r, _ in workers] == ["0", "1", "2", "3"] and all(int(c) >= 19 for _, c in workers), workers
     assert len(re.findall(r'<td class="blocked">\d+\.\d{3}</td>', dom)) == 4
+    assert len(re.findall(r'<td class="l share">.*?\d+\.\d%', dom)) == 4  # the meters' labels
     assert len(re.findall(r'<tr class="server" data-rank="\d">', dom)) == 2
     for chart in ("objective", "heldout"):  # each curve drawn with a point per clock so far
         points = re.search(rf'<svg id="{chart}"[^>]*>.*?data-points="(\d+)"', dom)
@@ -130,7 +131,7 @@ def test_chromium_shows_a_running_job_and_its_recovery_and_bad_requests_change_n
     assert [w["rank"] for w in snap["workers"]] == [0, 1, 2, 3]
     for w in snap["workers"]:
         assert isinstance(w["server_clock"], int) and w["clock"] <= w["server_clock"] <= statuses[0]["clock"] + 3
-        assert w["blocked_s"] >= 0 and 0 <= w["blocked_fraction"] <= 1
+        assert w["blocked_s"] >= 0 and 0 <= w["blocked_fraction"] <= 1 and 0 <= w["recent_blocked_fraction"] <= 1
     assert snap["heldout_name"] == "heldout_rmse" and snap["checkpoints"]["complete"]
     # the same blocked time in the launcher's Prometheus metrics, per worker
     prom = scrape(metrics_port)
@@ -201,3 +202,22 @@ def test_json_of_a_job_that_ended_comes_from_its_run_dir(tmp_path):
     assert time.monotonic() - t0 < 3 and snap["clocks"] == [] and snap["checkpoints"]["complete"]
     # a target that is neither: a clear error, exit status 2
     assert bosen_main(["dashboard", str(tmp_path / "missing")]) == 2
+
+
+@pytest.mark.parametrize(("shares", "clocks", "rank"), [
+    ([0.40, 0.45, 0.02, 0.50], [9, 9, 8, 10], 2),  # a straggler: behind, and not blocked while the others are
+    ([0.40, 0.45, 0.02, 0.50], [9, 9, 9, 9], 2),  # the same, the records' clocks tied
+    ([0.20, 0.22, 0.18, 0.21], [9, 9, 9, 9], None),  # balanced: nobody in particular
+    ([0.70, 0.69, 0.77, 0.47], [434] * 4, 3),  # a straggler on a crowded machine: everyone waits longer (measured)
+    ([0.61, 0.51, 0.72, 0.58], [98] * 4, None),  # a balanced job on a crowded machine (measured)
+    ([0.92, 0.75, 0.68, 0.92], [166, 166, 166, 164], None),  # the least blocked is ahead: nobody (measured)
+    ([0.01, 0.00, 0.02, 0.01], [9, 9, 9, 9], None),  # nobody waits
+    ([0.30, None, None, None], [9, 9, 9, 9], None),  # one worker's share known yet
+])
+def test_the_worker_holding_the_others_back_is_behind_and_blocked_least(shares, clocks, rank):
+    workers = [{"rank": r, "recent_blocked_fraction": f, "clock": c, "left": False}
+               for r, (f, c) in enumerate(zip(shares, clocks, strict=True))]
+    assert holding_back(workers) == rank
+    if rank is not None:  # a worker that left holds nobody back
+        workers[rank]["left"] = True
+        assert holding_back(workers) != rank
