@@ -69,6 +69,9 @@ class JobView:
             what = "a run directory without config.yaml" if self.run_dir is not None else "no such file or directory"
             raise BosenError(f"{target}: {what} (give a run directory of bosen launch, or a job's config)")
         self.config: Config = config_mod.load(cfg_path)
+        if self.run_dir is None and any(a.rsplit(":", 1)[-1] == "0" for a in self.config.cluster.servers):
+            raise BosenError(f"{target}: its servers are on port 0 (bosen launch picks free ports): give the job's "
+                             "run directory, whose config.yaml names the ports")
         self.title = str(self.run_dir.name if self.run_dir is not None else cfg_path)
         self.status_timeout = status_timeout
         self._ctx = zmq.Context()

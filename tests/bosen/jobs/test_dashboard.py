@@ -202,6 +202,7 @@ def test_json_of_a_job_that_ended_comes_from_its_run_dir(tmp_path):
     assert time.monotonic() - t0 < 3 and snap["clocks"] == [] and snap["checkpoints"]["complete"]
     # a target that is neither: a clear error, exit status 2
     assert bosen_main(["dashboard", str(tmp_path / "missing")]) == 2
+    assert bosen_main(["dashboard", "mf"]) == 2  # an example's servers are on port 0: its run directory is needed
 
 
 @pytest.mark.parametrize(("shares", "clocks", "rank"), [
