@@ -150,6 +150,27 @@ def job_families(record: Mapping[str, Any] | None, workers: int, elapsed_s: floa
     return out
 
 
+# a worker's record (metrics.jsonl): its key, the Prometheus name (``bosen_worker_`` + it) and help
+WORKER_COUNTERS = (("blocked_s", "blocked_seconds", "time the worker's reads waited for fresher rows since it started"),
+                   ("blocked_reads", "blocked_reads", "reads that waited for fresher rows since the worker started"))
+
+
+def worker_families(latest: Mapping[int, Mapping[str, Any]]) -> list[Metric]:
+    """Each worker's newest record, labelled ``rank``: its clock and blocked time (who holds the job
+    back: the others block on the slowest). A replacement's counters start again from 0 (a reset)."""
+    clock = GaugeMetricFamily("bosen_worker_clock", "the newest clock the worker reported", labels=["rank"])
+    counters = {key: CounterMetricFamily(f"bosen_worker_{name}", doc, labels=["rank"])
+                for key, name, doc in WORKER_COUNTERS}
+    for rank, rec in sorted(latest.items()):
+        if isinstance(rec.get("clock"), int):
+            clock.add_metric([str(rank)], rec["clock"])
+        for key, family in counters.items():
+            value = rec.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                family.add_metric([str(rank)], value)
+    return [clock, *counters.values()]
+
+
 def down_family(address: str, labels: Mapping[str, str]) -> Metric:
     g = GaugeMetricFamily("bosen_server_up", "1: the server answered", labels=[*labels, "address"])
     g.add_metric([*labels.values(), address], 0)

@@ -43,6 +43,7 @@ def test_a_wheel_in_a_fresh_venv_launches_an_example_by_name(tmp_path, bosen_pro
     shipped = set(zipfile.ZipFile(wheel).namelist())
     for name in ("mf", "lda", "mlr", "mf-movielens", "lda-news", "mlr-fashion", "torch-cnn"):
         assert f"bosen/examples/{name}.yaml" in shipped
+    assert "bosen/jobs/dashboard.html" in shipped  # bosen dashboard's page
 
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)

@@ -1,5 +1,6 @@
 """The ``bosen`` command: ``bosen launch CONFIG``, ``bosen status CONFIG``, ``bosen scale RUN_DIR``,
-``bosen data NAME``, ``bosen tables CONFIG --out DIR`` and ``bosen examples [NAME [DIR]]``. CONFIG is a
+``bosen data NAME``, ``bosen tables CONFIG --out DIR``, ``bosen examples [NAME [DIR]]`` and
+``bosen dashboard RUN_DIR|CONFIG``. CONFIG is a
 file or the name of an example shipped in the package (``bosen launch mf``: ``bosen.jobs.examples``)."""
 
 from __future__ import annotations
@@ -126,6 +127,30 @@ def _tables(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dashboard(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from bosen.jobs.dashboard import Dashboard
+    from bosen.jobs.jobview import JobView
+
+    target = args.target if Path(args.target).exists() else str(examples.resolve(args.target))
+    view = JobView(target)
+    stop = threading.Event()
+    # explicit handlers: SIGINT arrives ignored in a background job, and SIGTERM should close cleanly
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with Dashboard(view, args.host, args.port) as board:
+            print(f"dashboard of {view.title} on {board.url} (Ctrl-C stops it)", flush=True)
+            while not stop.wait(3600):
+                pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        view.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bosen", description="Bösen parameter server tools.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -176,6 +201,14 @@ def main(argv: list[str] | None = None) -> int:
     ep.add_argument("name", nargs="?", default=None, help="the example to copy")
     ep.add_argument("dir", nargs="?", default=".", help="where to copy it (default: this folder)")
     ep.set_defaults(fn=_examples)
+    bp = sub.add_parser("dashboard", help="a web page of a job: objective, workers' clocks and blocked time, "
+                                          "servers' traffic, partitions, checkpoints; live while it runs")
+    bp.add_argument("target", metavar="RUN_DIR|CONFIG", help="the job's run directory (while it runs and after), "
+                                                               "or its config (the servers' STATUS only)")
+    bp.add_argument("--port", type=int, default=8600, help="the page's port (0: any free one; default 8600)")
+    bp.add_argument("--host", default="127.0.0.1", help="the address to serve on (default 127.0.0.1: this "
+                                                        "machine only)")
+    bp.set_defaults(fn=_dashboard)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

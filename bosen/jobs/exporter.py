@@ -1,5 +1,6 @@
 """The launcher's ``/metrics`` (``metrics.port``, on loopback): the job as a whole, its newest complete
-clock record (what ``metrics.jsonl`` holds) and every server's STATUS with a ``server`` label, asked
+clock record (what ``metrics.jsonl`` holds), each worker's newest record (its clock and blocked time,
+``rank`` label) and every server's STATUS with a ``server`` label, asked
 at scrape time from prometheus_client's HTTP thread (``bosen.prometheus``, docs/metrics.md)."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def job_metrics(merger: MetricsMerger, workers: int, addresses: Callable[[], Seq
     """The families of one scrape: the job's, then each server's (down: ``bosen_server_up`` 0)."""
     done = merger.done  # appended to by the launcher's thread: the newest entry is a whole record
     out = prometheus.job_families(done[-1] if done else None, workers, time.time() - t0)
+    out += prometheus.worker_families(dict(merger.latest))  # a copy: the launcher's thread adds to it
     for rank, addr in enumerate(list(addresses())):
         labels = {"server": str(rank)}
         try:

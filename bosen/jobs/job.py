@@ -122,6 +122,7 @@ class MetricsMerger:
         self.ranks: dict[int, set[int]] = defaultdict(set)
         self.done: list[dict[str, Any]] = []
         self.newest: dict[int, int] = {}  # per rank, the newest clock it reported
+        self.latest: dict[int, dict[str, Any]] = {}  # per rank, its newest record (the launcher's /metrics)
         self.redo_until: dict[int, int] = {}  # per replaced rank, the newest clock its lost worker reported
         self.changes: list[tuple[int, int]] = []  # (C, K): from clock C on, K workers report (bosen scale)
 
@@ -183,6 +184,9 @@ class MetricsMerger:
         c = rec.get("clock", 0)
         agg = self.partial[c]
         self.ranks[c].add(rec.get("rank", -1))
+        rank = rec.get("rank")
+        if isinstance(rank, int) and isinstance(c, int) and c >= self.latest.get(rank, {}).get("clock", -1):
+            self.latest[rank] = rec
         for k, v in rec.items():
             if k in ("rank", "clock") or isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue

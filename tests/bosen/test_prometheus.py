@@ -80,7 +80,7 @@ def test_the_launcher_serves_the_job_and_every_server(bosen_cluster, tmp_path):
     (run_dir / WORKER_RECORDS).mkdir(parents=True)
     (run_dir / WORKER_RECORDS / "0.jsonl").write_text("".join(
         json.dumps({"rank": 0, "clock": k, "time": 1.0 + k, "objective": 10.0 - k, "read_s": 0.25 * k,
-                    "bytes_sent": 100 * k}) + "\n" for k in range(3)))
+                    "bytes_sent": 100 * k, "blocked_s": 0.5 * k, "blocked_reads": 2 * k}) + "\n" for k in range(3)))
     with (tmp_path / "metrics.jsonl").open("w") as out:
         merger = MetricsMerger(run_dir, 1, out)
         assert len(merger.poll()) == 3
@@ -91,6 +91,10 @@ def test_the_launcher_serves_the_job_and_every_server(bosen_cluster, tmp_path):
     assert one(got, "bosen_job_clock") == 2 and one(got, "bosen_job_objective") == 8.0
     assert one(got, "bosen_job_read_seconds") == 0.5 and one(got, "bosen_job_sent_bytes") == 200
     assert one(got, "bosen_job_workers") == 1 and one(got, "bosen_job_elapsed_seconds") >= 5
+    # per worker, its newest record: who holds the job back
+    assert one(got, "bosen_worker_clock", rank="0") == 2
+    assert one(got, "bosen_worker_blocked_seconds_total", rank="0") == 1.0
+    assert one(got, "bosen_worker_blocked_reads_total", rank="0") == 4
     for rank in (0, 1):
         assert one(got, "bosen_server_up", server=str(rank)) == 1
         assert one(got, "bosen_server_table_rows", server=str(rank), table="W") == 20
