@@ -541,8 +541,9 @@ class CommThread:
         event = msg["event"]
         refused = handshake_error(event, msg["value"], link.address)
         if refused is not None:  # keys or security modes that do not match: no retry will help
-            if link.sock is not None:  # what waits to go there never will: closing need not linger
-                link.sock.sock.setsockopt(zmq.LINGER, 0)
+            for other in self.links:  # the client fails: what waits to go need not hold its closing up
+                if other.sock is not None:
+                    other.sock.sock.setsockopt(zmq.LINGER, 0)
             if link.state is not LinkState.LEFT and self.life.phase is not Phase.CLOSED:
                 log.error("server %d: %s", link.index, refused)
                 self._fail(Refused(f"server {link.index}: {refused}"))

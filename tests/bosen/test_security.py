@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import stat
 import sys
+import threading
 import time
 
 import numpy as np
 import pytest
 import zmq
-from conftest import WORKERS, job_config, worker
+from conftest import PY, WORKERS, job_config, launch_job, run_cmd, worker, write_config
 
 from bosen import config as config_mod
 from bosen import security, wire
@@ -134,6 +136,57 @@ def test_security_section_defaults_paths_and_errors(tmp_path):
 # -- real servers ------------------------------------------------------------------------------------
 
 
+class Tap:
+    """A TCP relay between one client and a server that keeps what the client sent (to replay it)
+    and, once ``tamper`` is set, flips a bit in every chunk it passes on to the server."""
+
+    def __init__(self, server: str) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.server = server
+        self.sent = bytearray()
+        self.tamper = threading.Event()
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        client, _ = self.listener.accept()
+        host, port = self.server.rsplit(":", 1)
+        upstream = socket.create_connection((host, int(port)))
+        pair = {client: upstream, upstream: client}
+        try:
+            while not self._stop.is_set():
+                ready, _, _ = select.select(list(pair), [], [], 0.05)
+                for s in ready:
+                    data = s.recv(1 << 16)
+                    if not data:
+                        return
+                    if s is client:
+                        self.sent += data
+                        if self.tamper.is_set():
+                            data = data[:-1] + bytes([data[-1] ^ 1])
+                    pair[s].sendall(data)
+        finally:
+            client.close()
+            upstream.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(5)
+        self.listener.close()
+
+
+def _status_via(ctx: zmq.Context, address: str, sec: Security, seq: int) -> zmq.Socket:
+    """A CURVE DEALER at ``address`` that sent one STATUS (seq ``seq``)."""
+    d = security.client_socket(ctx, zmq.DEALER, sec)
+    d.setsockopt(zmq.LINGER, 0)
+    d.connect(f"tcp://{address}")
+    d.send_multipart(wire.encode({"t": Msg.STATUS, "s": seq}))
+    return d
+
+
+
 def _refused_within(start: float, err: BaseException, addresses: list[str], limit: float = 1.0) -> None:
     """Refused within ``limit`` seconds, by a message that names the server (whichever refused first)."""
     took = time.monotonic() - start
@@ -196,11 +249,33 @@ def test_listed_clients_train_exactly_and_everyone_else_is_refused(bosen_cluster
         with socket.create_connection((host, int(port)), timeout=2) as tcp:
             tcp.sendall(junk)
             time.sleep(0.05)
+    # an encrypted session recorded on the wire: replayed whole on a new connection it gets nowhere
+    # (the server's cookie is new), and bits flipped in a live session end that session
+    listed = Security.load(cfg, "client")
+    assert listed is not None
+    ctx = zmq.Context()
+    tap = Tap(s0)
+    try:
+        d = _status_via(ctx, tap.address, listed, 1)
+        assert d.poll(5000), "no STATUS reply through the tap"
+        d.recv_multipart()
+        recorded = bytes(tap.sent)
+        tap.tamper.set()
+        d.send_multipart(wire.encode({"t": Msg.STATUS, "s": 2}))
+        assert not d.poll(300), "a tampered message was answered"
+        d.close(0)
+    finally:
+        tap.close()
+        ctx.term()
+    with socket.create_connection((host, int(port)), timeout=2) as tcp:
+        tcp.sendall(recorded)
+        time.sleep(0.3)
     stats = c.status()
-    # the one message it handled since is this STATUS: nothing of the peers above reached it
-    assert stats[0]["msgs_in"] == before[0]["msgs_in"] + 1, stats[0]
+    # the messages it handled since: the tap's first STATUS and this one; nothing else reached it
+    assert stats[0]["msgs_in"] == before[0]["msgs_in"] + 2, stats[0]
     assert stats[0]["errors"] == 0 and stats[0]["clients_joined"] == 0
-    assert stats[0]["security"]["refused"] >= 3  # two connects (and their retries) and a query
+    # two connects (each refused by one server at least: the first refusal ends it) and a query to server 0
+    assert sum(x["security"]["refused"] for x in stats) >= 3 and stats[0]["security"]["refused"] >= 1
     refused_key = security.public_key_of(k / "client-1.key_secret")
     log = c.servers[0].output()
     assert log.count(refused_key) == 1, log[-3000:]
@@ -227,3 +302,29 @@ def test_listed_clients_train_exactly_and_everyone_else_is_refused(bosen_cluster
     finally:
         reader.close()
     assert all(s["errors"] == 0 for s in c.status())
+
+
+@pytest.mark.timeout(120)
+def test_bosen_keys_then_a_launched_job_runs_with_curve(tmp_path):
+    """The README's steps on one machine: `bosen keys`, the printed security section, `bosen launch`
+    (servers, workers and the launcher's own STATUS queries all CURVE clients of CURVE servers)."""
+    r = run_cmd([PY, "-m", "bosen", "keys", tmp_path / "keys", "--clients", "2"], timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "security:" in r.stdout and "allowed_clients" in r.stdout
+    cfg = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
+           "consistency": {"staleness": 0, "read_timeout_s": 20},
+           "tables": {"W": {"rows": 6, "cols": 2, "dtype": "int64"}},
+           "app": {"module": "launch_worker", "args": {"ticks": 3}},
+           "security": {"mode": "on", "server_key": "keys/server.key", "client_key": "keys/client-1.key_secret",
+                        "allowed_clients": ["keys/clients"]}}
+    path = write_config(tmp_path / "job.yaml", cfg)
+    code, out = launch_job(path, "--run-dir", tmp_path / "run", timeout=100)
+    assert code == 0, out
+    assert "security: CURVE" in out and "security: off" not in out
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    clocks = [x for x in recs if x["kind"] == "clock"]
+    assert [x["clock"] for x in clocks] == [0, 1, 2] and all(x["own_ok"] == 2 for x in clocks)
+    # without keys the same job does not start: the launcher names the missing key
+    del cfg["security"]["client_key"]
+    code, out = launch_job(write_config(tmp_path / "nokey.yaml", cfg), "--run-dir", tmp_path / "run2", timeout=60)
+    assert code != 0 and "security.client_key: required" in out, out
