@@ -14,6 +14,7 @@ This module is the one place that loads key files and sets CURVE options; caller
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -172,6 +173,24 @@ def make_keys(folder: str | os.PathLike[str], clients: int = 1) -> list[Path]:
     return out
 
 
+def job_keys(config: Config, folder: Path) -> Config:
+    """``config``, with keys made for this job alone in ``folder`` when it needs CURVE and names no key
+    at all: a launcher that starts every process itself (``bosen launch --ray``, whose servers listen
+    on their nodes' addresses) can hand each the keys through the run directory, mode 0600, which
+    nobody else on the network holds. A config that names some keys keeps them (``Security.load``
+    then says what is missing)."""
+    sec = config.security
+    if not required(config) or sec.server_key or sec.client_key or sec.allowed_clients:
+        return config
+    if not (folder / "server.key").exists():
+        make_keys(folder, clients=1)
+    made = dataclasses.replace(sec, server_key=str(folder / "server.key"),
+                               client_key=str(folder / f"client-0.key{SECRET_SUFFIX}"),
+                               allowed_clients=(str(folder / "clients"),))
+    log.info("security: CURVE with keys made for this job in %s", folder)
+    return dataclasses.replace(config, security=made)
+
+
 # -- sockets ---------------------------------------------------------------------------------------------
 
 
@@ -303,8 +322,8 @@ def public_key_of(path: str | os.PathLike[str]) -> str:
 
 
 __all__ = ["Security", "Authenticator", "KeyFileError", "required", "describe", "is_loopback", "load_key_file",
-           "load_allowed", "make_keys", "client_socket", "server_socket", "handshake_error", "public_key_of",
-           "HANDSHAKE_FAILED", "Refused", "watch", "unwatch", "poll"]
+           "load_allowed", "make_keys", "job_keys", "client_socket", "server_socket", "handshake_error",
+           "public_key_of", "HANDSHAKE_FAILED", "Refused", "watch", "unwatch", "poll"]
 
 
 class Refused(BosenError):

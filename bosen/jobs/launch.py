@@ -30,7 +30,7 @@ from bosen.jobs.job import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, st
 from bosen.jobs.scale import Scaler
 from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
 from bosen.metrics import HELDOUT_MEASURES
-from bosen.security import Security
+from bosen.security import Security, job_keys
 from bosen.security import describe as describe_security
 
 POLL_S = 0.2
@@ -226,7 +226,8 @@ class Launcher:
         from bosen.jobs.ray import RayJob
 
         assert isinstance(group, RayJob)
-        self.config = group.place(self.config)
+        self.config = job_keys(group.place(self.config), self.run_dir / "keys")
+        self.security = Security.load(self.config, "client")
         config_mod.dump(self.config, cfg_path)
         nodes = len({n[0] for n in group.nodes})
         self.say(f"Ray: {len(group.bundles)} actors on {nodes} node(s) in {group.startup_s or 0.0:.1f}s "

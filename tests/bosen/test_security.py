@@ -131,6 +131,13 @@ def test_security_section_defaults_paths_and_errors(tmp_path):
     with pytest.raises(ConfigError, match="security.mode: 'yes' is not one of"):
         config_mod.load({**far, "security": {"mode": "yes"}})
     assert not security.required(config_mod.load({**far, "security": {"mode": "off"}}))
+    # a launcher that starts every process (bosen launch --ray) makes keys for a job that names none
+    made = security.job_keys(config_mod.load(far), tmp_path / "run" / "keys")
+    assert made.security.client_key == str(tmp_path / "run" / "keys" / "client-0.key_secret")
+    assert Security.load(made, "client").client_public in Security.load(made, "server").allowed
+    assert security.job_keys(cfg, tmp_path / "other") is cfg and not (tmp_path / "other").exists()
+    loop_cfg = config_mod.load(loop)
+    assert security.job_keys(loop_cfg, tmp_path / "other") is loop_cfg
 
 
 # -- real servers ------------------------------------------------------------------------------------
