@@ -41,7 +41,10 @@ ingest-1MiB-curve
     ``bosen.security.make_keys``: every message encrypted and authenticated). Repetitions alternate
     (plaintext first on even ones, CURVE first on odd ones), so load on a shared machine hits both
     alike. ``ours`` = CURVE MB/s, baseline = plaintext MB/s of the same run, ``ratio`` = CURVE /
-    plaintext; goal >= 0.5 (issue 32). Not in the default ``--only`` set: ``--only curve``.
+    plaintext; goal >= 0.5 (issue 32). A second line, ``ingest-1MiB-curve-vs-pyzmq``, sets the same
+    CURVE MB/s beside raw pyzmq PUSH/PULL with CURVE moving the same frames (a third member of each
+    alternation): how much of the cost is libzmq's encryption itself. Not in the default ``--only``
+    set: ``--only curve``.
 
 fetch-1KiB / fetch-1MiB
     ``table.get_row(r)`` (1 KiB) or ``table.get_rows(1024 rows)`` (1 MiB) of rows never read before, so
@@ -158,10 +161,18 @@ def header_like(n: int) -> bytes:
 # baseline peers (subprocesses running this module: --peer pull | router)
 
 
-def peer_pull(port: int, ctl_port: int) -> None:
-    """Count messages and bytes until END, report them on the control socket; exit on QUIT."""
+def peer_pull(port: int, ctl_port: int, curve_key: str | None = None) -> None:
+    """Count messages and bytes until END, report them on the control socket; exit on QUIT.
+    ``curve_key``: a server secret key file: the PULL is a CURVE server (any client key)."""
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
+    if curve_key is not None:
+        from bosen.security import load_key_file
+
+        public, secret = load_key_file(curve_key, secret=True)
+        pull.curve_server = True
+        pull.curve_publickey = public
+        pull.curve_secretkey = secret  # type: ignore[assignment]
     pull.setsockopt(zmq.RCVHWM, 0)
     pull.bind(f"tcp://127.0.0.1:{port}")
     ctl = ctx.socket(zmq.PUSH)
@@ -342,6 +353,53 @@ def run_ingest(base: Baselines, plan: Plan, workdir: Path) -> None:
                per_MiB=r["ctr"], baseline_per_MiB=r["base_ctr"])
 
 
+class RawCurve:
+    """pyzmq PUSH/PULL with CURVE (the receiver a subprocess, as the plaintext baseline's): what
+    libzmq's encryption alone allows on this machine, in the same run."""
+
+    def __init__(self, workdir: Path, keys: Path) -> None:
+        from bosen.security import load_key_file
+
+        self.ctx = zmq.Context()
+        self.ctl = self.ctx.socket(zmq.PULL)
+        ctl_port = self.ctl.bind_to_random_port("tcp://127.0.0.1")
+        port = free_ports(1)[0]
+        self.pull = Child([*SELF, "--peer", "pull", "--port", str(port), "--ctl-port", str(ctl_port), "--curve-key",
+                           str(keys / "server.key_secret")], "peer-pull-curve", workdir)
+        server_public, _ = load_key_file(keys / "server.key", secret=False)
+        public, secret = load_key_file(keys / "client-0.key_secret", secret=True)
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.curve_serverkey = server_public
+        self.push.curve_publickey = public
+        self.push.curve_secretkey = secret  # type: ignore[assignment]
+        self.push.connect(f"tcp://127.0.0.1:{port}")
+        for s in (self.ctl, self.push):
+            s.setsockopt(zmq.LINGER, 0)
+        self.ingest(1024, 4)
+
+    def ingest(self, rows_per_msg: int, msgs: int) -> float:
+        frames = [header_like(rows_per_msg), np.arange(rows_per_msg, dtype=np.int64),
+                  np.full((rows_per_msg, COLS), 1e-3, dtype=np.float32)]
+        t0 = time.perf_counter()
+        for _ in range(msgs):
+            self.push.send_multipart(frames, copy=False)
+        self.push.send(b"END")
+        if not self.ctl.poll(PEER_TIMEOUT_S * 1000):
+            raise RuntimeError(f"CURVE receiver did not answer within {PEER_TIMEOUT_S}s:\n{self.pull.tail()}")
+        got, _ = self.ctl.recv_json()
+        assert got == msgs, f"CURVE receiver counted {got} of {msgs} messages"
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self.push.send(b"QUIT", zmq.NOBLOCK)
+        time.sleep(0.05)
+        self.push.close(0)
+        self.ctl.close(0)
+        self.ctx.term()
+        self.pull.stop()
+
+
 def run_ingest_curve(plan: Plan, workdir: Path, reps: int) -> None:
     """ingest-1MiB with CURVE beside plaintext, alternated (module doc, ingest-1MiB-curve)."""
     from bosen.security import make_keys
@@ -359,15 +417,27 @@ def run_ingest_curve(plan: Plan, workdir: Path, reps: int) -> None:
         clients = {"plain": plain, "curve": enc}
         for name, c in clients.items():  # warm-up: every page of both tables resident
             ingest_ours(c, "ingest", rpb, ctrs[name].start())
-        mbs: dict[str, list[float]] = {"plain": [], "curve": []}
-        per: dict[str, list[Any]] = {"plain": [], "curve": []}
-        for rep in range(reps):
-            for name in (("plain", "curve") if rep % 2 == 0 else ("curve", "plain")):
-                r = ingest_ours(clients[name], "ingest", rpb, ctrs[name].start(), plan.ingest_passes)
-                mbs[name].append(r["bytes"] / r["seconds"] / 1e6)
-                per[name].append(ctrs[name].per(r["bytes"] / MiB))
-            log(f"{case} rep {rep}: CURVE {mbs['curve'][-1]:.1f} MB/s, plaintext {mbs['plain'][-1]:.1f} MB/s, "
-                f"ratio {mbs['curve'][-1] / mbs['plain'][-1]:.3f}")
+        raw = RawCurve(workdir, keys)
+        raw_ctr = ProcCounters(sender=None, receiver=raw.pull.pid)
+        mbs: dict[str, list[float]] = {"plain": [], "curve": [], "raw": []}
+        per: dict[str, list[Any]] = {"plain": [], "curve": [], "raw": []}
+        try:
+            for rep in range(reps):
+                for name in (("plain", "curve", "raw") if rep % 2 == 0 else ("raw", "curve", "plain")):
+                    if name == "raw":
+                        raw_ctr.start()
+                        secs = sum(raw.ingest(rpb, rows // rpb) for _ in range(plan.ingest_passes))
+                        nbytes = plan.ingest_passes * rows * ROW_BYTES
+                        mbs[name].append(nbytes / secs / 1e6)
+                        per[name].append(raw_ctr.stop().per(nbytes / MiB))
+                        continue
+                    r = ingest_ours(clients[name], "ingest", rpb, ctrs[name].start(), plan.ingest_passes)
+                    mbs[name].append(r["bytes"] / r["seconds"] / 1e6)
+                    per[name].append(ctrs[name].per(r["bytes"] / MiB))
+                log(f"{case} rep {rep}: CURVE {mbs['curve'][-1]:.1f} MB/s, plaintext {mbs['plain'][-1]:.1f} MB/s, "
+                    f"ratio {mbs['curve'][-1] / mbs['plain'][-1]:.3f}; raw pyzmq CURVE {mbs['raw'][-1]:.1f} MB/s")
+        finally:
+            raw.close()
     ratios = [c / p for c, p in zip(mbs["curve"], mbs["plain"], strict=True)]
     o, b = median(mbs["curve"]), median(mbs["plain"])
     i = median_index(mbs["curve"])
@@ -377,6 +447,12 @@ def run_ingest_curve(plan: Plan, workdir: Path, reps: int) -> None:
            pair_ratio_min=min(ratios), pair_ratio_max=max(ratios), batch_bytes=rpb * ROW_BYTES,
            table_MiB=table_MiB, passes=plan.ingest_passes, per_MiB=per["curve"][i],
            baseline_per_MiB=per["plain"][median_index(mbs["plain"])])
+    raw_ratios = [c / r for c, r in zip(mbs["curve"], mbs["raw"], strict=True)]
+    result(f"{case}-vs-pyzmq", "ingest_throughput", "MB/s", o, median(mbs["raw"]), "pyzmq PUSH/PULL with CURVE",
+           o / median(mbs["raw"]), reps=reps, ours_all=mbs["curve"], baseline_all=mbs["raw"],
+           pair_ratios=raw_ratios, pair_ratio_median=median(raw_ratios), pair_ratio_min=min(raw_ratios),
+           pair_ratio_max=max(raw_ratios), batch_bytes=rpb * ROW_BYTES, table_MiB=table_MiB,
+           passes=plan.ingest_passes, baseline_per_MiB=per["raw"][median_index(mbs["raw"])])
 
 
 def fetch_ours(client: Any, table: str, rows_per_call: int, calls: int, first_row: int) -> float:
@@ -574,11 +650,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--ctl-port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
+    p.add_argument("--curve-key", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.peer in ("pull", "router"):
         reuse_large_buffers()  # the allocator settings our server and client use: no page faults per message
     if args.peer == "pull":
-        peer_pull(args.port, args.ctl_port)
+        peer_pull(args.port, args.ctl_port, args.curve_key)
         return 0
     if args.peer == "router":
         peer_router(args.port)
