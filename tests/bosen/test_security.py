@@ -229,6 +229,9 @@ def test_listed_clients_train_exactly_and_everyone_else_is_refused(bosen_cluster
     with pytest.raises(Refused, match="allowed_clients") as e:
         status_mod.query(s0, security=Security.load(config_mod.load(c.path, unlisted), "client"))
     _refused_within(t0, e.value, c.addresses)
+    r = run_cmd([PY, "-m", "bosen", "status", c.path, "--set", f"security.client_key={k / 'client-1.key_secret'}"],
+                timeout=30)
+    assert r.returncode == 1 and "DOWN" in r.stdout and "refused this client's public key" in r.stdout, r.stdout
     # the wrong server key (the server cannot read our hello), and a plaintext client
     t0 = time.monotonic()
     with pytest.raises(Refused, match="server_key is not that server's public key") as e:
