@@ -21,13 +21,13 @@ import zmq
 
 from bosen import rowmath, wire
 from bosen.config import Config
-from bosen.errors import NotOwned, ProtocolError
+from bosen.errors import ConfigError, NotOwned, ProtocolError
 from bosen.metrics import Durations, mbps, send_histogram
 from bosen.partition import Partition
 from bosen.phases import Phases
 from bosen.procedure import StoredProcedure
 from bosen.ratelimit import LeakyBucket, paced_sender
-from bosen.security import Authenticator, Security, server_socket
+from bosen.security import Authenticator, Security, is_loopback, server_socket
 from bosen.security import describe as describe_security
 from bosen.server import procedures
 from bosen.server.backup import BackupStep
@@ -114,6 +114,11 @@ class Server:
             else Partition(len(self.addresses), join.owner.shape[0], join.owner, join.version)
         self.fingerprint = config.fingerprint()
         self.security = Security.load(config, "server")  # None: no CURVE (bosen/security.py)
+        bind_host = self.bind_address.removeprefix("tcp://").rpartition(":")[0]
+        if self.security is None and config.security.mode == "auto" and not is_loopback(bind_host):
+            raise ConfigError(f"{config.source}: --bind {bind_host} listens beyond loopback, but cluster.servers "
+                              "are all loopback, so security would be off: set security.mode: on (with keys, "
+                              "`bosen keys DIR`), or security.mode: off to accept plaintext there")
         self._auth: Authenticator | None = None
         self.shards = [
             TableShard(i, t, self.partition, rank, self.num_clients, procedures.load(t, config.source), config.comm,

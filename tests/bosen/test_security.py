@@ -338,3 +338,14 @@ def test_bosen_keys_then_a_launched_job_runs_with_curve(tmp_path):
     del cfg["security"]["client_key"]
     code, out = launch_job(write_config(tmp_path / "nokey.yaml", cfg), "--run-dir", tmp_path / "run2", timeout=60)
     assert code != 0 and "security.client_key: required" in out, out
+
+
+def test_a_loopback_job_bound_beyond_loopback_needs_a_security_decision():
+    """``bosen-server --bind 0.0.0.0`` exposes a server whose config says loopback (security auto: off)."""
+    from bosen.server.daemon import Server
+
+    data = job_config(["127.0.0.1:9600"])
+    with pytest.raises(ConfigError, match="--bind 0.0.0.0 listens beyond loopback.*security.mode: on"):
+        Server(config_mod.load(data), 0, bind="0.0.0.0")
+    Server(config_mod.load({**data, "security": {"mode": "off"}}), 0, bind="0.0.0.0")  # the user's choice
+    Server(config_mod.load(data), 0, bind="127.0.0.1")
