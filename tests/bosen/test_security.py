@@ -319,13 +319,15 @@ def test_listed_clients_train_exactly_and_everyone_else_is_refused(bosen_cluster
 
 
 @pytest.mark.timeout(120)
-def test_bosen_keys_then_a_launched_job_runs_with_curve(tmp_path):
+def test_bosen_keys_then_a_launched_job_runs_with_curve(tmp_path, capsys):
     """The README's steps on one machine: `bosen keys`, the printed security section, `bosen launch`
     (servers, workers and the launcher's own STATUS queries all CURVE clients of CURVE servers)."""
-    r = run_cmd([PY, "-m", "bosen", "keys", tmp_path / "keys", "--clients", "2"], timeout=30)
-    assert r.returncode == 0, r.stderr
-    assert "security:" in r.stdout and "allowed_clients" in r.stdout
-    cfg = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
+    from bosen.jobs import cli
+
+    assert cli.main(["keys", str(tmp_path / "keys"), "--clients", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "security:" in out and "allowed_clients" in out and "client-1.key_secret" in out
+    cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 2},
            "consistency": {"staleness": 0, "read_timeout_s": 20},
            "tables": {"W": {"rows": 6, "cols": 2, "dtype": "int64"}},
            "app": {"module": "launch_worker", "args": {"ticks": 3}},
@@ -338,10 +340,12 @@ def test_bosen_keys_then_a_launched_job_runs_with_curve(tmp_path):
     recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
     clocks = [x for x in recs if x["kind"] == "clock"]
     assert [x["clock"] for x in clocks] == [0, 1, 2] and all(x["own_ok"] == 2 for x in clocks)
-    # without keys the same job does not start: the launcher names the missing key
+    # without keys the same job does not start: the launcher names the missing key (before any process)
     del cfg["security"]["client_key"]
-    code, out = launch_job(write_config(tmp_path / "nokey.yaml", cfg), "--run-dir", tmp_path / "run2", timeout=60)
-    assert code != 0 and "security.client_key: required" in out, out
+    assert cli.main(["launch", str(write_config(tmp_path / "nokey.yaml", cfg)), "--run-dir",
+                     str(tmp_path / "run2")]) == 2
+    err = capsys.readouterr().err
+    assert "nokey.yaml: security.client_key: required" in err and "bosen keys" in err, err
 
 
 def test_a_loopback_job_bound_beyond_loopback_needs_a_security_decision():
