@@ -369,6 +369,22 @@ class RayConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    """CURVE encryption and authentication of every connection (``bosen.security``). ``mode``: auto is
+    on when any of ``cluster.servers`` is not a loopback address, on always, off never (a loopback-only
+    job, or a network the user trusts). Key files are ZeroMQ certificates (``bosen keys DIR`` makes
+    them): ``server_key`` the servers' public one (servers read the secret beside it,
+    ``server_key + "_secret"``), ``client_key`` this client's secret one, ``allowed_clients`` the
+    client public key files, or folders of ``*.key`` files, a server accepts. Relative paths are
+    relative to the config file."""
+
+    mode: Literal["auto", "on", "off"] = "auto"
+    server_key: str = ""
+    client_key: str = ""
+    allowed_clients: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Config:
     cluster: ClusterConfig
     tables: tuple[TableConfig, ...]
@@ -378,6 +394,7 @@ class Config:
     checkpoint: CheckpointConfig | None = None  # None: no checkpoints
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     ray: RayConfig = field(default_factory=RayConfig)  # used only by ``bosen launch --ray``
+    security: SecurityConfig = field(default_factory=SecurityConfig)
     source: str = "<dict>"
 
     def __post_init__(self) -> None:
@@ -413,6 +430,8 @@ class Config:
             d.pop("metrics")
         if self.ray == RayConfig():
             d.pop("ray")
+        if self.security == SecurityConfig():
+            d.pop("security")
         return d
 
     def require_tables(self) -> None:
@@ -566,6 +585,22 @@ def _table_from(name: str, value: Any, base: Path | None = None) -> TableConfig:
         raise ValueError(f"{key}.{e}") from None
 
 
+def _security_from(value: Any, base: Path | None) -> SecurityConfig:
+    """The ``security`` section, its key paths made absolute (relative to the config file), so the
+    copy in a run directory names the same files."""
+    if isinstance(value, Mapping) and isinstance(value.get("allowed_clients"), str):
+        value = {**value, "allowed_clients": [value["allowed_clients"]]}  # one file or folder
+    sec = from_dict(SecurityConfig, value, "security")
+    if base is None:
+        return sec
+
+    def absolute(p: str) -> str:
+        return p if not p or Path(p).is_absolute() else str(base / p)
+
+    return dataclasses.replace(sec, server_key=absolute(sec.server_key), client_key=absolute(sec.client_key),
+                               allowed_clients=tuple(absolute(p) for p in sec.allowed_clients))
+
+
 def set_dotted(data: dict, key: str, value: Any) -> None:
     """Apply one ``--set a.b.c=value`` override to raw config data."""
     parts = key.split(".")
@@ -600,7 +635,7 @@ def build(data: Mapping[str, Any], source: str = "<dict>", overrides: Any = ()) 
         key, value = parse_override(item) if isinstance(item, str) else item
         set_dotted(data, key, value)
     try:
-        allowed = {"cluster", "consistency", "comm", "tables", "app", "checkpoint", "metrics", "ray"}
+        allowed = {"cluster", "consistency", "comm", "tables", "app", "checkpoint", "metrics", "ray", "security"}
         unknown = sorted(set(data) - allowed)
         if unknown:
             raise ValueError(f"{unknown[0]}: unknown key (known: {', '.join(sorted(allowed))})")
@@ -625,6 +660,7 @@ def build(data: Mapping[str, Any], source: str = "<dict>", overrides: Any = ()) 
                                                                              "checkpoint"),
             metrics=from_dict(MetricsConfig, data.get("metrics"), "metrics"),
             ray=from_dict(RayConfig, data.get("ray"), "ray"),
+            security=_security_from(data.get("security"), base),
             source=source,
         )
     except ValueError as e:

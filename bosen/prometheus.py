@@ -127,6 +127,13 @@ def server_families(stats: Mapping[str, Any], labels: Mapping[str, str] | None =
         gauge("checkpoint_last_clock", "the clock of the newest checkpoint part saved (-1: none)",
               max((int(x) for x in saved if isinstance(x, int)), default=-1))
         gauge("checkpoint_writer_failed", "1: the checkpoint writer failed", 1 if ck.get("error") else 0)
+    sec = stats.get("security")
+    if isinstance(sec, dict):  # bosen.security: CURVE on, and handshakes refused (a key not allowed)
+        gauge("curve", "1: connections are CURVE-encrypted and clients authenticated", 1 if sec.get("curve") else 0)
+        c = CounterMetricFamily("bosen_server_handshakes_refused", "security handshakes refused: a client public "
+                                "key not in security.allowed_clients", labels=names)
+        c.add_metric(values, sec.get("refused", 0))
+        out.append(c)
     return out
 
 

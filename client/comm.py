@@ -42,6 +42,7 @@ from bosen.malloc import reuse_large_buffers
 from bosen.partition import Partition
 from bosen.phases import Phases
 from bosen.ratelimit import LeakyBucket
+from bosen.security import HANDSHAKE_FAILED, Refused, Security, client_socket, handshake_error
 from bosen.wire import Msg
 from bosen.zsocket import LoopSocket
 
@@ -132,6 +133,7 @@ class CommThread:
         self._last_kind: Msg | None = None  # the kind of the message being handled (for the profile)
         self.recovery = Recovery(tables, life, self._reconnect, self._hello_again, self.sender.pump, notify,
                                  self._fail, lambda: self.partition)
+        self.security = Security.load(config, "client")  # None: no CURVE (bosen/security.py)
         self._ctx: zmq.Context | None = None
         self._socks: list[LoopSocket] = []  # every socket the loop serves, the monitors' too
         self._tasks: list[asyncio.Task] = []
@@ -158,14 +160,15 @@ class CommThread:
         # A ROUTER silently drops a second connection under an identity it already knows, so the
         # identity must be unique across every client of the job: pids repeat across hosts and
         # containers, and several clients may share a process. 64 random bits make a clash moot.
-        dealer = self._ctx.socket(zmq.DEALER)
+        dealer = client_socket(self._ctx, zmq.DEALER, self.security)
         dealer.setsockopt(zmq.SNDHWM, 0)
         dealer.setsockopt(zmq.RCVHWM, 0)
         dealer.setsockopt(zmq.LINGER, 2000)
         dealer.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         dealer.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
         dealer.setsockopt(zmq.IDENTITY, f"c{os.getpid()}-{self._token}-{link.index}-{attempt}".encode())
-        monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        # a refused security handshake is heard here too: ZeroMQ otherwise answers it with silence
+        monitor = dealer.get_monitor_socket(zmq.EVENT_DISCONNECTED | HANDSHAKE_FAILED)
         dealer.connect(f"tcp://{link.address}")
         # readers are woken after each batch of messages (or when the queue is drained)
         link.sock = LoopSocket(dealer, loop, functools.partial(self._dispatch, link),
@@ -535,7 +538,17 @@ class CommThread:
             self._fail(err)
 
     def _on_monitor(self, link: ServerLink, frames: list[Any]) -> None:
-        event = parse_monitor_message([f.bytes for f in frames])["event"]
+        msg = parse_monitor_message([f.bytes for f in frames])
+        event = msg["event"]
+        refused = handshake_error(event, msg["value"], link.address)
+        if refused is not None:  # keys or security modes that do not match: no retry will help
+            for other in self.links:  # the client fails: what waits to go need not hold its closing up
+                if other.sock is not None:
+                    other.sock.sock.setsockopt(zmq.LINGER, 0)
+            if link.state is not LinkState.LEFT and self.life.phase is not Phase.CLOSED:
+                log.error("server %d: %s", link.index, refused)
+                self._fail(Refused(f"server {link.index}: {refused}"))
+            return
         if event != zmq.EVENT_DISCONNECTED or link.state is not LinkState.JOINED or link.said_bye \
                 or self.life.phase is Phase.CLOSED or (self.life.leaving and not self.recovery.possible(link)):
             return

@@ -24,6 +24,7 @@ import zmq
 from bosen import wire
 from bosen.client.receive import decode
 from bosen.errors import BosenError, ProtocolError, ServerError
+from bosen.security import Security, client_socket
 from bosen.wire import Msg
 from bosen.zsocket import recv_frames, send_frames
 
@@ -38,8 +39,10 @@ class Reader:
     """One thread's read sockets, made on first use per server. Its thread holds ``lock`` while it
     reads; whoever closes it takes the lock first, so no socket is closed while in use."""
 
-    def __init__(self, ctx: zmq.Context, addresses: list[str], rank: int, fingerprint: str) -> None:
+    def __init__(self, ctx: zmq.Context, addresses: list[str], rank: int, fingerprint: str,
+                 security: Security | None = None) -> None:
         self._ctx = ctx
+        self._security = security  # the client's CURVE keys (bosen/security.py); None: plaintext
         self._addresses = addresses
         self._rank = rank
         self._fp = fingerprint
@@ -104,7 +107,7 @@ class Reader:
                 self._socks[i] = None
 
     def _connect(self, j: int, timeout: float, interrupt: Callable[[], None]) -> zmq.Socket:
-        sock = self._ctx.socket(zmq.DEALER)
+        sock = client_socket(self._ctx, zmq.DEALER, self._security)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IDENTITY, f"{self._token}-{j}".encode())
         sock.connect(f"tcp://{self._addresses[j]}")

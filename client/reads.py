@@ -173,7 +173,7 @@ class ReadPath:
         reader = getattr(self._local, "reader", None)
         if reader is None:
             reader = Reader(self.comm.context, list(self.config.cluster.servers), self.comm.rank,
-                            self.config.fingerprint())
+                            self.config.fingerprint(), self.comm.security)
             with self._lock:
                 if self._closed:
                     raise ClientClosed("client is closed")

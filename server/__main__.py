@@ -17,6 +17,7 @@ from bosen import prometheus
 from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
 from bosen.malloc import reuse_large_buffers
+from bosen.security import Security
 from bosen.server import sched
 from bosen.server.daemon import Server
 from bosen.server.moves import Joining
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
                              "running job), one of them")
         join = None
         if args.join is not None:
-            stats = status_mod.query(cfg.cluster.servers[0], timeout=JOIN_TIMEOUT_S)
+            stats = status_mod.query(cfg.cluster.servers[0], timeout=JOIN_TIMEOUT_S,
+                                     security=Security.load(cfg, "client"))
             join = Joining.from_status(args.join, stats)
         server = Server(cfg, args.rank if args.rank is not None else -1, bind=args.bind,
                         resume=Path(args.resume) if args.resume else None, recover=args.recover, gone=gone,

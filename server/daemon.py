@@ -21,12 +21,14 @@ import zmq
 
 from bosen import rowmath, wire
 from bosen.config import Config
-from bosen.errors import NotOwned, ProtocolError
+from bosen.errors import ConfigError, NotOwned, ProtocolError
 from bosen.metrics import Durations, mbps, send_histogram
 from bosen.partition import Partition
 from bosen.phases import Phases
 from bosen.procedure import StoredProcedure
 from bosen.ratelimit import LeakyBucket, paced_sender
+from bosen.security import Authenticator, Security, is_loopback, server_socket
+from bosen.security import describe as describe_security
 from bosen.server import procedures
 from bosen.server.backup import BackupStep
 from bosen.server.checkpoints import ServerCheckpoints, restore
@@ -111,6 +113,13 @@ class Server:
         self.partition = Partition(len(config.cluster.servers), config.cluster.num_partitions) if join is None \
             else Partition(len(self.addresses), join.owner.shape[0], join.owner, join.version)
         self.fingerprint = config.fingerprint()
+        self.security = Security.load(config, "server")  # None: no CURVE (bosen/security.py)
+        bind_host = self.bind_address.removeprefix("tcp://").rpartition(":")[0]
+        if self.security is None and config.security.mode == "auto" and not is_loopback(bind_host):
+            raise ConfigError(f"{config.source}: --bind {bind_host} listens beyond loopback, but cluster.servers "
+                              "are all loopback, so security would be off: set security.mode: on (with keys, "
+                              "`bosen keys DIR`), or security.mode: off to accept plaintext there")
+        self._auth: Authenticator | None = None
         self.shards = [
             TableShard(i, t, self.partition, rank, self.num_clients, procedures.load(t, config.source), config.comm,
                        counts=config.metrics.freshness_every > 0)
@@ -215,18 +224,23 @@ class Server:
         warm_up(self.config, min(self.rank, len(self.config.cluster.servers) - 1))
         self._cpu_at_start = time.process_time()  # STATUS's cpu_s: serving, not imports and warm-up
         self._ctx = zmq.Context()
-        sock = self._ctx.socket(zmq.ROUTER)
+        sock, self._auth = server_socket(self._ctx, zmq.ROUTER, self.security, f"server {self.rank}")
         sock.setsockopt(zmq.SNDHWM, 0)  # never drop: flow control is the clients' unacked window
         sock.setsockopt(zmq.RCVHWM, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer is an error, not a silent drop
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-        sock.bind(self.bind_address)
+        try:
+            sock.bind(self.bind_address)
+        except zmq.ZMQError:
+            sock.close(0)
+            self.close()  # the authenticator's thread and the context, before the error is reported
+            raise
         self._sock = LoopSocket(sock, asyncio.get_running_loop(), self._dispatch, batch=YIELD_EVERY)
         rows = sum(s.stored for s in self.shards)
-        log.info("server %d listening on %s: %d tables, %d rows, %d clients expected", self.rank,
-                 self.bind_address, len(self.shards), rows, self.num_clients)
+        log.info("server %d listening on %s: %d tables, %d rows, %d clients expected; %s", self.rank,
+                 self.bind_address, len(self.shards), rows, self.num_clients, describe_security(self.config))
 
     async def serve(self) -> None:
         assert self._sock is not None, "start() first"
@@ -267,6 +281,9 @@ class Server:
         if self._sock is not None:
             self._sock.close(linger=self._linger_ms)
             self._sock = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -1171,6 +1188,9 @@ class Server:
             "client_clocks": clocks,
             "clients_joined": len(self.by_rank),
             "read_connections": len(self.readers),
+            # CURVE: handshakes refused by ZAP (a client key not in security.allowed_clients)
+            "security": {"curve": self.security is not None,
+                         "refused": self._auth.refused if self._auth is not None else 0},
             # the partition map this server follows (bosen/partition.py): version, owner per partition
             "partitions": {"version": self.partition.version, "count": self.partition.partitions,
                            "owned": int(self.partition.owned[self.rank].shape[0]),

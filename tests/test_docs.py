@@ -14,7 +14,7 @@ def schema_keys() -> set[str]:
     for section, cls in (("cluster", config.ClusterConfig), ("consistency", config.ConsistencyConfig),
                          ("comm", config.CommConfig), ("app", config.AppConfig),
                          ("checkpoint", config.CheckpointConfig), ("metrics", config.MetricsConfig),
-                         ("ray", config.RayConfig)):
+                         ("ray", config.RayConfig), ("security", config.SecurityConfig)):
         keys |= {f"{section}.{f.name}" for f in dataclasses.fields(cls)}
     keys |= {f"tables.NAME.{f.name}" for f in dataclasses.fields(config.TableConfig) if f.name != "name"}
     return keys

@@ -35,6 +35,17 @@ ingest-1KiB / ingest-1MiB
     with glibc's defaults the receiver page-faults 10-40 times per MiB, which made raw pyzmq slower
     and noisier than it need be (and flattered ``ratio``).
 
+ingest-1MiB-curve
+    The ingest-1MiB pass (1 MiB batches over a 64 MiB table) through two jobs that run side by side
+    and differ only in ``security``: one plaintext, one CURVE (``security.mode: on`` with keys made by
+    ``bosen.security.make_keys``: every message encrypted and authenticated). Repetitions alternate
+    (plaintext first on even ones, CURVE first on odd ones), so load on a shared machine hits both
+    alike. ``ours`` = CURVE MB/s, baseline = plaintext MB/s of the same run, ``ratio`` = CURVE /
+    plaintext; goal >= 0.5 (issue 32). A second line, ``ingest-1MiB-curve-vs-pyzmq``, sets the same
+    CURVE MB/s beside raw pyzmq PUSH/PULL with CURVE moving the same frames (a third member of each
+    alternation): how much of the cost is libzmq's encryption itself. Not in the default ``--only``
+    set: ``--only curve``.
+
 fetch-1KiB / fetch-1MiB
     ``table.get_row(r)`` (1 KiB) or ``table.get_rows(1024 rows)`` (1 MiB) of rows never read before, so
     every call is one READ -> ROWS round trip. Their memory was made resident beforehand on both sides
@@ -150,10 +161,18 @@ def header_like(n: int) -> bytes:
 # baseline peers (subprocesses running this module: --peer pull | router)
 
 
-def peer_pull(port: int, ctl_port: int) -> None:
-    """Count messages and bytes until END, report them on the control socket; exit on QUIT."""
+def peer_pull(port: int, ctl_port: int, curve_key: str | None = None) -> None:
+    """Count messages and bytes until END, report them on the control socket; exit on QUIT.
+    ``curve_key``: a server secret key file: the PULL is a CURVE server (any client key)."""
     ctx = zmq.Context()
     pull = ctx.socket(zmq.PULL)
+    if curve_key is not None:
+        from bosen.security import load_key_file
+
+        public, secret = load_key_file(curve_key, secret=True)
+        pull.curve_server = True
+        pull.curve_publickey = public
+        pull.curve_secretkey = secret  # type: ignore[assignment]
     pull.setsockopt(zmq.RCVHWM, 0)
     pull.bind(f"tcp://127.0.0.1:{port}")
     ctl = ctx.socket(zmq.PUSH)
@@ -261,7 +280,8 @@ class Baselines:
 
 
 @contextlib.contextmanager
-def job_client(tables: dict[str, int], workdir: Path) -> Iterator[tuple[Any, int]]:
+def job_client(tables: dict[str, int], workdir: Path,
+               security: dict[str, Any] | None = None) -> Iterator[tuple[Any, int]]:
     """A one-server job holding only ``tables`` (name -> rows; COLS float32 columns): (Client, server pid).
 
     Each case gets its own job: per-clock client work scans every table's row clocks, so tables of
@@ -269,9 +289,11 @@ def job_client(tables: dict[str, int], workdir: Path) -> Iterator[tuple[Any, int
     """
     from bosen.client import Client
 
-    job = {"cluster": {"workers": 1}, "consistency": {"staleness": STALENESS},
-           "tables": {k: {"rows": v, "cols": COLS, "dtype": "float32"} for k, v in tables.items()}}
-    with servers(job, workdir=workdir / "-".join(tables)) as cluster:
+    job: dict[str, Any] = {"cluster": {"workers": 1}, "consistency": {"staleness": STALENESS},
+                           "tables": {k: {"rows": v, "cols": COLS, "dtype": "float32"} for k, v in tables.items()}}
+    if security is not None:
+        job["security"] = security
+    with servers(job, workdir=workdir / ("-".join(tables) + ("-curve" if security else ""))) as cluster:
         with Client.connect(cluster.path) as client:
             yield client, cluster.servers[0].pid
 
@@ -329,6 +351,108 @@ def run_ingest(base: Baselines, plan: Plan, workdir: Path) -> None:
                inc_msgs=r["inc_msgs"], table_MiB=table_MiB, passes=plan.ingest_passes,
                payload="float32 values; row ids, headers and CLOCK/ACK/SCLOCK messages not counted",
                per_MiB=r["ctr"], baseline_per_MiB=r["base_ctr"])
+
+
+class RawCurve:
+    """pyzmq PUSH/PULL with CURVE (the receiver a subprocess, as the plaintext baseline's): what
+    libzmq's encryption alone allows on this machine, in the same run."""
+
+    def __init__(self, workdir: Path, keys: Path) -> None:
+        from bosen.security import load_key_file
+
+        self.ctx = zmq.Context()
+        self.ctl = self.ctx.socket(zmq.PULL)
+        ctl_port = self.ctl.bind_to_random_port("tcp://127.0.0.1")
+        port = free_ports(1)[0]
+        self.pull = Child([*SELF, "--peer", "pull", "--port", str(port), "--ctl-port", str(ctl_port), "--curve-key",
+                           str(keys / "server.key_secret")], "peer-pull-curve", workdir)
+        server_public, _ = load_key_file(keys / "server.key", secret=False)
+        public, secret = load_key_file(keys / "client-0.key_secret", secret=True)
+        self.push = self.ctx.socket(zmq.PUSH)
+        self.push.curve_serverkey = server_public
+        self.push.curve_publickey = public
+        self.push.curve_secretkey = secret  # type: ignore[assignment]
+        self.push.connect(f"tcp://127.0.0.1:{port}")
+        for s in (self.ctl, self.push):
+            s.setsockopt(zmq.LINGER, 0)
+        self.ingest(1024, 4)
+
+    def ingest(self, rows_per_msg: int, msgs: int) -> float:
+        frames = [header_like(rows_per_msg), np.arange(rows_per_msg, dtype=np.int64),
+                  np.full((rows_per_msg, COLS), 1e-3, dtype=np.float32)]
+        t0 = time.perf_counter()
+        for _ in range(msgs):
+            self.push.send_multipart(frames, copy=False)
+        self.push.send(b"END")
+        if not self.ctl.poll(PEER_TIMEOUT_S * 1000):
+            raise RuntimeError(f"CURVE receiver did not answer within {PEER_TIMEOUT_S}s:\n{self.pull.tail()}")
+        got, _ = self.ctl.recv_json()
+        assert got == msgs, f"CURVE receiver counted {got} of {msgs} messages"
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        with contextlib.suppress(zmq.ZMQError):
+            self.push.send(b"QUIT", zmq.NOBLOCK)
+        time.sleep(0.05)
+        self.push.close(0)
+        self.ctl.close(0)
+        self.ctx.term()
+        self.pull.stop()
+
+
+def run_ingest_curve(plan: Plan, workdir: Path, reps: int) -> None:
+    """ingest-1MiB with CURVE beside plaintext, alternated (module doc, ingest-1MiB-curve)."""
+    from bosen.security import make_keys
+
+    keys = workdir / "keys"
+    make_keys(keys, clients=1)
+    curve = {"mode": "on", "server_key": str(keys / "server.key"), "client_key": str(keys / "client-0.key_secret"),
+             "allowed_clients": [str(keys / "clients")]}
+    rpb, table_MiB, case = 1024, plan.ingest_large_MiB, "ingest-1MiB-curve"
+    rows = table_MiB * MiB // ROW_BYTES
+    with job_client({"ingest": rows}, workdir) as (plain, plain_pid), \
+            job_client({"ingest": rows}, workdir, curve) as (enc, enc_pid):
+        ctrs = {"plain": ProcCounters(client=None, server=plain_pid),
+                "curve": ProcCounters(client=None, server=enc_pid)}
+        clients = {"plain": plain, "curve": enc}
+        for name, c in clients.items():  # warm-up: every page of both tables resident
+            ingest_ours(c, "ingest", rpb, ctrs[name].start())
+        raw = RawCurve(workdir, keys)
+        raw_ctr = ProcCounters(sender=None, receiver=raw.pull.pid)
+        mbs: dict[str, list[float]] = {"plain": [], "curve": [], "raw": []}
+        per: dict[str, list[Any]] = {"plain": [], "curve": [], "raw": []}
+        try:
+            for rep in range(reps):
+                for name in (("plain", "curve", "raw") if rep % 2 == 0 else ("raw", "curve", "plain")):
+                    if name == "raw":
+                        raw_ctr.start()
+                        secs = sum(raw.ingest(rpb, rows // rpb) for _ in range(plan.ingest_passes))
+                        nbytes = plan.ingest_passes * rows * ROW_BYTES
+                        mbs[name].append(nbytes / secs / 1e6)
+                        per[name].append(raw_ctr.stop().per(nbytes / MiB))
+                        continue
+                    r = ingest_ours(clients[name], "ingest", rpb, ctrs[name].start(), plan.ingest_passes)
+                    mbs[name].append(r["bytes"] / r["seconds"] / 1e6)
+                    per[name].append(ctrs[name].per(r["bytes"] / MiB))
+                log(f"{case} rep {rep}: CURVE {mbs['curve'][-1]:.1f} MB/s, plaintext {mbs['plain'][-1]:.1f} MB/s, "
+                    f"ratio {mbs['curve'][-1] / mbs['plain'][-1]:.3f}; raw pyzmq CURVE {mbs['raw'][-1]:.1f} MB/s")
+        finally:
+            raw.close()
+    ratios = [c / p for c, p in zip(mbs["curve"], mbs["plain"], strict=True)]
+    o, b = median(mbs["curve"]), median(mbs["plain"])
+    i = median_index(mbs["curve"])
+    result(case, "ingest_throughput", "MB/s", o, b, "the same ingest without security", o / b,
+           goal=LARGE_RATIO_GOAL, meets_goal=o / b >= LARGE_RATIO_GOAL, reps=reps, ours_all=mbs["curve"],
+           baseline_all=mbs["plain"], pair_ratios=ratios, pair_ratio_median=median(ratios),
+           pair_ratio_min=min(ratios), pair_ratio_max=max(ratios), batch_bytes=rpb * ROW_BYTES,
+           table_MiB=table_MiB, passes=plan.ingest_passes, per_MiB=per["curve"][i],
+           baseline_per_MiB=per["plain"][median_index(mbs["plain"])])
+    raw_ratios = [c / r for c, r in zip(mbs["curve"], mbs["raw"], strict=True)]
+    result(f"{case}-vs-pyzmq", "ingest_throughput", "MB/s", o, median(mbs["raw"]), "pyzmq PUSH/PULL with CURVE",
+           o / median(mbs["raw"]), reps=reps, ours_all=mbs["curve"], baseline_all=mbs["raw"],
+           pair_ratios=raw_ratios, pair_ratio_median=median(raw_ratios), pair_ratio_min=min(raw_ratios),
+           pair_ratio_max=max(raw_ratios), batch_bytes=rpb * ROW_BYTES, table_MiB=table_MiB,
+           passes=plan.ingest_passes, baseline_per_MiB=per["raw"][median_index(mbs["raw"])])
 
 
 def fetch_ours(client: Any, table: str, rows_per_call: int, calls: int, first_row: int) -> float:
@@ -515,7 +639,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="fewer repetitions and a smaller memory table (CI: under a minute)")
     p.add_argument("--only", default="ingest,fetch,latency,memory",
-                   help="comma-separated subset of: ingest, fetch, latency, memory")
+                   help="comma-separated subset of: ingest, fetch, latency, memory, curve (ingest with CURVE "
+                        "security beside plaintext; not run by default)")
+    p.add_argument("--curve-reps", type=int, default=None,
+                   help="alternated plaintext/CURVE pairs of --only curve (default: the plan's repetitions)")
     p.add_argument("--prewarm-GiB", type=float, default=2.0,
                    help="touch and free this much memory first (fresh VM pages are slow to fault in; see "
                         "bench/common.py prewarm_memory); 0 skips it")
@@ -523,11 +650,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--ctl-port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
+    p.add_argument("--curve-key", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.peer in ("pull", "router"):
         reuse_large_buffers()  # the allocator settings our server and client use: no page faults per message
     if args.peer == "pull":
-        peer_pull(args.port, args.ctl_port)
+        peer_pull(args.port, args.ctl_port, args.curve_key)
         return 0
     if args.peer == "router":
         peer_router(args.port)
@@ -538,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
 
     plan = QUICK if args.quick else FULL
     only = {s.strip() for s in args.only.split(",") if s.strip()}
-    unknown = only - {"ingest", "fetch", "latency", "memory"}
+    unknown = only - {"ingest", "fetch", "latency", "memory", "curve"}
     if unknown:
         p.error(f"--only: unknown part {sorted(unknown)[0]!r}")
     started = time.perf_counter()
@@ -558,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
                 base.close()
         if "memory" in only:
             run_memory(plan, workdir)
+        if "curve" in only:
+            run_ingest_curve(plan, workdir, args.curve_reps or plan.reps)
     log(f"throughput bench done in {time.perf_counter() - started:.1f}s ({'quick' if args.quick else 'full'})")
     return 0
 

@@ -16,6 +16,7 @@ from bosen.apps.datasets.packaged import NAMES as DATASET_NAMES
 from bosen.errors import BosenError
 from bosen.jobs import examples
 from bosen.jobs import status as status_mod
+from bosen.security import Security, make_keys
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -38,13 +39,14 @@ def _status(args: argparse.Namespace) -> int:
     stats: list = []
     failed = False
     servers = list(cfg.cluster.servers)
+    security = Security.load(cfg, "client")
     try:  # servers may have joined or left the running job: server 0 knows which it has now
-        servers = status_mod.query(servers[0], timeout=args.timeout).get("servers", servers)
+        servers = status_mod.query(servers[0], timeout=args.timeout, security=security).get("servers", servers)
     except BosenError:
         pass  # reported below, as DOWN
     for addr in servers:
         try:
-            stats.append(status_mod.query(addr, timeout=args.timeout))
+            stats.append(status_mod.query(addr, timeout=args.timeout, security=security))
         except BosenError as e:
             stats.append(f"   -  {addr:<22} DOWN: {e}")
             failed = True
@@ -105,6 +107,20 @@ def _examples(args: argparse.Namespace) -> int:
         print("bosen launch NAME runs one; bosen examples NAME [DIR] copies it to edit")
         return 0
     print(f"{examples.copy(args.name, args.dir)}: edit it, then bosen launch it")
+    return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    folder = Path(args.dir)
+    files = make_keys(folder, args.clients)
+    print("\n".join(f"  {f}" + ("  (secret: mode 0600)" if f.name.endswith("_secret") else "") for f in files))
+    clients = ", ".join(f.name for f in files if f.name.startswith("client-") and f.name.endswith("_secret"))
+    print(f"""Copy {folder / 'server.key_secret'} to the servers' machines only, and one of {clients} to each
+worker machine. Then in the job's config (paths relative to the config file):
+security:
+  server_key: {folder / 'server.key'}            # servers read {folder / 'server.key_secret'} beside it
+  client_key: {folder / 'client-0.key_secret'}   # this machine's client key (--set security.client_key=...)
+  allowed_clients: [{folder / 'clients'}]        # the public keys servers accept""")
     return 0
 
 
@@ -197,6 +213,11 @@ def main(argv: list[str] | None = None) -> int:
     tp.add_argument("--out", required=True, help="directory for config.yaml and the tables' initial values")
     tp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     tp.set_defaults(fn=_tables)
+    kp = sub.add_parser("keys", help="make CURVE key pairs: one for the servers, --clients N for clients "
+                                     "(security: section, README 'Running on several machines')")
+    kp.add_argument("dir", help="folder for the key files (created; existing keys are never overwritten)")
+    kp.add_argument("--clients", type=int, default=1, help="client key pairs to make (default 1)")
+    kp.set_defaults(fn=_keys)
     ep = sub.add_parser("examples", help="list the example configs shipped in the package, or copy one")
     ep.add_argument("name", nargs="?", default=None, help="the example to copy")
     ep.add_argument("dir", nargs="?", default=".", help="where to copy it (default: this folder)")

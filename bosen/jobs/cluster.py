@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import signal
 import socket
 import time
@@ -24,6 +25,7 @@ from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
 from bosen.jobs.job import write_config
 from bosen.jobs.supervise import STOP_GRACE_S, Process, ProcessFailed, ProcessGroup, describe_exit
+from bosen.security import Refused, Security
 
 READY_TIMEOUT_S = 60.0
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")
@@ -91,6 +93,11 @@ class LocalCluster:
         self._terminated = False  # terminate() sent SIGTERM to all
         self._died: dict[int, int] = {}  # exited on their own before stop(): index -> status
 
+    @functools.cached_property
+    def security(self) -> Security | None:
+        """The job's client keys when it runs with CURVE (``bosen.security``): for STATUS queries."""
+        return Security.load(config_mod.load(self.path), "client")
+
     def __iter__(self) -> Iterator[Any]:  # ``path, cfg = cluster``
         return iter((self.path, self.config))
 
@@ -113,13 +120,13 @@ class LocalCluster:
         ctx = zmq.Context()
         try:
             for proc, addr in zip(self.servers, self.addresses, strict=True):
-                _await_answer(proc, addr, deadline, timeout, ctx, lambda: self.check("while starting"))
+                _await_answer(proc, addr, deadline, timeout, ctx, lambda: self.check("while starting"), self.security)
         finally:
             ctx.term()
 
     def status(self, timeout: float = 3.0) -> list[dict[str, Any]]:
         """Every server's STATUS, in rank order."""
-        return [status_mod.query(a, timeout=timeout) for a in self.addresses]
+        return [status_mod.query(a, timeout=timeout, security=self.security) for a in self.addresses]
 
     def stop_server(self, i: int, sig: int = signal.SIGTERM) -> int:
         """Stop server ``i`` on purpose (SIGKILL: at once, like a crash); its exit status."""
@@ -138,7 +145,7 @@ class LocalCluster:
                                 *self.server_args, *extra_args)
         self.servers[i] = new
         self._died.pop(i, None)
-        _await_started(new, self.addresses[i], f"replacing {old.name}", ready_timeout)
+        _await_started(new, self.addresses[i], f"replacing {old.name}", ready_timeout, self.security)
         return new
 
     def add_server(self, ready_timeout: float = READY_TIMEOUT_S) -> str:
@@ -151,7 +158,7 @@ class LocalCluster:
                                 self.path, "--join", address, *self.server_args)
         self.servers.append(new)
         self.addresses.append(address)
-        _await_started(new, address, f"joining at {address}", ready_timeout)
+        _await_started(new, address, f"joining at {address}", ready_timeout, self.security)
         return address
 
     def retired(self, i: int, timeout: float = 30.0) -> int:
@@ -217,7 +224,7 @@ class LocalCluster:
         self.stop(check=exc_type is None)
 
 
-def _await_started(proc: Process, addr: str, role: str, timeout: float) -> None:
+def _await_started(proc: Process, addr: str, role: str, timeout: float, security: Security | None) -> None:
     """Until one server started on its own (``role``: why, for the error) answers at ``addr``;
     ProcessFailed with its log if it exits first or does not answer within ``timeout``."""
     def exited() -> None:
@@ -226,19 +233,22 @@ def _await_started(proc: Process, addr: str, role: str, timeout: float) -> None:
 
     ctx = zmq.Context()
     try:
-        _await_answer(proc, addr, time.monotonic() + timeout, timeout, ctx, exited)
+        _await_answer(proc, addr, time.monotonic() + timeout, timeout, ctx, exited, security)
     finally:
         ctx.term()
 
 
 def _await_answer(proc: Process, addr: str, deadline: float, timeout: float, ctx: zmq.Context,
-                  check: Callable[[], None]) -> None:
-    """Until the server at ``addr`` answers STATUS; ``check`` raises if it died meanwhile."""
+                  check: Callable[[], None], security: Security | None) -> None:
+    """Until the server at ``addr`` answers STATUS; ``check`` raises if it died meanwhile. A refused
+    security handshake is raised at once (retrying cannot help)."""
     while True:
         check()
         try:
-            status_mod.query(addr, timeout=0.5, ctx=ctx)
+            status_mod.query(addr, timeout=0.5, ctx=ctx, security=security)
             return
+        except Refused:
+            raise
         except BosenError:
             if time.monotonic() > deadline:
                 raise ProcessFailed(f"{proc.name} at {addr} did not answer within {timeout:g}s:\n"

@@ -15,13 +15,14 @@ from bosen import prometheus
 from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
 from bosen.jobs.job import MetricsMerger
+from bosen.security import Security
 
 HOST = "127.0.0.1"
 STATUS_TIMEOUT_S = 2.0
 
 
 def job_metrics(merger: MetricsMerger, workers: int, addresses: Callable[[], Sequence[str]],
-                t0: float) -> list[Metric]:
+                t0: float, security: Security | None = None) -> list[Metric]:
     """The families of one scrape: the job's, then each server's (down: ``bosen_server_up`` 0)."""
     done = merger.done  # appended to by the launcher's thread: the newest entry is a whole record
     out = prometheus.job_families(done[-1] if done else None, workers, time.time() - t0)
@@ -29,7 +30,7 @@ def job_metrics(merger: MetricsMerger, workers: int, addresses: Callable[[], Seq
     for rank, addr in enumerate(list(addresses())):
         labels = {"server": str(rank)}
         try:
-            stats = status_mod.query(addr, timeout=STATUS_TIMEOUT_S)
+            stats = status_mod.query(addr, timeout=STATUS_TIMEOUT_S, security=security)
         except BosenError:
             out.append(prometheus.down_family(addr, labels))
             continue
@@ -50,12 +51,12 @@ def _merged(families: list[Metric]) -> list[Metric]:
 
 @contextmanager
 def serving(port: int, merger: MetricsMerger, workers: int, addresses: Callable[[], Sequence[str]],
-            t0: float) -> Iterator[prometheus.Endpoint | None]:
+            t0: float, security: Security | None = None) -> Iterator[prometheus.Endpoint | None]:
     """The launcher's endpoint while the job runs (None when ``metrics.port`` is 0)."""
     if not port:
         yield None
         return
-    endpoint = prometheus.Endpoint(HOST, port, lambda: job_metrics(merger, workers, addresses, t0))
+    endpoint = prometheus.Endpoint(HOST, port, lambda: job_metrics(merger, workers, addresses, t0, security))
     try:
         yield endpoint
     finally:

@@ -31,6 +31,8 @@ from bosen.jobs.job import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, st
 from bosen.jobs.scale import Scaler
 from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
 from bosen.metrics import HELDOUT_MEASURES
+from bosen.security import Security, job_keys
+from bosen.security import describe as describe_security
 
 POLL_S = 0.2
 SCALE_POLL_S = 0.02  # while a scale step is under way: its phases wait on files and the servers' clocks
@@ -73,6 +75,10 @@ class Launcher:
                 raise BosenError(f"--servers {servers!r}: the number of server processes, at least 1")
             overrides.append(("cluster.servers", ["127.0.0.1:0"] * servers))
         self.config = resolve_ports(config_mod.load(config, overrides))
+        # CURVE keys (bosen.security): a job that needs them and lacks them fails here, naming the key;
+        # the launcher's own connections (STATUS, LEFT) are a client's
+        Security.load(self.config, "server")
+        self.security = Security.load(self.config, "client")
         if not self.config.app.module:
             raise BosenError(f"{self.config.source}: app.module is not set: nothing to launch")
         name = self.config.app.module.rsplit(".", 1)[-1]
@@ -167,7 +173,7 @@ class Launcher:
                 # children get their own process groups, so Ctrl-C in a terminal reaches only the
                 # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
                 with exporter.serving(self.config.metrics.port, merger, self.config.cluster.workers,
-                                      self._servers, self._t0) as endpoint, \
+                                      self._servers, self._t0, self.security) as endpoint, \
                         self._process_group() as group:
                     if endpoint is not None:
                         self.say(f"metrics on http://{exporter.HOST}:{endpoint.port}/metrics")
@@ -222,7 +228,8 @@ class Launcher:
         from bosen.jobs.ray import RayJob
 
         assert isinstance(group, RayJob)
-        self.config = group.place(self.config)
+        self.config = job_keys(group.place(self.config), self.run_dir / "keys")
+        self.security = Security.load(self.config, "client")
         config_mod.dump(self.config, cfg_path)
         nodes = len({n[0] for n in group.nodes})
         self.say(f"Ray: {len(group.bundles)} actors on {nodes} node(s) in {group.startup_s or 0.0:.1f}s "
@@ -253,7 +260,7 @@ class Launcher:
         assert self.cluster is not None
         try:
             for addr in self.cluster.addresses:
-                status_mod.tell_left(addr, [rank])
+                status_mod.tell_left(addr, [rank], security=self.security)
         except BosenError:
             return
         self._told_left.add(rank)
@@ -263,7 +270,7 @@ class Launcher:
         if self.cluster is None:
             return False
         try:
-            clocks = status_mod.query(self.cluster.addresses[0], timeout=3.0)["client_clocks"]
+            clocks = status_mod.query(self.cluster.addresses[0], timeout=3.0, security=self.security)["client_clocks"]
         except (BosenError, KeyError, IndexError):
             return False  # not known: replaced, as a worker lost mid-job
         return 0 <= rank < len(clocks) and clocks[rank] == "left"
@@ -327,6 +334,7 @@ class Launcher:
         if self.config.checkpoint is not None:  # a lost worker is replaced: its clock waits for that
             args.append("--hold-lost")
         self.cluster = LocalCluster(cfg_path, self.config.cluster.servers, group, name="server", server_args=args)
+        self.say(describe_security(self.config))
         if not self.quiet and self.ray is False and kernels.servers_first_run():
             self.say("compiling kernels (first run only): the servers compile theirs before they answer")
         try:
@@ -450,7 +458,7 @@ class Launcher:
         out = []
         for addr in self._servers():
             try:
-                out.append(status_mod.query(addr, timeout=3.0))
+                out.append(status_mod.query(addr, timeout=3.0, security=self.security))
             except BosenError as e:
                 out.append({"address": addr, "error": str(e)})
         return out

@@ -29,6 +29,7 @@ from bosen import wire
 from bosen.config import Config
 from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
+from bosen.security import Security, client_socket
 from bosen.wire import Msg
 
 RETRIES = 5  # plans given up at a checkpoint boundary before the move fails
@@ -47,13 +48,13 @@ class MoveReport:
 
 
 class _Mover:
-    def __init__(self, servers: list[str], timeout: float) -> None:
+    def __init__(self, servers: list[str], timeout: float, security: Security | None) -> None:
         self.servers = servers
         self.timeout = timeout
         self.ctx = zmq.Context()
         self.socks = []
         for addr in self.servers:
-            s = self.ctx.socket(zmq.DEALER)
+            s = client_socket(self.ctx, zmq.DEALER, security)
             s.setsockopt(zmq.LINGER, 0)
             s.connect(f"tcp://{addr}")
             self.socks.append(s)
@@ -92,12 +93,14 @@ class _Mover:
 
 def current_servers(config: Config, timeout: float = 5.0) -> list[str]:
     """The running job's servers now (those of its config, unless servers joined or left)."""
-    return list(status_mod.query(config.cluster.servers[0], timeout=timeout)["servers"])
+    security = Security.load(config, "client")
+    return list(status_mod.query(config.cluster.servers[0], timeout=timeout, security=security)["servers"])
 
 
 def current_map(config: Config, timeout: float = 5.0) -> tuple[int, np.ndarray]:
     """The partition map the job's servers follow now: (version, owner per partition)."""
-    stats = [status_mod.query(addr, timeout=timeout) for addr in current_servers(config, timeout)]
+    security = Security.load(config, "client")
+    stats = [status_mod.query(addr, timeout=timeout, security=security) for addr in current_servers(config, timeout)]
     versions = {s["partitions"]["version"] for s in stats}
     if len(versions) != 1:
         raise BosenError(f"servers follow different partition maps (versions {sorted(versions)}): a move is "
@@ -148,7 +151,7 @@ def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
     everyone = after if len(after) > len(now) else now  # the new servers, or those leaving, take part
     extra: dict[str, Any] = {"sv": after} if after != now else {}
     new = version + 1
-    mover = _Mover(everyone, timeout)
+    mover = _Mover(everyone, timeout, Security.load(config, "client"))
     tries = 0
     try:
         while True:
@@ -211,7 +214,7 @@ def scale_servers(config: Config, servers: list[str], timeout: float = 60.0) -> 
         raise ValueError(f"the job runs on {len(now)} servers already")
     for addr in servers[len(now):]:
         try:
-            status_mod.query(addr, timeout=min(timeout, 5.0))
+            status_mod.query(addr, timeout=min(timeout, 5.0), security=Security.load(config, "client"))
         except BosenError as e:
             raise BosenError(f"server {addr} does not answer: start it with `bosen-server --config "
                              f"{config.source} --join {addr}` first ({e})") from None

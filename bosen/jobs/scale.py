@@ -45,6 +45,7 @@ from bosen.jobs.cluster import LocalCluster
 from bosen.jobs.job import MetricsMerger
 from bosen.jobs.moves import scale_servers
 from bosen.jobs.supervise import Process
+from bosen.security import Security
 
 CONTROL_FILE = "control.json"
 PLAN_AHEAD = 2  # the first boundary B proposed: this many clocks past the newest one seen; doubled per retry
@@ -88,6 +89,7 @@ class Host(Protocol):
     cluster: LocalCluster | None
     dropped: set[int]
     servers_changed: bool  # servers joined or left: a lost one is not replaced alone
+    security: Security | None  # the job's client keys (CURVE) for STATUS queries
 
     @property
     def merger(self) -> MetricsMerger | None: ...
@@ -276,7 +278,8 @@ class Scaler:
     def _clocks(self) -> list[list[Any]]:
         cluster = self.launcher.cluster
         assert cluster is not None
-        return [status_mod.query(a, timeout=3.0)["client_clocks"] for a in cluster.addresses]
+        return [status_mod.query(a, timeout=3.0, security=self.launcher.security)["client_clocks"]
+                for a in cluster.addresses]
 
     # -- carrying a step out -------------------------------------------------------------------
 
@@ -338,7 +341,7 @@ class Scaler:
             raise ScaleError(f"{MAX_PROPOSALS} proposed boundaries were each passed by a worker before it read them")
         cluster = self.launcher.cluster
         assert cluster is not None
-        stats = [status_mod.query(a, timeout=3.0) for a in cluster.addresses]
+        stats = [status_mod.query(a, timeout=3.0, security=self.launcher.security) for a in cluster.addresses]
         seen = [c for st in stats for c in [st["clock"], *st["client_clocks"]] if isinstance(c, int)]
         step.clock = max(seen) + PLAN_AHEAD * 2 ** step.proposals  # fast clocks: a wider margin each retry
         step.proposals += 1

@@ -6,21 +6,27 @@ from typing import Any
 
 import zmq
 
+from bosen import security as sec
 from bosen import wire
 from bosen.errors import BosenError
+from bosen.security import Security
 from bosen.wire import Msg
 
 
-def query(address: str, timeout: float = 3.0, ctx: zmq.Context | None = None) -> dict[str, Any]:
-    """One STATUS round trip to the server at HOST:PORT; raises BosenError when it does not answer."""
+def query(address: str, timeout: float = 3.0, ctx: zmq.Context | None = None,
+          security: Security | None = None) -> dict[str, Any]:
+    """One STATUS round trip to the server at HOST:PORT (a CURVE client with ``security``, the job's
+    client keys: ``Security.load(config, "client")``); raises BosenError when it does not answer, or
+    ``security.Refused`` when its security handshake fails."""
     own = ctx is None
     ctx = ctx or zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
+    sock = sec.client_socket(ctx, zmq.DEALER, security)
     sock.setsockopt(zmq.LINGER, 0)
+    monitor = sec.watch(sock)
     try:
         sock.connect(f"tcp://{address}")
         sock.send_multipart(wire.encode({"t": Msg.STATUS, "s": 1}))
-        if not sock.poll(int(timeout * 1000)):
+        if not sec.poll(sock, monitor, address, int(timeout * 1000)):
             raise BosenError(f"server at {address}: no answer within {timeout:g}s")
         frames = sock.recv_multipart()
         h = wire.decode_header(frames[0])
@@ -28,20 +34,22 @@ def query(address: str, timeout: float = 3.0, ctx: zmq.Context | None = None) ->
             raise BosenError(f"server at {address}: unexpected reply {h['t'].name}")
         return wire.decode_status(frames[1])
     finally:
+        sec.unwatch(sock, monitor)
         sock.close()
         if own:
             ctx.term()
 
 
-def tell_left(address: str, ranks: list[int], timeout: float = 3.0) -> None:
+def tell_left(address: str, ranks: list[int], timeout: float = 3.0, security: Security | None = None) -> None:
     """Tell the server at HOST:PORT that worker ``ranks`` left the job (LEFT, answered by ACK)."""
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
+    sock = sec.client_socket(ctx, zmq.DEALER, security)
     sock.setsockopt(zmq.LINGER, 0)
+    monitor = sec.watch(sock)
     try:
         sock.connect(f"tcp://{address}")
         sock.send_multipart(wire.encode({"t": Msg.LEFT, "s": 1, "r": ranks}))
-        if not sock.poll(int(timeout * 1000)):
+        if not sec.poll(sock, monitor, address, int(timeout * 1000)):
             raise BosenError(f"server at {address}: no answer within {timeout:g}s")
         h = wire.decode_header(sock.recv_multipart()[0])
         if h["t"] == Msg.ERROR:
@@ -49,6 +57,7 @@ def tell_left(address: str, ranks: list[int], timeout: float = 3.0) -> None:
         if h["t"] != Msg.ACK:
             raise BosenError(f"server at {address}: unexpected reply {h['t'].name}")
     finally:
+        sec.unwatch(sock, monitor)
         sock.close()
         ctx.term()
 

@@ -18,6 +18,8 @@ import pytest
 import yaml
 from conftest import PY, WORKERS, tail
 
+from bosen.security import make_keys
+
 pytestmark = pytest.mark.timeout(180)
 
 LINK_MBIT = 20
@@ -71,9 +73,19 @@ def _in_ns(ns: str, args: list[str], log, **kw) -> subprocess.Popen:
                             env=env, **kw)
 
 
-def _start_job(link, workers: int, comm: dict | None, tables: dict, staleness: int = 1):
+def _start_job(link, workers: int, comm: dict | None, tables: dict, staleness: int = 1, curve: bool = True):
+    """The job's server in the server namespace. Its address is not loopback, so the job runs with
+    CURVE (keys made here), unless ``curve`` is off (security.mode: off: what the link alone does)."""
     cfg = {"cluster": {"servers": [f"{link['server_ip']}:{PORT}"], "workers": workers},
            "consistency": {"staleness": staleness, "read_timeout_s": 60}, "tables": tables}
+    if curve:
+        keys = link["tmp"] / "keys"
+        if not keys.exists():
+            make_keys(keys, clients=1)
+        cfg["security"] = {"server_key": str(keys / "server.key"), "client_key": str(keys / "client-0.key_secret"),
+                           "allowed_clients": [str(keys / "clients")]}
+    else:
+        cfg["security"] = {"mode": "off"}
     if comm:
         cfg["comm"] = comm
     path = link["tmp"] / f"job{workers}-{bool(comm)}-{len(list(link['tmp'].iterdir()))}.yaml"
@@ -119,6 +131,7 @@ def test_job_runs_across_a_shaped_link_with_exact_sums(link):
         assert status.returncode == 0, status.stderr
         st = json.loads(status.stdout)[0]
         assert st["clock"] >= 6 and st["rows_applied"] > 0 and st["errors"] == 0
+        assert st["security"]["curve"]  # across the link, encrypted
     finally:
         _stop(server, log)
 
@@ -129,7 +142,7 @@ def test_budget_at_link_rate_bounds_update_latency_where_a_flood_queues(link):
     results = {}
     for name, mbps in (("managed", LINK_MBIT * 0.9), ("flood", 1000)):
         path, server, log = _start_job(link, 1, {"client_bandwidth_mbps": mbps, "client_send_rows": 100,
-                                                 "priority": "relative"}, tables, staleness=1000)
+                                                 "priority": "relative"}, tables, staleness=1000, curve=False)
         try:
             results[name] = _workers(link, path, 1, "--mode", "flood", "--seconds", "4")[0]
         finally:

@@ -143,6 +143,7 @@ def test_launch_runs_a_job_and_writes_metrics(tmp_path, tracked):
     t = tracked([cfg, "--run-dir", run_dir, "--timeout", 100])
     rc = t.wait(120)
     assert rc == 0, f"stdout:\n{t.stdout()}\nstderr:\n{t.stderr()}"
+    assert t.stdout().count("security: off (loopback only)") == 1  # said once, at start
     assert not t.survivors(), t.survivors()
     seen = "\n".join(f"{pid}: {cmd}" for pid, (_, cmd) in t.seen.items())
     direct = [t.seen[pid][1] for pid in t.direct]  # (grandchildren may be short-lived helpers)

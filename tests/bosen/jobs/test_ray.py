@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import PY, run_cmd, write_config
 
-from bosen import checkpoint
+from bosen import checkpoint, security
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -91,6 +91,11 @@ def test_a_job_on_two_ray_nodes_ends_with_the_tables_of_the_plain_launch(tmp_pat
                        "--ray", ray_cluster.address)
     assert code == 0, out
     assert "Ray: 4 actors on 2 node(s)" in out, out
+    # servers on a node's address: CURVE, with keys the launcher made for the job (bosen.security.job_keys)
+    on_loopback = all(security.is_loopback(n["node_ip"]) for n in json.loads(
+        (tmp_path / "ray" / "ray.json").read_text())["processes"].values())
+    assert ("security: CURVE" in out) == (not on_loopback), out
+    assert on_loopback or (tmp_path / "ray" / "keys" / "server.key_secret").stat().st_mode & 0o077 == 0
 
     placed = json.loads((tmp_path / "ray" / "ray.json").read_text())["processes"]
     head = ray_cluster.head_node.node_id
