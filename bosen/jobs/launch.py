@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bosen import checkpoint
 from bosen import config as config_mod
@@ -30,6 +30,9 @@ from bosen.jobs.job import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, st
 from bosen.jobs.scale import Scaler
 from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
 from bosen.metrics import HELDOUT_MEASURES
+
+if TYPE_CHECKING:
+    from bosen.jobs.ray import RayJob
 
 POLL_S = 0.2
 SCALE_POLL_S = 0.02  # while a scale step is under way: its phases wait on files and the servers' clocks
@@ -107,11 +110,20 @@ class Launcher:
         self._resumed_from: tuple[int, int] | None = None  # (clock, workers) of a checkpoint made by other workers
         self._compiling: kernels.CompileNotice | None = None  # says so while the workers compile numba kernels
         self.dropped: set[int] = set()  # ranks started by a scale step that failed, then stopped: not a failure
+        self._released: set[int] = set()  # ranks that left by `bosen scale` and exited (their Ray actors released)
         self.scaler: Scaler | None = None  # answers `bosen scale` (bosen/jobs/scale.py) while the job runs
 
     @property
     def merger(self) -> MetricsMerger | None:
         return self._merger
+
+    @property
+    def ray_job(self) -> RayJob | None:
+        """The job's processes as Ray actors (``--ray``), or None."""
+        from bosen.jobs.ray import RayJob
+
+        group = self.cluster.group if self.cluster is not None else None
+        return group if isinstance(group, RayJob) else None
 
     def start_joiner(self, rank: int, clock: int) -> None:
         """Start worker ``rank``, the next one, joining the running job at clock ``clock`` (``bosen scale``)."""
@@ -173,7 +185,7 @@ class Launcher:
                         self._place_on_ray(group, cfg_path)
                     self._start_servers(cfg_path, group, resume_from)
                     self._start_workers(cfg_path, group, resume_from)
-                    self.scaler = Scaler(self) if self.ray is False else None
+                    self.scaler = Scaler(self)
                     try:
                         self._watch(merger, start)
                     finally:  # a failed job's metrics keep every clock its workers recorded
@@ -367,6 +379,10 @@ class Launcher:
             elif code == 0:
                 if self._replaced and rank not in self._told_left:
                     self._tell_left(rank)
+                if self.scaler is not None and rank not in self.scaler.members and rank not in self._released:
+                    self._released.add(rank)  # it left by `bosen scale`: its Ray actor goes
+                    if (ray := self.ray_job) is not None:
+                        ray.release(p.name)
             elif rank in self._left_then_killed or rank in self.dropped \
                     or (self.scaler is not None and rank in self.scaler.joining):
                 continue
