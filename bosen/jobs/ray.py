@@ -49,6 +49,7 @@ from bosen.errors import BosenError
 from bosen.jobs.supervise import STOP_GRACE_S, Env, Process, ProcessFailed, ProcessGroup, tail
 
 PLACEMENT_TIMEOUT_S = 60.0  # a placement group the cluster cannot hold is reported after this long
+FREED_LAG_S = 2.0  # Ray's free resources lag a removed group or killed actor by about a second
 SCALE_PLACEMENT_TIMEOUT_S = 30.0  # the same for a scale step's group (within the 90 s a scale request is answered)
 CALL_TIMEOUT_S = 30.0  # one start/poll/stop call to an actor
 PLACEMENT = "ray.json"
@@ -381,6 +382,11 @@ class RayJob(ProcessGroup):
                 items = [_bundle(self.rc, _role(n)) for n in rest]
                 need, free = _summed(items), ray.available_resources()
                 short = {k: v for k, v in need.items() if v > free.get(k, 0.0) + 1e-9}
+                settle = time.monotonic() + FREED_LAG_S
+                while short and time.monotonic() < settle:  # resources just freed show up late
+                    time.sleep(0.2)
+                    free = ray.available_resources()
+                    short = {k: v for k, v in need.items() if v > free.get(k, 0.0) + 1e-9}
                 if short:  # would wait out the timeout: say at once
                     raise BosenError(f"--ray: cannot place {', '.join(rest)}: they ask for {need} in all (config "
                                      f"section ray), the cluster has { {k: free.get(k, 0.0) for k in short} } "

@@ -223,6 +223,7 @@ class Scaler:
                 cluster.retired(i)
                 if ray is not None:
                     ray.release(f"server-{i}")
+                    self._say(step, f"server-{i} exited; its Ray actor released")
         except (BosenError, ValueError) as e:
             if ray is not None:  # actors of servers that did not join
                 for m in joining[len(cluster.addresses) - len(now):]:
