@@ -244,12 +244,22 @@ class Launcher:
         assert self.cluster is not None and self.config.checkpoint is not None
         code = lost.returncode
         assert code is not None
+        if len(self.workers) != self.config.cluster.workers:  # the replacement would know the config's ranks only
+            raise JobFailed(f"{lost.name} {describe_exit(code)} in a job whose workers joined or left (bosen scale): "
+                            "replacing a server in such a job is not built yet; stopping the job")
         gone = [str(r) for r, w in enumerate(self.workers) if w.returncode == 0]
         self.say(f"{lost.name} {describe_exit(code)}: starting a replacement from its newest checkpoint")
         self._replaced[i] = self._replaced.get(i, 0) + 1
+        shape: list[str] = []
+        if self.servers_changed:  # the job's servers and map now, from a running server: not the config's
+            live = [a for j, (a, q) in enumerate(zip(self.cluster.addresses, self.cluster.servers, strict=True))
+                    if j != i and q.returncode is None]
+            if not live:
+                raise JobFailed(f"{lost.name} {describe_exit(code)} and no other server runs; stopping the job")
+            shape = ["--shape-from", live[0]]
         try:
             new = self.cluster.replace_server(i, ["--resume", self.config.checkpoint.dir, "--recover",
-                                                  "--gone", ",".join(gone)], SERVER_READY_TIMEOUT_S)
+                                                  "--gone", ",".join(gone), *shape], SERVER_READY_TIMEOUT_S)
         except ProcessFailed as e:
             raise JobFailed(f"{lost.name} {describe_exit(code)} and its replacement failed: {e}") from None
         self.say(f"{new.name} replaces {lost.name}; the workers resend their updates since its checkpoint")
@@ -367,9 +377,6 @@ class Launcher:
                 if self.config.checkpoint is None or self._replaced.get(i, 0) >= MAX_REPLACEMENTS:
                     raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n"
                                     f"{p.tail(15)}")
-                if self.servers_changed:
-                    raise JobFailed(f"{p.name} {describe_exit(code)} in a job whose servers joined or left: replacing "
-                                    "one is not built yet; stopping the job")
                 self._replace_server(i, p)
         workers_done = True
         for rank, p in enumerate(self.workers):

@@ -92,7 +92,7 @@ class Host(Protocol):
     workers: list[Process]  # by rank; ranks are never reused
     cluster: LocalCluster | None
     dropped: set[int]
-    servers_changed: bool  # servers joined or left: a lost one is not replaced alone
+    servers_changed: bool  # servers joined or left: a lost one's replacement takes their list and map from a live one
 
     @property
     def merger(self) -> MetricsMerger | None: ...
