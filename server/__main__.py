@@ -37,6 +37,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="start from a checkpoint: DIR/clock-N, or the newest complete one under DIR")
     p.add_argument("--recover", action="store_true",
                    help="with --resume DIR: replace a lost server of a running job from this server's newest part")
+    p.add_argument("--shape-from", default=None, metavar="HOST:PORT",
+                   help="with --recover in a job whose servers joined or left: take the job's servers and partition "
+                        "map from the running server at HOST:PORT (its STATUS), not from the config")
     p.add_argument("--gone", default="", metavar="RANKS", help="worker ranks that already left (comma-separated)")
     p.add_argument("--hold-lost", action="store_true",
                    help="a worker lost without BYE keeps its clock until a replacement of its rank joins "
@@ -85,14 +88,18 @@ def main(argv: list[str] | None = None) -> int:
         if (args.rank is None) == (args.join is None):
             raise ValueError("give --rank N (a server of the config) or --join HOST:PORT (a server added to the "
                              "running job), one of them")
-        join = None
+        join = shape = None
         if args.join is not None:
             stats = status_mod.query(cfg.cluster.servers[0], timeout=JOIN_TIMEOUT_S,
                                      security=Security.load(cfg, "client"))
             join = Joining.from_status(args.join, stats)
+        if args.shape_from is not None:
+            if not args.recover or args.rank is None:
+                raise ValueError("--shape-from goes with --recover --rank N (replacing a lost server)")
+            shape = Joining.of_job(status_mod.query(args.shape_from, timeout=JOIN_TIMEOUT_S))
         server = Server(cfg, args.rank if args.rank is not None else -1, bind=args.bind,
                         resume=Path(args.resume) if args.resume else None, recover=args.recover, gone=gone,
-                        hold_lost=args.hold_lost, join=join)
+                        hold_lost=args.hold_lost, join=join, shape=shape)
     except (BosenError, ValueError) as e:
         print(f"bosen-server: {e}", file=sys.stderr)
         return 2

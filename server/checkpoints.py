@@ -229,7 +229,7 @@ class ServerCheckpoints:
 
 
 def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own: bool = False,
-            redo: dict[int, tuple[int, int]] | None = None) -> int:
+            redo: dict[int, tuple[int, int]] | None = None, servers: int | None = None) -> int:
     """Load this server's part of a checkpoint into ``shards``; returns its clock.
 
     ``path`` is a checkpoint (``.../clock-N``) or a directory of them: then the newest complete one
@@ -237,8 +237,9 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
     live values and the clients resend what came later) the newest valid part of this server's.
     The newer ones skipped are logged. Priority checkpoints (parts of some rows each) are put
     together: every valid part of this server up to that clock, oldest first, from the newest
-    valid base (a part of every row) or else the initial values. ConfigError says what does not fit."""
-    servers = len(config.cluster.servers)
+    valid base (a part of every row) or else the initial values. ``servers``: the job's servers now,
+    where they joined or left (default the config's). ConfigError says what does not fit."""
+    servers = len(config.cluster.servers) if servers is None else servers
     any_fp = checkpoint.fingerprint_for(config)  # a resumed job may have other workers (micro-tasks)
     base = path
     try:

@@ -83,20 +83,31 @@ class Reader:
 class Server:
     def __init__(self, config: Config, rank: int, bind: str | None = None, resume: Path | None = None,
                  recover: bool = False, gone: tuple[int, ...] = (), hold_lost: bool = False,
-                 join: Joining | None = None) -> None:
+                 join: Joining | None = None, shape: Joining | None = None) -> None:
         """``resume``: start from a checkpoint (the whole job's, or with ``recover`` this server's own
         newest part, replacing a lost server while the others run on); ``gone``: worker ranks that
         already left the job (a replacement does not wait for them); ``hold_lost``: a worker lost
         without BYE keeps its clock until a replacement of its rank joins (``bosen launch`` starts
         one in a job with checkpoints), so the others are not released early; ``join``: a server
         added to a running job (``rank`` is then the next after its servers; it holds no partition
-        until a move gives it some: server/moves.py)."""
+        until a move gives it some: server/moves.py); ``shape``: with ``recover``, the running job's
+        servers and partition map (servers joined or left it), which its newest part must have been
+        saved under."""
         config.require_tables()
         if join is not None:
             if resume is not None or recover:
                 raise ValueError("--join: a server joining a running job starts empty (no --resume/--recover)")
             rank = len(join.servers)
             self.addresses = [*join.servers, join.address]
+        elif shape is not None:
+            if not recover or not 0 <= rank < len(shape.servers):
+                raise ValueError(f"--shape-from: --recover --rank N with N one of the job's {len(shape.servers)} "
+                                 f"servers, not {rank}")
+            if len(shape.client_clocks) != config.cluster.workers:
+                raise ValueError(f"--recover: workers joined or left the job ({len(shape.client_clocks)} ranks, the "
+                                 f"config has {config.cluster.workers}) as well as servers: a replacement of a lost "
+                                 "server in such a job is not built yet")
+            self.addresses = list(shape.servers)
         elif not 0 <= rank < len(config.cluster.servers):
             raise ValueError(f"--rank {rank}: the config lists {len(config.cluster.servers)} servers "
                              f"(ranks 0..{len(config.cluster.servers) - 1}) in {config.source}")
@@ -110,7 +121,7 @@ class Server:
         self.bind_address = f"tcp://{bind or self.address.rpartition(':')[0]}:{port}"
         self.num_clients = config.cluster.workers if join is None else len(join.client_clocks)
         self.hold_lost = hold_lost
-        self.partition = Partition(len(config.cluster.servers), config.cluster.num_partitions) if join is None \
+        self.partition = Partition(len(self.addresses), config.cluster.num_partitions) if join is None \
             else Partition(len(self.addresses), join.owner.shape[0], join.owner, join.version)
         self.fingerprint = config.fingerprint()
         self.security = Security.load(config, "server")  # None: no CURVE (bosen/security.py)
@@ -135,8 +146,13 @@ class Server:
         self.bucket = LeakyBucket(config.comm.server_bandwidth_mbps) if config.comm.enabled else None
         self._rotation = 0
         self._restored_redo: dict[int, tuple[int, int]] = {}  # a recovered part's corrections: rank -> (C, T)
-        self.clock = restore(config, rank, self.shards, resume, own=recover, redo=self._restored_redo) \
-            if resume is not None else 0
+        self.clock = restore(config, rank, self.shards, resume, own=recover, redo=self._restored_redo,
+                             servers=len(self.addresses)) if resume is not None else 0
+        if shape is not None and self.shards[0].partition.version != shape.version:
+            # rows it gained by a move after its part are in no part of its own: the job must resume whole
+            raise ValueError(f"--recover: server {rank}'s newest checkpoint part was saved under partition map "
+                             f"{self.shards[0].partition.version}, but the job follows map {shape.version} (partitions "
+                             "moved since): it cannot be replaced alone; resume the whole job from its checkpoint")
         if join is not None:
             self.clock = join.clock
         self.restored = self.clock if resume is not None else None  # WELCOME "rc": clients resend from it

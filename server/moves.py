@@ -63,6 +63,14 @@ class Joining:
         return cls(address, servers, int(stats["clock"]), list(stats["client_clocks"]),
                    np.asarray(parts["owner"], dtype=np.int32), int(parts["version"]))
 
+    @classmethod
+    def of_job(cls, stats: Mapping[str, Any]) -> Joining:
+        """The running job's shape from one of its servers' STATUS, for a replacement of a lost server
+        in a job whose servers changed (``bosen-server --recover --shape-from``; ``address`` unused)."""
+        parts = stats["partitions"]
+        return cls("", list(stats["servers"]), int(stats["clock"]), list(stats["client_clocks"]),
+                   np.asarray(parts["owner"], dtype=np.int32), int(parts["version"]))
+
 
 class Host(Protocol):
     """What of its server a ``PartitionMoves`` reads and changes (``server/daemon.py``'s ``Server``)."""

@@ -148,10 +148,11 @@ class LocalCluster:
         _await_started(new, self.addresses[i], f"replacing {old.name}", ready_timeout, self.security)
         return new
 
-    def add_server(self, ready_timeout: float = READY_TIMEOUT_S) -> str:
-        """Start a server that joins the running job (``--join``, on a free local port) and wait until it
-        answers; its address. It holds no partition until ``bosen.jobs.moves.scale_servers`` gives it some."""
-        address = f"127.0.0.1:{free_ports(1)[0]}"
+    def add_server(self, ready_timeout: float = READY_TIMEOUT_S, address: str | None = None) -> str:
+        """Start a server that joins the running job (``--join``, at ``address``, default a free local
+        port) and wait until it answers; its address. It holds no partition until
+        ``bosen.jobs.moves.scale_servers`` gives it some."""
+        address = address or f"127.0.0.1:{free_ports(1)[0]}"
         i = len(self.servers)
         n = sum(1 for p in self.group.procs if p.name.startswith(f"{self.name}-{i}"))  # rank i joined before
         new = self.group.python(f"{self.name}-{i}" + (f".{n}" if n else ""), "-m", "bosen.server", "--config",

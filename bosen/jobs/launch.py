@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bosen import checkpoint
 from bosen import config as config_mod
@@ -33,6 +33,9 @@ from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_
 from bosen.metrics import HELDOUT_MEASURES
 from bosen.security import Security, job_keys
 from bosen.security import describe as describe_security
+
+if TYPE_CHECKING:
+    from bosen.jobs.ray import RayJob
 
 POLL_S = 0.2
 SCALE_POLL_S = 0.02  # while a scale step is under way: its phases wait on files and the servers' clocks
@@ -114,11 +117,20 @@ class Launcher:
         self._resumed_from: tuple[int, int] | None = None  # (clock, workers) of a checkpoint made by other workers
         self._compiling: kernels.CompileNotice | None = None  # says so while the workers compile numba kernels
         self.dropped: set[int] = set()  # ranks started by a scale step that failed, then stopped: not a failure
+        self._released: set[int] = set()  # ranks that left by `bosen scale` and exited (their Ray actors released)
         self.scaler: Scaler | None = None  # answers `bosen scale` (bosen/jobs/scale.py) while the job runs
 
     @property
     def merger(self) -> MetricsMerger | None:
         return self._merger
+
+    @property
+    def ray_job(self) -> RayJob | None:
+        """The job's processes as Ray actors (``--ray``), or None."""
+        from bosen.jobs.ray import RayJob
+
+        group = self.cluster.group if self.cluster is not None else None
+        return group if isinstance(group, RayJob) else None
 
     def start_joiner(self, rank: int) -> None:
         """Start worker ``rank``, the next one, to join the running job (``bosen scale``): it loads its
@@ -181,7 +193,7 @@ class Launcher:
                         self._place_on_ray(group, cfg_path)
                     self._start_servers(cfg_path, group, resume_from)
                     self._start_workers(cfg_path, group, resume_from)
-                    self.scaler = Scaler(self) if self.ray is False else None
+                    self.scaler = Scaler(self)
                     try:
                         self._watch(merger, start)
                     finally:  # a failed job's metrics keep every clock its workers recorded
@@ -241,12 +253,22 @@ class Launcher:
         assert self.cluster is not None and self.config.checkpoint is not None
         code = lost.returncode
         assert code is not None
+        if len(self.workers) != self.config.cluster.workers:  # the replacement would know the config's ranks only
+            raise JobFailed(f"{lost.name} {describe_exit(code)} in a job whose workers joined or left (bosen scale): "
+                            "replacing a server in such a job is not built yet; stopping the job")
         gone = [str(r) for r, w in enumerate(self.workers) if w.returncode == 0]
         self.say(f"{lost.name} {describe_exit(code)}: starting a replacement from its newest checkpoint")
         self._replaced[i] = self._replaced.get(i, 0) + 1
+        shape: list[str] = []
+        if self.servers_changed:  # the job's servers and map now, from a running server: not the config's
+            live = [a for j, (a, q) in enumerate(zip(self.cluster.addresses, self.cluster.servers, strict=True))
+                    if j != i and q.returncode is None]
+            if not live:
+                raise JobFailed(f"{lost.name} {describe_exit(code)} and no other server runs; stopping the job")
+            shape = ["--shape-from", live[0]]
         try:
             new = self.cluster.replace_server(i, ["--resume", self.config.checkpoint.dir, "--recover",
-                                                  "--gone", ",".join(gone)], SERVER_READY_TIMEOUT_S)
+                                                  "--gone", ",".join(gone), *shape], SERVER_READY_TIMEOUT_S)
         except ProcessFailed as e:
             raise JobFailed(f"{lost.name} {describe_exit(code)} and its replacement failed: {e}") from None
         self.say(f"{new.name} replaces {lost.name}; the workers resend their updates since its checkpoint")
@@ -365,9 +387,6 @@ class Launcher:
                 if self.config.checkpoint is None or self._replaced.get(i, 0) >= MAX_REPLACEMENTS:
                     raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n"
                                     f"{p.tail(15)}")
-                if self.servers_changed:
-                    raise JobFailed(f"{p.name} {describe_exit(code)} in a job whose servers joined or left: replacing "
-                                    "one is not built yet; stopping the job")
                 self._replace_server(i, p)
         workers_done = True
         for rank, p in enumerate(self.workers):
@@ -377,6 +396,10 @@ class Launcher:
             elif code == 0:
                 if self._replaced and rank not in self._told_left:
                     self._tell_left(rank)
+                if self.scaler is not None and rank not in self.scaler.members and rank not in self._released:
+                    self._released.add(rank)  # it left by `bosen scale`: its Ray actor goes
+                    if (ray := self.ray_job) is not None:
+                        ray.release(p.name)
             elif rank in self._left_then_killed or rank in self.dropped \
                     or (self.scaler is not None and rank in self.scaler.joining):
                 continue

@@ -21,6 +21,14 @@ started for the job (no ADDRESS) is shut down with it. Children die with their a
 Logs, worker records and checkpoints are written under the run directory by the children
 themselves: on several machines it must be a folder every node sees at the same path (a shared file
 system, as with Slurm). Each placement is recorded in ``RUN_DIR/ray.json``.
+
+``bosen scale`` on such a job (``bosen.jobs.scale``) asks ``RayJob.reserve`` for the actors of the
+joining servers and workers before it starts anything: bundles freed by members that left are used
+again, and the rest come in one new placement group per scale step (Ray's placement groups cannot
+grow). A request the cluster cannot hold is refused (at once when the free resources are short,
+else after the placement timeout) and nothing of the job changes. A member that leaves the job
+(``RayJob.release``) has its actor killed; a step's placement group whose bundles are all free is
+removed, so the cluster gets its resources back, while the launch's group is kept until the job ends.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +49,8 @@ from bosen.errors import BosenError
 from bosen.jobs.supervise import STOP_GRACE_S, Env, Process, ProcessFailed, ProcessGroup, tail
 
 PLACEMENT_TIMEOUT_S = 60.0  # a placement group the cluster cannot hold is reported after this long
+FREED_LAG_S = 2.0  # Ray's free resources lag a removed group or killed actor by about a second
+SCALE_PLACEMENT_TIMEOUT_S = 30.0  # the same for a scale step's group (within the 90 s a scale request is answered)
 CALL_TIMEOUT_S = 30.0  # one start/poll/stop call to an actor
 PLACEMENT = "ray.json"
 _MEMBER = re.compile(r"(server|worker)-(\d+)(?:\.\d+)?")  # names LocalCluster and start_worker give
@@ -171,18 +182,44 @@ class RayProcess(Process):
 
 def bundles(rc: RayConfig, servers: int, workers: int) -> list[dict[str, float]]:
     """One placement-group bundle per server, then one per worker (zero amounts left out)."""
-    server = {"CPU": rc.server_cpus, **rc.server_resources}
-    worker = {"CPU": rc.worker_cpus, "GPU": rc.worker_gpus, **rc.worker_resources}
-    return [{k: float(v) for k, v in b.items() if v > 0} for b in [server] * servers + [worker] * workers]
+    return [_bundle(rc, "server")] * servers + [_bundle(rc, "worker")] * workers
+
+
+def _bundle(rc: RayConfig, role: str) -> dict[str, float]:
+    """The bundle of one server or one worker (zero amounts left out)."""
+    b = {"CPU": rc.server_cpus, **rc.server_resources} if role == "server" else \
+        {"CPU": rc.worker_cpus, "GPU": rc.worker_gpus, **rc.worker_resources}
+    return {k: float(v) for k, v in b.items() if v > 0}
+
+
+def _summed(items: Sequence[dict[str, float]]) -> dict[str, float]:
+    need: dict[str, float] = {}
+    for b in items:
+        for k, v in b.items():
+            need[k] = need.get(k, 0.0) + v
+    return need
+
+
+@dataclass
+class _Slot:
+    """One bundle of one of the job's placement groups and the actor in it (None once released)."""
+
+    role: str  # server or worker
+    pg: Any
+    index: int  # in its placement group
+    actor: Any = None
+    node: tuple[str, str, int] | None = None  # the actor's node id, node IP and pid
 
 
 class RayJob(ProcessGroup):
     """The processes of one job on Ray (see the module docstring); use as a context manager.
 
     ``address``: a running cluster (``ray start --head`` prints it; ``auto`` finds the local one), or
-    None to start a local Ray for this job, sized so that the job's bundles fit. ``place(config)``
-    returns the config with the servers' addresses on their nodes; ``spawn`` (``python``) then starts
-    member ``server-I``/``worker-R`` in its bundle's actor.
+    None to start a local Ray for this job, sized so that the job's bundles fit (and those of a scale
+    out up to the app's micro-tasks and twice the servers). ``place(config)`` returns the config with
+    the servers' addresses on their nodes; ``spawn`` (``python``) then starts member
+    ``server-I``/``worker-R`` in its bundle's actor. ``reserve``/``release``: members joining and
+    leaving the running job (``bosen scale``).
     """
 
     def __init__(self, config: Config, run_dir: str | Path, address: str | None = None, *,
@@ -190,14 +227,27 @@ class RayJob(ProcessGroup):
         super().__init__(Path(run_dir) / "logs", grace=grace, env={"PYTHONUNBUFFERED": "1"})
         self.run_dir = Path(run_dir)
         self.address = address
+        self.rc = config.ray
         self.n_servers, self.n_workers = len(config.cluster.servers), config.cluster.workers
         self.bundles = bundles(config.ray, self.n_servers, self.n_workers)
+        tasks = config.app.args.get("micro_tasks", 0)
+        most = max(self.n_workers, tasks if isinstance(tasks, int) else 0)
+        self._local_bundles = bundles(config.ray, 2 * self.n_servers, most)  # a local Ray: room to scale out
         self.strategy = config.ray.strategy
-        self.actors: list[Any] = []
-        self.nodes: list[tuple[str, str, int]] = []
-        self._pg: Any = None
+        self.slots: dict[str, _Slot] = {}  # member (server-I, worker-R) -> its bundle and actor
+        self.free: list[_Slot] = []  # bundles whose member left: the next joiner of that role takes one
+        self.groups: list[Any] = []  # placement groups, the launch's first
+        self._specs: dict[str, list[dict[str, float]]] = {}  # each group's bundles, by its id
+        self.released: set[str] = set()  # processes whose actor was released (members that left)
         self._connected = False  # this job called ray.init (so it disconnects / shuts down)
         self.startup_s: float | None = None
+        self.scale_placements: list[dict[str, Any]] = []  # each reserve of a scale step: what it asked, how long
+
+    @property
+    def nodes(self) -> list[tuple[str, str, int]]:
+        """The launch's actors' nodes, servers first (node id, node IP, actor pid)."""
+        names = [f"server-{i}" for i in range(self.n_servers)] + [f"worker-{r}" for r in range(self.n_workers)]
+        return [n for n in (self.slots[m].node if m in self.slots else None for m in names) if n is not None]
 
     # -- placing -------------------------------------------------------------------------------
 
@@ -217,10 +267,7 @@ class RayJob(ProcessGroup):
         kw: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR",
                               "configure_logging": True}
         if self.address is None:  # a local Ray for this job: logical resources enough for every bundle
-            need: dict[str, float] = {}
-            for b in self.bundles:
-                for k, v in b.items():
-                    need[k] = need.get(k, 0.0) + v
+            need = _summed(self._local_bundles)
             kw["num_cpus"] = max(os.cpu_count() or 1, int(-(-need.pop("CPU", 0.0) // 1)))
             if "GPU" in need:
                 kw["num_gpus"] = int(-(-need.pop("GPU") // 1))
@@ -244,64 +291,169 @@ class RayJob(ProcessGroup):
 
     def _place(self) -> None:
         ray = require_ray()
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         t0 = time.monotonic()
-        need: dict[str, float] = {}
-        for b in self.bundles:
-            for k, v in b.items():
-                need[k] = need.get(k, 0.0) + v
+        need = _summed(self.bundles)
         have = ray.cluster_resources()
         short = {k: v for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
         if short:  # Ray would wait forever (or for an autoscaler): say at once what is missing
             raise BosenError(f"--ray: cannot place the job: it asks for {short} in all (config section ray, "
                              f"{self.n_servers} servers, {self.n_workers} workers), the cluster has "
                              f"{ {k: have.get(k, 0.0) for k in short} }")
-        self._pg = placement_group(self.bundles, strategy=self.strategy, name=f"bosen:{self.run_dir.name}")
+        pg = self._group(self.bundles, PLACEMENT_TIMEOUT_S, "the job")
+        names = [f"server-{i}" for i in range(self.n_servers)] + [f"worker-{r}" for r in range(self.n_workers)]
+        slots = [_Slot(_role(n), pg, i) for i, n in enumerate(names)]
+        self.slots.update(zip(names, slots, strict=True))  # teardown finds the actors even if they fail
+        self._start_actors(slots, PLACEMENT_TIMEOUT_S)
+        self.startup_s = time.monotonic() - t0
+
+    def _group(self, items: list[dict[str, float]], timeout: float, what: str) -> Any:
+        """A ready placement group of ``items`` (kept in ``groups``); BosenError if Ray cannot place it in time."""
+        ray = require_ray()
+        from ray.util.placement_group import placement_group, remove_placement_group
+
+        pg = placement_group(items, strategy=self.strategy, name=f"bosen:{self.run_dir.name}:{len(self.groups)}")
         try:
-            ray.get(self._pg.ready(), timeout=PLACEMENT_TIMEOUT_S)
+            ray.get(pg.ready(), timeout=timeout)
         except ray.exceptions.GetTimeoutError:
-            asked = ", ".join(f"{n} x {b}" for n, b in _counted(self.bundles))
-            raise BosenError(f"--ray: the cluster could not place the job within {PLACEMENT_TIMEOUT_S:g}s "
-                             f"(strategy {self.strategy}): it asks for {asked}; the cluster has "
-                             f"{ray.cluster_resources()} ({ray.available_resources()} free). Change the "
-                             "config's ray section or add nodes") from None
+            remove_placement_group(pg)
+            asked = ", ".join(f"{n} x {b}" for n, b in _counted(items))
+            raise BosenError(f"--ray: the cluster could not place {what} within {timeout:g}s (strategy "
+                             f"{self.strategy}): it asks for {asked}; the cluster has {ray.cluster_resources()} "
+                             f"({ray.available_resources()} free). Change the config's ray section or add nodes"
+                             ) from None
+        self.groups.append(pg)
+        self._specs[pg.id.hex()] = items
+        return pg
+
+    def _start_actors(self, slots: list[_Slot], timeout: float) -> None:
+        """A ``ProcessActor`` in each slot's bundle, and its node."""
+        ray = require_ray()
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
         actor_cls = ray.remote(max_restarts=0)(ProcessActor)
-        for i, b in enumerate(self.bundles):
+        for s in slots:
+            b = _bundle(self.rc, s.role)
             custom = {k: v for k, v in b.items() if k not in ("CPU", "GPU")}
-            self.actors.append(actor_cls.options(
+            s.actor = actor_cls.options(
                 num_cpus=b.get("CPU", 0.0), num_gpus=b.get("GPU", 0.0), resources=custom,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=i),
-            ).remote(os.getcwd()))
+                scheduling_strategy=PlacementGroupSchedulingStrategy(s.pg, placement_group_bundle_index=s.index),
+            ).remote(os.getcwd())
         try:
-            self.nodes = ray.get([a.node.remote() for a in self.actors], timeout=PLACEMENT_TIMEOUT_S)
+            nodes = ray.get([s.actor.node.remote() for s in slots], timeout=timeout)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
             raise BosenError(f"--ray: the job's actors did not start: {e}") from None
-        self.startup_s = time.monotonic() - t0
+        for s, n in zip(slots, nodes, strict=True):
+            s.node = tuple(n)  # type: ignore[assignment]
 
     def place(self, config: Config) -> Config:
         """``config`` with ``cluster.servers`` on the server actors' nodes (node IP, a port free there)."""
         import dataclasses
 
-        ray = require_ray()
-        ports = ray.get([self.actors[i].free_port.remote(self.nodes[i][1]) for i in range(self.n_servers)],
-                        timeout=CALL_TIMEOUT_S)
-        servers = tuple(f"{self.nodes[i][1]}:{p}" for i, p in enumerate(ports))
+        servers = tuple(self.free_address(f"server-{i}") for i in range(self.n_servers))
         return dataclasses.replace(config, cluster=dataclasses.replace(config.cluster, servers=servers))
 
-    def _actor_of(self, name: str) -> int:
-        m = _MEMBER.fullmatch(name)
-        if m is None:
-            raise BosenError(f"--ray: no bundle for a process named {name!r} (server-I or worker-R)")
-        i = int(m.group(2))
-        if m.group(1) == "server":
-            if i >= self.n_servers:
-                raise BosenError(f"--ray: {name}: the job has {self.n_servers} server bundles")
-            return i
-        if i >= self.n_workers:
-            raise BosenError(f"--ray: {name}: the job has {self.n_workers} worker bundles")
-        return self.n_servers + i
+    def free_address(self, name: str) -> str:
+        """HOST:PORT where member ``name`` (a server) can listen: its actor's node IP, a port free there."""
+        ray = require_ray()
+        s = self._slot(name)
+        assert s.node is not None
+        return f"{s.node[1]}:{ray.get(s.actor.free_port.remote(s.node[1]), timeout=CALL_TIMEOUT_S)}"
+
+    def reserve(self, names: Sequence[str], timeout: float = SCALE_PLACEMENT_TIMEOUT_S) -> float:
+        """An actor for each member in ``names`` that has none (servers or workers joining the running
+        job): a free bundle of its role, else one of a new placement group for this call. All or
+        nothing: BosenError (what was asked, what the cluster has) and nothing kept when Ray cannot
+        place them. Seconds it took."""
+        ray = require_ray()
+        t0 = time.monotonic()
+        names = [n for n in dict.fromkeys(_key(n) for n in names) if n not in self.slots]
+        taken: list[tuple[str, _Slot]] = []
+        rest: list[str] = []
+        for n in names:
+            slot = next((s for s in self.free if s.role == _role(n)), None)
+            if slot is None:
+                rest.append(n)
+            else:
+                self.free.remove(slot)
+                taken.append((n, slot))
+        pg = None
+        try:
+            if rest:
+                items = [_bundle(self.rc, _role(n)) for n in rest]
+                need, free = _summed(items), ray.available_resources()
+                short = {k: v for k, v in need.items() if v > free.get(k, 0.0) + 1e-9}
+                settle = time.monotonic() + FREED_LAG_S
+                while short and time.monotonic() < settle:  # resources just freed show up late
+                    time.sleep(0.2)
+                    free = ray.available_resources()
+                    short = {k: v for k, v in need.items() if v > free.get(k, 0.0) + 1e-9}
+                if short:  # would wait out the timeout: say at once
+                    raise BosenError(f"--ray: cannot place {', '.join(rest)}: they ask for {need} in all (config "
+                                     f"section ray), the cluster has { {k: free.get(k, 0.0) for k in short} } "
+                                     f"free of {short} (of { {k: ray.cluster_resources().get(k, 0.0) for k in short} }"
+                                     " in all). Add nodes or ask for fewer")
+                pg = self._group(items, timeout, ", ".join(rest))
+                taken += [(n, _Slot(_role(n), pg, i)) for i, n in enumerate(rest)]
+            self._start_actors([s for _, s in taken], timeout)
+        except BaseException:
+            for _, s in taken:
+                self._kill(s)
+                if s.pg is not pg:
+                    self.free.append(s)
+            if pg is not None:
+                self._remove_group(pg)
+            raise
+        self.slots.update(taken)
+        seconds = time.monotonic() - t0
+        self.scale_placements.append({"members": names, "reused": len(names) - len(rest), "new_bundles": len(rest),
+                                      "seconds": round(seconds, 3)})
+        self._record()
+        return seconds
+
+    def release(self, name: str, grace: float = STOP_GRACE_S) -> None:
+        """Member ``name`` left the job: stop what still runs in its actor, kill the actor, free its
+        bundle; a scale step's placement group with every bundle free is removed (the cluster gets
+        its resources back)."""
+        key = _key(name)
+        s = self.slots.pop(key, None)
+        if s is None:
+            return
+        for p in self.procs:
+            if _key(p.name) == key:
+                if p.returncode is None:
+                    p.stop(grace)
+                self.released.add(p.name)
+        self._kill(s)
+        self.free.append(s)
+        if s.pg is not self.groups[0] and not any(t.pg is s.pg for t in self.slots.values()):
+            self.free = [t for t in self.free if t.pg is not s.pg]
+            self._remove_group(s.pg)
+        self._record()
+
+    def _slot(self, name: str) -> _Slot:
+        """The slot of member ``name`` (``server-I``, ``worker-R``, a replacement ``worker-R.N``); one
+        that has none yet is placed now."""
+        key = _key(name)
+        if key not in self.slots:
+            self.reserve([key], PLACEMENT_TIMEOUT_S)
+        return self.slots[key]
+
+    def _kill(self, s: _Slot) -> None:
+        if s.actor is not None:
+            try:
+                require_ray().kill(s.actor, no_restart=True)
+            except Exception:  # already gone
+                pass
+        s.actor, s.node = None, None
+
+    def _remove_group(self, pg: Any) -> None:
+        try:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(pg)
+        except Exception:
+            pass
+        self.groups = [g for g in self.groups if g is not pg]
 
     # -- members -------------------------------------------------------------------------------
 
@@ -313,7 +465,9 @@ class RayJob(ProcessGroup):
             raise BosenError(f"--ray: {name}: pipes and a working directory are not supported on Ray")
         if any(p.name == name for p in self.procs):
             raise BosenError(f"this group already has a process named {name!r} (log {self.log_dir / name}.log)")
-        i = self._actor_of(name)
+        slot = self._slot(name)
+        node = slot.node
+        assert node is not None
         args = ["{python}" if str(c) == sys.executable else os.fspath(c) if isinstance(c, os.PathLike) else str(c)
                 for c in cmd]
         merged: dict[str, str] = {}
@@ -325,20 +479,26 @@ class RayJob(ProcessGroup):
         log = (self.log_dir / f"{name}.log").resolve()
         ray = require_ray()
         try:
-            pid = ray.get(self.actors[i].start.remote(name, args, str(log), merged), timeout=CALL_TIMEOUT_S)
+            pid = ray.get(slot.actor.start.remote(name, args, str(log), merged), timeout=CALL_TIMEOUT_S)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as e:
-            raise ProcessFailed(f"--ray: could not start {name} on {self.nodes[i][1]}: {e}") from None
-        p = RayProcess(name, self.actors[i], self.nodes[i], log, pid)
+            raise ProcessFailed(f"--ray: could not start {name} on {node[1]}: {e}") from None
+        p = RayProcess(name, slot.actor, node, log, pid)
         self.procs.append(p)
         self._record()
         return p
 
     def _record(self) -> None:
-        """RUN_DIR/ray.json: where each member runs (node id and IP, actor and child pid)."""
-        procs = {p.name: {"node_id": p.node_id, "node_ip": p.node_ip, "actor_pid": p.actor_pid, "pid": p.pid}
+        """RUN_DIR/ray.json: where each member runs (node id and IP, actor and child pid; ``released``:
+        it left the job, its actor is gone) and each placement group's bundles and members now."""
+        procs = {p.name: {"node_id": p.node_id, "node_ip": p.node_ip, "actor_pid": p.actor_pid, "pid": p.pid,
+                          **({"released": True} if p.name in self.released else {})}
                  for p in self.procs if isinstance(p, RayProcess)}
+        groups = [{"id": g.id.hex(), "bundles": self._specs.get(g.id.hex()),
+                   "members": {i: m for m, s in self.slots.items() if s.pg is g for i in [s.index]}}
+                  for g in self.groups]
         data = {"address": self.address or "local", "strategy": self.strategy, "bundles": self.bundles,
-                "startup_s": self.startup_s, "processes": procs}
+                "startup_s": self.startup_s, "processes": procs, "placement_groups": groups,
+                "scale_placements": self.scale_placements}
         (self.run_dir / PLACEMENT).write_text(json.dumps(data, indent=1) + "\n")
 
     # -- tearing down --------------------------------------------------------------------------
@@ -350,30 +510,33 @@ class RayJob(ProcessGroup):
             self._teardown()
 
     def _teardown(self) -> None:
-        """Kill every actor, remove the placement group, disconnect (a local Ray ends with it)."""
+        """Kill every actor, remove the placement groups, disconnect (a local Ray ends with it)."""
         try:
             import ray
         except ImportError:
             return
         if not ray.is_initialized():
             return
-        for a in self.actors:
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # already gone
-                pass
-        self.actors = []
-        if self._pg is not None:
-            try:
-                from ray.util.placement_group import remove_placement_group
-
-                remove_placement_group(self._pg)
-            except Exception:
-                pass
-            self._pg = None
+        for s in self.slots.values():
+            self._kill(s)
+        for g in list(self.groups):
+            self._remove_group(g)
+        self.free = []
         if self._connected:
             ray.shutdown()
             self._connected = False
+
+
+def _key(name: str) -> str:
+    """The member a process name belongs to: ``server-I`` or ``worker-R`` (a replacement ``.N`` left out)."""
+    m = _MEMBER.fullmatch(name)
+    if m is None:
+        raise BosenError(f"--ray: no bundle for a process named {name!r} (server-I or worker-R)")
+    return f"{m.group(1)}-{int(m.group(2))}"
+
+
+def _role(name: str) -> str:
+    return _key(name).partition("-")[0]
 
 
 def _counted(items: list[dict[str, float]]) -> list[tuple[int, dict[str, float]]]:

@@ -21,6 +21,11 @@ counts them, the plan is committed: the givers write their tasks'
 states at B, the new workers take them, and leaving workers (the newest ranks: scale-in is last in,
 first out) give all theirs away and leave by BYE. A scale step ends when every new worker has
 passed B on every server and every server has every leaving one's BYE.
+
+On a job launched with ``--ray`` (``Host.ray_job``), the actors of the joining servers and workers are
+asked of Ray (``RayJob.reserve``) when the request arrives, before anything starts or any plan is
+proposed: a request Ray cannot place is refused and the job runs on unchanged. A joining server
+listens on its actor's node IP; a member that left has its actor released (``RayJob.release``).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import zmq
@@ -46,6 +51,9 @@ from bosen.jobs.job import MetricsMerger
 from bosen.jobs.moves import scale_servers
 from bosen.jobs.supervise import Process
 from bosen.security import Security
+
+if TYPE_CHECKING:
+    from bosen.jobs.ray import RayJob
 
 CONTROL_FILE = "control.json"
 PLAN_AHEAD = 2  # the first boundary B proposed: this many clocks past the newest one seen; doubled per retry
@@ -88,11 +96,14 @@ class Host(Protocol):
     workers: list[Process]  # by rank; ranks are never reused
     cluster: LocalCluster | None
     dropped: set[int]
-    servers_changed: bool  # servers joined or left: a lost one is not replaced alone
+    servers_changed: bool  # servers joined or left: a lost one's replacement takes their list and map from a live one
     security: Security | None  # the job's client keys (CURVE) for STATUS queries
 
     @property
     def merger(self) -> MetricsMerger | None: ...
+
+    @property
+    def ray_job(self) -> RayJob | None: ...  # the job's processes are Ray actors (``bosen launch --ray``)
 
     def say(self, msg: str) -> None: ...
 
@@ -203,14 +214,25 @@ class Scaler:
         step = _Step(self._ids, -n, time.time())
         self.steps[step.id] = step
         self._say(step, f"scaling from {len(now)} to {n} servers")
+        ray = self.launcher.ray_job
+        joining = [f"server-{i}" for i in range(len(now), n)]
         try:
-            added = [cluster.add_server() for _ in range(n - len(now))]
+            if ray is not None and joining:  # their actors first: a request Ray cannot place changes nothing
+                took = ray.reserve(joining)
+                self._say(step, f"Ray placed actors for {', '.join(joining)} in {took:.2f}s")
+            added = [cluster.add_server(address=None if ray is None else ray.free_address(m)) for m in joining]
             if added:
                 self._say(step, f"servers {', '.join(added)} started; moving partitions to them")
             report = scale_servers(self.launcher.config, now[:n] + added, timeout=JOIN_TIMEOUT_S)
             for i in range(len(now) - 1, n - 1, -1):
                 cluster.retired(i)
+                if ray is not None:
+                    ray.release(f"server-{i}")
+                    self._say(step, f"server-{i} exited; its Ray actor released")
         except (BosenError, ValueError) as e:
+            if ray is not None:  # actors of servers that did not join
+                for m in joining[len(cluster.addresses) - len(now):]:
+                    ray.release(m)
             step.error, step.done = str(e), True
             self._say(step, f"failed: {e}")
             raise ScaleError(f"--servers {n}: {e}") from None
@@ -251,9 +273,18 @@ class Scaler:
         step.leavers = now[m:]  # the newest leave first
         step.owners = microtasks.assign(T, sorted((set(now) | set(step.joiners)) - set(step.leavers)))
         self.steps[step.id] = step
-        self.current = step
         self._say(step, f"scaling from {len(now)} to {m} workers"
                   + (f": ranks {step.joiners} join" if step.joiners else f": ranks {step.leavers} leave"))
+        ray = self.launcher.ray_job
+        if ray is not None and step.joiners:  # before any plan: a request Ray cannot place changes nothing
+            try:
+                took = ray.reserve([f"worker-{r}" for r in step.joiners])
+            except BosenError as e:
+                step.error, step.done = str(e), True
+                self._say(step, f"failed: {e}")
+                raise ScaleError(f"--workers {m}: {e}") from None
+            self._say(step, f"Ray placed actors for workers {step.joiners} in {took:.2f}s")
+        self.current = step
         if step.joiners:  # started ahead: they load their data while the job runs on
             for old in [*self.folder.glob("ready-*.json"), self.folder / microtasks.JOIN_FILE]:
                 old.unlink(missing_ok=True)
@@ -295,6 +326,8 @@ class Scaler:
             if r < len(self.launcher.workers):
                 self.launcher.workers[r].stop(grace=2.0)
                 self.launcher.dropped.add(r)
+            if self.launcher.ray_job is not None:
+                self.launcher.ray_job.release(f"worker-{r}", grace=2.0)
         step.error, step.done, self.current = why, True, None
         self._say(step, f"failed: {why}; the job runs on as it was")
 

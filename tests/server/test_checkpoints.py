@@ -486,3 +486,34 @@ def test_a_checkpoint_made_by_three_servers_resumes_on_the_configs_two(tmp_path:
     write(partial=True)
     with pytest.raises(ConfigError, match="made by 3 servers .* priority \\(SCAR\\) part"):
         restore(cfg, 0, _shards(cfg, 0), checkpoint.clock_dir(base, 6))
+
+
+def test_a_replacement_refuses_a_part_saved_under_an_older_partition_map(bosen_cluster, tmp_path):
+    """``--recover --shape-from`` (a lost server of a job whose servers changed, docs/recovery.md): a part
+    saved before partitions moved does not hold the rows the server owns now, so the replacement
+    refuses to start, naming both maps; and one without --recover is refused."""
+    from conftest import PY, run_cmd
+
+    from bosen.client import Client
+    from bosen.config import load
+    from bosen.jobs.job import job_config
+    from bosen.jobs.moves import move_partitions
+
+    data = job_config([], 1, tables={"W": {"rows": 40, "cols": 2, "dtype": "int64"}}, partitions=8)
+    data["checkpoint"] = {"every_clocks": 2, "dir": str(tmp_path / "ck"), "keep": 10}
+    c = bosen_cluster(2, config=data)
+    cfg = load(c.path)
+    rows = np.arange(40, dtype=np.int64)
+    with Client.connect(c.path) as client:
+        for _ in range(3):  # each server's part of clock 2, under map 0
+            client.table("W").inc_rows(rows, np.ones((40, 2), dtype=np.int64))
+            client.clock()
+        assert move_partitions(cfg, np.array([1, 1, 0, 0, 1, 0, 1, 1], dtype=np.int32)).version == 1
+    assert checkpoint.clocks(tmp_path / "ck") == [2]
+    server = [PY, "-m", "bosen.server", "--config", c.path, "--rank", 1, "--resume", tmp_path / "ck"]
+    r = run_cmd([*server, "--recover", "--shape-from", c.addresses[0]])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "server 1's newest checkpoint part was saved under partition map 0, but the job follows map 1" \
+           in r.stderr, r.stderr
+    r = run_cmd([*server, "--shape-from", c.addresses[0]])
+    assert r.returncode == 2 and "--shape-from goes with --recover --rank N" in r.stderr, r.stderr

@@ -4,6 +4,10 @@ server and worker processes in actors on two Ray nodes of this machine, against 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,8 +16,14 @@ import psutil
 import pytest
 import yaml
 from conftest import PY, run_cmd, write_config
+from test_scale import _final_counts, _lda_job, _wait_clock
 
+import bosen
 from bosen import checkpoint, security
+from bosen.apps import microtasks as M
+from bosen.apps.lda.worker import LDAArgs
+from bosen.config import from_dict
+from bosen.jobs.scale import ScaleError
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -135,3 +145,62 @@ def test_an_impossible_placement_is_a_clear_error(tmp_path: Path, ray_cluster: C
                        "ray.worker_cpus=0")
     assert code != 0, out
     assert "cannot place the job" in out and "'nowhere': 2.0" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_bosen_scale_asks_ray_for_actors_and_releases_them(tmp_path: Path, ray_cluster: Cluster) -> None:
+    """An LDA job (8 micro-tasks, managed communication, integer counts) launched on the two Ray nodes,
+    scaled to 3 workers and 3 servers and back: the new worker's actor lands on the ``trainer`` node and
+    the new server's on the ``ps`` node, listening on that node's IP, each from a placement group of
+    its step that is removed when it leaves; a request the cluster cannot hold is refused at once and
+    changes nothing; the job ends with the word-topic table exactly the counts of its final assignments."""
+    iterations = 450
+    path, cfg = _lda_job(tmp_path, iterations)
+    cfg["ray"] = {**ROLES, "server_cpus": 0.5, "worker_cpus": 0.5}  # the nodes' 2 CPUs hold 3 of each
+    path.write_text(json.dumps(cfg))
+    run = (tmp_path / "run").resolve()
+    p = subprocess.Popen([PY, "-m", "bosen", "launch", str(path), "--run-dir", str(run), "--no-plot",
+                          "--ray", ray_cluster.address], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    head, other = ray_cluster.head_node.node_id, ray_cluster.list_all_nodes()[1].node_id
+    try:
+        _wait_clock(p, run, 3)
+        with pytest.raises(ScaleError, match=r"--workers 5: --ray: cannot place worker-2, worker-3, worker-4: .*"
+                                             r"'trainer': 2\.0"):
+            bosen.scale(run, workers=5)  # the trainer node holds 4 workers
+        lines: list[str] = []
+        bosen.scale(run, workers=3, servers=3, out=lines.append)
+        assert any("Ray placed actors for server-2" in x for x in lines), lines
+        assert "the job runs with 3 workers (ranks [0, 1, 2])" in lines[-1], lines
+        placed = json.loads((run / "ray.json").read_text())
+        procs = placed["processes"]
+        assert procs["worker-2"]["node_id"] == other and procs["server-2"]["node_id"] == head, procs
+        assert len(placed["placement_groups"]) == 3, placed["placement_groups"]  # the launch's and one per step
+        r = subprocess.run([PY, "-m", "bosen", "scale", str(run), "--workers", "2", "--servers", "2"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "the job runs on 2 servers" in r.stdout and "the job runs with 2 workers" in r.stdout, r.stdout
+        deadline = time.monotonic() + 30
+        while "released" not in json.loads((run / "ray.json").read_text())["processes"]["worker-2"]:
+            assert time.monotonic() < deadline, (run / "ray.json").read_text()
+            time.sleep(0.1)
+        placed = json.loads((run / "ray.json").read_text())
+        assert placed["processes"]["server-2"].get("released") and len(placed["placement_groups"]) == 1, placed
+        gone = {k: placed["processes"][k]["actor_pid"] for k in ("worker-2", "server-2")}
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 0, out[-3000:]
+    assert not [k for k, pid in gone.items() if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE], gone
+    servers = yaml.safe_load((run / "config.yaml").read_text())["cluster"]["servers"]
+    assert [s.rpartition(":")[0] for s in servers] == [procs[f"server-{i}"]["node_ip"] for i in range(2)]
+    last = checkpoint.clocks(run / "checkpoints")[0]
+    final, counts, states = _final_counts(run, cfg, checkpoint.check_complete(run / "checkpoints", last, 2, 2, None))
+    np.testing.assert_array_equal(final, counts)
+    batches = from_dict(LDAArgs, cfg["app"]["args"], "app.args").batches(2)
+    assert [int(states[M.key(t, "sweeps")][0]) for t in range(8)] == [iterations * batches] * 8
+    assert left_running(run) == []

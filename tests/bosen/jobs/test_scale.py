@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 import bosen
@@ -174,3 +175,41 @@ def test_impossible_requests_are_refused_naming_why(tmp_path):
         assert p.poll() is None  # refused requests leave the job running
     finally:
         _stop(p)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_joined_server_killed_after_its_checkpoint_is_replaced_and_the_counts_stay_exact(tmp_path):
+    """Servers 2 -> 3 in a running LDA job; once a checkpoint holds the third server's part (saved under
+    the new partition map), SIGKILL it: the launcher starts a replacement that takes the job's servers
+    and map from a running server and restores that part, the workers resend, and the job ends with
+    the word-topic table exactly the counts of its final assignments."""
+    iterations = 300
+    path, cfg = _lda_job(tmp_path, iterations)
+    run = (tmp_path / "run").resolve()
+    p = _launch(path, run)
+    try:
+        _wait_clock(p, run, 3)
+        bosen.scale(run, servers=3, out=None)
+        deadline = time.monotonic() + 60
+        while True:  # a complete checkpoint made by the three servers
+            made = [c for c in checkpoint.clocks(run / "checkpoints")
+                    if checkpoint.recorded_servers(checkpoint.clock_dir(run / "checkpoints", c)) == 3
+                    and (checkpoint.clock_dir(run / "checkpoints", c) / checkpoint.part_name("server", 2)
+                         / checkpoint.META).exists()]
+            if made:
+                break
+            assert time.monotonic() < deadline and p.poll() is None, "no checkpoint of three servers"
+            time.sleep(0.05)
+        joined = [c for c in psutil.Process(p.pid).children(recursive=True)
+                  if "bosen.server" in c.cmdline() and "--join" in c.cmdline()]
+        assert len(joined) == 1, joined
+        joined[0].kill()
+        out, _ = p.communicate(timeout=120)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    assert "server-2.1 replaces server-2" in out, out[-3000:]
+    last = checkpoint.clocks(run / "checkpoints")[0]
+    final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(run / "checkpoints", last, 2, 2, None))
+    np.testing.assert_array_equal(final, counts)
