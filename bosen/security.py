@@ -255,9 +255,11 @@ def client_socket(ctx: zmq.Context, kind: int, security: Security | None) -> zmq
     return sock
 
 
-def handshake_error(event: int, value: int, address: str) -> str | None:
+def handshake_error(event: int, value: int, address: str, closed_is_refusal: bool = True) -> str | None:
     """What a client-side monitor event says went wrong with the connection to ``address``, or None
-    for events that are not a failed security handshake."""
+    for events that are not a failed security handshake. A handshake the server closed without a
+    word (``NO_DETAIL``) is a refusal unless ``closed_is_refusal`` is off: while a lost server is
+    being replaced, that is the server going away mid-handshake, which recovery handles."""
     if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
         return (f"server at {address} refused this client's public key (ZAP status {value}): it is not in the "
                 "server's security.allowed_clients")
@@ -266,7 +268,7 @@ def handshake_error(event: int, value: int, address: str) -> str | None:
             return (f"server at {address} speaks another security mechanism: one side runs with CURVE and the other "
                     "without (check security.mode and the addresses on both)")
         return f"security handshake with server at {address} failed: protocol error {value:#x}"
-    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL and closed_is_refusal:
         return (f"security handshake with server at {address} failed: the server closed it (security.server_key is "
                 "not that server's public key, or one side runs without CURVE: check security.mode on both)")
     return None

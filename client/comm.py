@@ -540,7 +540,8 @@ class CommThread:
     def _on_monitor(self, link: ServerLink, frames: list[Any]) -> None:
         msg = parse_monitor_message([f.bytes for f in frames])
         event = msg["event"]
-        refused = handshake_error(event, msg["value"], link.address)
+        # while a lost server is being replaced, a handshake cut short is that server going away
+        refused = handshake_error(event, msg["value"], link.address, link.state is not LinkState.RECOVERING)
         if refused is not None:  # keys or security modes that do not match: no retry will help
             for other in self.links:  # the client fails: what waits to go need not hold its closing up
                 if other.sock is not None:
