@@ -74,8 +74,9 @@ def _all_up(launcher_pid: int, addresses: list[str], workers: int) -> bool:
         if any(now - p.create_time() < SETTLE_S for p in [*servers.values(), *ws.values()]):
             return False
         for a in addresses:
-            if status_mod.query(a, timeout=0.5)["clients_joined"] < workers:
-                return False
+            st = status_mod.query(a, timeout=0.5)
+            if st["clients_joined"] < workers or st.get("awaiting_replacement"):
+                return False  # a lost worker's replacement not joined yet: its recovery is still under way
     except (BosenError, psutil.NoSuchProcess):
         return False
     return True
