@@ -28,9 +28,9 @@ from bosen.apps import microtasks
 from bosen.apps.datasets.images import fashion_sources, read_idx
 from bosen.apps.protocol import PSClient
 from bosen.apps.pytorch import DeltaOptimizer, PSModule, ServerOptimizer, declare
-from bosen.apps.state import restored, rng_state, set_rng_state
+from bosen.apps.pytorch.examples.shards import STATE, Schedule, Shard
+from bosen.apps.state import restored
 from bosen.config import check, from_dict
-from bosen.errors import ConfigError
 
 ELASTIC = True  # workers may join and leave a running job (bosen scale): micro-tasks move to them
 
@@ -122,63 +122,6 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[int, f
     return correct, loss
 
 
-class Shards:
-    """The job's training shards (micro-tasks): task t is every T-th image from image t, and runs
-    ``steps`` mini-batches per epoch (the smallest shard's, so all tasks, and the job's clocks, keep
-    in step); ``clocks`` per epoch of ``clock_every`` steps each (the last one the rest)."""
-
-    def __init__(self, n: int, T: int, a: CNNArgs) -> None:
-        self.n, self.T, self.batch, self.every = n, T, a.batch_size, a.clock_every
-        self.steps = (n // T) // a.batch_size
-        if self.steps < 1:
-            raise ConfigError(f"app.args: {n} training images in {T} micro-tasks give a task no batch of "
-                              f"{a.batch_size} (fewer micro_tasks, or a smaller batch_size)")
-        self.clocks = -(-self.steps // a.clock_every)
-        self.seed = a.seed
-
-    def span(self, c: int) -> tuple[int, int]:
-        """The steps of each task in clock ``c`` (counted from the job's start)."""
-        e, part = divmod(c, self.clocks)
-        base = e * self.steps
-        return base + part * self.every, base + min((part + 1) * self.every, self.steps)
-
-    def task(self, t: int) -> Task:
-        """Task ``t`` as the job starts (its generator as rank t's was in a job without micro-tasks)."""
-        return Task(np.arange(t, self.n, self.T, dtype=np.int64), np.random.default_rng(self.seed * 1000 + t))
-
-
-class Task:
-    """One shard's state: its images, its generator, its epoch's image order and the steps it did."""
-
-    def __init__(self, ids: np.ndarray, rng: np.random.Generator) -> None:
-        self.ids, self.rng = ids, rng
-        self.order = ids.copy()
-        self.steps = 0
-
-    def batch(self, step: int, sh: Shards) -> torch.Tensor:
-        """The images of the task's step ``step`` (a new epoch draws the order first)."""
-        i = step % sh.steps
-        if i == 0:
-            self.order = self.rng.permutation(self.ids)
-        return torch.from_numpy(self.order[i * sh.batch:(i + 1) * sh.batch])
-
-    def state(self) -> dict[str, np.ndarray]:
-        return {"rng": rng_state(self.rng), "order": self.order, "steps": np.array([self.steps], dtype=np.int64)}
-
-    def load(self, st: dict[str, np.ndarray], t: int, want: int, source: str) -> None:
-        if st["order"].shape != self.ids.shape or int(st["steps"][0]) != want:
-            raise ConfigError(f"{source}: micro-task {t} was saved with {st['order'].size} images at step "
-                              f"{int(st['steps'][0])}, this job gives it {self.ids.size} at step {want}: another "
-                              "train_samples, batch_size or clock_every?")
-        set_rng_state(self.rng, st["rng"])
-        self.order = np.asarray(st["order"], dtype=np.int64).copy()
-        self.steps = want
-
-
-def _state(tasks: Mapping[int, Task], t: int) -> dict[str, np.ndarray]:
-    return tasks[t].state()
-
-
 def train(client: PSClient, args: Mapping[str, Any]) -> None:
     a: CNNArgs = from_dict(CNNArgs, args, "app.args")
     torch.set_num_threads(a.threads)
@@ -186,30 +129,34 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     saved = client.restored_state()
     T = microtasks.count(a.micro_tasks, client.num_workers, saved)
     tasks, received, plan, folder = microtasks.start(T, client.rank, client.num_workers, saved)
-    sh = Shards(x.shape[0], T, a)
+    sched = Schedule(x.shape[0], T, a.batch_size, a.clock_every)
     test = images(False, a.test_samples) if client.rank == 0 else None
     model = PSModule(Net(), client, clock_every=0)  # a tick is every owned task's clock_every steps
     opt = optimizer(a, model)
     c, source = 0, client.config.source  # clocks done
-    mine = {t: sh.task(t) for t in tasks.mine}
+
+    def shard(t: int) -> Shard:  # task t: every T-th image from image t, rank t's generator of before
+        return Shard(len(range(t, x.shape[0], T)), a.seed * 1000 + t)
+
+    mine = {t: shard(t) for t in tasks.mine}
     # a checkpoint holds the clocks done and each task's generator, epoch order and steps
     client.checkpoint_state(lambda: {"tick": np.array([c]), **microtasks.pack({t: k.state() for t, k in mine.items()})})
     if saved is not None:
         got = restored(saved, ("tick",))
         assert got is not None
         c = int(got["tick"][0])
-        for t, st in microtasks.unpack(saved, mine, ("rng", "order", "steps")).items():
-            mine[t].load(st, t, sh.span(c)[0], source)
+        for t, st in microtasks.unpack(saved, mine, STATE).items():
+            mine[t].load(st, t, sched.span(c)[0], source)
     if (joined := microtasks.join_clock()) is not None:  # its tasks as their givers left them
         c = joined
         for t, st in received.items():
-            mine[t].load(st, t, sh.span(c)[0], source)
-    while c < a.epochs * sh.clocks:
-        lo, hi = sh.span(c)
+            mine[t].load(st, t, sched.span(c)[0], source)
+    while c < a.epochs * sched.clocks:
+        lo, hi = sched.span(c)
         loss_sum, n, t0 = 0.0, 0, time.perf_counter()
         for step in range(lo, hi):
-            for k in mine.values():  # the tasks' steps interleaved: one mini-batch of one task each
-                idx = k.batch(step, sh)
+            for t, k in mine.items():  # the tasks' steps interleaved: one mini-batch of each in turn
+                idx = k.batch(step, sched) * T + t  # positions in the shard -> image ids
                 loss = F.cross_entropy(model(x[idx]), y[idx])
                 opt.zero_grad()
                 loss.backward()
@@ -219,7 +166,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
                 n += idx.shape[0]
         fields: dict[str, Any] = {"compute_s": time.perf_counter() - t0, "pull_s": model.pull_s,
                                   "push_s": model.push_s}
-        if test is not None and hi % sh.steps == 0:  # the end of an epoch
+        if test is not None and hi % sched.steps == 0:  # the end of an epoch
             correct, hloss = accuracy(model, *test)
             fields.update(heldout_correct=correct, heldout_total=int(test[1].shape[0]), heldout_loss=hloss)
         client.report(objective=loss_sum, samples=n, **fields)
@@ -230,10 +177,14 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             got_states = tasks.handoff(c, new, folder, partial(_state, mine))
             if plan.leaving():  # its tasks are given away: it leaves the job here (BYE on close)
                 break
-            mine = {t: mine[t] if t in mine else sh.task(t) for t in tasks.mine}
+            mine = {t: mine[t] if t in mine else shard(t) for t in tasks.mine}
             for t, st in got_states.items():
-                mine[t].load(st, t, sh.span(c)[0], source)
+                mine[t].load(st, t, sched.span(c)[0], source)
     model.close()  # the read ahead in flight ends before the runner closes the client
+
+
+def _state(tasks: Mapping[int, Shard], t: int) -> dict[str, np.ndarray]:
+    return tasks[t].state()
 
 
 if __name__ == "__main__":
