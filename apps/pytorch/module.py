@@ -531,13 +531,9 @@ class PSModule(nn.Module):
         from one, the count comes back and is returned: the steps the training loop has done (0 in a
         job that did not resume). The parameters come back from the tables. A local torch optimizer's
         own state (momentum buffers) is not saved: it starts again empty."""
-        hybrid = self.allreduce is not None
 
         def state() -> dict[str, np.ndarray]:
-            out = {"steps": np.array([self.steps])}
-            if hybrid:  # no table holds them: every rank saves its (identical) copy
-                out["dense"] = self.values()
-            return out
+            return {"steps": np.array([self.steps]), **self.dense_state()}
         self.client.checkpoint_state(state)
         saved = self.client.restored_state()
         if saved is not None:
@@ -545,13 +541,24 @@ class PSModule(nn.Module):
                 raise UsageError(f"the checkpoint this job resumes from holds no step count (it holds: "
                                  f"{', '.join(sorted(saved)) or 'nothing'})")
             self.steps = int(saved["steps"][0])
-            if hybrid:
-                if "dense" not in saved or saved["dense"].size != self.flat.numel():
-                    raise UsageError("the checkpoint this job resumes from holds no dense parameters of this "
-                                     "model (was it saved with dense='ps', or by another model?)")
-                with torch.no_grad():
-                    self.flat.copy_(torch.from_numpy(saved["dense"]))
+            self.load_dense_state(saved)
         return self.steps
+
+    def dense_state(self) -> dict[str, np.ndarray]:
+        """What of this module a worker's checkpoint must hold besides the tables: in hybrid mode the
+        dense values (no table holds them: every rank saves its identical copy), else nothing. A loop
+        that registers its own checkpoint state (micro-tasks) adds these arrays to it."""
+        return {"dense": self.values()} if self.allreduce is not None else {}
+
+    def load_dense_state(self, saved: Mapping[str, np.ndarray]) -> None:
+        """Put back what :meth:`dense_state` saved (nothing outside hybrid mode)."""
+        if self.allreduce is None:
+            return
+        if "dense" not in saved or saved["dense"].size != self.flat.numel():
+            raise UsageError("the checkpoint this job resumes from holds no dense parameters of this "
+                             "model (was it saved with dense='ps', or by another model?)")
+        with torch.no_grad():
+            self.flat.copy_(torch.from_numpy(saved["dense"]))
 
     def close(self) -> None:
         """Stop the background reader (a read in flight finishes first)."""
