@@ -100,3 +100,10 @@ def test_eval_points_and_bad_arguments():
         dlrm.tables({"max_rows": 0}, Path("unused"))
     with pytest.raises(ValueError, match="app.args.embedding"):
         dlrm.tables({"embedding": "one"}, Path("unused"))
+
+
+def test_hybrid_mode_keeps_one_micro_task_per_rank_and_says_why_it_cannot_scale():
+    with pytest.raises(ValueError, match="micro_tasks: hybrid mode .* one task each: leave micro_tasks at 0"):
+        dlrm.DLRMArgs(dense="allreduce", micro_tasks=4)
+    assert dlrm.ELASTIC and dlrm.not_elastic({"micro_tasks": 8}) is None
+    assert "its workers cannot change while it runs" in (dlrm.not_elastic({"dense": "allreduce"}) or "")
