@@ -334,7 +334,9 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             k.steps += 1
             loss_sum += float(loss.detach()) * idx.shape[0]
             done += idx.shape[0]
-        e = lo // steps  # the clock's epoch: evaluate after the eval points it passed
+        # the clock's epoch: evaluate after the eval points it passed, before the tick ends (a record
+        # is its clock's work; docs/design.md, "Micro-tasks": what the score then sees)
+        e = lo // steps
         if any(lo - e * steps < p <= hi - e * steps for p in evals):
             fields: dict[str, Any] = {"compute_s": time.perf_counter() - t0, "pull_s": m.pull_s, "push_s": m.push_s,
                                       "rows_pulled": m.rows_pulled, "rows_pushed": m.rows_pushed}
