@@ -334,8 +334,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             k.steps += 1
             loss_sum += float(loss.detach()) * idx.shape[0]
             done += idx.shape[0]
-        # the clock's epoch: evaluate after the eval points it passed, before the tick ends (a record
-        # is its clock's work; docs/design.md, "Micro-tasks": what the score then sees)
+        # the clock's epoch: evaluate after the eval points it passed, before the tick ends (a record is
+        # its clock's work; what the score then sees: docs/design.md, "Micro-tasks (Litz's over-decomposed input)")
         e = lo // steps
         if any(lo - e * steps < p <= hi - e * steps for p in evals):
             fields: dict[str, Any] = {"compute_s": time.perf_counter() - t0, "pull_s": m.pull_s, "push_s": m.push_s,
