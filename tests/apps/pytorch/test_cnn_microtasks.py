@@ -118,6 +118,7 @@ def _check_tasks(run: Path, ranks: list[int]) -> list[dict]:
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.slow
 def test_cnn_checkpointed_by_two_workers_resumes_with_three(fashion, tmp_path):
     """Stopped (SIGTERM) after its checkpoint at clock 2 and resumed with 3 workers: the 4 tasks go on
     from their saved generators, orders and steps (rank 2 has no part of that checkpoint), and each
@@ -140,6 +141,7 @@ def test_cnn_checkpointed_by_two_workers_resumes_with_three(fashion, tmp_path):
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.slow
 def test_bosen_scale_adds_a_worker_to_a_running_cnn_job(fashion, tmp_path):
     """``bosen scale RUN --workers 3`` (``bosen.scale``) on a running 2-worker CNN job: worker 2 joins at a clock
     boundary and takes its tasks (generator, epoch order, steps) from their givers; the job finishes
