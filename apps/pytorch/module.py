@@ -50,7 +50,9 @@ _tick = operator.attrgetter("tick")  # the real client's main worker's tick (not
 
 
 class PSModule(nn.Module):
-    """Wraps ``module``; ``clock_every``: optimizer steps per clock tick (the SSP unit of staleness).
+    """Wraps ``module``; ``clock_every``: optimizer steps per clock tick (the SSP unit of staleness);
+    0: the training loop ends each tick itself (:meth:`clock`), as a worker running micro-tasks does,
+    whose steps per tick follow the tasks it owns.
 
     ``device``: where the module is expected to be (e.g. ``Ranks.device()``); a module elsewhere is
     an error rather than a silent copy. ``prefetch``: read the next step's dense parameters in the
@@ -66,8 +68,9 @@ class PSModule(nn.Module):
                  prefetch: bool = True, prefault: bool = True, dense: str = "ps", overlap: bool = False,
                  bucket_values: int = BUCKET_VALUES, device_cache_rows: int = 0) -> None:
         super().__init__()
-        if not isinstance(clock_every, int) or clock_every < 1:
-            raise ValueError(f"clock_every: must be a positive integer, got {clock_every!r}")
+        if not isinstance(clock_every, int) or clock_every < 0:
+            raise ValueError(f"clock_every: must be a positive integer (or 0: the loop calls clock()), "
+                             f"got {clock_every!r}")
         self.dense = check_mode(dense)
         self.module = module
         self.client = client
@@ -439,7 +442,7 @@ class PSModule(nn.Module):
             emb.clear()  # this step's rows are pushed: the next forward reads them again
         self.pulled = False
         self.steps += 1
-        if self.steps % self.clock_every == 0:
+        if self.clock_every and self.steps % self.clock_every == 0:
             self.client.clock()
         self.push_s += time.perf_counter() - t0
         if self.prefetch and self.table is not None:
@@ -509,18 +512,28 @@ class PSModule(nn.Module):
                 "allreduce_s": self.allreduce.allreduce_s if self.allreduce is not None else 0.0,
                 "steps": float(self.steps)}
 
+    def clock(self) -> None:
+        """End the clock tick now (a module built with ``clock_every=0``). The reads in flight are
+        waited for first (no clock overlaps a read), and the dense read ahead is started again after
+        the tick, so the next step's values meet the new tick's staleness bound."""
+        if self.clock_every:
+            raise UsageError(f"clock(): this module ends a tick every {self.clock_every} steps itself "
+                             "(build it with clock_every=0 to end them from the training loop)")
+        t0 = time.perf_counter()
+        self._settle()
+        self.client.clock()
+        self.push_s += time.perf_counter() - t0
+        if self.prefetch and self.table is not None:
+            self._next = self._pool.submit(self._fetch)
+
     def resume(self) -> int:
         """Checkpoints save this module's step count (the client's checkpoint hook); in a job resumed
         from one, the count comes back and is returned: the steps the training loop has done (0 in a
         job that did not resume). The parameters come back from the tables. A local torch optimizer's
         own state (momentum buffers) is not saved: it starts again empty."""
-        hybrid = self.allreduce is not None
 
         def state() -> dict[str, np.ndarray]:
-            out = {"steps": np.array([self.steps])}
-            if hybrid:  # no table holds them: every rank saves its (identical) copy
-                out["dense"] = self.values()
-            return out
+            return {"steps": np.array([self.steps]), **self.dense_state()}
         self.client.checkpoint_state(state)
         saved = self.client.restored_state()
         if saved is not None:
@@ -528,13 +541,24 @@ class PSModule(nn.Module):
                 raise UsageError(f"the checkpoint this job resumes from holds no step count (it holds: "
                                  f"{', '.join(sorted(saved)) or 'nothing'})")
             self.steps = int(saved["steps"][0])
-            if hybrid:
-                if "dense" not in saved or saved["dense"].size != self.flat.numel():
-                    raise UsageError("the checkpoint this job resumes from holds no dense parameters of this "
-                                     "model (was it saved with dense='ps', or by another model?)")
-                with torch.no_grad():
-                    self.flat.copy_(torch.from_numpy(saved["dense"]))
+            self.load_dense_state(saved)
         return self.steps
+
+    def dense_state(self) -> dict[str, np.ndarray]:
+        """What of this module a worker's checkpoint must hold besides the tables: in hybrid mode the
+        dense values (no table holds them: every rank saves its identical copy), else nothing. A loop
+        that registers its own checkpoint state (micro-tasks) adds these arrays to it."""
+        return {"dense": self.values()} if self.allreduce is not None else {}
+
+    def load_dense_state(self, saved: Mapping[str, np.ndarray]) -> None:
+        """Put back what :meth:`dense_state` saved (nothing outside hybrid mode)."""
+        if self.allreduce is None:
+            return
+        if "dense" not in saved or saved["dense"].size != self.flat.numel():
+            raise UsageError("the checkpoint this job resumes from holds no dense parameters of this "
+                             "model (was it saved with dense='ps', or by another model?)")
+        with torch.no_grad():
+            self.flat.copy_(torch.from_numpy(saved["dense"]))
 
     def close(self) -> None:
         """Stop the background reader (a read in flight finishes first)."""

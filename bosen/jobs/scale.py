@@ -251,11 +251,14 @@ class Scaler:
                              "must, so that a lost worker's micro-tasks can be restored (docs/recovery.md)")
         module = cfg.app.module or ""
         try:
-            elastic = getattr(importlib.import_module(module), "ELASTIC", False)
+            app = importlib.import_module(module)
         except ImportError as e:
             raise ScaleError(f"app {module}: cannot import it here: {e}") from None
-        if not elastic:
+        if not getattr(app, "ELASTIC", False):
             raise ScaleError(f"app {module} has no micro-tasks that move to joining workers (docs/app-contract.md)")
+        why = getattr(app, "not_elastic", None)  # an app elastic in some configs only says why not this one
+        if callable(why) and (reason := why(cfg.app.args)):
+            raise ScaleError(f"app {module}: {reason}")
         T = self.tasks()
         if m > T:
             raise ScaleError(f"--workers {m}: the app has {T} micro-tasks (app.args.micro_tasks"

@@ -1,8 +1,13 @@
 """A small CNN on Fashion-MNIST, its parameters in the PS (``configs/torch-cnn.yaml``).
 
-Each worker trains on its shard of the 60k training images (every P-th one) in mini-batches, through
-``PSModule`` and a server-side optimizer (or a local torch optimizer pushing deltas); rank 0 scores
-the 10k test images at the end of every epoch (``heldout_correct`` / ``heldout_total``).
+The 60k training images are cut into ``micro_tasks`` shards (apps/microtasks.py; 0: one per worker),
+task t every T-th image from image t. Each task keeps its own generator, its epoch's order of its
+images and its step count, so it takes the same mini-batches whichever worker runs it, and tasks
+move between workers at clock boundaries (``bosen scale``, a resume with another worker count, a
+lost worker's tasks restored). One clock is ``clock_every`` steps of every task a worker owns (its
+steps interleaved task by task), through ``PSModule`` and a server-side optimizer (or a local torch
+optimizer pushing deltas). Every worker reports each clock; rank 0 also scores the 10k test images
+at the end of every epoch (``heldout_correct`` / ``heldout_total``).
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,10 +24,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bosen.apps import microtasks
 from bosen.apps.datasets.images import fashion_sources, read_idx
 from bosen.apps.protocol import PSClient
 from bosen.apps.pytorch import DeltaOptimizer, PSModule, ServerOptimizer, declare
+from bosen.apps.pytorch.examples.shards import STATE, Schedule, Shard
+from bosen.apps.state import restored
 from bosen.config import check, from_dict
+
+ELASTIC = True  # workers may join and leave a running job (bosen scale): micro-tasks move to them
 
 SERVER = ("sgd", "adagrad", "adarevision")
 
@@ -39,11 +50,12 @@ class CNNArgs:
     momentum: float = 0.0
     batch_size: int = 64
     epochs: int = 2
-    clock_every: int = 4  # optimizer steps per clock tick
+    clock_every: int = 4  # optimizer steps of each micro-task per clock tick
     train_samples: int = 0  # first N training images (0: all 60,000)
     test_samples: int = 0  # first N test images (0: all 10,000)
     threads: int = 1  # torch intra-op threads per worker
     seed: int = 0
+    micro_tasks: int = 0  # training shards that can move between workers; 0 = one per worker
 
     def __post_init__(self) -> None:
         check(self.lr > 0, "lr: must be > 0")
@@ -53,6 +65,7 @@ class CNNArgs:
         check(self.clock_every >= 1, "clock_every: must be >= 1")
         check(self.train_samples >= 0 and self.test_samples >= 0, "train_samples, test_samples: must be >= 0")
         check(self.threads >= 1, "threads: must be >= 1")
+        check(self.micro_tasks >= 0, "micro_tasks: must be >= 0 (0 = one per worker)")
 
 
 class Net(nn.Module):
@@ -113,33 +126,65 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     a: CNNArgs = from_dict(CNNArgs, args, "app.args")
     torch.set_num_threads(a.threads)
     x, y = images(True, a.train_samples)
-    mine = np.arange(client.rank, x.shape[0], client.num_workers)
-    # every worker takes the same number of steps, so the job's clocks line up
-    steps = (x.shape[0] // client.num_workers) // a.batch_size
+    saved = client.restored_state()
+    T = microtasks.count(a.micro_tasks, client.num_workers, saved)
+    tasks, received, plan, folder = microtasks.start(T, client.rank, client.num_workers, saved)
+    sched = Schedule(x.shape[0], T, a.batch_size, a.clock_every)
     test = images(False, a.test_samples) if client.rank == 0 else None
-    model = PSModule(Net(), client, clock_every=a.clock_every)
+    model = PSModule(Net(), client, clock_every=0)  # a tick is every owned task's clock_every steps
     opt = optimizer(a, model)
-    rng = np.random.default_rng(a.seed * 1000 + client.rank)
-    start = model.resume()  # steps done before a checkpoint this job resumed from
-    for epoch in range(a.epochs):
-        order = torch.from_numpy(rng.permutation(mine)[:steps * a.batch_size])  # drawn every epoch
-        first = min(max(start - epoch * steps, 0), steps)
-        if first == steps:
-            continue
-        loss_sum, t0 = 0.0, time.perf_counter()
-        for i in range(first, steps):
-            idx = order[i * a.batch_size:(i + 1) * a.batch_size]
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            loss_sum += float(loss) * idx.shape[0]
+    c, source = 0, client.config.source  # clocks done
+
+    def shard(t: int) -> Shard:  # task t: every T-th image from image t, rank t's generator of before
+        return Shard(len(range(t, x.shape[0], T)), a.seed * 1000 + t)
+
+    mine = {t: shard(t) for t in tasks.mine}
+    # a checkpoint holds the clocks done and each task's generator, epoch order and steps
+    client.checkpoint_state(lambda: {"tick": np.array([c]), **microtasks.pack({t: k.state() for t, k in mine.items()})})
+    if saved is not None:
+        got = restored(saved, ("tick",))
+        assert got is not None
+        c = int(got["tick"][0])
+        for t, st in microtasks.unpack(saved, mine, STATE).items():
+            mine[t].load(st, t, sched.span(c)[0], source)
+    if (joined := microtasks.join_clock()) is not None:  # its tasks as their givers left them
+        c = joined
+        for t, st in received.items():
+            mine[t].load(st, t, sched.span(c)[0], source)
+    while c < a.epochs * sched.clocks:
+        lo, hi = sched.span(c)
+        loss_sum, n, t0 = 0.0, 0, time.perf_counter()
+        for step in range(lo, hi):
+            for t, k in mine.items():  # the tasks' steps interleaved: one mini-batch of each in turn
+                idx = k.batch(step, sched) * T + t  # positions in the shard -> image ids
+                loss = F.cross_entropy(model(x[idx]), y[idx])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                k.steps += 1
+                loss_sum += float(loss) * idx.shape[0]
+                n += idx.shape[0]
         fields: dict[str, Any] = {"compute_s": time.perf_counter() - t0, "pull_s": model.pull_s,
                                   "push_s": model.push_s}
-        if test is not None:
+        if test is not None and hi % sched.steps == 0:  # the end of an epoch
             correct, hloss = accuracy(model, *test)
             fields.update(heldout_correct=correct, heldout_total=int(test[1].shape[0]), heldout_loss=hloss)
-        client.report(objective=loss_sum, samples=(steps - first) * a.batch_size, **fields)
+        client.report(objective=loss_sum, samples=n, **fields)
+        c += 1
+        model.clock()
+        if plan is not None and folder is not None and (new := plan.at(c, T)) is not None:
+            # a new assignment from this clock on: hand tasks off, take the received ones
+            got_states = tasks.handoff(c, new, folder, partial(_state, mine))
+            if plan.leaving():  # its tasks are given away: it leaves the job here (BYE on close)
+                break
+            mine = {t: mine[t] if t in mine else shard(t) for t in tasks.mine}
+            for t, st in got_states.items():
+                mine[t].load(st, t, sched.span(c)[0], source)
+    model.close()  # the read ahead in flight ends before the runner closes the client
+
+
+def _state(tasks: Mapping[int, Shard], t: int) -> dict[str, np.ndarray]:
+    return tasks[t].state()
 
 
 if __name__ == "__main__":

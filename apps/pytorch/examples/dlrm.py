@@ -17,11 +17,18 @@ raw 64-bit ids: each (feature, id) pair hashed (``hash_ids``) into [0, table_row
 63-bit id when ``table_rows`` is 0 (a table without rows), as production DLRMs take Criteo's hashed
 categorical values. ``configs/torch-dlrm-100m.yaml``: a 100M-row x 64 table.
 
-Data: ``criteo.py``'s generator; each worker makes its own contiguous share of the training samples,
-rank 0 the held-out samples. Rank 0 scores the held-out set ``evals_per_epoch`` times per epoch and
-reports ``heldout_auc`` (exact, over the whole held-out set) beside the teacher's, which is the
-ceiling (``teacher_auc``). AUC is not a sum, so only rank 0 reports it: the launcher's sum over
-workers of a field that one worker reports is that worker's value.
+Data: ``criteo.py``'s generator. The training samples are cut into ``micro_tasks`` contiguous shards
+(apps/microtasks.py, ``shards.py``; 0: one per worker, each worker's share of before), each with its
+own generator, epoch order and step count, that move between workers at clock boundaries (``bosen
+scale``, a resume with another worker count, a lost worker's tasks restored); a worker generates the
+shards it owns, rank 0 the held-out samples. One clock is ``clock_every`` steps of every task a
+worker owns. In hybrid mode (``dense: allreduce``) every rank steps in lockstep with the others, so
+each runs one task, always: such a job neither scales nor resumes with another worker count.
+Rank 0 scores the held-out set ``evals_per_epoch`` times per epoch (at the end of the clock that
+passes each point; every worker reports then) and reports ``heldout_auc`` (exact, over the whole
+held-out set) beside the teacher's, which is the ceiling (``teacher_auc``). AUC is not a sum, so only
+rank 0 reports it: the launcher's sum over workers of a field that one worker reports is that
+worker's value.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,10 +46,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bosen.apps import microtasks
 from bosen.apps.protocol import PSClient
 from bosen.apps.pytorch import DeltaOptimizer, PSEmbedding, PSModule, ServerOptimizer, declare, hash_ids
 from bosen.apps.pytorch.examples import criteo
+from bosen.apps.pytorch.examples.shards import STATE, Schedule, Shard
+from bosen.apps.state import restored
 from bosen.config import UNBOUNDED, check, from_dict
+from bosen.errors import ConfigError
+
+ELASTIC = True  # workers may join and leave a running job (bosen scale): micro-tasks move to them
 
 SERVER = ("sgd", "adagrad", "adarevision")
 
@@ -57,7 +71,7 @@ class DLRMArgs:
     batch_size: int = 128
     epochs: int = 1
     evals_per_epoch: int = 4  # held-out AUC this many times per epoch (rank 0), at equal step counts
-    clock_every: int = 4  # optimizer steps per clock tick
+    clock_every: int = 4  # optimizer steps of each micro-task per clock tick
     train_samples: int = 200_000  # the job's training samples, split among the workers
     test_samples: int = 20_000  # held-out samples (rank 0 scores them all)
     dim: int = 16  # embedding width (and the bottom MLP's output)
@@ -96,6 +110,7 @@ class DLRMArgs:
     dense: Literal["ps", "allreduce"] = "ps"
     threads: int = 1  # torch intra-op threads per worker
     seed: int = 0  # the model's initialization and the sample order
+    micro_tasks: int = 0  # training shards that can move between workers; 0 = one per worker
 
     def __post_init__(self) -> None:
         check(self.lr > 0, "lr: must be > 0")
@@ -108,6 +123,10 @@ class DLRMArgs:
         check(self.init_scale > 0, "init_scale: must be > 0")
         check(self.threads >= 1, "threads: must be >= 1")
         check(self.lapse >= 0, "lapse: clocks without a read, >= 0 (0: never)")
+        check(self.micro_tasks >= 0, "micro_tasks: must be >= 0 (0 = one per worker)")
+        check(not (self.micro_tasks and self.dense == "allreduce"),
+              "micro_tasks: hybrid mode (dense: allreduce) steps every rank in lockstep, one task each: leave "
+              "micro_tasks at 0")
         check(self.storage in ("dense", "sparse"), f"storage: dense or sparse, got {self.storage!r}")
         check(not (self.storage == "sparse" and self.embedding_init == "model"),
               "embedding_init: a sparse table starts from the servers' initializer (no file of every row): "
@@ -247,53 +266,111 @@ def eval_steps(steps: int, evals: int, clock_every: int) -> list[int]:
     return sorted({min(p, steps) for p in pts} | {steps})
 
 
+def not_elastic(args: Mapping[str, Any]) -> str | None:
+    """Why a job of these ``app.args`` cannot change its worker count (``bosen scale``), or None."""
+    if args.get("dense") == "allreduce":
+        return ("hybrid mode (dense: allreduce) steps every rank in lockstep, one micro-task each: its workers "
+                "cannot change while it runs")
+    return None
+
+
 def train(client: PSClient, args: Mapping[str, Any]) -> None:
     a: DLRMArgs = from_dict(DLRMArgs, args, "app.args")
     torch.set_num_threads(a.threads)
     spec = a.spec
-    data = criteo.shard(spec, client.rank, client.num_workers, a.train_samples)
-    # every worker takes the same number of steps, so the job's clocks line up
-    steps = (a.train_samples // client.num_workers) // a.batch_size
-    check(steps >= 1, f"train_samples: {a.train_samples} samples give {client.num_workers} workers no batch of "
-                      f"{a.batch_size}")
+    saved = client.restored_state()
+    T = microtasks.count(a.micro_tasks, client.num_workers, saved)
+    if a.dense == "allreduce" and T != client.num_workers:
+        raise ConfigError(f"{client.config.source}: hybrid mode (dense: allreduce) runs one micro-task per worker, "
+                          f"and this job's checkpoint holds {T} for {client.num_workers} workers: resume it with "
+                          f"--workers {T}")
+    tasks, received, plan, folder = microtasks.start(T, client.rank, client.num_workers, saved)
+    sched = Schedule(a.train_samples, T, a.batch_size, a.clock_every)
+    steps = sched.steps
     test = criteo.generate(spec, 0, a.test_samples, criteo.HELDOUT) if client.rank == 0 else None
     if test is not None:
         test = dataclasses.replace(test, ids=a.keys(test.ids))
     net = model(a)
-    m = PSModule(net, client, clock_every=a.clock_every, dense=a.dense, device_cache_rows=a.device_cache_rows)
+    m = PSModule(net, client, clock_every=0, dense=a.dense, device_cache_rows=a.device_cache_rows)
     opt = optimizer(a, m)
-    dense, ids, labels = (torch.from_numpy(x) for x in (data.dense, a.keys(data.ids), data.labels))
-    rng = np.random.default_rng(a.seed * 1000 + client.rank)
+    source = client.config.source
+
+    def shard(t: int) -> tuple[Shard, tuple[torch.Tensor, ...]]:
+        """Task t: a contiguous share of the samples, rank t's generator of before, and its data."""
+        d = criteo.shard(spec, t, T, a.train_samples)
+        return Shard(len(d), a.seed * 1000 + t), tuple(torch.from_numpy(x) for x in (d.dense, a.keys(d.ids), d.labels))
+
+    mine = {t: shard(t) for t in tasks.mine}
     evals = eval_steps(steps, a.evals_per_epoch, a.clock_every)
     teacher = criteo.auc(test.prob, test.labels) if test is not None else None
     t_train, eval_s = time.perf_counter(), 0.0
-    start = m.resume()  # steps done before a checkpoint this job resumed from
-    for epoch in range(a.epochs):
-        order = torch.from_numpy(rng.permutation(len(data))[:steps * a.batch_size])  # drawn every epoch
-        first = min(max(start - epoch * steps, 0), steps)
-        loss_sum, done, t0 = 0.0, first, time.perf_counter()
-        for i in range(first, steps):
-            idx = order[i * a.batch_size:(i + 1) * a.batch_size]
-            if i + 1 < steps:  # the next batch's rows, read in the background during this step
-                m.prefetch_rows(net.rows(ids[order[(i + 1) * a.batch_size:(i + 2) * a.batch_size]]))
+    c = 0  # clocks done
+    # a checkpoint holds the clocks done, each task's generator, epoch order and steps (and hybrid's dense values)
+    client.checkpoint_state(lambda: {"tick": np.array([c]), **m.dense_state(),
+                                     **microtasks.pack({t: k.state() for t, (k, _) in mine.items()})})
+    if saved is not None:
+        got = restored(saved, ("tick",))
+        assert got is not None
+        c = int(got["tick"][0])
+        for t, st in microtasks.unpack(saved, mine, STATE).items():
+            mine[t][0].load(st, t, sched.span(c)[0], source)
+        m.load_dense_state(saved)
+    if (joined := microtasks.join_clock()) is not None:  # its tasks as their givers left them
+        c = joined
+        for t, st in received.items():
+            mine[t][0].load(st, t, sched.span(c)[0], source)
+    total = a.epochs * sched.clocks
+    loss_sum, done, t0 = 0.0, 0, time.perf_counter()
+    while c < total:
+        lo, hi = sched.span(c)
+        # the clock's steps, the tasks' interleaved: one mini-batch of each in turn
+        order = [(t, step) for step in range(lo, hi) for t in mine]
+        for j, (t, step) in enumerate(order):
+            (k, (dense, ids, labels)) = mine[t]
+            idx = k.batch(step, sched)
+            t2, s2 = order[j + 1] if j + 1 < len(order) else (next(iter(mine)), hi)
+            ahead = mine[t2][0].peek(s2, sched) if s2 < a.epochs * steps else None
+            if ahead is not None:  # the next batch's rows, read in the background during this step
+                m.prefetch_rows(net.rows(mine[t2][1][1][ahead]))
             loss = F.binary_cross_entropy_with_logits(m(dense[idx], ids[idx]), labels[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
+            k.steps += 1
             loss_sum += float(loss.detach()) * idx.shape[0]
-            if i + 1 not in evals:
-                continue
+            done += idx.shape[0]
+        # the clock's epoch: evaluate after the eval points it passed, before the tick ends (a record is
+        # its clock's work; what the score then sees: docs/design.md, "Micro-tasks (Litz's over-decomposed input)")
+        e = lo // steps
+        if any(lo - e * steps < p <= hi - e * steps for p in evals):
             fields: dict[str, Any] = {"compute_s": time.perf_counter() - t0, "pull_s": m.pull_s, "push_s": m.push_s,
                                       "rows_pulled": m.rows_pulled, "rows_pushed": m.rows_pushed}
             if a.device_cache_rows:  # rows served from the device (cumulative, as rows_pulled)
-                fields["device_cache_hits"] = sum(c.hits for c in m.device_caches.values()) + m.weight_hits
+                fields["device_cache_hits"] = sum(x.hits for x in m.device_caches.values()) + m.weight_hits
             if test is not None:
                 te = time.perf_counter()
                 fields.update(heldout(m, test))
                 eval_s += time.perf_counter() - te
                 fields.update(train_s=time.perf_counter() - t_train - eval_s, eval_s=eval_s, teacher_auc=teacher)
-            client.report(objective=loss_sum, samples=(i + 1 - done) * a.batch_size, **fields)
-            loss_sum, done, t0 = 0.0, i + 1, time.perf_counter()
+            client.report(objective=loss_sum, samples=done, **fields)
+            loss_sum, done, t0 = 0.0, 0, time.perf_counter()
+        c += 1
+        m.clock()
+        if plan is not None and folder is not None and (new := plan.at(c, T)) is not None:
+            # a new assignment from this clock on: hand tasks off, take the received ones
+            if a.dense == "allreduce":
+                raise ConfigError(f"{source}: {not_elastic(args)}")
+            got_states = tasks.handoff(c, new, folder, partial(_state, mine))
+            if plan.leaving():  # its tasks are given away: it leaves the job here (BYE on close)
+                break
+            mine = {t: mine[t] if t in mine else shard(t) for t in tasks.mine}
+            for t, st in got_states.items():
+                mine[t][0].load(st, t, sched.span(c)[0], source)
+    m.close()  # the reads in flight end before the runner closes the client
+
+
+def _state(tasks: Mapping[int, tuple[Shard, Any]], t: int) -> dict[str, np.ndarray]:
+    return tasks[t][0].state()
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def test_dlrm_learns_through_the_launcher(tmp_path, staleness):
                    "app.args.evals_per_epoch=2")
     clocks = sorted((x for x in lines if x.get("kind") == "clock"), key=lambda x: x["clock"])
     steps = 50_000 // 128  # 390 per worker, a clock every 4
-    assert [c["clock"] for c in clocks] == [49, 97] and all(c["workers"] == 2 for c in clocks)
+    assert [c["clock"] for c in clocks] == [48, 97] and all(c["workers"] == 2 for c in clocks)
     assert sum(c["samples"] for c in clocks) == 2 * steps * 128
     teacher = clocks[-1]["teacher_auc"]
     assert 0.75 < teacher < 0.85  # the generator's ceiling, from the held-out labels
@@ -100,3 +100,10 @@ def test_eval_points_and_bad_arguments():
         dlrm.tables({"max_rows": 0}, Path("unused"))
     with pytest.raises(ValueError, match="app.args.embedding"):
         dlrm.tables({"embedding": "one"}, Path("unused"))
+
+
+def test_hybrid_mode_keeps_one_micro_task_per_rank_and_says_why_it_cannot_scale():
+    with pytest.raises(ValueError, match="micro_tasks: hybrid mode .* one task each: leave micro_tasks at 0"):
+        dlrm.DLRMArgs(dense="allreduce", micro_tasks=4)
+    assert dlrm.ELASTIC and dlrm.not_elastic({"micro_tasks": 8}) is None
+    assert "its workers cannot change while it runs" in (dlrm.not_elastic({"dense": "allreduce"}) or "")
