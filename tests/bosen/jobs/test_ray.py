@@ -155,7 +155,7 @@ def test_bosen_scale_asks_ray_for_actors_and_releases_them(tmp_path: Path, ray_c
     the new server's on the ``ps`` node, listening on that node's IP, each from a placement group of
     its step that is removed when it leaves; a request the cluster cannot hold is refused at once and
     changes nothing; the job ends with the word-topic table exactly the counts of its final assignments."""
-    iterations = 450
+    iterations = 1200  # long enough for joiners started ahead (Ray actors, imports, data) to be ready
     path, cfg = _lda_job(tmp_path, iterations)
     cfg["ray"] = {**ROLES, "server_cpus": 0.5, "worker_cpus": 0.5}  # the nodes' 2 CPUs hold 3 of each
     path.write_text(json.dumps(cfg))
