@@ -103,9 +103,10 @@ class DLRMArgs:
     # dlrm/no-push-vs-push: on the quick case, 6% fewer bytes but no faster, so pushes stay the default)
     push: bool = True
     # a worker's subscription to an embedding row lapses after this many of its clocks without reading
-    # the row (tables.X.lapse): rows it stopped using are pushed to it no more; 0: never. Not with
-    # adarevision (versioned rows), where it is left off
-    lapse: int = 8
+    # the row (tables.X.lapse): rows it stopped using are pushed to it no more; 0: never (the default:
+    # bench.torch's dlrm/lapse-vs-no-lapse moved more bytes and trained slower with 8 or 64, the read
+    # sets and re-pulls costing more than the pushes saved). Not with adarevision (versioned rows)
+    lapse: int = 0
     # hybrid mode (issue 31): "allreduce" keeps the MLPs in sync by all-reduce, the embeddings in the PS
     dense: Literal["ps", "allreduce"] = "ps"
     threads: int = 1  # torch intra-op threads per worker

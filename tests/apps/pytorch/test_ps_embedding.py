@@ -72,7 +72,7 @@ def test_a_sparse_table_is_declared_without_a_file_of_its_rows(tmp_path):
     rows = sum(a.spec.cardinalities)
     assert t["emb"] == {"cols": 8, "dtype": "float32", "update": "adagrad",
                         "update_args": {"alpha": 0.05, "init_z": 1e-8}, "init": {"uniform": [-0.05, 0.05], "seed": 0},
-                        "rows": rows, "storage": "sparse", "cache_rows": 1000, "lapse": 8}
+                        "rows": rows, "storage": "sparse", "cache_rows": 1000}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["params.layout.json", "params.npy"]
     # hashed ids: a table without rows, any 64-bit id
     h = dlrm.tables({**SMALL, "storage": "sparse", "hashed": True}, tmp_path / "h")
