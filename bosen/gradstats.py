@@ -8,12 +8,12 @@ Both are sums over coordinates, so the shares of a table on several servers add 
 scalars out: who holds the gradients (a server's accumulator, a simulator) computes the two sums
 (``moments`` does it for gradients held as one array).
 
-Pollux (Qiao et al., OSDI'21, sect. 3.1) reads the same moments per example (docs/design.md, "Pollux
-(goodput)"): k gradients of b examples each (k workers of one version, or k micro-batches within one
-worker: the same estimator) give tr Σ = b·𝕍̂ (Σ the covariance of one example's gradient) and
-φ = tr Σ / ‖G‖², the gradient noise scale in examples. ``NoiseScale`` smooths the numerator and the
-denominator apart, as AdaptDL does: bias-corrected exponential moving averages with factor
-``smoothing ** (M/M0)`` per step, and φ is their ratio.
+Pollux (Qiao et al., OSDI'21, sect. 3.1) reads the same moments per example
+(docs/design.md, "Pollux (goodput)"): k gradients of b examples each (k workers of one version, or
+k micro-batches within one worker: the same estimator) give tr Σ = b·𝕍̂ (Σ the covariance of one
+example's gradient) and φ = tr Σ / ‖G‖², the gradient noise scale in examples. ``NoiseScale``
+smooths the numerator and the denominator apart, as AdaptDL does: bias-corrected exponential moving
+averages with factor ``smoothing ** (M/M0)`` per step, and φ is their ratio.
 """
 
 from __future__ import annotations
