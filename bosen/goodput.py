@@ -19,7 +19,7 @@ GOODPUT = THROUGHPUT × EFFICIENCY (eq. 4), with M = K·m·(s + 1) examples per 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,18 +149,32 @@ def fit_throughput(m: Sequence[float], s: Sequence[float], workers: Sequence[flo
         free[2] = free[4] = False
     if n_m < 2:
         free[0] = False
-    x = _to_free(prior.as_array())
     logt = np.log(ts)
 
     def residual(xf: np.ndarray) -> np.ndarray:
         return np.log(_t_iter(_from_free(xf), ms, ss, ks)) - logt
 
+    best = _to_free(prior.as_array())
+    best_r = residual(best)
+    # γ makes the fit non-convex (and a logit at γ = 1 has no slope): start from a few γ, keep the best
+    for gamma in (1.5, 3.0, 6.0) if free[4] else (prior.gamma,):
+        x0 = _to_free(np.concatenate([prior.as_array()[:4], [gamma]]))
+        x, r = _lm(residual, x0, np.flatnonzero(free), iterations)
+        if r @ r < best_r @ best_r:
+            best, best_r = x, r
+    p = np.where(free, _from_free(best), prior.as_array())  # pinned: exactly the prior
+    return Throughput(*(float(v) for v in p))
+
+
+def _lm(residual: Callable[[np.ndarray], np.ndarray], x: np.ndarray, idx: np.ndarray,
+        iterations: int) -> tuple[np.ndarray, np.ndarray]:
+    """Levenberg-Marquardt on the coordinates ``idx`` of x, the Jacobian by central differences (five
+    parameters: cheap); returns the last x and its residuals."""
     r = residual(x)
     lam = 1e-2
-    idx = np.flatnonzero(free)
     for _ in range(iterations):
         jac = np.empty((r.size, idx.size))
-        for c, i in enumerate(idx):  # central differences: five parameters, cheap
+        for c, i in enumerate(idx):
             h = 1e-6 * max(1.0, abs(x[i]))
             xp, xm = x.copy(), x.copy()
             xp[i] += h
@@ -169,6 +183,7 @@ def fit_throughput(m: Sequence[float], s: Sequence[float], workers: Sequence[flo
         g = jac.T @ r
         a = jac.T @ jac
         improved = False
+        step = np.zeros(idx.size)
         while lam < 1e10:
             step = np.linalg.solve(a + lam * np.diag(np.diag(a) + 1e-12), -g)
             xn = x.copy()
@@ -180,8 +195,7 @@ def fit_throughput(m: Sequence[float], s: Sequence[float], workers: Sequence[flo
             lam *= 4
         if not improved or np.max(np.abs(step)) < 1e-9:
             break
-    p = np.where(free, _from_free(x), prior.as_array())  # pinned: exactly the prior
-    return Throughput(*(float(v) for v in p))
+    return x, r
 
 
 # ----------------------------------------------------------------------------------------------
