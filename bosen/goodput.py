@@ -130,9 +130,10 @@ def fit_throughput(m: Sequence[float], s: Sequence[float], workers: Sequence[flo
     """θ_sys minimising the RMSLE of T_iter against measured steps (Levenberg-Marquardt on α, β > 0
     through their logs, γ in [1, 10] through a logit: the paper's bounds). Like Pollux's priors
     (P:268-272), what the data cannot show is held at ``prior`` (default: the data's mean step split
-    evenly between computation and sync, no retrogression, γ = 1): β_s while fewer than three worker
-    counts were seen (one more than α_s needs), α_s and γ while all steps had one worker count, the
-    split of T_grad while one batch size was seen (β_g is then fitted, α_g kept)."""
+    evenly between computation and sync, no retrogression, γ = 1): α_s and β_s while all steps had
+    one worker count (on a PS, unlike eq. 9's all-reduce, two counts show β_s: sync is there at K = 1),
+    γ until both the batch and the worker count varied, the split of T_grad while one batch size was
+    seen (β_g is then fitted, α_g kept)."""
     ms, ss, ks, ts = (np.asarray(x, np.float64) for x in (m, s, workers, seconds))
     if not (ms.shape == ss.shape == ks.shape == ts.shape and ms.ndim == 1 and ms.size >= 1):
         raise ValueError("goodput.fit_throughput: m, s, workers and seconds must be equal-length sequences")
@@ -143,10 +144,10 @@ def fit_throughput(m: Sequence[float], s: Sequence[float], workers: Sequence[flo
         prior = Throughput(half / 2, half / 2 / float(np.mean(ms)), half)
     free = np.ones(5, bool)
     n_m, n_k = len(np.unique(ms)), len(np.unique(ks))
-    if n_k < 3:
-        free[3] = False
-    if n_k < 2:
-        free[2] = free[4] = False
+    if n_k < 2:  # one worker count: no slope in K, and α_s is not told apart from α_g
+        free[2] = free[3] = False
+    if n_k < 2 or n_m < 2:  # the overlap shows only where both vary
+        free[4] = False
     if n_m < 2:
         free[0] = False
     logt = np.log(ts)
