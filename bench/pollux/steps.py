@@ -36,6 +36,14 @@ def step_seconds(m: int, workers: int, iterations: int, skip: int, seed: int, ti
     return statistics.median(gaps)
 
 
+def in_sample_errors(ms: list[int], ks: list[int], secs: list[float]) -> list[float]:
+    """Fit on every configuration: |predicted / measured − 1| of each (the paper's "average error of
+    the fitted model", P:239, is the mean of these)."""
+    m, k, t = (np.asarray(x, np.float64) for x in (ms, ks, secs))
+    fit = fit_throughput(m, np.zeros(m.size), k, t)
+    return [float(x) for x in np.abs(fit.t_iter(m, 0, k) / t - 1)]
+
+
 def held_out_errors(ms: list[int], ks: list[int], secs: list[float]) -> list[float]:
     """Leave one configuration out: fit on the others, |predicted / measured − 1| for the one left."""
     m, k, t = (np.asarray(x, np.float64) for x in (ms, ks, secs))

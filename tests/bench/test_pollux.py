@@ -38,7 +38,7 @@ def test_quick_run_puts_phi_within_20pct_where_the_estimator_has_warmed_up(
 
 
 def test_held_out_error_is_small_where_the_times_follow_the_model() -> None:
-    from bench.pollux.steps import held_out_errors
+    from bench.pollux.steps import held_out_errors, in_sample_errors
     from bosen.goodput import Throughput
 
     true = Throughput(alpha_grad=2e-4, beta_grad=3e-6, alpha_sync=1e-3, beta_sync=5e-4, gamma=1.5)
@@ -46,3 +46,4 @@ def test_held_out_error_is_small_where_the_times_follow_the_model() -> None:
     secs = [float(true.t_iter(m, 0, k)) for m, k in zip(ms, ks, strict=True)]
     errs = held_out_errors(ms, ks, secs)
     assert len(errs) == 9 and max(errs) < 0.05, errs
+    assert max(in_sample_errors(ms, ks, secs)) < 0.01
