@@ -72,7 +72,7 @@ class Moments:
 
     @property
     def noise_scale(self) -> float:
-        """𝕍̂ / ‖∇F‖²^ (Pollux's φ per example times the batch size); inf where the norm is 0."""
+        """𝕍̂ / ‖∇F‖²^: Pollux's φ divided by the examples b in one gradient (``phi``); inf where the norm is 0."""
         s = self.sqnorm
         return self.variance / s if s > 0 else math.inf
 
