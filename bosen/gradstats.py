@@ -5,7 +5,15 @@ DBW's eqs. 10-11 (Xu et al. 2021) and AdaptDL's gradient noise scale (Pollux) ar
 estimators: with ``local`` = (1/k) Σ_j ‖g_j‖² and ``total`` = ‖ḡ‖²,
 𝕍̂ = Σ_j ‖g_j − ḡ‖²/(k − 1) = k(local − total)/(k − 1) and ‖∇F‖²^ = (k·total − local)/(k − 1).
 Both are sums over coordinates, so the shares of a table on several servers add up. Scalars in,
-scalars out: who holds the gradients (a server's accumulator, a simulator) computes the two sums.
+scalars out: who holds the gradients (a server's accumulator, a simulator) computes the two sums
+(``moments`` does it for gradients held as one array).
+
+Pollux (Qiao et al., OSDI'21, sect. 3.1) reads the same moments per example
+(docs/design.md, "Pollux (goodput)"): k gradients of b examples each (k workers of one version, or
+k micro-batches within one worker: the same estimator) give tr Σ = b·𝕍̂ (Σ the covariance of one
+example's gradient) and φ = tr Σ / ‖G‖², the gradient noise scale in examples. ``NoiseScale``
+smooths the numerator and the denominator apart, as AdaptDL does: bias-corrected exponential moving
+averages with factor ``smoothing ** (M/M0)`` per step, and φ is their ratio.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,23 @@ class Moments:
         return max(self.k * (self.local - self.total) / (self.k - 1), 0.0)
 
     @property
+    def sqnorm_raw(self) -> float:
+        """Eq. 11 without the clip at 0: unbiased, so it is what a moving average should take; nan
+        for k < 2."""
+        if self.k < 2:
+            return math.nan
+        return (self.k * self.total - self.local) / (self.k - 1)
+
+    def trace(self, batch: int) -> float:
+        """tr Σ per example, b·𝕍̂, where each of the k gradients averages ``batch`` examples."""
+        return self.variance * batch
+
+    def phi(self, batch: int) -> float:
+        """One step's gradient noise scale in examples, tr Σ / ‖G‖² (Pollux's eq. 5 with P = I):
+        ``batch`` times ``noise_scale``; noisy alone, ``NoiseScale`` smooths it."""
+        return self.noise_scale * batch
+
+    @property
     def sqnorm(self) -> float:
         """‖∇F‖²^: the true gradient's squared norm, at least 0 (eq. 11); nan for k < 2."""
         if self.k < 2:
@@ -45,9 +72,98 @@ class Moments:
 
     @property
     def noise_scale(self) -> float:
-        """𝕍̂ / ‖∇F‖²^ (Pollux's φ per example times the batch size); inf where the norm is 0."""
+        """𝕍̂ / ‖∇F‖²^: Pollux's φ divided by the examples b in one gradient (``phi``); inf where the norm is 0."""
         s = self.sqnorm
         return self.variance / s if s > 0 else math.inf
+
+
+def moments(grads: np.ndarray) -> Moments:
+    """The moments of k gradients, the rows of a (k, ...) array (k workers' gradients of one version,
+    or k micro-batch gradients of one worker), summed in float64."""
+    g = np.asarray(grads)
+    if g.ndim < 1 or g.shape[0] < 1:
+        raise ValueError(f"gradstats.moments: needs a (k, ...) array of k >= 1 gradients, got shape {g.shape}")
+    k = g.shape[0]
+    g = g.reshape(k, -1).astype(np.float64, copy=False)
+    local = float(np.einsum("ij,ij->", g, g)) / k
+    mean = g.mean(axis=0)
+    return Moments(k, local, float(mean @ mean))
+
+
+def differenced(prev: np.ndarray, cur: np.ndarray) -> Moments:
+    """A single worker's one gradient per step: the last two gradients taken as two samples (the
+    differenced estimator Pollux falls back to, P:181). They are of different versions, so the
+    variance is overestimated by ‖ΔG‖²/2: fine while steps are small."""
+    return moments(np.stack([np.asarray(prev), np.asarray(cur)]))
+
+
+class Ema:
+    """An exponential moving average with bias correction (Adam's, AdaptDL's ``_update_avg``): the
+    average of the values added so far, each weighted by the factors of the later ones; nan before
+    the first."""
+
+    def __init__(self) -> None:
+        self.biased = 0.0
+        self.weight = 0.0
+
+    def add(self, value: float, factor: float) -> None:
+        if not 0.0 <= factor < 1.0:
+            raise ValueError(f"gradstats.Ema: factor must be in [0, 1), got {factor}")
+        self.biased = factor * self.biased + (1.0 - factor) * value
+        self.weight = factor * self.weight + (1.0 - factor)
+
+    @property
+    def value(self) -> float:
+        return self.biased / self.weight if self.weight > 0 else math.nan
+
+
+class NoiseScale:
+    """Pollux's φ, smoothed: moving averages of ‖G‖² and of tr Σ (per example) apart, φ their ratio
+    (a ratio of averages, not an average of ratios: one noisy ‖G‖² near 0 would blow the latter up).
+    Each step's factor is ``smoothing ** scale``, scale = M/M0 (the step's examples over the initial
+    batch), so a step of 4·M0 counts as four of M0; AdaptDL's default smoothing is 0.999."""
+
+    def __init__(self, m0: int, smoothing: float = 0.999) -> None:
+        if m0 < 1:
+            raise ValueError(f"gradstats.NoiseScale: m0 (the initial batch) must be >= 1, got {m0}")
+        if not 0.0 < smoothing < 1.0:
+            raise ValueError(f"gradstats.NoiseScale: smoothing must be in (0, 1), got {smoothing}")
+        self.m0 = m0
+        self.smoothing = smoothing
+        self._sqr = Ema()
+        self._var = Ema()
+        self.steps = 0
+
+    def update(self, m: Moments, batch: int) -> None:
+        """Add one step's moments: ``m.k`` gradients of ``batch`` examples each (M = k·batch).
+        Steps whose variance is not measurable (k < 2) are skipped."""
+        if batch < 1:
+            raise ValueError(f"gradstats.NoiseScale.update: batch must be >= 1, got {batch}")
+        if not m.defined:
+            return
+        factor = self.smoothing ** (m.k * batch / self.m0)
+        self._sqr.add(m.sqnorm_raw, factor)
+        self._var.add(m.trace(batch), factor)
+        self.steps += 1
+
+    @property
+    def sqnorm(self) -> float:
+        """Smoothed ‖G‖², at least 0."""
+        v = self._sqr.value
+        return max(v, 0.0) if not math.isnan(v) else v
+
+    @property
+    def trace(self) -> float:
+        """Smoothed tr Σ per example."""
+        return self._var.value
+
+    @property
+    def phi(self) -> float:
+        """φ = tr Σ / ‖G‖² in examples; nan before the first step, inf while ‖G‖² averages to 0."""
+        sq, tr = self.sqnorm, self.trace
+        if math.isnan(sq) or math.isnan(tr):
+            return math.nan
+        return tr / sq if sq > 0 else math.inf
 
 
 class Window:

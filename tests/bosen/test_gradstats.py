@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from bosen.gradstats import Moments, Window, smoothness
+from bosen.gradstats import Ema, Moments, NoiseScale, Window, differenced, moments, smoothness
 
 
 def _moments(g: np.ndarray) -> Moments:
@@ -67,3 +67,66 @@ def test_smoothness_averages_to_the_curvature_along_noisy_steps() -> None:
         curv_num += step @ (h * step)
         curv_den += step @ step
     assert np.mean(est) == pytest.approx(curv_num / curv_den, rel=0.05)
+
+
+# ------------------------------------------------------------------------------------------------
+# Pollux's reading: per example, smoothed
+
+
+def test_moments_of_an_array_equal_the_sums_and_phi_is_per_example() -> None:
+    rng = np.random.default_rng(2)
+    g = rng.standard_normal((6, 3, 5))
+    m = moments(g)
+    ref = _moments(g.reshape(6, -1))
+    assert (m.k, m.local, m.total) == (6, pytest.approx(ref.local), pytest.approx(ref.total))
+    assert m.trace(8) == pytest.approx(8 * m.variance)
+    assert m.phi(8) == pytest.approx(8 * m.variance / m.sqnorm)
+    assert m.sqnorm_raw == pytest.approx((6 * m.total - m.local) / 5)
+    with pytest.raises(ValueError, match="k >= 1"):
+        moments(np.zeros((0, 4)))
+
+
+def test_micro_batches_and_workers_estimate_the_per_example_trace_and_phi() -> None:
+    """Examples drawn with known mean G and covariance σ²I (tr Σ = dσ²): k gradients of b examples,
+    from workers or from micro-batches alike, give tr Σ and φ = tr Σ/‖G‖² after smoothing."""
+    rng = np.random.default_rng(3)
+    d, sigma = 50, 2.0
+    mu = rng.standard_normal(d) * 0.5
+    exact_phi = d * sigma**2 / float(mu @ mu)
+    for k, b in ((4, 16), (2, 64)):  # 4 workers of 16, or one worker's 128 in two micro-batches
+        ns = NoiseScale(m0=32, smoothing=0.99)
+        for _ in range(300):
+            ex = mu + sigma * rng.standard_normal((k, b, d))
+            ns.update(moments(ex.mean(axis=1)), b)
+        assert ns.trace == pytest.approx(d * sigma**2, rel=0.05)
+        assert ns.phi == pytest.approx(exact_phi, rel=0.15), (k, b)
+
+
+def test_ema_is_bias_corrected_and_the_factor_follows_the_batch() -> None:
+    e = Ema()
+    assert math.isnan(e.value)
+    e.add(5.0, 0.9)
+    assert e.value == pytest.approx(5.0)  # no pull towards the initial 0
+    e.add(1.0, 0.9)
+    assert e.value == pytest.approx((0.9 * 0.1 * 5 + 0.1 * 1) / (0.9 * 0.1 + 0.1))
+    with pytest.raises(ValueError, match="factor"):
+        e.add(1.0, 1.0)
+    # a step of 4·M0 decays the past like four steps of M0
+    a, b = NoiseScale(m0=8, smoothing=0.9), NoiseScale(m0=8, smoothing=0.9)
+    a.update(Moments(2, 2.0, 1.0), 4)
+    b.update(Moments(2, 2.0, 1.0), 4)
+    a.update(Moments(2, 4.0, 1.0), 16)  # M = 32 = 4·M0
+    for _ in range(4):
+        b.update(Moments(2, 4.0, 1.0), 4)
+    assert a.sqnorm == pytest.approx(b.sqnorm) and a.steps == 2 and b.steps == 5
+    ns = NoiseScale(m0=8)
+    ns.update(Moments(1, 1.0, 1.0), 4)  # one gradient: nothing measurable, skipped
+    assert ns.steps == 0 and math.isnan(ns.phi)
+    with pytest.raises(ValueError, match="m0"):
+        NoiseScale(m0=0)
+
+
+def test_differenced_takes_two_consecutive_gradients_as_samples() -> None:
+    a, b = np.array([1.0, 2.0]), np.array([3.0, 0.0])
+    m = differenced(a, b)
+    assert m.k == 2 and m.variance == pytest.approx(float(((a - b) ** 2).sum()) / 2)

@@ -1,0 +1,166 @@
+"""``python -m bench.pollux``: Pollux's checks in miniature (issue 33; docs/design.md,
+"Pollux (goodput)"). So far the first: the gradient noise scale φ (``bosen.gradstats``) against
+its exact value on softmax regression (MLR, ``bench/pollux/phi.py``), and the throughput model's
+held-out error; one JSON line per result.
+
+- ``fixed``: W at a few steps of a training run (M0 = 64 examples a step, lr ``--lr``); at each, the
+  estimate after ``--warmup`` steps at that version against the exact φ there (the estimator alone).
+  Cases: ``workers`` (8 workers' gradients of 8 examples), ``micro`` (one worker's 64 in 4
+  micro-batches of 16), ``differenced`` (one worker, one gradient of 64 a step), each also at
+  ``--scales`` times the batch (the larger batch Pollux would choose where φ is large: the estimate's
+  noise shrinks with it). One line per (case, batch, point, seed): the ratio estimate/exact; a summary
+  per (case, batch): median, min, max and the share within ±20%.
+- ``along``: during the run itself, the estimate against the exact φ smoothed with the same factors
+  (what a moving average can track), and against the exact φ at the current W alone, from step
+  ``--warmup-along`` on.
+- ``throughput``: real synchronous MLR jobs (digits; servers and K worker processes over loopback) at
+  per-worker batches ``--ms`` and worker counts ``--ks`` (no more workers than cores: the model
+  has each worker on its own machine, and workers sharing a core slow each other's computation),
+  ``--reps`` rounds: each configuration's median step time, then the throughput model's error fitted
+  on all configurations (the paper's "average error of the fitted model", P:239) and, stricter, fitted
+  on all but one and predicting the one left out. Not in ``--quick``: a job takes seconds to
+  start.
+
+``--quick``: fewer points, steps and seeds, for CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from bench.common import REPO, emit
+from bench.pollux.phi import Case, ExactStats, along, at_point, trajectory
+from bosen.apps.mlr import data as D
+
+CASES = [Case("workers", 8, 8), Case("micro", 4, 16), Case("differenced", 1, 64)]
+M0 = 64  # the run's batch: a step of M counts M/M0 in the smoothing
+
+
+def dataset(name: str, samples: int) -> D.Dataset:
+    """``digits`` (sklearn's, 1797 samples) or a `bosen data` MLR set under data/ (its first
+    ``samples`` training samples: the exact statistics hold the set densely)."""
+    if name == "digits":
+        return D.digits()
+    ds, _ = D.load_npz(str(REPO / "data" / name / "train.npz"))
+    return ds.take(np.arange(min(samples, ds.n), dtype=np.int64))
+
+
+def _spread(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def fixed(a: argparse.Namespace, ds: D.Dataset, exact: ExactStats) -> None:
+    runs = {seed: trajectory(ds, 8, 8, a.lr, a.points, seed) for seed in range(a.seeds)}
+    for scale in a.scales:
+        for base in CASES:
+            case = Case(base.name, base.k, base.b * scale)
+            ratios: list[float] = []
+            for seed, Ws in runs.items():
+                for t, W in zip(a.points, Ws, strict=True):
+                    e = exact.at(W).phi
+                    r = at_point(ds, W, case, a.warmup, a.smoothing, 1000 + seed, m0=M0) / e
+                    ratios.append(r)
+                    emit(bench="pollux", case=f"phi fixed {case.name} M={case.k * case.b} step={t} seed={seed}",
+                         metric="phi_ratio", unit="estimate / exact", ours=r, experiment="fixed", estimator=case.name,
+                         k=case.k, b=case.b, batch=case.k * case.b, step=t, seed=seed, exact_phi=e,
+                         phi_over_batch=e / (case.k * case.b), warmup=a.warmup, smoothing=a.smoothing)
+            s = _spread(ratios)
+            within = sum(abs(r - 1) <= 0.2 for r in ratios) / len(ratios)
+            emit(bench="pollux", case=f"phi fixed {case.name} M={case.k * case.b}", metric="phi_ratio",
+                 unit="estimate / exact", ours=s["median"], spread=s, within_20pct=within, summary=True,
+                 experiment="fixed", estimator=case.name, batch=case.k * case.b, points=a.points, seeds=a.seeds,
+                 warmup=a.warmup, lr=a.lr, data=a.data)
+
+
+def along_run(a: argparse.Namespace, ds: D.Dataset, exact: ExactStats) -> None:
+    for case in CASES:
+        if case.name == "micro":
+            continue  # the same estimator as workers, statistically: only the sampling differs in a PS
+        smooth, inst = [], []
+        for seed in range(a.seeds):
+            for t, est, sm, now in along(ds, exact, case, a.steps, a.lr, a.smoothing, a.every, seed):
+                if t >= a.warmup_along:
+                    smooth.append(est / sm)
+                    inst.append(est / now)
+        s, i = _spread(smooth), _spread(inst)
+        emit(bench="pollux", case=f"phi along {case.name}", metric="phi_ratio", unit="estimate / exact smoothed",
+             ours=s["median"], spread=s, within_20pct=sum(abs(r - 1) <= 0.2 for r in smooth) / len(smooth),
+             vs_instant=i, summary=True, experiment="along", estimator=case.name, steps=a.steps, every=a.every,
+             from_step=a.warmup_along, seeds=a.seeds, lr=a.lr, smoothing=a.smoothing, data=a.data)
+
+
+def throughput(a: argparse.Namespace) -> None:
+    from bench.pollux.steps import held_out_errors, in_sample_errors, step_seconds
+
+    configs = [(m, k) for m in a.ms for k in a.ks]
+    times: dict[tuple[int, int], list[float]] = {c: [] for c in configs}
+    for rep in range(a.reps):  # rounds over every configuration: the machine's drift hits all alike
+        for m, k in configs:
+            times[(m, k)].append(step_seconds(m, k, a.iterations, a.skip, rep, a.timeout))
+    secs = [statistics.median(times[c]) for c in configs]
+    for (m, k), t in zip(configs, secs, strict=True):
+        emit(bench="pollux", case=f"step m={m} K={k}", metric="step_seconds", unit="s", ours=t,
+             spread=_spread(times[(m, k)]), experiment="throughput", m=m, workers=k, iterations=a.iterations,
+             skip=a.skip, reps=a.reps)
+    errs = held_out_errors([m for m, _ in configs], [k for _, k in configs], secs)
+    for (m, k), e in zip(configs, errs, strict=True):
+        emit(bench="pollux", case=f"held out m={m} K={k}", metric="throughput_error", unit="|predicted/measured - 1|",
+             ours=e, experiment="throughput", m=m, workers=k)
+    emit(bench="pollux", case="throughput model held out", metric="throughput_error", unit="|predicted/measured - 1|",
+         ours=statistics.mean(errs), spread=_spread(errs), summary=True, experiment="throughput",
+         configurations=len(errs), ms=a.ms, ks=a.ks, reps=a.reps)
+    fitted = in_sample_errors([m for m, _ in configs], [k for _, k in configs], secs)
+    emit(bench="pollux", case="throughput model fitted on all", metric="throughput_error",
+         unit="|predicted/measured - 1|", ours=statistics.mean(fitted), spread=_spread(fitted), summary=True,
+         experiment="throughput", configurations=len(fitted), ms=a.ms, ks=a.ks, reps=a.reps)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.pollux", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="fewer points, steps and seeds (CI)")
+    p.add_argument("--data", default="digits", help="digits, or a `bosen data` MLR set under data/ (fashion-mnist)")
+    p.add_argument("--samples", type=int, default=10000, help="training samples taken of a data/ set")
+    p.add_argument("--lr", type=float, default=0.5, help="the SGD step of the training run")
+    p.add_argument("--smoothing", type=float, default=0.999, help="NoiseScale's factor per M0 (AdaptDL's 0.999)")
+    p.add_argument("--seeds", type=int, default=None, help="default 3 (--quick 2)")
+    p.add_argument("--points", type=int, nargs="+", default=None, help="steps of the run where φ is checked")
+    p.add_argument("--scales", type=int, nargs="+", default=None,
+                   help="fixed: estimate with M = M0 times these (default 1 16, --quick 1)")
+    p.add_argument("--warmup", type=int, default=None, help="fixed: estimator steps at a point (default 1000)")
+    p.add_argument("--steps", type=int, default=None, help="along: steps of the run (default 2000)")
+    p.add_argument("--every", type=int, default=None, help="along: a comparison every this many steps")
+    p.add_argument("--warmup-along", type=int, default=None, help="along: compare from this step on")
+    p.add_argument("--ms", type=int, nargs="+", default=[32, 128, 512, 2048], help="throughput: per-worker batches")
+    p.add_argument("--ks", type=int, nargs="+", default=[1, 2],
+                   help="throughput: worker counts (at most the cores: the model has a worker per machine)")
+    p.add_argument("--reps", type=int, default=3, help="throughput: rounds over the configurations (median)")
+    p.add_argument("--iterations", type=int, default=200, help="throughput: iterations of a job")
+    p.add_argument("--skip", type=int, default=20, help="throughput: first iterations not timed")
+    p.add_argument("--timeout", type=float, default=300.0, help="throughput: seconds one job may take")
+    p.add_argument("--experiments", nargs="+", default=None, choices=["fixed", "along", "throughput"],
+                   help="default fixed along throughput (--quick: fixed along)")
+    a = p.parse_args(argv)
+    for key, full, quick in (("seeds", 3, 2), ("scales", [1, 16], [1]), ("points", [20, 100, 500, 2000], [20, 100]),
+                             ("warmup", 1000, 150),
+                             ("steps", 2000, 200), ("every", 50, 25), ("warmup_along", 200, 50),
+                             ("experiments", ["fixed", "along", "throughput"], ["fixed", "along"])):
+        if getattr(a, key) is None:
+            setattr(a, key, quick if a.quick else full)
+    t0 = time.perf_counter()
+    ds = dataset(a.data, a.samples)
+    exact = ExactStats(ds)
+    if "fixed" in a.experiments:
+        fixed(a, ds, exact)
+    if "along" in a.experiments:
+        along_run(a, ds, exact)
+    if "throughput" in a.experiments:
+        throughput(a)
+    emit(bench="pollux", done=True, seconds=time.perf_counter() - t0, data=a.data, samples=ds.n)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""bench.pollux: φ on MLR against its exact value, in miniature (digits, one seed, few steps): the exact
+statistics against a direct per-example computation, and the estimate near the exact value."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bench.pollux.__main__ import main
+from bench.pollux.phi import ExactStats
+from bosen.apps.mlr import data as D
+from bosen.apps.mlr.kernels import loss_grad
+
+
+def test_exact_statistics_equal_the_per_example_gradients() -> None:
+    ds = D.digits().take(np.arange(200))
+    W = np.random.default_rng(0).normal(0, 0.1, (ds.classes, ds.features + 1))
+    per = np.stack([loss_grad(ds.indptr, ds.indices, ds.values, ds.labels, np.array([i]), W)[1].ravel()
+                    for i in range(ds.n)])
+    G = per.mean(axis=0)
+    e = ExactStats(ds).at(W)
+    assert e.sqnorm == pytest.approx(float(G @ G), rel=1e-6)
+    assert e.trace == pytest.approx(float(((per - G) ** 2).sum(axis=1).mean()), rel=1e-6)
+
+
+def test_quick_run_puts_phi_within_20pct_where_the_estimator_has_warmed_up(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--quick", "--seeds", "1", "--points", "20", "--warmup", "200", "--steps", "120", "--every", "20"])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert all({"bench", "metric", "unit"} <= r.keys() for r in lines[:-1]) and lines[-1]["done"] is True
+    summ = {(r["experiment"], r["estimator"]): r for r in lines if r.get("summary")}
+    assert set(summ) == {("fixed", "workers"), ("fixed", "micro"), ("fixed", "differenced"),
+                         ("along", "workers"), ("along", "differenced")}
+    for key in (("fixed", "workers"), ("fixed", "micro"), ("along", "workers")):
+        assert 0.8 <= summ[key]["ours"] <= 1.2, summ[key]
+
+
+def test_held_out_error_is_small_where_the_times_follow_the_model() -> None:
+    from bench.pollux.steps import held_out_errors, in_sample_errors
+    from bosen.goodput import Throughput
+
+    true = Throughput(alpha_grad=2e-4, beta_grad=3e-6, alpha_sync=1e-3, beta_sync=5e-4, gamma=1.5)
+    ms, ks = [32, 256, 2048] * 3, [1] * 3 + [2] * 3 + [3] * 3
+    secs = [float(true.t_iter(m, 0, k)) for m, k in zip(ms, ks, strict=True)]
+    errs = held_out_errors(ms, ks, secs)
+    assert len(errs) == 9 and max(errs) < 0.05, errs
+    assert max(in_sample_errors(ms, ks, secs)) < 0.01
