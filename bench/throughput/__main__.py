@@ -213,6 +213,23 @@ def peer_router(port: int) -> None:
     ctx.term()
 
 
+def push_ingest(push: zmq.Socket, ctl: zmq.Socket, pull: Any, rows_per_msg: int, msgs: int, what: str) -> float:
+    """Seconds to push ``msgs`` INC-shaped messages on ``push`` and hear from the receiver (``ctl``)
+    that all arrived: the raw pyzmq baselines' ingest, plain or CURVE."""
+    frames = [header_like(rows_per_msg), np.arange(rows_per_msg, dtype=np.int64),
+              np.full((rows_per_msg, COLS), 1e-3, dtype=np.float32)]
+    t0 = time.perf_counter()
+    for _ in range(msgs):
+        push.send_multipart(frames, copy=False)
+    push.send(b"END")
+    if not ctl.poll(PEER_TIMEOUT_S * 1000):
+        raise RuntimeError(f"{what} receiver did not answer within {PEER_TIMEOUT_S}s:\n{pull.tail()}")
+    got, _ = ctl.recv_json()
+    dt = time.perf_counter() - t0
+    assert got == msgs, f"{what} receiver counted {got} of {msgs} messages"
+    return dt
+
+
 class Baselines:
     """The raw-pyzmq peers, started once for the whole run."""
 
@@ -236,18 +253,7 @@ class Baselines:
 
     def ingest(self, rows_per_msg: int, msgs: int) -> float:
         """Seconds to push ``msgs`` INC-shaped messages and hear that all arrived."""
-        frames = [header_like(rows_per_msg), np.arange(rows_per_msg, dtype=np.int64),
-                  np.full((rows_per_msg, COLS), 1e-3, dtype=np.float32)]
-        t0 = time.perf_counter()
-        for _ in range(msgs):
-            self.push.send_multipart(frames, copy=False)
-        self.push.send(b"END")
-        if not self.ctl.poll(PEER_TIMEOUT_S * 1000):
-            raise RuntimeError(f"pyzmq receiver did not answer within {PEER_TIMEOUT_S}s:\n{self.pull.tail()}")
-        got, _ = self.ctl.recv_json()
-        dt = time.perf_counter() - t0
-        assert got == msgs, f"baseline receiver counted {got} of {msgs} messages"
-        return dt
+        return push_ingest(self.push, self.ctl, self.pull, rows_per_msg, msgs, "pyzmq")
 
     def fetch(self, rows_per_msg: int, calls: int) -> float:
         """Seconds for ``calls`` sequential request/reply round trips returning ``rows_per_msg`` rows."""
@@ -378,17 +384,7 @@ class RawCurve:
         self.ingest(1024, 4)
 
     def ingest(self, rows_per_msg: int, msgs: int) -> float:
-        frames = [header_like(rows_per_msg), np.arange(rows_per_msg, dtype=np.int64),
-                  np.full((rows_per_msg, COLS), 1e-3, dtype=np.float32)]
-        t0 = time.perf_counter()
-        for _ in range(msgs):
-            self.push.send_multipart(frames, copy=False)
-        self.push.send(b"END")
-        if not self.ctl.poll(PEER_TIMEOUT_S * 1000):
-            raise RuntimeError(f"CURVE receiver did not answer within {PEER_TIMEOUT_S}s:\n{self.pull.tail()}")
-        got, _ = self.ctl.recv_json()
-        assert got == msgs, f"CURVE receiver counted {got} of {msgs} messages"
-        return time.perf_counter() - t0
+        return push_ingest(self.push, self.ctl, self.pull, rows_per_msg, msgs, "CURVE")
 
     def close(self) -> None:
         with contextlib.suppress(zmq.ZMQError):
