@@ -6,7 +6,8 @@ workers (never two at once); the job finishes and reaches the failure-free run's
 within 2 extra clocks; with servers only killed and integer addition, its tables equal the
 failure-free run's exactly". ``measure`` runs the failure-free job for E clocks, then the same job for
 E + 2 clocks through ``bosen launch`` while a killer picks a live server or worker at random (each
-at most ``MAX_REPLACEMENTS`` times: the launcher gives up after that many) once every process of the
+at most ``MAX_REPLACEMENTS`` times in a row without a newer complete checkpoint: the launcher gives up
+after that many) once every process of the
 job is up again (each server answers STATUS, each worker rank has a process) and the job has moved
 on by ``gap`` clocks since the last kill. The launcher replaces each: a server from its newest
 checkpoint part while the others run on (SCAR partial recovery), a worker from the newest complete
@@ -33,6 +34,7 @@ import psutil
 
 from bench.recovery.runs import curve
 from bench.workerloss import JOBS, _finish, _launcher, _reported, extra_clocks, run, write_job
+from bosen import checkpoint
 from bosen.config import load
 from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
@@ -97,7 +99,8 @@ def run_with_chaos(cfg: Path, run_dir: Path, *, kills: int, gap: int, last: int,
     addresses = list(config.cluster.servers)
     n_workers = config.cluster.workers
     rng = random.Random(seed)
-    killed: dict[str, int] = {}
+    killed: dict[str, int] = {}  # per target, kills since the job last made a newer complete checkpoint
+    killed_at: dict[str, int] = {}  # per target, the newest complete checkpoint at its last kill
     done: list[dict[str, Any]] = []
     t0 = time.monotonic()
     p = _launcher(cfg, run_dir)
@@ -117,7 +120,7 @@ def run_with_chaos(cfg: Path, run_dir: Path, *, kills: int, gap: int, last: int,
             if not servers_only:
                 targets += [(f"worker-{r}", proc) for r, proc in ws.items()]
             targets = [(n, proc) for n, proc in sorted(targets, key=lambda x: x[0])
-                       if killed.get(n, 0) < MAX_REPLACEMENTS]
+                       if killed.get(n, 0) < MAX_REPLACEMENTS or _newest(run_dir) > killed_at.get(n, -1)]
             if not targets:
                 break
             name, proc = rng.choice(targets)
@@ -125,7 +128,9 @@ def run_with_chaos(cfg: Path, run_dir: Path, *, kills: int, gap: int, last: int,
                 proc.send_signal(signal.SIGKILL)
             except psutil.NoSuchProcess:
                 continue
-            killed[name] = killed.get(name, 0) + 1
+            newest = _newest(run_dir)
+            killed[name] = 1 if newest > killed_at.get(name, -1) else killed.get(name, 0) + 1
+            killed_at[name] = newest
             done.append({"target": name, "at_s": round(time.monotonic() - t0, 2), "clock": now})
             mark = now
             time.sleep(0.3)  # the launcher sees the exit before the next check
@@ -136,6 +141,15 @@ def run_with_chaos(cfg: Path, run_dir: Path, *, kills: int, gap: int, last: int,
     out = _finish(p, max(timeout - (time.monotonic() - t0), 60.0))
     return {"curve": curve([r for r in read_metrics(run_dir) if r["kind"] == "clock"]), "kills": done,
             "seconds": time.monotonic() - t0, "output": out}
+
+
+def _newest(run_dir: Path) -> int:
+    """The run's newest complete checkpoint (-1: none yet)."""
+    try:
+        servers = len(_addresses(run_dir, []))
+        return checkpoint.newest_complete(run_dir / "checkpoints", servers, None, None, verify=False)[0]
+    except checkpoint.CheckpointError:
+        return -1
 
 
 def _addresses(run_dir: Path, fallback: list[str]) -> list[str]:

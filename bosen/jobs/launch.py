@@ -39,7 +39,9 @@ if TYPE_CHECKING:
 
 POLL_S = 0.2
 SCALE_POLL_S = 0.02  # while a scale step is under way: its phases wait on files and the servers' clocks
-MAX_REPLACEMENTS = 3  # per server (and per worker rank) and job: a replacement that keeps dying ends the job
+# replacements of one server (or worker rank) in a row without a newer complete checkpoint between them:
+# a replacement that keeps dying ends the job; one that lets the job make progress starts the count again
+MAX_REPLACEMENTS = 3
 PRUNE_EVERY_S = 2.0  # how often old checkpoints are looked for and deleted while the job runs
 SERVER_READY_TIMEOUT_S = 60.0
 # after a worker is replaced, old checkpoints are kept this long: the replacement reads its part
@@ -107,6 +109,8 @@ class Launcher:
         self._t0 = time.time()
         self._replaced: dict[int, int] = {}
         self._workers_replaced: dict[int, int] = {}
+        # per ("server" | "worker", index): the newest complete checkpoint when it was last replaced
+        self._replaced_at: dict[tuple[str, int], int] = {}
         self._told_left: set[int] = set()  # worker ranks that finished, told to servers replaced meanwhile
         self.servers_changed = False  # `bosen scale --servers` added or removed servers
         # ranks killed after they had left the job (BYE): their work is done, nothing is redone
@@ -259,6 +263,7 @@ class Launcher:
         gone = [str(r) for r, w in enumerate(self.workers) if w.returncode == 0]
         self.say(f"{lost.name} {describe_exit(code)}: starting a replacement from its newest checkpoint")
         self._replaced[i] = self._replaced.get(i, 0) + 1
+        self._replaced_at["server", i] = self._newest_complete()
         shape: list[str] = []
         if self.servers_changed:  # the job's servers and map now, from a running server: not the config's
             live = [a for j, (a, q) in enumerate(zip(self.cluster.addresses, self.cluster.servers, strict=True))
@@ -315,6 +320,7 @@ class Launcher:
         except checkpoint.CheckpointError:  # lost before the first checkpoint: its state at clock 0
             clock, resume, where = 0, None, "the start (no complete checkpoint yet)"
         n = self._workers_replaced[rank] = self._workers_replaced.get(rank, 0) + 1
+        self._replaced_at["worker", rank] = clock
         if self._merger is not None:  # its records so far first: the replacement's of those clocks are redone
             for rec in self._merger.replaced(rank):
                 self._progress(rec)
@@ -384,7 +390,7 @@ class Launcher:
         for i, p in enumerate(self.cluster.servers if self.cluster is not None else []):
             code = p.returncode
             if code is not None:
-                if self.config.checkpoint is None or self._replaced.get(i, 0) >= MAX_REPLACEMENTS:
+                if self.config.checkpoint is None or self._in_a_row(self._replaced, "server", i) >= MAX_REPLACEMENTS:
                     raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n"
                                     f"{p.tail(15)}")
                 self._replace_server(i, p)
@@ -410,7 +416,7 @@ class Launcher:
                          "is redone")
                 self._left_then_killed.add(rank)
             elif code < 0 and self.config.checkpoint is not None \
-                    and self._workers_replaced.get(rank, 0) < MAX_REPLACEMENTS:
+                    and self._in_a_row(self._workers_replaced, "worker", rank) < MAX_REPLACEMENTS:
                 self._replace_worker(rank, p)  # killed (SIGKILL, OOM): its state is in the checkpoints
                 workers_done = False
             elif code != 0:
@@ -419,10 +425,30 @@ class Launcher:
                     why = (" (a lost worker is replaced only in a job that makes checkpoints: add a checkpoint "
                            "section, docs/recovery.md)")
                 elif code < 0:
-                    why = f" (replaced {MAX_REPLACEMENTS} times already)"
+                    why = f" (replaced {MAX_REPLACEMENTS} times in a row, no newer checkpoint between)"
                 raise JobFailed(f"{p.name} {describe_exit(code)}{why}; stopping the job. Last log lines:\n"
                                 f"{p.tail(15)}")
         return workers_done
+
+    def _in_a_row(self, counts: dict[int, int], kind: str, i: int) -> int:
+        """Replacements of server or worker ``i`` since the job last made a complete checkpoint newer
+        than the one it had at the latest of them (such progress starts the count again)."""
+        at = self._replaced_at.get((kind, i))
+        if at is not None and counts.get(i, 0) and self._newest_complete() > at:
+            counts[i] = 0
+        return counts.get(i, 0)
+
+    def _newest_complete(self) -> int:
+        """The clock of the run's newest complete checkpoint (-1: none yet)."""
+        ck = self.config.checkpoint
+        if ck is None or self.cluster is None:
+            return -1
+        try:
+            clock, _, _ = checkpoint.newest_complete(Path(ck.dir), len(self.cluster.addresses), None, None,
+                                                     verify=False)
+        except checkpoint.CheckpointError:
+            return -1
+        return clock
 
     def _watch(self, merger: MetricsMerger, start: float) -> None:
         pruned = time.time()
