@@ -109,8 +109,10 @@ class Launcher:
         self._t0 = time.time()
         self._replaced: dict[int, int] = {}
         self._workers_replaced: dict[int, int] = {}
-        # per ("server" | "worker", index): the newest complete checkpoint when it was last replaced
+        # per ("server" | "worker", index): the newest complete checkpoint when it was last replaced, and
+        # its replacements since the job last made a newer one (the totals above name the processes)
         self._replaced_at: dict[tuple[str, int], int] = {}
+        self._streak: dict[tuple[str, int], int] = {}
         self._told_left: set[int] = set()  # worker ranks that finished, told to servers replaced meanwhile
         self.servers_changed = False  # `bosen scale --servers` added or removed servers
         # ranks killed after they had left the job (BYE): their work is done, nothing is redone
@@ -264,6 +266,7 @@ class Launcher:
         self.say(f"{lost.name} {describe_exit(code)}: starting a replacement from its newest checkpoint")
         self._replaced[i] = self._replaced.get(i, 0) + 1
         self._replaced_at["server", i] = self._newest_complete()
+        self._streak["server", i] = self._streak.get(("server", i), 0) + 1
         shape: list[str] = []
         if self.servers_changed:  # the job's servers and map now, from a running server: not the config's
             live = [a for j, (a, q) in enumerate(zip(self.cluster.addresses, self.cluster.servers, strict=True))
@@ -321,6 +324,7 @@ class Launcher:
             clock, resume, where = 0, None, "the start (no complete checkpoint yet)"
         n = self._workers_replaced[rank] = self._workers_replaced.get(rank, 0) + 1
         self._replaced_at["worker", rank] = clock
+        self._streak["worker", rank] = self._streak.get(("worker", rank), 0) + 1
         if self._merger is not None:  # its records so far first: the replacement's of those clocks are redone
             for rec in self._merger.replaced(rank):
                 self._progress(rec)
@@ -390,7 +394,7 @@ class Launcher:
         for i, p in enumerate(self.cluster.servers if self.cluster is not None else []):
             code = p.returncode
             if code is not None:
-                if self.config.checkpoint is None or self._in_a_row(self._replaced, "server", i) >= MAX_REPLACEMENTS:
+                if self.config.checkpoint is None or self._in_a_row("server", i) >= MAX_REPLACEMENTS:
                     raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n"
                                     f"{p.tail(15)}")
                 self._replace_server(i, p)
@@ -416,7 +420,7 @@ class Launcher:
                          "is redone")
                 self._left_then_killed.add(rank)
             elif code < 0 and self.config.checkpoint is not None \
-                    and self._in_a_row(self._workers_replaced, "worker", rank) < MAX_REPLACEMENTS:
+                    and self._in_a_row("worker", rank) < MAX_REPLACEMENTS:
                 self._replace_worker(rank, p)  # killed (SIGKILL, OOM): its state is in the checkpoints
                 workers_done = False
             elif code != 0:
@@ -430,13 +434,14 @@ class Launcher:
                                 f"{p.tail(15)}")
         return workers_done
 
-    def _in_a_row(self, counts: dict[int, int], kind: str, i: int) -> int:
+    def _in_a_row(self, kind: str, i: int) -> int:
         """Replacements of server or worker ``i`` since the job last made a complete checkpoint newer
         than the one it had at the latest of them (such progress starts the count again)."""
-        at = self._replaced_at.get((kind, i))
-        if at is not None and counts.get(i, 0) and self._newest_complete() > at:
-            counts[i] = 0
-        return counts.get(i, 0)
+        key = (kind, i)
+        at = self._replaced_at.get(key)
+        if at is not None and self._streak.get(key, 0) and self._newest_complete() > at:
+            self._streak[key] = 0
+        return self._streak.get(key, 0)
 
     def _newest_complete(self) -> int:
         """The clock of the run's newest complete checkpoint (-1: none yet)."""

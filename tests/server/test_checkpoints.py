@@ -77,7 +77,8 @@ def test_resume_is_exact_and_skips_a_corrupt_checkpoint(tmp_path: Path, storage:
     cfg = job(tmp_path, {"ticks": 12, "die_at": 9, "die_again": True}, staleness=1, storage=storage)
     run = tmp_path / "run"
     code, out = launch(cfg, "--run-dir", run, timeout=150)
-    assert code == 1 and "worker-0.3 was killed by SIGKILL (replaced 3 times in a row, no newer checkpoint between)" in out, out
+    assert code == 1 and "worker-0.3 was killed by SIGKILL (replaced 3 times in a row, no newer checkpoint " \
+        "between)" in out, out
     base = run / "checkpoints"
     assert checkpoint.newest_complete(base, 2, 2, None)[0] == 8  # parts of 10 may exist: the live worker's
     victim = base / "clock-00000008" / "server-1" / "t0.values.npy"
