@@ -88,7 +88,7 @@ def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_
     that, more workers than tasks and a run directory without a launcher are refused. The checkpoints made
     while 3 workers ran record ranks 0-2 as their makers, and the newest made by 3 servers resumes with
     the config's 2 servers and 2 workers, ending exact too."""
-    iterations = 400
+    iterations = 1000  # long enough for both steps: a joiner loads its data before the boundary is proposed
     path, cfg = _lda_job(tmp_path, iterations)
     run = (tmp_path / "run").resolve()
     with pytest.raises(ScaleError, match="no running launcher"):
