@@ -7,7 +7,8 @@ layout as a tree of symlinks, ``build/typecheck/bosen/`` (one link per entry of 
 points there) and rewrites the paths in mypy's report back to the files in the repository.
 
 Usage: ``python tests/typecheck.py [extra mypy arguments]`` (``make typecheck``); exits with mypy's
-status. ``tests/apps/test_protocol.py`` builds the same tree for its own check (``build_tree``).
+status. It also checks ``tests/apps/protocol_conformance.py`` (module ``protocol_conformance``, found
+through ``MYPYPATH``): the real client and the tests' stand-in against the apps' protocols.
 """
 
 from __future__ import annotations
@@ -48,10 +49,11 @@ def main(argv: list[str]) -> int:
     links = build_tree()
     pattern = re.compile("|".join(re.escape(k) + r"(?=[/:])" for k in sorted(links, key=len, reverse=True)))
     proc = subprocess.run(
-        [sys.executable, "-m", "mypy", "-p", "bosen", *argv],
+        [sys.executable, "-m", "mypy", "-p", "bosen", "-m", "protocol_conformance", *argv],
         cwd=ROOT,
         capture_output=True,
         text=True,
+        env={**os.environ, "MYPYPATH": str(ROOT / "tests" / "apps")},
     )
     for stream, text in ((sys.stdout, proc.stdout), (sys.stderr, proc.stderr)):
         stream.write(pattern.sub(lambda m: links[m.group(0)], text))
