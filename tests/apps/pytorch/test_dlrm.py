@@ -31,13 +31,13 @@ def launch(run_dir: Path, *sets: str, timeout: float = 120) -> list[dict]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("staleness", [0, 2])
 @pytest.mark.slow
-def test_dlrm_learns_through_the_launcher(tmp_path, staleness):
-    """100,000 samples (one epoch, two workers, batch 128, server AdaGrad): the held-out AUC gets at
-    least half of the way from chance (0.5) to the teacher's (0.798 here); measured 0.666 (s=0) and
-    0.664 (s=2), and single-process torch AdaGrad reaches 0.672 on the same samples."""
-    lines = launch(tmp_path / "run", f"consistency.staleness={staleness}", "app.args.train_samples=100000",
+def test_dlrm_learns_through_the_launcher(tmp_path):
+    """100,000 samples (one epoch, two workers, batch 128, server AdaGrad, staleness 2): the held-out
+    AUC gets at least half of the way from chance (0.5) to the teacher's (0.798 here); measured 0.664
+    (0.666 at staleness 0, which tests/apps/pytorch/test_rowcache.py runs in process), and
+    single-process torch AdaGrad reaches 0.672 on the same samples."""
+    lines = launch(tmp_path / "run", "consistency.staleness=2", "app.args.train_samples=100000",
                    "app.args.evals_per_epoch=2")
     clocks = sorted((x for x in lines if x.get("kind") == "clock"), key=lambda x: x["clock"])
     steps = 50_000 // 128  # 390 per worker, a clock every 4
