@@ -72,7 +72,7 @@ def test_resumed_pytorch_job_goes_on_from_its_step(tmp_path: Path) -> None:
     """The CNN example (PSModule.resume: the step count in the worker's part; parameters from the
     tables): stopped after its checkpoint at clock 8 (32 steps, mid-epoch) and resumed, it reports the
     clocks of the job that ran through, its training loss within 0.2% (float32 rounding differences,
-    grown over ~90 SGD steps: measured 2e-4)."""
+    grown over ~30 SGD steps)."""
     from bosen.apps.datasets import images
 
     if not images.FASHION_DIR.is_dir():
@@ -80,16 +80,16 @@ def test_resumed_pytorch_job_goes_on_from_its_step(tmp_path: Path) -> None:
     cfg = yaml.safe_load((REPO / "configs" / "torch-cnn.yaml").read_text())
     cfg["cluster"]["workers"] = 1
     cfg["consistency"]["staleness"] = 0
-    cfg["app"]["args"].update(train_samples=4000, test_samples=500, epochs=2)  # 62 steps per epoch
+    cfg["app"]["args"].update(train_samples=4000, test_samples=500, epochs=1)  # 62 steps per epoch
     cfg["checkpoint"] = {"every_clocks": 4}
     da, db = whole_and_resumed(cfg, tmp_path, 8, 2, 1)
     a, b = _clocks(da), _clocks(db)
-    # a record per clock (4 steps of its one micro-task; an epoch's last clock has the 2 steps left):
-    # 2 x 16 clocks, the first 8 kept from before the stop, the rest reported by the resumed job
-    assert [x["clock"] for x in b] == [x["clock"] for x in a] == list(range(32))
-    assert [x["samples"] for x in b] == [x["samples"] for x in a] == ([4 * 64] * 15 + [2 * 64]) * 2
-    # the second epoch's loss (its 16 clocks' sum, as the per-epoch record was)
-    assert sum(x["objective"] for x in b[16:]) == pytest.approx(sum(x["objective"] for x in a[16:]), rel=2e-3)
+    # a record per clock (4 steps of its one micro-task; the epoch's last clock has the 2 steps left):
+    # 16 clocks, the first 8 kept from before the stop, the rest reported by the resumed job
+    assert [x["clock"] for x in b] == [x["clock"] for x in a] == list(range(16))
+    assert [x["samples"] for x in b] == [x["samples"] for x in a] == [4 * 64] * 15 + [2 * 64]
+    # the loss of the clocks after the resume (each clock's sum, as the per-epoch record was)
+    assert sum(x["objective"] for x in b[8:]) == pytest.approx(sum(x["objective"] for x in a[8:]), rel=2e-3)
     ends_a, ends_b = [x for x in a if "heldout_correct" in x], [x for x in b if "heldout_correct" in x]
-    assert len(ends_a) == len(ends_b) == 2  # rank 0 scores each epoch's end
+    assert len(ends_a) == len(ends_b) == 1  # rank 0 scores the epoch's end
     assert abs(ends_b[-1]["heldout_correct"] - ends_a[-1]["heldout_correct"]) <= 5
