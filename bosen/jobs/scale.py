@@ -6,7 +6,8 @@ loopback whose address it writes to ``RUN_DIR/control.json`` (JSON requests and 
 for progress until the job runs with M workers. What can be scaled is a table of handlers keyed by
 its name (:attr:`Scaler.handlers`): ``servers`` (done at once, before a workers step of the same
 request: servers join on free local ports, ``bosen-server --join``, or the last ones leave, while
-``bosen.jobs.moves.scale_servers`` moves the partitions) and ``workers``.
+``bosen.jobs.moves.scale_servers`` moves the partitions) and ``workers``. A request is checked whole
+(:attr:`Scaler.checks`) before any part of it starts, so a refused part never leaves another done.
 
 Scaling workers moves micro-tasks at a clock boundary B (apps/microtasks.py, ``FilePlan``) in two
 phases, so no worker can be past B when the tasks move: the launcher proposes a plan for B (a few
@@ -119,8 +120,12 @@ class Scaler:
         self.run_dir = launcher.run_dir
         self.folder = self.run_dir / microtasks.HANDOFF_DIR
         self.plan_path = self.folder / "plan.json"
-        # what can be scaled, each asked in this order (one that only checks goes before one that starts a step)
+        # what can be scaled, each asked in this order (one done at once goes before one that starts a step),
+        # and each one's checks: a request is checked whole before any part of it starts, so a refused
+        # part never leaves the other done
         self.handlers: dict[str, Callable[[Any], _Step | None]] = {"servers": self._servers, "workers": self._workers}
+        self.checks: dict[str, Callable[[Any], bool]] = {"servers": self._check_servers,
+                                                          "workers": self._check_workers}
         self.steps: dict[int, _Step] = {}
         self.current: _Step | None = None
         # the ranks in the job: joiners count from the commit on, leavers no more from it (a leaving
@@ -175,9 +180,16 @@ class Scaler:
                 raise ScaleError(f"nothing to scale: give one of {', '.join('--' + k for k in self.handlers)}")
             if self.current is not None:
                 raise ScaleError(f"a scale step (to {self.current.target} workers) is still under way")
+            for what, value in asked.items():
+                self.checks[what](value)
             step = None
             for what, value in asked.items():
-                got = self.handlers[what](value)
+                try:
+                    got = self.handlers[what](value)
+                except ScaleError as e:
+                    if step is None:
+                        raise
+                    raise ScaleError(f"{e} (the job kept the rest of this request: {step.lines[-1]})") from None
                 if got is not None and step is not None:  # one request: the command shows every step's lines
                     got.lines[:0] = step.lines
                 step = got or step
@@ -200,16 +212,8 @@ class Scaler:
         cluster = self.launcher.cluster
         assert cluster is not None
         now = list(cluster.addresses)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ScaleError(f"--servers {n!r}: a job needs at least 1 server")
-        if n == len(now):
+        if not self._check_servers(n):
             return None
-        parts = self.launcher.config.cluster.num_partitions
-        if n > parts:
-            raise ScaleError(f"--servers {n}: the job's rows are in {parts} partitions (cluster.partitions), so at "
-                             f"most {parts} servers")
-        if not self.live():
-            raise ScaleError("the job's workers have all finished")
         self._ids += 1
         step = _Step(self._ids, -n, time.time())
         self.steps[step.id] = step
@@ -242,7 +246,23 @@ class Scaler:
                         f"moved, sends paused {report.pause_s:.2f}s")
         return step
 
-    def _workers(self, m: Any) -> _Step | None:
+    def _check_servers(self, n: Any) -> bool:
+        """ScaleError if the job cannot run on ``n`` servers; whether that changes anything."""
+        assert self.launcher.cluster is not None
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ScaleError(f"--servers {n!r}: a job needs at least 1 server")
+        if n == len(self.launcher.cluster.addresses):
+            return False
+        parts = self.launcher.config.cluster.num_partitions
+        if n > parts:
+            raise ScaleError(f"--servers {n}: the job's rows are in {parts} partitions (cluster.partitions), so at "
+                             f"most {parts} servers")
+        if not self.live():
+            raise ScaleError("the job's workers have all finished")
+        return True
+
+    def _check_workers(self, m: Any) -> bool:
+        """ScaleError if the job cannot run with ``m`` worker processes; whether that changes anything."""
         cfg = self.launcher.config
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise ScaleError(f"--workers {m!r}: a job needs at least 1 worker")
@@ -266,9 +286,13 @@ class Scaler:
                              f"so at most {T} workers")
         if not self.live():
             raise ScaleError("the job's workers have all finished")
-        now = sorted(self.members)
-        if m == len(now):
+        return m != len(self.members)
+
+    def _workers(self, m: Any) -> _Step | None:
+        if not self._check_workers(m):
             return None
+        now = sorted(self.members)
+        T = self.tasks()
         self._ids += 1
         step = _Step(self._ids, m, time.time())
         nxt = len(self.launcher.workers)  # ranks are never reused

@@ -159,7 +159,8 @@ def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_
 
 @pytest.mark.timeout(120)
 def test_impossible_requests_are_refused_naming_why(tmp_path):
-    """A job without checkpoints, fewer than 1 worker or server, more servers than partitions, nothing asked."""
+    """A job without checkpoints, fewer than 1 worker or server, more servers than partitions, nothing
+    asked; a request of servers and workers is checked whole: its refused workers part starts no server."""
     path, _ = _lda_job(tmp_path, 400, checkpoints=False)
     run = (tmp_path / "run").resolve()
     p = _launch(path, run)
@@ -169,9 +170,13 @@ def test_impossible_requests_are_refused_naming_why(tmp_path):
                         ({"workers": 0}, "a job needs at least 1 worker"),
                         ({"servers": 0}, "a job needs at least 1 server"),
                         ({"servers": 300}, "in 256 partitions .* so at most 256 servers"),
-                        ({}, "nothing to scale")]:
+                        ({}, "nothing to scale"),
+                        ({"servers": 3, "workers": 3}, "this job makes no checkpoints")]:
             with pytest.raises(ScaleError, match=msg):
                 bosen.scale(run, **kw)
+        lines: list[str] = []
+        bosen.scale(run, servers=2, out=lines.append)
+        assert lines == ["nothing to do: the job already has that shape"]  # still its 2 servers
         assert p.poll() is None  # refused requests leave the job running
     finally:
         _stop(p)
