@@ -24,6 +24,7 @@ def sim_figure(results: dict[str, list[dict[str, Any]]], path: Path) -> Path:
     ax.set_xticks(np.arange(traces) + 0.4 - width / 2, [str(t) for t in range(traces)])
     ax.set_xlabel("trace (seed)")
     ax.set_ylabel("average JCT, hours")
+    ax.set_yscale("log")
     ax.legend(fontsize=7)
     for name in names:
         rho = np.sort(np.concatenate([r["rho"] for r in results[name]]))
