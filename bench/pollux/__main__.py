@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -119,6 +120,40 @@ def throughput(a: argparse.Namespace) -> None:
          experiment="throughput", configurations=len(fitted), ms=a.ms, ks=a.ks, reps=a.reps)
 
 
+def sim_run(a: argparse.Namespace) -> None:
+    from bench.pollux import sim
+    from bench.pollux.profiles import load
+
+    kinds = sim.kinds_from_profiles(load(), a.sync_growth)
+    results: dict[str, list[dict[str, float]]] = {p: [] for p in sim.POLICIES}
+    for seed in range(a.traces):
+        trace = sim.make_trace(kinds, seed, a.jobs, a.hours, a.slots)
+        for policy in sim.POLICIES:
+            r = sim.run_policy(policy, trace, kinds, a.slots, a.interval, a.delay)
+            results[policy].append(r)
+            emit(bench="pollux", case=f"sim {policy} trace={seed}", metric="avg_jct", unit="h", ours=r["avg_jct_h"],
+                 experiment="sim", policy=policy, trace=seed, slots=a.slots, interval=a.interval, delay=a.delay,
+                 sync_growth=a.sync_growth, **{k: v for k, v in r.items() if k != "rho"})
+    ours = results["pollux p=-1"]
+    for base in ("fair M0", "fair tuned", "tiresias M0xK", "tiresias tuned"):
+        for key in ("avg_jct_h", "p99_jct_h", "makespan_h"):
+            ratios = [b[key] / o[key] for b, o in zip(results[base], ours, strict=True)]
+            emit(bench="pollux", case=f"sim {key} {base} / pollux p=-1", metric=f"{key}_ratio",
+                 unit="baseline / pollux (> 1 = pollux better)", ours=statistics.median(ratios), spread=_spread(ratios),
+                 reduction=1 - 1 / statistics.median(ratios), summary=True, experiment="sim", baseline=base,
+                 traces=a.traces, jobs=a.jobs, slots=a.slots, hours=a.hours, delay=a.delay,
+                 sync_growth=a.sync_growth)
+    for key in ("rho_max", "rho_p90", "rho_std"):
+        ratios = [b[key] / o[key] for b, o in zip(results["pollux p=1"], ours, strict=True)]
+        emit(bench="pollux", case=f"sim {key} pollux p=1 / p=-1", metric=f"{key}_ratio",
+             unit="p=1 / p=-1 (> 1 = p=-1 fairer)", ours=statistics.median(ratios), spread=_spread(ratios),
+             summary=True, experiment="sim", traces=a.traces, jobs=a.jobs, slots=a.slots)
+    if a.plot:
+        from bench.pollux.plot import sim_figure
+
+        sim_figure(results, a.plot)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.pollux", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer points, steps and seeds (CI)")
@@ -141,25 +176,43 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--iterations", type=int, default=200, help="throughput: iterations of a job")
     p.add_argument("--skip", type=int, default=20, help="throughput: first iterations not timed")
     p.add_argument("--timeout", type=float, default=300.0, help="throughput: seconds one job may take")
-    p.add_argument("--experiments", nargs="+", default=None, choices=["fixed", "along", "throughput"],
-                   help="default fixed along throughput (--quick: fixed along)")
+    p.add_argument("--traces", type=int, default=None, help="sim: synthetic traces (seeds; default 8, --quick 2)")
+    p.add_argument("--jobs", type=int, default=None, help="sim: jobs per trace (default 160, --quick 12)")
+    p.add_argument("--slots", type=int, default=None, help="sim: worker slots W (default 16, --quick 8)")
+    p.add_argument("--hours", type=float, default=None, help="sim: hours the arrivals spread over (default 8)")
+    p.add_argument("--interval", type=float, default=60.0, help="sim: seconds between scheduling decisions")
+    p.add_argument("--delay", type=float, default=6.0, help="sim: seconds a job stalls when its workers change")
+    p.add_argument("--sync-growth", type=float, default=None, help="sim: beta_s / alpha_s (profiles.SYNC_GROWTH)")
+    p.add_argument("--plot", type=Path, default=None, help="sim: write the figure here (a .png)")
+    p.add_argument("--experiments", nargs="+", default=None, choices=["fixed", "along", "throughput", "sim"],
+                   help="default fixed along throughput sim (--quick: fixed along)")
     a = p.parse_args(argv)
     for key, full, quick in (("seeds", 3, 2), ("scales", [1, 16], [1]), ("points", [20, 100, 500, 2000], [20, 100]),
                              ("warmup", 1000, 150),
                              ("steps", 2000, 200), ("every", 50, 25), ("warmup_along", 200, 50),
-                             ("experiments", ["fixed", "along", "throughput"], ["fixed", "along"])):
+                             ("traces", 8, 2), ("jobs", 160, 12), ("slots", 16, 8), ("hours", 8.0, 2.0),
+                             ("experiments", ["fixed", "along", "throughput", "sim"], ["fixed", "along"])):
         if getattr(a, key) is None:
             setattr(a, key, quick if a.quick else full)
+    if a.sync_growth is None:
+        from bench.pollux.profiles import SYNC_GROWTH
+
+        a.sync_growth = SYNC_GROWTH
     t0 = time.perf_counter()
-    ds = dataset(a.data, a.samples)
-    exact = ExactStats(ds)
-    if "fixed" in a.experiments:
-        fixed(a, ds, exact)
-    if "along" in a.experiments:
-        along_run(a, ds, exact)
+    samples = None
+    if "fixed" in a.experiments or "along" in a.experiments:
+        ds = dataset(a.data, a.samples)
+        samples = ds.n
+        exact = ExactStats(ds)
+        if "fixed" in a.experiments:
+            fixed(a, ds, exact)
+        if "along" in a.experiments:
+            along_run(a, ds, exact)
     if "throughput" in a.experiments:
         throughput(a)
-    emit(bench="pollux", done=True, seconds=time.perf_counter() - t0, data=a.data, samples=ds.n)
+    if "sim" in a.experiments:
+        sim_run(a)
+    emit(bench="pollux", done=True, seconds=time.perf_counter() - t0, data=a.data, samples=samples)
 
 
 if __name__ == "__main__":

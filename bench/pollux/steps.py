@@ -16,14 +16,16 @@ from bench.common import REPO
 from bosen.goodput import fit_throughput
 
 
-def step_seconds(m: int, workers: int, iterations: int, skip: int, seed: int, timeout: float) -> float:
+def step_seconds(m: int, workers: int, iterations: int, skip: int, seed: int, timeout: float,
+                 data: str = "digits", cols: int = 65) -> float:
     """The median seconds between rank 0's reports of consecutive iterations (read, gradient of m
-    samples, push, wait for the servers' step) after the first ``skip``."""
+    samples, push, wait for the servers' step) after the first ``skip``; ``data`` as the MLR app takes
+    it (digits, or a path), ``cols`` its features + 1."""
     from bosen.jobs.job import job_config, run_job, write_config
 
-    app = {"module": "bosen.apps.mlr", "args": {"data": "digits", "holdout": 0.0, "batch_size": m,
+    app = {"module": "bosen.apps.mlr", "args": {"data": data, "holdout": 0.0, "batch_size": m,
                                                  "epochs": iterations, "eval_every": 0, "seed": seed}}
-    tables = {"W": {"rows": 10, "cols": 65, "dtype": "float64", "init": {"zeros": True},
+    tables = {"W": {"rows": 10, "cols": cols, "dtype": "float64", "init": {"zeros": True},
                     "backup": {"mode": "static", "k": workers, "lr": 0.5}}}
     with tempfile.TemporaryDirectory() as tmp:
         path = write_config(Path(tmp) / "job.yaml", job_config(["127.0.0.1:0"], workers, tables=tables, app=app))
