@@ -51,8 +51,11 @@ ingest-1MiB-curve
     thread's, plaintext / CURVE), per pair, the median. ``ingest-1MiB-curve-cipher``: thread CPU us
     of libsodium encrypting and decrypting one 1 MiB frame (``crypto_box_easy_afternm`` and its
     open, XSalsa20-Poly1305, in the libsodium libzmq loaded), the floor of what CURVE adds per MiB,
-    with ``cpu_bound_ratio_at_best`` = plaintext CPU / (plaintext CPU + that floor). Not in the
-    default ``--only`` set: ``--only curve``.
+    with ``cpu_bound_ratio_at_best`` = plaintext CPU / (plaintext CPU + that floor).
+    ``ingest-1MiB-curve-pyzmq-2conn``: raw pyzmq with CURVE over two connections (messages round
+    robin, each connection on an I/O thread of its own at both ends; a fifth member) against one:
+    what spreading the encryption over threads gives on this machine. Not in the default ``--only``
+    set: ``--only curve``.
 
 fetch-1KiB / fetch-1MiB
     ``table.get_row(r)`` (1 KiB) or ``table.get_rows(1024 rows)`` (1 MiB) of rows never read before, so
@@ -169,10 +172,11 @@ def header_like(n: int) -> bytes:
 # baseline peers (subprocesses running this module: --peer pull | router)
 
 
-def peer_pull(port: int, ctl_port: int, curve_key: str | None = None) -> None:
-    """Count messages and bytes until END, report them on the control socket; exit on QUIT.
-    ``curve_key``: a server secret key file: the PULL is a CURVE server (any client key)."""
-    ctx = zmq.Context()
+def peer_pull(ports: list[int], ctl_port: int, curve_key: str | None = None) -> None:
+    """Count messages and bytes until an END has come on every port, report them on the control
+    socket; exit on QUIT. ``curve_key``: a server secret key file: the PULL is a CURVE server (any
+    client key). Several ports: one I/O thread each (a sender's connection per port)."""
+    ctx = zmq.Context(io_threads=len(ports))
     pull = ctx.socket(zmq.PULL)
     if curve_key is not None:
         from bosen.security import load_key_file
@@ -182,16 +186,20 @@ def peer_pull(port: int, ctl_port: int, curve_key: str | None = None) -> None:
         pull.curve_publickey = public
         pull.curve_secretkey = secret  # type: ignore[assignment]
     pull.setsockopt(zmq.RCVHWM, 0)
-    pull.bind(f"tcp://127.0.0.1:{port}")
+    for i, port in enumerate(ports):
+        pull.setsockopt(zmq.AFFINITY, 1 << i)  # libzmq otherwise may serve every connection on one I/O thread
+        pull.bind(f"tcp://127.0.0.1:{port}")
     ctl = ctx.socket(zmq.PUSH)
     ctl.connect(f"tcp://127.0.0.1:{ctl_port}")
-    msgs = nbytes = 0
+    msgs = nbytes = ends = 0
     while True:
         frames = pull.recv_multipart(copy=False)
         first = frames[0].bytes if len(frames) == 1 else None
         if first == b"END":
-            ctl.send_json([msgs, nbytes])
-            msgs = nbytes = 0
+            ends += 1  # each connection is FIFO: its END comes after everything sent on it
+            if ends == len(ports):
+                ctl.send_json([msgs, nbytes])
+                msgs = nbytes = ends = 0
         elif first == b"QUIT":
             break
         else:
@@ -221,15 +229,18 @@ def peer_router(port: int) -> None:
     ctx.term()
 
 
-def push_ingest(push: zmq.Socket, ctl: zmq.Socket, pull: Any, rows_per_msg: int, msgs: int, what: str) -> float:
-    """Seconds to push ``msgs`` INC-shaped messages on ``push`` and hear from the receiver (``ctl``)
-    that all arrived: the raw pyzmq baselines' ingest, plain or CURVE."""
+def push_ingest(pushes: list[zmq.Socket], ctl: zmq.Socket, pull: Any, rows_per_msg: int, msgs: int,
+                what: str) -> float:
+    """Seconds to push ``msgs`` INC-shaped messages, round robin over ``pushes`` (one connection each),
+    and hear from the receiver (``ctl``) that all arrived: the raw pyzmq baselines' ingest, plain or CURVE."""
     frames = [header_like(rows_per_msg), np.arange(rows_per_msg, dtype=np.int64),
               np.full((rows_per_msg, COLS), 1e-3, dtype=np.float32)]
+    n = len(pushes)
     t0 = time.perf_counter()
-    for _ in range(msgs):
-        push.send_multipart(frames, copy=False)
-    push.send(b"END")
+    for k in range(msgs):
+        pushes[k % n].send_multipart(frames, copy=False)
+    for push in pushes:
+        push.send(b"END")
     if not ctl.poll(PEER_TIMEOUT_S * 1000):
         raise RuntimeError(f"{what} receiver did not answer within {PEER_TIMEOUT_S}s:\n{pull.tail()}")
     got, _ = ctl.recv_json()
@@ -246,7 +257,7 @@ class Baselines:
         self.pull_port, self.router_port = free_ports(2)
         self.ctl = self.ctx.socket(zmq.PULL)
         ctl_port = self.ctl.bind_to_random_port("tcp://127.0.0.1")
-        self.pull = Child([*SELF, "--peer", "pull", "--port", str(self.pull_port), "--ctl-port", str(ctl_port)],
+        self.pull = Child([*SELF, "--peer", "pull", "--ports", str(self.pull_port), "--ctl-port", str(ctl_port)],
                           "peer-pull", workdir)
         self.router = Child([*SELF, "--peer", "router", "--port", str(self.router_port)], "peer-router", workdir)
         self.push = self.ctx.socket(zmq.PUSH)
@@ -261,7 +272,7 @@ class Baselines:
 
     def ingest(self, rows_per_msg: int, msgs: int) -> float:
         """Seconds to push ``msgs`` INC-shaped messages and hear that all arrived."""
-        return push_ingest(self.push, self.ctl, self.pull, rows_per_msg, msgs, "pyzmq")
+        return push_ingest([self.push], self.ctl, self.pull, rows_per_msg, msgs, "pyzmq")
 
     def fetch(self, rows_per_msg: int, calls: int) -> float:
         """Seconds for ``calls`` sequential request/reply round trips returning ``rows_per_msg`` rows."""
@@ -369,39 +380,47 @@ def run_ingest(base: Baselines, plan: Plan, workdir: Path) -> None:
 
 class RawPush:
     """pyzmq PUSH/PULL, with CURVE when ``keys`` is given (the receiver a subprocess, as the plaintext
-    baseline's): what libzmq alone does on this machine, plain and encrypted, in the same run."""
+    baseline's): what libzmq alone does on this machine, plain and encrypted, in the same run.
+    ``conns`` > 1: that many connections, each on an I/O thread of its own at both ends (ZMQ_AFFINITY),
+    messages round robin: what spreading the encryption over threads gives here."""
 
-    def __init__(self, workdir: Path, keys: Path | None) -> None:
+    def __init__(self, workdir: Path, keys: Path | None, conns: int = 1) -> None:
         from bosen.security import load_key_file
 
         self.what = "CURVE" if keys is not None else "pyzmq"
-        self.ctx = zmq.Context()
+        self.ctx = zmq.Context(io_threads=conns)
         self.ctl = self.ctx.socket(zmq.PULL)
         ctl_port = self.ctl.bind_to_random_port("tcp://127.0.0.1")
-        port = free_ports(1)[0]
+        ports = free_ports(conns)
         curve = ["--curve-key", str(keys / "server.key_secret")] if keys is not None else []
-        self.pull = Child([*SELF, "--peer", "pull", "--port", str(port), "--ctl-port", str(ctl_port), *curve],
-                          "peer-pull-curve" if keys is not None else "peer-pull-plain", workdir)
-        self.push = self.ctx.socket(zmq.PUSH)
-        if keys is not None:
-            server_public, _ = load_key_file(keys / "server.key", secret=False)
-            public, secret = load_key_file(keys / "client-0.key_secret", secret=True)
-            self.push.curve_serverkey = server_public
-            self.push.curve_publickey = public
-            self.push.curve_secretkey = secret  # type: ignore[assignment]
-        self.push.connect(f"tcp://127.0.0.1:{port}")
-        for s in (self.ctl, self.push):
-            s.setsockopt(zmq.LINGER, 0)
+        name = f"peer-pull-{'curve' if keys is not None else 'plain'}-{conns}"
+        self.pull = Child([*SELF, "--peer", "pull", "--ports", ",".join(map(str, ports)), "--ctl-port", str(ctl_port),
+                           *curve], name, workdir)
+        self.pushes = []
+        for i, port in enumerate(ports):
+            push = self.ctx.socket(zmq.PUSH)
+            if keys is not None:
+                server_public, _ = load_key_file(keys / "server.key", secret=False)
+                public, secret = load_key_file(keys / "client-0.key_secret", secret=True)
+                push.curve_serverkey = server_public
+                push.curve_publickey = public
+                push.curve_secretkey = secret  # type: ignore[assignment]
+            push.setsockopt(zmq.AFFINITY, 1 << i)
+            push.setsockopt(zmq.LINGER, 0)
+            push.connect(f"tcp://127.0.0.1:{port}")
+            self.pushes.append(push)
+        self.ctl.setsockopt(zmq.LINGER, 0)
         self.ingest(1024, 4)
 
     def ingest(self, rows_per_msg: int, msgs: int) -> float:
-        return push_ingest(self.push, self.ctl, self.pull, rows_per_msg, msgs, self.what)
+        return push_ingest(self.pushes, self.ctl, self.pull, rows_per_msg, msgs, self.what)
 
     def close(self) -> None:
         with contextlib.suppress(zmq.ZMQError):
-            self.push.send(b"QUIT", zmq.NOBLOCK)
+            self.pushes[0].send(b"QUIT", zmq.NOBLOCK)
         time.sleep(0.05)
-        self.push.close(0)
+        for push in self.pushes:
+            push.close(0)
         self.ctl.close(0)
         self.ctx.term()
         self.pull.stop()
@@ -479,7 +498,7 @@ def run_ingest_curve(plan: Plan, workdir: Path, reps: int) -> None:
              "allowed_clients": [str(keys / "clients")]}
     rpb, table_MiB, case = 1024, plan.ingest_large_MiB, "ingest-1MiB-curve"
     rows = table_MiB * MiB // ROW_BYTES
-    order = ("plain", "curve", "raw", "rawplain")
+    order = ("plain", "curve", "raw", "rawplain", "raw2")
     with job_client({"ingest": rows}, workdir) as (plain, plain_pid), \
             job_client({"ingest": rows}, workdir, curve) as (enc, enc_pid):
         ctrs = {"plain": ProcCounters(client=None, server=plain_pid),
@@ -487,7 +506,7 @@ def run_ingest_curve(plan: Plan, workdir: Path, reps: int) -> None:
         clients = {"plain": plain, "curve": enc}
         for name, c in clients.items():  # warm-up: every page of both tables resident
             ingest_ours(c, "ingest", rpb, ctrs[name].start())
-        raws = {"raw": RawPush(workdir, keys), "rawplain": RawPush(workdir, None)}
+        raws = {"raw": RawPush(workdir, keys), "rawplain": RawPush(workdir, None), "raw2": RawPush(workdir, keys, 2)}
         for name, raw in raws.items():
             ctrs[name] = ProcCounters(sender=None, receiver=raw.pull.pid)
         mbs: dict[str, list[float]] = {name: [] for name in order}
@@ -507,7 +526,8 @@ def run_ingest_curve(plan: Plan, workdir: Path, reps: int) -> None:
                     per[name].append(ctrs[name].per(r["bytes"] / MiB))
                 log(f"{case} rep {rep}: CURVE {mbs['curve'][-1]:.1f} MB/s, plaintext {mbs['plain'][-1]:.1f} MB/s, "
                     f"ratio {mbs['curve'][-1] / mbs['plain'][-1]:.3f}; raw pyzmq CURVE {mbs['raw'][-1]:.1f} MB/s, "
-                    f"plaintext {mbs['rawplain'][-1]:.1f} MB/s, ratio {mbs['raw'][-1] / mbs['rawplain'][-1]:.3f}")
+                    f"plaintext {mbs['rawplain'][-1]:.1f} MB/s, ratio {mbs['raw'][-1] / mbs['rawplain'][-1]:.3f}, "
+                    f"CURVE on 2 connections {mbs['raw2'][-1]:.1f} MB/s")
         finally:
             for raw in raws.values():
                 raw.close()
@@ -545,6 +565,13 @@ def run_ingest_curve(plan: Plan, workdir: Path, reps: int) -> None:
            **lib_extra, batch_bytes=rpb * ROW_BYTES, table_MiB=table_MiB, passes=plan.ingest_passes,
            per_MiB=per["raw"][median_index(mbs["raw"])],
            baseline_per_MiB=per["rawplain"][median_index(mbs["rawplain"])])
+    two = [c / r for c, r in zip(mbs["raw2"], mbs["raw"], strict=True)]
+    ro2 = median(mbs["raw2"])
+    result(f"{case}-pyzmq-2conn", "ingest_throughput", "MB/s", ro2, ro, "pyzmq PUSH/PULL with CURVE, one connection",
+           ro2 / ro, reps=reps, ours_all=mbs["raw2"], baseline_all=mbs["raw"], pair_ratios=two,
+           pair_ratio_median=median(two), pair_ratio_min=min(two), pair_ratio_max=max(two),
+           batch_bytes=rpb * ROW_BYTES, table_MiB=table_MiB, passes=plan.ingest_passes,
+           per_MiB=per["raw2"][median_index(mbs["raw2"])])
     cipher = cipher_us_per_MiB()
     if cipher is not None:
         # the floor: a MiB encrypted once and decrypted once, beside plaintext's whole CPU per MiB
@@ -748,6 +775,7 @@ def main(argv: list[str] | None = None) -> int:
                         "bench/common.py prewarm_memory); 0 skips it")
     p.add_argument("--peer", choices=("pull", "router", "memclient"), help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--ports", help=argparse.SUPPRESS)  # the pull peer's: comma-separated
     p.add_argument("--ctl-port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--curve-key", help=argparse.SUPPRESS)
@@ -755,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.peer in ("pull", "router"):
         reuse_large_buffers()  # the allocator settings our server and client use: no page faults per message
     if args.peer == "pull":
-        peer_pull(args.port, args.ctl_port, args.curve_key)
+        peer_pull([int(x) for x in args.ports.split(",")], args.ctl_port, args.curve_key)
         return 0
     if args.peer == "router":
         peer_router(args.port)
