@@ -43,7 +43,18 @@ ingest-1MiB-curve
     alike. ``ours`` = CURVE MB/s, baseline = plaintext MB/s of the same run, ``ratio`` = CURVE /
     plaintext; goal >= 0.5 (issue 32). A second line, ``ingest-1MiB-curve-vs-pyzmq``, sets the same
     CURVE MB/s beside raw pyzmq PUSH/PULL with CURVE moving the same frames (a third member of each
-    alternation): how much of the cost is libzmq's encryption itself. Not in the default ``--only``
+    alternation): how much of the cost is libzmq's encryption itself. A third,
+    ``ingest-1MiB-curve-pyzmq-only``, is raw pyzmq with CURVE against raw pyzmq without (a fourth
+    member): libzmq's own CURVE/plaintext ratio on this machine. Where thread times exist, the lines
+    carry what the CPU per MiB allows the ratio to be: ``cpu_bound_ratio`` (all cores busy: total
+    thread CPU per MiB, plaintext / CURVE) and ``stage_bound_ratio`` (cores to spare: the busiest
+    thread's, plaintext / CURVE), per pair, the median. ``ingest-1MiB-curve-cipher``: thread CPU us
+    of libsodium encrypting and decrypting one 1 MiB frame (``crypto_box_easy_afternm`` and its
+    open, XSalsa20-Poly1305, in the libsodium libzmq loaded), the floor of what CURVE adds per MiB,
+    with ``cpu_bound_ratio_at_best`` = plaintext CPU / (plaintext CPU + that floor).
+    ``ingest-1MiB-curve-pyzmq-2conn``: raw pyzmq with CURVE over two connections (messages round
+    robin, each connection on an I/O thread of its own at both ends; a fifth member) against one:
+    what spreading the encryption over threads gives on this machine. Not in the default ``--only``
     set: ``--only curve``.
 
 fetch-1KiB / fetch-1MiB
@@ -161,10 +172,11 @@ def header_like(n: int) -> bytes:
 # baseline peers (subprocesses running this module: --peer pull | router)
 
 
-def peer_pull(port: int, ctl_port: int, curve_key: str | None = None) -> None:
-    """Count messages and bytes until END, report them on the control socket; exit on QUIT.
-    ``curve_key``: a server secret key file: the PULL is a CURVE server (any client key)."""
-    ctx = zmq.Context()
+def peer_pull(ports: list[int], ctl_port: int, curve_key: str | None = None) -> None:
+    """Count messages and bytes until an END has come on every port, report them on the control
+    socket; exit on QUIT. ``curve_key``: a server secret key file: the PULL is a CURVE server (any
+    client key). Several ports: one I/O thread each (a sender's connection per port)."""
+    ctx = zmq.Context(io_threads=len(ports))
     pull = ctx.socket(zmq.PULL)
     if curve_key is not None:
         from bosen.security import load_key_file
@@ -174,16 +186,20 @@ def peer_pull(port: int, ctl_port: int, curve_key: str | None = None) -> None:
         pull.curve_publickey = public
         pull.curve_secretkey = secret  # type: ignore[assignment]
     pull.setsockopt(zmq.RCVHWM, 0)
-    pull.bind(f"tcp://127.0.0.1:{port}")
+    for i, port in enumerate(ports):
+        pull.setsockopt(zmq.AFFINITY, 1 << i)  # libzmq otherwise may serve every connection on one I/O thread
+        pull.bind(f"tcp://127.0.0.1:{port}")
     ctl = ctx.socket(zmq.PUSH)
     ctl.connect(f"tcp://127.0.0.1:{ctl_port}")
-    msgs = nbytes = 0
+    msgs = nbytes = ends = 0
     while True:
         frames = pull.recv_multipart(copy=False)
         first = frames[0].bytes if len(frames) == 1 else None
         if first == b"END":
-            ctl.send_json([msgs, nbytes])
-            msgs = nbytes = 0
+            ends += 1  # each connection is FIFO: its END comes after everything sent on it
+            if ends == len(ports):
+                ctl.send_json([msgs, nbytes])
+                msgs = nbytes = ends = 0
         elif first == b"QUIT":
             break
         else:
@@ -213,15 +229,18 @@ def peer_router(port: int) -> None:
     ctx.term()
 
 
-def push_ingest(push: zmq.Socket, ctl: zmq.Socket, pull: Any, rows_per_msg: int, msgs: int, what: str) -> float:
-    """Seconds to push ``msgs`` INC-shaped messages on ``push`` and hear from the receiver (``ctl``)
-    that all arrived: the raw pyzmq baselines' ingest, plain or CURVE."""
+def push_ingest(pushes: list[zmq.Socket], ctl: zmq.Socket, pull: Any, rows_per_msg: int, msgs: int,
+                what: str) -> float:
+    """Seconds to push ``msgs`` INC-shaped messages, round robin over ``pushes`` (one connection each),
+    and hear from the receiver (``ctl``) that all arrived: the raw pyzmq baselines' ingest, plain or CURVE."""
     frames = [header_like(rows_per_msg), np.arange(rows_per_msg, dtype=np.int64),
               np.full((rows_per_msg, COLS), 1e-3, dtype=np.float32)]
+    n = len(pushes)
     t0 = time.perf_counter()
-    for _ in range(msgs):
-        push.send_multipart(frames, copy=False)
-    push.send(b"END")
+    for k in range(msgs):
+        pushes[k % n].send_multipart(frames, copy=False)
+    for push in pushes:
+        push.send(b"END")
     if not ctl.poll(PEER_TIMEOUT_S * 1000):
         raise RuntimeError(f"{what} receiver did not answer within {PEER_TIMEOUT_S}s:\n{pull.tail()}")
     got, _ = ctl.recv_json()
@@ -238,7 +257,7 @@ class Baselines:
         self.pull_port, self.router_port = free_ports(2)
         self.ctl = self.ctx.socket(zmq.PULL)
         ctl_port = self.ctl.bind_to_random_port("tcp://127.0.0.1")
-        self.pull = Child([*SELF, "--peer", "pull", "--port", str(self.pull_port), "--ctl-port", str(ctl_port)],
+        self.pull = Child([*SELF, "--peer", "pull", "--ports", str(self.pull_port), "--ctl-port", str(ctl_port)],
                           "peer-pull", workdir)
         self.router = Child([*SELF, "--peer", "router", "--port", str(self.router_port)], "peer-router", workdir)
         self.push = self.ctx.socket(zmq.PUSH)
@@ -253,7 +272,7 @@ class Baselines:
 
     def ingest(self, rows_per_msg: int, msgs: int) -> float:
         """Seconds to push ``msgs`` INC-shaped messages and hear that all arrived."""
-        return push_ingest(self.push, self.ctl, self.pull, rows_per_msg, msgs, "pyzmq")
+        return push_ingest([self.push], self.ctl, self.pull, rows_per_msg, msgs, "pyzmq")
 
     def fetch(self, rows_per_msg: int, calls: int) -> float:
         """Seconds for ``calls`` sequential request/reply round trips returning ``rows_per_msg`` rows."""
@@ -359,41 +378,114 @@ def run_ingest(base: Baselines, plan: Plan, workdir: Path) -> None:
                per_MiB=r["ctr"], baseline_per_MiB=r["base_ctr"])
 
 
-class RawCurve:
-    """pyzmq PUSH/PULL with CURVE (the receiver a subprocess, as the plaintext baseline's): what
-    libzmq's encryption alone allows on this machine, in the same run."""
+class RawPush:
+    """pyzmq PUSH/PULL, with CURVE when ``keys`` is given (the receiver a subprocess, as the plaintext
+    baseline's): what libzmq alone does on this machine, plain and encrypted, in the same run.
+    ``conns`` > 1: that many connections, each on an I/O thread of its own at both ends (ZMQ_AFFINITY),
+    messages round robin: what spreading the encryption over threads gives here."""
 
-    def __init__(self, workdir: Path, keys: Path) -> None:
+    def __init__(self, workdir: Path, keys: Path | None, conns: int = 1) -> None:
         from bosen.security import load_key_file
 
-        self.ctx = zmq.Context()
+        self.what = "CURVE" if keys is not None else "pyzmq"
+        self.ctx = zmq.Context(io_threads=conns)
         self.ctl = self.ctx.socket(zmq.PULL)
         ctl_port = self.ctl.bind_to_random_port("tcp://127.0.0.1")
-        port = free_ports(1)[0]
-        self.pull = Child([*SELF, "--peer", "pull", "--port", str(port), "--ctl-port", str(ctl_port), "--curve-key",
-                           str(keys / "server.key_secret")], "peer-pull-curve", workdir)
-        server_public, _ = load_key_file(keys / "server.key", secret=False)
-        public, secret = load_key_file(keys / "client-0.key_secret", secret=True)
-        self.push = self.ctx.socket(zmq.PUSH)
-        self.push.curve_serverkey = server_public
-        self.push.curve_publickey = public
-        self.push.curve_secretkey = secret  # type: ignore[assignment]
-        self.push.connect(f"tcp://127.0.0.1:{port}")
-        for s in (self.ctl, self.push):
-            s.setsockopt(zmq.LINGER, 0)
+        ports = free_ports(conns)
+        curve = ["--curve-key", str(keys / "server.key_secret")] if keys is not None else []
+        name = f"peer-pull-{'curve' if keys is not None else 'plain'}-{conns}"
+        self.pull = Child([*SELF, "--peer", "pull", "--ports", ",".join(map(str, ports)), "--ctl-port", str(ctl_port),
+                           *curve], name, workdir)
+        self.pushes = []
+        for i, port in enumerate(ports):
+            push = self.ctx.socket(zmq.PUSH)
+            if keys is not None:
+                server_public, _ = load_key_file(keys / "server.key", secret=False)
+                public, secret = load_key_file(keys / "client-0.key_secret", secret=True)
+                push.curve_serverkey = server_public
+                push.curve_publickey = public
+                push.curve_secretkey = secret  # type: ignore[assignment]
+            push.setsockopt(zmq.AFFINITY, 1 << i)
+            push.setsockopt(zmq.LINGER, 0)
+            push.connect(f"tcp://127.0.0.1:{port}")
+            self.pushes.append(push)
+        self.ctl.setsockopt(zmq.LINGER, 0)
         self.ingest(1024, 4)
 
     def ingest(self, rows_per_msg: int, msgs: int) -> float:
-        return push_ingest(self.push, self.ctl, self.pull, rows_per_msg, msgs, "CURVE")
+        return push_ingest(self.pushes, self.ctl, self.pull, rows_per_msg, msgs, self.what)
 
     def close(self) -> None:
         with contextlib.suppress(zmq.ZMQError):
-            self.push.send(b"QUIT", zmq.NOBLOCK)
+            self.pushes[0].send(b"QUIT", zmq.NOBLOCK)
         time.sleep(0.05)
-        self.push.close(0)
+        for push in self.pushes:
+            push.close(0)
         self.ctl.close(0)
         self.ctx.term()
         self.pull.stop()
+
+
+def libsodium_path() -> str | None:
+    """The libsodium file this process's libzmq loaded (from /proc/self/maps; None where there is none:
+    a libzmq built with its own TweetNaCl, or no /proc)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.rpartition(" ")[2]
+        if "libsodium" in Path(path).name:
+            return path
+    return None
+
+
+def cipher_us_per_MiB(reps: int = 30) -> dict[str, Any] | None:
+    """Thread CPU us for libsodium's crypto_box_easy_afternm / crypto_box_open_easy_afternm
+    (XSalsa20-Poly1305, what libzmq's CURVE runs per message frame) of 1 MiB, in the libsodium that
+    libzmq loaded: the floor of CURVE's cost per MiB per side, whatever the rest of the path does.
+    Medians (min-max) over ``reps``."""
+    import ctypes
+
+    path = libsodium_path()
+    if path is None:
+        return None
+    lib = ctypes.CDLL(path)
+    if lib.sodium_init() < 0:
+        return None
+    vp, size = ctypes.c_void_p, ctypes.c_ulonglong
+    box, box_open = lib.crypto_box_easy_afternm, lib.crypto_box_open_easy_afternm
+    box.argtypes = box_open.argtypes = [vp, vp, size, vp, vp]
+    plain = np.full(MiB, 7, dtype=np.uint8)
+    boxed = np.empty(MiB + 16, dtype=np.uint8)  # crypto_box_MACBYTES
+    opened = np.empty(MiB, dtype=np.uint8)
+    nonce, key = np.zeros(24, dtype=np.uint8), np.ones(32, dtype=np.uint8)
+    enc, dec = [], []
+    for _ in range(reps):
+        t = time.thread_time()
+        box(boxed.ctypes.data, plain.ctypes.data, MiB, nonce.ctypes.data, key.ctypes.data)
+        t1 = time.thread_time()
+        ok = box_open(opened.ctypes.data, boxed.ctypes.data, MiB + 16, nonce.ctypes.data, key.ctypes.data)
+        t2 = time.thread_time()
+        assert ok == 0, "crypto_box_open_easy_afternm refused its own box"
+        enc.append((t1 - t) * 1e6)
+        dec.append((t2 - t1) * 1e6)
+    return dict(library=path, encrypt_us=median(enc), encrypt_min_max=[min(enc), max(enc)],
+                decrypt_us=median(dec), decrypt_min_max=[min(dec), max(dec)])
+
+
+def cpu_bounds(plain: dict[str, Any], curve: dict[str, Any]) -> dict[str, float] | None:
+    """What the thread CPU per MiB of one plaintext and one CURVE repetition allows the ratio to be:
+    ``cpu``: total plaintext / total CURVE (a machine whose cores are all busy: throughput goes as
+    CPU per MiB), ``stage``: plaintext's busiest thread / CURVE's (cores to spare: the pipeline's
+    slowest stage sets the pace)."""
+    def threads(per: dict[str, Any]) -> list[float]:
+        return [us for proc in per["thread_cpu_us"].values() for us in proc.values()]
+
+    p, c = threads(plain), threads(curve)
+    if not p or not c:
+        return None
+    return {"cpu": sum(p) / sum(c), "stage": max(p) / max(c)}
 
 
 def run_ingest_curve(plan: Plan, workdir: Path, reps: int) -> None:
@@ -406,6 +498,7 @@ def run_ingest_curve(plan: Plan, workdir: Path, reps: int) -> None:
              "allowed_clients": [str(keys / "clients")]}
     rpb, table_MiB, case = 1024, plan.ingest_large_MiB, "ingest-1MiB-curve"
     rows = table_MiB * MiB // ROW_BYTES
+    order = ("plain", "curve", "raw", "rawplain", "raw2")
     with job_client({"ingest": rows}, workdir) as (plain, plain_pid), \
             job_client({"ingest": rows}, workdir, curve) as (enc, enc_pid):
         ctrs = {"plain": ProcCounters(client=None, server=plain_pid),
@@ -413,34 +506,43 @@ def run_ingest_curve(plan: Plan, workdir: Path, reps: int) -> None:
         clients = {"plain": plain, "curve": enc}
         for name, c in clients.items():  # warm-up: every page of both tables resident
             ingest_ours(c, "ingest", rpb, ctrs[name].start())
-        raw = RawCurve(workdir, keys)
-        raw_ctr = ProcCounters(sender=None, receiver=raw.pull.pid)
-        mbs: dict[str, list[float]] = {"plain": [], "curve": [], "raw": []}
-        per: dict[str, list[Any]] = {"plain": [], "curve": [], "raw": []}
+        raws = {"raw": RawPush(workdir, keys), "rawplain": RawPush(workdir, None), "raw2": RawPush(workdir, keys, 2)}
+        for name, raw in raws.items():
+            ctrs[name] = ProcCounters(sender=None, receiver=raw.pull.pid)
+        mbs: dict[str, list[float]] = {name: [] for name in order}
+        per: dict[str, list[Any]] = {name: [] for name in order}
         try:
             for rep in range(reps):
-                for name in (("plain", "curve", "raw") if rep % 2 == 0 else ("raw", "curve", "plain")):
-                    if name == "raw":
-                        raw_ctr.start()
-                        secs = sum(raw.ingest(rpb, rows // rpb) for _ in range(plan.ingest_passes))
+                for name in (order if rep % 2 == 0 else order[::-1]):
+                    if name in raws:
+                        ctrs[name].start()
+                        secs = sum(raws[name].ingest(rpb, rows // rpb) for _ in range(plan.ingest_passes))
                         nbytes = plan.ingest_passes * rows * ROW_BYTES
                         mbs[name].append(nbytes / secs / 1e6)
-                        per[name].append(raw_ctr.stop().per(nbytes / MiB))
+                        per[name].append(ctrs[name].stop().per(nbytes / MiB))
                         continue
                     r = ingest_ours(clients[name], "ingest", rpb, ctrs[name].start(), plan.ingest_passes)
                     mbs[name].append(r["bytes"] / r["seconds"] / 1e6)
                     per[name].append(ctrs[name].per(r["bytes"] / MiB))
                 log(f"{case} rep {rep}: CURVE {mbs['curve'][-1]:.1f} MB/s, plaintext {mbs['plain'][-1]:.1f} MB/s, "
-                    f"ratio {mbs['curve'][-1] / mbs['plain'][-1]:.3f}; raw pyzmq CURVE {mbs['raw'][-1]:.1f} MB/s")
+                    f"ratio {mbs['curve'][-1] / mbs['plain'][-1]:.3f}; raw pyzmq CURVE {mbs['raw'][-1]:.1f} MB/s, "
+                    f"plaintext {mbs['rawplain'][-1]:.1f} MB/s, ratio {mbs['raw'][-1] / mbs['rawplain'][-1]:.3f}, "
+                    f"CURVE on 2 connections {mbs['raw2'][-1]:.1f} MB/s")
         finally:
-            raw.close()
+            for raw in raws.values():
+                raw.close()
     ratios = [c / p for c, p in zip(mbs["curve"], mbs["plain"], strict=True)]
+    bounds = [b for b in map(cpu_bounds, per["plain"], per["curve"]) if b is not None]
+    extra: dict[str, Any] = {}
+    if bounds:  # per pair, then the median: each pair ran under the same load
+        extra = dict(cpu_bound_ratio=median([b["cpu"] for b in bounds]),
+                     stage_bound_ratio=median([b["stage"] for b in bounds]))
     o, b = median(mbs["curve"]), median(mbs["plain"])
     i = median_index(mbs["curve"])
     result(case, "ingest_throughput", "MB/s", o, b, "the same ingest without security", o / b,
            goal=LARGE_RATIO_GOAL, meets_goal=o / b >= LARGE_RATIO_GOAL, reps=reps, ours_all=mbs["curve"],
            baseline_all=mbs["plain"], pair_ratios=ratios, pair_ratio_median=median(ratios),
-           pair_ratio_min=min(ratios), pair_ratio_max=max(ratios), batch_bytes=rpb * ROW_BYTES,
+           pair_ratio_min=min(ratios), pair_ratio_max=max(ratios), **extra, batch_bytes=rpb * ROW_BYTES,
            table_MiB=table_MiB, passes=plan.ingest_passes, per_MiB=per["curve"][i],
            baseline_per_MiB=per["plain"][median_index(mbs["plain"])])
     raw_ratios = [c / r for c, r in zip(mbs["curve"], mbs["raw"], strict=True)]
@@ -449,6 +551,35 @@ def run_ingest_curve(plan: Plan, workdir: Path, reps: int) -> None:
            pair_ratios=raw_ratios, pair_ratio_median=median(raw_ratios), pair_ratio_min=min(raw_ratios),
            pair_ratio_max=max(raw_ratios), batch_bytes=rpb * ROW_BYTES, table_MiB=table_MiB,
            passes=plan.ingest_passes, baseline_per_MiB=per["raw"][median_index(mbs["raw"])])
+    # libzmq's own price of CURVE: raw pyzmq encrypted / raw pyzmq plaintext, the same frames, same run
+    lib_ratios = [c / p for c, p in zip(mbs["raw"], mbs["rawplain"], strict=True)]
+    lib_bounds = [b for b in map(cpu_bounds, per["rawplain"], per["raw"]) if b is not None]
+    lib_extra: dict[str, Any] = {}
+    if lib_bounds:
+        lib_extra = dict(cpu_bound_ratio=median([b["cpu"] for b in lib_bounds]),
+                         stage_bound_ratio=median([b["stage"] for b in lib_bounds]))
+    ro, rb = median(mbs["raw"]), median(mbs["rawplain"])
+    result(f"{case}-pyzmq-only", "ingest_throughput", "MB/s", ro, rb, "pyzmq PUSH/PULL without security", ro / rb,
+           reps=reps, ours_all=mbs["raw"], baseline_all=mbs["rawplain"], pair_ratios=lib_ratios,
+           pair_ratio_median=median(lib_ratios), pair_ratio_min=min(lib_ratios), pair_ratio_max=max(lib_ratios),
+           **lib_extra, batch_bytes=rpb * ROW_BYTES, table_MiB=table_MiB, passes=plan.ingest_passes,
+           per_MiB=per["raw"][median_index(mbs["raw"])],
+           baseline_per_MiB=per["rawplain"][median_index(mbs["rawplain"])])
+    two = [c / r for c, r in zip(mbs["raw2"], mbs["raw"], strict=True)]
+    ro2 = median(mbs["raw2"])
+    result(f"{case}-pyzmq-2conn", "ingest_throughput", "MB/s", ro2, ro, "pyzmq PUSH/PULL with CURVE, one connection",
+           ro2 / ro, reps=reps, ours_all=mbs["raw2"], baseline_all=mbs["raw"], pair_ratios=two,
+           pair_ratio_median=median(two), pair_ratio_min=min(two), pair_ratio_max=max(two),
+           batch_bytes=rpb * ROW_BYTES, table_MiB=table_MiB, passes=plan.ingest_passes,
+           per_MiB=per["raw2"][median_index(mbs["raw2"])])
+    cipher = cipher_us_per_MiB()
+    if cipher is not None:
+        # the floor: a MiB encrypted once and decrypted once, beside plaintext's whole CPU per MiB
+        plain_us = median([sum(us for proc in p["thread_cpu_us"].values() for us in proc.values())
+                           for p in per["plain"]])
+        crypto_us = cipher["encrypt_us"] + cipher["decrypt_us"]
+        result(f"{case}-cipher", "cpu_per_MiB", "us", crypto_us, **cipher, plaintext_path_us=plain_us,
+               cpu_bound_ratio_at_best=plain_us / (plain_us + crypto_us), lower_is_better=True)
 
 
 def fetch_ours(client: Any, table: str, rows_per_call: int, calls: int, first_row: int) -> float:
@@ -644,6 +775,7 @@ def main(argv: list[str] | None = None) -> int:
                         "bench/common.py prewarm_memory); 0 skips it")
     p.add_argument("--peer", choices=("pull", "router", "memclient"), help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--ports", help=argparse.SUPPRESS)  # the pull peer's: comma-separated
     p.add_argument("--ctl-port", type=int, help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
     p.add_argument("--curve-key", help=argparse.SUPPRESS)
@@ -651,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.peer in ("pull", "router"):
         reuse_large_buffers()  # the allocator settings our server and client use: no page faults per message
     if args.peer == "pull":
-        peer_pull(args.port, args.ctl_port, args.curve_key)
+        peer_pull([int(x) for x in args.ports.split(",")], args.ctl_port, args.curve_key)
         return 0
     if args.peer == "router":
         peer_router(args.port)
