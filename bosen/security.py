@@ -290,6 +290,14 @@ class Authenticator:
         self._auth.start()
         self._auth.configure_curve_callback("*", self)
 
+    def reload(self, allowed: frozenset[bytes]) -> None:
+        """Admit ``allowed`` from the next handshake on (``bosen-server`` on SIGHUP: clients added or
+        revoked without a restart). Connections already made stay: CURVE authenticates a
+        connection once, at its handshake."""
+        with self._lock:
+            self.allowed = allowed
+            self._logged.clear()  # a key refused again after a reload is logged again
+
     def callback(self, domain: str, key: bytes) -> bool:
         """pyzmq's credentials-provider hook: ``key`` is the client's public key in Z85."""
         if key in self.allowed:

@@ -66,6 +66,7 @@ async def _run(server: Server) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.stop)
+    loop.add_signal_handler(signal.SIGHUP, server.reload_keys)  # security.allowed_clients read again
     await server.start()
     endpoint = _metrics(server)
     try:

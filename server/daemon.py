@@ -27,7 +27,7 @@ from bosen.partition import Partition
 from bosen.phases import Phases
 from bosen.procedure import StoredProcedure
 from bosen.ratelimit import LeakyBucket, paced_sender
-from bosen.security import Authenticator, Security, is_loopback, server_socket
+from bosen.security import Authenticator, KeyFileError, Security, is_loopback, load_allowed, server_socket
 from bosen.security import describe as describe_security
 from bosen.server import procedures
 from bosen.server.backup import BackupStep
@@ -290,6 +290,24 @@ class Server:
         """Stop after leaving the job (server/moves.py): what is queued (the answer saying so) still goes."""
         self._linger_ms = 2000
         self.stop()
+
+    def reload_keys(self) -> None:
+        """Read ``security.allowed_clients`` again (``bosen-server`` on SIGHUP): clients added or
+        revoked while the job runs. A list that cannot be read is logged and the old one kept: the
+        server keeps serving whom it served."""
+        if self._auth is None:
+            log.warning("SIGHUP: this server runs without CURVE security; no client keys to reload")
+            return
+        try:
+            allowed = load_allowed(self.config.security.allowed_clients)
+        except KeyFileError as e:
+            log.error("SIGHUP: security.allowed_clients not reloaded, the %d keys in use stay: %s",
+                      len(self._auth.allowed), e)
+            return
+        added, removed = len(allowed - self._auth.allowed), len(self._auth.allowed - allowed)
+        self._auth.reload(allowed)
+        log.info("SIGHUP: security.allowed_clients reloaded: %d keys (%d added, %d removed; connections "
+                 "already made stay)", len(allowed), added, removed)
 
     def close(self) -> None:
         if self.checkpoints is not None:

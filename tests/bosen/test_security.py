@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import socket
 import stat
 import sys
@@ -357,3 +358,50 @@ def test_a_loopback_job_bound_beyond_loopback_needs_a_security_decision():
         Server(config_mod.load(data), 0, bind="0.0.0.0")
     Server(config_mod.load({**data, "security": {"mode": "off"}}), 0, bind="0.0.0.0")  # the user's choice
     Server(config_mod.load(data), 0, bind="127.0.0.1")
+
+
+def _wait_log(proc, text: str, after: int, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        log = proc.output()[after:]
+        if text in log:
+            return log
+        assert time.monotonic() < deadline, f"{text!r} not logged:\n{log[-2000:]}"
+        time.sleep(0.05)
+
+
+def test_sighup_reloads_the_allowed_clients_and_a_bad_list_keeps_the_old(bosen_cluster, tmp_path, keys):
+    """Clients added and revoked without a restart: after SIGHUP the server admits a newly listed key
+    and refuses a removed one; a list that cannot be read is logged and the keys in use stay."""
+    k, allowed = keys
+    data = job_config([], 1, tables={"W": {"rows": 4, "cols": 2, "dtype": "int64"}})
+    data["security"] = secure(k, allowed)
+    c = bosen_cluster(1, config=data)
+    proc, s0 = c.servers[0], c.addresses[0]
+    as_client = {i: Security.load(config_mod.load(c.path, [("security.client_key", str(k / f"client-{i}.key_secret"))]),
+                                   "client") for i in (0, 1)}
+    with pytest.raises(Refused, match="allowed_clients"):
+        status_mod.query(s0, security=as_client[1])
+    # a malformed file in the list: the reload is refused and client-0 is still admitted
+    (allowed / "bad.key").write_text("not a certificate\n")
+    mark = len(proc.output())
+    os.kill(proc.pid, signal.SIGHUP)
+    _wait_log(proc, "not reloaded, the 1 keys in use stay", mark)
+    assert status_mod.query(s0, security=as_client[0])["security"]["curve"]
+    # client-1 listed, client-0 removed: SIGHUP turns them around
+    (allowed / "bad.key").unlink()
+    (allowed / "client-1.key").write_text((k / "clients" / "client-1.key").read_text())
+    (allowed / "client-0.key").unlink()
+    mark = len(proc.output())
+    os.kill(proc.pid, signal.SIGHUP)
+    _wait_log(proc, "1 keys (1 added, 1 removed", mark)
+    client = Client.connect(c.path, overrides=[("security.client_key", str(k / "client-1.key_secret"))], rank=0)
+    try:
+        client.table("W").inc(0, 0, 5)
+        client.clock()
+        assert client.table("W").get(0, 0) == 5
+    finally:
+        client.close()
+    with pytest.raises(Refused, match="allowed_clients"):
+        status_mod.query(s0, security=as_client[0])
+    assert proc.alive  # it served through every reload
