@@ -396,6 +396,22 @@ class Table:
         w.updates_buffered += rows.shape[0]  # slots or rows: one per row
         w.inc_bytes += deltas.nbytes
 
+    def send_rows(self, rows: Any) -> None:
+        """Send the updates buffered for ``rows`` now rather than at the clock (a partial flush): a
+        worker that has finished part of its tick's updates, such as a bucket of gradients during the
+        backward, lets their bytes leave while it goes on. SSP is unchanged: the tick's CLOCK still
+        follows every update of it on each server's connection; rows without buffered updates are
+        skipped. The send happens on the communication thread, soon after this returns."""
+        rows, _ = self._rows_index(rows)
+        st = self._st
+        if st.send_now is None or rows.shape[0] == 0:
+            return
+        if st.slots is not None:  # a row without a slot has nothing buffered; a slot held by updates stays
+            with st.lock:
+                rows = st.slots.lookup(rows)
+            rows = rows[rows >= 0]
+        st.send_now(np.unique(rows))
+
     # -- argument checks -----------------------------------------------------------------------
 
     def _row(self, row: Any) -> int:

@@ -51,6 +51,9 @@ class InProcessTable:
     def view(self, rows: Any, base: bool = True) -> InProcessView:
         return InProcessView(self, np.asarray(rows, dtype=np.int64))
 
+    def send_rows(self, rows: Any) -> None:
+        """Updates apply at once here: nothing is buffered."""
+
     def inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:
         self.incs += 1
         if cols is None:
