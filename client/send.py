@@ -37,7 +37,7 @@ from bosen.errors import BosenError
 from bosen.partition import Partition
 from bosen.phases import Phases
 from bosen.ratelimit import LeakyBucket, paced_sender
-from bosen.wire import Msg, UpdateBatch
+from bosen.wire import Msg, UpdateBatch, wire_ids
 
 log = logging.getLogger("bosen.client")
 # Bytes of increments after which a tick waits for the communication thread to take up the pending
@@ -384,4 +384,5 @@ class Sender:
                 continue
             with st.lock:
                 ids = st.row_ids(rj)
-            self.links[j].send({"t": Msg.READ, "tb": st.index, "n": int(rj.shape[0]), "c": min_clock}, ids)
+            self.links[j].send({"t": Msg.READ, "tb": st.index, "n": int(rj.shape[0]), "c": min_clock},
+                               wire_ids(ids))
