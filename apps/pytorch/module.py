@@ -264,8 +264,8 @@ class PSModule(nn.Module):
                     rows = rows[~cache.valid(rows.to(self.device), need).cpu()]
                 elif clocks is not None:
                     rows = rows[torch.from_numpy(clocks[rows.numpy()] < need)]
-            if rows.numel():
-                self._ahead.append(self._pool.submit(self.sparse_tables[i].get_rows, rows.numpy()))
+            if rows.numel():  # as fresh as the next step needs them: read once, not again there
+                self._ahead.append(self._pool.submit(self.sparse_tables[i].get_rows, rows.numpy(), 1))
 
     def _need(self, table: PSTable, ahead: int = 0) -> int:
         """The oldest clock a read at this worker's tick (plus ``ahead``) may see of ``table``."""
