@@ -121,6 +121,15 @@ class RoundTrips:
     def observed(self) -> bool:
         return bool(self.counts.sum() > 0)
 
+    def load(self, sums: np.ndarray, counts: np.ndarray) -> None:
+        """Samples saved by a checkpoint (``sums``, ``counts``: n x n)."""
+        if sums.shape != (self.n, self.n) or counts.shape != (self.n, self.n):
+            raise ValueError(f"round-trip samples of shape {sums.shape} and {counts.shape}, but the job has "
+                             f"{self.n} workers (n x n)")
+        self.sums = np.array(sums, dtype=np.float64)
+        self.counts = np.array(counts, dtype=np.float64)
+        self._solved = None
+
     def grid(self) -> np.ndarray:
         """x*[h, i], eq. 17's solution; an unobserved cell starts from the mean of its column (the same
         arrival rank under any h), or of all samples, with a vanishing weight."""
@@ -207,6 +216,33 @@ class BackupPolicy:
         if alive == 1:
             return 1
         return int(np.argmax(score)) + 1
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Everything k_t depends on, as arrays for a checkpoint (``restore`` takes them back): the
+        round-trip samples, the windows of the three estimates, the last step's moments and rate."""
+        prev = [math.nan] * 4 if self._prev is None else [self._prev[0].k, self._prev[0].local,
+                                                         self._prev[0].total, self._prev[1]]
+        return {"rtt_sums": self.rtt.sums.copy(), "rtt_counts": self.rtt.counts.copy(),
+                "variance": np.array(self.variance.values, dtype=np.float64),
+                "sqnorm": np.array(self.sqnorm.values, dtype=np.float64),
+                "smooth": np.array(self.smooth.values, dtype=np.float64),
+                "prev": np.array(prev, dtype=np.float64)}
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        """Continue from a ``snapshot``. ValueError says what does not fit: round-trip samples of
+        another worker count (their grid is per (k_{t−1}, arrival rank) of n workers) are refused
+        after everything else was taken."""
+        for name in ("variance", "sqnorm", "smooth"):
+            w: Window = getattr(self, name)
+            w.values.clear()
+            for v in np.asarray(arrays[name], dtype=np.float64).ravel().tolist():
+                w.add(v)
+        prev = np.asarray(arrays["prev"], dtype=np.float64)
+        if prev.shape != (4,):
+            raise ValueError(f"the last step's moments: 4 numbers, got shape {prev.shape}")
+        self._prev = None if math.isnan(prev[0]) else (Moments(int(prev[0]), float(prev[1]), float(prev[2])),
+                                                      float(prev[3]))
+        self.rtt.load(arrays["rtt_sums"], arrays["rtt_counts"])  # last: the rest stays if this does not fit
 
     def state(self) -> dict[str, float]:
         """The estimates, for STATUS."""

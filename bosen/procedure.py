@@ -89,6 +89,16 @@ class StoredProcedure:
         plain addition). Names are file names: letters, digits and '_'."""
         return {}
 
+    def table_state(self) -> dict[str, np.ndarray]:
+        """State of the whole shard, not per row (a backup table's iteration and k_t estimator), that a
+        checkpoint saves and ``load_table_state`` takes back on resume; names as ``state``'s."""
+        return {}
+
+    def load_table_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """A checkpoint's ``table_state``, read on resume or recovery (before the server starts)."""
+        if arrays:
+            raise ValueError(f"state {sorted(arrays)[0]!r} is not kept by update {self.table.update!r}")
+
     def allow_push(self) -> bool:
         """Whether budgeted (early) pushes may go out now."""
         return True

@@ -5,6 +5,9 @@ is. Headers are small maps with short keys; arrays travel as separate frames wit
 sending side and ``np.frombuffer`` on the receiving side. Nothing here can execute data: msgpack only
 yields plain values, and every field is checked (type, range, frame count, byte length) before use.
 
+Row ids of READ, ROWS and INC travel as int32 where every id of the message fits, else as int64
+(``wire_ids``); a receiver tells the two apart by the frame's length (``ids``).
+
 Keys: ``t`` type, ``s`` sender sequence number, ``tb`` table index, ``c`` clock, ``n`` row count,
 ``dt`` dtype name, ``sp`` sparse flag, ``a`` last update sequence the server has applied for the
 receiving client, ``rq`` request sequence a reply answers, ``ps`` budgeted-push sequence (acknowledged by the client),
@@ -54,6 +57,8 @@ import zmq
 from bosen.errors import ProtocolError
 
 ROW_DTYPE = np.dtype(np.int64)
+ID32_DTYPE = np.dtype(np.int32)  # row ids on the wire where every id of the message fits (``wire_ids``)
+_ID32_MIN, _ID32_MAX = int(np.iinfo(np.int32).min), int(np.iinfo(np.int32).max)
 COL_DTYPE = np.dtype(np.int32)
 PTR_DTYPE = np.dtype(np.int64)
 # bfloat16 travels as the top 16 bits of a float32 (numpy has no bfloat16; uint16 is no other value type)
@@ -353,6 +358,24 @@ def array(frame: Any, dtype: np.dtype, count: int, what: str) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype, count=count)
 
 
+def wire_ids(rows: np.ndarray) -> np.ndarray:
+    """Row ids as a message carries them: int32 where every id fits (half the bytes; an id is a ninth
+    of a 16-float32 row's bytes on the wire), else as they are (int64, e.g. hashed 64-bit ids).
+    ``ids`` tells the two apart by the frame's length."""
+    if rows.shape[0] and rows.dtype == ROW_DTYPE and _ID32_MIN <= rows.min() and rows.max() <= _ID32_MAX:
+        return rows.astype(ID32_DTYPE)
+    return rows
+
+
+def ids(frame: Any, count: int, what: str) -> np.ndarray:
+    """``count`` row ids from a frame of int64 or int32 ids (``wire_ids``: 8 or 4 bytes each), as int64."""
+    buf = frame.buffer if hasattr(frame, "buffer") else frame
+    nbytes = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
+    if count and nbytes == count * ID32_DTYPE.itemsize:
+        return np.frombuffer(buf, dtype=ID32_DTYPE, count=count).astype(ROW_DTYPE)
+    return array(frame, ROW_DTYPE, count, what)
+
+
 def _widen(values: np.ndarray) -> np.ndarray:
     """bfloat16 updates become float32 here, so that no procedure sees bit patterns."""
     return from_bfloat16(values) if values.dtype == BFLOAT16 else values
@@ -396,11 +419,12 @@ class UpdateBatch:
     def arrays(self) -> tuple[np.ndarray, ...]:
         """The message's array frames, in wire order."""
         indptr, cols, tags = self.indptr, self.cols, self.tags
+        rows = wire_ids(self.rows)
         if indptr is None:
-            base: tuple[np.ndarray, ...] = (self.rows, self.values)
+            base: tuple[np.ndarray, ...] = (rows, self.values)
         else:
             assert cols is not None  # CSR: indptr and cols come together
-            base = (self.rows, indptr, cols, self.values)
+            base = (rows, indptr, cols, self.values)
         if tags is not None:
             eov, rel_rows, rel_tags = self.eov, self.rel_rows, self.rel_tags
             assert eov is not None and rel_rows is not None and rel_tags is not None  # versioned: all four together
@@ -419,7 +443,7 @@ def decode_update(h: dict[str, Any], frames: Sequence[Any], ncols: int, dtype: n
     wire_dt = value_dtype(h["dt"])
     if wire_dt != dtype and not (wire_dt in NARROW and dtype.kind == "f"):
         raise ProtocolError(f"INC: dtype {h['dt']} does not match the table's {dtype.name}")
-    rows = array(frames[0], ROW_DTYPE, n, "INC rows")
+    rows = ids(frames[0], n, "INC rows")
     if not h["sp"]:
         batch = UpdateBatch(rows, _widen(array(frames[1], wire_dt, n * ncols, "INC values")).reshape(n, ncols))
         rest = frames[2:]

@@ -79,6 +79,7 @@ class Client:
         self._fresh = fresh = threading.Condition()  # rows arrived, a clock went out, failed or closing
         self._comm = CommThread(config, self._tables, self._life, self._notify, self._inc_bytes, partition)
         for st in self._tables:  # a bounded cache full of unsent updates sends them early (client/slots.py)
+            st.send_now = functools.partial(self._comm.submit, self._comm.sender.send_rows, st)
             if st.slot_limit is not None:
                 st.send_early = functools.partial(self._comm.submit, self._comm.sender.flush, None)
         self._reads = ReadPath(config, self._tables, self._comm, self._life, fresh)

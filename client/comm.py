@@ -85,7 +85,8 @@ class CommThread:
         self.notify = notify
         # written on this thread only; Client.stats reads them
         self.counters: dict[str, Any] = dict(bytes_sent=0, bytes_received=0, msgs_sent=0, msgs_received=0, rows_sent=0,
-                             rows_sent_budgeted=0, budgeted_sends=0, rows_received=0, rows_pushed_to_us=0,
+                             rows_sent_budgeted=0, budgeted_sends=0, rows_sent_early=0, bytes_sent_early=0,
+                             rows_received=0, rows_pushed_to_us=0,
                              rows_pushed_early_to_us=0, update_batches=0, sparse_batches=0, acks=0,
                              server_errors=0, window_paused_s=0.0, idle_polls=0, flushes=0, bytes_resent=0,
                              recoveries=0, rows_lapsed=0)

@@ -63,10 +63,10 @@ class Reader:
         sock = self._socks[j] or self._connect(j, timeout, interrupt)
         self._seq[j] += 1
         frames = wire.encode({"t": Msg.READ, "tb": table, "n": int(rows.shape[0]), "c": min_clock,
-                              "s": self._seq[j]}, rows)
+                              "s": self._seq[j]}, ids := wire.wire_ids(rows))
         send_frames(sock, frames)
         self.counters["msgs_sent"] += 1
-        self.counters["bytes_sent"] += len(frames[0]) + rows.nbytes
+        self.counters["bytes_sent"] += len(frames[0]) + ids.nbytes
         return self._seq[j]
 
     def poll(self, servers: list[int], timeout: float) -> list[tuple[int, dict[str, Any], list[Any]]]:

@@ -58,13 +58,13 @@ class ReadPath:
         self.comm.submit(self.comm.probe, st, rows, seen, age)
 
     def wait_fresh(self, st: TableState, rows: np.ndarray, worker: TableWorker,
-                   index: slice | np.ndarray | None = None) -> np.ndarray | None:
-        """Block until every row's cached clock satisfies the SSP rule for ``worker``'s tick
-        (``index``: ``rows`` as an index, if known). Where this thread's own read brought exactly
-        ``rows`` (a run) and the cache took the values as they came, returns them: an array nothing
-        else refers to, so the caller needs no copy of its own."""
+                   index: slice | np.ndarray | None = None, need: int | None = None) -> np.ndarray | None:
+        """Block until every row's cached clock satisfies the SSP rule for ``worker``'s tick, or is at
+        least ``need`` where given (``index``: ``rows`` as an index, if known). Where this thread's
+        own read brought exactly ``rows`` (a run) and the cache took the values as they came, returns
+        them: an array nothing else refers to, so the caller needs no copy of its own."""
         tick = worker.tick
-        need = max(tick - st.staleness, 0)
+        need = max(tick - st.staleness, 0) if need is None else need
         cache = st.cache
         if rows.shape[0] == 0 or cache.min_clock(rows, index) >= need:
             return None

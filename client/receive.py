@@ -47,7 +47,7 @@ def receive_rows(tables: Sequence[TableState], j: int, h: dict[str, Any], arrays
         raise ProtocolError(f"ROWS for unknown table {tb}")
     st = tables[tb]
     n = h["n"]
-    rows = wire.array(arrays[0], wire.ROW_DTYPE, n, "ROWS rows")
+    rows = wire.ids(arrays[0], n, "ROWS rows")
     vals = wire.array(arrays[1], wire.value_dtype(h["dt"]), n * st.cols, "ROWS values").reshape(n, st.cols)
     versioned = wire.is_versioned(h)
     if versioned != (st.vlog is not None):

@@ -37,7 +37,7 @@ from bosen.errors import BosenError
 from bosen.partition import Partition
 from bosen.phases import Phases
 from bosen.ratelimit import LeakyBucket, paced_sender
-from bosen.wire import Msg, UpdateBatch
+from bosen.wire import Msg, UpdateBatch, wire_ids
 
 log = logging.getLogger("bosen.client")
 # Bytes of increments after which a tick waits for the communication thread to take up the pending
@@ -227,6 +227,26 @@ class Sender:
                 fut.set_result(None)
         self._flush_waiters.clear()
 
+    # -- a partial flush: given rows now, before the clock ---------------------------------------
+
+    def send_rows(self, st: TableState, rows: np.ndarray) -> None:
+        """Send the buffered updates of ``rows`` (sorted, as the buffer keeps them) now (``Table.send_rows``,
+        handed over by a worker before its clock, so this runs before that clock's flush: the CLOCK
+        still follows every update of its tick, on the same connection). At once, not through a
+        flush window, and charged to the bucket like every send, as budgeted sends are. Rows of a
+        server being recovered, or while partitions move, stay in the buffer for the flush."""
+        if self.life.failed or (self.moves is not None and self.moves.moving):
+            return
+        if st.vlog is not None:
+            self._send_versioned(st, rows)
+            return
+        before = self.counters["bytes_sent"]
+        for j, rj in st.by_server(rows):
+            if not self.links[j].recovering:
+                self._send_rows_to(self.links[j], st, rj, None)
+        self.counters["rows_sent_early"] += int(rows.shape[0])
+        self.counters["bytes_sent_early"] += self.counters["bytes_sent"] - before
+
     # -- taking updates out of the buffer ------------------------------------------------------
 
     def _send_rows_to(self, link: ServerLink, st: TableState, rows: np.ndarray,
@@ -364,4 +384,5 @@ class Sender:
                 continue
             with st.lock:
                 ids = st.row_ids(rj)
-            self.links[j].send({"t": Msg.READ, "tb": st.index, "n": int(rj.shape[0]), "c": min_clock}, ids)
+            self.links[j].send({"t": Msg.READ, "tb": st.index, "n": int(rj.shape[0]), "c": min_clock},
+                               wire_ids(ids))

@@ -67,6 +67,9 @@ class TableState:
         # asks the communication thread to send every buffered update now (set by the client): rows
         # with updates are never evicted, so a bounded cache full of them sends them rather than wait
         self.send_early: Callable[[], None] | None = None
+        # asks the communication thread to send these rows' (as the buffer keeps them) buffered
+        # updates now, before the clock (``Table.send_rows``; set by the client)
+        self.send_now: Callable[[np.ndarray], None] | None = None
         size = cfg.rows if self.slots is None else self.slots.capacity
         self.pins = np.zeros(size if self.slots is not None else 0, dtype=np.int32)  # views holding a slot
         self.cache = RowCache(size, cfg.cols, self.dtype, partition, counts=probe_every > 0, pushed=cfg.push)

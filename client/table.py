@@ -43,7 +43,7 @@ class FreshReads(Protocol):
     """The client's blocking read path (``reads.ReadPath``)."""
 
     def wait_fresh(self, st: TableState, rows: np.ndarray, worker: TableWorker,
-                   index: slice | np.ndarray | None = None) -> np.ndarray | None: ...
+                   index: slice | np.ndarray | None = None, need: int | None = None) -> np.ndarray | None: ...
 
     def probe(self, st: TableState, rows: np.ndarray, seen: np.ndarray, age: np.ndarray) -> None: ...
 
@@ -74,6 +74,7 @@ class Table:
         # indexed by row (the arrays above never change), else by slot (state.to_slots; the arrays
         # grow, so they are fetched from the state each time)
         self._direct = state.slots is None
+        self._pushed = state.cfg.push  # whether servers push this table's rows (``get_rows``'s ``ahead``)
         self.name = state.name
         self.rows = state.rows
         self.cols = state.cols
@@ -147,14 +148,20 @@ class Table:
             raise IndexError(f"table {self.name!r}: column {col} out of range [0, {self.cols})")
         return self.get_row(row)[col]
 
-    def get_rows(self, rows: Any) -> np.ndarray:
-        """Copies of many rows as a 2-D array (one request per server for those not fresh)."""
+    def get_rows(self, rows: Any, ahead: int = 0) -> np.ndarray:
+        """Copies of many rows as a 2-D array (one request per server for those not fresh).
+        ``ahead``: a read of rows for a step ``ahead`` ticks later. On a table without pushes
+        (``push: false``) the rows are read as fresh as that tick needs, but never newer than this
+        tick itself (at staleness 0 that would wait for this worker's own clock), so the later read
+        finds them fresh rather than reading them again one clock short. On a table whose servers
+        push, the current bound: the pushes of the coming clocks bring the rest, and waiting for
+        them here would hold this step back."""
         # metrics.profile: the worker's "read" phase (waits for fresh rows included)
-        return phases.timed(self._worker.phases, "read", self._get_rows, rows)
+        return phases.timed(self._worker.phases, "read", self._get_rows, rows, None, ahead)
 
-    def _get_rows(self, rows: Any, clocks: list[np.ndarray] | None = None) -> np.ndarray:
+    def _get_rows(self, rows: Any, clocks: list[np.ndarray] | None = None, ahead: int = 0) -> np.ndarray:
         if self._direct:
-            return self._read(rows, clocks=clocks)
+            return self._read(rows, clocks=clocks, ahead=ahead)
         st = self._st
         slots = st.slots
         assert slots is not None
@@ -167,14 +174,15 @@ class Table:
                 slots.end(op)
                 raise
         try:  # the rows stay (not evicted) until the read is done
-            return self._read(held, ids=False, clocks=clocks)
+            return self._read(held, ids=False, clocks=clocks, ahead=ahead)
         finally:
             with st.lock:
                 slots.end(op)
 
-    def _read(self, rows: Any, ids: bool = True, clocks: list[np.ndarray] | None = None) -> np.ndarray:
+    def _read(self, rows: Any, ids: bool = True, clocks: list[np.ndarray] | None = None, ahead: int = 0) -> np.ndarray:
         """Read ``rows``: row ids (``ids``), else the slots of a slotted table's rows (checked);
-        ``clocks``: a read served from the cache appends the clock each value copied is valid for."""
+        ``clocks``: a read served from the cache appends the clock each value copied is valid for;
+        ``ahead``: see ``get_rows``."""
         if type(rows) is np.ndarray and rows.dtype.kind in "iu" and rows.ndim == 1 and rows.shape[0]:
             # the usual read, of rows all cached and fresh: checked, counted and copied in one pass
             r64 = rows if rows.dtype == np.int64 else rows.astype(np.int64)  # a uint64 past int64: negative
@@ -182,7 +190,7 @@ class Table:
                 self._life.check()
             w = self._worker
             tick = w.tick
-            need = tick - self.staleness
+            need = tick - self.staleness if not ahead else self._ahead_need(tick, ahead)
             out = np.empty((rows.shape[0], self.cols), self.dtype)
             with self._st.lock:
                 status, a, b = self._st.cache.read_fresh(r64, need if need > 0 else 0, tick, out)
@@ -197,7 +205,8 @@ class Table:
                 return out
         rows, index = self._rows_index(rows, ids)
         w = self._worker
-        fresh = self._reads.wait_fresh(self._st, rows, w, index)
+        fresh = self._reads.wait_fresh(self._st, rows, w, index,
+                                       self._ahead_need(w.tick, ahead) if ahead else None)
         early, stale = self._st.cache.read_stats(rows, w.tick)
         w.rows_read += rows.shape[0]
         w.rows_read_early += early
@@ -209,6 +218,12 @@ class Table:
                 return fresh
             values = self._st.cache.values
             return values[index].copy() if type(index) is slice else values[index]
+
+    def _ahead_need(self, tick: int, ahead: int) -> int:
+        """The oldest clock a read ``ahead`` ticks later needs, at most this tick (see ``get_rows``)."""
+        if self._pushed:
+            ahead = 0
+        return max(min(tick + ahead - self.staleness, tick), 0)
 
     def view(self, rows: Any, base: bool = True) -> RowView:
         """An incremental read of ``rows`` (unique): ``RowView.refresh()`` reads them like ``get_rows``
@@ -395,6 +410,22 @@ class Table:
         w = self._worker  # its own counters: only this thread writes them
         w.updates_buffered += rows.shape[0]  # slots or rows: one per row
         w.inc_bytes += deltas.nbytes
+
+    def send_rows(self, rows: Any) -> None:
+        """Send the updates buffered for ``rows`` now rather than at the clock (a partial flush): a
+        worker that has finished part of its tick's updates, such as a bucket of gradients during the
+        backward, lets their bytes leave while it goes on. SSP is unchanged: the tick's CLOCK still
+        follows every update of it on each server's connection; rows without buffered updates are
+        skipped. The send happens on the communication thread, soon after this returns."""
+        rows, _ = self._rows_index(rows)
+        st = self._st
+        if st.send_now is None or rows.shape[0] == 0:
+            return
+        if st.slots is not None:  # a row without a slot has nothing buffered; a slot held by updates stays
+            with st.lock:
+                rows = st.slots.lookup(rows)
+            rows = rows[rows >= 0]
+        st.send_now(np.unique(rows))
 
     # -- argument checks -----------------------------------------------------------------------
 

@@ -30,6 +30,7 @@ log = logging.getLogger("bosen.server")
 
 HISTORY = 1000  # k_t and applied ranks of the most recent iterations kept for STATUS
 KEEP_STARTS = 64  # iterations back whose start time late gradients are still timed against
+COUNTS = ("accepted", "dropped_late", "dropped_repeat", "dropped_ahead", "steps")  # order in a checkpoint
 
 
 class BackupStep(StoredProcedure):
@@ -58,7 +59,8 @@ class BackupStep(StoredProcedure):
         self.arrivals: dict[int, int] = {}  # iteration -> gradients of it arrived so far
         self.k_history: list[int] = []
         self.applied: list[list[int]] = []  # per iteration, the ranks whose gradient it applied (recent)
-        self.counts = dict(accepted=0, dropped_late=0, dropped_repeat=0, dropped_ahead=0, steps=0)
+        self.counts = dict.fromkeys(COUNTS, 0)
+        self._resume: dict[str, np.ndarray] | None = None  # a checkpoint's table_state, taken at start
 
     def create(self, global_rows: np.ndarray, values: np.ndarray) -> None:
         self.values = values
@@ -69,8 +71,51 @@ class BackupStep(StoredProcedure):
         self.alive = set(range(workers))
         self.iteration = iteration
         self.k = self.policy.choose(len(self.alive))
-        self.starts[iteration] = (now, workers)
+        if self._resume is not None:
+            self._continue(self._resume)
+            self._resume = None
+        self.starts[iteration] = (now, self.k_history[-1] if self.k_history else workers)
         self.arrivals[iteration] = 0
+
+    def table_state(self) -> dict[str, np.ndarray]:
+        """The iteration, k_t, its history and the estimator's state (``BackupPolicy.snapshot``), for a
+        checkpoint: a resumed job's k_t goes on as if it had not stopped. Round-trip start times are
+        not saved: a resume starts every worker afresh at the checkpoint's iteration."""
+        if self.policy is None:
+            return {}
+        lens = np.array([len(a) for a in self.applied], dtype=np.int64)
+        flat = np.array([r for a in self.applied for r in a], dtype=np.int64)
+        return {**self.policy.snapshot(), "iteration": np.array([self.iteration], dtype=np.int64),
+                "k": np.array([self.k], dtype=np.int64), "k_history": np.array(self.k_history, dtype=np.int64),
+                "applied_ranks": flat, "applied_lens": lens,
+                "counts": np.array([self.counts[c] for c in COUNTS], dtype=np.int64),
+                "prev_mean": np.empty((0,)) if self.prev_mean is None else self.prev_mean.copy()}
+
+    def load_table_state(self, arrays: dict[str, np.ndarray]) -> None:
+        missing = sorted({"iteration", "k", "k_history", "applied_ranks", "applied_lens", "counts", "prev_mean",
+                          "rtt_sums", "rtt_counts", "variance", "sqnorm", "smooth", "prev"} - set(arrays))
+        if missing:
+            raise ValueError(f"backup state {missing[0]!r} is missing")
+        self._resume = {k: np.asarray(v) for k, v in arrays.items()}
+
+    def _continue(self, a: dict[str, np.ndarray]) -> None:
+        """Take back a checkpoint's ``table_state`` (``start`` has made the policy)."""
+        assert self.policy is not None
+        saved = int(a["iteration"][0])
+        if saved != self.iteration:
+            log.warning("table %s: its backup state was saved at iteration %d, the server starts at %d",
+                        self.table.name, saved, self.iteration)
+        try:
+            self.policy.restore(a)
+        except ValueError as e:
+            log.warning("table %s: the round-trip estimates start afresh: %s", self.table.name, e)
+        self.k_history = a["k_history"].astype(int).tolist()
+        ends = np.cumsum(a["applied_lens"])
+        self.applied = [a["applied_ranks"][e - m:e].astype(int).tolist()
+                        for m, e in zip(a["applied_lens"], ends, strict=True)]
+        self.counts.update(zip(COUNTS, a["counts"].astype(int).tolist(), strict=True))
+        self.prev_mean = a["prev_mean"].astype(np.float64) if a["prev_mean"].size else None
+        self.k = min(int(a["k"][0]), len(self.alive)) if self.backup.mode != "static" else self.k
 
     def apply(self, values: np.ndarray, local_rows: np.ndarray, batch: UpdateBatch, client: int) -> None:
         """Buffer ``client``'s update: part of its gradient of the tick it is at."""

@@ -148,6 +148,8 @@ class ServerCheckpoints:
                 arrays[f"{key}.rows"] = s.global_rows[:n]
                 for k, v in state.items():
                     arrays[f"{key}.{k}"] = v[:n].copy()
+            for k, v in s.procedure.table_state().items():  # not per row: in every part, priority ones too
+                arrays[f"p{s.index}.{k}"] = v
             tables[key] = {"name": s.cfg.name, "rows": s.stored, "storage": s.cfg.storage, "cols": s.cfg.cols,
                            "dtype": s.dtype.name, "update": s.cfg.update, "state": sorted(state)}
         self.snapshot_s += time.perf_counter() - t
@@ -399,6 +401,12 @@ def _load(shards: list[TableShard], part: checkpoint.Part, owned_only: bool = Fa
                 raise ConfigError(f"--resume {part.path}: table {name!r}: procedure state {k!r} is missing or "
                                   f"misshapen")
             arr[local] = got
+        whole = {k[len(f"p{s.index}."):]: v for k, v in arrays.items() if k.startswith(f"p{s.index}.")}
+        if whole and not owned_only:  # another server's part: its own shard's iteration and estimator
+            try:
+                s.procedure.load_table_state(whole)
+            except ValueError as e:
+                raise ConfigError(f"--resume {part.path}: table {name!r}: {e}") from None
 
 
 def _has_own(base: Path, rank: int) -> bool:

@@ -682,7 +682,7 @@ class Server:
     def on_read(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
         shard = self._shard(h)
-        rows = wire.array(frames[0], wire.ROW_DTYPE, h["n"], "READ rows") if h["n"] >= 0 else None
+        rows = wire.ids(frames[0], h["n"], "READ rows") if h["n"] >= 0 else None
         if rows is None:
             raise ProtocolError(f"READ: negative row count {h['n']}")
         try:
@@ -1114,8 +1114,10 @@ class Server:
         index = rowmath.rows_index(local)
         rows = shard.global_rows[index]
         values = shard.values[index].copy() if type(index) is slice else shard.values[local]
-        if type(index) is slice:
-            rows = rows.copy()
+        packed = wire.wire_ids(rows)  # int32 where they fit: a copy then
+        if type(index) is slice and packed is rows:
+            packed = rows.copy()
+        rows = packed
         self.counters["push_gathers"] += 1
         return rows, values, zmq.Frame(rows), zmq.Frame(values)
 
@@ -1185,7 +1187,7 @@ class Server:
             header["fr"] = True
             header["ft"] = time.time()
             extra = (*extra, shard.others(local, peer.rank))
-        return self._send(ident, header, rows, values, *extra, owned=owned)
+        return self._send(ident, header, wire.wire_ids(rows), values, *extra, owned=owned)
 
     # -- managed communication -----------------------------------------------------------------
 

@@ -196,6 +196,9 @@ class PSModule(nn.Module):
         self._pushed: Buckets | None = None
         if self.overlap:
             self._pushed = Buckets(slots, n, self._push_bucket, size=bucket_values, align=layout.row_width)
+            # each bucket's rows leave at once (Table.send_rows), not with the clock; False keeps them
+            # in the update buffer until the clock (what overlap did before: the bench's comparison)
+            self.send_buckets = True
             for k, p in enumerate(self.params):
                 p.register_post_accumulate_grad_hook(self._push_hook(k))
             self._grads_zeroed = False
@@ -261,8 +264,8 @@ class PSModule(nn.Module):
                     rows = rows[~cache.valid(rows.to(self.device), need).cpu()]
                 elif clocks is not None:
                     rows = rows[torch.from_numpy(clocks[rows.numpy()] < need)]
-            if rows.numel():
-                self._ahead.append(self._pool.submit(self.sparse_tables[i].get_rows, rows.numpy()))
+            if rows.numel():  # as fresh as the next step needs them: read once, not again there
+                self._ahead.append(self._pool.submit(self.sparse_tables[i].get_rows, rows.numpy(), 1))
 
     def _need(self, table: PSTable, ahead: int = 0) -> int:
         """The oldest clock a read at this worker's tick (plus ``ahead``) may see of ``table``."""
@@ -476,7 +479,10 @@ class PSModule(nn.Module):
     def _push_bucket(self, b: int, lo: int, hi: int) -> None:
         assert self.table is not None
         w = self.layout.row_width
-        self.table.inc_rows(self._rows[lo // w:hi // w], self._grads[lo:hi].numpy().reshape(-1, w))
+        rows = self._rows[lo // w:hi // w]
+        self.table.inc_rows(rows, self._grads[lo:hi].numpy().reshape(-1, w))
+        if self.send_buckets:
+            self.table.send_rows(rows)  # its bytes leave during the rest of the backward
 
     def push_rest(self) -> bool:
         """Overlap mode: push the dense buckets the backward hooks have not (parameters without a

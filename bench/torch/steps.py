@@ -11,7 +11,8 @@ Two cases, each a line of JSON per result (and per repetition with ``--each``):
 - ``split``: ResNet-18 (``apps/pytorch/examples/resnet.py``, 11.2M parameters, 32x32 inputs), one
   worker: a local torch step (SGD) beside PS mode at staleness 2 (``ServerOptimizer`` SGD, a clock
   every step, servers on this machine), without and with ``overlap`` (gradients pushed per bucket from
-  the backward hooks), optionally with bfloat16 updates (``--set wire=bfloat16``). Per step: wall
+  the backward hooks and sent at once; ``--held``: also buffered until the clock, as before partial
+  flushes), optionally with bfloat16 updates (``--wire bfloat16``). Per step: wall
   time, and its split: waiting for the pull (``pull_s``), pushing (``push_s``), compute (the rest).
 
 Systems alternate order between repetitions; ratios are per repetition, reported as the median with
@@ -92,6 +93,8 @@ def child(spec: dict[str, Any]) -> None:
         client = Client.connect(spec["config"], rank=rank)
         dense = "allreduce" if system == "hybrid" else "ps"
         model = PSModule(net, client, clock_every=1, dense=dense, overlap=bool(spec.get("overlap")))
+        if model.overlap:
+            model.send_buckets = bool(spec.get("send_buckets", True))
         for _ in range(int(spec.get("staleness", 0)) + 1):
             client.clock()  # start together (as the torch bench's workers do)
         run = model
@@ -175,7 +178,7 @@ def _run(specs: list[dict[str, Any]], work: Path, timeout: float) -> list[dict[s
 
 
 def run_system(system: str, a: argparse.Namespace, model: str, world: int, work: Path, *, device: str,
-               overlap: bool = False, wire: str | None = None) -> dict[str, Any]:
+               overlap: bool = False, wire: str | None = None, send_buckets: bool = True) -> dict[str, Any]:
     """One run of one system with ``world`` workers; rank 0's results."""
     from bosen.jobs.cluster import start_cluster
     from bosen.jobs.job import job_config
@@ -183,7 +186,7 @@ def run_system(system: str, a: argparse.Namespace, model: str, world: int, work:
     d = Path(tempfile.mkdtemp(prefix=f"{system}-", dir=work))
     base = {"system": system, "world": world, "model": model, "device": device, "batch": a.batch[model],
             "warm": a.warm, "steps": a.steps, "staleness": a.staleness, "overlap": overlap,
-            "threads": a.threads}
+            "send_buckets": send_buckets, "threads": a.threads}
     specs = [{**base, "rank": r, "out": str(d / f"rank{r}.json")} for r in range(world)]
     if system in ("local", "ddp"):
         port = _free_port()
@@ -232,6 +235,8 @@ def case_hybrid(a: argparse.Namespace, work: Path) -> None:
 
 def case_split(a: argparse.Namespace, work: Path) -> None:
     systems: dict[str, dict[str, Any]] = {"local": {}, "ps": {}, "ps-overlap": {"overlap": True}}
+    if a.held:  # overlap as it was before partial flushes: each bucket buffered, all sent at the clock
+        systems["ps-overlap-held"] = {"overlap": True, "send_buckets": False}
     if a.wire:
         systems[f"ps-overlap-{a.wire}"] = {"overlap": True, "wire": a.wire}
     runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
@@ -286,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--staleness", type=int, default=2)
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--wire", default=None, help="also PS mode with overlap and these updates (bfloat16, float16)")
+    p.add_argument("--held", action="store_true", help="also PS mode with overlap whose buckets wait in the "
+                   "update buffer for the clock (send_buckets=False: overlap before partial flushes)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     p.add_argument("--rep0", type=int, default=0, help="the first repetition's number (odd: systems in reverse "
                    "order), so that separate invocations alternate")

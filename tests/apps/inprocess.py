@@ -37,7 +37,7 @@ class InProcessTable:
     def get_row(self, row: int) -> np.ndarray:
         return self.data[row].copy()
 
-    def get_rows(self, rows: Any) -> np.ndarray:
+    def get_rows(self, rows: Any, ahead: int = 0) -> np.ndarray:
         assert rows.dtype == np.int64 and np.all(np.diff(rows) > 0)  # unique, sorted
         self.reads.append(rows)
         return self.data[rows].copy()
@@ -50,6 +50,9 @@ class InProcessTable:
 
     def view(self, rows: Any, base: bool = True) -> InProcessView:
         return InProcessView(self, np.asarray(rows, dtype=np.int64))
+
+    def send_rows(self, rows: Any) -> None:
+        """Updates apply at once here: nothing is buffered."""
 
     def inc_rows(self, rows: Any, deltas: Any, cols: Any = None) -> None:
         self.incs += 1

@@ -212,7 +212,7 @@ class _Table(InProcessTable):
         super().__init__(*args, **kw)
         self.turns = turns
 
-    def get_rows(self, rows: Any) -> np.ndarray:
+    def get_rows(self, rows: Any, ahead: int = 0) -> np.ndarray:
         self.turns.gate()
         return super().get_rows(rows)
 

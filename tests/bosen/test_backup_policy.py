@@ -92,6 +92,20 @@ def test_dynamic_drops_the_slow_half_when_their_time_outweighs_the_gain() -> Non
     assert p.choose(1) == 1
 
 
+def test_a_snapshot_restores_what_k_depends_on() -> None:
+    p = _policy("dynamic")
+    _feed(p, [1.0, 1.0, 5.0, 5.0], Moments(4, 1.1, 1.0), 0.9)
+    q = _policy("dynamic")
+    q.restore({k: v.copy() for k, v in p.snapshot().items()})
+    assert q.choose(4) == p.choose(4) == 2
+    assert q.state() == p.state() and q._prev == p._prev
+    np.testing.assert_array_equal(q.rtt.grid(), p.rtt.grid())
+    other = BackupPolicy(BackupConfig(mode="dynamic", lr=0.5), 6)  # another worker count: the grid does not fit
+    with pytest.raises(ValueError, match="round-trip samples of shape \\(4, 4\\).*6 workers"):
+        other.restore(p.snapshot())
+    assert other.state() == p.state() and not other.rtt.observed  # the windows came back, the grid did not
+
+
 def test_dynamic_takes_everyone_when_every_gain_is_negative() -> None:
     p = _policy("dynamic")
     # huge curvature: L*lr/2 > 1, so every gain is negative -> k = n (eq. 18)

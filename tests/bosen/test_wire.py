@@ -82,7 +82,7 @@ def test_dense_update_round_trip(dtype):
     rows = np.array([3, 1, 3], dtype=np.int64)  # duplicates are legal
     vals = (np.arange(3 * 5) - 4).astype(dtype).reshape(3, 5)
     b = UpdateBatch(rows, vals)
-    assert not b.sparse and b.nbytes() == rows.nbytes + vals.nbytes
+    assert not b.sparse and b.nbytes() == rows.nbytes // 2 + vals.nbytes  # ids travel as int32
     h0 = {"t": Msg.INC, "s": 1, "tb": 0, "n": 3, "dt": dtype, "sp": False}
     frames = as_bytes(wire.encode(h0, *b.arrays()))
     h = wire.decode_header(frames[0])
@@ -255,7 +255,7 @@ def test_decode_update_dense_ok():
 
 @pytest.mark.parametrize("frames, match", [
     ([np.arange(3, dtype=np.int64).tobytes(), np.ones((2, 3), np.float32).tobytes()], "INC rows"),
-    ([np.arange(2, dtype=np.int32).tobytes(), np.ones((2, 3), np.float32).tobytes()], "INC rows"),
+    ([np.arange(2, dtype=np.int16).tobytes(), np.ones((2, 3), np.float32).tobytes()], "INC rows"),
     ([np.arange(2, dtype=np.int64).tobytes(), np.ones((2, 2), np.float32).tobytes()], "INC values"),
     ([np.arange(2, dtype=np.int64).tobytes(), np.ones((2, 3), np.float64).tobytes()], "INC values"),
     ([np.arange(2, dtype=np.int64).tobytes(), np.ones((2, 3), np.float32).tobytes()[:-1]], "INC values"),
@@ -316,6 +316,29 @@ def test_decode_update_sparse_rejects_wrong_lengths():
     frames = sparse_frames([0, 1, 5], [0, 2, 2])
     with pytest.raises(ProtocolError, match="INC cols"):
         wire.decode_update(inc(n=2, dt="int64", sp=True), frames, 3, np.dtype("int64"))
+
+
+def test_row_ids_travel_as_int32_where_every_one_fits():
+    small = np.array([5, 0, 2**31 - 1], dtype=np.int64)
+    assert wire.wire_ids(small).dtype == np.int32 and wire.wire_ids(small).nbytes == 12
+    for big in ([2**31], [-(2**31) - 1], [3, 1 << 62]):  # hashed 64-bit ids stay int64
+        rows = np.array(big, dtype=np.int64)
+        assert wire.wire_ids(rows) is rows
+    for rows in (small, np.array([1 << 62, 7], dtype=np.int64), np.empty(0, np.int64)):
+        got = wire.ids(wire.wire_ids(rows).tobytes(), rows.shape[0], "ROWS rows")
+        assert got.dtype == np.int64
+        np.testing.assert_array_equal(got, rows)
+    np.testing.assert_array_equal(wire.ids(small.tobytes(), 3, "ROWS rows"), small)  # int64 still read
+    with pytest.raises(ProtocolError, match="READ rows: frame has 6 bytes, expected 3 x int64"):
+        wire.ids(b"\0" * 6, 3, "READ rows")
+    # an update of such rows: half the id bytes, the same rows back
+    b = UpdateBatch(np.array([1 << 40, 2], dtype=np.int64), np.ones((2, 3), np.float32))
+    assert b.arrays()[0].dtype == np.int64
+    frames = as_bytes(wire.encode({"t": Msg.INC, "s": 1, "tb": 0, "n": 2, "dt": "float32", "sp": False},
+                                  *UpdateBatch(small[:2], np.ones((2, 3), np.float32)).arrays()))
+    assert len(frames[1]) == 8
+    np.testing.assert_array_equal(wire.decode_update(wire.decode_header(frames[0]), frames[1:], 3,
+                                                     np.dtype("float32")).rows, small[:2])
 
 
 def test_array_checks_exact_length():

@@ -552,6 +552,30 @@ def test_the_clock_rides_on_the_last_update_and_sclock_acknowledges_it(bosen_clu
         assert [st["clock"] for st in client.server_status()] == [ticks, ticks]
 
 
+def test_send_rows_sends_those_rows_before_the_clock_and_only_once(bosen_cluster):
+    """A partial flush (``Table.send_rows``): the given rows' updates reach the servers before the
+    clock, the others wait for it; the clock then sends only those, and every value is exact. A
+    row sent twice is sent once; a row with nothing buffered is skipped."""
+    c = bosen_cluster(1, workers=2, staleness=0, tables={"W": {"rows": 8, "cols": 2, "dtype": "int64"}})
+    with Client.connect(c.path, rank=0) as client:
+        W = client.table("W")
+        W.inc_rows(np.arange(8), np.ones((8, 2), np.int64))
+        W.send_rows(np.array([0, 1, 5, 5]))
+        W.send_rows(np.array([1]))  # already sent: nothing more
+        wait_until(lambda: sum(s["rows_applied"] for s in client.server_status()) == 3, "the three rows applied")
+        time.sleep(0.2)
+        assert sum(s["rows_applied"] for s in client.server_status()) == 3, "only the rows asked for went early"
+        assert [s["clock"] for s in client.server_status()] == [0]
+        s = client.stats()
+        assert s["rows_sent"] == 3 and s["rows_sent_early"] == 4 and s["bytes_sent_early"] > 0
+        client.clock()
+        wait_until(lambda: sum(s["rows_applied"] for s in client.server_status()) == 8, "the rest at the clock")
+        assert client.stats()["rows_sent"] == 8
+        with pytest.raises(IndexError, match="row 8 out of range"):
+            W.send_rows(np.array([8]))
+    np.testing.assert_array_equal(server_values(c.path, 1, "W", np.arange(8)), np.ones((8, 2)))
+
+
 def test_a_flush_asks_for_an_ack_once_per_2_MiB(bosen_cluster):
     """A tick of four 1 MiB update messages with a 16 MiB window: the second asks for an ACK (2 MiB
     unasked), the first and third carry "na", the fourth carries the clock (SCLOCK). Two messages

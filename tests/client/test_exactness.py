@@ -44,7 +44,7 @@ FAST = "2srv-2p-s1-int64-f16"
 
 
 def run_exactness(bosen_cluster, bosen_procs, tmp_path, servers, procs, staleness, int_dtype, comm_cfg, seed,
-                  ticks, residual=False, max_sleep_ms=6.0, storage="dense", cache_rows=None):
+                  ticks, residual=False, max_sleep_ms=6.0, storage="dense", cache_rows=None, send_rows=False):
     cols = procs + 1
     extra = {} if cache_rows is None else {"cache_rows": cache_rows}
     c = bosen_cluster(servers, workers=procs + 1, staleness=staleness, comm=comm_cfg, read_timeout_s=30,
@@ -57,7 +57,7 @@ def run_exactness(bosen_cluster, bosen_procs, tmp_path, servers, procs, stalenes
     try:
         for _ in range(ticks + staleness + 1):
             reader.clock()
-        flags = ["--residual"] if residual else []
+        flags = (["--residual"] if residual else []) + (["--send-rows"] if send_rows else [])
         ws = [worker(bosen_procs, "exact_worker.py", c.path, "--procs", procs, "--ticks", ticks, "--seed", seed,
                      "--max-sleep-ms", max_sleep_ms, "--result", tmp_path / f"r-{i}.json", *flags, name=f"exact-{i}")
               for i in range(procs)]
@@ -70,6 +70,8 @@ def run_exactness(bosen_cluster, bosen_procs, tmp_path, servers, procs, stalenes
             assert r["reads"] >= ticks
         assert sum(r["rows_sent_budgeted"] for r in results) > 0, "no budgeted send happened"
         assert sum(r["rows_pushed_to_us"] for r in results) > 0, "no push happened"
+        if send_rows:
+            assert all(r["rows_sent_early"] > 0 for r in results), "no partial flush happened"
 
         # every process's own updates, as it recorded them, against what a fresh cache reads
         for name in "IF":
@@ -104,6 +106,14 @@ def test_exact_reads_and_final_tables_fast(bosen_cluster, bosen_procs, tmp_path)
 def test_exact_reads_and_final_tables_on_sparse_tables(bosen_cluster, bosen_procs, tmp_path, case):
     """The same properties where the servers store only the rows touched (storage: sparse)."""
     run_exactness(bosen_cluster, bosen_procs, tmp_path, *CASES[case], storage="sparse")
+
+
+@pytest.mark.timeout(60)
+def test_exact_reads_and_final_tables_with_partial_flushes(bosen_cluster, bosen_procs, tmp_path):
+    """The same properties where every increment's rows are sent at once (``Table.send_rows``, as
+    PSModule's overlap does per bucket), beside budgeted sends and the end-of-tick flush: an update
+    leaves once, before its tick's CLOCK."""
+    run_exactness(bosen_cluster, bosen_procs, tmp_path, *CASES[FAST], send_rows=True)
 
 
 @pytest.mark.timeout(120)

@@ -140,3 +140,38 @@ def test_ssp_invariant_when_every_tick_reads_rows_never_read_before(bosen_cluste
     finally:
         reader.close()
     c.check()
+
+
+def test_a_read_ahead_waits_for_the_next_ticks_bound_but_never_for_its_own_clock(bosen_cluster):
+    """``get_rows(rows, ahead=1)`` (a read of the next step's rows, issue 31) on a table without
+    pushes returns values as fresh as a read one tick later needs, so the next step serves them from
+    the cache; capped at this tick, so at staleness 0 it does not wait for this worker's own next
+    clock. On a pushed table it reads at the current bound (the pushes bring the next clock's)."""
+    import threading
+
+    tables = {"W": {"rows": 4, "cols": 2, "dtype": "int64", "push": False},
+              "P": {"rows": 4, "cols": 2, "dtype": "int64"}}
+    c = bosen_cluster(1, workers=2, staleness=1, tables=tables)
+    with Client.connect(c.path, rank=0) as a, Client.connect(c.path, rank=1) as b:
+        A, B = a.table("W"), b.table("W")
+        rows = np.arange(4)
+        for _ in range(2):
+            a.clock()
+        b.clock()  # a at tick 2, b at 1: the server clock is 1
+        B.inc_rows(rows, np.ones((4, 2), np.int64))
+        np.testing.assert_array_equal(A.get_rows(rows), 0)  # tick 2 needs clock >= 1: b's tick-1 update may miss
+        np.testing.assert_array_equal(a.table("P").get_rows(rows, ahead=1), 0)  # pushed: no wait
+        got: list[np.ndarray] = []
+        t = threading.Thread(target=lambda: got.append(A.get_rows(rows, ahead=1)))
+        t.start()
+        t.join(0.5)
+        assert t.is_alive(), "a read ahead at tick 2 needs clock 2 (what tick 3 needs): b has not clocked it"
+        b.clock()
+        t.join(10)
+        assert not t.is_alive() and (got[0] == 1).all()
+        assert (a.table("W").get_rows_clocked(rows)[1] >= 2).all()  # tick 3 will serve them from the cache
+    c0 = bosen_cluster(1, workers=1, staleness=0, tables={"W": {"rows": 4, "cols": 2, "dtype": "int64",
+                                                                "push": False}})
+    with Client.connect(c0.path, rank=0) as solo:
+        solo.clock()
+        assert (solo.table("W").get_rows(np.arange(4), ahead=1) == 0).all()  # at most its own tick: no wait

@@ -10,6 +10,7 @@ from conftest import worker
 
 from bosen.config import BackupConfig, CommConfig, TableConfig
 from bosen.errors import ConfigError
+from bosen.jobs.job import job_config
 from bosen.jobs.status import query
 from bosen.partition import Partition
 from bosen.server import procedures
@@ -89,6 +90,29 @@ def test_a_worker_that_dies_mid_iteration_does_not_hang_the_others(bosen_cluster
     assert b["k_history"][:4] == [3] * 4 and b["k_history"][4:] == [2] * (iters - 4)  # k_t: the workers left
 
 
+@pytest.mark.slow
+def test_a_resumed_job_continues_the_backup_state(bosen_cluster, bosen_procs, tmp_path):
+    """Through real processes: a job with checkpoints every 3 iterations stops at 6; servers resumed
+    from its checkpoint go on with its iteration, k_t history and counters."""
+    n = 2
+    data = job_config([], n, tables={"G": {"rows": 2, "cols": n + 1, "dtype": "float64",
+                                           "backup": {"mode": "dynamic", "lr": LR}}})
+    data["checkpoint"] = {"every_clocks": 3, "dir": str(tmp_path / "ck")}
+
+    def run(c, iters: int) -> dict:
+        ps = [worker(bosen_procs, "backup_worker.py", c.path, "--rank", r, "--iterations", iters, "--mean-s", 0.005,
+                     "--alpha", 1.0) for r in range(n)]
+        assert bosen_procs.wait_all(ps, 60) == [0] * n
+        return _status(c)
+
+    first = run(bosen_cluster(1, config=data), 6)
+    assert first["iteration"] == 6 and len(first["k_history"]) == 6
+    again = run(bosen_cluster(1, config=data, server_args=["--resume", str(tmp_path / "ck")]), 9)
+    assert again["k_history"][:6] == first["k_history"] and len(again["k_history"]) == 9
+    assert again["steps"] == 9 and again["accepted"] >= first["accepted"] + 6
+    assert again["variance"] is not None  # the estimates came back: not a warm-up from nothing
+
+
 def test_a_backup_table_refuses_to_move():
     cfg = TableConfig(name="B", rows=8, cols=2, dtype="float32", backup=BackupConfig(mode="blind"))
     proc = procedures.load(cfg, "t.yaml")
@@ -96,3 +120,78 @@ def test_a_backup_table_refuses_to_move():
     s = TableShard(0, cfg, Partition(1, 4), 0, 1, proc, CommConfig(enabled=False))
     with pytest.raises(ConfigError, match="partitions of a table with backup workers cannot move"):
         s.export_partitions(np.array([1]))
+
+
+def _dbw_run(n: int, iters: int, boundary: int, resume: str | None) -> tuple[list[int], np.ndarray]:
+    """A dynamic-k job on a virtual clock (noisy gradients of a quadratic, the paper's round trips
+    1 - α + α·Exp(1) with α = 0.5, the upper half of the ranks 5x slower from iteration 6; all drawn
+    per (rank, iteration), so a recomputed gradient is the same). At ``boundary`` the job checkpoints
+    as servers do: the gradients of earlier iterations still out arrive first (their clocks come
+    before the boundary's), the step's state is saved, and every worker starts the boundary's
+    iteration when it began. ``resume``: None goes on with the same step; "state" goes on with a new
+    one loaded from the saved arrays (through an .npz file, as a checkpoint part); "fresh" with a new
+    one without them (the estimator afresh, as before). Returns k_t's history and the final values."""
+    import heapq
+    import io
+
+    cfg = TableConfig(name="G", rows=4, cols=8, dtype="float64", backup=BackupConfig(mode="dynamic", lr=0.2))
+    curv = np.linspace(0.5, 2.0, 32).reshape(4, 8)
+    W = np.ones((4, 8))
+    step = BackupStep(cfg)
+    step.create(np.arange(4, dtype=np.int64), W)
+    step.start(n, 0, 0.0)
+    events: list[tuple[float, int, int, np.ndarray]] = []
+
+    def begin(r: int, now: float) -> None:
+        it = step.iteration
+        rng = np.random.default_rng([7, r, it])
+        rtt = 0.5 + 0.5 * rng.exponential() * (5.0 if r >= n // 2 and it >= 6 else 1.0)
+        heapq.heappush(events, (now + rtt, r, it, curv * W + rng.normal(0.0, 0.5, W.shape)))
+
+    def arrive(now: float, r: int, it: int, g: np.ndarray) -> bool:
+        step.put(r, g)
+        return step.clocked(r, it + 1, now)
+
+    for r in range(n):
+        begin(r, 0.0)
+    waiting: list[int] = []
+    while step.iteration < iters:
+        now, r, it, g = heapq.heappop(events)
+        if arrive(now, r, it, g):
+            if step.iteration == boundary:
+                while events:  # late gradients of earlier iterations: in before the boundary's clocks
+                    arrive(*heapq.heappop(events))
+                if resume is not None:
+                    f = io.BytesIO()
+                    np.savez(f, **step.table_state())
+                    f.seek(0)
+                    W = W.copy()
+                    step = BackupStep(cfg)
+                    step.create(np.arange(4, dtype=np.int64), W)
+                    if resume == "state":
+                        with np.load(f, allow_pickle=False) as z:
+                            step.load_table_state({k: z[k] for k in z.files})
+                    step.start(n, boundary, now)
+                waiting, r = list(range(n - 1)), n - 1
+            for q in [*waiting, r]:
+                begin(q, now)
+            waiting = []
+        elif step.iteration > it:
+            begin(r, now)
+        else:
+            waiting.append(r)
+    return step.k_history, W
+
+
+def test_a_resumed_dbw_step_chooses_k_as_the_uninterrupted_one():
+    """The estimator's state (round-trip samples, windows, last moments, k_t) goes into the
+    checkpoint: k_t after a resume is what it would have been; started afresh it is not."""
+    n, iters, boundary = 6, 40, 20
+    k, W = _dbw_run(n, iters, boundary, None)
+    assert n not in k[boundary - 2:boundary] and len(set(k[boundary:])) > 2, k  # a fresh start differs; k_t moves
+    k_res, W_res = _dbw_run(n, iters, boundary, "state")
+    assert k_res == k, (k_res, k)
+    np.testing.assert_array_equal(W_res, W)
+    k_fresh, _ = _dbw_run(n, iters, boundary, "fresh")
+    assert k_fresh != k[boundary:]  # its history starts at the resume
+    assert k_fresh[:2] == [n, n]  # warm-up again

@@ -51,7 +51,7 @@ def capture(s: Server) -> Sent:
 
 
 def rows_of(frames: list[Any], n: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
-    return (wire.array(frames[0], wire.ROW_DTYPE, n, "rows"),
+    return (wire.ids(frames[0], n, "rows"),
             wire.array(frames[1], np.dtype(np.float32), n * cols, "values").reshape(n, cols))
 
 

@@ -1,6 +1,7 @@
 """Overlap in PS mode (``PSModule(..., overlap=True)``): dense gradients pushed per bucket from the
-backward hooks; at staleness 0 the result still equals single-process torch, and the buckets go out
-during the backward, in one fixed order whatever order the hooks fire in."""
+backward hooks and sent at once (``Table.send_rows``); at staleness 0 the result still equals
+single-process torch, and the buckets go out during the backward, in one fixed order whatever order
+the hooks fire in."""
 
 from __future__ import annotations
 
@@ -75,6 +76,8 @@ def test_overlapped_server_sgd_at_staleness_0_equals_torch_and_pushes_during_bac
             err = (p.detach() - q.detach()).abs().max().item() / q.detach().abs().max().item()
             assert err <= 1e-5, f"{name}: relative difference {err:.2e}"
         assert model.split()["push_s"] > 0
+        s = client.stats()  # every bucket left from the backward (Table.send_rows), none with the clock
+        assert s["rows_sent_early"] == s["rows_sent"] == 30 * 24
         with pytest.raises(ConfigError, match=r"overlap=True\) is for ServerOptimizer"):
             DeltaOptimizer(model, torch.optim.SGD(model.parameters(), lr=0.1))
         model.close()
