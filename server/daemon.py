@@ -173,6 +173,9 @@ class Server:
             self.client_clock[r] = GONE
         if join is not None:  # ranks that left; the others' clocks come with their HELLO
             self.client_clock[[c == "left" for c in join.client_clocks]] = GONE
+            if join.joined_at is not None and join.left_at is not None:  # as server 0 knows them (its STATUS)
+                self.joined_at = [GONE if j is None else j for j in join.joined_at]
+                self.left_at = {r: x for r, x in enumerate(join.left_at) if x is not None}
         if shape is not None:
             self._take_ranks(shape, gone, part.get("client_clocks"))
         # restored from its part of a partition move (server/checkpoints.py save_move): each client resends

@@ -606,3 +606,12 @@ def test_a_replacement_takes_the_jobs_worker_ranks_and_refuses_one_that_left_aft
     with pytest.raises(ValueError, match="worker rank 3 joined the job at clock 2, before this server's part of "
                                          "clock 6, which does not record it"):
         replacement([9, 9, 9, 9], [0, 0, 4, 2], [None] * 4)
+    # a server joining the job (bosen scale --servers) knows the ranks as server 0 does, so its STATUS
+    # serves a later replacement as well
+    joined = Server(cfg, -1, join=Joining("127.0.0.1:3", list(cfg.cluster.servers), 9, [9, "left", 9, "left"],
+                                          owner, 0, [0, 0, 4, None], [None, 5, None, None]))
+    try:
+        assert joined.rank == 2 and joined.joined_at == [0, 0, 4, GONE] and joined.left_at == {1: 5}
+        assert joined.stats()["left_at"] == [None, 5, None, None]
+    finally:
+        joined.close()
