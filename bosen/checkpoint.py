@@ -43,6 +43,7 @@ log = logging.getLogger("bosen.checkpoint")
 FORMAT = 1
 META = "meta.json"
 _CLOCK_DIR = re.compile(r"^clock-(\d{8})$")
+_MOVE_DIR = re.compile(r"^move-(\d{8})-(\d{8})$")  # a server part saved as partitions moved: clock, map version
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
@@ -177,11 +178,29 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def move_dir(base: Path, clock: int, version: int) -> Path:
+    """Where the servers save a part each as partitions move to map ``version`` (at server clock
+    ``clock``): not a checkpoint of the job, but what a lost server's replacement restores until its
+    next part (docs/recovery.md, "A server lost after a partition move")."""
+    return base / f"move-{clock:08d}-{version:08d}"
+
+
+def moves(base: Path) -> list[tuple[int, int]]:
+    """(clock, map version) of the move parts' directories under ``base``, newest first."""
+    if not base.is_dir():
+        return []
+    found = [(int(m.group(1)), int(m.group(2))) for p in base.iterdir()
+             if (m := _MOVE_DIR.match(p.name)) and p.is_dir()]
+    return sorted(found, reverse=True)
+
+
 def write_part(base: Path, clock: int, kind: str, rank: int, arrays: Mapping[str, np.ndarray],
-               info: Mapping[str, Any], fingerprint: str, workers: int | None = None) -> Path:
+               info: Mapping[str, Any], fingerprint: str, workers: int | None = None,
+               directory: Path | None = None) -> Path:
     """Write one part atomically (see the module docstring); returns its directory. ``workers``: the
-    job's worker count, recorded so a job with micro-tasks can resume with another."""
-    final = clock_dir(base, clock) / part_name(kind, rank)
+    job's worker count, recorded so a job with micro-tasks can resume with another; ``directory``:
+    where, if not the checkpoint of ``clock`` (a move part, :func:`move_dir`)."""
+    final = (clock_dir(base, clock) if directory is None else directory) / part_name(kind, rank)
     tmp = final.with_name(final.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -330,6 +349,9 @@ def prune(base: Path, keep: int, servers: int, workers: int) -> list[int]:
         elif complete:  # beyond the newest ``keep``, or unfinished and older than a complete one
             shutil.rmtree(clock_dir(base, c), ignore_errors=True)
             deleted.append(c)
+    for c, v in moves(base):  # every server has a newer part than a move part older than a complete checkpoint
+        if complete and c < complete[0]:
+            shutil.rmtree(move_dir(base, c, v), ignore_errors=True)
     return deleted
 
 

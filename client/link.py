@@ -32,6 +32,8 @@ class SentLog(Protocol):
 
     def forget(self, durable: int) -> None: ...
 
+    def mark(self, version: int) -> None: ...
+
 
 class LinkState(enum.Enum):
     """Where a connection to one server stands. Losing it is fatal only once JOINED (or, with

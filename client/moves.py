@@ -94,6 +94,8 @@ class MapFollower:
             return False
         if link.index not in self.paused:
             self.paused.add(link.index)
+            if link.log is not None:  # a replacement restored from the server's move part resends what follows
+                link.log.mark(self.version)
             link.send({"t": Msg.PAUSED, "mv": self.version})
         return True
 

@@ -12,6 +12,7 @@ client with the reason (docs/recovery.md).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import deque
@@ -37,11 +38,15 @@ _UPDATES = (wire.Msg.INC, wire.Msg.FLUSH)  # messages that carry updates (acknow
 class ResendLog:
     """Every INC, FLUSH and CLOCK sent to one server since its newest durable checkpoint, as (the last
     clock sent before it, its header, its array frames). ``floor``: the clock from which the log
-    is complete."""
+    is complete. ``marks``: where this client paused for a partition move (its PAUSED), by map
+    version: a server saves a part as partitions move, and a replacement restored from it lacks what
+    came after the mark."""
 
     def __init__(self) -> None:
         self.entries: deque[tuple[int, dict[str, Any], list[Any]]] = deque()
         self.floor = 0
+        self.dropped = 0  # entries ever dropped from the front (marks count from the log's start)
+        self.marks: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -59,23 +64,42 @@ class ResendLog:
             return
         while self.entries and self.entries[0][0] < durable:
             self.entries.popleft()
+            self.dropped += 1
         self.floor = durable
+        self.marks = {v: at for v, at in self.marks.items() if at >= self.dropped}
 
     def since(self, clock: int) -> list[tuple[int, dict[str, Any], list[Any]]]:
         """What a replacement restarted from its checkpoint at ``clock`` lacks (older entries are
         dropped for good)."""
         while self.entries and self.entries[0][0] < clock:
             self.entries.popleft()
+            self.dropped += 1
         return list(self.entries)
 
+    def mark(self, version: int) -> None:
+        """This client's PAUSED for partition map ``version`` goes now, after every entry so far."""
+        self.marks[version] = self.dropped + len(self.entries)
 
-def resend(link: ServerLink, since: int) -> int:
-    """Send again, in order and renumbered, what ``link``'s log holds from clock ``since`` on; the
-    last update asks for an ACK. Returns the number of that update (0: none). Nothing sent before
-    is counted in flight any more: the lost server will never acknowledge it."""
+    def after_mark(self, version: int) -> list[tuple[int, dict[str, Any], list[Any]]] | None:
+        """What a replacement restored from its part of the move to map ``version`` lacks: what was
+        sent after the PAUSED of that move (None: no such mark kept; a process that started after the
+        move sent everything after it, ``since``)."""
+        at = self.marks.get(version)
+        if at is None or at < self.dropped:
+            return None
+        return list(itertools.islice(self.entries, at - self.dropped, None))
+
+
+def resend(link: ServerLink, since: int, moved: int | None = None) -> int:
+    """Send again, in order and renumbered, what ``link``'s log holds from clock ``since`` on, or
+    where the replacement restored its part of the move to map ``moved``, what followed this client's
+    PAUSED of that move (if it paused for it); the last update asks for an ACK. Returns the number of
+    that update (0: none). Nothing sent before is counted in flight any more: the lost server will
+    never acknowledge it."""
     assert isinstance(link.log, ResendLog)
     link.reset_inflight()
-    entries = link.log.since(since)
+    after = link.log.after_mark(moved) if moved is not None else None
+    entries = after if after is not None else link.log.since(since)
     final = max((k for k, e in enumerate(entries) if e[1]["t"] in _UPDATES), default=-1)
     last_inc = 0
     c = link.counters
@@ -166,8 +190,12 @@ class Recovery:
             with st.lock:
                 st.inflight[link.index].entries.clear()
                 st.cache.forget_server(link.index, self._partition())
-        last = resend(link, since)
-        log.warning("%s is back from its checkpoint at clock %d: resent %d messages", link, since, len(link.log))
+        moved = h.get("rf")  # restored from its part of a partition move: resend what followed our PAUSED of it
+        moved = moved if isinstance(moved, int) and not isinstance(moved, bool) else None
+        last = resend(link, since, moved)
+        log.warning("%s is back from its %s: resent %d messages", link,
+                    f"part of the move to partition map {moved} (clock {since})" if moved is not None
+                    else f"checkpoint at clock {since}", len(link.log))
         while link.acked_seq < last:  # applied (held past a boundary, until the others catch up)
             if self.life.failed:
                 return

@@ -19,6 +19,7 @@ acknowledged until it is applied, so read-my-writes keeps showing it from the cl
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,6 +71,7 @@ class ServerCheckpoints:
         self.base_every = -(-BASE_AFTER * 1_000_000 // round(self.cfg.priority_fraction * 1_000_000))
         self.servers = len(config.cluster.servers)
         self._floor = 0  # undo_floor's last answer
+        self.moved: list[tuple[int, int]] = []  # (clock, map version) of the move parts saved (save_move)
 
     def start_running(self, shards: list[TableShard]) -> None:
         """Priority checkpoints: the in-memory running checkpoint starts as the shards are now
@@ -166,6 +168,41 @@ class ServerCheckpoints:
                            {"tables": tables, **partial, **info, **({"map": pmap} if pmap else {})})
         self.saved.append(clock)
 
+    def save_move(self, version: int, clock: int, shards: list[TableShard], info: dict[str, Any]) -> float:
+        """Partitions just moved to map ``version`` (server clock ``clock``; every client paused, so
+        this server holds exactly what each client sent before its PAUSED): write this server's part
+        now, on the caller's thread, before any client sends under the new map. A lost server's
+        replacement restores it (its newer than every part saved before) and the clients resend
+        what followed their PAUSED, so a loss between a move and the next checkpoint part is exact
+        (docs/recovery.md). Returns the seconds it took."""
+        t = time.perf_counter()
+        arrays: dict[str, np.ndarray] = {}
+        tables = {}
+        for s in shards:  # every row (moves are refused with priority checkpoints): as a full save
+            key, n, state = f"t{s.index}", s.stored, s.procedure.state()
+            arrays[f"{key}.values"], arrays[f"{key}.rows"] = s.values[:n], s.global_rows[:n]
+            arrays.update({f"{key}.{k}": v[:n] for k, v in state.items()})
+            tables[key] = {"name": s.cfg.name, "rows": n, "storage": s.cfg.storage, "cols": s.cfg.cols,
+                           "dtype": s.dtype.name, "update": s.cfg.update, "state": sorted(state)}
+        part = shards[0].partition
+        pmap = {"version": part.version, "owner": part.owner_of.tolist()}
+        checkpoint.write_part(self.base, clock, "server", self.rank, arrays,
+                              {"tables": tables, "move": version, "map": pmap, **info}, self.fingerprint,
+                              self.writer.workers, directory=checkpoint.move_dir(self.base, clock, version))
+        self.moved.append((clock, version))
+        return time.perf_counter() - t
+
+    def drop_moves(self) -> int:
+        """A lost worker's updates are being taken back: this server's move parts hold them (and,
+        unlike its checkpoint parts, are no cut at a clock that says which), so they go; until its
+        next checkpoint part a replacement of this server restores an older part, which a move since
+        makes refused rather than inexact. Returns how many went."""
+        for clock, version in self.moved:
+            shutil.rmtree(checkpoint.move_dir(self.base, clock, version) / checkpoint.part_name("server", self.rank),
+                          ignore_errors=True)
+        n, self.moved = len(self.moved), []
+        return n
+
     def close(self) -> None:
         self.writer.close()
         if self.writer.error is not None:
@@ -231,7 +268,8 @@ class ServerCheckpoints:
 
 
 def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own: bool = False,
-            redo: dict[int, tuple[int, int]] | None = None, servers: int | None = None) -> int:
+            redo: dict[int, tuple[int, int]] | None = None, servers: int | None = None,
+            info: dict[str, Any] | None = None) -> int:
     """Load this server's part of a checkpoint into ``shards``; returns its clock.
 
     ``path`` is a checkpoint (``.../clock-N``) or a directory of them: then the newest complete one
@@ -240,7 +278,8 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
     The newer ones skipped are logged. Priority checkpoints (parts of some rows each) are put
     together: every valid part of this server up to that clock, oldest first, from the newest
     valid base (a part of every row) or else the initial values. ``servers``: the job's servers now,
-    where they joined or left (default the config's). ConfigError says what does not fit."""
+    where they joined or left (default the config's); ``info``: filled with the restored part's info
+    (the ranks' clocks it saved). ConfigError says what does not fit."""
     servers = len(config.cluster.servers) if servers is None else servers
     any_fp = checkpoint.fingerprint_for(config)  # a resumed job may have other workers (micro-tasks)
     base = path
@@ -251,7 +290,7 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
             log.warning("server %d has no checkpoint part of its own yet: it starts from the initial values at "
                         "clock 0 and the clients resend everything", rank)
             return 0
-        if checkpoint.clocks(path) and own:
+        if own and (checkpoint.clocks(path) or checkpoint.moves(path)):
             part = _newest_own(path, rank, config, any_fp)
             clock = int(part.meta["clock"])
         elif checkpoint.clocks(path):
@@ -301,7 +340,9 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
     for p in chain:
         _load(shards, p)
     if own:
-        _apply_corrections(base, clock, rank, shards, redo if redo is not None else {})
+        _apply_corrections(part.path.parent, clock, rank, shards, redo if redo is not None else {})
+    if info is not None:
+        info.update(part.info)
     log.info("server %d resumed from %s at clock %d (%d part%s)", rank, part.path, clock, len(chain),
              "" if len(chain) == 1 else "s")
     return clock
@@ -334,12 +375,12 @@ def _restore_regrouped(config: Config, rank: int, shards: list[TableShard], ck: 
     return clock
 
 
-def _apply_corrections(base: Path, clock: int, rank: int, shards: list[TableShard],
+def _apply_corrections(where: Path, clock: int, rank: int, shards: list[TableShard],
                        redo: dict[int, tuple[int, int]]) -> None:
-    """Take the corrections beside this server's part of ``clock`` (``ServerCheckpoints.correct``)
-    back out of the restored shards; ``redo``: each corrected worker rank -> (C, T): its client
-    resends from C."""
-    for path in sorted(checkpoint.clock_dir(base, clock).glob(f"redo.server-{rank}.rank-*.npz")):
+    """Take the corrections beside this server's part of ``clock`` (in directory ``where``;
+    ``ServerCheckpoints.correct``) back out of the restored shards; ``redo``: each corrected worker
+    rank -> (C, T): its client resends from C."""
+    for path in sorted(where.glob(f"redo.server-{rank}.rank-*.npz")):
         worker = int(path.stem.rpartition("-")[2])
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -414,18 +455,23 @@ def _has_own(base: Path, rank: int) -> bool:
     name = checkpoint.part_name("server", rank)
     if (base / name / "meta.json").exists():  # ``base`` is one checkpoint
         return True
-    return any((checkpoint.clock_dir(base, c) / name / "meta.json").exists() for c in checkpoint.clocks(base))
+    return any((checkpoint.clock_dir(base, c) / name / "meta.json").exists() for c in checkpoint.clocks(base)) \
+        or any((checkpoint.move_dir(base, c, v) / name / "meta.json").exists() for c, v in checkpoint.moves(base))
 
 
 def _newest_own(base: Path, rank: int, config: Config, any_fp: Callable[[int], str]) -> checkpoint.Part:
     """This server's newest valid part, made by this job's model with the workers its manifest
     records (a lost server right after a resume with another worker count restores the part the job
-    resumed from, made by the workers before)."""
+    resumed from, made by the workers before). Its part of a partition move at clock S is newer than
+    its checkpoint parts of clocks up to S (the one of S was saved when its clock got there, before the
+    clients paused for the move) and older than those after."""
     name = checkpoint.part_name("server", rank)
     problems = []
-    for c in checkpoint.clocks(base):
+    found = [(c, 0, 0, checkpoint.clock_dir(base, c) / name) for c in checkpoint.clocks(base)]
+    found += [(c, 1, v, p) for c, v in checkpoint.moves(base) if (p := checkpoint.move_dir(base, c, v) / name).exists()]
+    for _, _, _, where in sorted(found, key=lambda x: x[:3], reverse=True):
         try:
-            part = checkpoint.read_part(checkpoint.clock_dir(base, c) / name, None)
+            part = checkpoint.read_part(where, None)
             _check_fingerprint(part, config, any_fp)
             return part
         except checkpoint.CheckpointError as e:

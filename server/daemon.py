@@ -103,10 +103,10 @@ class Server:
             if not recover or not 0 <= rank < len(shape.servers):
                 raise ValueError(f"--shape-from: --recover --rank N with N one of the job's {len(shape.servers)} "
                                  f"servers, not {rank}")
-            if len(shape.client_clocks) != config.cluster.workers:
-                raise ValueError(f"--recover: workers joined or left the job ({len(shape.client_clocks)} ranks, the "
-                                 f"config has {config.cluster.workers}) as well as servers: a replacement of a lost "
-                                 "server in such a job is not built yet")
+            if len(shape.client_clocks) != config.cluster.workers and shape.joined_at is None:
+                raise ValueError(f"--shape-from: workers joined or left the job ({len(shape.client_clocks)} ranks, the "
+                                 f"config has {config.cluster.workers}), but that server's STATUS does not say when "
+                                 "(no joined_at/left_at): start the replacement from a server of this version")
             self.addresses = list(shape.servers)
         elif not 0 <= rank < len(config.cluster.servers):
             raise ValueError(f"--rank {rank}: the config lists {len(config.cluster.servers)} servers "
@@ -119,7 +119,9 @@ class Server:
         self.joined_live = join is not None  # its clients send HELLO with their clock ("jc")
         port = self.address.rpartition(":")[2]
         self.bind_address = f"tcp://{bind or self.address.rpartition(':')[0]}:{port}"
-        self.num_clients = config.cluster.workers if join is None else len(join.client_clocks)
+        # a replacement in a job whose workers joined or left counts the job's ranks now, not the config's
+        self.num_clients = len(join.client_clocks) if join is not None else len(shape.client_clocks) \
+            if shape is not None else config.cluster.workers
         self.hold_lost = hold_lost
         self.partition = Partition(len(self.addresses), config.cluster.num_partitions) if join is None \
             else Partition(len(self.addresses), join.owner.shape[0], join.owner, join.version)
@@ -146,8 +148,9 @@ class Server:
         self.bucket = LeakyBucket(config.comm.server_bandwidth_mbps) if config.comm.enabled else None
         self._rotation = 0
         self._restored_redo: dict[int, tuple[int, int]] = {}  # a recovered part's corrections: rank -> (C, T)
+        part: dict[str, Any] = {}  # the restored part's info (partial recovery)
         self.clock = restore(config, rank, self.shards, resume, own=recover, redo=self._restored_redo,
-                             servers=len(self.addresses)) if resume is not None else 0
+                             servers=len(self.addresses), info=part) if resume is not None else 0
         if shape is not None and self.shards[0].partition.version != shape.version:
             # rows it gained by a move after its part are in no part of its own: the job must resume whole
             raise ValueError(f"--recover: server {rank}'s newest checkpoint part was saved under partition map "
@@ -170,6 +173,21 @@ class Server:
             self.client_clock[r] = GONE
         if join is not None:  # ranks that left; the others' clocks come with their HELLO
             self.client_clock[[c == "left" for c in join.client_clocks]] = GONE
+            if join.joined_at is not None and join.left_at is not None:  # as server 0 knows them (its STATUS)
+                self.joined_at = [GONE if j is None else j for j in join.joined_at]
+                self.left_at = {r: x for r, x in enumerate(join.left_at) if x is not None}
+        if shape is not None:
+            self._take_ranks(shape, gone, part.get("client_clocks"))
+        # restored from its part of a partition move (server/checkpoints.py save_move): each client resends
+        # what followed its PAUSED, of ticks from its clock then on (WELCOME "rf")
+        moved = part.get("move")
+        self.moved_from: int | None = moved if isinstance(moved, int) and recover else None
+        self._move_clocks: dict[int, int] = {}
+        if self.moved_from is not None:
+            for r, c in enumerate(part.get("client_clocks", [])):
+                if r < self.num_clients and c != GONE and self.client_clock[r] != GONE:
+                    self._move_clocks[r] = int(c)
+                    self.client_clock[r] = max(int(self.client_clock[r]), int(c))
         # synchronous tables with backup workers (server/backup.py): their own iteration, their parked reads
         self.backups = {s.index: s.procedure for s in self.shards if isinstance(s.procedure, BackupStep)}
         self.backup_parked: dict[int, list[tuple[Peer, int, bytes, int, np.ndarray]]] = {i: [] for i in self.backups}
@@ -471,8 +489,8 @@ class Server:
         if "cs" in h:  # rejoining a replacement of this server: its CLOCKs go on from the last it sent
             self._check_clock_field(h["cs"], "HELLO", "cs")
             clock = min(clock, h["cs"])  # below the rank's clock: a replacement worker redoing its ticks
-        if self.restored is not None:  # what it resends (from the clock WELCOME names) comes first
-            clock = min(clock, self._resend_from(rank))
+        if self.restored is not None:  # what it resends (from the clock WELCOME names, or since it joined) comes first
+            clock = min(clock, self._resent_from_clock(rank))
         peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic(), clock=clock)
         self.peers[ident] = peer
         self.by_rank[rank] = peer
@@ -481,10 +499,62 @@ class Server:
         if "jc" in h:
             self._maybe_advance()
 
+    def _take_ranks(self, shape: Joining, gone: tuple[int, ...], recorded: Any) -> None:
+        """A lost server's replacement in a job whose workers joined or left (``--shape-from``): the
+        job's ranks now, against those its restored part (clock C) recorded (``recorded``: the
+        clocks it saved per rank). A rank in the job at C counts from C (its resend starts there); one
+        that joined since, from the clock it joined at (its whole resend log is since then, so its
+        messages past a boundary are held as they should be); one kept for a joiner not yet joined,
+        or gone, holds nobody back. A rank that left by BYE after C (``bosen scale`` let it go) sent
+        this server updates since C that nobody can resend (its process and resend log are gone):
+        refused, since the tables would not be exact, unless the launcher names it as finished
+        (``gone``: it ended its clocks, and what it sent since C is lost as in a job that never
+        scaled, docs/recovery.md)."""
+        if shape.joined_at is None or shape.left_at is None:
+            return  # a server that does not say: the config's ranks, as before
+        c = self.clock
+        saved = [int(x) for x in recorded] if isinstance(recorded, list) else None
+        if saved is not None and len(saved) > self.num_clients:
+            raise ValueError(f"--recover: this server's part of clock {c} records {len(saved)} worker ranks, but the "
+                             f"running job has {self.num_clients}: the part is not of this job")
+        joined, left_since = [], []
+        for r, (live, j, left) in enumerate(zip(shape.client_clocks, shape.joined_at, shape.left_at, strict=True)):
+            if j is None:  # kept for a joiner that has not joined yet: its HELLO ("jn") comes here as well
+                self.joined_at[r] = GONE
+                self.client_clock[r] = GONE
+                continue
+            in_part = saved is not None and r < len(saved) and saved[r] != GONE
+            if j < c and saved is not None and not in_part and (left is None or left > c):
+                raise ValueError(f"--recover: worker rank {r} joined the job at clock {j}, before this server's part "
+                                 f"of clock {c}, which does not record it: the part is not of this job")
+            self.joined_at[r] = j
+            if left is not None:
+                self.left_at[r] = left
+            if live == "left":
+                self.client_clock[r] = GONE
+                if left is not None and left > c:
+                    if r not in gone:
+                        raise ValueError(
+                            f"--recover: worker rank {r} left the job at clock {left} (bosen scale), after this "
+                            f"server's newest checkpoint part (clock {c}): the updates it sent this server since "
+                            "then left with it (its process, which would resend them, has exited), so a "
+                            "replacement would not be exact; resume the whole job from its newest complete "
+                            "checkpoint (bosen launch --resume)")
+                    left_since.append(r)
+            elif j > c:
+                self.client_clock[r] = j
+                joined.append(r)
+        if joined or left_since:
+            log.warning("replacing server %d of a job whose workers changed: from clock %d, %d ranks; joined since: "
+                        "%s; finished since (what they sent here after clock %d is lost): %s", self.rank, c,
+                        self.num_clients, joined, c, left_since)
+
     def _welcome(self, ident: bytes, h: dict[str, Any], rank: int) -> None:
         welcome = {"t": Msg.WELCOME, "rq": h["s"], "rank": rank, "c": self.clock, "tf": self.table_flags}
         if self.restored is not None:
             welcome["rc"] = self._resend_from(rank)
+            if self.moved_from is not None:
+                welcome["rf"] = self.moved_from
         if self.addresses != list(self.config.cluster.servers):  # servers joined or left: clients follow
             welcome["sv"] = self.addresses
         if self.partition.version:  # partitions moved (or a checkpoint saved after they did): the map follows
@@ -537,6 +607,16 @@ class Server:
         self.num_clients += 1
         return rank
 
+    def _resent_from_clock(self, rank: int) -> int:
+        """The clock of the first message a client of a restored server resends: its clock at the
+        move the part was saved at, the clock it joined at if that was after the part, or else the
+        clock WELCOME names."""
+        if rank in self._move_clocks:
+            return self._move_clocks[rank]
+        start = self.joined_at[rank]  # a rank that joined after the restored part resends all since then
+        assert self.restored is not None
+        return self._resend_from(rank) if start <= self.restored else start
+
     def _resend_from(self, rank: int) -> int:
         """The clock a client of a restored server resends from (WELCOME ``rc``): the part's, or for a
         rank whose updates since C the part lacks (taken back after it was saved), C."""
@@ -580,6 +660,9 @@ class Server:
         lost worker's updates of those ticks (plain-addition tables, server/undo.py) and drop its messages
         held past a checkpoint boundary (of those ticks too), so every update counts once."""
         if self.checkpoints is not None:
+            if self.checkpoints.drop_moves():
+                log.warning("lost worker rank %d's updates are taken back: this server's move parts, which hold "
+                            "them, are deleted (until its next part, a replacement of it is refused)", rank)
             dropped = self.checkpoints.held.pop(rank, [])
             if dropped:
                 log.warning("dropped %d held messages of lost worker rank %d (its replacement redoes them)",
@@ -818,6 +901,18 @@ class Server:
                            "mx": int(missing.max()) if n else 0})
 
     # what PartitionMoves uses (server/moves.py, its Host)
+    def save_move_part(self, version: int) -> float:
+        """Partitions moved to map ``version`` (every client paused): this server's part now, on disk
+        before any client hears of the map (``ServerCheckpoints.save_move``); the seconds it took."""
+        if self.checkpoints is None:
+            return 0.0
+        servers = {"servers": self.addresses} if self.addresses != list(self.config.cluster.servers) else {}
+        took = self.checkpoints.save_move(version, self.clock, self.shards,
+                                          {"client_clocks": self.client_clock.tolist(), **servers})
+        log.info("partition map %d: this server's part written at clock %d in %.3fs (a replacement restores it "
+                 "until its next checkpoint part)", version, self.clock, took)
+        return took
+
     @property
     def pushing(self) -> bool:
         """A clock-advance push is being sent in turns."""
@@ -1235,6 +1330,9 @@ class Server:
             "servers": self.addresses,  # the job's servers now (servers join and leave: server/moves.py)
             "clock": self.clock,
             "client_clocks": clocks,
+            # per rank, the clock it joined at (None: a rank kept for a joiner) and left at by BYE
+            "joined_at": [None if j == GONE else int(j) for j in self.joined_at],
+            "left_at": [self.left_at.get(r) for r in range(self.num_clients)],
             "clients_joined": len(self.by_rank),
             "awaiting_replacement": self._awaiting_replacement(),  # lost ranks whose replacement has not joined
             "read_connections": len(self.readers),

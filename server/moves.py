@@ -12,8 +12,10 @@ answers them for one server, beside the daemon that owns it:
    tried again).
 3. ``export``: the rows of the partitions leaving this server, all their per-row state.
 4. ``map``: the new map and the rows of the partitions this server gains: every shard laid out anew;
-   reads parked here are answered "moved" (the client asks again under the new map); then MAP to
-   every client, after everything this server sent under the old map.
+   with checkpoints, this server's part of the move is written (what a replacement restores until its
+   next checkpoint part, docs/recovery.md); reads parked here are answered "moved" (the client asks
+   again under the new map); then MAP to every client, after everything this server sent under the
+   old map.
 ``abort``: a plan given up before any ``map`` (clients resume as they were).
 
 Servers join and leave through the same steps. A server added to a running job (``bosen-server
@@ -45,14 +47,18 @@ log = logging.getLogger("bosen.server")
 @dataclass(frozen=True)
 class Joining:
     """What a server added to a running job takes from server 0's STATUS (``bosen-server --join``):
-    the job's servers (it becomes the next), clock, worker clocks and partition map."""
+    the job's servers (it becomes the next), clock, worker clocks and partition map; and per worker
+    rank the clock it joined at and (BYE) left at, which a lost server's replacement needs where
+    workers joined or left (None: never joined, or not left)."""
 
     address: str  # its own
     servers: list[str]
     clock: int
-    client_clocks: list[int | str]  # "left": a worker that left the job
+    client_clocks: list[int | str]  # "left": a worker that left the job (or a rank kept for a joiner)
     owner: np.ndarray
     version: int
+    joined_at: list[int | None] | None = None  # None: a server that does not say (all ranks from the start)
+    left_at: list[int | None] | None = None
 
     @classmethod
     def from_status(cls, address: str, stats: Mapping[str, Any]) -> Joining:
@@ -61,7 +67,7 @@ class Joining:
             raise ValueError(f"--join {address}: the job already has a server there ({', '.join(servers)})")
         parts = stats["partitions"]
         return cls(address, servers, int(stats["clock"]), list(stats["client_clocks"]),
-                   np.asarray(parts["owner"], dtype=np.int32), int(parts["version"]))
+                   np.asarray(parts["owner"], dtype=np.int32), int(parts["version"]), *_ranks(stats))
 
     @classmethod
     def of_job(cls, stats: Mapping[str, Any]) -> Joining:
@@ -69,7 +75,16 @@ class Joining:
         in a job whose servers changed (``bosen-server --recover --shape-from``; ``address`` unused)."""
         parts = stats["partitions"]
         return cls("", list(stats["servers"]), int(stats["clock"]), list(stats["client_clocks"]),
-                   np.asarray(parts["owner"], dtype=np.int32), int(parts["version"]))
+                   np.asarray(parts["owner"], dtype=np.int32), int(parts["version"]), *_ranks(stats))
+
+
+def _ranks(stats: Mapping[str, Any]) -> tuple[list[int | None] | None, list[int | None] | None]:
+    """STATUS's ``joined_at`` and ``left_at`` (per worker rank; None where it has none)."""
+    joined, left = stats.get("joined_at"), stats.get("left_at")
+    n = len(stats["client_clocks"])
+    if not (isinstance(joined, list) and isinstance(left, list) and len(joined) == len(left) == n):
+        return None, None
+    return [None if j is None else int(j) for j in joined], [None if x is None else int(x) for x in left]
 
 
 class Host(Protocol):
@@ -94,6 +109,8 @@ class Host(Protocol):
     def send_frames(self, ident: bytes, frames: list[Any], kind: Msg) -> int: ...
 
     def retire(self) -> None: ...
+
+    def save_move_part(self, version: int) -> float: ...
 
     def live_ranks(self) -> list[int]: ...
 
@@ -219,6 +236,9 @@ class PartitionMoves:
         s.partition = new
         if s.rank < len(servers):
             s.addresses = list(servers)
+        took = 0.0
+        if s.rank < len(servers):  # before any client sends under the new map (a server leaving owns nothing)
+            took = s.save_move_part(new.version)
         parked, s.parked = s.parked, {}
         for reads in parked.values():
             for _peer, seq, rident, _shard, _local in reads:
@@ -232,7 +252,7 @@ class PartitionMoves:
         lost = int(np.count_nonzero((old.owner_of == s.rank) & (new.owner_of != s.rank)))
         log.info("partition map %d: server %d gained %d partitions and gave %d away", new.version, s.rank,
                  gained, lost)
-        self._reply(ident, h["s"], {})
+        self._reply(ident, h["s"], {"ps": round(took, 6)})
 
     def _retire(self, ident: bytes, h: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         """This server leaves the job: answered (and the server stopped) once it owns no partition and

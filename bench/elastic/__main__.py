@@ -11,6 +11,9 @@ median and min-max over the moves, the bytes moved, and the load average; the sa
 (case ``server-join``) and the leaves (``server-leave``), timed from the plan to the leaving server's
 exit (its clients' BYE included).
 
+``--checkpoint``: the job makes checkpoints (every 50 clocks), so each server writes its part of every
+move inside the move's pause (``part_s``, docs/recovery.md).
+
 ``--chaos [--app lda|mf] [--kills 10]``: instead, a checkpointed job under random SIGKILLs of servers
 and workers against a failure-free run (bench/elastic/chaos.py).
 """
@@ -47,6 +50,9 @@ def main() -> None:
     p.add_argument("--every", type=int, default=5, help="--chaos: a checkpoint every this many clocks")
     p.add_argument("--gap", type=int, default=3, help="--chaos: clocks of progress between two kills")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--checkpoint", action="store_true",
+                   help="moves: the job makes checkpoints (every 50 clocks), so each server writes its part of "
+                        "every move inside the move's pause (part_s)")
     p.add_argument("--servers-only", action="store_true", help="--chaos: kill servers only")
     p.add_argument("--repeats", type=int, default=3, help="--chaos: failure-free and chaos runs each (alternated)")
     p.add_argument("--data-scale", type=int, default=8, help="--chaos: times the data of bench.workerloss's jobs "
@@ -62,7 +68,10 @@ def main() -> None:
            "comm": {"client_bandwidth_mbps": 2000, "server_bandwidth_mbps": 2000},
            "tables": {"E": {"rows": rows, "cols": COLS, "dtype": "float32"}}}
     loads = [os.getloadavg()[0]]
-    with tempfile.TemporaryDirectory(prefix="bench-elastic-") as d, servers(job, 2, workdir=d) as c:
+    ck = tempfile.TemporaryDirectory(prefix="bench-elastic-ck-")
+    if a.checkpoint:
+        job["checkpoint"] = {"every_clocks": 50, "dir": ck.name, "keep": 1}
+    with ck, tempfile.TemporaryDirectory(prefix="bench-elastic-") as d, servers(job, 2, workdir=d) as c:
         cfg = load(c.path)
         parts = cfg.cluster.num_partitions
         home = np.arange(parts, dtype=np.int32) % 2
@@ -114,7 +123,8 @@ def main() -> None:
     for case, label in (("move", f"move-{mb:g}MB"), ("server-join", f"server-join-{mb:g}MB"),
                         ("server-leave", f"server-leave-{mb:g}MB")):
         if reports[case]:
-            _emit(label, windows[case], reports[case], times, typical, loads)
+            _emit(label + ("-checkpoints" if a.checkpoint else ""), windows[case], reports[case], times, typical,
+                  loads)
 
 
 def _chaos(a: argparse.Namespace) -> None:
@@ -150,7 +160,7 @@ def _emit(case: str, windows: list[tuple[float, float]], reports: list[MoveRepor
               "bytes_moved": median([r.bytes for r in reports]), "load_avg": spread(loads)}
     emit(**common, metric="pause_s", unit="s", ours=median(pauses), spread=spread(pauses),
          wait_s=median([r.wait_s for r in reports]), export_s=median([r.export_s for r in reports]),
-         map_s=median([r.map_s for r in reports]), target_s=1.0)
+         map_s=median([r.map_s for r in reports]), part_s=median([r.part_s for r in reports]), target_s=1.0)
     emit(**common, metric="stall_s", unit="s", ours=median(stalls), spread=spread(stalls),
          clock_gap_typical_s=typical, target_s=1.0)
 

@@ -259,16 +259,18 @@ class Launcher:
         assert self.cluster is not None and self.config.checkpoint is not None
         code = lost.returncode
         assert code is not None
-        if len(self.workers) != self.config.cluster.workers:  # the replacement would know the config's ranks only
-            raise JobFailed(f"{lost.name} {describe_exit(code)} in a job whose workers joined or left (bosen scale): "
-                            "replacing a server in such a job is not built yet; stopping the job")
-        gone = [str(r) for r, w in enumerate(self.workers) if w.returncode == 0]
+        # ranks that ended their clocks; not those `bosen scale` let go (a replacement restored from a
+        # part older than such a rank's BYE refuses: what it sent since is lost, docs/recovery.md)
+        members = self.scaler.members if self.scaler is not None else range(len(self.workers))
+        gone = [str(r) for r, w in enumerate(self.workers)
+                if w.returncode == 0 and r in members]
         self.say(f"{lost.name} {describe_exit(code)}: starting a replacement from its newest checkpoint")
         self._replaced[i] = self._replaced.get(i, 0) + 1
         self._replaced_at["server", i] = self._newest_complete()
         self._streak["server", i] = self._streak.get(("server", i), 0) + 1
         shape: list[str] = []
-        if self.servers_changed:  # the job's servers and map now, from a running server: not the config's
+        if self.servers_changed or len(self.workers) != self.config.cluster.workers:
+            # the job's servers, map and worker ranks now, from a running server: not the config's
             live = [a for j, (a, q) in enumerate(zip(self.cluster.addresses, self.cluster.servers, strict=True))
                     if j != i and q.returncode is None]
             if not live:

@@ -45,6 +45,7 @@ class MoveReport:
     export_s: float  # the rows of leaving partitions coming out (and over to here),
     map_s: float  # every server laying its rows out for the new map (and the rows going there)
     tries: int
+    part_s: float = 0.0  # of map_s: the longest a server took to write its part of the move (checkpoints on)
 
 
 class _Mover:
@@ -192,8 +193,9 @@ def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
                     got[name] = part if name not in got else np.concatenate([got[name], part], axis=axis)
         t2 = time.perf_counter()
         seqs = [mover.send(j, "map", new, {"owner": owner, **incoming[j]}, extra) for j in range(len(everyone))]
+        part_s = 0.0
         for j, seq in enumerate(seqs):  # every server lays its rows out at once
-            mover.reply(j, seq)
+            part_s = max(part_s, float(mover.reply(j, seq)[0].get("ps", 0.0)))
         pause_s = time.perf_counter() - t0
         retiring = [mover.send(j, "retire", new) for j in range(n, len(everyone))]
         for j, seq in enumerate(retiring, start=n):  # each answers once every client said BYE to it
@@ -201,7 +203,7 @@ def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
     finally:
         mover.close()
     return MoveReport(version=new, moved=int(np.count_nonzero(old != owner)), bytes=nbytes, pause_s=pause_s,
-                      wait_s=wait_s, export_s=t2 - t1, map_s=t0 + pause_s - t2, tries=tries)
+                      wait_s=wait_s, export_s=t2 - t1, map_s=t0 + pause_s - t2, tries=tries, part_s=part_s)
 
 
 def scale_servers(config: Config, servers: list[str], timeout: float = 60.0) -> MoveReport:

@@ -489,32 +489,129 @@ def test_a_checkpoint_made_by_three_servers_resumes_on_the_configs_two(tmp_path:
         restore(cfg, 0, _shards(cfg, 0), checkpoint.clock_dir(base, 6))
 
 
-def test_a_replacement_refuses_a_part_saved_under_an_older_partition_map(bosen_cluster, tmp_path):
-    """``--recover --shape-from`` (a lost server of a job whose servers changed, docs/recovery.md): a part
-    saved before partitions moved does not hold the rows the server owns now, so the replacement
-    refuses to start, naming both maps; and one without --recover is refused."""
-    from conftest import PY, run_cmd
+def test_a_server_lost_after_a_partition_move_is_replaced_from_its_move_part(bosen_cluster, tmp_path):
+    """A server lost after partitions moved and before its next checkpoint part (docs/recovery.md): each
+    server wrote a part as the partitions moved (its rows under the new map: what each client sent before
+    it paused, client 0 one tick ahead of client 1), the replacement (``--recover --shape-from``) restores
+    it, and each client resends what followed its PAUSED, not all since the part's clock (client 0's
+    tick 4 went before): every read, the replacement's next checkpoint part and the final sums stay
+    exact. Without that part (a server lost during the move) the replacement refuses, naming both
+    maps; and ``--shape-from`` without ``--recover`` is refused."""
+    import signal
+
+    from conftest import PY, run_cmd, wait_until
 
     from bosen.client import Client
     from bosen.config import load
     from bosen.jobs.job import job_config
     from bosen.jobs.moves import move_partitions
 
-    data = job_config([], 1, tables={"W": {"rows": 40, "cols": 2, "dtype": "int64"}}, partitions=8)
-    data["checkpoint"] = {"every_clocks": 2, "dir": str(tmp_path / "ck"), "keep": 10}
+    data = job_config([], 2, tables={"W": {"rows": 40, "cols": 2, "dtype": "int64"}}, partitions=8)
+    base = tmp_path / "ck"
+    data["checkpoint"] = {"every_clocks": 3, "dir": str(base), "keep": 10}
     c = bosen_cluster(2, config=data)
     cfg = load(c.path)
-    rows = np.arange(40, dtype=np.int64)
-    with Client.connect(c.path) as client:
-        for _ in range(3):  # each server's part of clock 2, under map 0
-            client.table("W").inc_rows(rows, np.ones((40, 2), dtype=np.int64))
+    rows, ones = np.arange(40, dtype=np.int64), np.ones((40, 2), dtype=np.int64)
+
+    def table(clock: int) -> np.ndarray:  # both servers' parts of checkpoint ``clock``
+        full = np.zeros((40, 2), dtype=np.int64)
+        for j in range(2):
+            arrays = checkpoint.read_part(checkpoint.clock_dir(base, clock) / f"server-{j}").load()
+            full[arrays["t0.rows"]] = arrays["t0.values"]
+        return full
+
+    def ticks(client: Client, n: int, which: np.ndarray = rows) -> None:
+        for _ in range(n):
+            client.table("W").inc_rows(which, ones[:which.shape[0]])
             client.clock()
+
+    kept = rows[np.isin(rows % 8, [1, 7])]  # server 1's partitions before the move and after
+    with Client.connect(c.path, rank=0) as a, Client.connect(c.path, rank=1) as b:
+        ticks(a, 4)  # the servers' parts of clock 3 under map 0
+        ticks(b, 4)
+        ticks(a, 1, kept)  # client 0's tick 4 (only rows server 1 keeps), before the move: in its move part
         assert move_partitions(cfg, np.array([1, 1, 0, 0, 1, 0, 1, 1], dtype=np.int32)).version == 1
-    assert checkpoint.clocks(tmp_path / "ck") == [2]
-    server = [PY, "-m", "bosen.server", "--config", c.path, "--rank", 1, "--resume", tmp_path / "ck"]
-    r = run_cmd([*server, "--recover", "--shape-from", c.addresses[0]])
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "server 1's newest checkpoint part was saved under partition map 0, but the job follows map 1" \
-           in r.stderr, r.stderr
-    r = run_cmd([*server, "--shape-from", c.addresses[0]])
-    assert r.returncode == 2 and "--shape-from goes with --recover --rank N" in r.stderr, r.stderr
+        assert checkpoint.moves(base) == [(4, 1)] and checkpoint.clocks(base) == [3]
+        ticks(b, 1)  # under map 1: in no checkpoint part
+        server = [PY, "-m", "bosen.server", "--config", c.path, "--rank", 1, "--resume", base]
+        moved = checkpoint.move_dir(base, 4, 1) / "server-1"
+        moved.rename(moved.with_name("away"))  # as if lost during the move: its part under map 0 is older
+        r = run_cmd([*server, "--recover", "--shape-from", c.addresses[0]])
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "server 1's newest checkpoint part was saved under partition map 0, but the job follows map 1" \
+               in r.stderr, r.stderr
+        moved.with_name("away").rename(moved)
+        r = run_cmd([*server, "--shape-from", c.addresses[0]])
+        assert r.returncode == 2 and "--shape-from goes with --recover --rank N" in r.stderr, r.stderr
+        c.stop_server(1, signal.SIGKILL)
+        new = c.replace_server(1, ["--resume", str(base), "--recover", "--shape-from", c.addresses[0]])
+        ticks(a, 4)  # to clock 9 each, through the replacement's part of clock 6 (under map 1)
+        ticks(b, 4)
+        extra = np.isin(rows % 8, [1, 7])[:, None] * ones  # client 0's tick 4
+        np.testing.assert_array_equal(a.table("W").get_rows(rows), 17 + extra)
+    assert f"resumed from {moved} at clock 4" in new.tail(60), new.tail(60)
+    assert wait_until(lambda: all((checkpoint.clock_dir(base, k) / f"server-{j}" / checkpoint.META).exists()
+                                  for k in (6, 9) for j in range(2)))  # written in the background
+    np.testing.assert_array_equal(table(3), np.full((40, 2), 6))
+    np.testing.assert_array_equal(table(6), 11 + extra)
+    checkpoint.prune(base, 10, 2, 2)  # a complete checkpoint after it: every server has a newer part
+    assert checkpoint.moves(base) == [] and checkpoint.clocks(base) == [9, 6, 3]
+    assert checkpoint.read_part(checkpoint.clock_dir(base, 6) / "server-1").info["map"]["version"] == 1
+
+
+def test_a_replacement_takes_the_jobs_worker_ranks_and_refuses_one_that_left_after_its_part(tmp_path: Path) -> None:
+    """``--recover --shape-from`` in a job whose workers joined or left (docs/recovery.md): the replacement
+    counts the job's ranks now; those in the job at its part's clock C count from C, a rank that joined
+    since from the clock it joined at, a rank kept for a joiner and one that left before C hold nobody
+    back. A rank that left (bosen scale) after C took the updates it sent since with it: refused, unless
+    the launcher names it as finished (``gone``); a rank that joined before C which the part does not
+    record means the part is not this job's."""
+    from bosen.config import build as config_from_dict
+    from bosen.server.daemon import GONE, Server
+    from bosen.server.moves import Joining
+
+    base = tmp_path / "ck"
+    cfg = config_from_dict({"cluster": {"servers": ["127.0.0.1:1", "127.0.0.1:2"], "workers": 2},
+                            "tables": {"W": {"rows": 8, "cols": 2, "dtype": "int64"}},
+                            "checkpoint": {"every_clocks": 3, "dir": str(base)}})
+    checkpoint.write_part(base, 6, "server", 1,
+                          {"t0.values": np.full((4, 2), 5, np.int64), "t0.rows": np.arange(1, 8, 2)},
+                          {"tables": {"t0": {"name": "W"}}, "client_clocks": [6, 7, 6]},
+                          checkpoint.model_fingerprint(cfg), workers=2)
+    owner = np.arange(cfg.cluster.num_partitions, dtype=np.int32) % 2
+
+    def replacement(clocks: list, joined: list, left: list, gone: tuple[int, ...] = ()) -> Server:
+        shape = Joining("", list(cfg.cluster.servers), 9, clocks, owner, 0, joined, left)
+        return Server(cfg, 1, resume=base, recover=True, gone=gone, hold_lost=True, shape=shape)
+
+    # ranks 0, 1 from the start, 2 joined at 4 (before the part), 3 at 8 (after), 4 kept for a joiner,
+    # 5 joined at 1 and left at 5 (before the part)
+    s = replacement([9, 9, 10, 9, "left", "left"], [0, 0, 4, 8, None, 1], [None] * 5 + [5])
+    try:
+        assert s.clock == 6 and s.num_clients == 6
+        assert s.client_clock.tolist() == [6, 6, 6, 8, GONE, GONE]
+        assert s.joined_at == [0, 0, 4, 8, GONE, 1] and s.left_at == {5: 5}
+        assert s.stats()["joined_at"] == [0, 0, 4, 8, None, 1]
+    finally:
+        s.close()
+    left_after = ([9, 9, "left"], [0, 0, 4], [None, None, 8])
+    with pytest.raises(ValueError, match="worker rank 2 left the job at clock 8 .* after this server's newest "
+                                         "checkpoint part \\(clock 6\\)"):
+        replacement(*left_after)
+    s = replacement(*left_after, gone=(2,))  # it ended its clocks: accepted as in a job that never scaled
+    try:
+        assert s.client_clock.tolist() == [6, 6, GONE]
+    finally:
+        s.close()
+    with pytest.raises(ValueError, match="worker rank 3 joined the job at clock 2, before this server's part of "
+                                         "clock 6, which does not record it"):
+        replacement([9, 9, 9, 9], [0, 0, 4, 2], [None] * 4)
+    # a server joining the job (bosen scale --servers) knows the ranks as server 0 does, so its STATUS
+    # serves a later replacement as well
+    joined = Server(cfg, -1, join=Joining("127.0.0.1:3", list(cfg.cluster.servers), 9, [9, "left", 9, "left"],
+                                          owner, 0, [0, 0, 4, None], [None, 5, None, None]))
+    try:
+        assert joined.rank == 2 and joined.joined_at == [0, 0, 4, GONE] and joined.left_at == {1: 5}
+        assert joined.stats()["left_at"] == [None, 5, None, None]
+    finally:
+        joined.close()

@@ -38,7 +38,7 @@ def _final_counts(run: Path, cfg: dict, parts: dict) -> tuple[np.ndarray, np.nda
     return final, counts, states
 
 
-def _lda_job(tmp_path: Path, iterations: int, checkpoints: bool = True) -> tuple[Path, dict]:
+def _lda_job(tmp_path: Path, iterations: int, checkpoints: bool = True, every: int = 3) -> tuple[Path, dict]:
     cfg: dict = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
                  "consistency": {"staleness": 1}, "comm": {"enabled": True},
                  "tables": {"word_topic": {"rows": 150, "cols": 5, "dtype": "int32"},
@@ -47,7 +47,7 @@ def _lda_job(tmp_path: Path, iterations: int, checkpoints: bool = True) -> tuple
                          "args": {"data": "synthetic", "K": 5, "synth_docs": 600, "synth_vocab": 150,
                                   "synth_doc_len": 20.0, "iterations": iterations, "micro_tasks": 8, "seed": 2}}}
     if checkpoints:
-        cfg["checkpoint"] = {"every_clocks": 3, "keep": 500}  # all kept: the scaled ones are checked
+        cfg["checkpoint"] = {"every_clocks": every, "keep": 500}  # all kept: the scaled ones are checked
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps(cfg))
     return path, cfg
@@ -218,3 +218,62 @@ def test_a_joined_server_killed_after_its_checkpoint_is_replaced_and_the_counts_
     last = checkpoint.clocks(run / "checkpoints")[0]
     final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(run / "checkpoints", last, 2, 2, None))
     np.testing.assert_array_equal(final, counts)
+
+
+def _server(p: subprocess.Popen, rank: int) -> psutil.Process:
+    """The launcher's server process of config rank ``rank`` (not one joined by ``bosen scale``)."""
+    found = [c for c in psutil.Process(p.pid).children(recursive=True)
+             if "bosen.server" in (cl := c.cmdline()) and "--rank" in cl and cl[cl.index("--rank") + 1] == str(rank)]
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_a_server_killed_after_a_worker_joined_is_replaced_and_the_counts_stay_exact(tmp_path):
+    """Workers 2 -> 3 in a running LDA job (integer counts, managed communication), then at once SIGKILL
+    of server 1 (most often before its next part: checkpoints every 100 clocks): the launcher starts a
+    replacement that takes the job's worker ranks (rank 2, and the clock it joined at) from server 0's
+    STATUS and restores its newest part; every worker, the joined one too, resends what it sent server
+    1 since that part, and the job ends with the word-topic table exactly the counts of its final
+    assignments, as is every checkpoint's."""
+    iterations = 998  # long enough for the joiner to start under load; its last checkpoint is at its end (+2)
+    path, cfg = _lda_job(tmp_path, iterations, every=100)
+    run = (tmp_path / "run").resolve()
+    p = _launch(path, run)
+    try:
+        _wait_clock(p, run, 3)
+        bosen.scale(run, workers=3, out=None)
+        _server(p, 1).kill()
+        out, _ = p.communicate(timeout=120)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    assert "server-1.1 replaces server-1" in out, out[-3000:]
+    base = run / "checkpoints"
+    assert checkpoint.clocks(base)[0] == iterations + 2
+    for c in checkpoint.clocks(base):
+        parts = checkpoint.check_complete(base, c, 2, None, None)
+        table, counts = _part_counts(cfg, parts)
+        np.testing.assert_array_equal(table, counts, err_msg=f"checkpoint at clock {c}")
+    final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(base, iterations + 2, 2, None, None))
+    np.testing.assert_array_equal(final, counts)
+    log = (run / "logs" / "server-1.1.log").read_text()
+    print("the replacement:", re.findall(r"resumed from .*|replacing server .*", log))
+
+
+def _part_counts(cfg: dict, parts: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A checkpoint's word-topic table (its server parts) and the counts of its workers' assignments."""
+    args = from_dict(LDAArgs, cfg["app"]["args"], "app.args")
+    corpus = load_corpus(args)
+    table = np.zeros((args.synth_vocab, args.K), dtype=np.int64)
+    for name, part in parts.items():
+        if name.startswith("server-"):
+            arrays = part.load()
+            table[arrays["t0.rows"]] += arrays["t0.values"]
+    states = {k: v for name, part in parts.items() if name.startswith("worker-")
+              for k, v in part.load().items() if k.startswith("task.")}
+    z = np.concatenate([states[M.key(t, "z")] for t in range(M.saved_tasks(states))])
+    counts = np.zeros(table.shape, dtype=np.int64)
+    np.add.at(counts, (corpus.words, z), 1)
+    return table, counts
