@@ -406,14 +406,22 @@ class PartWriter:
         self.base = base
         self.fingerprint = fingerprint
         self.workers = workers
-        self._queue: queue.Queue[tuple[int, str, int, dict[str, np.ndarray], dict[str, Any]] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[int, str, int, dict[str, np.ndarray], dict[str, Any], Path | None] | None] \
+            = queue.Queue()
         self.error: BaseException | None = None
-        self.written: list[tuple[int, float, int]] = []  # (clock, seconds, bytes) per part
+        self.written: list[tuple[int, float, int]] = []  # (clock, seconds, bytes) per checkpoint part
+        self.moves_written: list[tuple[Path, float, int]] = []  # (directory, seconds, bytes) per move part
         self._thread = threading.Thread(target=self._run, name="bosen-checkpoint", daemon=True)
         self._thread.start()
 
-    def submit(self, clock: int, kind: str, rank: int, arrays: dict[str, np.ndarray], info: dict[str, Any]) -> None:
-        self._queue.put((clock, kind, rank, arrays, info))
+    def submit(self, clock: int, kind: str, rank: int, arrays: dict[str, np.ndarray], info: dict[str, Any],
+               directory: Path | None = None) -> None:
+        """Queue a part; ``directory``: a move part's (:func:`move_dir`), not the checkpoint of ``clock``."""
+        self._queue.put((clock, kind, rank, arrays, info, directory))
+
+    def drain(self) -> None:
+        """Wait until every part submitted so far is written (or has failed)."""
+        self._queue.join()
 
     def pending(self) -> int:
         return self._queue.qsize()
@@ -421,21 +429,31 @@ class PartWriter:
     def _run(self) -> None:
         while True:
             item = self._queue.get()
-            if item is None:
-                return
-            clock, kind, rank, arrays, info = item
-            t = time.perf_counter()
             try:
-                path = write_part(self.base, clock, kind, rank, arrays, info, self.fingerprint, self.workers)
-            except BaseException as e:  # kept and raised by the owner; later parts still try
-                log.error("cannot write checkpoint part %s-%d at clock %d: %s", kind, rank, clock, e)
-                if self.error is None:
-                    self.error = e
-                continue
-            dt = time.perf_counter() - t
-            nbytes = sum(a.nbytes for a in arrays.values())
+                if item is None:
+                    return
+                self._write(*item)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, clock: int, kind: str, rank: int, arrays: dict[str, np.ndarray], info: dict[str, Any],
+               directory: Path | None) -> None:
+        t = time.perf_counter()
+        try:
+            path = write_part(self.base, clock, kind, rank, arrays, info, self.fingerprint, self.workers,
+                              directory=directory)
+        except BaseException as e:  # kept and raised by the owner; later parts still try
+            log.error("cannot write checkpoint part %s-%d at clock %d: %s", kind, rank, clock, e)
+            if self.error is None:
+                self.error = e
+            return
+        dt = time.perf_counter() - t
+        nbytes = sum(a.nbytes for a in arrays.values())
+        if directory is None:
             self.written.append((clock, dt, nbytes))
-            log.info("checkpoint part %s written at clock %d: %.1f MB in %.3fs", path, clock, nbytes / 1e6, dt)
+        else:
+            self.moves_written.append((directory, dt, nbytes))
+        log.info("checkpoint part %s written at clock %d: %.1f MB in %.3fs", path, clock, nbytes / 1e6, dt)
 
     def mean_save_s(self) -> float:
         return sum(w[1] for w in self.written) / len(self.written) if self.written else 0.0

@@ -170,25 +170,26 @@ class ServerCheckpoints:
 
     def save_move(self, version: int, clock: int, shards: list[TableShard], info: dict[str, Any]) -> float:
         """Partitions just moved to map ``version`` (server clock ``clock``; every client paused, so
-        this server holds exactly what each client sent before its PAUSED): write this server's part
-        now, on the caller's thread, before any client sends under the new map. A lost server's
-        replacement restores it (its newer than every part saved before) and the clients resend
-        what followed their PAUSED, so a loss between a move and the next checkpoint part is exact
-        (docs/recovery.md). Returns the seconds it took."""
+        this server holds exactly what each client sent before its PAUSED): a copy of this server's
+        rows now, before any client sends under the new map, written as this server's move part by
+        the part writer's thread while training goes on. A lost server's replacement restores it
+        (it is newer than every part saved before) and the clients resend what followed their
+        PAUSED, so a loss between a move and the next checkpoint part is exact (docs/recovery.md); a
+        loss before the copy is on disk finds no move part and is refused, as a loss during the move
+        is. Returns the seconds the copy took (the part of it inside the move's pause)."""
         t = time.perf_counter()
         arrays: dict[str, np.ndarray] = {}
         tables = {}
         for s in shards:  # every row (moves are refused with priority checkpoints): as a full save
             key, n, state = f"t{s.index}", s.stored, s.procedure.state()
-            arrays[f"{key}.values"], arrays[f"{key}.rows"] = s.values[:n], s.global_rows[:n]
-            arrays.update({f"{key}.{k}": v[:n] for k, v in state.items()})
+            arrays[f"{key}.values"], arrays[f"{key}.rows"] = s.values[:n].copy(), s.global_rows[:n].copy()
+            arrays.update({f"{key}.{k}": v[:n].copy() for k, v in state.items()})
             tables[key] = {"name": s.cfg.name, "rows": n, "storage": s.cfg.storage, "cols": s.cfg.cols,
                            "dtype": s.dtype.name, "update": s.cfg.update, "state": sorted(state)}
         part = shards[0].partition
         pmap = {"version": part.version, "owner": part.owner_of.tolist()}
-        checkpoint.write_part(self.base, clock, "server", self.rank, arrays,
-                              {"tables": tables, "move": version, "map": pmap, **info}, self.fingerprint,
-                              self.writer.workers, directory=checkpoint.move_dir(self.base, clock, version))
+        self.writer.submit(clock, "server", self.rank, arrays, {"tables": tables, "move": version, "map": pmap, **info},
+                           directory=checkpoint.move_dir(self.base, clock, version))
         self.moved.append((clock, version))
         return time.perf_counter() - t
 
@@ -197,6 +198,7 @@ class ServerCheckpoints:
         unlike its checkpoint parts, are no cut at a clock that says which), so they go; until its
         next checkpoint part a replacement of this server restores an older part, which a move since
         makes refused rather than inexact. Returns how many went."""
+        self.writer.drain()  # a move part still queued would land after the deletion
         for clock, version in self.moved:
             shutil.rmtree(checkpoint.move_dir(self.base, clock, version) / checkpoint.part_name("server", self.rank),
                           ignore_errors=True)

@@ -902,15 +902,16 @@ class Server:
 
     # what PartitionMoves uses (server/moves.py, its Host)
     def save_move_part(self, version: int) -> float:
-        """Partitions moved to map ``version`` (every client paused): this server's part now, on disk
-        before any client hears of the map (``ServerCheckpoints.save_move``); the seconds it took."""
+        """Partitions moved to map ``version`` (every client paused): a copy of this server's rows now,
+        before any client hears of the map, written as its move part in the background
+        (``ServerCheckpoints.save_move``); the seconds the copy took."""
         if self.checkpoints is None:
             return 0.0
         servers = {"servers": self.addresses} if self.addresses != list(self.config.cluster.servers) else {}
         took = self.checkpoints.save_move(version, self.clock, self.shards,
                                           {"client_clocks": self.client_clock.tolist(), **servers})
-        log.info("partition map %d: this server's part written at clock %d in %.3fs (a replacement restores it "
-                 "until its next checkpoint part)", version, self.clock, took)
+        log.info("partition map %d: this server's rows at clock %d copied in %.3fs for its move part (a "
+                 "replacement restores it until its next checkpoint part)", version, self.clock, took)
         return took
 
     @property

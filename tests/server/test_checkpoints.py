@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -531,6 +532,10 @@ def test_a_server_lost_after_a_partition_move_is_replaced_from_its_move_part(bos
         ticks(b, 4)
         ticks(a, 1, kept)  # client 0's tick 4 (only rows server 1 keeps), before the move: in its move part
         assert move_partitions(cfg, np.array([1, 1, 0, 0, 1, 0, 1, 1], dtype=np.int32)).version == 1
+        deadline = time.monotonic() + 30  # each server's move part is written in the background
+        while not all((checkpoint.move_dir(base, 4, 1) / f"server-{j}" / "meta.json").is_file() for j in (0, 1)):
+            assert time.monotonic() < deadline, "the move parts were not written"
+            time.sleep(0.02)
         assert checkpoint.moves(base) == [(4, 1)] and checkpoint.clocks(base) == [3]
         ticks(b, 1)  # under map 1: in no checkpoint part
         server = [PY, "-m", "bosen.server", "--config", c.path, "--rank", 1, "--resume", base]
