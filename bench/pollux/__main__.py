@@ -143,7 +143,7 @@ def sim_run(a: argparse.Namespace) -> None:
                  reduction=1 - 1 / statistics.median(ratios), summary=True, experiment="sim", baseline=base,
                  traces=a.traces, jobs=a.jobs, slots=a.slots, hours=a.hours, delay=a.delay,
                  sync_growth=a.sync_growth)
-    for key in ("rho_max", "rho_p90", "rho_std"):
+    for key in ("rho_max", "rho_p99", "rho_p90", "rho_std"):
         ratios = [b[key] / o[key] for b, o in zip(results["pollux p=1"], ours, strict=True)]
         emit(bench="pollux", case=f"sim {key} pollux p=1 / p=-1", metric=f"{key}_ratio",
              unit="p=1 / p=-1 (> 1 = p=-1 fairer)", ours=statistics.median(ratios), spread=_spread(ratios),

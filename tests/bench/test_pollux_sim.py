@@ -50,6 +50,14 @@ def test_fitness_p_minus_one_runs_every_job_when_slots_allow() -> None:
     assert sorted(got.values())[0] >= 1 and sum(got.values()) <= 4
 
 
+def test_pollux_runs_the_least_attained_service_first_when_jobs_tie() -> None:
+    ks = {"k": kind()}
+    served = sim._State(sim.TraceJob("served", "k", 0.0, 1e9, 1, 64), ks["k"], attained=3600.0)
+    fresh = [sim._State(sim.TraceJob(f"f{i}", "k", 0.0, 1e9, 1, 64), ks["k"]) for i in range(2)]
+    got = sim.pollux_policy(-1.0, 6.0)(600.0, [served, *fresh], 2)  # same age, all pending: a tie
+    assert got == {"served": 0, "f0": 1, "f1": 1}  # the paper's simulator orders by attained service
+
+
 def test_traces_are_seeded_and_sized_from_the_classes() -> None:
     kinds = sim.kinds_from_profiles(load())
     assert set(kinds) == {"digits", "fashion", "resnet18"}
