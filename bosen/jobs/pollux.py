@@ -151,21 +151,24 @@ class Scheduler:
                 j.runs += [(j.workers, m, s, g) for c, m, s, g in clocks if c > j.skip_until and g > 0 and m >= 1]
 
     def model(self, j: Tracked) -> scheduling.Job | None:
-        """The policy's view of a job, None before its first measured clock."""
+        """The policy's view of a job, None before its first measured clock. Like Pollux's exploration
+        bound, a job gets at most twice the most workers it was measured at (its model knows nothing
+        past that)."""
         age = max(time.monotonic() - j.started, j.ran_s)
+        seen = max([j.workers] + [k for k, _ in j.samples] + [k for k, *_ in j.runs])
+        top = 2 * seen if j.max_workers is None else min(j.max_workers, 2 * seen)
         if j.agent is not None and j.phi is not None and j.runs:  # Pollux's adaptive job: φ and the (m, s) run
             a = j.agent
             fit = fit_throughput([r[1] for r in j.runs], [r[2] for r in j.runs], [float(r[0]) for r in j.runs],
                                  [r[3] for r in j.runs])
             return scheduling.Job(fit, j.phi, a.m0, a.max_batch, a.max_local, workers=j.workers, age=age,
-                                  reallocations=j.reallocations, min_workers=j.min_workers,
-                                  max_workers=j.max_workers)
+                                  reallocations=j.reallocations, min_workers=j.min_workers, max_workers=top)
         if not j.samples:
             return None
         ks = [float(k) for k, _ in j.samples]
         fit = fit_throughput([j.work / k for k in ks], [0.0] * len(ks), ks, [t for _, t in j.samples])
         return scheduling.Job(fit, float("inf"), j.work, j.work, j.work, workers=j.workers, age=age,
-                              reallocations=j.reallocations, min_workers=j.min_workers, max_workers=j.max_workers,
+                              reallocations=j.reallocations, min_workers=j.min_workers, max_workers=top,
                               adaptive=False)
 
     def decide(self) -> list[int]:

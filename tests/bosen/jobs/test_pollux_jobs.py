@@ -27,6 +27,8 @@ def test_the_slots_go_to_the_job_whose_clocks_shrink_with_workers(tmp_path: Path
     s = Scheduler([a, b], 6, scale=lambda *x, **k: 0.0)
     target = s.decide()
     assert target[0] > target[1] >= 1 and sum(target) <= 6, target
+    lone = Tracked(tmp_path / "l", work=10_000, workers=1, samples=[(1, 1.0)], started=0.0)
+    assert Scheduler([lone], 8, scale=lambda *x, **k: 0.0).decide() == [2]  # at most twice what was measured
     c = Tracked(tmp_path / "c", work=10_000, workers=2)  # no clock measured yet: keeps its workers
     assert Scheduler([a, b, c], 6, scale=lambda *x, **k: 0.0).decide()[2] == 2
     with pytest.raises(ValueError, match="more than the 3 slots"):
