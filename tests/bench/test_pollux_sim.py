@@ -29,6 +29,11 @@ def test_a_job_alone_finishes_after_its_stall_and_its_steps_at_the_fair_share() 
     rate = sim.fixed_goodput(k, 4, 64, 1e9) / 64  # 4 workers, M0: m = 16
     assert st[0].finish == pytest.approx(60.0 + 6.0 + steps / rate)  # decided at the next interval
     assert st[0].workers == 4 and st[0].reallocations == 0
+    assert sim.metrics(st, {"k": k}, 4)["contended"] == 0.0  # one job, four slots
+    two = [job, sim.TraceJob("b", "k", 30.0, steps, 1, 64)]
+    crowded = sim.metrics(sim.simulate(two, {"k": k}, sim.fair_policy, 1, False, lambda s, w: s.kind.m0, 60.0, 6.0),
+                          {"k": k}, 1)
+    assert 0.3 < crowded["contended"] <= 1.0  # two jobs, one slot: crowded until the first ends
     ad = sim.simulate([job], {"k": k}, sim.pollux_policy(-1.0, 6.0), 4, True, sim._no_batch, 60.0, 6.0)
     assert ad[0].finish is not None and ad[0].finish < st[0].finish  # the batch grows: φ is large
 
