@@ -192,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs-interval", type=float, default=5.0, help="jobs: seconds between Pollux's decisions")
     p.add_argument("--jobs-delay", type=float, default=2.0, help="jobs: the re-allocation penalty's delta (s)")
     p.add_argument("--jobs-timeout", type=float, default=400.0, help="jobs: seconds a job may take")
+    p.add_argument("--jobs-ray", default=None, metavar="ADDRESS",
+                   help="jobs: run the jobs on the Ray cluster at ADDRESS (bosen launch --ray; `ray start --head`)")
     p.add_argument("--experiments", nargs="+", default=None,
                    choices=["fixed", "along", "throughput", "sim", "jobs"],
                    help="default fixed along throughput sim (--quick: fixed along); jobs (real jobs under the "
@@ -226,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
         from bench.pollux import jobs
 
         jobs.run(a.jobs_reps, dict(zip(("small", "large"), a.jobs_clocks, strict=True)), a.jobs_slots, a.jobs_interval,
-                 a.jobs_delay, a.jobs_timeout)
+                 a.jobs_delay, a.jobs_timeout, a.jobs_ray)
     emit(bench="pollux", done=True, seconds=time.perf_counter() - t0, data=a.data, samples=samples)
 
 

@@ -47,8 +47,9 @@ def job_config(kind: str, clocks: int) -> dict[str, Any]:
 
 
 def run_once(mode: str, root: Path, clocks: dict[str, int], slots: int, interval: float, delay: float,
-             timeout: float) -> dict[str, Any]:
-    """Both jobs under ``mode`` (``pollux`` or ``fixed``): each job's completion time (s), the moves."""
+             timeout: float, ray: str | None = None) -> dict[str, Any]:
+    """Both jobs under ``mode`` (``pollux`` or ``fixed``): each job's completion time (s), the moves; with
+    ``ray`` (a Ray cluster's address) the jobs run as actors there (``bosen launch --ray``)."""
     root.mkdir(parents=True)
     start = 1 if mode == "pollux" else slots // len(clocks)
     procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -60,7 +61,8 @@ def run_once(mode: str, root: Path, clocks: dict[str, int], slots: int, interval
         cfg.write_text(json.dumps(job_config(name, n)))
         runs[name] = root / name
         procs[name] = subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(cfg), "--run-dir", str(runs[name]),
-                                        "--workers", str(start), "--no-plot", "--quiet", "--timeout", str(timeout)],
+                                        "--workers", str(start), "--no-plot", "--quiet", "--timeout", str(timeout)]
+                                       + ([] if ray is None else ["--ray", ray]),
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO,
                                        start_new_session=True)
     moves: list[Move] = []
@@ -102,7 +104,8 @@ def run_once(mode: str, root: Path, clocks: dict[str, int], slots: int, interval
             "load": float(Path("/proc/loadavg").read_text().split()[0])}
 
 
-def run(reps: int, clocks: dict[str, int], slots: int, interval: float, delay: float, timeout: float) -> None:
+def run(reps: int, clocks: dict[str, int], slots: int, interval: float, delay: float, timeout: float,
+        ray: str | None = None) -> None:
     """``reps`` pairs (fixed then Pollux, alternating which goes first): one line per run, then the ratio
     fixed / Pollux of the average JCT per pair (> 1: Pollux sooner), median and spread."""
     ratios = []
@@ -110,14 +113,15 @@ def run(reps: int, clocks: dict[str, int], slots: int, interval: float, delay: f
         for rep in range(reps):
             got = {}
             for mode in (("fixed", "pollux") if rep % 2 == 0 else ("pollux", "fixed")):
-                r = run_once(mode, Path(tmp) / f"{rep}-{mode}", clocks, slots, interval, delay, timeout)
+                r = run_once(mode, Path(tmp) / f"{rep}-{mode}", clocks, slots, interval, delay, timeout, ray)
                 got[mode] = r
                 emit(bench="pollux", case=f"jobs {mode} rep={rep}", metric="avg_jct", unit="s", ours=r["avg_jct_s"],
-                     experiment="jobs", rep=rep, slots=slots, interval=interval, delay=delay, clocks=clocks, **r)
+                     experiment="jobs", rep=rep, slots=slots, interval=interval, delay=delay, clocks=clocks, ray=ray,
+                     **r)
             if not (got["fixed"]["failed"] or got["pollux"]["failed"]):
                 ratios.append(got["fixed"]["avg_jct_s"] / got["pollux"]["avg_jct_s"])
     if ratios:
         emit(bench="pollux", case="jobs avg_jct fixed / pollux", metric="avg_jct_ratio",
              unit="fixed equal split / pollux (> 1 = pollux sooner)", ours=statistics.median(ratios),
              spread={"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}, pairs=len(ratios),
-             summary=True, experiment="jobs", slots=slots, interval=interval, delay=delay, clocks=clocks)
+             summary=True, experiment="jobs", slots=slots, interval=interval, delay=delay, clocks=clocks, ray=ray)

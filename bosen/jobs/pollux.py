@@ -159,8 +159,12 @@ class Scheduler:
         top = 2 * seen if j.max_workers is None else min(j.max_workers, 2 * seen)
         if j.agent is not None and j.phi is not None and j.runs:  # Pollux's adaptive job: φ and the (m, s) run
             a = j.agent
-            fit = fit_throughput([r[1] for r in j.runs], [r[2] for r in j.runs], [float(r[0]) for r in j.runs],
-                                 [r[3] for r in j.runs])
+            groups: dict[tuple[int, float, float], list[float]] = {}
+            for k, m, acc, secs in j.runs:  # one point per configuration run: its median clock
+                groups.setdefault((k, m, acc), []).append(secs)
+            keys = sorted(groups)
+            fit = fit_throughput([g[1] for g in keys], [g[2] for g in keys], [float(g[0]) for g in keys],
+                                 [statistics.median(groups[g]) for g in keys])
             return scheduling.Job(fit, j.phi, a.m0, a.max_batch, a.max_local, workers=j.workers, age=age,
                                   reallocations=j.reallocations, min_workers=j.min_workers, max_workers=top)
         if not j.samples:
