@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bosen.errors import BosenError
+from bosen.jobs import cli
 from bosen.jobs.pollux import Agent, Move, Scheduler, Tracked, clock_gaps, schedule, track
 
 
@@ -53,9 +54,12 @@ def test_an_agents_phi_and_batches_make_the_job_adaptive(tmp_path: Path) -> None
     assert agent_model is not None and agent_model.adaptive and agent_model.phi == 900.0 and agent_model.m0 == 64
 
 
-def test_run_dirs_the_scheduler_cannot_move_are_refused_by_name(tmp_path: Path) -> None:
+def test_run_dirs_the_scheduler_cannot_move_are_refused_by_name(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(BosenError, match="not a run directory"):
         track(tmp_path / "missing")
+    assert cli.main(["schedule", str(tmp_path / "missing"), "--slots", "2"]) == 2
+    assert "bosen schedule: " in capsys.readouterr().err
     with pytest.raises(BosenError, match="no running launcher"):
         track(tmp_path)
     cfg = json.loads(_job(tmp_path, "x").read_text())
@@ -105,7 +109,7 @@ def test_the_loop_scales_one_of_two_real_jobs_out_and_returns_when_they_end(tmp_
                                                                  out=lines.append)), daemon=True)
     try:
         for r in runs:
-            _wait(r, 4, procs)
+            _wait(r, 2, procs)  # both run: the loop's first interval measures each
         loop.start()
         deadline = time.monotonic() + 90
         while not any("1 -> 2 workers" in x for x in lines):  # one free slot: one job gets it
