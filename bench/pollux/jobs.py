@@ -3,7 +3,8 @@
 launch``, micro-tasks) share W worker slots, either under ``bosen.jobs.pollux.schedule`` (each job
 starts at one worker, as Pollux starts a job, and the loop moves slots every ``interval``) or under a
 fixed equal split (W/2 each, all along); the modes alternate, a pair per repetition, and each job's
-completion time is its launcher's wall time.
+completion time is its launcher's wall time. With ``--jobs-ray ADDRESS`` both jobs run as actors on
+that Ray cluster (``bosen launch --ray``).
 
 The kinds differ in why they scale, not only in CPU: ``small`` (20 000 synthetic samples, batch 64)
 spends a clock coordinating: a second worker adds a synchronisation to every clock and no
