@@ -143,7 +143,7 @@ def sim_run(a: argparse.Namespace) -> None:
                  reduction=1 - 1 / statistics.median(ratios), summary=True, experiment="sim", baseline=base,
                  traces=a.traces, jobs=a.jobs, slots=a.slots, hours=a.hours, delay=a.delay,
                  sync_growth=a.sync_growth)
-    for key in ("rho_max", "rho_p90", "rho_std"):
+    for key in ("rho_max", "rho_p99", "rho_p90", "rho_std"):
         ratios = [b[key] / o[key] for b, o in zip(results["pollux p=1"], ours, strict=True)]
         emit(bench="pollux", case=f"sim {key} pollux p=1 / p=-1", metric=f"{key}_ratio",
              unit="p=1 / p=-1 (> 1 = p=-1 fairer)", ours=statistics.median(ratios), spread=_spread(ratios),
@@ -178,19 +178,31 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="throughput: seconds one job may take")
     p.add_argument("--traces", type=int, default=None, help="sim: synthetic traces (seeds; default 8, --quick 2)")
     p.add_argument("--jobs", type=int, default=None, help="sim: jobs per trace (default 160, --quick 12)")
-    p.add_argument("--slots", type=int, default=None, help="sim: worker slots W (default 16, --quick 8)")
+    p.add_argument("--slots", type=int, default=None,
+                   help="sim: worker slots W (default 12: contended part of the time; --quick 8)")
     p.add_argument("--hours", type=float, default=None, help="sim: hours the arrivals spread over (default 8)")
     p.add_argument("--interval", type=float, default=60.0, help="sim: seconds between scheduling decisions")
     p.add_argument("--delay", type=float, default=6.0, help="sim: seconds a job stalls when its workers change")
     p.add_argument("--sync-growth", type=float, default=None, help="sim: beta_s / alpha_s (profiles.SYNC_GROWTH)")
     p.add_argument("--plot", type=Path, default=None, help="sim: write the figure here (a .png)")
-    p.add_argument("--experiments", nargs="+", default=None, choices=["fixed", "along", "throughput", "sim"],
-                   help="default fixed along throughput sim (--quick: fixed along)")
+    p.add_argument("--jobs-reps", type=int, default=3, help="jobs: pairs of runs (fixed split, Pollux), alternated")
+    p.add_argument("--jobs-clocks", type=int, nargs=2, default=[3000, 400], metavar=("SMALL", "LARGE"),
+                   help="jobs: clocks of the small and the large job")
+    p.add_argument("--jobs-slots", type=int, default=4, help="jobs: worker slots the two jobs share")
+    p.add_argument("--jobs-interval", type=float, default=5.0, help="jobs: seconds between Pollux's decisions")
+    p.add_argument("--jobs-delay", type=float, default=2.0, help="jobs: the re-allocation penalty's delta (s)")
+    p.add_argument("--jobs-timeout", type=float, default=400.0, help="jobs: seconds a job may take")
+    p.add_argument("--jobs-ray", default=None, metavar="ADDRESS",
+                   help="jobs: run the jobs on the Ray cluster at ADDRESS (bosen launch --ray; `ray start --head`)")
+    p.add_argument("--experiments", nargs="+", default=None,
+                   choices=["fixed", "along", "throughput", "sim", "jobs"],
+                   help="default fixed along throughput sim (--quick: fixed along); jobs (real jobs under the "
+                        "scheduler, minutes) only when named")
     a = p.parse_args(argv)
     for key, full, quick in (("seeds", 3, 2), ("scales", [1, 16], [1]), ("points", [20, 100, 500, 2000], [20, 100]),
                              ("warmup", 1000, 150),
                              ("steps", 2000, 200), ("every", 50, 25), ("warmup_along", 200, 50),
-                             ("traces", 8, 2), ("jobs", 160, 12), ("slots", 16, 8), ("hours", 8.0, 2.0),
+                             ("traces", 8, 2), ("jobs", 160, 12), ("slots", 12, 8), ("hours", 8.0, 2.0),
                              ("experiments", ["fixed", "along", "throughput", "sim"], ["fixed", "along"])):
         if getattr(a, key) is None:
             setattr(a, key, quick if a.quick else full)
@@ -212,6 +224,11 @@ def main(argv: list[str] | None = None) -> None:
         throughput(a)
     if "sim" in a.experiments:
         sim_run(a)
+    if "jobs" in a.experiments:
+        from bench.pollux import jobs
+
+        jobs.run(a.jobs_reps, dict(zip(("small", "large"), a.jobs_clocks, strict=True)), a.jobs_slots, a.jobs_interval,
+                 a.jobs_delay, a.jobs_timeout, a.jobs_ray)
     emit(bench="pollux", done=True, seconds=time.perf_counter() - t0, data=a.data, samples=samples)
 
 

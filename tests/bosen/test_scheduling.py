@@ -86,7 +86,7 @@ def test_identical_jobs_split_evenly_and_every_job_runs_under_p_minus_one() -> N
     assert a.workers == (4, 4)
     assert a.speedups == pytest.approx((1.0, 1.0))
     many = allocate([job() for _ in range(5)], 4)  # more jobs than slots: all slots out, one pending
-    assert sorted(many.workers) == [0, 1, 1, 1, 1]
+    assert many.workers == (1, 1, 1, 1, 0)  # a tie: the earlier jobs run (the caller's order is priority)
 
 
 def test_p_one_favours_the_job_that_scales_and_p_minus_one_evens_the_speedups() -> None:

@@ -1,6 +1,7 @@
 """bosen.jobs.pollux: Pollux's scheduler over running jobs: the model fitted from measured clocks gives
-the slots to the job that scales, and on two real MLR jobs (``bosen launch``, micro-tasks) one
-interval scales one of them out through ``bosen scale``."""
+the slots to the job that scales, a goodput agent's φ and (m, s) make a job adaptive, run directories
+the scheduler cannot move are refused by name, and on two real MLR jobs (``bosen launch``, micro-tasks)
+the loop (``schedule``) scales one of them out through ``bosen scale`` and returns when both end."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from bosen.jobs.pollux import Scheduler, Tracked, clock_gaps
+from bosen.errors import BosenError
+from bosen.jobs import cli
+from bosen.jobs.pollux import Agent, Move, Scheduler, Tracked, clock_gaps, schedule, track
 
 
 def test_the_slots_go_to_the_job_whose_clocks_shrink_with_workers(tmp_path: Path) -> None:
@@ -24,10 +28,53 @@ def test_the_slots_go_to_the_job_whose_clocks_shrink_with_workers(tmp_path: Path
     s = Scheduler([a, b], 6, scale=lambda *x, **k: 0.0)
     target = s.decide()
     assert target[0] > target[1] >= 1 and sum(target) <= 6, target
+    lone = Tracked(tmp_path / "l", work=10_000, workers=1, samples=[(1, 1.0)], started=0.0)
+    assert Scheduler([lone], 8, scale=lambda *x, **k: 0.0).decide() == [2]  # at most twice what was measured
     c = Tracked(tmp_path / "c", work=10_000, workers=2)  # no clock measured yet: keeps its workers
     assert Scheduler([a, b, c], 6, scale=lambda *x, **k: 0.0).decide()[2] == 2
     with pytest.raises(ValueError, match="more than the 3 slots"):
         Scheduler([a, b], 3)
+
+
+def test_an_agents_phi_and_batches_make_the_job_adaptive(tmp_path: Path) -> None:
+    run = tmp_path / "a"
+    (run / "workers").mkdir(parents=True)
+    recs = [{"clock": c, "time": 0.1 * c, "m": 64, "s": 0} for c in range(6)]
+    recs[1] |= {"goodput_phi": -1.0}  # not measured yet
+    recs[4] |= {"goodput_phi": 900.0, "goodput_batch": 64}
+    (run / "workers" / "0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    plain = Tracked(run, work=1000, workers=1)
+    agent = Tracked(run, work=1000, workers=1, agent=Agent(64, 2048, 4096))
+    s = Scheduler([plain, agent], 4, scale=lambda *x, **k: 0.0)
+    s.observe()
+    assert plain.phi is None and agent.phi == 900.0 and len(agent.runs) == 5 and agent.runs[0] == (1, 64.0, 0.0,
+                                                                                                   pytest.approx(0.1))
+    plain_model, agent_model = s.model(plain), s.model(agent)
+    assert plain_model is not None and not plain_model.adaptive and plain_model.phi == float("inf")
+    assert agent_model is not None and agent_model.adaptive and agent_model.phi == 900.0 and agent_model.m0 == 64
+
+
+def test_run_dirs_the_scheduler_cannot_move_are_refused_by_name(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(BosenError, match="not a run directory"):
+        track(tmp_path / "missing")
+    assert cli.main(["schedule", str(tmp_path / "missing"), "--slots", "2"]) == 2
+    assert "bosen schedule: " in capsys.readouterr().err
+    with pytest.raises(BosenError, match="no running launcher"):
+        track(tmp_path)
+    cfg = json.loads(_job(tmp_path, "x").read_text())
+    del cfg["checkpoint"]
+    (tmp_path / "config.yaml").write_text(json.dumps(cfg))
+    (tmp_path / "control.json").write_text(json.dumps({"address": "tcp://127.0.0.1:1", "pid": os.getpid()}))
+    with pytest.raises(BosenError, match="no checkpoints"):
+        track(tmp_path)
+    cfg["checkpoint"] = {"every_clocks": 200}
+    cfg["app"]["args"]["goodput"] = {"m0": 128}
+    (tmp_path / "config.yaml").write_text(json.dumps(cfg))
+    t = track(tmp_path)
+    assert (t.workers, t.max_workers, t.agent) == (1, 4, Agent(128, 4096, 4096))
+    with pytest.raises(ValueError, match="interval"):
+        schedule([tmp_path], 2, interval=0)
 
 
 def _job(tmp_path: Path, name: str) -> Path:
@@ -51,26 +98,35 @@ def _wait(run: Path, clocks: int, procs: list[subprocess.Popen[str]], timeout: f
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_one_interval_scales_one_of_two_real_jobs_out(tmp_path: Path) -> None:
+def test_the_loop_scales_one_of_two_real_jobs_out_and_returns_when_they_end(tmp_path: Path) -> None:
     runs = [(tmp_path / n).resolve() for n in ("a", "b")]
     procs = [subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(_job(tmp_path, r.name)), "--run-dir",
                                str(r), "--no-plot"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
                               start_new_session=True) for r in runs]
+    lines: list[str] = []
+    moves: list[Move] = []
+    loop = threading.Thread(target=lambda: moves.extend(schedule(runs, 3, interval=1.0, delay=1.0,
+                                                                 out=lines.append)), daemon=True)
     try:
         for r in runs:
-            _wait(r, 4, procs)
-        sched = Scheduler([Tracked(r, work=20000, workers=1) for r in runs], 3, delay=1.0)
-        done = sched.step()
-        assert sched.refused == [] and len(done) == 1 and done[0][1] == 2, (done, sched.refused)  # one free slot
-        assert sorted(j.workers for j in sched.jobs) == [1, 2]
-        assert all(len(j.samples) == 1 and j.samples[0][0] == 1 for j in sched.jobs)
-        grown = next(j for j in sched.jobs if j.workers == 2)
-        _wait(grown.run_dir, grown.skip_until + 2, procs)
-        assert (grown.run_dir / "workers" / "1.jsonl").exists()  # the second worker reports
-        sched.observe()
-        assert grown.samples[-1][0] == 2  # a clock measured at 2 workers
+            _wait(r, 2, procs)  # both run: the loop's first interval measures each
+        loop.start()
+        deadline = time.monotonic() + 90
+        while not any("1 -> 2 workers" in x for x in lines):  # one free slot: one job gets it
+            assert loop.is_alive() and time.monotonic() < deadline, lines
+            time.sleep(0.1)
+        grown = next(r for r in runs if any(f"{r.name} 1 -> 2" in x for x in lines))
+        while not (grown / "workers" / "1.jsonl").exists():  # the second worker reports
+            assert time.monotonic() < deadline, lines
+            time.sleep(0.1)
+        for p in procs:  # the jobs end: the loop drops them and returns
+            os.killpg(p.pid, signal.SIGTERM)
+        loop.join(30)
+        assert not loop.is_alive(), lines
+        assert [(m.run_dir, m.before, m.after) for m in moves] == [(grown, 1, 2)], lines
+        assert sum("ended" in x for x in lines) == 2 and not any("kept its workers" in x for x in lines), lines
     finally:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            p.wait()
