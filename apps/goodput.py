@@ -34,9 +34,10 @@ from bosen.gradstats import NoiseScale, moments
 
 __all__ = ["GoodputArgs", "Setting", "Agent", "Recorder", "WorkerAgent", "COLS", "table_spec", "start"]
 
-# the columns of a row: one interval's sums over the workers
-C_STEPS, C_SQNORM, C_TRACE, C_SECONDS, C_TIMED, C_M, C_S, C_WORKERS = range(8)
-COLS = 8
+# the columns of a row: one interval's sums over the workers (C_COMPUTE: the timed steps' seconds
+# computing gradients, the rest of a step is its sync: push, the servers' step, pull)
+C_STEPS, C_SQNORM, C_TRACE, C_SECONDS, C_TIMED, C_M, C_S, C_WORKERS, C_COMPUTE = range(9)
+COLS = 9
 
 
 @dataclass(frozen=True)
@@ -133,12 +134,17 @@ class Agent:
             t = float(row[C_SECONDS] / row[C_TIMED])
             self.obs.append((st.m, st.s, st.workers, t))
             if self.prior is None:
-                self.prior = self._prior(st, t)
+                self.prior = self._prior(st, t, float(row[C_COMPUTE] / row[C_TIMED]))
 
-    def _prior(self, st: Setting, t: float) -> Throughput:
-        """From the first measured step: α_s the budget's time (capped at 90% of the step, a budget
-        that does not bind) or half the step; the rest split between α_g and β_g·m."""
-        sync = min(self.sync_alpha, 0.9 * t) if self.sync_alpha is not None else t / 2
+    def _prior(self, st: Setting, t: float, compute: float) -> Throughput:
+        """From the first measured steps (what one batch size and one worker count cannot tell apart,
+        ``fit_throughput`` keeps here): α_s the step's measured sync, its time outside computation
+        (the budget's time, capped at 90% of the step, where computation was not measured); T_grad
+        the measured computation of one micro-batch, split evenly between α_g and β_g·m."""
+        if 0 < compute < t:
+            sync = t - compute
+        else:
+            sync = min(self.sync_alpha, 0.9 * t) if self.sync_alpha is not None else t / 2
         grad = (t - sync) / (st.s + 1)
         return Throughput(grad / 2, grad / 2 / st.m, sync)
 
@@ -181,8 +187,10 @@ class Recorder:
         self.sums[C_SQNORM] += mo.sqnorm_raw
         self.sums[C_TRACE] += mo.trace(examples)
 
-    def step(self, seconds: float) -> None:
+    def step(self, seconds: float, compute: float) -> None:
+        """One timed step: ``seconds`` from its read of w_t to the next, ``compute`` of them in kernels."""
         self.sums[C_SECONDS] += seconds
+        self.sums[C_COMPUTE] += compute
         self.sums[C_TIMED] += 1
 
     def row(self, st: Setting) -> np.ndarray:
@@ -207,6 +215,7 @@ class WorkerAgent:
         self.seen = 0  # intervals whose rows were read
         self.last_read: float | None = None  # when the previous iteration's w_t came
         self.last_it = -1
+        self.compute = 0.0  # the previous iteration's seconds of computation
         self.decided = True  # the setting of the current interval was just made (report it)
 
     @property
@@ -219,8 +228,8 @@ class WorkerAgent:
         every = self.args.interval_clocks
         prev = self.last_it
         if self.last_read is not None and it == prev + 1 and prev % every != 0 and (prev + 1) % every != 0:
-            self.rec.step(now - self.last_read)  # neither the first step of an interval nor the one after its row
-        self.last_read, self.last_it = now, it
+            self.rec.step(now - self.last_read, self.compute)  # not an interval's first step nor the one after its row
+        self.last_read, self.last_it, self.compute = now, it, 0.0
         interval = it // every
         while self.seen < interval:
             if self.seen >= self.table.rows:
@@ -233,6 +242,10 @@ class WorkerAgent:
             self.rec.reset()
             self.decided = True
         return self.agent.setting
+
+    def computed(self, seconds: float) -> None:
+        """This iteration's seconds computing its gradient (timed with its step at the next read)."""
+        self.compute = seconds
 
     def before_clock(self, it: int) -> None:
         """In the last iteration of an interval: add this worker's sums to its row."""

@@ -328,6 +328,8 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
         if a.reg and agent is None:
             G[:, :F] += a.reg * W64[:, :F]
         compute_s = time.perf_counter() - t0
+        if agent is not None:
+            agent.computed(compute_s)
         delays.wait(it, t0)  # the injected round trip, counted from the read
         T.inc_rows(rows, G.astype(T.dtype, copy=False))
         if rank == 0 and a.eval_every and it % a.eval_every == 0:  # the loss of w_t: on the whole training set

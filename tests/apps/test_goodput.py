@@ -28,6 +28,7 @@ def _row(st: gp.Setting, phi: float, model: Throughput, workers_reporting: int |
     row[gp.C_STEPS], row[gp.C_SQNORM], row[gp.C_TRACE] = k * steps, k * steps * 1.0, k * steps * phi
     row[gp.C_SECONDS] = k * steps * float(model.t_iter(st.m, st.s, st.workers))
     row[gp.C_TIMED] = k * steps
+    row[gp.C_COMPUTE] = k * steps * (st.s + 1) * (model.alpha_grad + model.beta_grad * st.m)
     row[gp.C_M], row[gp.C_S], row[gp.C_WORKERS] = k * st.m, k * st.s, k
     return row
 
