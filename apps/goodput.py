@@ -32,6 +32,8 @@ from bosen.errors import ConfigError
 from bosen.goodput import Throughput, best_config, efficiency, fit_throughput, lr_gain, sync_seed
 from bosen.gradstats import NoiseScale, moments
 
+EXPLORE = 4  # the search goes up to this times the largest batch measured (the paper's 2x the most GPUs, P:272)
+
 __all__ = ["GoodputArgs", "Setting", "Agent", "Recorder", "WorkerAgent", "COLS", "table_spec", "start"]
 
 # the columns of a row: one interval's sums over the workers (C_COMPUTE: the timed steps' seconds
@@ -160,7 +162,10 @@ class Agent:
         m, s, k, t = ([float(v) for v in x] for x in zip(*self.obs, strict=True))
         self.model = fit_throughput(m, s, k, t, prior=self.prior)
         if self.args.adapt:
-            c = best_config(self.model, phi, self.m0, workers, self.max_batch, self.args.max_local)
+            # like Pollux's bound on GPUs, a batch far past those measured waits: the fit extrapolates there
+            seen = max(k_ * m_ * (s_ + 1) for m_, s_, k_, _ in self.obs)
+            bound = max(self.m0, min(self.max_batch, EXPLORE * seen))
+            c = best_config(self.model, phi, self.m0, workers, bound, self.args.max_local)
             new_m, new_s, eff, tput = c.m, c.s, c.efficiency, c.throughput
         else:
             new_m, new_s = cur.m, cur.s

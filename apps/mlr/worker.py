@@ -296,7 +296,11 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
     every worker holds, as DBW assumes) at w_t; the servers step (docs/design.md, "Backup workers").
     Per iteration it reports ``objective`` (the minibatch's summed log-loss at w_t), ``samples``,
     ``iteration`` and ``compute_s``; every ``eval_every`` iterations rank 0 adds ``train_loss`` (the
-    mean log-loss of w_t on the whole training set) and the held-out figures."""
+    mean log-loss of w_t on the whole training set) and the held-out figures.
+
+    With ``goodput`` (Pollux's agent, ``apps/goodput.py``) the step's batch is the agent's m·(s + 1),
+    computed in micro-batches that measure the gradient statistics, and the pushed gradient is scaled
+    by the agent's learning-rate gain; the agent's fields join the report."""
     rank, workers = client.rank, client.num_workers
     total = a.epochs * a.clocks_per_epoch
     rows = np.arange(classes, dtype=np.int64)

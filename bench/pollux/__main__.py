@@ -155,8 +155,11 @@ def adaptive(a: argparse.Namespace) -> None:
         tt = [r.time_to(a.target) for r in rs]
         fields: dict[str, object] = {}
         if ref and mode != "adaptive":
-            ratios = [b / x for x, b in zip([r.time_to(a.target) for r in ref], tt, strict=True)]
-            fields.update(speedup_of_adaptive=_spread(ratios),
+            pairs = list(zip([r.time_to(a.target) for r in ref], tt, strict=True))
+            ratios = [b / x for x, b in pairs if math.isfinite(x) and math.isfinite(b)]  # rounds where both hit it
+            fields.update(speedup_of_adaptive=_spread(ratios) if ratios else None,
+                          missed={"adaptive": sum(not math.isfinite(x) for x, _ in pairs),
+                                  mode: sum(not math.isfinite(b) for _, b in pairs)},
                           best_acc_gap=_spread([x.best_acc - r.best_acc for x, r in zip(ref, rs, strict=True)]),
                           best_loss_gap=_spread([x.best_loss / r.best_loss - 1 for x, r in zip(ref, rs, strict=True)]))
         emit(bench="pollux", case=f"adaptive {mode}", metric="seconds_to_target", unit="s",
@@ -231,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
                              ("steps", 2000, 200), ("every", 50, 25), ("warmup_along", 200, 50),
                              ("adaptive_data", "fashion-mnist", "digits"), ("adaptive_lr", 0.1, 0.5),
                              ("adaptive_reps", 3, 1),
-                             ("adaptive_iters", [800, 2000, 500], [60, 60, 60]), ("bandwidths", [1000.0, 20.0], []),
+                             ("adaptive_iters", [1500, 2000, 1000], [60, 60, 60]), ("bandwidths", [1000.0, 20.0], []),
                              ("bandwidth_iterations", 300, 60), ("target", 0.50, 1.0),
                              ("experiments", ["fixed", "along", "throughput", "adaptive"], ["fixed", "along"])):
         if getattr(a, key) is None:

@@ -55,6 +55,8 @@ def test_the_choice_is_a_function_of_the_rows_and_starts_at_m0_with_gain_1() -> 
     assert [s.interval for s in sa] == [1, 2, 3, 4, 5]
     batches = [s.batch for s in sa]
     assert all(x >= 64 for x in batches) and batches[-1] > batches[0], batches  # M grows with φ
+    seen = [64] + batches
+    assert all(b <= gp.EXPLORE * max(seen[:i + 1]) for i, b in enumerate(batches))  # no leap past 4x measured
     # with two batch sizes seen the fit is exact here, so the choice is the true model's
     st = sa[-1]
     want = best_config(TRUE, st.phi, 64, 2, 32 * 64, 4096)
