@@ -309,8 +309,8 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
     model = LocalModel(classes, train_ds.features)
     F = train_ds.features
     agent = None
-    if a.goodput is not None:  # a push and a pull of the table a step: what the bandwidth budget paces
-        agent = gp.start(client, a.goodput, a.batch_size, 2.0 * T.rows * T.cols * np.dtype(T.dtype).itemsize)
+    if a.goodput is not None:  # a push of the table a step: what the client's bandwidth budget paces
+        agent = gp.start(client, a.goodput, a.batch_size, float(T.rows * T.cols * np.dtype(T.dtype).itemsize))
     while True:
         W, it = read_iteration(client, T, rows)
         if it >= total:

@@ -142,14 +142,16 @@ def adaptive(a: argparse.Namespace) -> None:
     runs: dict[str, list[Run]] = {m: [] for m in a.modes}
     for rep in range(a.adaptive_reps):  # rounds: each runs every mode, so the machine's drift hits all alike
         for mode in a.modes:
-            r = run(Plan(mode, iters[mode], data=a.adaptive_data, lr=a.adaptive_lr, seed=rep))
+            r = run(Plan(mode, iters[mode], data=a.adaptive_data, lr=a.adaptive_lr, seed=rep,
+                         smoothing=a.agent_smoothing))
             runs[mode].append(r)
             ms = [c["goodput_batch"] for c in r.choices]
             emit(bench="pollux", case=f"adaptive {mode} rep={rep}", metric="seconds_to_target", unit="s",
                  ours=_none_if_inf(r.time_to(a.target)), experiment="adaptive", mode=mode, rep=rep, target=a.target,
                  best_loss=r.best_loss, best_acc=r.best_acc, job_seconds=r.job_seconds, startup=r.startup,
                  trained_seconds=r.evals[-1][0], iterations=iters[mode], batches=ms,
-                 phis=[c["goodput_phi"] for c in r.choices], m_over_training=grows(ms), data=a.adaptive_data)
+                 phis=[c["goodput_phi"] for c in r.choices], m_over_training=grows(ms), data=a.adaptive_data,
+                 curve=[[t, loss] for t, _, loss, _ in r.evals])
     ref = runs.get("adaptive")
     for mode, rs in runs.items():
         tt = [r.time_to(a.target) for r in rs]
@@ -166,7 +168,8 @@ def adaptive(a: argparse.Namespace) -> None:
              ours=_none_if_inf(statistics.median(tt)),
              spread=_spread(tt), best_acc=_spread([r.best_acc for r in rs]),
              best_loss=_spread([r.best_loss for r in rs]), summary=True, experiment="adaptive", mode=mode,
-             target=a.target, reps=len(rs), data=a.adaptive_data, lr=a.adaptive_lr, **fields)
+             target=a.target, reps=len(rs), data=a.adaptive_data, lr=a.adaptive_lr, smoothing=a.agent_smoothing,
+             **fields)
     if ref:
         g = [grows([c["goodput_batch"] for c in r.choices])["ratio"] for r in ref]
         emit(bench="pollux", case="adaptive M over training", metric="m_growth", unit="second-half / first-half M",
@@ -175,7 +178,7 @@ def adaptive(a: argparse.Namespace) -> None:
     for rep in range(a.adaptive_reps):
         for bw in a.bandwidths:
             r = run(Plan("adaptive", a.bandwidth_iterations, data=a.adaptive_data, lr=a.adaptive_lr, seed=rep,
-                         bandwidth_mbps=bw))
+                         bandwidth_mbps=bw, smoothing=a.agent_smoothing))
             budgets[bw].append(r)
             ms = [c["goodput_batch"] for c in r.choices][1:]  # the first interval runs M0, not a choice
             emit(bench="pollux", case=f"adaptive budget {bw:g} Mbps rep={rep}", metric="chosen_batch", unit="examples",
@@ -217,13 +220,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--adaptive-data", default=None, help="adaptive: fashion-mnist (default; --quick: digits)")
     p.add_argument("--adaptive-lr", type=float, default=None, help="adaptive: the servers' lr at M0 (0.1; --quick 0.5)")
     p.add_argument("--adaptive-reps", type=int, default=None, help="adaptive: rounds over the modes (default 3)")
-    p.add_argument("--modes", nargs="+", default=["adaptive", "fixed-m0", "fixed-large"],
+    p.add_argument("--agent-smoothing", type=float, default=0.999, help="adaptive: the agent's φ smoothing per M0")
+    p.add_argument("--modes", nargs="*", default=["adaptive", "fixed-m0", "fixed-large"],
                    choices=["adaptive", "fixed-m0", "fixed-large"], help="adaptive: the jobs of a round")
     p.add_argument("--adaptive-iterations", dest="adaptive_iters", type=int, nargs=3, default=None,
                    metavar=("ADAPTIVE", "M0", "LARGE"), help="adaptive: iterations of each mode's job")
     p.add_argument("--target", type=float, default=None, help="adaptive: held-out loss target (default 0.50)")
     p.add_argument("--bandwidths", type=float, nargs="*", default=None,
-                   help="adaptive: client budgets (Mbps) the adaptive job runs under (default 1000 20)")
+                   help="adaptive: client budgets (Mbps) the adaptive job runs under (default 1000 2)")
     p.add_argument("--bandwidth-iterations", type=int, default=None, help="adaptive: iterations of those jobs")
     p.add_argument("--plot", default=None, help="adaptive: the figure (default docs/img/pollux-adaptive.png)")
     p.add_argument("--experiments", nargs="+", default=None, choices=["fixed", "along", "throughput", "adaptive"],
@@ -234,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
                              ("steps", 2000, 200), ("every", 50, 25), ("warmup_along", 200, 50),
                              ("adaptive_data", "fashion-mnist", "digits"), ("adaptive_lr", 0.1, 0.5),
                              ("adaptive_reps", 3, 1),
-                             ("adaptive_iters", [1500, 2000, 1000], [60, 60, 60]), ("bandwidths", [1000.0, 20.0], []),
+                             ("adaptive_iters", [1500, 2000, 1000], [60, 60, 60]), ("bandwidths", [1000.0, 2.0], []),
                              ("bandwidth_iterations", 300, 60), ("target", 0.50, 1.0),
                              ("experiments", ["fixed", "along", "throughput", "adaptive"], ["fixed", "along"])):
         if getattr(a, key) is None:

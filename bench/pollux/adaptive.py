@@ -32,6 +32,7 @@ class Plan:
     interval: int = 20
     seed: int = 0
     bandwidth_mbps: float | None = None  # managed communication at this client budget; None: unmanaged
+    smoothing: float = 0.999  # the agent's φ smoothing per M0 step (AdaptDL's)
     timeout: float = 600.0
 
 
@@ -75,7 +76,8 @@ def config(p: Plan) -> dict[str, Any]:
     app = {"module": "bosen.apps.mlr",
            "args": {"data": data, "holdout": 0.05 if p.data != "digits" else 0.1, "batch_size": local,
                     "reg": 1.6667e-5, "epochs": p.iterations, "eval_every": p.interval, "seed": p.seed,
-                    "goodput": {"interval_clocks": p.interval, "m0": m0, "adapt": adapt}}}
+                    "goodput": {"interval_clocks": p.interval, "m0": m0, "adapt": adapt,
+                                "smoothing": p.smoothing}}}
     comm = None if p.bandwidth_mbps is None else {"enabled": True, "client_bandwidth_mbps": p.bandwidth_mbps}
     return job_config(["127.0.0.1:0"], p.workers, tables=tables, app=app, comm=comm)
 
@@ -127,7 +129,7 @@ def plot(runs: dict[str, list[Run]], budgets: dict[float, list[Run]], target: fl
     ax.axhline(target, color="k", lw=0.6, ls=":", label=f"target {target}")
     ax.set_xlabel("seconds since the first iteration")
     ax.set_ylabel("held-out log-loss (mean)")
-    ax.set_ylim(top=min(2.4, ax.get_ylim()[1]))
+    ax.set_ylim(max(0.0, target - 0.1), target + 0.6)
     ax.legend(fontsize=8)
     ax.set_title("MLR, 2 workers: adaptive batch vs fixed M0 and 16·M0")
     series = [("unmanaged", runs.get("adaptive", []), "C0")]
@@ -142,6 +144,7 @@ def plot(runs: dict[str, list[Run]], budgets: dict[float, list[Run]], target: fl
         cx.plot([c["iteration"] for c in r.choices if c["goodput_phi"] > 0],
                 [c["goodput_phi"] for c in r.choices if c["goodput_phi"] > 0], color="gray", lw=0.8, ls="--")
         cx.set_ylabel("φ (examples), unmanaged run 0", color="gray")
+    bx.set_yscale("log", base=2)
     bx.set_xlabel("iteration")
     bx.set_ylabel("chosen total batch M")
     bx.legend(fontsize=8, loc="upper left")
