@@ -114,6 +114,7 @@ class Agent:
         self.sync_alpha = sync_alpha  # α_s from the bandwidth budget (``sync_seed``), or None
         self.noise = NoiseScale(m0, args.smoothing)
         self.obs: list[tuple[int, int, int, float]] = []  # (m, s, K, mean step seconds)
+        self.compute: list[float] = []  # per observation: mean seconds computing a step (0: not timed)
         self.prior: Throughput | None = None
         self.model: Throughput | None = None
         # the gain stays 1 until φ is measured: AdaScale with no estimate would scale linearly
@@ -134,9 +135,11 @@ class Agent:
                            max(int(round(steps)), 1))
         if row[C_TIMED] > 0:
             t = float(row[C_SECONDS] / row[C_TIMED])
+            c = float(row[C_COMPUTE] / row[C_TIMED])
             self.obs.append((st.m, st.s, st.workers, t))
+            self.compute.append(c if 0 < c < t else 0.0)
             if self.prior is None:
-                self.prior = self._prior(st, t, float(row[C_COMPUTE] / row[C_TIMED]))
+                self.prior = self._prior(st, t, c)
 
     def _prior(self, st: Setting, t: float, compute: float) -> Throughput:
         """From the first measured steps (what one batch size and one worker count cannot tell apart,
@@ -150,6 +153,30 @@ class Agent:
         grad = (t - sync) / (st.s + 1)
         return Throughput(grad / 2, grad / 2 / st.m, sync)
 
+    def _fit(self) -> Throughput:
+        """θ_sys from the observations. With one worker count and every step's computation timed, the
+        parts are measured apart: T_grad(m) = α_g + β_g·m by least squares on the computation per
+        micro-batch, T_sync the mean of (step − computation), γ = 1 (a synchronous worker computes,
+        then pushes and waits: nothing overlaps). Step times alone swing with the machine's load, and a
+        slope fitted to them swung the choice 3x between runs (docs/evaluation.md); the computation
+        timed alone does not. Otherwise ``fit_throughput`` on the step times (eq. 11, RMSLE)."""
+        m, s, k, t = (np.array(x, np.float64) for x in zip(*self.obs, strict=True))
+        c = np.array(self.compute)
+        if len(np.unique(k)) > 1 or not np.all(c > 0):
+            return fit_throughput([float(v) for v in m], [float(v) for v in s], [float(v) for v in k],
+                                  [float(v) for v in t], prior=self.prior)
+        per = c / (s + 1)  # one micro-batch's computation
+        sync = max(float(np.mean(t - c)), 1e-8)
+        if len(np.unique(m)) > 1:
+            beta, alpha = np.polyfit(m, per, 1)
+            if beta > 0 and alpha < 0:  # noise: the line through the origin
+                alpha, beta = 0.0, float(m @ per / (m @ m))
+            if beta > 0:
+                return Throughput(float(alpha), float(beta), sync)
+        # one batch size (or a fit without sense): the computation split evenly, as the prior does
+        half = float(np.mean(per)) / 2
+        return Throughput(half, half / float(np.mean(m)), sync)
+
     def decide(self, interval: int, workers: int) -> Setting:
         """The setting of ``interval`` for ``workers`` workers from what was observed: the (m, s) of
         highest goodput and its learning-rate gain; the current (m, s) while φ or the step time is not
@@ -159,8 +186,7 @@ class Agent:
         if math.isnan(phi) or not self.obs:
             self.setting = Setting(interval, cur.m, cur.s, workers, cur.gain)
             return self.setting
-        m, s, k, t = ([float(v) for v in x] for x in zip(*self.obs, strict=True))
-        self.model = fit_throughput(m, s, k, t, prior=self.prior)
+        self.model = self._fit()
         if self.args.adapt:
             # like Pollux's bound on GPUs, a batch far past those measured waits: the fit extrapolates there
             seen = max(k_ * m_ * (s_ + 1) for m_, s_, k_, _ in self.obs)

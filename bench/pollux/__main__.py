@@ -26,7 +26,8 @@ held-out error; one JSON line per result.
   16·M0 (both through the same agent: φ measured, AdaScale's learning rate), ``--adaptive-reps``
   rounds alternating the modes: seconds from the first iteration to the first held-out loss at or
   below ``--target``, the best held-out loss and accuracy, the chosen M over training; then the
-  adaptive job under each ``--bandwidths`` budget (managed communication): the chosen M. A plot,
+  adaptive job under each ``--bandwidths`` budget (managed communication) and each ``--delays``
+  injected round trip (a slower link, on one machine): the chosen M. A plot,
   ``--plot``. Not in ``--quick`` (a job takes seconds to start) unless named.
 
 ``--quick``: fewer points, steps and seeds, for CI.
@@ -174,22 +175,27 @@ def adaptive(a: argparse.Namespace) -> None:
         g = [grows([c["goodput_batch"] for c in r.choices])["ratio"] for r in ref]
         emit(bench="pollux", case="adaptive M over training", metric="m_growth", unit="second-half / first-half M",
              ours=statistics.median(g), spread=_spread(g), summary=True, experiment="adaptive", mode="adaptive")
-    budgets: dict[float, list[Run]] = {bw: [] for bw in a.bandwidths}
+    # the sync a step costs: a client bandwidth budget (managed communication), or an injected round trip
+    conds = [(f"budget {bw:g} Mbps", {"bandwidth_mbps": bw}) for bw in a.bandwidths]
+    conds += [(f"round trip {d * 1e3:g} ms", {"delay_s": d}) for d in a.delays]
+    budgets: dict[str, list[Run]] = {label: [] for label, _ in conds}
     for rep in range(a.adaptive_reps):
-        for bw in a.bandwidths:
+        for label, kw in conds:
             r = run(Plan("adaptive", a.bandwidth_iterations, data=a.adaptive_data, lr=a.adaptive_lr, seed=rep,
-                         bandwidth_mbps=bw, smoothing=a.agent_smoothing))
-            budgets[bw].append(r)
+                         smoothing=a.agent_smoothing, **kw))  # type: ignore[arg-type]
+            budgets[label].append(r)
             ms = [c["goodput_batch"] for c in r.choices][1:]  # the first interval runs M0, not a choice
-            emit(bench="pollux", case=f"adaptive budget {bw:g} Mbps rep={rep}", metric="chosen_batch", unit="examples",
-                 ours=statistics.median(ms) if ms else math.nan, experiment="adaptive-budget", bandwidth_mbps=bw,
-                 rep=rep, batches=[c["goodput_batch"] for c in r.choices], job_seconds=r.job_seconds)
-    for bw, rs in budgets.items():
+            emit(bench="pollux", case=f"adaptive {label} rep={rep}", metric="chosen_batch", unit="examples",
+                 ours=statistics.median(ms) if ms else math.nan, experiment="adaptive-sync", condition=label, rep=rep,
+                 batches=[c["goodput_batch"] for c in r.choices], job_seconds=r.job_seconds,
+                 trained_seconds=r.evals[-1][0] if r.evals else None, **kw)
+    for label, rs in budgets.items():
         med = [statistics.median([c["goodput_batch"] for c in r.choices][1:] or [math.nan]) for r in rs]
+        secs = [r.evals[-1][0] for r in rs if r.evals]
         if med:
-            emit(bench="pollux", case=f"adaptive budget {bw:g} Mbps", metric="chosen_batch", unit="examples",
-                 ours=statistics.median(med), spread=_spread(med), summary=True, experiment="adaptive-budget",
-                 bandwidth_mbps=bw, iterations=a.bandwidth_iterations)
+            emit(bench="pollux", case=f"adaptive {label}", metric="chosen_batch", unit="examples",
+                 ours=statistics.median(med), spread=_spread(med), summary=True, experiment="adaptive-sync",
+                 condition=label, iterations=a.bandwidth_iterations, trained_seconds=_spread(secs) if secs else None)
     if a.plot or not a.quick:
         path = plot(runs, budgets, a.target, Path(a.plot) if a.plot else REPO / "docs" / "img" / "pollux-adaptive.png")
         emit(bench="pollux", case="adaptive plot", plot=str(path), experiment="adaptive")
@@ -228,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--target", type=float, default=None, help="adaptive: held-out loss target (default 0.50)")
     p.add_argument("--bandwidths", type=float, nargs="*", default=None,
                    help="adaptive: client budgets (Mbps) the adaptive job runs under (default 1000 2)")
+    p.add_argument("--delays", type=float, nargs="*", default=None,
+                   help="adaptive: injected round trips (s) a step pays, the adaptive job under each (default 0 0.05)")
     p.add_argument("--bandwidth-iterations", type=int, default=None, help="adaptive: iterations of those jobs")
     p.add_argument("--plot", default=None, help="adaptive: the figure (default docs/img/pollux-adaptive.png)")
     p.add_argument("--experiments", nargs="+", default=None, choices=["fixed", "along", "throughput", "adaptive"],
@@ -239,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
                              ("adaptive_data", "fashion-mnist", "digits"), ("adaptive_lr", 0.1, 0.5),
                              ("adaptive_reps", 3, 1),
                              ("adaptive_iters", [1500, 2000, 1000], [60, 60, 60]), ("bandwidths", [1000.0, 2.0], []),
+                             ("delays", [0.0, 0.05], []),
                              ("bandwidth_iterations", 300, 60), ("target", 0.50, 1.0),
                              ("experiments", ["fixed", "along", "throughput", "adaptive"], ["fixed", "along"])):
         if getattr(a, key) is None:

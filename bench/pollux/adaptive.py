@@ -33,6 +33,7 @@ class Plan:
     seed: int = 0
     bandwidth_mbps: float | None = None  # managed communication at this client budget; None: unmanaged
     smoothing: float = 0.999  # the agent's φ smoothing per M0 step (AdaptDL's)
+    delay_s: float = 0.0  # an injected round trip a step pays, from its read (``app.args.delay``, fixed)
     timeout: float = 600.0
 
 
@@ -77,7 +78,8 @@ def config(p: Plan) -> dict[str, Any]:
            "args": {"data": data, "holdout": 0.05 if p.data != "digits" else 0.1, "batch_size": local,
                     "reg": 1.6667e-5, "epochs": p.iterations, "eval_every": p.interval, "seed": p.seed,
                     "goodput": {"interval_clocks": p.interval, "m0": m0, "adapt": adapt,
-                                "smoothing": p.smoothing}}}
+                                "smoothing": p.smoothing},
+                    **({"delay": {"mean_s": p.delay_s, "alpha": 0.0}} if p.delay_s else {})}}
     comm = None if p.bandwidth_mbps is None else {"enabled": True, "client_bandwidth_mbps": p.bandwidth_mbps}
     return job_config(["127.0.0.1:0"], p.workers, tables=tables, app=app, comm=comm)
 
@@ -112,9 +114,9 @@ def grows(ms: list[float]) -> dict[str, float]:
     return {"first_half": a, "second_half": b, "ratio": b / a if a else math.nan}
 
 
-def plot(runs: dict[str, list[Run]], budgets: dict[float, list[Run]], target: float, path: Path) -> Path:
+def plot(runs: dict[str, list[Run]], budgets: dict[str, list[Run]], target: float, path: Path) -> Path:
     """Held-out loss against seconds per mode (every repetition), and the chosen M over the adaptive
-    runs (unmanaged and under each budget), with φ."""
+    runs (and under each sync cost: a budget, an injected round trip), with φ."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -133,7 +135,7 @@ def plot(runs: dict[str, list[Run]], budgets: dict[float, list[Run]], target: fl
     ax.legend(fontsize=8)
     ax.set_title("MLR, 2 workers: adaptive batch vs fixed M0 and 16·M0")
     series = [("unmanaged", runs.get("adaptive", []), "C0")]
-    series += [(f"{bw:g} Mbps", rs, f"C{3 + i}") for i, (bw, rs) in enumerate(sorted(budgets.items()))]
+    series += [(label, rs, f"C{3 + i}") for i, (label, rs) in enumerate(budgets.items())]
     for label, rs, color in series:
         for i, r in enumerate(rs):
             bx.step([c["iteration"] for c in r.choices], [c["goodput_batch"] for c in r.choices], where="post",

@@ -64,12 +64,22 @@ def test_the_choice_is_a_function_of_the_rows_and_starts_at_m0_with_gain_1() -> 
     assert st.gain == pytest.approx(st.batch / 64 * st.efficiency)  # AdaScale: S·EFFICIENCY
 
 
-def test_a_tighter_bandwidth_budget_makes_the_first_choice_larger() -> None:
-    model = Throughput(alpha_grad=1e-4, beta_grad=2e-6, alpha_sync=1e-4)
-    tight = Throughput(alpha_grad=1e-4, beta_grad=2e-6, alpha_sync=5e-3)
-    loose_first = _run(_agent(sync_alpha=1e-4), [100.0], model)[0]
-    tight_first = _run(_agent(sync_alpha=5e-3), [100.0], tight)[0]
-    assert tight_first.batch > loose_first.batch, (loose_first, tight_first)
+def test_a_costlier_sync_makes_the_first_choice_larger() -> None:
+    cheap = Throughput(alpha_grad=1e-4, beta_grad=2e-6, alpha_sync=1e-4)
+    dear = Throughput(alpha_grad=1e-4, beta_grad=2e-6, alpha_sync=5e-3)
+    # measured: the step less its computation is the sync
+    assert _run(_agent(), [100.0], dear)[0].batch > _run(_agent(), [100.0], cheap)[0].batch
+    # computation not timed: the bandwidth budget's seed (sync_seed) is α_s; a tighter budget, a larger M
+    untimed = [_agent(sync_alpha=x) for x in (1e-4, 5e-3)]
+    for a in untimed:
+        row = _row(a.setting, 100.0, dear)
+        row[gp.C_COMPUTE] = 0
+        a.observe(row)
+    loose, tight = (a.decide(1, 2) for a in untimed)
+    priors = [a.prior for a in untimed]
+    assert priors[0] is not None and priors[1] is not None and priors[0].alpha_sync == 1e-4
+    assert priors[1].alpha_sync == pytest.approx(0.9 * float(dear.t_iter(32, 0, 2)))  # capped: 90% of the step
+    assert tight.batch > loose.batch
 
 
 def test_no_statistics_keeps_the_setting_and_a_fixed_agent_scales_only_the_lr() -> None:
