@@ -233,7 +233,8 @@ def main(argv: list[str] | None = None) -> None:
                    metavar=("ADAPTIVE", "M0", "LARGE"), help="adaptive: iterations of each mode's job")
     p.add_argument("--target", type=float, default=None, help="adaptive: held-out loss target (default 0.50)")
     p.add_argument("--bandwidths", type=float, nargs="*", default=None,
-                   help="adaptive: client budgets (Mbps) the adaptive job runs under (default 1000 2)")
+                   help="adaptive: client budgets (Mbps) the adaptive job runs under (default none: a synchronous "
+                        "step's flush is not budgeted, docs/evaluation.md; e.g. 1000 2)")
     p.add_argument("--delays", type=float, nargs="*", default=None,
                    help="adaptive: injected round trips (s) a step pays, the adaptive job under each (default 0 0.05)")
     p.add_argument("--bandwidth-iterations", type=int, default=None, help="adaptive: iterations of those jobs")
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
                              ("steps", 2000, 200), ("every", 50, 25), ("warmup_along", 200, 50),
                              ("adaptive_data", "fashion-mnist", "digits"), ("adaptive_lr", 0.1, 0.5),
                              ("adaptive_reps", 3, 1),
-                             ("adaptive_iters", [1500, 2000, 1000], [60, 60, 60]), ("bandwidths", [1000.0, 2.0], []),
+                             ("adaptive_iters", [1500, 2000, 1000], [60, 60, 60]), ("bandwidths", [], []),
                              ("delays", [0.0, 0.05], []),
                              ("bandwidth_iterations", 300, 60), ("target", 0.50, 1.0),
                              ("experiments", ["fixed", "along", "throughput", "adaptive"], ["fixed", "along"])):
