@@ -141,10 +141,18 @@ class NoiseScale:
             raise ValueError(f"gradstats.NoiseScale.update: batch must be >= 1, got {batch}")
         if not m.defined:
             return
-        factor = self.smoothing ** (m.k * batch / self.m0)
-        self._sqr.add(m.sqnorm_raw, factor)
-        self._var.add(m.trace(batch), factor)
-        self.steps += 1
+        self.add(m.sqnorm_raw, m.trace(batch), m.k * batch / self.m0)
+
+    def add(self, sqnorm_raw: float, trace: float, scale: float, steps: int = 1) -> None:
+        """Add an estimate made elsewhere: ``sqnorm_raw`` (unclipped ‖G‖²) and ``trace`` (tr Σ per
+        example), averaged over ``steps`` steps of ``scale`` = M/M0 each (a job's agent folds an
+        interval's mean over its workers and steps in at once: factor ``smoothing ** (steps·scale)``)."""
+        if not (scale > 0 and steps >= 1):
+            raise ValueError(f"gradstats.NoiseScale.add: needs scale > 0 and steps >= 1, got {scale}, {steps}")
+        factor = self.smoothing ** (steps * scale)
+        self._sqr.add(sqnorm_raw, factor)
+        self._var.add(trace, factor)
+        self.steps += steps
 
     @property
     def sqnorm(self) -> float:

@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from bosen.apps import goodput as gp
 from bosen.apps import microtasks
 from bosen.apps.backup import is_backup, read_iteration
 from bosen.apps.delays import DelayArgs, Delays
@@ -92,6 +93,8 @@ class MLRArgs:
     seed: int = 0
     micro_tasks: int = 0  # sample shares that can move between workers; 0 = one per worker
     delay: DelayArgs = field(default_factory=DelayArgs)  # injected round trips (tests, benches); off by default
+    # Pollux's agent on a backup (synchronous) table: the batch and learning rate follow the goodput
+    goodput: gp.GoodputArgs | None = None
 
     def __post_init__(self) -> None:
         check(self.batch_size >= 1, "batch_size: must be >= 1")
@@ -111,6 +114,10 @@ class MLRArgs:
             check(self.classes >= 2, "classes: must be >= 2")
         if self.features is not None:
             check(self.features >= 1, "features: must be >= 1")
+        if self.goodput is not None and self.eval_every:
+            check(self.eval_every % self.goodput.interval_clocks == 0,
+                  f"eval_every: with goodput, a multiple of goodput.interval_clocks ({self.goodput.interval_clocks}): "
+                  f"an evaluation then delays only an interval's first step, which the agent does not time")
 
 
 def lr_at(a: MLRArgs, clock: int) -> float:
@@ -196,6 +203,9 @@ def train(client: PSClient, args: Mapping[str, Any], data: tuple[D.Dataset, D.Da
     if not np.issubdtype(np.dtype(T.dtype), np.floating):
         raise ConfigError(f"table {a.table!r}: MLR needs a float table, it is {np.dtype(T.dtype)}")
     classes, features = _geometry(a, T.rows, T.cols, a.table)
+    if a.goodput is not None and not is_backup(client, a.table):
+        raise ConfigError(f"app.args.goodput: Pollux's agent needs a synchronous table: give table {a.table!r} "
+                          f"backup: {{mode: static, k: <workers>}}")
     train_ds, held = data if data is not None else load_data(a, classes, features)
     rank, workers = client.rank, client.num_workers
     if is_backup(client, a.table):
@@ -286,7 +296,11 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
     every worker holds, as DBW assumes) at w_t; the servers step (docs/design.md, "Backup workers").
     Per iteration it reports ``objective`` (the minibatch's summed log-loss at w_t), ``samples``,
     ``iteration`` and ``compute_s``; every ``eval_every`` iterations rank 0 adds ``train_loss`` (the
-    mean log-loss of w_t on the whole training set) and the held-out figures."""
+    mean log-loss of w_t on the whole training set) and the held-out figures.
+
+    With ``goodput`` (Pollux's agent, ``apps/goodput.py``) the step's batch is the agent's m·(s + 1),
+    computed in micro-batches that measure the gradient statistics, and the pushed gradient is scaled
+    by the agent's learning-rate gain; the agent's fields join the report."""
     rank, workers = client.rank, client.num_workers
     total = a.epochs * a.clocks_per_epoch
     rows = np.arange(classes, dtype=np.int64)
@@ -294,29 +308,72 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
     delays = Delays(a.delay, rank, workers)
     model = LocalModel(classes, train_ds.features)
     F = train_ds.features
+    agent = None
+    if a.goodput is not None:  # a push of the table a step: what the client's bandwidth budget paces
+        agent = gp.start(client, a.goodput, a.batch_size, float(T.rows * T.cols * np.dtype(T.dtype).itemsize))
     while True:
         W, it = read_iteration(client, T, rows)
         if it >= total:
             break
         t0 = time.perf_counter()
-        batch = rng.integers(0, train_ds.n, a.batch_size).astype(np.int64)
-        loss, G = K.loss_grad(train_ds.indptr, train_ds.indices, train_ds.values, train_ds.labels, batch,
-                              W.astype(np.float64, copy=False))
-        G /= a.batch_size
-        if a.reg:
-            G[:, :F] += a.reg * W[:, :F]
+        W64 = W.astype(np.float64, copy=False)
+        fields: dict[str, float] = {}
+        if agent is None:
+            batch = rng.integers(0, train_ds.n, a.batch_size).astype(np.int64)
+            loss, G = K.loss_grad(train_ds.indptr, train_ds.indices, train_ds.values, train_ds.labels, batch, W64)
+            G /= a.batch_size
+            samples = a.batch_size
+        else:
+            st = agent.at(it, t0, workers)
+            loss, G = _accumulated(train_ds, W64, rng, st.m, st.s, a.reg, agent.rec)
+            G *= st.gain  # the learning-rate gain: the servers step with backup.lr times the mean pushed
+            samples = st.m * (st.s + 1)
+            fields.update(agent.fields(rank, client.config.table(a.table).backup.lr))
+        if a.reg and agent is None:
+            G[:, :F] += a.reg * W64[:, :F]
         compute_s = time.perf_counter() - t0
+        if agent is not None:
+            agent.computed(compute_s)
         delays.wait(it, t0)  # the injected round trip, counted from the read
         T.inc_rows(rows, G.astype(T.dtype, copy=False))
-        fields: dict[str, float] = {}
         if rank == 0 and a.eval_every and it % a.eval_every == 0:  # the loss of w_t: on the whole training set
             model.load(W)
             fields["train_loss"] = model.evaluate(train_ds)[1] / train_ds.n
             if len(held.labels):
                 correct, hloss = model.evaluate(held)
                 fields.update(heldout_correct=correct, heldout_total=held.n, heldout_loss=hloss)
-        client.report(objective=float(loss), samples=a.batch_size, iteration=it, compute_s=compute_s, **fields)
+        client.report(objective=float(loss), samples=samples, iteration=it, compute_s=compute_s, **fields)
+        if agent is not None:
+            agent.before_clock(it)
         client.clock()
+
+
+def _accumulated(ds: D.Dataset, W: np.ndarray, rng: np.random.Generator, m: int, s: int, reg: float,
+                 rec: gp.Recorder) -> tuple[float, np.ndarray]:
+    """One step of the agent's setting: s + 1 micro-batches of m samples (accumulation), or m in two
+    halves when s = 0, so that the step's micro-batch gradients measure the gradient statistics
+    (``Recorder.moments``) at the cost of one kernel call more. Returns the summed log-loss and the
+    mean gradient over the step's samples, the L2 term ``reg`` included (in the statistics too)."""
+    pieces = s + 1 if s > 0 else min(2, m)
+    rows = rng.integers(0, ds.n, m * (s + 1)).astype(np.int64)
+    cuts = np.linspace(0, rows.shape[0], pieces + 1).round().astype(np.int64)
+    grads = np.empty((pieces,) + W.shape)
+    total = np.zeros_like(W)
+    loss = 0.0
+    for j in range(pieces):
+        piece = rows[cuts[j]:cuts[j + 1]]
+        lj, Gj = K.loss_grad(ds.indptr, ds.indices, ds.values, ds.labels, piece, W)
+        loss += lj
+        total += Gj
+        grads[j] = Gj / piece.shape[0]
+    mean = total / rows.shape[0]
+    if reg:
+        F = W.shape[1] - 1
+        grads[:, :, :F] += reg * W[:, :F]
+        mean[:, :F] += reg * W[:, :F]
+    if pieces >= 2:
+        rec.moments(grads, rows.shape[0] // pieces)
+    return float(loss), mean
 
 
 class _Layout:

@@ -21,12 +21,22 @@ held-out error; one JSON line per result.
   on all but one and predicting the one left out. Not in ``--quick``: a job takes seconds to
   start.
 
+- ``adaptive``: Pollux's agent (``apps/goodput.py``) on real synchronous MLR jobs (``--adaptive-data``,
+  2 workers, M0 = 64, lr ``--adaptive-lr`` at M0): the adaptive batch against a fixed M0 and a fixed
+  16·M0 (both through the same agent: φ measured, AdaScale's learning rate), ``--adaptive-reps``
+  rounds alternating the modes: seconds from the first iteration to the first held-out loss at or
+  below ``--target``, the best held-out loss and accuracy, the chosen M over training; then the
+  adaptive job under each ``--bandwidths`` budget (managed communication) and each ``--delays``
+  injected round trip (a slower link, on one machine): the chosen M. A plot,
+  ``--plot``. Not in ``--quick`` (a job takes seconds to start) unless named.
+
 ``--quick``: fewer points, steps and seeds, for CI.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from pathlib import Path
@@ -50,8 +60,14 @@ def dataset(name: str, samples: int) -> D.Dataset:
     return ds.take(np.arange(min(samples, ds.n), dtype=np.int64))
 
 
-def _spread(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+def _spread(xs: list[float]) -> dict[str, float | None]:
+    """Median, min and max; a target never reached (inf) is null, JSON has no infinity."""
+    return {"median": _none_if_inf(statistics.median(xs)), "min": _none_if_inf(min(xs)),
+            "max": _none_if_inf(max(xs))}
+
+
+def _none_if_inf(x: float) -> float | None:
+    return x if math.isfinite(x) else None
 
 
 def fixed(a: argparse.Namespace, ds: D.Dataset, exact: ExactStats) -> None:
@@ -154,6 +170,72 @@ def sim_run(a: argparse.Namespace) -> None:
         sim_figure(results, a.plot)
 
 
+def adaptive(a: argparse.Namespace) -> None:
+    from bench.pollux.adaptive import Plan, Run, grows, plot, run
+
+    iters = dict(zip(("adaptive", "fixed-m0", "fixed-large"), a.adaptive_iters, strict=True))
+    runs: dict[str, list[Run]] = {m: [] for m in a.modes}
+    for rep in range(a.adaptive_reps):  # rounds: each runs every mode, so the machine's drift hits all alike
+        for mode in a.modes:
+            r = run(Plan(mode, iters[mode], data=a.adaptive_data, lr=a.adaptive_lr, seed=rep,
+                         smoothing=a.agent_smoothing))
+            runs[mode].append(r)
+            ms = [c["goodput_batch"] for c in r.choices]
+            emit(bench="pollux", case=f"adaptive {mode} rep={rep}", metric="seconds_to_target", unit="s",
+                 ours=_none_if_inf(r.time_to(a.target)), experiment="adaptive", mode=mode, rep=rep, target=a.target,
+                 best_loss=r.best_loss, best_acc=r.best_acc, job_seconds=r.job_seconds, startup=r.startup,
+                 trained_seconds=r.evals[-1][0], iterations=iters[mode], batches=ms,
+                 phis=[c["goodput_phi"] for c in r.choices], m_over_training=grows(ms), data=a.adaptive_data,
+                 curve=[[t, loss] for t, _, loss, _ in r.evals])
+    ref = runs.get("adaptive")
+    for mode, rs in runs.items():
+        tt = [r.time_to(a.target) for r in rs]
+        fields: dict[str, object] = {}
+        if ref and mode != "adaptive":
+            pairs = list(zip([r.time_to(a.target) for r in ref], tt, strict=True))
+            ratios = [b / x for x, b in pairs if math.isfinite(x) and math.isfinite(b)]  # rounds where both hit it
+            fields.update(speedup_of_adaptive=_spread(ratios) if ratios else None,
+                          missed={"adaptive": sum(not math.isfinite(x) for x, _ in pairs),
+                                  mode: sum(not math.isfinite(b) for _, b in pairs)},
+                          best_acc_gap=_spread([x.best_acc - r.best_acc for x, r in zip(ref, rs, strict=True)]),
+                          best_loss_gap=_spread([x.best_loss / r.best_loss - 1 for x, r in zip(ref, rs, strict=True)]))
+        emit(bench="pollux", case=f"adaptive {mode}", metric="seconds_to_target", unit="s",
+             ours=_none_if_inf(statistics.median(tt)),
+             spread=_spread(tt), best_acc=_spread([r.best_acc for r in rs]),
+             best_loss=_spread([r.best_loss for r in rs]), summary=True, experiment="adaptive", mode=mode,
+             target=a.target, reps=len(rs), data=a.adaptive_data, lr=a.adaptive_lr, smoothing=a.agent_smoothing,
+             **fields)
+    if ref:
+        g = [grows([c["goodput_batch"] for c in r.choices])["ratio"] for r in ref]
+        emit(bench="pollux", case="adaptive M over training", metric="m_growth", unit="second-half / first-half M",
+             ours=statistics.median(g), spread=_spread(g), summary=True, experiment="adaptive", mode="adaptive")
+    # the sync a step costs: a client bandwidth budget (managed communication), or an injected round trip
+    conds = [(f"budget {bw:g} Mbps", {"bandwidth_mbps": bw}) for bw in a.bandwidths]
+    conds += [(f"round trip {d * 1e3:g} ms", {"delay_s": d}) for d in a.delays]
+    budgets: dict[str, list[Run]] = {label: [] for label, _ in conds}
+    for rep in range(a.adaptive_reps):
+        for label, kw in conds:
+            r = run(Plan("adaptive", a.bandwidth_iterations, data=a.adaptive_data, lr=a.adaptive_lr, seed=rep,
+                         smoothing=a.agent_smoothing, **kw))  # type: ignore[arg-type]
+            budgets[label].append(r)
+            ms = [c["goodput_batch"] for c in r.choices][1:]  # the first interval runs M0, not a choice
+            emit(bench="pollux", case=f"adaptive {label} rep={rep}", metric="chosen_batch", unit="examples",
+                 ours=statistics.median(ms) if ms else math.nan, experiment="adaptive-sync", condition=label, rep=rep,
+                 batches=[c["goodput_batch"] for c in r.choices], job_seconds=r.job_seconds,
+                 trained_seconds=r.evals[-1][0] if r.evals else None, **kw)
+    for label, rs in budgets.items():
+        med = [statistics.median([c["goodput_batch"] for c in r.choices][1:] or [math.nan]) for r in rs]
+        secs = [r.evals[-1][0] for r in rs if r.evals]
+        if med:
+            emit(bench="pollux", case=f"adaptive {label}", metric="chosen_batch", unit="examples",
+                 ours=statistics.median(med), spread=_spread(med), summary=True, experiment="adaptive-sync",
+                 condition=label, iterations=a.bandwidth_iterations, trained_seconds=_spread(secs) if secs else None)
+    if a.adaptive_plot or not a.quick:
+        path = plot(runs, budgets, a.target,
+                    Path(a.adaptive_plot) if a.adaptive_plot else REPO / "docs" / "img" / "pollux-adaptive.png")
+        emit(bench="pollux", case="adaptive plot", plot=str(path), experiment="adaptive")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.pollux", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer points, steps and seeds (CI)")
@@ -194,16 +276,37 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs-timeout", type=float, default=400.0, help="jobs: seconds a job may take")
     p.add_argument("--jobs-ray", default=None, metavar="ADDRESS",
                    help="jobs: run the jobs on the Ray cluster at ADDRESS (bosen launch --ray; `ray start --head`)")
+    p.add_argument("--adaptive-data", default=None, help="adaptive: fashion-mnist (default; --quick: digits)")
+    p.add_argument("--adaptive-lr", type=float, default=None, help="adaptive: the servers' lr at M0 (0.1; --quick 0.5)")
+    p.add_argument("--adaptive-reps", type=int, default=None, help="adaptive: rounds over the modes (default 3)")
+    p.add_argument("--agent-smoothing", type=float, default=0.999, help="adaptive: the agent's φ smoothing per M0")
+    p.add_argument("--modes", nargs="*", default=["adaptive", "fixed-m0", "fixed-large"],
+                   choices=["adaptive", "fixed-m0", "fixed-large"], help="adaptive: the jobs of a round")
+    p.add_argument("--adaptive-iterations", dest="adaptive_iters", type=int, nargs=3, default=None,
+                   metavar=("ADAPTIVE", "M0", "LARGE"), help="adaptive: iterations of each mode's job")
+    p.add_argument("--target", type=float, default=None, help="adaptive: held-out loss target (default 0.50)")
+    p.add_argument("--bandwidths", type=float, nargs="*", default=None,
+                   help="adaptive: client budgets (Mbps) the adaptive job runs under (default none: a synchronous "
+                        "step's flush is not budgeted, docs/evaluation.md; e.g. 1000 2)")
+    p.add_argument("--delays", type=float, nargs="*", default=None,
+                   help="adaptive: injected round trips (s) a step pays, the adaptive job under each (default 0 0.05)")
+    p.add_argument("--bandwidth-iterations", type=int, default=None, help="adaptive: iterations of those jobs")
+    p.add_argument("--adaptive-plot", default=None, help="adaptive: the figure (default docs/img/pollux-adaptive.png)")
     p.add_argument("--experiments", nargs="+", default=None,
-                   choices=["fixed", "along", "throughput", "sim", "jobs"],
-                   help="default fixed along throughput sim (--quick: fixed along); jobs (real jobs under the "
-                        "scheduler, minutes) only when named")
+                   choices=["fixed", "along", "throughput", "sim", "adaptive", "jobs"],
+                   help="default fixed along throughput sim adaptive (--quick: fixed along); jobs (real jobs under "
+                        "the scheduler, minutes) only when named")
     a = p.parse_args(argv)
     for key, full, quick in (("seeds", 3, 2), ("scales", [1, 16], [1]), ("points", [20, 100, 500, 2000], [20, 100]),
                              ("warmup", 1000, 150),
                              ("steps", 2000, 200), ("every", 50, 25), ("warmup_along", 200, 50),
                              ("traces", 8, 2), ("jobs", 160, 12), ("slots", 12, 8), ("hours", 8.0, 2.0),
-                             ("experiments", ["fixed", "along", "throughput", "sim"], ["fixed", "along"])):
+                             ("adaptive_data", "fashion-mnist", "digits"), ("adaptive_lr", 0.1, 0.5),
+                             ("adaptive_reps", 3, 1),
+                             ("adaptive_iters", [1500, 2000, 1000], [60, 60, 60]), ("bandwidths", [], []),
+                             ("delays", [0.0, 0.05], []),
+                             ("bandwidth_iterations", 300, 60), ("target", 0.50, 1.0),
+                             ("experiments", ["fixed", "along", "throughput", "sim", "adaptive"], ["fixed", "along"])):
         if getattr(a, key) is None:
             setattr(a, key, quick if a.quick else full)
     if a.sync_growth is None:
@@ -229,6 +332,8 @@ def main(argv: list[str] | None = None) -> None:
 
         jobs.run(a.jobs_reps, dict(zip(("small", "large"), a.jobs_clocks, strict=True)), a.jobs_slots, a.jobs_interval,
                  a.jobs_delay, a.jobs_timeout, a.jobs_ray)
+    if "adaptive" in a.experiments:
+        adaptive(a)
     emit(bench="pollux", done=True, seconds=time.perf_counter() - t0, data=a.data, samples=samples)
 
 

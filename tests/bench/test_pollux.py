@@ -47,3 +47,24 @@ def test_held_out_error_is_small_where_the_times_follow_the_model() -> None:
     errs = held_out_errors(ms, ks, secs)
     assert len(errs) == 9 and max(errs) < 0.05, errs
     assert max(in_sample_errors(ms, ks, secs)) < 0.01
+
+
+def test_adaptive_run_summary_helpers() -> None:
+    from bench.pollux.adaptive import Plan, Run, config, grows
+
+    r = Run(Plan("adaptive", 40), 9.0, evals=[(0.0, 0, 2.3, 0.1), (1.0, 20, 0.6, 0.8), (2.0, 40, 0.5, 0.85)])
+    assert r.time_to(0.55) == 2.0 and r.time_to(0.1) == float("inf") and r.best_acc == 0.85
+    assert grows([64, 100, 120, 300, 400]) == {"first_half": 120, "second_half": 400, "ratio": 400 / 120}
+    big = config(Plan("fixed-large", 40, bandwidth_mbps=20.0))
+    assert big["app"]["args"]["batch_size"] == 512 and big["app"]["args"]["goodput"]["adapt"] is False
+    assert big["comm"]["client_bandwidth_mbps"] == 20.0 and big["tables"]["W"]["dtype"] == "float32"
+
+
+@pytest.mark.slow
+def test_quick_adaptive_job_records_its_choices(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    main(["--quick", "--experiments", "adaptive", "--modes", "adaptive", "--adaptive-plot", str(tmp_path / "a.png")])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    (one,) = [r for r in lines if r.get("experiment") == "adaptive" and r.get("rep") == 0]
+    assert len(one["batches"]) == 3 and one["batches"][0] == 64 and min(one["batches"]) >= 64
+    assert one["ours"] is not None and one["best_acc"] > 0.8, one  # digits reaches the quick target
+    assert (tmp_path / "a.png").stat().st_size > 0 and lines[-1]["done"] is True

@@ -1,0 +1,162 @@
+"""apps/goodput.py: Pollux's job-level agent. Its choice is a function of the interval rows alone (so
+workers that read the same rows switch alike), it follows the goodput model, and a launched MLR job
+switches every worker at the same interval boundary and reaches its target."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from inprocess import InProcessClient, InProcessTable
+
+from bosen.apps import goodput as gp
+from bosen.apps.mlr.worker import MLRArgs, train
+from bosen.config import from_dict
+from bosen.goodput import Throughput, best_config
+
+REPO = Path(__file__).resolve().parents[2]
+TRUE = Throughput(alpha_grad=1e-4, beta_grad=2e-6, alpha_sync=1e-3)  # sync-heavy: larger batches pay
+
+
+def _row(st: gp.Setting, phi: float, model: Throughput, workers_reporting: int | None = None,
+         steps: int = 18) -> np.ndarray:
+    """One interval's sums as ``workers`` workers would add them: ‖G‖² = 1, tr Σ = φ, exact step times."""
+    k = st.workers if workers_reporting is None else workers_reporting
+    row = np.zeros(gp.COLS)
+    row[gp.C_STEPS], row[gp.C_SQNORM], row[gp.C_TRACE] = k * steps, k * steps * 1.0, k * steps * phi
+    row[gp.C_SECONDS] = k * steps * float(model.t_iter(st.m, st.s, st.workers))
+    row[gp.C_TIMED] = k * steps
+    row[gp.C_COMPUTE] = k * steps * (st.s + 1) * (model.alpha_grad + model.beta_grad * st.m)
+    row[gp.C_M], row[gp.C_S], row[gp.C_WORKERS] = k * st.m, k * st.s, k
+    return row
+
+
+def _run(agent: gp.Agent, phis: list[float], model: Throughput = TRUE) -> list[gp.Setting]:
+    out = []
+    for i, phi in enumerate(phis):
+        agent.observe(_row(agent.setting, phi, model))
+        out.append(agent.decide(i + 1, agent.setting.workers))
+    return out
+
+
+def _agent(sync_alpha: float | None = None, **kw: object) -> gp.Agent:
+    args = from_dict(gp.GoodputArgs, {"smoothing": 0.5, **kw}, "goodput")
+    return gp.Agent(args, m0=64, workers=2, m_start=32, sync_alpha=sync_alpha)
+
+
+def test_the_choice_is_a_function_of_the_rows_and_starts_at_m0_with_gain_1() -> None:
+    a, b = _agent(), _agent()
+    assert a.setting == gp.Setting(0, 32, 0, 2, 1.0) and a.setting.batch == 64
+    phis = [50.0, 80.0, 200.0, 500.0, 2000.0]
+    sa, sb = _run(a, phis), _run(b, phis)
+    assert sa == sb  # two workers reading the same rows switch alike
+    assert [s.interval for s in sa] == [1, 2, 3, 4, 5]
+    batches = [s.batch for s in sa]
+    assert all(x >= 64 for x in batches) and batches[-1] > batches[0], batches  # M grows with φ
+    seen = [64] + batches
+    assert all(b <= gp.EXPLORE * max(seen[:i + 1]) for i, b in enumerate(batches))  # no leap past 4x measured
+    # with two batch sizes seen the fit is exact here, so the choice is the true model's
+    st = sa[-1]
+    want = best_config(TRUE, st.phi, 64, 2, 32 * 64, 4096)
+    assert st.batch == pytest.approx(want.batch, rel=0.15), (st, want)
+    assert st.gain == pytest.approx(st.batch / 64 * st.efficiency)  # AdaScale: S·EFFICIENCY
+
+
+def test_a_costlier_sync_makes_the_first_choice_larger() -> None:
+    cheap = Throughput(alpha_grad=1e-4, beta_grad=2e-6, alpha_sync=1e-4)
+    dear = Throughput(alpha_grad=1e-4, beta_grad=2e-6, alpha_sync=5e-3)
+    # measured: the step less its computation is the sync
+    assert _run(_agent(), [100.0], dear)[0].batch > _run(_agent(), [100.0], cheap)[0].batch
+    # computation not timed: the bandwidth budget's seed (sync_seed) is α_s; a tighter budget, a larger M
+    untimed = [_agent(sync_alpha=x) for x in (1e-4, 5e-3)]
+    for a in untimed:
+        row = _row(a.setting, 100.0, dear)
+        row[gp.C_COMPUTE] = 0
+        a.observe(row)
+    loose, tight = (a.decide(1, 2) for a in untimed)
+    priors = [a.prior for a in untimed]
+    assert priors[0] is not None and priors[1] is not None and priors[0].alpha_sync == 1e-4
+    assert priors[1].alpha_sync == pytest.approx(0.9 * float(dear.t_iter(32, 0, 2)))  # capped: 90% of the step
+    assert tight.batch > loose.batch
+
+
+def test_no_statistics_keeps_the_setting_and_a_fixed_agent_scales_only_the_lr() -> None:
+    a = _agent()
+    empty = _row(a.setting, 1.0, TRUE)
+    empty[[gp.C_STEPS, gp.C_SQNORM, gp.C_TRACE]] = 0  # φ not measured yet
+    a.observe(empty)
+    assert a.decide(1, 2) == gp.Setting(1, 32, 0, 2, 1.0)
+    fixed = gp.Agent(from_dict(gp.GoodputArgs, {"adapt": False, "smoothing": 0.5}, "g"), m0=64, workers=2,
+                     m_start=256)
+    st = _run(fixed, [100.0, 300.0])
+    phi = st[1].phi
+    assert [s.m for s in st] == [256, 256] and phi == pytest.approx(300.0)  # smoothing 0.5: the last interval
+    assert st[1].gain == pytest.approx(8 * (phi + 64) / (phi + 512)) and math.isfinite(phi)
+
+
+def test_workers_that_ran_another_setting_are_an_error() -> None:
+    a = _agent()
+    wrong = _row(gp.Setting(0, 48, 0, 2, 1.0), 100.0, TRUE)
+    with pytest.raises(ValueError, match="the workers disagree"):
+        a.observe(wrong)
+
+
+def test_two_workers_through_one_table_switch_at_the_same_iteration() -> None:
+    table = InProcessTable("goodput", 4, gp.COLS, "float64", staleness=0)
+    args = from_dict(gp.GoodputArgs, {"interval_clocks": 5, "smoothing": 0.5}, "goodput")
+    ws = [gp.WorkerAgent(table, args, gp.Agent(args, 64, 2, 32)) for _ in range(2)]
+    rng = np.random.default_rng(0)
+    seen: list[list[tuple[int, int, float]]] = [[], []]
+    for it in range(15):
+        for r, w in enumerate(ws):  # lockstep: each iteration every worker, then the clock
+            st = w.at(it, it * 0.01 + r * 1e-4, 2)
+            seen[r].append((st.m, st.s, st.gain))
+            g = rng.normal(1.0, 3.0, (2, 10))
+            w.rec.moments(g, st.m // 2)
+            w.before_clock(it)
+    assert seen[0] == seen[1]
+    assert len({x for x in seen[0][:5]}) == 1 and seen[0][5] != seen[0][0]  # switched at iteration 5
+    assert table.data[0, gp.C_WORKERS] == 2 and table.data[0, gp.C_TIMED] == 2 * 3  # steps 1-3 timed
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    ({"goodput": {"intervals": 5}}, "app.args.goodput.intervals: unknown key"),
+    ({"goodput": {"interval_clocks": 2}}, "app.args.goodput.interval_clocks: must be an integer >= 3"),
+    ({"goodput": {"rule": "lars"}}, "app.args.goodput.rule: 'lars' is not one of"),
+    ({"goodput": {"interval_clocks": 20}, "eval_every": 10}, "app.args.eval_every: with goodput, a multiple"),
+])
+def test_bad_goodput_args_name_the_key(args: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        from_dict(MLRArgs, args, "app.args")
+
+
+def test_goodput_on_an_ssp_table_says_it_needs_a_synchronous_one() -> None:
+    client = InProcessClient(InProcessTable("W", 10, 65, "float64"))
+    with pytest.raises(ValueError, match="needs a synchronous table"):
+        train(client, {"data": "digits", "epochs": 1, "goodput": {}, "eval_every": 0})
+
+
+@pytest.mark.slow
+def test_launched_job_switches_every_worker_at_a_boundary_and_reaches_its_target(tmp_path: Path) -> None:
+    from bosen.jobs.job import run_job
+
+    every, iters = 10, 120
+    run = run_job(REPO / "configs" / "mlr-goodput.yaml", tmp_path / "run", timeout=90, cwd=REPO,
+                  sets={"app.args.epochs": iters, "app.args.eval_every": every,
+                        "app.args.goodput.interval_clocks": every}).check()
+    steps = [r for r in run.kind("worker") if "iteration" in r]
+    by_it: dict[int, set[tuple[int, int, float]]] = {}
+    for r in steps:
+        by_it.setdefault(r["iteration"], set()).add((r["m"], r["s"], r["lr_gain"]))
+    assert sorted(by_it) == list(range(iters))
+    assert all(len(v) == 1 for v in by_it.values()), "workers ran different settings in one iteration"
+    per = [next(iter(by_it[i])) for i in range(iters)]
+    changes = [i for i in range(1, iters) if per[i] != per[i - 1]]
+    assert changes and all(i % every == 0 for i in changes), changes  # only at interval boundaries
+    chosen = [r for r in steps if r.get("rank") == 0 and "goodput_batch" in r]
+    assert [r["goodput_interval"] for r in chosen] == list(range(iters // every))
+    assert max(r["goodput_batch"] for r in chosen) > 64 and min(r["goodput_batch"] for r in chosen) >= 64
+    last = max((r for r in steps if "heldout_correct" in r), key=lambda r: r["iteration"])
+    assert last["heldout_correct"] / last["heldout_total"] >= 0.9, last  # digits' target
