@@ -500,6 +500,7 @@ class CommThread:
         log.info("%s left the job", link)
 
     def _resume(self) -> None:
+        self.sender.send_held()  # versioned updates kept back during a partition move, before any CLOCK
         for link in self.links:
             self.sender.pump(link)
         self.notify()
