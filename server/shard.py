@@ -372,7 +372,11 @@ class TableShard:
         refs, copies, holds = held
         self.procedure.hold(kept, refs, copies)
         got = incoming if came.shape[0] and incoming is not None and "refs" in incoming else None
-        if got is not None:
+        if got is not None:  # a group with nothing for this server is absent (the mover splits by row)
+            cols = self.cfg.cols
+            got = {"copy.row": _NO_ROWS, "copy.version": _NO_ROWS, "copy.refcnt": _NO_ROWS,
+                   "copy.values": np.empty((0, cols)), "hold.row": _NO_ROWS, "hold.version": _NO_ROWS,
+                   "hold.client": _NO_ROWS, **got}
             where = _positions(new_ids, got["copy.row"])
             ours = where >= 0  # copies of rows another server gains stay out (an export split by owner)
             self.procedure.hold(came, got["refs"][at], {"row": where[ours], "version": got["copy.version"][ours],
