@@ -243,22 +243,24 @@ class TableShard:
     def _export_held(self, ids: np.ndarray, mine: np.ndarray) -> dict[str, np.ndarray]:
         """Versioned: what clients hold of the exported rows ``mine`` (local), by row id: the holders of
         each current version ("refs", per row), the snapshot copies of older versions ("copy.*") and
-        each client's references ("hold.*", for ``release_client``). The rows are sent to nobody until
+        each client's reference log ("hold.*", for ``release_client``). The rows are sent to nobody until
         the new map is in (``leaving``)."""
         refs, copies = self.procedure.held(mine)
         out = {"refs": refs, "copy.row": ids[copies["row"]], "copy.version": copies["version"],
                "copy.refcnt": copies["refcnt"], "copy.values": copies["values"]}
         mask = np.zeros(ids.shape[0], dtype=bool)
         mask[mine] = True
-        rows, versions, clients = [], [], []
+        rows, versions, signs, clients = [], [], [], []
         for c, h in enumerate(self.holdings):
-            r, v = h.outstanding()
+            r, v, sg = h.entries()  # the log as it is (sent +1, released -1): no netting sort
             sel = mask[r]
             rows.append(ids[r[sel]])
             versions.append(v[sel])
+            signs.append(sg[sel])
             clients.append(np.full(int(sel.sum()), c, dtype=np.int64))
         out["hold.row"] = np.concatenate(rows) if rows else _NO_ROWS
         out["hold.version"] = np.concatenate(versions) if versions else _NO_ROWS
+        out["hold.sign"] = np.concatenate(signs) if signs else np.empty(0)
         out["hold.client"] = np.concatenate(clients) if clients else _NO_ROWS
         self.leaving = mask if self.leaving is None else self.leaving | mask
         return out
@@ -358,9 +360,10 @@ class TableShard:
         copies["row"] = to_new[copies["row"]]
         holds = []
         for h in self.holdings:
-            r, v = h.outstanding()
+            r, v, sg = h.entries()
             r = to_new[r]
-            holds.append((r[r >= 0], v[r >= 0]))
+            keep = r >= 0  # a row's entries net out by themselves: those of rows that left go whole
+            holds.append((r[keep], v[keep], sg[keep]))
         return refs, copies, holds
 
     def _adopt_held(self, held: tuple, new_ids: np.ndarray, kept: np.ndarray, came: np.ndarray, at: np.ndarray,
@@ -376,7 +379,7 @@ class TableShard:
             cols = self.cfg.cols
             got = {"copy.row": _NO_ROWS, "copy.version": _NO_ROWS, "copy.refcnt": _NO_ROWS,
                    "copy.values": np.empty((0, cols)), "hold.row": _NO_ROWS, "hold.version": _NO_ROWS,
-                   "hold.client": _NO_ROWS, **got}
+                   "hold.sign": np.empty(0), "hold.client": _NO_ROWS, **got}
             where = _positions(new_ids, got["copy.row"])
             ours = where >= 0  # copies of rows another server gains stay out (an export split by owner)
             self.procedure.hold(came, got["refs"][at], {"row": where[ours], "version": got["copy.version"][ours],
@@ -384,13 +387,13 @@ class TableShard:
                                                        "values": got["copy.values"][ours]})
             hold_at = _positions(new_ids, got["hold.row"])
         for c, h in enumerate(self.holdings):
-            rows, versions = holds[c]
+            rows, versions, signs = holds[c]
             if got is not None:
                 sel = (got["hold.client"] == c) & (hold_at >= 0)
                 rows = np.concatenate([rows, hold_at[sel]])
                 versions = np.concatenate([versions, got["hold.version"][sel]])
-            h.clear()
-            h.sent(rows, versions)
+                signs = np.concatenate([signs, got["hold.sign"][sel]])
+            h.replace(rows, versions, signs)
         self.leaving = None
 
     def check_movable(self) -> None:
