@@ -27,6 +27,11 @@ class NotOwned(ProtocolError):
     that asked under the old map is told to ask again)."""
 
 
+class Moving(NotOwned):
+    """A read names rows a partition move has exported from this server, before its new map is in:
+    asked again under the new map (versioned tables send such rows to nobody meanwhile)."""
+
+
 class ServerError(BosenError):
     """A server rejected one of our messages; carries the server's explanation."""
 

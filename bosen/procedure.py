@@ -16,6 +16,9 @@ Hooks, in the order the server calls them (local row indices index this server's
 - ``rows_sent(local_rows, num_clients)``: these rows' current values (and versions) went out.
 - ``release(local_rows, versions)``: versioned only; clients no longer hold these row versions
   (one reference each), after their last update computed from them was applied.
+- ``held(local_rows)`` / ``hold(local_rows, refs, copies)``: versioned procedures whose partitions
+  can move (``moves_versions``): what clients hold of these rows (holders of each current version,
+  the snapshot copies of older ones) out of the old server and into the new one (server/shard.py).
 - ``allow_push()``: whether budgeted (early) pushes may go out now; ``stats()``: for STATUS.
 - ``state()``: the live per-row state a checkpoint saves beside the values and restores into
   (arrays indexed by local row, e.g. AdaGrad's accumulators; their rows are written in place).
@@ -45,6 +48,8 @@ class StoredProcedure:
     versioned: bool = False
     #: per local row version, set by ``create`` in versioned procedures
     versions: np.ndarray | None = None
+    #: versioned procedures: whether ``held``/``hold`` hand what clients hold over when partitions move
+    moves_versions: bool = False
     #: whether the procedure needs a float table (steps scale the updates)
     float_only: bool = False
 
@@ -83,6 +88,17 @@ class StoredProcedure:
 
     def release(self, local_rows: np.ndarray, versions: np.ndarray) -> None:
         """Versioned procedures: one client holder each of these (row, version) pairs is gone."""
+
+    def held(self, local_rows: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Versioned procedures with ``moves_versions``: per row of ``local_rows``, the client holders of
+        its current version, and the snapshot copies of those rows that clients still hold ("row": a
+        local row, "version", "refcnt", "values"): what moves with the rows beside ``state()``."""
+        raise NotImplementedError(f"{type(self).__name__}: its row versions cannot move")
+
+    def hold(self, local_rows: np.ndarray, refs: np.ndarray, copies: dict[str, np.ndarray]) -> None:
+        """Take in what ``held`` gave on the old server for rows now at ``local_rows`` (``copies["row"]``
+        already local here), after ``create`` and with ``state()`` (the versions) filled in."""
+        raise NotImplementedError(f"{type(self).__name__}: its row versions cannot move")
 
     def state(self) -> dict[str, np.ndarray]:
         """The live arrays, one row per local row, a checkpoint saves and restores in place (none for

@@ -373,6 +373,9 @@ class CommThread:
             # Versioned tables: first ask every server to stop pushing to us ("ph"); once it answers,
             # every row it sent us has arrived, so releasing the versions we hold now releases all.
             await asyncio.gather(*(self._request(link, {"t": Msg.BYE, "ph": True}, timeout) for link in self.links))
+            end = asyncio.get_running_loop().time() + timeout
+            while self.moves.moving and asyncio.get_running_loop().time() < end:  # releases go by the new map
+                await asyncio.sleep(0.01)  # (kept back while partitions move, they would follow our BYE)
             for st in versioned:
                 with st.lock:
                     if st.vlog is not None:
@@ -501,6 +504,7 @@ class CommThread:
         log.info("%s left the job", link)
 
     def _resume(self) -> None:
+        self.sender.send_held()  # versioned updates kept back during a partition move, before any CLOCK
         for link in self.links:
             self.sender.pump(link)
         self.notify()

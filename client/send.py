@@ -72,6 +72,7 @@ class Sender:
         self.made_bytes = made_bytes
         self._rotation = 0
         self._retired_scheduled = False
+        self._versioned_held = False  # a versioned send was kept back during a partition move
         self._flush_waiters: list[asyncio.Future] = []
         # the hand-over at the tick (worker threads and the communication thread)
         self._handover = threading.Lock()
@@ -282,7 +283,12 @@ class Sender:
         c["rows_sent"] += batch.rows.shape[0]
 
     def _send_versioned(self, st: TableState, rows: np.ndarray) -> int:
-        """Versioned table: retired updates, ``rows`` from the buffer and releases, sent at once."""
+        """Versioned table: retired updates, ``rows`` from the buffer and releases, sent at once; while
+        partitions move, kept (in the buffer and the version log) for ``send_held`` once the map is
+        taken: sent now, they could reach a server after it handed the rows' versions over."""
+        if self.moves is not None and self.moves.moving:
+            self._versioned_held = True
+            return 0
         with st.lock:
             batches = encode.take_versioned(st, rows, self.partition)
         total = 0
@@ -293,6 +299,21 @@ class Sender:
             self._sent_update(batch)
             total += nbytes
         return total
+
+    def send_held(self) -> None:
+        """After a partition move (before the windows go on, so each CLOCK owed follows them): what
+        ``_send_versioned`` kept back, by the new map: each versioned table's buffered rows, retired
+        updates and releases."""
+        if not self._versioned_held:
+            return
+        self._versioned_held = False
+        for st in self.tables:
+            if st.vlog is not None:
+                with st.lock:
+                    rows = st.oplog.dirty_rows()
+                    pending = st.vlog.pending
+                if rows.shape[0] or pending:
+                    self._send_versioned(st, rows)
 
     def send_retired(self, st: TableState) -> int:
         """Send what version changes queued (retired updates, releases) now; returns bytes sent.

@@ -21,7 +21,7 @@ import zmq
 
 from bosen import rowmath, wire
 from bosen.config import Config
-from bosen.errors import ConfigError, NotOwned, ProtocolError
+from bosen.errors import ConfigError, Moving, NotOwned, ProtocolError
 from bosen.metrics import Durations, mbps, send_histogram
 from bosen.partition import Partition
 from bosen.phases import Phases
@@ -770,8 +770,8 @@ class Server:
             raise ProtocolError(f"READ: negative row count {h['n']}")
         try:
             local, index = shard.local_rows(rows, "READ")
-        except NotOwned:
-            if not self.partition.version:
+        except NotOwned as e:
+            if not self.partition.version and not isinstance(e, Moving):
                 raise
             # asked under an older map (a direct read that overtook the new one): ask again
             self._send(ident, {"t": Msg.ERROR, "rq": h["s"], "m": "rows moved: ask again",
@@ -1305,6 +1305,8 @@ class Server:
                 candidates = np.flatnonzero(shard.dirty & shard.fresh & shard.read_recently)
             else:
                 candidates = np.flatnonzero(shard.dirty & shard.subscribed)
+            if shard.leaving is not None:  # exported to their next server (versioned): sent to nobody now
+                candidates = shard.staying(candidates)
             if candidates.shape[0] == 0:
                 continue
             assert shard.policy is not None  # the push loop runs only with managed communication on

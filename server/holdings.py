@@ -70,5 +70,22 @@ class Holdings:
             return _EMPTY, _EMPTY
         return net(np.concatenate(self._rows), np.concatenate(self._versions), np.concatenate(self._signs))
 
+    def entries(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The log as it is, not netted: (rows, versions, signs: +1 sent, -1 released). A partition move
+        carries a row's entries to its new server (``replace`` there): O(entries), no sort."""
+        if not self._rows:
+            return _EMPTY, _EMPTY, np.empty(0)
+        return np.concatenate(self._rows), np.concatenate(self._versions), np.concatenate(self._signs)
+
+    def replace(self, rows: np.ndarray, versions: np.ndarray, signs: np.ndarray) -> None:
+        """The log becomes these entries (``entries`` of the rows now here, in their local rows)."""
+        self.clear()
+        if rows.shape[0]:
+            self._rows = [rows.astype(np.int64)]
+            self._versions = [versions.astype(np.int64)]
+            self._signs = [signs.astype(np.float64)]
+            self._entries = rows.shape[0]
+        self._compact_at = max(1 << 16, 4 * self._entries)
+
     def clear(self) -> None:
         self._rows, self._versions, self._signs, self._entries = [], [], [], 0

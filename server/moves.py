@@ -184,6 +184,8 @@ class PartitionMoves:
         s = self.server
         self.paused.pop(h["mv"], None)
         self.waiting = [w for w in self.waiting if w[0] != h["mv"]]
+        for shard in s.shards:  # rows exported for the move given up are this server's to send again
+            shard.stay()
         if s.rank == 0:
             for p in s.by_rank.values():
                 s.send(p.ident, {"t": Msg.PLAN, "mv": h["mv"], "c": -1, "x": True})

@@ -6,7 +6,7 @@ import numpy as np
 
 from bosen import priority, rowmath
 from bosen.config import CommConfig, TableConfig
-from bosen.errors import ConfigError, NotOwned, ProtocolError
+from bosen.errors import ConfigError, Moving, NotOwned, ProtocolError
 from bosen.partition import Partition
 from bosen.procedure import StoredProcedure
 from bosen.rowmap import RowMap
@@ -115,6 +115,9 @@ class TableShard:
         self.applied_by = np.zeros((num_clients, n) if counts else (0, 0), dtype=np.int64)
         # versioned tables: each client's row-version references, released for it if it is lost
         self.holdings = [Holdings() for _ in range(num_clients)] if procedure.versioned else []
+        # versioned tables: the stored rows exported to another server whose map is not in yet; they are
+        # sent to nobody meanwhile (a client's hold on a version sent now would not reach the new owner)
+        self.leaving: np.ndarray | None = None
 
     @property
     def global_rows(self) -> np.ndarray:
@@ -133,6 +136,8 @@ class TableShard:
         every row must exist and belong to this server. A sparse table creates the rows not stored yet."""
         if rows.shape[0] == 0:
             return rows, rows
+        if self.leaving is not None and what == "READ":
+            self._check_staying(rows)
         n = self.partition.num_servers
         if self.row_map is not None:
             slots = self._slots(rows, what)
@@ -145,6 +150,13 @@ class TableShard:
         self._check_owner(rows, what)
         local = self.partition.local(rows, self.rank)
         return local, rowmath.rows_index(local)
+
+    def _check_staying(self, rows: np.ndarray) -> None:
+        """A read of rows exported to their next server (``leaving``): asked again under the new map."""
+        assert self.leaving is not None
+        gone = self.global_rows[:self.leaving.shape[0]][self.leaving]
+        if gone.shape[0] and np.isin(rows, gone).any():
+            raise Moving(f"READ: rows of table {self.cfg.name!r} are moving to another server")
 
     def _check_owner(self, rows: np.ndarray, what: str) -> None:
         owner = self.partition.owner(rows)
@@ -224,7 +236,47 @@ class TableShard:
                 out[name] = np.take(getattr(self, name), mine, axis=axis)
         for k, v in self.procedure.state().items():
             out[f"state.{k}"] = v[mine]
+        if self.procedure.versioned:
+            out.update(self._export_held(ids, mine))
         return out
+
+    def _export_held(self, ids: np.ndarray, mine: np.ndarray) -> dict[str, np.ndarray]:
+        """Versioned: what clients hold of the exported rows ``mine`` (local), by row id: the holders of
+        each current version ("refs", per row), the snapshot copies of older versions ("copy.*") and
+        each client's reference log ("hold.*", for ``release_client``). The rows are sent to nobody until
+        the new map is in (``leaving``)."""
+        refs, copies = self.procedure.held(mine)
+        out = {"refs": refs, "copy.row": ids[copies["row"]], "copy.version": copies["version"],
+               "copy.refcnt": copies["refcnt"], "copy.values": copies["values"]}
+        mask = np.zeros(ids.shape[0], dtype=bool)
+        mask[mine] = True
+        rows, versions, signs, clients = [], [], [], []
+        for c, h in enumerate(self.holdings):
+            r, v, sg = h.entries()  # the log as it is (sent +1, released -1): no netting sort
+            sel = mask[r]
+            rows.append(ids[r[sel]])
+            versions.append(v[sel])
+            signs.append(sg[sel])
+            clients.append(np.full(int(sel.sum()), c, dtype=np.int64))
+        out["hold.row"] = np.concatenate(rows) if rows else _NO_ROWS
+        out["hold.version"] = np.concatenate(versions) if versions else _NO_ROWS
+        out["hold.sign"] = np.concatenate(signs) if signs else np.empty(0)
+        out["hold.client"] = np.concatenate(clients) if clients else _NO_ROWS
+        self.leaving = mask if self.leaving is None else self.leaving | mask
+        return out
+
+    def staying(self, local: np.ndarray) -> np.ndarray:
+        """The rows of ``local`` not exported to another server (all of them but during a versioned move)."""
+        if self.leaving is None:
+            return local
+        inside = local < self.leaving.shape[0]
+        gone = np.zeros(local.shape[0], dtype=bool)
+        gone[inside] = self.leaving[local[inside]]
+        return local[~gone]
+
+    def stay(self) -> None:
+        """A move given up before its map (MOVE abort): exported rows are this server's to send again."""
+        self.leaving = None
 
     def relayout(self, partition: Partition, incoming: dict[str, np.ndarray] | None = None,
                  fresh: bool = False) -> None:
@@ -260,6 +312,7 @@ class TableShard:
                 raise ProtocolError(f"MOVE: table {self.cfg.name!r}: rows of partitions this server gains are "
                                     "missing from what the old owner sent")
         kept = np.flatnonzero(here >= 0)
+        held = self._held_kept(n, here[kept], kept) if self.procedure.versioned else None
         state = self.procedure.state()
         old = {name: getattr(self, name) for name, _, _ in self._row_arrays()}
         values = rowmath.init_rows(self.cfg.init, new_ids, (self.cfg.rows, self.cfg.cols), self.dtype, self.index) \
@@ -289,6 +342,8 @@ class TableShard:
             v[kept] = state[k][here[kept]]
             if came.shape[0] and incoming is not None and f"state.{k}" in incoming:
                 v[came] = incoming[f"state.{k}"][at]
+        if held is not None:
+            self._adopt_held(held, new_ids, kept, came, at, incoming)
         self.partition = partition
         # bookkeeping by local index starts again from the flags that moved
         self._changed = [np.flatnonzero(self.dirty)]
@@ -296,11 +351,57 @@ class TableShard:
         self.has_readers = bool(self.subscribed.any())
         self._recent_rows = [[np.flatnonzero(self.recent[:, c])] for c in range(len(self._recent_rows))]
 
+    def _held_kept(self, n: int, old_local: np.ndarray, new_local: np.ndarray) -> tuple:
+        """Versioned, before ``relayout`` re-creates the procedure: what clients hold of the rows that
+        stay (old local ``old_local``, to be ``new_local``), already in the new local order."""
+        to_new = np.full(n, -1, dtype=np.int64)
+        to_new[old_local] = new_local
+        refs, copies = self.procedure.held(old_local)
+        copies["row"] = to_new[copies["row"]]
+        holds = []
+        for h in self.holdings:
+            r, v, sg = h.entries()
+            r = to_new[r]
+            keep = r >= 0  # a row's entries net out by themselves: those of rows that left go whole
+            holds.append((r[keep], v[keep], sg[keep]))
+        return refs, copies, holds
+
+    def _adopt_held(self, held: tuple, new_ids: np.ndarray, kept: np.ndarray, came: np.ndarray, at: np.ndarray,
+                    incoming: dict[str, np.ndarray] | None) -> None:
+        """Versioned, end of ``relayout``: the holders, snapshot copies and per-client references of the
+        rows that stayed (``held``) and of those that came (``incoming``, by row id) laid out here, so
+        an update tagged with a version a client read from the old server is applied as it would have
+        been there, and its release finds its reference."""
+        refs, copies, holds = held
+        self.procedure.hold(kept, refs, copies)
+        got = incoming if came.shape[0] and incoming is not None and "refs" in incoming else None
+        if got is not None:  # a group with nothing for this server is absent (the mover splits by row)
+            cols = self.cfg.cols
+            got = {"copy.row": _NO_ROWS, "copy.version": _NO_ROWS, "copy.refcnt": _NO_ROWS,
+                   "copy.values": np.empty((0, cols)), "hold.row": _NO_ROWS, "hold.version": _NO_ROWS,
+                   "hold.sign": np.empty(0), "hold.client": _NO_ROWS, **got}
+            where = _positions(new_ids, got["copy.row"])
+            ours = where >= 0  # copies of rows another server gains stay out (an export split by owner)
+            self.procedure.hold(came, got["refs"][at], {"row": where[ours], "version": got["copy.version"][ours],
+                                                       "refcnt": got["copy.refcnt"][ours],
+                                                       "values": got["copy.values"][ours]})
+            hold_at = _positions(new_ids, got["hold.row"])
+        for c, h in enumerate(self.holdings):
+            rows, versions, signs = holds[c]
+            if got is not None:
+                sel = (got["hold.client"] == c) & (hold_at >= 0)
+                rows = np.concatenate([rows, hold_at[sel]])
+                versions = np.concatenate([versions, got["hold.version"][sel]])
+                signs = np.concatenate([signs, got["hold.sign"][sel]])
+            h.replace(rows, versions, signs)
+        self.leaving = None
+
     def check_movable(self) -> None:
         """Raise ConfigError if this table's partitions cannot move."""
-        if self.procedure.versioned:
-            raise ConfigError(f"tables.{self.cfg.name}: partitions of a table with a versioned procedure "
-                              f"({self.cfg.update}) cannot move yet (its row versions and holdings stay put)")
+        if self.procedure.versioned and not self.procedure.moves_versions:
+            raise ConfigError(f"tables.{self.cfg.name}: partitions of a table with versioned procedure "
+                              f"{self.cfg.update} cannot move (it hands no row versions over: "
+                              "StoredProcedure.moves_versions)")
         if self.cfg.backup is not None:
             raise ConfigError(f"tables.{self.cfg.name}: partitions of a table with backup workers cannot move yet "
                               "(its iteration and the workers' buffered gradients stay put)")
@@ -583,3 +684,12 @@ class TableShard:
         arrays = [getattr(self, name) for name, _, _ in self._row_arrays()] + list(self.procedure.state().values())
         extra = self.row_map.nbytes if self.row_map is not None else 0
         return extra + sum(a.nbytes for a in arrays)
+
+
+def _positions(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per row of ``rows``, its position in ``ids`` (distinct row ids in any order), or -1."""
+    if ids.shape[0] == 0 or rows.shape[0] == 0:
+        return np.full(rows.shape[0], -1, dtype=np.int64)
+    order = np.argsort(ids, kind="stable")
+    at = order[np.minimum(np.searchsorted(ids, rows, sorter=order), ids.shape[0] - 1)]
+    return np.where(ids[at] == rows, at, -1)

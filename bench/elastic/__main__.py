@@ -1,7 +1,7 @@
-"""``python -m bench.elastic [--mb 100] [--moves 4] [--joins 2] [--quick]``: partitions moved between
-the two servers of a running job while two worker processes train (read, add, clock as fast as they
-can); then a third server joins (``bosen-server --join``, taking a third of the partitions) and leaves
-again (handing them back), ``--joins`` times.
+"""``python -m bench.elastic [--mb 100] [--moves 4] [--joins 2] [--quick] [--update adarevision]``:
+partitions moved between the two servers of a running job while two worker processes train (read,
+add, clock as fast as they can); then a third server joins (``bosen-server --join``, taking a third
+of the partitions) and leaves again (handing them back), ``--joins`` times.
 
 Each move gives half of the partitions to the other server, ``--mb`` MB of rows, and the next one
 gives them back (alternated). Per move: ``pause_s``, from the plan to the last server's new map (how
@@ -43,6 +43,9 @@ def main() -> None:
     p.add_argument("--moves", type=int, default=4)
     p.add_argument("--joins", type=int, default=2, help="a third server joins and leaves this many times")
     p.add_argument("--quick", action="store_true", help="10 MB, 2 moves, 1 join (CI); with --chaos: 2 kills")
+    p.add_argument("--update", choices=["add", "adarevision"], default="add",
+                   help="table E's stored procedure (adarevision: versioned; its state is 3 float64 per value, and "
+                        "row versions, snapshots and client references move with the rows)")
     p.add_argument("--chaos", action="store_true", help="random SIGKILLs of servers and workers instead")
     p.add_argument("--app", choices=["lda", "mf"], action="append", help="--chaos: default lda and mf")
     p.add_argument("--kills", type=int, default=10)
@@ -66,7 +69,8 @@ def main() -> None:
     job = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
            "consistency": {"staleness": 2, "read_timeout_s": 120},
            "comm": {"client_bandwidth_mbps": 2000, "server_bandwidth_mbps": 2000},
-           "tables": {"E": {"rows": rows, "cols": COLS, "dtype": "float32"}}}
+           "tables": {"E": {"rows": rows, "cols": COLS, "dtype": "float32",
+                            **({"update": a.update, "update_args": {"alpha": 0.01}} if a.update != "add" else {})}}}
     loads = [os.getloadavg()[0]]
     ck = tempfile.TemporaryDirectory(prefix="bench-elastic-ck-")
     if a.checkpoint:
@@ -120,8 +124,9 @@ def main() -> None:
             inside |= (t[1:] >= lo) & (t[:-1] <= hi + 0.2)
         gaps_out.extend(g[~inside].tolist())
     typical = median(gaps_out)
-    for case, label in (("move", f"move-{mb:g}MB"), ("server-join", f"server-join-{mb:g}MB"),
-                        ("server-leave", f"server-leave-{mb:g}MB")):
+    tag = f"{mb:g}MB" + ("" if a.update == "add" else f"-{a.update}")
+    for case, label in (("move", f"move-{tag}"), ("server-join", f"server-join-{tag}"),
+                        ("server-leave", f"server-leave-{tag}")):
         if reports[case]:
             _emit(label + ("-checkpoints" if a.checkpoint else ""), windows[case], reports[case], times, typical,
                   loads)

@@ -184,7 +184,8 @@ def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
             nbytes += sum(a.nbytes for a in rows.values())
             for name, arr in rows.items():  # "tI.rows" etc.: split by the new owner of each row
                 table, _, field = name.partition(".")
-                ids = rows[f"{table}.rows"]
+                group = f"{table}.{field.partition('.')[0]}.row"  # "copy.*", "hold.*": by their own "row"
+                ids = rows[group] if "." in field and group in rows else rows[f"{table}.rows"]
                 dest = owner[ids % old.shape[0]]
                 axis = 1 if field == "applied_by" else 0
                 for k in np.unique(dest):

@@ -110,6 +110,7 @@ class AdaRevision(StoredProcedure):
     read_my_writes = False
     versioned = True
     float_only = True
+    moves_versions = True
 
     def __init__(self, table: TableConfig, alpha: float = 0.1, init_z: float = 1.0,
                  max_snapshots: int = 10000) -> None:
@@ -167,6 +168,14 @@ class AdaRevision(StoredProcedure):
         errors = self.store.release(local_rows, versions)
         if errors:
             raise ProtocolError(f"INC: table {self.table.name!r}: {errors} released row versions were not held")
+
+    def held(self, local_rows: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        mask = np.zeros(self.store.versions.shape[0], dtype=bool)
+        mask[local_rows] = True
+        return self.store.cur_ref[local_rows].copy(), self.store.copies(mask)
+
+    def hold(self, local_rows: np.ndarray, refs: np.ndarray, copies: dict[str, np.ndarray]) -> None:
+        self.store.adopt(local_rows, refs, copies)
 
     def allow_push(self) -> bool:
         return self.store.live <= self.max_snapshots

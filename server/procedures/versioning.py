@@ -109,6 +109,23 @@ def release(index, versions, cur_ref, refcnt, free, nfree, rows, tags):  # pragm
     return errors
 
 
+@njit(nogil=True, cache=True)
+def _entries(index, rows, tags, slots):  # pragma: no cover - compiled
+    """Every (row, version) -> slot of ``index`` into the arrays (sized ``len(index)``)."""
+    k = 0
+    for key, slot in index.items():
+        rows[k] = key[0]
+        tags[k] = key[1]
+        slots[k] = slot
+        k += 1
+
+
+@njit(nogil=True, cache=True)
+def _insert(index, rows, tags, slots):  # pragma: no cover - compiled
+    for i in range(rows.shape[0]):
+        index[(rows[i], tags[i])] = slots[i]
+
+
 def new_index() -> Any:
     return Dict.empty(key_type=KEY, value_type=types.int64)
 
@@ -168,6 +185,35 @@ class SnapshotStore:
         live = self.live
         if live > self.peak:
             self.peak = live
+
+    def copies(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The snapshot copies of rows ``rows`` (a bool mask over rows): "row", "version", "refcnt" and
+        "values" per copy (arrays; a partition move carries them to the rows' new server)."""
+        n = len(self.index)
+        r, t, slot = (np.empty(n, dtype=np.int64) for _ in range(3))
+        if n:
+            _entries(self.index, r, t, slot)
+        keep = rows[r]
+        r, t, slot = r[keep], t[keep], slot[keep]
+        return {"row": r, "version": t, "refcnt": self.refcnt[slot], "values": self.pool[slot]}
+
+    def adopt(self, rows: np.ndarray, cur_ref: np.ndarray, copies: dict[str, np.ndarray]) -> None:
+        """Rows ``rows`` (at the versions ``versions`` already says) come with ``cur_ref`` holders of
+        their current versions and the snapshot ``copies`` (``copies()``, "row" already in this
+        store's rows): what a partition move hands over, so an update tagged with a version read from
+        the old server finds its snapshot here."""
+        self.cur_ref[rows] = cur_ref
+        n = copies["row"].shape[0]
+        if not n:
+            return
+        self.reserve(n)
+        top = int(self.nfree[0])
+        slots = self.free[top - n:top][::-1].copy()
+        self.nfree[0] = top - n
+        self.pool[slots] = copies["values"]
+        self.refcnt[slots] = copies["refcnt"]
+        _insert(self.index, copies["row"].astype(np.int64), copies["version"].astype(np.int64), slots)
+        self.note_peak()
 
     def first_invalid(self, rows: np.ndarray, tags: np.ndarray) -> int:
         return int(validate(self.index, self.versions, rows, tags))

@@ -6,6 +6,8 @@
   events, including updates retired by a newer version arriving while they were buffered.
 - Snapshots do not leak: three clients with early pushes over many clocks; at every quiescent point
   the live snapshot count is back at its floor (0) and every held version is released at the end.
+- Servers join and leave mid-job (partitions move): the same controlled schedule stays equal to the
+  model, with updates tagged with versions read from a row's old server applied on its new one.
 - The cap: above max_snapshots the server holds budgeted pushes back and resumes once freed.
 - A user-defined procedure loaded by import path from the YAML; MF with AdaRevision from its YAML.
 """
@@ -13,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import numpy as np
@@ -20,6 +23,8 @@ import pytest
 from conftest import PY, REPO, TESTS, run_cmd, wait_until
 
 from bosen.client import Client
+from bosen.config import load
+from bosen.jobs import moves
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -111,8 +116,8 @@ class TwoClients:
     """
 
     def __init__(self, cluster_, rows: int, cols: int, alpha: float, n_servers: int = 2,
-                 storage: str = "dense") -> None:
-        self.c = cluster_(n_servers, 2, staleness=1000, read_timeout_s=60, tables={"V": {
+                 storage: str = "dense", **job) -> None:
+        self.c = cluster_(n_servers, 2, staleness=1000, read_timeout_s=60, **job, tables={"V": {
             "rows": rows, "cols": cols, "dtype": "float64", "init": {"normal": 1.0, "seed": 9},
             "update": "adarevision", "update_args": {"alpha": alpha}, "storage": storage}})
         self.clients = [Client.connect(self.c.path, rank=i) for i in range(2)]
@@ -204,6 +209,78 @@ def test_controlled_delays_match_the_numpy_rule(bosen_cluster, monkeypatch, seed
         m.close()
     for t in table_stats(m.c, "V"):
         assert (t["snapshots"], t["versions_held"], t["release_errors"]) == (0, 0, 0)
+
+
+@pytest.mark.timeout(120)
+def test_servers_join_and_leave_mid_job_and_the_table_equals_the_numpy_rule(bosen_cluster, monkeypatch):
+    """The controlled schedule above while a third server joins (taking partitions from both) and later
+    leaves again (handing them back), each at a point where clients hold versions that rows have since
+    moved past (live snapshots) and have updates buffered against them: those updates, sent after the
+    move, reach the rows' new servers, which find the old versions' ḡ there. During the join one client
+    clocks (after the old owners exported their rows, before the new map): its tagged updates wait for
+    the new map. The table stays equal to the numpy model bit for bit (events apply in the model's order)."""
+    rng = np.random.default_rng(4)
+    m = TwoClients(bosen_cluster, rows=12, cols=3, alpha=0.3, partitions=8)
+    cfg = load(m.c.path)
+    servers = list(cfg.cluster.servers)
+    moved, during = [], []
+    start = np.arange(8) % 2
+    joining = {r for r in range(12) if moves.balanced(start, 3)[r % 8] != start[r % 8]}
+
+    def clock_while_paused() -> None:  # the ahead client: the servers' clock stays where it is
+        k = int(np.argmax(m.tick))
+        sender = m.clients[k]._comm.sender
+        during.append(threading.Thread(target=m.clients[k].clock))
+        during[0].start()
+        assert wait_until(lambda: sender._versioned_held, timeout=10)  # kept back, not sent to the old owner
+        for r in sorted(m.buffered[k]):
+            m.ref.apply(r, *m.buffered[k][r])
+            m.dirty.add(r)
+        m.buffered[k] = {}
+        m.tick[k] += 1
+
+    send = moves._Mover.send
+
+    def send_hooked(self, j, op, *args, **kwargs):
+        if op == "map" and not moved and not during:
+            clock_while_paused()
+        return send(self, j, op, *args, **kwargs)
+
+    monkeypatch.setattr(moves._Mover, "send", send_hooked)
+    try:
+        added = m.c.add_server()
+        step = 0
+        while len(moved) < 2 or step < 36:
+            k = int(rng.integers(2)) if step % 7 else int(np.argmax(m.tick))
+            if rng.random() < 0.55:
+                m.inc(k, np.sort(rng.choice(12, size=int(rng.integers(1, 8)), replace=False)), rng)
+            else:
+                m.do_clock(k)
+            step += 1
+            ahead = set(m.buffered[int(np.argmax(m.tick))])  # its rows of partitions that move, if it joins
+            if step >= 10 * (len(moved) + 1) and len(moved) < 2 and (moved or ahead & joining) \
+                    and sum(t["snapshots"] for t in table_stats(m.c, "V")) > 0:
+                moved.append(moves.scale_servers(cfg, [*servers, added] if not moved else servers, timeout=30))
+                if len(moved) == 1:
+                    during[0].join(timeout=10)
+                    for cl in m.clients:
+                        cl.server_status()
+                else:
+                    m.c.retired(2)
+        while m.tick[0] != m.tick[1] or m.buffered[0] or m.buffered[1]:
+            m.do_clock(int(np.argmin(m.tick)))
+        while m.dirty:
+            m.do_clock(0)
+            m.do_clock(1)
+        assert [r.moved for r in moved] == [2, 2] and m.ref.delayed > 10
+        for k in range(2):
+            np.testing.assert_array_equal(m.T[k].get_rows(np.arange(12)), m.ref.x)
+    finally:
+        m.close()
+    for s in m.c.status(timeout=30):
+        t = s["tables"]["V"]
+        assert (t["snapshots"], t["versions_held"], t["release_errors"], s["errors"]) == (0, 0, 0, 0)
+        assert s["partitions"]["owned"] == 4
 
 
 @pytest.mark.slow
