@@ -54,12 +54,13 @@ def test_dlrm_learns_through_the_launcher(tmp_path):
     assert cfg["tables"]["emb"]["rows"] == sum(min(r, 10_000) for r in criteo.KAGGLE_ROWS)
     assert cfg["tables"]["emb"]["update"] == "adagrad" and cfg["tables"]["emb"]["update_args"]["alpha"] == 0.05
     # traffic: the client's buffer adds up a clock's 4 steps, so each worker sends the dense table
-    # (25 rows of 1024 float32 and an 8-byte id each) once per clock, and the embedding rows its 4
-    # batches touched (at most the rows pushed), never the 156,000-row table
+    # (25 rows of 1024 float32 and a 4-byte id each: ids travel as int32 where they fit) once per
+    # clock, and the embedding rows its 4 batches touched (at most the rows pushed), never the
+    # 156,000-row table
     sent = sum(x["bytes_sent"] for x in lines if x.get("kind") == "client")
-    dense = 2 * 98 * 25 * (1024 * 4 + 8)
+    dense = 2 * 98 * 25 * (1024 * 4 + 4)
     touched = clocks[-1]["rows_pushed"]  # both workers' counts, summed by the launcher
-    assert dense + touched / 4 * (16 * 4 + 8) <= sent <= 1.1 * (dense + touched * (16 * 4 + 8)), (sent, touched)
+    assert dense + touched / 4 * (16 * 4 + 4) <= sent <= 1.1 * (dense + touched * (16 * 4 + 4)), (sent, touched)
     assert touched < 2 * steps * 128 * 26 / 2
 
 
