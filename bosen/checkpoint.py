@@ -370,7 +370,7 @@ def prune_bases(base: Path, keep: int, servers: int, workers: int) -> list[int]:
     """Priority checkpoints: a restore starts at a server's newest base (a part of every row) at or
     before its clock, so delete every checkpoint older than each server's ``keep``-th newest base
     at or before the newest complete checkpoint (the oldest of those over the servers); nothing
-    while a server has fewer. Returns the clocks deleted."""
+    while a server has fewer. Move parts older than that checkpoint go too. Returns the clocks deleted."""
     found = clocks(base)
     newest = None
     for c in found:
@@ -382,6 +382,9 @@ def prune_bases(base: Path, keep: int, servers: int, workers: int) -> list[int]:
             continue
     if newest is None:
         return []
+    for c, v in moves(base):  # as ``prune``: every server has a newer part (after a move, a base)
+        if c < newest:
+            shutil.rmtree(move_dir(base, c, v), ignore_errors=True)
     cuts = []
     for r in range(servers):
         bases = [c for c in found if c <= newest and _is_base(base, c, part_name("server", r))]

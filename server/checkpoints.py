@@ -73,6 +73,15 @@ class ServerCheckpoints:
         self._floor = 0  # undo_floor's last answer
         self.moved: list[tuple[int, int]] = []  # (clock, map version) of the move parts saved (save_move)
 
+    def base_next(self, shards: list[TableShard]) -> None:
+        """Priority checkpoints: partitions moved (or this server was restored from its part of a
+        move), so rows sit at other local places and parts saved under the old map do not restore the
+        new one: the running checkpoint starts again from the shards as they are now, and the next
+        save is a base, from which a restore of a later part chains (``restore``)."""
+        if self.running:
+            self.start_running(shards)
+            self.partials = self.base_every
+
     def start_running(self, shards: list[TableShard]) -> None:
         """Priority checkpoints: the in-memory running checkpoint starts as the shards are now
         (initial or restored values; a sparse shard's stored rows, its later rows joining at their
@@ -180,7 +189,7 @@ class ServerCheckpoints:
         t = time.perf_counter()
         arrays: dict[str, np.ndarray] = {}
         tables = {}
-        for s in shards:  # every row (moves are refused with priority checkpoints): as a full save
+        for s in shards:  # every row: as a full save
             key, n, state = f"t{s.index}", s.stored, s.procedure.state()
             arrays[f"{key}.values"], arrays[f"{key}.rows"] = s.values[:n].copy(), s.global_rows[:n].copy()
             arrays.update({f"{key}.{k}": v[:n].copy() for k, v in state.items()})
@@ -191,6 +200,7 @@ class ServerCheckpoints:
         self.writer.submit(clock, "server", self.rank, arrays, {"tables": tables, "move": version, "map": pmap, **info},
                            directory=checkpoint.move_dir(self.base, clock, version))
         self.moved.append((clock, version))
+        self.base_next(shards)
         return time.perf_counter() - t
 
     def drop_moves(self) -> int:
@@ -313,6 +323,7 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
         raise ConfigError(f"--resume {path}: {e}") from None
     chain = [part]
     if part.info.get("partial"):
+        version = _map_version(part)
         chain = []
         for c in sorted(checkpoint.clocks(base)):
             if c > clock:
@@ -323,10 +334,16 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
             except checkpoint.CheckpointError as e:  # its rows keep an older save
                 log.warning("priority checkpoint part skipped: %s", e)
                 continue
-            if p.info.get("partial"):
+            if _map_version(p) != version:  # saved under another partition map: never chained with this one's
+                chain = []
+            elif p.info.get("partial"):
                 chain.append(p)
             else:  # a base holds every row: what came before it is not needed
                 chain = [p]
+        if version and (not chain or chain[0].info.get("partial")):
+            raise ConfigError(f"--resume {part.path}: a priority (SCAR) part saved under partition map {version}, "
+                              "but no valid base (a part of every row) of this server under that map before it; "
+                              "resume from an older checkpoint")
     made_by = part.info.get("servers")
     if own and isinstance(made_by, list) and len(made_by) != servers:
         raise ConfigError(f"--resume {part.path}: made by {len(made_by)} servers (servers joined or left the job), "
@@ -348,6 +365,12 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
     log.info("server %d resumed from %s at clock %d (%d part%s)", rank, part.path, clock, len(chain),
              "" if len(chain) == 1 else "s")
     return clock
+
+
+def _map_version(part: checkpoint.Part) -> int:
+    """The partition map a part was saved under (0: the config's, no move yet)."""
+    saved = part.info.get("map")
+    return int(saved.get("version", 0)) if isinstance(saved, dict) else 0
 
 
 def _restore_regrouped(config: Config, rank: int, shards: list[TableShard], ck: Path) -> int:

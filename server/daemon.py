@@ -198,6 +198,8 @@ class Server:
         self.checkpoints = ServerCheckpoints(config, rank) if config.checkpoint is not None else None
         if self.checkpoints is not None:
             self.checkpoints.start_running(self.shards)
+            if resume is not None:  # priority checkpoints: parts before a restart are never chained with later ones
+                self.checkpoints.base_next(self.shards)
         # a lost worker's updates since the checkpoint its replacement restarts from, taken back when
         # the replacement joins (plain-addition tables; server/undo.py)
         self.undo = UndoLog() if hold_lost and self.checkpoints is not None else None

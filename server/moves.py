@@ -169,9 +169,6 @@ class PartitionMoves:
                 shard.check_movable()
         except ConfigError as e:
             raise ProtocolError(f"MOVE plan: {e}") from None
-        if s.checkpoints is not None and s.checkpoints.running:
-            raise ProtocolError("MOVE plan: SCAR priority checkpoints (checkpoint.priority_fraction < 1) keep rows "
-                                "by their place on this server; partitions cannot move in such a job yet")
         plan: dict[str, Any] = {"t": Msg.PLAN, "mv": h["mv"], "c": -1}
         if "sv" in h:  # servers join or leave: the list after the move (clients connect to new ones now)
             plan["sv"] = _servers(h, s.addresses)

@@ -564,6 +564,82 @@ def test_a_server_lost_after_a_partition_move_is_replaced_from_its_move_part(bos
     assert checkpoint.read_part(checkpoint.clock_dir(base, 6) / "server-1").info["map"]["version"] == 1
 
 
+def test_partitions_move_in_a_job_with_priority_checkpoints_and_restore_exactly(bosen_cluster, tmp_path):
+    """SCAR priority checkpoints (``priority_fraction: 0.5``) and a partition move (docs/recovery.md):
+    the parts before the move hold half the rows each, under map 0; after the move each server's next
+    part is a base (every row, under map 1), so a server lost after it is replaced exactly (its base,
+    then the clients' resend), the replacement's own next part is a base too, and the whole job
+    resumed from the base holds exactly its sums; restored from the next checkpoint (server 0's part
+    there of half its rows), each row is as of the last save under map 1 that held it, and without
+    that base the parts saved under map 0 are not chained in: refused."""
+    import signal
+
+    from conftest import wait_until
+
+    from bosen.client import Client
+    from bosen.config import load
+    from bosen.errors import ConfigError
+    from bosen.jobs.job import job_config
+    from bosen.jobs.moves import move_partitions
+    from bosen.server.checkpoints import restore
+
+    data = job_config([], 2, tables={"W": {"rows": 40, "cols": 2, "dtype": "int64"}}, partitions=8)
+    base = tmp_path / "ck"
+    data["checkpoint"] = {"every_clocks": 3, "dir": str(base), "keep": 10, "priority_fraction": 0.5,
+                          "policy": "round_robin"}
+    c = bosen_cluster(2, config=data)
+    rows, ones = np.arange(40, dtype=np.int64), np.ones((40, 2), dtype=np.int64)
+
+    def ticks(*clients: Client, n: int) -> None:
+        for client in clients:
+            for _ in range(n):
+                client.table("W").inc_rows(rows, ones)
+                client.clock()
+
+    def parts(clock: int) -> list[checkpoint.Part]:
+        where = checkpoint.clock_dir(base, clock)
+        assert wait_until(lambda: all((where / f"server-{j}" / checkpoint.META).exists() for j in (0, 1)))
+        return [checkpoint.read_part(where / f"server-{j}") for j in (0, 1)]
+
+    def resumed(clock: int) -> np.ndarray:
+        again = bosen_cluster(2, config=data, server_args=["--resume", str(checkpoint.clock_dir(base, clock))])
+        with Client.connect(again.path, rank=0) as client:
+            assert client.tick == clock
+            got = client.table("W").get_rows(rows)
+        again.stop()
+        return got
+
+    with Client.connect(c.path, rank=0) as a, Client.connect(c.path, rank=1) as b:
+        ticks(a, b, n=4)
+        assert all(p.info["partial"] == 0.5 and p.load()["t0.rows"].shape == (10,) for p in parts(3))
+        assert move_partitions(load(c.path), np.array([1, 1, 0, 0, 1, 0, 1, 1], dtype=np.int32)).version == 1
+        ticks(a, b, n=3)
+        six = parts(6)  # bases under map 1: every row of the partitions each server owns now
+        assert [p.info.get("base") for p in six] == [True, True] and [p.info["map"]["version"] for p in six] == [1, 1]
+        assert [p.load()["t0.rows"].shape[0] for p in six] == [15, 25]
+        c.stop_server(1, signal.SIGKILL)
+        new = c.replace_server(1, ["--resume", str(base), "--recover", "--shape-from", c.addresses[0]])
+        ticks(a, b, n=3)
+        np.testing.assert_array_equal(a.table("W").get_rows(rows), np.full((40, 2), 20))  # 10 ticks each
+    assert f"resumed from {checkpoint.clock_dir(base, 6) / 'server-1'} at clock 6 (1 part)" in new.tail(80)
+    nine = parts(9)
+    assert "partial" in nine[0].info and nine[1].info.get("base") is True  # the replacement restarted: a base
+    np.testing.assert_array_equal(resumed(6), np.full((40, 2), 12))
+    cfg = load(c.path)
+    got = np.zeros((40, 2), dtype=np.int64)
+    for rank in (0, 1):  # in this process: server 0 chains its base of 6 and its part of 9, server 1 its base of 9
+        shards = _shards(cfg, rank)
+        assert restore(cfg, rank, shards, checkpoint.clock_dir(base, 9)) == 9
+        ids = shards[0].global_rows[:shards[0].stored]
+        got[ids] = shards[0].values[shards[0].local_rows(ids, "test")[0]]
+    want = np.full((40, 2), 18)
+    want[np.setdiff1d(six[0].load()["t0.rows"], nine[0].load()["t0.rows"])] = 12
+    np.testing.assert_array_equal(got, want)
+    six[0].path.rename(six[0].path.with_name("away"))  # no base under map 1 before it: the parts of map 0 do not do
+    with pytest.raises(ConfigError, match="saved under partition map 1, but no valid base"):
+        restore(cfg, 0, _shards(cfg, 0), checkpoint.clock_dir(base, 9))
+
+
 def test_a_replacement_takes_the_jobs_worker_ranks_and_refuses_one_that_left_after_its_part(tmp_path: Path) -> None:
     """``--recover --shape-from`` in a job whose workers joined or left (docs/recovery.md): the replacement
     counts the job's ranks now; those in the job at its part's clock C count from C, a rank that joined
