@@ -583,7 +583,8 @@ def test_partitions_move_in_a_job_with_priority_checkpoints_and_restore_exactly(
     from bosen.jobs.moves import move_partitions
     from bosen.server.checkpoints import restore
 
-    data = job_config([], 2, tables={"W": {"rows": 40, "cols": 2, "dtype": "int64"}}, partitions=8)
+    # staleness 0: a read at tick 10 holds both clients' 10 ticks (at 1 it may miss the other's last)
+    data = job_config([], 2, tables={"W": {"rows": 40, "cols": 2, "dtype": "int64"}}, partitions=8, staleness=0)
     base = tmp_path / "ck"
     data["checkpoint"] = {"every_clocks": 3, "dir": str(base), "keep": 10, "priority_fraction": 0.5,
                           "policy": "round_robin"}
