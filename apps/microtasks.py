@@ -257,10 +257,26 @@ class FilePlan:
             self._read(T)
             self._answer(clock)
 
-    def leaving(self) -> bool:
-        """The plan in force says this worker leaves the job at its clock (after giving its tasks away)."""
+    def leaving(self, check: Callable[[], None] | None = None) -> bool:
+        """The plan in force says this worker leaves the job at its clock (after giving its tasks away).
+        A plan with ``"durable": C`` keeps a leaver here until the scaler writes ``left-<id>.json``: every
+        server's checkpoint part of clock C (which holds all the leaver sent) is on disk, so a server lost
+        after the leaver's BYE is restored exactly; one lost before it is resent to by the leaver, still
+        connected (docs/recovery.md)."""
         leave = self._meta.get("leave", [])
-        return self._holds() and isinstance(leave, list) and self.rank in leave
+        if not (self._holds() and isinstance(leave, list) and self.rank in leave):
+            return False
+        if isinstance(self._meta.get("durable"), int):
+            release = self.path.with_name(f"left-{self._meta.get('id')}.json")
+            deadline = time.monotonic() + self.timeout
+            while not release.exists():
+                if check is not None:
+                    check()
+                if time.monotonic() > deadline:
+                    raise BosenError(f"{release}: not written within {self.timeout:g}s (this worker leaves the "
+                                     "job once every server's checkpoint part of its clock is on disk)")
+                time.sleep(0.005)
+        return True
 
     def joined(self, clock: int, T: int, check: Callable[[], None] | None = None) -> np.ndarray:
         """For a worker that joins the job at ``clock`` (``bosen scale``): wait for the plan of that clock

@@ -1328,7 +1328,9 @@ class Server:
             comm = {"budget_mbps": self.comm.server_bandwidth_mbps, "egress_mbps": round(mbps(
                 self.counters["bytes_out"], uptime), 3), "priority": self.comm.priority}
         if self.checkpoints is not None:
-            comm["checkpoints"] = self.checkpoints.stats()
+            # the newest own part on disk (a replacement's: the one it restored from, until it writes one)
+            restored = -1 if self.restored is None else self.restored
+            comm["checkpoints"] = {**self.checkpoints.stats(), "durable": max(self.checkpoints.durable(), restored)}
         return {**comm,
             "rank": self.rank,
             "address": self.address,

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import zmq
 
+from bosen import checkpoint
 from bosen.apps import microtasks
 from bosen.config import Config
 from bosen.errors import BosenError
@@ -61,8 +62,28 @@ PLAN_AHEAD = 2  # the first boundary B proposed: this many clocks past the newes
 ANSWER_TIMEOUT_S = 60.0  # every worker answers a proposal within this (it reads the plan at each clock)
 JOIN_TIMEOUT_S = 120.0  # a new worker process starts (imports, data) and joins every server within this
 SETTLE_TIMEOUT_S = 120.0
+DURABLE_WAIT_S = 30.0  # leavers wait this long at B for every server's part of B on disk, then leave anyway
 MAX_PROPOSALS = 10  # a job of 300 clocks a second needed 4 (margins 2, 4, 8, 16)
 REQUEST_TIMEOUT_S = 90.0  # a scale request is answered within this (a servers step starts processes first)
+
+
+def saves_every_boundary(config: Config) -> bool:
+    """The servers save a part at every checkpoint boundary (checkpoints on, no time rule)."""
+    ck = config.checkpoint
+    return ck is not None and ck.every_s is None and ck.mttf_s is None
+
+
+def leave_boundary(clock: int, config: Config, leavers: bool) -> int:
+    """The boundary B proposed for a step at or after ``clock``: where workers leave and the job makes
+    checkpoints, the next checkpoint boundary (``clock`` itself if it is one). A leaver's updates are
+    all of ticks < B (it sent CLOCK(B), then gives its tasks away and says BYE), which is exactly what
+    every server's part at B holds: a server lost once that part is on disk is replaced exactly
+    (nobody has to resend for the leaver). Under a time rule (``every_s``, ``mttf_s``) the servers save
+    only the boundaries rank 0 chooses, so B may still go unsaved (docs/recovery.md)."""
+    ck = config.checkpoint
+    if not leavers or ck is None or checkpoint.is_boundary(clock, ck.every_clocks):
+        return clock
+    return checkpoint.next_boundary(clock, ck.every_clocks)
 
 
 class ScaleError(BosenError):
@@ -87,6 +108,8 @@ class _Step:
     done: bool = False
     error: str | None = None
     seconds: float | None = None
+    durable: bool = False  # leavers wait at B until every server's part of B is on disk (``left-<id>.json``)
+    at_b: float | None = None  # when every server's clock reached B (the leavers' wait began)
 
 
 class Host(Protocol):
@@ -298,6 +321,7 @@ class Scaler:
         nxt = len(self.launcher.workers)  # ranks are never reused
         step.joiners = list(range(nxt, nxt + m - len(now))) if m > len(now) else []
         step.leavers = now[m:]  # the newest leave first
+        step.durable = bool(step.leavers) and saves_every_boundary(self.launcher.config)
         step.owners = microtasks.assign(T, sorted((set(now) | set(step.joiners)) - set(step.leavers)))
         self.steps[step.id] = step
         self._say(step, f"scaling from {len(now)} to {m} workers"
@@ -333,11 +357,13 @@ class Scaler:
         """The job's ranks whose process runs (not yet finished)."""
         return [r for r in sorted(self.members) if self.launcher.workers[r].returncode is None]
 
-    def _clocks(self) -> list[list[Any]]:
+    def _stats(self) -> list[dict[str, Any]]:
         cluster = self.launcher.cluster
         assert cluster is not None
-        return [status_mod.query(a, timeout=3.0, security=self.launcher.security)["client_clocks"]
-                for a in cluster.addresses]
+        return [status_mod.query(a, timeout=3.0, security=self.launcher.security) for a in cluster.addresses]
+
+    def _clocks(self) -> list[list[Any]]:
+        return [st["client_clocks"] for st in self._stats()]
 
     # -- carrying a step out -------------------------------------------------------------------
 
@@ -371,7 +397,7 @@ class Scaler:
 
     def _write_plan(self, step: _Step, state: str) -> None:
         d = {"id": self._plan_ids, "clock": step.clock, "owners": step.owners.tolist(), "state": state,
-             "leave": step.leavers}
+             "leave": step.leavers, **({"durable": step.clock} if step.durable else {})}
         self.folder.mkdir(parents=True, exist_ok=True)
         tmp = self.folder / ".plan.json.partial"
         tmp.write_text(json.dumps(d))
@@ -403,7 +429,8 @@ class Scaler:
         assert cluster is not None
         stats = [status_mod.query(a, timeout=3.0, security=self.launcher.security) for a in cluster.addresses]
         seen = [c for st in stats for c in [st["clock"], *st["client_clocks"]] if isinstance(c, int)]
-        step.clock = max(seen) + PLAN_AHEAD * 2 ** step.proposals  # fast clocks: a wider margin each retry
+        step.clock = leave_boundary(max(seen) + PLAN_AHEAD * 2 ** step.proposals,  # a wider margin each retry
+                                    self.launcher.config, bool(step.leavers))
         step.proposals += 1
         self._plan_ids += 1
         for old in self.folder.glob("ack-*.json"):
@@ -457,8 +484,33 @@ class Scaler:
         owners = step.owners
         return {int(r): microtasks.owned(owners, int(r)) for r in np.unique(owners)}
 
+    def _release(self, step: _Step, stats: list[dict[str, Any]]) -> None:
+        """Leavers wait at B (``FilePlan.leaving``) until every server's part of B is on disk: then what
+        they sent is all in the servers' newest parts and they may leave (``left-<id>.json``). If the
+        parts do not come (a server skipped B: a worker lost then, docs/recovery.md), they leave after
+        DURABLE_WAIT_S anyway, and a server lost before its next part is refused as it was."""
+        release = self.folder / f"left-{self._plan_ids}.json"
+        if not step.durable or release.exists():
+            return
+        if not all(st["clock"] >= step.clock for st in stats):
+            return
+        now = time.monotonic()
+        step.at_b = now if step.at_b is None else step.at_b
+        durable = all(st.get("checkpoints", {}).get("durable", -1) >= step.clock for st in stats)
+        if not durable and now - step.at_b < DURABLE_WAIT_S:
+            return
+        tmp = self.folder / f".{release.name}.partial"
+        tmp.write_text(json.dumps({"clock": step.clock, "durable": durable}))
+        os.replace(tmp, release)
+        self._say(step, f"every server's checkpoint part of clock {step.clock} is on disk: worker(s) "
+                  f"{step.leavers} leave" if durable else
+                  f"no checkpoint part of clock {step.clock} on every server within {DURABLE_WAIT_S:g}s: worker(s) "
+                  f"{step.leavers} leave (a server lost before its next part is refused)")
+
     def _settle(self, step: _Step) -> None:
-        clocks = self._clocks()
+        stats = self._stats()
+        self._release(step, stats)
+        clocks = [st["client_clocks"] for st in stats]
         joined = all(isinstance(c[r], int) and c[r] > step.clock for c in clocks for r in step.joiners)
         # a leaving worker is out once every server has its BYE (its process then exits on its own)
         left = all(c[r] == "left" or self.launcher.workers[r].returncode == 0 for c in clocks for r in step.leavers)
@@ -467,6 +519,8 @@ class Scaler:
                 code = self.launcher.workers[r].returncode
                 if code is not None and code != 0:
                     raise ScaleError(f"leaving worker {r} exited with status {code}")
+            if any(isinstance(x, int) and x < step.clock for c in clocks for x in c):
+                step.deadline = time.monotonic() + SETTLE_TIMEOUT_S  # still on the way to B (a checkpoint boundary)
             if time.monotonic() > step.deadline:
                 raise ScaleError(f"the move at clock {step.clock} did not finish within {SETTLE_TIMEOUT_S:g}s")
             return

@@ -133,6 +133,26 @@ def test_a_joiner_started_ahead_is_ready_then_joins_at_the_clock_named_for_its_r
     assert not M.join_ahead() and M.join_clock() == 9
 
 
+def test_a_leaver_of_a_plan_with_durable_waits_for_its_release(tmp_path):
+    """A committed plan with ``"durable": C`` (a scale-in in a checkpointed job) keeps a leaver in
+    ``leaving`` until the scaler writes ``left-<id>.json`` (every server's part of C on disk), and
+    fails naming the file if it does not come; a staying rank does not wait."""
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"id": 4, "clock": 10, "owners": [0, 0, 1, 1], "state": "committed",
+                                "leave": [2], "durable": 10}))
+    leaver, stayer = M.FilePlan(path, rank=2, timeout=5), M.FilePlan(path, rank=1, timeout=5)
+    assert leaver.at(10, 4) is not None and stayer.at(10, 4) is not None
+    assert not stayer.leaving()
+    threading.Timer(0.2, (tmp_path / "left-4.json").write_text, args=("{}",)).start()
+    t0 = time.monotonic()
+    assert leaver.leaving() and time.monotonic() - t0 >= 0.15
+    (tmp_path / "left-4.json").unlink()
+    late = M.FilePlan(path, rank=2, timeout=0.1)
+    assert late.at(10, 4) is not None
+    with pytest.raises(BosenError, match="left-4.json: not written within 0.1s"):
+        late.leaving()
+
+
 def test_a_proposed_plan_is_answered_waited_for_at_its_clock_and_committed_or_withdrawn(tmp_path):
     """The two-phase plan ``bosen scale`` writes: a worker before the proposal's clock answers ok and
     waits there until the plan is committed (its owners) or withdrawn (None); one past it answers

@@ -21,8 +21,8 @@ import bosen
 from bosen import checkpoint
 from bosen.apps import microtasks as M
 from bosen.apps.lda.worker import LDAArgs, load_corpus
-from bosen.config import from_dict
-from bosen.jobs.scale import ScaleError
+from bosen.config import build, from_dict
+from bosen.jobs.scale import ScaleError, leave_boundary
 
 
 def _final_counts(run: Path, cfg: dict, parts: dict) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -38,8 +38,9 @@ def _final_counts(run: Path, cfg: dict, parts: dict) -> tuple[np.ndarray, np.nda
     return final, counts, states
 
 
-def _lda_job(tmp_path: Path, iterations: int, checkpoints: bool = True, every: int = 3) -> tuple[Path, dict]:
-    cfg: dict = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
+def _lda_job(tmp_path: Path, iterations: int, checkpoints: bool = True, every: int = 3,
+             workers: int = 2) -> tuple[Path, dict]:
+    cfg: dict = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": workers},
                  "consistency": {"staleness": 1}, "comm": {"enabled": True},
                  "tables": {"word_topic": {"rows": 150, "cols": 5, "dtype": "int32"},
                             "topic_summary": {"rows": 1, "cols": 5, "dtype": "int32"}},
@@ -260,6 +261,53 @@ def test_a_server_killed_after_a_worker_joined_is_replaced_and_the_counts_stay_e
     np.testing.assert_array_equal(final, counts)
     log = (run / "logs" / "server-1.1.log").read_text()
     print("the replacement:", re.findall(r"resumed from .*|replacing server .*", log))
+
+
+def test_a_scale_in_boundary_is_a_checkpoint_boundary_where_the_job_makes_checkpoints():
+    """Leavers leave at the next checkpoint boundary at or after the clock asked (the servers' part
+    there holds all they sent); a step without leavers, or a job without checkpoints, keeps it."""
+    base = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 3}, "tables": {"t": {"rows": 4, "cols": 1}}}
+    ck = build({**base, "checkpoint": {"every_clocks": 10}})
+    assert [leave_boundary(c, ck, True) for c in (7, 10, 11)] == [10, 10, 20]
+    assert leave_boundary(7, ck, False) == 7 and leave_boundary(7, build(base), True) == 7
+
+
+@pytest.mark.timeout(120)
+def test_a_server_killed_after_a_worker_left_is_replaced_and_the_counts_stay_exact(tmp_path):
+    """Workers 3 -> 2 in a running LDA job with checkpoints (integer counts, managed communication): the
+    boundary B where rank 2 leaves is a checkpoint boundary, and rank 2 says BYE only once every
+    server's part of B is on disk, so that part holds every update it made. SIGKILL of server 1 right
+    after the step: its replacement restores a part of B or later (which the leaver needs no resend
+    for, where it used to be refused), and the job ends with the word-topic table exactly the counts
+    of its final assignments, as is every checkpoint's."""
+    iterations, every = 98, 10  # the last checkpoint at the end (+2 opening clocks)
+    path, cfg = _lda_job(tmp_path, iterations, every=every, workers=3)
+    run = (tmp_path / "run").resolve()
+    p = _launch(path, run)
+    try:
+        _wait_clock(p, run, 3)
+        lines: list[str] = []
+        bosen.scale(run, workers=2, out=lines.append)
+        _server(p, 1).kill()
+        out, _ = p.communicate(timeout=100)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    b = int(re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines))[0])
+    assert b % every == 0, lines
+    said = f"every server's checkpoint part of clock {b} is on disk: worker(s) [2] leave"
+    assert any(said in x for x in lines), lines
+    assert "server-1.1 replaces server-1" in out, out[-3000:]
+    base = run / "checkpoints"
+    assert checkpoint.clocks(base)[0] == iterations + 2
+    for c in checkpoint.clocks(base):
+        parts = checkpoint.check_complete(base, c, 2, None, None)
+        table, counts = _part_counts(cfg, parts)
+        np.testing.assert_array_equal(table, counts, err_msg=f"checkpoint at clock {c}")
+    final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(base, iterations + 2, 2, None, None))
+    np.testing.assert_array_equal(final, counts)
+    restored = re.findall(r"resumed from \S+ at clock (\d+)", (run / "logs" / "server-1.1.log").read_text())
+    assert restored and int(restored[0]) >= b, (restored, b)  # a part the leaver needs no resend for
 
 
 def _part_counts(cfg: dict, parts: dict) -> tuple[np.ndarray, np.ndarray]:
