@@ -28,7 +28,9 @@ held-out error; one JSON line per result.
   below ``--target``, the best held-out loss and accuracy, the chosen M over training; then the
   adaptive job under each ``--bandwidths`` budget (managed communication) and each ``--delays``
   injected round trip (a slower link, on one machine): the chosen M. A plot,
-  ``--plot``. Not in ``--quick`` (a job takes seconds to start) unless named.
+  ``--plot``. Not in ``--quick`` (a job takes seconds to start) unless named. ``--adaptive-app cnn``:
+  the same comparison on the PyTorch CNN example (Fashion-MNIST images, the servers' SGD,
+  ``--adaptive-large`` for the fixed large M), without budgets or delays.
 
 ``--quick``: fewer points, steps and seeds, for CI.
 """
@@ -177,7 +179,8 @@ def adaptive(a: argparse.Namespace) -> None:
     runs: dict[str, list[Run]] = {m: [] for m in a.modes}
     for rep in range(a.adaptive_reps):  # rounds: each runs every mode, so the machine's drift hits all alike
         for mode in a.modes:
-            r = run(Plan(mode, iters[mode], data=a.adaptive_data, lr=a.adaptive_lr, seed=rep,
+            r = run(Plan(mode, iters[mode], data=a.adaptive_data, app=a.adaptive_app, large=a.adaptive_large,
+                         lr=a.adaptive_lr, seed=rep,
                          smoothing=a.agent_smoothing))
             runs[mode].append(r)
             ms = [c["goodput_batch"] for c in r.choices]
@@ -186,7 +189,7 @@ def adaptive(a: argparse.Namespace) -> None:
                  best_loss=r.best_loss, best_acc=r.best_acc, job_seconds=r.job_seconds, startup=r.startup,
                  trained_seconds=r.evals[-1][0], iterations=iters[mode], batches=ms,
                  phis=[c["goodput_phi"] for c in r.choices], m_over_training=grows(ms), data=a.adaptive_data,
-                 curve=[[t, loss] for t, _, loss, _ in r.evals])
+                 app=a.adaptive_app, large=a.adaptive_large, curve=[[t, loss] for t, _, loss, _ in r.evals])
     ref = runs.get("adaptive")
     for mode, rs in runs.items():
         tt = [r.time_to(a.target) for r in rs]
@@ -204,7 +207,7 @@ def adaptive(a: argparse.Namespace) -> None:
              spread=_spread(tt), best_acc=_spread([r.best_acc for r in rs]),
              best_loss=_spread([r.best_loss for r in rs]), summary=True, experiment="adaptive", mode=mode,
              target=a.target, reps=len(rs), data=a.adaptive_data, lr=a.adaptive_lr, smoothing=a.agent_smoothing,
-             **fields)
+             app=a.adaptive_app, large=a.adaptive_large, **fields)
     if ref:
         g = [grows([c["goodput_batch"] for c in r.choices])["ratio"] for r in ref]
         emit(bench="pollux", case="adaptive M over training", metric="m_growth", unit="second-half / first-half M",
@@ -231,8 +234,8 @@ def adaptive(a: argparse.Namespace) -> None:
                  ours=statistics.median(med), spread=_spread(med), summary=True, experiment="adaptive-sync",
                  condition=label, iterations=a.bandwidth_iterations, trained_seconds=_spread(secs) if secs else None)
     if a.adaptive_plot or not a.quick:
-        path = plot(runs, budgets, a.target,
-                    Path(a.adaptive_plot) if a.adaptive_plot else REPO / "docs" / "img" / "pollux-adaptive.png")
+        name = "pollux-adaptive.png" if a.adaptive_app == "mlr" else f"pollux-adaptive-{a.adaptive_app}.png"
+        path = plot(runs, budgets, a.target, Path(a.adaptive_plot) if a.adaptive_plot else REPO / "docs" / "img" / name)
         emit(bench="pollux", case="adaptive plot", plot=str(path), experiment="adaptive")
 
 
@@ -277,6 +280,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs-ray", default=None, metavar="ADDRESS",
                    help="jobs: run the jobs on the Ray cluster at ADDRESS (bosen launch --ray; `ray start --head`)")
     p.add_argument("--adaptive-data", default=None, help="adaptive: fashion-mnist (default; --quick: digits)")
+    p.add_argument("--adaptive-app", choices=["mlr", "cnn"], default="mlr",
+                   help="adaptive: MLR (default) or the PyTorch CNN example on Fashion-MNIST (no budgets, no delays; "
+                        "defaults: target 0.70, iterations 400 400 150, docs/img/pollux-adaptive-cnn.png)")
+    p.add_argument("--adaptive-large", type=int, default=16, help="adaptive: fixed-large's M over M0 (default 16)")
     p.add_argument("--adaptive-lr", type=float, default=None, help="adaptive: the servers' lr at M0 (0.1; --quick 0.5)")
     p.add_argument("--adaptive-reps", type=int, default=None, help="adaptive: rounds over the modes (default 3)")
     p.add_argument("--agent-smoothing", type=float, default=0.999, help="adaptive: the agent's φ smoothing per M0")
@@ -297,6 +304,11 @@ def main(argv: list[str] | None = None) -> None:
                    help="default fixed along throughput sim adaptive (--quick: fixed along); jobs (real jobs under "
                         "the scheduler, minutes) only when named")
     a = p.parse_args(argv)
+    if a.adaptive_app == "cnn":  # the CNN's own defaults: no injected delays, its loss scale, fewer iterations
+        for key, value in (("delays", []), ("target", 0.70), ("adaptive_iters", [400, 400, 150]),
+                           ("adaptive_lr", 0.1), ("bandwidth_iterations", 0)):
+            if getattr(a, key) is None:
+                setattr(a, key, value)
     for key, full, quick in (("seeds", 3, 2), ("scales", [1, 16], [1]), ("points", [20, 100, 500, 2000], [20, 100]),
                              ("warmup", 1000, 150),
                              ("steps", 2000, 200), ("every", 50, 25), ("warmup_along", 200, 50),

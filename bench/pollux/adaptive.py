@@ -25,6 +25,9 @@ class Plan:
     mode: str
     iterations: int
     data: str = "fashion-mnist"
+    app: str = "mlr"  # or "cnn": the PyTorch CNN example on Fashion-MNIST's images (``data`` unused)
+    train_samples: int = 20000  # cnn: the first training images, and the test images scored
+    test_samples: int = 2000
     workers: int = 2
     m0_local: int = 32  # M0 = workers x m0_local
     large: int = 16  # fixed-large: M = large x M0
@@ -68,6 +71,8 @@ def config(p: Plan) -> dict[str, Any]:
     m0 = p.workers * p.m0_local
     adapt = p.mode == "adaptive"
     local = p.m0_local * (p.large if p.mode == "fixed-large" else 1)
+    if p.app == "cnn":
+        return _cnn_config(p, m0, adapt, local)
     data = "digits" if p.data == "digits" else str(REPO / "data" / p.data / "train.npz")
     geo = (10, 65) if p.data == "digits" else (10, 785)
     dtype = "float64" if p.bandwidth_mbps is None else "float32"  # managed: gradients travel as comm.wire_dtype
@@ -82,6 +87,22 @@ def config(p: Plan) -> dict[str, Any]:
                     **({"delay": {"mean_s": p.delay_s, "alpha": 0.0}} if p.delay_s else {})}}
     comm = None if p.bandwidth_mbps is None else {"enabled": True, "client_bandwidth_mbps": p.bandwidth_mbps}
     return job_config(["127.0.0.1:0"], p.workers, tables=tables, app=app, comm=comm)
+
+
+def _cnn_config(p: Plan, m0: int, adapt: bool, local: int) -> dict[str, Any]:
+    """The CNN example on a synchronous table (its model's table declared by ``app.tables``)."""
+    from bosen.jobs.job import job_config
+
+    if p.bandwidth_mbps is not None or p.delay_s:
+        raise ValueError("bench.pollux adaptive: --adaptive-app cnn runs without budgets or injected delays")
+    app = {"module": "bosen.apps.pytorch.examples.cnn", "tables": "bosen.apps.pytorch.examples.cnn:tables",
+           "args": {"optimizer": "sgd", "lr": p.lr, "batch_size": local, "seed": p.seed,
+                    "backup": {"mode": "static", "k": p.workers}, "iterations": p.iterations,
+                    "eval_every": p.interval, "train_samples": p.train_samples, "test_samples": p.test_samples,
+                    "goodput": {"interval_clocks": p.interval, "m0": m0, "adapt": adapt, "max_local": 1024,
+                                "smoothing": p.smoothing}}}
+    return job_config(["127.0.0.1:0"], p.workers, tables={"goodput": table_spec(p.iterations // p.interval + 1)},
+                      app=app)
 
 
 def run(p: Plan) -> Run:
@@ -130,10 +151,12 @@ def plot(runs: dict[str, list[Run]], budgets: dict[str, list[Run]], target: floa
                     alpha=0.8, label=mode if i == 0 else None)
     ax.axhline(target, color="k", lw=0.6, ls=":", label=f"target {target}")
     ax.set_xlabel("seconds since the first iteration")
-    ax.set_ylabel("held-out log-loss (mean)")
+    ax.set_ylabel("held-out loss (mean per example)")
     ax.set_ylim(max(0.0, target - 0.1), target + 0.6)
     ax.legend(fontsize=8)
-    ax.set_title("MLR, 2 workers: adaptive batch vs fixed M0 and 16·M0")
+    app = next((r.plan.app for rs in runs.values() for r in rs), "mlr").upper()
+    large = next((r.plan.large for rs in runs.values() for r in rs), 16)
+    ax.set_title(f"{app}, 2 workers: adaptive batch vs fixed M0 and {large}·M0")
     series = [("unmanaged", runs.get("adaptive", []), "C0")]
     series += [(label, rs, f"C{3 + i}") for i, (label, rs) in enumerate(budgets.items())]
     for label, rs, color in series:

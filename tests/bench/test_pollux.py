@@ -58,6 +58,11 @@ def test_adaptive_run_summary_helpers() -> None:
     big = config(Plan("fixed-large", 40, bandwidth_mbps=20.0))
     assert big["app"]["args"]["batch_size"] == 512 and big["app"]["args"]["goodput"]["adapt"] is False
     assert big["comm"]["client_bandwidth_mbps"] == 20.0 and big["tables"]["W"]["dtype"] == "float32"
+    cnn = config(Plan("fixed-large", 40, app="cnn", large=8))  # the model's table comes from app.tables
+    assert cnn["app"]["args"]["batch_size"] == 256 and cnn["app"]["args"]["backup"] == {"mode": "static", "k": 2}
+    assert list(cnn["tables"]) == ["goodput"] and cnn["app"]["tables"].endswith("cnn:tables")
+    with pytest.raises(ValueError, match="without budgets or injected delays"):
+        config(Plan("adaptive", 40, app="cnn", delay_s=0.05))
 
 
 @pytest.mark.slow

@@ -8,6 +8,11 @@ lost worker's tasks restored). One clock is ``clock_every`` steps of every task 
 steps interleaved task by task), through ``PSModule`` and a server-side optimizer (or a local torch
 optimizer pushing deltas). Every worker reports each clock; rank 0 also scores the 10k test images
 at the end of every epoch (``heldout_correct`` / ``heldout_total``).
+
+With ``backup`` the model's table is synchronous (docs/design.md, "Backup workers"): a step is every
+worker's gradient of w_t, drawn from the whole training set, and the servers take SGD steps of
+``lr``. ``goodput`` on it is Pollux's agent (apps/goodput.py): the step's batch and learning-rate gain
+follow the goodput (``configs/torch-cnn-goodput.yaml``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bosen.apps import goodput as gp
 from bosen.apps import microtasks
 from bosen.apps.datasets.images import fashion_sources, read_idx
 from bosen.apps.protocol import PSClient
@@ -56,6 +62,13 @@ class CNNArgs:
     threads: int = 1  # torch intra-op threads per worker
     seed: int = 0
     micro_tasks: int = 0  # training shards that can move between workers; 0 = one per worker
+    # the model's table with backup workers (a ``backup:`` entry, e.g. {mode: static, k: 2}; its lr is
+    # ``lr``): synchronous SGD on the servers, ``iterations`` steps (0: ``epochs`` at M0)
+    backup: dict[str, Any] | None = None
+    iterations: int = 0
+    eval_every: int = 0  # synchronous: rank 0 scores the test images every so many iterations (and the last)
+    # Pollux's agent on the synchronous table: the batch and learning rate follow the goodput
+    goodput: gp.GoodputArgs | None = None
 
     def __post_init__(self) -> None:
         check(self.lr > 0, "lr: must be > 0")
@@ -66,6 +79,15 @@ class CNNArgs:
         check(self.train_samples >= 0 and self.test_samples >= 0, "train_samples, test_samples: must be >= 0")
         check(self.threads >= 1, "threads: must be >= 1")
         check(self.micro_tasks >= 0, "micro_tasks: must be >= 0 (0 = one per worker)")
+        check(self.iterations >= 0 and self.eval_every >= 0, "iterations, eval_every: must be >= 0")
+        check(self.backup is None or self.optimizer == "sgd",
+              f"optimizer: with backup the servers take SGD steps: sgd, got {self.optimizer!r}")
+        check(self.goodput is None or self.backup is not None,
+              "goodput: Pollux's agent needs a synchronous table: give backup: {mode: static, k: <workers>}")
+        if self.goodput is not None and self.eval_every:
+            check(self.eval_every % self.goodput.interval_clocks == 0,
+                  f"eval_every: with goodput, a multiple of goodput.interval_clocks ({self.goodput.interval_clocks}): "
+                  f"an evaluation then delays only an interval's first step, which the agent does not time")
 
 
 class Net(nn.Module):
@@ -87,6 +109,8 @@ def tables(args: Mapping[str, Any], out_dir: Path) -> dict[str, dict[str, Any]]:
     """``app.tables``: the model's table, its initial values from a seeded ``Net()``."""
     a: CNNArgs = from_dict(CNNArgs, args, "app.args")
     torch.manual_seed(a.seed)
+    if a.backup is not None:
+        return declare(Net(), out_dir, backup={"lr": a.lr, **a.backup})
     if a.optimizer in SERVER:
         return declare(Net(), out_dir, update=a.optimizer, lr=a.lr)
     return declare(Net(), out_dir)
@@ -126,6 +150,9 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     a: CNNArgs = from_dict(CNNArgs, args, "app.args")
     torch.set_num_threads(a.threads)
     x, y = images(True, a.train_samples)
+    if a.backup is not None:
+        _train_sync(client, a, x, y)
+        return
     saved = client.restored_state()
     T = microtasks.count(a.micro_tasks, client.num_workers, saved)
     tasks, received, plan, folder = microtasks.start(T, client.rank, client.num_workers, saved)
@@ -181,6 +208,84 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             for t, st in got_states.items():
                 mine[t].load(st, t, sched.span(c)[0], source)
     model.close()  # the read ahead in flight ends before the runner closes the client
+
+
+def _train_sync(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) -> None:
+    """A synchronous table: each iteration this worker's mean gradient of ``batch_size`` images drawn
+    from the whole training set at w_t (as DBW assumes every worker holds the data); the servers step.
+    With ``goodput`` the batch is the agent's m·(s + 1), computed in micro-batches (``_accumulated``)
+    that measure the gradient statistics, and the pushed gradient is scaled by the agent's gain (the
+    servers' step is ``lr`` times the mean pushed: AdaScale's rate). Per iteration it reports
+    ``objective``, ``samples``, ``iteration``, ``compute_s`` (and the agent's fields); rank 0 scores
+    the test images every ``eval_every`` iterations and at the last (w of the last iteration's start)."""
+    rank, workers = client.rank, client.num_workers
+    total = a.iterations or a.epochs * -(-x.shape[0] // (workers * a.batch_size))
+    test = images(False, a.test_samples) if rank == 0 else None
+    model = PSModule(Net(), client)
+    opt = ServerOptimizer(model, "sgd", lr=a.lr)
+    gen = torch.Generator().manual_seed(a.seed * 1000 + rank)
+    flat = torch.zeros(model.flat.numel(), dtype=model.flat.dtype)
+    agent = None
+    if a.goodput is not None:  # a push of the table a step: what the client's bandwidth budget paces
+        agent = gp.start(client, a.goodput, a.batch_size, float(model.flat.numel() * model.flat.element_size()))
+    while True:
+        model.pull()  # w_t, and t
+        it = model.iteration
+        if it >= total:
+            break
+        t0 = time.perf_counter()
+        fields: dict[str, Any] = {}
+        if agent is None:
+            idx = torch.randint(0, x.shape[0], (a.batch_size,), generator=gen)
+            opt.zero_grad()
+            loss = F.cross_entropy(model.module(x[idx]), y[idx])
+            loss.backward()
+            model.gradients(flat)
+            objective, samples, block = float(loss) * a.batch_size, a.batch_size, flat.numpy()
+        else:
+            st = agent.at(it, t0, workers)
+            objective, block = _accumulated(model, x, y, gen, st.m, st.s, agent.rec)
+            block *= st.gain  # the learning-rate gain: the servers step with lr times the mean pushed
+            samples = st.m * (st.s + 1)
+            fields.update(agent.fields(rank, a.lr))
+        compute_s = time.perf_counter() - t0
+        if agent is not None:
+            agent.computed(compute_s)
+        if test is not None and (it == total - 1 or (a.eval_every and it % a.eval_every == 0)):
+            correct, hloss = accuracy(model.module, *test)  # w_t
+            fields.update(heldout_correct=correct, heldout_total=int(test[1].shape[0]), heldout_loss=hloss)
+        client.report(objective=objective, samples=samples, iteration=it, compute_s=compute_s, **fields)
+        if agent is not None:
+            agent.before_clock(it)  # the interval's row goes out with this iteration's clock
+        model.push(block.astype(np.float32, copy=False))  # the gradient, and the clock
+    model.close()
+
+
+def _accumulated(model: PSModule, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator, m: int, s: int,
+                 rec: gp.Recorder) -> tuple[float, np.ndarray]:
+    """One step of the agent's setting: s + 1 micro-batches of m images (accumulation), or m in two
+    halves when s = 0, so that the step's micro-batch gradients (the flat dense gradient of each)
+    measure the gradient statistics (``Recorder.moments``). Returns the summed cross-entropy and the
+    mean gradient over the step's images (float64, flat)."""
+    pieces = s + 1 if s > 0 else min(2, m)
+    idx = torch.randint(0, x.shape[0], (m * (s + 1),), generator=gen)
+    cuts = np.linspace(0, idx.shape[0], pieces + 1).round().astype(np.int64)
+    grads = np.empty((pieces, model.flat.numel()))
+    buf = torch.zeros(model.flat.numel(), dtype=model.flat.dtype)
+    loss_sum = 0.0
+    for j in range(pieces):
+        piece = idx[cuts[j]:cuts[j + 1]]
+        model.module.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model.module(x[piece]), y[piece])  # the piece's mean
+        loss.backward()
+        model.gradients(buf)
+        grads[j] = buf.numpy()
+        loss_sum += float(loss) * piece.shape[0]
+    weights = np.diff(cuts).astype(np.float64)
+    mean = weights @ grads / idx.shape[0]
+    if pieces >= 2:
+        rec.moments(grads, idx.shape[0] // pieces)
+    return loss_sum, mean
 
 
 def _state(tasks: Mapping[int, Shard], t: int) -> dict[str, np.ndarray]:
