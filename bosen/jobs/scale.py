@@ -292,6 +292,10 @@ class Scaler:
         if cfg.checkpoint is None:
             raise ScaleError(f"{cfg.source}: this job makes no checkpoints (no checkpoint section): a job that scales "
                              "must, so that a lost worker's micro-tasks can be restored (docs/recovery.md)")
+        synchronous = [t.name for t in cfg.tables if t.backup is not None]
+        if synchronous:
+            raise ScaleError(f"{cfg.source}: tables.{synchronous[0]} has backup workers (a synchronous table: each "
+                             "iteration counts the job's workers), so its workers cannot change while it runs")
         module = cfg.app.module or ""
         try:
             app = importlib.import_module(module)

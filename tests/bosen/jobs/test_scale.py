@@ -325,3 +325,22 @@ def _part_counts(cfg: dict, parts: dict) -> tuple[np.ndarray, np.ndarray]:
     counts = np.zeros(table.shape, dtype=np.int64)
     np.add.at(counts, (corpus.words, z), 1)
     return table, counts
+
+
+def test_a_job_with_a_synchronous_table_refuses_other_worker_counts(tmp_path):
+    """A table with backup workers counts the job's workers in every iteration (DBW's n): asked for
+    another count, the launcher's scaler refuses, naming the table, before anything starts."""
+    from types import SimpleNamespace
+
+    from bosen.jobs.scale import Scaler
+
+    cfg = build({"cluster": {"servers": ["127.0.0.1:0"], "workers": 2}, "checkpoint": {"every_clocks": 10},
+                 "tables": {"G": {"rows": 2, "cols": 3, "dtype": "float64", "backup": {"mode": "static", "k": 2}}},
+                 "app": {"module": "bosen.apps.mlr"}})
+    host = SimpleNamespace(run_dir=tmp_path, workers=[None, None], config=cfg, cluster=None, ray_job=None)
+    scaler = Scaler(host)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(ScaleError, match="tables.G has backup workers .* cannot change while it runs"):
+            scaler.checks["workers"](3)
+    finally:
+        scaler.close()
