@@ -79,6 +79,18 @@ def _stop(p: subprocess.Popen) -> None:
         p.wait()
 
 
+def _every_checkpoint_and_the_end_exact(run: Path, cfg: dict, iterations: int) -> None:
+    """Each checkpoint's word-topic table equals the counts of its workers' assignments, and the final
+    table the counts of the final assignments (2 servers at the end, the last checkpoint at the end)."""
+    base = run / "checkpoints"
+    assert checkpoint.clocks(base)[0] == iterations + 2
+    for c in checkpoint.clocks(base):
+        table, counts = _part_counts(cfg, checkpoint.check_complete(base, c, 2, None, None))
+        np.testing.assert_array_equal(table, counts, err_msg=f"checkpoint at clock {c}")
+    final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(base, iterations + 2, 2, None, None))
+    np.testing.assert_array_equal(final, counts)
+
+
 @pytest.mark.timeout(200)
 def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_path):
     """An LDA job (8 micro-tasks, managed communication on, integer counts) scaled 2 -> 3 -> 2 workers
@@ -251,14 +263,7 @@ def test_a_server_killed_after_a_worker_joined_is_replaced_and_the_counts_stay_e
         _stop(p)
     assert p.returncode == 0, out[-3000:]
     assert "server-1.1 replaces server-1" in out, out[-3000:]
-    base = run / "checkpoints"
-    assert checkpoint.clocks(base)[0] == iterations + 2
-    for c in checkpoint.clocks(base):
-        parts = checkpoint.check_complete(base, c, 2, None, None)
-        table, counts = _part_counts(cfg, parts)
-        np.testing.assert_array_equal(table, counts, err_msg=f"checkpoint at clock {c}")
-    final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(base, iterations + 2, 2, None, None))
-    np.testing.assert_array_equal(final, counts)
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations)
     log = (run / "logs" / "server-1.1.log").read_text()
     print("the replacement:", re.findall(r"resumed from .*|replacing server .*", log))
 
@@ -298,14 +303,7 @@ def test_a_server_killed_after_a_worker_left_is_replaced_and_the_counts_stay_exa
     said = f"every server's checkpoint part of clock {b} is on disk: worker(s) [2] leave"
     assert any(said in x for x in lines), lines
     assert "server-1.1 replaces server-1" in out, out[-3000:]
-    base = run / "checkpoints"
-    assert checkpoint.clocks(base)[0] == iterations + 2
-    for c in checkpoint.clocks(base):
-        parts = checkpoint.check_complete(base, c, 2, None, None)
-        table, counts = _part_counts(cfg, parts)
-        np.testing.assert_array_equal(table, counts, err_msg=f"checkpoint at clock {c}")
-    final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(base, iterations + 2, 2, None, None))
-    np.testing.assert_array_equal(final, counts)
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations)
     restored = re.findall(r"resumed from \S+ at clock (\d+)", (run / "logs" / "server-1.1.log").read_text())
     assert restored and int(restored[0]) >= b, (restored, b)  # a part the leaver needs no resend for
 
