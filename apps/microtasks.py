@@ -132,6 +132,17 @@ def give(folder: str | Path, clock: int, states: Mapping[int, Mapping[str, np.nd
     return out
 
 
+def _await_file(path: Path, deadline: float, check: Callable[[], None] | None, why: str, interval: float) -> None:
+    """Until ``path`` exists: ``check`` (which raises if this worker's job failed) every ``interval``
+    seconds, BosenError(``why``) past ``deadline`` (``time.monotonic``)."""
+    while not path.exists():
+        if check is not None:
+            check()
+        if time.monotonic() > deadline:
+            raise BosenError(why)
+        time.sleep(interval)
+
+
 def take(folder: str | Path, clock: int, tasks: Iterable[int], timeout: float = HANDOFF_TIMEOUT_S,
          check: Callable[[], None] | None = None) -> dict[int, TaskState]:
     """The states of ``tasks`` that their givers wrote at ``clock`` (waiting up to ``timeout`` s for each
@@ -141,13 +152,8 @@ def take(folder: str | Path, clock: int, tasks: Iterable[int], timeout: float = 
     out: dict[int, TaskState] = {}
     for t in tasks:
         p = _path(folder, int(t), clock)
-        while not p.exists():
-            if check is not None:
-                check()
-            if time.monotonic() > deadline:
-                raise BosenError(f"micro-task {t}: no hand-off at clock {clock} in {folder} within {timeout:g}s "
-                                 "(its giver is gone?)")
-            time.sleep(0.01)
+        _await_file(p, deadline, check, f"micro-task {t}: no hand-off at clock {clock} in {folder} within "
+                    f"{timeout:g}s (its giver is gone?)", 0.01)
         with np.load(p, allow_pickle=False) as z:
             out[int(t)] = {n: z[n] for n in z.files}
         p.unlink()
@@ -269,13 +275,8 @@ class FilePlan:
         if isinstance(self._meta.get("durable"), int):
             release = self.path.with_name(f"left-{self._meta.get('id')}.json")
             deadline = time.monotonic() + self.timeout
-            while not release.exists():
-                if check is not None:
-                    check()
-                if time.monotonic() > deadline:
-                    raise BosenError(f"{release}: not written within {self.timeout:g}s (this worker leaves the "
-                                     "job once every server's checkpoint part of its clock is on disk)")
-                time.sleep(0.005)
+            _await_file(release, deadline, check, f"{release}: not written within {self.timeout:g}s (this "
+                        "worker leaves the job once every server's checkpoint part of its clock is on disk)", 0.005)
         return True
 
     def joined(self, clock: int, T: int, check: Callable[[], None] | None = None) -> np.ndarray:
