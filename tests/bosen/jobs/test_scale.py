@@ -174,7 +174,7 @@ def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_
 def test_impossible_requests_are_refused_naming_why(tmp_path):
     """A job without checkpoints, fewer than 1 worker or server, more servers than partitions, nothing
     asked; a request of servers and workers is checked whole: its refused workers part starts no server."""
-    path, _ = _lda_job(tmp_path, 400, checkpoints=False)
+    path, _ = _lda_job(tmp_path, 100_000, checkpoints=False)  # runs until killed: the requests never race its end
     run = (tmp_path / "run").resolve()
     p = _launch(path, run)
     try:
