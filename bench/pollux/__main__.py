@@ -27,7 +27,8 @@ held-out error; one JSON line per result.
   rounds alternating the modes: seconds from the first iteration to the first held-out loss at or
   below ``--target``, the best held-out loss and accuracy, the chosen M over training; then the
   adaptive job under each ``--bandwidths`` budget (managed communication) and each ``--delays``
-  injected round trip (a slower link, on one machine): the chosen M. A plot,
+  injected round trip (a slower link, on one machine) and each ``--links`` rate (the job's processes
+  in a network namespace whose loopback is shaped to it, the budget at that rate): the chosen M. A plot,
   ``--plot``. Not in ``--quick`` (a job takes seconds to start) unless named. ``--adaptive-app cnn``:
   the same comparison on the PyTorch CNN example (Fashion-MNIST images, the servers' SGD,
   ``--adaptive-large`` for the fixed large M), without budgets or delays.
@@ -215,6 +216,7 @@ def adaptive(a: argparse.Namespace) -> None:
     # the sync a step costs: a client bandwidth budget (managed communication), or an injected round trip
     conds = [(f"budget {bw:g} Mbps", {"bandwidth_mbps": bw}) for bw in a.bandwidths]
     conds += [(f"round trip {d * 1e3:g} ms", {"delay_s": d}) for d in a.delays]
+    conds += [(f"link {m:g} Mbit", {"link_mbit": m, "bandwidth_mbps": m}) for m in a.links]
     budgets: dict[str, list[Run]] = {label: [] for label, _ in conds}
     for rep in range(a.adaptive_reps):
         for label, kw in conds:
@@ -297,6 +299,9 @@ def main(argv: list[str] | None = None) -> None:
                         "step's flush is not budgeted, docs/evaluation.md; e.g. 1000 2)")
     p.add_argument("--delays", type=float, nargs="*", default=None,
                    help="adaptive: injected round trips (s) a step pays, the adaptive job under each (default 0 0.05)")
+    p.add_argument("--links", type=float, nargs="*", default=[],
+                   help="adaptive: link rates (Mbit/s) the adaptive job runs on, its budget set to the rate: the "
+                        "whole job in a network namespace whose loopback is shaped to it (root, iproute2)")
     p.add_argument("--bandwidth-iterations", type=int, default=None, help="adaptive: iterations of those jobs")
     p.add_argument("--adaptive-plot", default=None, help="adaptive: the figure (default docs/img/pollux-adaptive.png)")
     p.add_argument("--experiments", nargs="+", default=None,

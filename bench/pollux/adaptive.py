@@ -6,8 +6,14 @@ budgets. ``bench.pollux --experiments adaptive`` runs them; one ``bosen launch``
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import subprocess
+import sys
 import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +43,7 @@ class Plan:
     bandwidth_mbps: float | None = None  # managed communication at this client budget; None: unmanaged
     smoothing: float = 0.999  # the agent's φ smoothing per M0 step (AdaptDL's)
     delay_s: float = 0.0  # an injected round trip a step pays, from its read (``app.args.delay``, fixed)
+    link_mbit: float | None = None  # the whole job in a network namespace whose loopback runs at this rate
     timeout: float = 600.0
 
 
@@ -105,13 +112,51 @@ def _cnn_config(p: Plan, m0: int, adapt: bool, local: int) -> dict[str, Any]:
                       app=app)
 
 
+@contextlib.contextmanager
+def shaped_loopback(mbit: float) -> Iterator[str]:
+    """A network namespace (its name) whose loopback sends ``mbit`` Mbit/s (``tc tbf``, MTU 1500 so
+    every packet fits the bucket): a job run inside has every byte between its processes share one
+    slow link. Needs root and iproute2 (``ip``, ``tc``)."""
+    ns = f"bosenlink{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True, capture_output=True, text=True)
+    try:
+        for cmd in (["ip", "link", "set", "lo", "mtu", "1500"], ["ip", "link", "set", "lo", "up"],
+                    ["tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", f"{mbit:g}mbit", "burst", "32kbit",
+                     "latency", "400ms"]):
+            subprocess.run(["ip", "netns", "exec", ns, *cmd], check=True, capture_output=True, text=True)
+        yield ns
+    finally:
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), 9)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _launch_in(ns: str, path: Path, run_dir: Path, timeout: float) -> Any:
+    """``bosen launch`` inside namespace ``ns``: the launcher, its servers and workers all there."""
+    from bosen.jobs.job import JobRun, read_metrics
+
+    run_dir.mkdir(parents=True)
+    log = run_dir.parent / "launch.log"
+    t0 = time.monotonic()
+    with open(log, "w") as out:
+        code = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "bosen", "launch", str(path),
+                               "--run-dir", str(run_dir), "--timeout", repr(timeout), "--quiet", "--no-plot"],
+                              cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=timeout + 60).returncode
+    return JobRun(run_dir, code, time.monotonic() - t0, log, read_metrics(run_dir))
+
+
 def run(p: Plan) -> Run:
     """Launch the job and read rank 0's records."""
     from bosen.jobs.job import run_job, write_config
 
     with tempfile.TemporaryDirectory() as tmp:
         path = write_config(Path(tmp) / "job.yaml", config(p))
-        job = run_job(path, Path(tmp) / "run", timeout=p.timeout, cwd=REPO).check()
+        if p.link_mbit is None:
+            job = run_job(path, Path(tmp) / "run", timeout=p.timeout, cwd=REPO).check()
+        else:
+            with shaped_loopback(p.link_mbit) as ns:
+                job = _launch_in(ns, path, Path(tmp) / "run", p.timeout).check()
     mine = sorted((r for r in job.kind("worker") if r.get("rank") == 0 and "iteration" in r),
                   key=lambda r: r["iteration"])
     t0 = float(mine[0]["time"])

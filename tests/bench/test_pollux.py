@@ -73,3 +73,28 @@ def test_quick_adaptive_job_records_its_choices(capsys: pytest.CaptureFixture[st
     assert len(one["batches"]) == 3 and one["batches"][0] == 64 and min(one["batches"]) >= 64
     assert one["ours"] is not None and one["best_acc"] > 0.8, one  # digits reaches the quick target
     assert (tmp_path / "a.png").stat().st_size > 0 and lines[-1]["done"] is True
+
+
+def test_a_shaped_loopback_namespace_sends_at_its_rate() -> None:
+    """``--links``: 250 KB between two processes in the namespace take about 0.4 s at 5 Mbit/s (under
+    10 ms on the host's loopback): the job there pays the link's rate."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from bench.pollux.adaptive import shaped_loopback
+
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        pytest.skip("needs root and iproute2 (ip, tc) for a network namespace")
+    code = ("import socket, threading, time\n"
+            "srv = socket.create_server(('127.0.0.1', 0)); port = srv.getsockname()[1]\n"
+            "def sink():\n    c, _ = srv.accept()\n    while c.recv(65536): pass\n"
+            "t = threading.Thread(target=sink); t.start()\n"
+            "s = socket.create_connection(('127.0.0.1', port)); t0 = time.monotonic()\n"
+            "s.sendall(b'x' * 250_000); s.close(); t.join(); print(time.monotonic() - t0)\n")
+    with shaped_loopback(5) as ns:
+        out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert 0.25 < float(out.stdout) < 5.0
