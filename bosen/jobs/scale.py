@@ -45,7 +45,7 @@ import zmq
 
 from bosen import checkpoint
 from bosen.apps import microtasks
-from bosen.config import Config
+from bosen.config import Config, follows_workers
 from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
 from bosen.jobs.cluster import LocalCluster
@@ -292,10 +292,6 @@ class Scaler:
         if cfg.checkpoint is None:
             raise ScaleError(f"{cfg.source}: this job makes no checkpoints (no checkpoint section): a job that scales "
                              "must, so that a lost worker's micro-tasks can be restored (docs/recovery.md)")
-        synchronous = [t.name for t in cfg.tables if t.backup is not None]
-        if synchronous:
-            raise ScaleError(f"{cfg.source}: tables.{synchronous[0]} has backup workers (a synchronous table: each "
-                             "iteration counts the job's workers), so its workers cannot change while it runs")
         module = cfg.app.module or ""
         try:
             app = importlib.import_module(module)
@@ -303,6 +299,17 @@ class Scaler:
             raise ScaleError(f"app {module}: cannot import it here: {e}") from None
         if not getattr(app, "ELASTIC", False):
             raise ScaleError(f"app {module} has no micro-tasks that move to joining workers (docs/app-contract.md)")
+        for t in cfg.tables:  # a synchronous table: each iteration counts the job's workers
+            if t.backup is None:
+                continue
+            if not follows_workers(t.backup, cfg.cluster.workers):
+                raise ScaleError(f"{cfg.source}: tables.{t.name} has backup workers proper (mode {t.backup.mode}"
+                                 f"{f', k {t.backup.k}' if t.backup.k is not None else ''} of {cfg.cluster.workers} "
+                                 "workers: gradients dropped, every worker draws from the whole data set), so its "
+                                 "workers cannot change while it runs; only static k = the workers can")
+            if not getattr(app, "SYNC_ELASTIC", False):
+                raise ScaleError(f"app {module}: its synchronous path (tables.{t.name} has backup) does not follow "
+                                 "micro-tasks, so its workers cannot change while it runs")
         why = getattr(app, "not_elastic", None)  # an app elastic in some configs only says why not this one
         if callable(why) and (reason := why(cfg.app.args)):
             raise ScaleError(f"app {module}: {reason}")
