@@ -346,6 +346,7 @@ def test_a_job_with_backup_workers_proper_refuses_other_worker_counts(tmp_path):
             scaler.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
     """Synchronous MLR (static k = the workers, 6 micro-tasks) scaled 2 -> 3 -> 2 workers mid-run. At a
