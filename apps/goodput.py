@@ -37,9 +37,10 @@ EXPLORE = 4  # the search goes up to this times the largest batch measured (the 
 __all__ = ["GoodputArgs", "Setting", "Agent", "Recorder", "WorkerAgent", "COLS", "table_spec", "start"]
 
 # the columns of a row: one interval's sums over the workers (C_COMPUTE: the timed steps' seconds
-# computing gradients, the rest of a step is its sync: push, the servers' step, pull)
-C_STEPS, C_SQNORM, C_TRACE, C_SECONDS, C_TIMED, C_M, C_S, C_WORKERS, C_COMPUTE = range(9)
-COLS = 9
+# computing gradients, the rest of a step is its sync: push, the servers' step, pull; C_K: the job's
+# worker count at each timed step, so an interval whose timed steps ran at several counts shows it)
+C_STEPS, C_SQNORM, C_TRACE, C_SECONDS, C_TIMED, C_M, C_S, C_WORKERS, C_COMPUTE, C_K = range(10)
+COLS = 10
 
 
 @dataclass(frozen=True)
@@ -121,11 +122,16 @@ class Agent:
         self.setting = Setting(0, m_start, 0, workers, 1.0)
 
     def observe(self, row: np.ndarray) -> None:
-        """Fold in the row of the current interval (the sums over the workers that reported)."""
-        st = self.setting
+        """Fold in the row of the current interval (the sums over the workers that reported: those in
+        the job at its last iteration). Where the job's workers changed during the interval, the
+        workers switched to the setting for the new count (``decide``); so does the agent here, before
+        it reads the row, whatever count it was deciding for (a joiner replaying the rows)."""
         n_workers = int(round(row[C_WORKERS]))
         if n_workers == 0:
             return
+        if n_workers != self.setting.workers:
+            self.decide(self.setting.interval, n_workers)
+        st = self.setting
         if not (row[C_M] == n_workers * st.m and row[C_S] == n_workers * st.s):
             raise ConfigError(f"goodput: interval {st.interval}'s workers ran (m, s) summing to ({row[C_M]}, "
                               f"{row[C_S]}) over {n_workers}, the agent chose ({st.m}, {st.s}): the workers disagree")
@@ -133,7 +139,7 @@ class Agent:
             steps = row[C_STEPS] / n_workers  # steps each worker measured
             self.noise.add(row[C_SQNORM] / row[C_STEPS], row[C_TRACE] / row[C_STEPS], st.batch / self.m0,
                            max(int(round(steps)), 1))
-        if row[C_TIMED] > 0:
+        if row[C_TIMED] > 0 and row[C_K] == n_workers * row[C_TIMED]:  # every timed step at this count
             t = float(row[C_SECONDS] / row[C_TIMED])
             c = float(row[C_COMPUTE] / row[C_TIMED])
             self.obs.append((st.m, st.s, st.workers, t))
@@ -218,11 +224,13 @@ class Recorder:
         self.sums[C_SQNORM] += mo.sqnorm_raw
         self.sums[C_TRACE] += mo.trace(examples)
 
-    def step(self, seconds: float, compute: float) -> None:
-        """One timed step: ``seconds`` from its read of w_t to the next, ``compute`` of them in kernels."""
+    def step(self, seconds: float, compute: float, workers: int) -> None:
+        """One timed step: ``seconds`` from its read of w_t to the next, ``compute`` of them in kernels,
+        run by ``workers`` workers."""
         self.sums[C_SECONDS] += seconds
         self.sums[C_COMPUTE] += compute
         self.sums[C_TIMED] += 1
+        self.sums[C_K] += workers
 
     def row(self, st: Setting) -> np.ndarray:
         out = self.sums.copy()
@@ -246,6 +254,7 @@ class WorkerAgent:
         self.seen = 0  # intervals whose rows were read
         self.last_read: float | None = None  # when the previous iteration's w_t came
         self.last_it = -1
+        self.last_k = -1  # the job's workers at the previous iteration
         self.compute = 0.0  # the previous iteration's seconds of computation
         self.decided = True  # the setting of the current interval was just made (report it)
 
@@ -254,13 +263,18 @@ class WorkerAgent:
         return self.agent.setting
 
     def at(self, it: int, now: float, workers: int) -> Setting:
-        """The setting of iteration ``it`` (its w_t read at ``now``): the step that ended now is timed
-        (not the first of an interval), the rows of every interval that ended are read and decided on."""
+        """The setting of iteration ``it`` (its w_t read at ``now``) for the job's ``workers`` then: the
+        step that ended now is timed (not the first of an interval, nor one across a change of the
+        workers: its hand-off), the rows of every interval that ended are read and decided on, and
+        where the workers changed the agent re-picks (m, s) for their count at once (every worker at
+        ``it`` sees the same count, so all switch alike)."""
         every = self.args.interval_clocks
         prev = self.last_it
-        if self.last_read is not None and it == prev + 1 and prev % every != 0 and (prev + 1) % every != 0:
-            self.rec.step(now - self.last_read, self.compute)  # not an interval's first step nor the one after its row
-        self.last_read, self.last_it, self.compute = now, it, 0.0
+        if self.last_read is not None and it == prev + 1 and prev % every != 0 and (prev + 1) % every != 0 \
+                and workers == self.last_k:
+            self.rec.step(now - self.last_read, self.compute, workers)  # not an interval's first step nor the one
+            # after its row went out
+        self.last_read, self.last_it, self.last_k, self.compute = now, it, workers, 0.0
         interval = it // every
         while self.seen < interval:
             if self.seen >= self.table.rows:
@@ -271,6 +285,9 @@ class WorkerAgent:
             self.seen += 1
             self.agent.decide(self.seen, workers)
             self.rec.reset()
+            self.decided = True
+        if workers != self.agent.setting.workers:  # a scale step: the same observations, the new K
+            self.agent.decide(self.agent.setting.interval, workers)
             self.decided = True
         return self.agent.setting
 
@@ -292,6 +309,8 @@ class WorkerAgent:
         efficiency and throughput)."""
         st = self.setting
         out: dict[str, float] = {"m": st.m, "s": st.s, "lr_gain": st.gain}
+        if rank == 0:
+            out["goodput_workers"] = st.workers  # the K this step ran at (the scheduler reads it)
         if rank == 0 and self.decided:
             out.update(goodput_interval=st.interval, goodput_batch=st.batch, goodput_lr=lr * st.gain,
                        goodput_phi=_finite(st.phi), goodput_efficiency=st.efficiency,

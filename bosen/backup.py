@@ -18,7 +18,7 @@ import math
 import numpy as np
 from numba import njit
 
-from bosen.config import BackupConfig
+from bosen.config import BackupConfig, follows_workers
 from bosen.gradstats import Moments, Window, smoothness
 
 PRIOR_WEIGHT = 1e-6  # weight of an unobserved (h, i) cell's prior value, relative to one sample
@@ -167,11 +167,26 @@ class BackupPolicy:
             raise ValueError(f"k: {cfg.k} gradients per step, but the job has {n} workers (cluster.workers)")
         self.cfg = cfg
         self.n = n
+        self.k_static = cfg.k  # static k now: it follows the workers where it was all of them (``resize``)
+        self.follows = follows_workers(cfg, n)
         self.rtt = RoundTrips(n, cfg.memory)
         self.variance = Window(cfg.window)
         self.sqnorm = Window(cfg.window)
         self.smooth = Window(cfg.window)
         self._prev: tuple[Moments, float] | None = None  # the last step's moments and step size
+
+    def resize(self, n: int) -> None:
+        """The job now has ``n`` workers (``bosen scale``, from an iteration on): a static k that was all
+        the workers stays all of them (so the rate stays lr), another is capped at n; the round-trip
+        samples (a grid per (k_{t−1}, arrival rank) of n workers) start afresh, the windows stay."""
+        if n < 1:
+            raise ValueError(f"backup: a job of {n} workers")
+        if n == self.n:
+            return
+        self.n = n
+        if self.cfg.k is not None:
+            self.k_static = n if self.follows else min(self.cfg.k, n)
+        self.rtt = RoundTrips(n, self.cfg.memory)
 
     def lr(self, k: int) -> float:
         """The step size for a mean of k gradients: proportional (lr·k/n) for static k, the k = n
@@ -196,8 +211,8 @@ class BackupPolicy:
         alive = max(1, min(alive, self.n))
         mode = self.cfg.mode
         if mode == "static":
-            assert self.cfg.k is not None
-            return min(self.cfg.k, alive)
+            assert self.k_static is not None
+            return min(self.k_static, alive)
         if not self.rtt.observed:
             return alive
         T = self.rtt.expected()[:alive]

@@ -180,6 +180,12 @@ class BackupConfig:
         check(0 < self.memory <= 1, f"memory: must be in (0, 1], got {self.memory!r}")
 
 
+def follows_workers(cfg: BackupConfig, workers: int) -> bool:
+    """Every worker's gradient is applied at every step (static k = the job's ``workers``): the
+    synchronous SGD whose worker count can change (``bosen scale``), k following it."""
+    return cfg.mode == "static" and cfg.k == workers
+
+
 @dataclass(frozen=True)
 class TableConfig:
     """One shared table: ``rows`` x ``cols`` values, partitioned by row.

@@ -10,6 +10,12 @@ reads parked for t + 1 are answered. A gradient of an older iteration, or one mo
 from a worker already counted, is dropped, never applied: it only times the round trip. Workers
 whose gradient was dropped read w_{t+1} (or later) next and go on from there. Updates buffer per
 worker rank until their clock; gradients are accumulated, averaged and stepped in float64.
+
+The job's workers (n) change at an iteration (``bosen scale``): a worker that joins at clock B
+(``joined``) and one that leaves by BYE after its CLOCK(B) (``left`` with ``at``) count from, and no
+more from, iteration B, whenever their messages arrive: iteration B - 1 still waits for the leaver's
+gradient and not for the joiner's, iteration B for the joiner's and not for the leaver's. A worker
+lost (no BYE) leaves at once and n stays: DBW's k_t ≤ the workers alive.
 """
 
 from __future__ import annotations
@@ -49,7 +55,9 @@ class BackupStep(StoredProcedure):
         self.values: np.ndarray | None = None
         self.buffers: dict[int, np.ndarray] = {}  # rank -> its gradient of the tick in progress
         self.has: set[int] = set()  # ranks with updates since their last clock
-        self.alive: set[int] = set()
+        self.alive: set[int] = set()  # members not lost
+        self.members: set[int] = set()  # the job's workers (n): joined, not left by BYE
+        self.changes: dict[int, tuple[set[int], set[int]]] = {}  # iteration -> (ranks joining, leaving) there
         self.k = 1
         self.accepted: list[int] = []  # ranks accepted in the current iteration, in arrival order
         self.acc: np.ndarray | None = None  # their sum, float64
@@ -65,10 +73,14 @@ class BackupStep(StoredProcedure):
     def create(self, global_rows: np.ndarray, values: np.ndarray) -> None:
         self.values = values
 
-    def start(self, workers: int, iteration: int, now: float) -> None:
-        """The job's ``workers`` ranks, the iteration the server starts at (its clock)."""
+    def start(self, workers: int, iteration: int, now: float, members: list[int] | None = None) -> None:
+        """The job as launched with ``workers`` ranks, the iteration the server starts at (its clock);
+        ``members``: the ranks in the job now where they differ (a server started in a job that scaled)."""
         self.policy = BackupPolicy(self.backup, workers)
-        self.alive = set(range(workers))
+        self.members = set(range(workers)) if members is None else set(members)
+        self.alive = set(self.members)
+        if len(self.members) != workers and self.members:
+            self.policy.resize(len(self.members))
         self.iteration = iteration
         self.k = self.policy.choose(len(self.alive))
         if self._resume is not None:
@@ -183,17 +195,42 @@ class BackupStep(StoredProcedure):
         self.has.discard(rank)
         self.buffers.pop(rank, None)
 
-    def left(self, rank: int, now: float) -> bool:
-        """Rank ``rank`` left the job (or was lost): k_t is at most the workers left. Returns True if
-        the table stepped with the gradients it already had."""
-        self.alive.discard(rank)
+    def joined(self, rank: int, at: int) -> None:
+        """Rank ``rank`` joins the job at clock ``at`` (``bosen scale``; at most one iteration ahead of
+        the table: every worker waits at ``at`` until the joiners joined): it counts from iteration
+        ``at``, n one more."""
+        if at <= self.iteration:
+            self._resize({rank}, set())
+        else:
+            self.changes.setdefault(at, (set(), set()))[0].add(rank)
+
+    def left(self, rank: int, now: float, at: int | None = None) -> bool:
+        """Rank ``rank`` left the job: lost (``at`` None), k_t is at most the workers alive from now on;
+        by BYE after its CLOCK(``at``), it is no more one of the job's n from iteration ``at`` (its
+        gradient of ``at`` - 1 was its last). Returns True if the table stepped with the gradients it
+        already had."""
         self.forget(rank)
+        if at is not None and at > self.iteration:
+            self.changes.setdefault(at, (set(), set()))[1].add(rank)
+            return False
+        if at is not None:
+            self._resize(set(), {rank})
+        self.alive.discard(rank)
         if self.alive and self.k > len(self.alive):
             self.k = len(self.alive)
-            if len(self.accepted) >= self.k:
-                self._step(now)
-                return True
+        if self.alive and len(self.accepted) >= self.k:
+            self._step(now)
+            return True
         return False
+
+    def _resize(self, joining: set[int], leaving: set[int]) -> None:
+        """The job's workers change now (at the current iteration): n and k_t follow."""
+        assert self.policy is not None
+        self.members = (self.members | joining) - leaving
+        self.alive = (self.alive | joining) - leaving
+        if self.members:
+            self.policy.resize(len(self.members))
+        self.k = self.policy.choose(len(self.alive))
 
     def _step(self, now: float) -> None:
         assert self.acc is not None and self.values is not None and self.policy is not None
@@ -220,9 +257,12 @@ class BackupStep(StoredProcedure):
         self.starts.pop(old, None)
         self.arrivals.pop(old, None)
         self.k = self.policy.choose(len(self.alive))
+        for at in sorted(a for a in self.changes if a <= self.iteration):
+            self._resize(*self.changes.pop(at))
 
     def stats(self) -> dict[str, Any]:
         est = self.policy.state() if self.policy is not None else {}
         return {"backup": {"mode": self.backup.mode, "iteration": self.iteration, "k": self.k,
+                           "n": self.policy.n if self.policy is not None else None,
                            "k_history": list(self.k_history), "applied": [list(a) for a in self.applied],
                            **self.counts, **{k: (None if math.isnan(v) else v) for k, v in est.items()}}}

@@ -191,8 +191,10 @@ class Server:
         # synchronous tables with backup workers (server/backup.py): their own iteration, their parked reads
         self.backups = {s.index: s.procedure for s in self.shards if isinstance(s.procedure, BackupStep)}
         self.backup_parked: dict[int, list[tuple[Peer, int, bytes, int, np.ndarray]]] = {i: [] for i in self.backups}
-        for b in self.backups.values():
-            b.start(self.num_clients, self.clock, time.monotonic())
+        members = [r for r in range(self.num_clients) if self.client_clock[r] != GONE or r in gone]
+        for b in self.backups.values():  # the job's ranks now (a server started in a job that scaled: fewer, or others)
+            b.start(config.cluster.workers, self.clock, time.monotonic(),
+                    None if members == list(range(config.cluster.workers)) else members)
             for r in gone:
                 b.left(r, time.monotonic())
         self.checkpoints = ServerCheckpoints(config, rank) if config.checkpoint is not None else None
@@ -596,6 +598,8 @@ class Server:
         self.by_rank[rank] = peer
         log.info("worker rank %d joined the running job at clock %d (server clock %d; %d ranks)", rank, start,
                  self.clock, self.num_clients)
+        for b in self.backups.values():  # one of the synchronous tables' n from iteration ``start`` on
+            b.joined(rank, start)
         self._welcome(ident, h, rank)
 
     def add_client(self) -> int:
@@ -986,8 +990,10 @@ class Server:
             return
         self.client_clock[peer.rank] = GONE
         self.moves.check_retiring()
-        for i, backup in self.backups.items():  # k_t is at most the workers left: an iteration may end now
-            if backup.left(peer.rank, time.monotonic()):
+        # k_t is at most the workers left: an iteration may end now; one that said BYE after its CLOCK(c)
+        # is no more one of the n from iteration c (``bosen scale``: its last gradient was of c - 1)
+        for i, backup in self.backups.items():
+            if backup.left(peer.rank, time.monotonic(), None if lost else peer.clock):
                 self._backup_stepped(i)
         self._maybe_advance()
 

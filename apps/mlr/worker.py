@@ -47,7 +47,7 @@ from bosen.apps.mlr import kernels as K
 from bosen.apps.mlr.model import LocalModel
 from bosen.apps.protocol import PSClient, require_table
 from bosen.apps.state import restored, rng_state, set_rng_state
-from bosen.config import Config, check, from_dict
+from bosen.config import Config, check, follows_workers, from_dict
 from bosen.errors import ConfigError
 
 __all__ = ["MLRArgs", "SyntheticArgs", "load_data", "lr_at", "train"]
@@ -292,11 +292,16 @@ def train(client: PSClient, args: Mapping[str, Any], data: tuple[D.Dataset, D.Da
 
 def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Dataset, classes: int) -> None:
     """A table with backup workers: ``epochs * clocks_per_epoch`` iterations, each this worker's mean
-    gradient of one minibatch of ``batch_size`` samples (drawn from the whole training set, which
-    every worker holds, as DBW assumes) at w_t; the servers step (docs/design.md, "Backup workers").
-    Per iteration it reports ``objective`` (the minibatch's summed log-loss at w_t), ``samples``,
-    ``iteration`` and ``compute_s``; every ``eval_every`` iterations rank 0 adds ``train_loss`` (the
-    mean log-loss of w_t on the whole training set) and the held-out figures.
+    gradient of one minibatch of ``batch_size`` samples at w_t; the servers step (docs/design.md,
+    "Backup workers"). Per iteration it reports ``objective`` (the minibatch's summed log-loss at w_t),
+    ``samples``, ``iteration`` and ``compute_s``; every ``eval_every`` iterations rank 0 adds
+    ``train_loss`` (the mean log-loss of w_t on the whole training set) and the held-out figures.
+
+    Where every worker's gradient is applied (static k = the workers, ``follows_workers``) the
+    minibatches come from the micro-tasks the worker runs (``_Draws``: each task's samples once per
+    its pass, whichever worker runs it), which move at a ``bosen scale`` boundary as in the
+    asynchronous path, so the job's workers can change; with backup workers proper (k < n, dynamic,
+    blind) gradients are dropped, and each worker draws from the whole training set, as DBW assumes.
 
     With ``goodput`` (Pollux's agent, ``apps/goodput.py``) the step's batch is the agent's m·(s + 1),
     computed in micro-batches that measure the gradient statistics, and the pushed gradient is scaled
@@ -304,10 +309,36 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
     rank, workers = client.rank, client.num_workers
     total = a.epochs * a.clocks_per_epoch
     rows = np.arange(classes, dtype=np.int64)
-    rng = np.random.default_rng([a.seed, rank])
+    spec = client.config.table(a.table).backup
     delays = Delays(a.delay, rank, workers)
     model = LocalModel(classes, train_ds.features)
     F = train_ds.features
+    draws: _Draws | None = None
+    tasks = plan = handoff_dir = None
+    n_tasks = 0
+    if follows_workers(spec, workers):
+        saved = client.restored_state()
+        n_tasks = microtasks.count(a.micro_tasks, workers, saved)
+        tasks, received, plan, handoff_dir = microtasks.start(n_tasks, rank, workers, saved)
+        draws = _Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
+        if saved is not None:
+            draws.load(microtasks.unpack(saved, draws.tasks, _Draws.NAMES), client.config.source)
+        if microtasks.join_clock() is not None:  # its tasks as their givers left them
+            draws.load(received, client.config.source)
+        client.checkpoint_state(lambda: microtasks.pack({t: draws.state(t) for t in draws.tasks}))
+        rng = None
+    else:
+        rng = np.random.default_rng([a.seed, rank])
+
+    def draw(b: int) -> np.ndarray:
+        if draws is not None:
+            return draws.draw(b)
+        assert rng is not None
+        return rng.integers(0, train_ds.n, b).astype(np.int64)
+
+    def job_workers() -> int:  # the job's workers now: the ranks that run its tasks
+        return int(np.unique(tasks.owners).size) if tasks is not None else workers
+
     agent = None
     if a.goodput is not None:  # a push of the table a step: what the client's bandwidth budget paces
         agent = gp.start(client, a.goodput, a.batch_size, float(T.rows * T.cols * np.dtype(T.dtype).itemsize))
@@ -319,16 +350,16 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
         W64 = W.astype(np.float64, copy=False)
         fields: dict[str, float] = {}
         if agent is None:
-            batch = rng.integers(0, train_ds.n, a.batch_size).astype(np.int64)
+            batch = draw(a.batch_size)
             loss, G = K.loss_grad(train_ds.indptr, train_ds.indices, train_ds.values, train_ds.labels, batch, W64)
             G /= a.batch_size
             samples = a.batch_size
         else:
-            st = agent.at(it, t0, workers)
-            loss, G = _accumulated(train_ds, W64, rng, st.m, st.s, a.reg, agent.rec)
+            st = agent.at(it, t0, job_workers())
+            loss, G = _accumulated(train_ds, W64, draw(st.m * (st.s + 1)), st.s, a.reg, agent.rec)
             G *= st.gain  # the learning-rate gain: the servers step with backup.lr times the mean pushed
             samples = st.m * (st.s + 1)
-            fields.update(agent.fields(rank, client.config.table(a.table).backup.lr))
+            fields.update(agent.fields(rank, spec.lr))
         if a.reg and agent is None:
             G[:, :F] += a.reg * W64[:, :F]
         compute_s = time.perf_counter() - t0
@@ -346,16 +377,75 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
         if agent is not None:
             agent.before_clock(it)
         client.clock()
+        if plan is not None and handoff_dir is not None and (new := plan.at(it + 1, n_tasks)) is not None:
+            # the job's workers change from iteration it + 1: hand tasks off (the servers count the new
+            # workers from that iteration on), draw from ours
+            assert tasks is not None and draws is not None
+            kept = {t: draws.state(t) for t in draws.tasks if new[t] == rank}
+            got_states = tasks.handoff(it + 1, new, handoff_dir, draws.state)
+            if plan.leaving():  # its tasks are given away: it leaves the job here (BYE on close)
+                return
+            draws = _Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
+            draws.load({**kept, **got_states}, client.config.source)
 
 
-def _accumulated(ds: D.Dataset, W: np.ndarray, rng: np.random.Generator, m: int, s: int, reg: float,
+class _Draws:
+    """Minibatches drawn from micro-tasks without replacement: each task walks a permutation of its
+    share of the training set (``D.partition`` over the tasks, its own generator), a new one when it
+    is used up, so every sample of a task is used once per the task's pass, whichever worker runs it.
+    A worker's minibatch of b samples takes from its tasks in id order, b split evenly."""
+
+    NAMES = ("rng", "order", "pos")
+
+    def __init__(self, n: int, tasks: np.ndarray, n_tasks: int, seed: int) -> None:
+        self.tasks = [int(t) for t in tasks]
+        self.ids = {t: D.partition(n, t, n_tasks) for t in self.tasks}
+        self.rng = {t: np.random.default_rng([seed, t]) for t in self.tasks}
+        self.order = {t: self.rng[t].permutation(self.ids[t].size).astype(np.int64) for t in self.tasks}
+        self.pos = dict.fromkeys(self.tasks, 0)
+        self.passes = dict.fromkeys(self.tasks, 0)
+
+    def draw(self, b: int) -> np.ndarray:
+        """The next ``b`` samples (ids into the training set)."""
+        cuts = np.linspace(0, b, len(self.tasks) + 1).round().astype(np.int64)
+        out = []
+        for t, want in zip(self.tasks, np.diff(cuts).tolist(), strict=True):
+            n = self.ids[t].size
+            while want > 0 and n:
+                take = min(want, n - self.pos[t])
+                out.append(self.ids[t][self.order[t][self.pos[t]:self.pos[t] + take]])
+                self.pos[t] += take
+                want -= take
+                if self.pos[t] == n:  # the task's pass is done: a new order
+                    self.order[t] = self.rng[t].permutation(n).astype(np.int64)
+                    self.pos[t] = 0
+                    self.passes[t] += 1
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+    def state(self, t: int) -> dict[str, np.ndarray]:
+        """Task ``t``'s generator, its pass's order, and where it is in it (and its passes done)."""
+        return {"rng": rng_state(self.rng[t]), "order": self.order[t].copy(),
+                "pos": np.array([self.pos[t], self.passes[t]], dtype=np.int64)}
+
+    def load(self, states: Mapping[int, Mapping[str, np.ndarray]], source: str) -> None:
+        for t in self.tasks:
+            st = states[t]
+            if st["order"].shape != self.order[t].shape:
+                raise ConfigError(f"{source}: micro-task {t}'s saved sample order has {st['order'].size} samples, "
+                                  f"the task has {self.ids[t].size}: another data set?")
+            self.order[t] = np.asarray(st["order"], dtype=np.int64).copy()
+            self.pos[t], self.passes[t] = (int(x) for x in st["pos"])
+            set_rng_state(self.rng[t], st["rng"])
+
+
+def _accumulated(ds: D.Dataset, W: np.ndarray, rows: np.ndarray, s: int, reg: float,
                  rec: gp.Recorder) -> tuple[float, np.ndarray]:
-    """One step of the agent's setting: s + 1 micro-batches of m samples (accumulation), or m in two
-    halves when s = 0, so that the step's micro-batch gradients measure the gradient statistics
-    (``Recorder.moments``) at the cost of one kernel call more. Returns the summed log-loss and the
-    mean gradient over the step's samples, the L2 term ``reg`` included (in the statistics too)."""
-    pieces = s + 1 if s > 0 else min(2, m)
-    rows = rng.integers(0, ds.n, m * (s + 1)).astype(np.int64)
+    """One step of the agent's setting over ``rows`` (m·(s + 1) samples): s + 1 micro-batches of m
+    (accumulation), or m in two halves when s = 0, so that the step's micro-batch gradients measure the
+    gradient statistics (``Recorder.moments``) at the cost of one kernel call more. Returns the summed
+    log-loss and the mean gradient over the step's samples, the L2 term ``reg`` included (in the
+    statistics too)."""
+    pieces = s + 1 if s > 0 else min(2, rows.shape[0])
     cuts = np.linspace(0, rows.shape[0], pieces + 1).round().astype(np.int64)
     grads = np.empty((pieces,) + W.shape)
     total = np.zeros_like(W)

@@ -279,6 +279,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs-interval", type=float, default=5.0, help="jobs: seconds between Pollux's decisions")
     p.add_argument("--jobs-delay", type=float, default=2.0, help="jobs: the re-allocation penalty's delta (s)")
     p.add_argument("--jobs-timeout", type=float, default=400.0, help="jobs: seconds a job may take")
+    p.add_argument("--jobs-agent", action="store_true",
+                   help="jobs: adaptive jobs (synchronous MLR whose goodput agent picks the batch; --jobs-clocks are "
+                        "then iterations), which the scheduler scales and whose agent re-picks for each count")
     p.add_argument("--jobs-ray", default=None, metavar="ADDRESS",
                    help="jobs: run the jobs on the Ray cluster at ADDRESS (bosen launch --ray; `ray start --head`)")
     p.add_argument("--adaptive-data", default=None, help="adaptive: fashion-mnist (default; --quick: digits)")
@@ -348,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
         from bench.pollux import jobs
 
         jobs.run(a.jobs_reps, dict(zip(("small", "large"), a.jobs_clocks, strict=True)), a.jobs_slots, a.jobs_interval,
-                 a.jobs_delay, a.jobs_timeout, a.jobs_ray)
+                 a.jobs_delay, a.jobs_timeout, a.jobs_ray, a.jobs_agent)
     if "adaptive" in a.experiments:
         adaptive(a)
     emit(bench="pollux", done=True, seconds=time.perf_counter() - t0, data=a.data, samples=samples)

@@ -102,16 +102,19 @@ def clock_gaps(run_dir: Path, after: int) -> tuple[list[tuple[int, float]], int,
     return gaps, newest, max([0.0] + [t for _, t in recs])
 
 
-def agent_clocks(run_dir: Path, after: int) -> tuple[list[tuple[int, float, float, float]], float | None]:
-    """What a goodput agent writes in rank 0's records past clock ``after``: (clock, m, s, seconds since
-    the previous clock) of each clock that names its per-worker batch and accumulation, and the newest
-    φ reported (``goodput_phi``; -1 there means not measured yet), None if none."""
+def agent_clocks(run_dir: Path, after: int) -> tuple[list[tuple[int, int, float, float, float]], float | None]:
+    """What a goodput agent writes in rank 0's records past clock ``after``: (clock, the job's workers
+    it ran at (``goodput_workers``; 0 where the record does not say), m, s, seconds since the previous
+    clock) of each clock that names its per-worker batch and accumulation, and the newest φ reported
+    (``goodput_phi``; -1 there means not measured yet), None if none."""
     recs = _records(run_dir)
     out, phi = [], None
     for prev, r in zip(recs, recs[1:], strict=False):
         c = int(r["clock"])
         if c == int(prev["clock"]) + 1 and c > after and "m" in r and "s" in r:
-            out.append((c, float(r["m"]), float(r["s"]), float(r["time"]) - float(prev["time"])))
+            k = r.get("goodput_workers")
+            out.append((c, int(k) if isinstance(k, (int, float)) else 0, float(r["m"]), float(r["s"]),
+                        float(r["time"]) - float(prev["time"])))
     for r in recs:
         if int(r["clock"]) > after and isinstance(r.get("goodput_phi"), (int, float)) and r["goodput_phi"] >= 0:
             phi = float(r["goodput_phi"])
@@ -137,8 +140,14 @@ class Scheduler:
         self._scale = scale
 
     def observe(self) -> None:
-        """Each job's new clocks: the median seconds per clock at its current workers, one sample."""
+        """Each job's new clocks: the median seconds per clock at its current workers, one sample. A job
+        scaled by someone else meanwhile (its launcher counts other workers) is taken at its new count,
+        the clocks so far not measured as either."""
         for j in self.jobs:
+            now = _workers_now(j.run_dir)
+            if now is not None and now != j.workers:
+                j.workers, j.reallocations = now, j.reallocations + 1
+                j.skip_until = clock_gaps(j.run_dir, j.seen_clock)[1] + 1
             after = j.seen_clock
             gaps, newest, ran = clock_gaps(j.run_dir, after)
             j.seen_clock, j.ran_s = newest, max(j.ran_s, ran)
@@ -148,7 +157,8 @@ class Scheduler:
             if j.agent is not None:
                 clocks, phi = agent_clocks(j.run_dir, after)
                 j.phi = phi if phi is not None else j.phi
-                j.runs += [(j.workers, m, s, g) for c, m, s, g in clocks if c > j.skip_until and g > 0 and m >= 1]
+                j.runs += [(k or j.workers, m, s, g) for c, k, m, s, g in clocks
+                           if c > j.skip_until and g > 0 and m >= 1]
 
     def model(self, j: Tracked) -> scheduling.Job | None:
         """The policy's view of a job, None before its first measured clock. Like Pollux's exploration
@@ -217,25 +227,36 @@ class Scheduler:
 
 def _ended(run_dir: Path) -> bool:
     """The job's launcher has stopped (its control file is gone, or its process)."""
-    from bosen.jobs.scale import ScaleError, _address
+    from bosen.jobs.scale import ScaleError, control_address
 
     try:
-        _address(run_dir)
+        control_address(run_dir)
     except ScaleError:
         return True
     return False
 
 
+def _workers_now(run_dir: Path) -> int | None:
+    """The job's workers now as its launcher counts them; None where no launcher answers."""
+    from bosen.jobs.scale import ScaleError, workers_now
+
+    try:
+        return workers_now(run_dir)
+    except ScaleError:
+        return None
+
+
 def track(run_dir: str | os.PathLike[str]) -> Tracked:
-    """A running job as the scheduler starts from: its workers as launched (its config.yaml), at most
-    one per micro-task, and its agent's bounds where it has one. BosenError, naming why, for a run
-    directory without a running launcher or a job that cannot scale (no checkpoints)."""
-    from bosen.jobs.scale import _address
+    """A running job as the scheduler starts from: its workers now (as its launcher counts them: a job
+    scaled since its launch has another count than its config's), at most one per micro-task, and
+    its agent's bounds where it has one. BosenError, naming why, for a run directory without a
+    running launcher or a job that cannot scale (no checkpoints)."""
+    from bosen.jobs.scale import control_address, workers_now
 
     path = Path(run_dir).resolve()
     if not path.is_dir():
         raise BosenError(f"{run_dir}: not a run directory (bosen launch --run-dir makes one)")
-    _address(path)  # ScaleError: no launcher, or one that is not running any more
+    control_address(path)  # ScaleError: no launcher, or one that is not running any more
     try:
         cfg = config_mod.load(path / "config.yaml")
     except (OSError, ValueError) as e:
@@ -245,15 +266,15 @@ def track(run_dir: str | os.PathLike[str]) -> Tracked:
                          "change while it runs: the scheduler can only move a job that `bosen scale` can")
     args = cfg.app.args
     tasks = args.get("micro_tasks")
-    workers = cfg.cluster.workers
+    workers = cfg.cluster.workers  # as launched: M0 is counted from it
     agent = None
     spec = args.get("goodput")
     if isinstance(spec, dict) and spec.get("adapt", True):
         m0 = int(spec.get("m0") or workers * int(args.get("batch_size", 1)))
         # the agent's defaults: 32·M0 (P:179), 4096 a worker
         agent = Agent(m0, int(spec.get("max_batch") or 32 * m0), int(spec.get("max_local") or 4096))
-    return Tracked(path, WORK, workers, max_workers=int(tasks) if isinstance(tasks, int) and tasks > 0 else None,
-                   agent=agent)
+    top = int(tasks) if isinstance(tasks, int) and tasks > 0 else None
+    return Tracked(path, WORK, workers_now(path), max_workers=top, agent=agent)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ import zmq
 
 from bosen import checkpoint
 from bosen.apps import microtasks
-from bosen.config import Config
+from bosen.config import Config, follows_workers
 from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
 from bosen.jobs.cluster import LocalCluster
@@ -219,6 +219,8 @@ class Scaler:
             if step is None:
                 return {"ok": True, "id": -1, "lines": ["nothing to do: the job already has that shape"], "done": True}
             return {"ok": True, "id": step.id}
+        if op == "shape":  # the job's workers now (a step under way counts its joiners from its commit)
+            return {"ok": True, "workers": len(self.members), "scaling": self.current is not None}
         if op == "progress":
             step = self.steps.get(req.get("id", -2))
             if step is None:
@@ -226,7 +228,7 @@ class Scaler:
             start = req.get("from", 0)
             return {"ok": True, "lines": step.lines[start if isinstance(start, int) else 0:], "done": step.done,
                     "error": step.error, "seconds": step.seconds}
-        raise ScaleError(f"unknown request {op!r} (scale, progress)")
+        raise ScaleError(f"unknown request {op!r} (scale, progress, shape)")
 
     def _servers(self, n: Any) -> _Step | None:
         """Servers join (``bosen-server --join``, on free local ports) or the last ones leave, at once:
@@ -292,10 +294,6 @@ class Scaler:
         if cfg.checkpoint is None:
             raise ScaleError(f"{cfg.source}: this job makes no checkpoints (no checkpoint section): a job that scales "
                              "must, so that a lost worker's micro-tasks can be restored (docs/recovery.md)")
-        synchronous = [t.name for t in cfg.tables if t.backup is not None]
-        if synchronous:
-            raise ScaleError(f"{cfg.source}: tables.{synchronous[0]} has backup workers (a synchronous table: each "
-                             "iteration counts the job's workers), so its workers cannot change while it runs")
         module = cfg.app.module or ""
         try:
             app = importlib.import_module(module)
@@ -303,6 +301,17 @@ class Scaler:
             raise ScaleError(f"app {module}: cannot import it here: {e}") from None
         if not getattr(app, "ELASTIC", False):
             raise ScaleError(f"app {module} has no micro-tasks that move to joining workers (docs/app-contract.md)")
+        for t in cfg.tables:  # a synchronous table: each iteration counts the job's workers
+            if t.backup is None:
+                continue
+            if not follows_workers(t.backup, cfg.cluster.workers):
+                raise ScaleError(f"{cfg.source}: tables.{t.name} has backup workers proper (mode {t.backup.mode}"
+                                 f"{f', k {t.backup.k}' if t.backup.k is not None else ''} of {cfg.cluster.workers} "
+                                 "workers: gradients dropped, every worker draws from the whole data set), so its "
+                                 "workers cannot change while it runs; only static k = the workers can")
+            if not getattr(app, "SYNC_ELASTIC", False):
+                raise ScaleError(f"app {module}: its synchronous path (tables.{t.name} has backup) does not follow "
+                                 "micro-tasks, so its workers cannot change while it runs")
         why = getattr(app, "not_elastic", None)  # an app elastic in some configs only says why not this one
         if callable(why) and (reason := why(cfg.app.args)):
             raise ScaleError(f"app {module}: {reason}")
@@ -534,7 +543,7 @@ class Scaler:
                   f"after {step.seconds:.2f}s")
 
 
-def _address(target: str | os.PathLike[str]) -> str:
+def control_address(target: str | os.PathLike[str]) -> str:
     """The control endpoint of the launcher running the job of ``target`` (its run directory, or a
     file in it such as its config.yaml)."""
     path = Path(target)
@@ -562,7 +571,7 @@ def scale(target: str | os.PathLike[str], workers: int | None = None, servers: i
     """Ask the launcher of the running job ``target`` (its run directory) for ``workers`` worker
     processes and ``servers`` server processes; prints progress lines through ``out``, returns when
     the job runs with that shape (seconds it took). ScaleError if the request cannot be met."""
-    address = _address(target)
+    address = control_address(target)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
@@ -606,3 +615,25 @@ def scale(target: str | os.PathLike[str], workers: int | None = None, servers: i
     finally:
         sock.close(0)
         ctx.term()
+
+
+def workers_now(target: str | os.PathLike[str], timeout: float = 10.0) -> int:
+    """The worker processes the running job ``target`` (its run directory) has now, as its launcher
+    counts them (a job scaled since its launch, by anyone, has another count than its config's).
+    ScaleError if no launcher runs it or it does not answer within ``timeout`` seconds."""
+    address = control_address(target)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(address)
+        sock.send(json.dumps({"op": "shape"}).encode())
+        if not sock.poll(int(timeout * 1000)):
+            raise ScaleError(f"the launcher at {address} did not answer within {timeout:g}s")
+        reply = json.loads(sock.recv())
+    finally:
+        sock.close(0)
+        ctx.term()
+    if not reply.get("ok"):
+        raise ScaleError(str(reply.get("error")))
+    return int(reply["workers"])

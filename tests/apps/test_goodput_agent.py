@@ -28,6 +28,7 @@ def _row(st: gp.Setting, phi: float, model: Throughput, workers_reporting: int |
     row[gp.C_STEPS], row[gp.C_SQNORM], row[gp.C_TRACE] = k * steps, k * steps * 1.0, k * steps * phi
     row[gp.C_SECONDS] = k * steps * float(model.t_iter(st.m, st.s, st.workers))
     row[gp.C_TIMED] = k * steps
+    row[gp.C_K] = k * steps * st.workers
     row[gp.C_COMPUTE] = k * steps * (st.s + 1) * (model.alpha_grad + model.beta_grad * st.m)
     row[gp.C_M], row[gp.C_S], row[gp.C_WORKERS] = k * st.m, k * st.s, k
     return row
@@ -119,6 +120,30 @@ def test_two_workers_through_one_table_switch_at_the_same_iteration() -> None:
     assert seen[0] == seen[1]
     assert len({x for x in seen[0][:5]}) == 1 and seen[0][5] != seen[0][0]  # switched at iteration 5
     assert table.data[0, gp.C_WORKERS] == 2 and table.data[0, gp.C_TIMED] == 2 * 3  # steps 1-3 timed
+
+
+def test_a_new_worker_count_re_picks_at_once_and_a_joiner_replays_the_same_agent() -> None:
+    """Two workers, a third joins at iteration 13 (mid-interval): from there all three run the same
+    setting, re-picked for K = 3 at 13 by the old workers and rebuilt from the rows by the joiner (its
+    agent made as any worker's, for the launched 2); the mixed interval's timings are not a sample."""
+    table = InProcessTable("goodput", 6, gp.COLS, "float64", staleness=0)
+    args = from_dict(gp.GoodputArgs, {"interval_clocks": 5, "smoothing": 0.5}, "goodput")
+    ws = [gp.WorkerAgent(table, args, gp.Agent(args, 64, 2, 32)) for _ in range(2)]
+    rng = np.random.default_rng(0)
+    seen: dict[int, list[tuple[int, int, int, float]]] = {}
+    for it in range(25):
+        if it == 13:
+            ws.append(gp.WorkerAgent(table, args, gp.Agent(args, 64, 2, 32)))
+        for r, w in enumerate(ws):
+            st = w.at(it, it * 0.01 + r * 1e-4, len(ws))
+            seen.setdefault(it, []).append((st.m, st.s, st.workers, st.gain))
+            w.rec.moments(rng.normal(1.0, 3.0, (2, 10)), st.m // 2)
+            w.before_clock(it)
+    assert all(len(set(v)) == 1 for v in seen.values()), seen
+    assert seen[12][0][2] == 2 and seen[13][0][2] == 3 and seen[13][0][:2] != seen[12][0][:2]
+    assert table.data[2, gp.C_WORKERS] == 3 and table.data[3, gp.C_WORKERS] == 3
+    assert [k for _, _, k, _ in ws[0].agent.obs] == [2, 2, 3]  # interval 2 (K 2 and 3) is not a sample
+    assert ws[2].agent.noise.phi == ws[0].agent.noise.phi
 
 
 @pytest.mark.parametrize(("args", "match"), [

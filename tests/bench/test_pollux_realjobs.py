@@ -15,3 +15,16 @@ def test_job_configs_are_checkpointed_microtask_jobs_of_the_asked_length() -> No
         assert all(jobs.MICRO_TASKS % k == 0 for k in (1, 2, 3, 4))
     small, large = (jobs.job_config(k, 1)["app"]["args"] for k in ("small", "large"))
     assert {k for k in small if small[k] != large[k]} == {"synthetic", "batch_size"}
+
+
+
+def test_agent_job_configs_are_synchronous_jobs_with_a_goodput_agent_that_can_scale() -> None:
+    from bosen.config import follows_workers
+
+    for kind in jobs.AGENT_KINDS:
+        for workers in (1, 2):
+            cfg = config_mod.load(jobs.job_config(kind, 400, agent=True, workers=workers))
+            W = cfg.table("W")
+            assert W.backup is not None and follows_workers(W.backup, workers) and cfg.checkpoint is not None
+            assert cfg.table("goodput").rows * jobs.AGENT_INTERVAL > 400 and cfg.app.args["epochs"] == 400
+            assert cfg.app.args["goodput"]["m0"] == jobs.AGENT_M0 == workers * cfg.app.args["batch_size"]

@@ -5,6 +5,7 @@ the loop (``schedule``) scales one of them out through ``bosen scale`` and retur
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,9 +13,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import zmq
 
 from bosen.errors import BosenError
 from bosen.jobs import cli
@@ -42,6 +45,7 @@ def test_an_agents_phi_and_batches_make_the_job_adaptive(tmp_path: Path) -> None
     recs = [{"clock": c, "time": 0.1 * c, "m": 64, "s": 0} for c in range(6)]
     recs[1] |= {"goodput_phi": -1.0}  # not measured yet
     recs[4] |= {"goodput_phi": 900.0, "goodput_batch": 64}
+    recs[5] |= {"goodput_workers": 2}  # the K a clock ran at, where the agent says it
     (run / "workers" / "0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     plain = Tracked(run, work=1000, workers=1)
     agent = Tracked(run, work=1000, workers=1, agent=Agent(64, 2048, 4096))
@@ -49,6 +53,7 @@ def test_an_agents_phi_and_batches_make_the_job_adaptive(tmp_path: Path) -> None
     s.observe()
     assert plain.phi is None and agent.phi == 900.0 and len(agent.runs) == 5 and agent.runs[0] == (1, 64.0, 0.0,
                                                                                                    pytest.approx(0.1))
+    assert agent.runs[-1][0] == 2
     plain_model, agent_model = s.model(plain), s.model(agent)
     assert plain_model is not None and not plain_model.adaptive and plain_model.phi == float("inf")
     assert agent_model is not None and agent_model.adaptive and agent_model.phi == 900.0 and agent_model.m0 == 64
@@ -71,10 +76,37 @@ def test_run_dirs_the_scheduler_cannot_move_are_refused_by_name(tmp_path: Path,
     cfg["checkpoint"] = {"every_clocks": 200}
     cfg["app"]["args"]["goodput"] = {"m0": 128}
     (tmp_path / "config.yaml").write_text(json.dumps(cfg))
-    t = track(tmp_path)
-    assert (t.workers, t.max_workers, t.agent) == (1, 4, Agent(128, 4096, 4096))
+    with _launcher(tmp_path, workers=3):  # scaled since its launch: the launcher's count, not the config's
+        t = track(tmp_path)
+    assert (t.workers, t.max_workers, t.agent) == (3, 4, Agent(128, 4096, 4096))
     with pytest.raises(ValueError, match="interval"):
         schedule([tmp_path], 2, interval=0)
+
+
+@contextlib.contextmanager
+def _launcher(run: Path, workers: int) -> Iterator[None]:
+    """A stand-in launcher's control endpoint that says the job has ``workers`` workers."""
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REP)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    (run / "control.json").write_text(json.dumps({"address": f"tcp://127.0.0.1:{port}", "pid": os.getpid()}))
+    stop = threading.Event()
+
+    def answer() -> None:
+        while not stop.is_set():
+            if sock.poll(50):
+                assert json.loads(sock.recv()) == {"op": "shape"}
+                sock.send(json.dumps({"ok": True, "workers": workers, "scaling": False}).encode())
+
+    t = threading.Thread(target=answer, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
+        sock.close(0)
+        ctx.term()
 
 
 def _job(tmp_path: Path, name: str) -> Path:
@@ -130,3 +162,62 @@ def test_the_loop_scales_one_of_two_real_jobs_out_and_returns_when_they_end(tmp_
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_the_scheduler_scales_an_agent_driven_job_and_its_agent_re_picks_for_the_new_count(tmp_path: Path) -> None:
+    """One synchronous MLR job whose goodput agent picks (m, s), on 2 slots: once the agent reports φ,
+    a scheduler step gives the job the free slot through `bosen scale`; from the boundary on rank 0's
+    records name K = 2, the agent's choice there is made for 2 (M = 2·m·(s + 1)) and differs from the
+    one for 1, every worker runs it, and the scheduler's next look reads them as the job's samples at 2."""
+    cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 1}, "checkpoint": {"every_clocks": 50, "keep": 2},
+           "tables": {"W": {"rows": 10, "cols": 1001, "dtype": "float32", "init": {"zeros": True},
+                            "backup": {"mode": "static", "k": 1, "lr": 0.5}},
+                      "goodput": {"rows": 10000, "cols": 10, "dtype": "float64", "staleness": 0,
+                                  "init": {"zeros": True}}},
+           # 200 features a sample: computation grows with the batch, so a second worker pays in the model
+           "app": {"module": "bosen.apps.mlr",
+                   "args": {"data": "synthetic", "synthetic": {"n": 20000, "nnz": 200}, "holdout": 0.1,
+                            "batch_size": 32, "micro_tasks": 4, "eval_every": 0, "epochs": 100000,
+                            "goodput": {"interval_clocks": 10}}}}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(cfg))
+    run = (tmp_path / "run").resolve()
+    p = subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(run), "--no-plot"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+
+    def records(rank: int) -> list[dict]:
+        f = run / "workers" / f"{rank}.jsonl"
+        lines = f.read_text().splitlines() if f.exists() else []
+        return [json.loads(x) for x in lines[:-1]]  # the last may be half written
+
+    try:
+        deadline = time.monotonic() + 120
+        while not any(r.get("goodput_phi", -1) >= 0 for r in records(0)):  # the agent measures φ and picks
+            assert p.poll() is None and time.monotonic() < deadline, "the job ended or stalled"
+            time.sleep(0.1)
+        s = Scheduler([track(run)], 2, delay=1.0)
+        assert s.jobs[0].workers == 1 and s.jobs[0].agent is not None
+        moves = s.step()
+        while not moves:  # the loop's intervals: the job ages, the fit learns (a young job pays the move)
+            assert p.poll() is None and time.monotonic() < deadline and not s.refused, s.refused
+            time.sleep(0.5)
+            moves = s.step()
+        assert [(r, k) for r, k, _ in moves] == [(run, 2)], s.refused
+        while not [r for r in records(1) if "iteration" in r][5:]:  # the joiner ran a few steps
+            assert p.poll() is None and time.monotonic() < deadline, "the job ended or stalled"
+            time.sleep(0.1)
+        s.observe()
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    rank0 = [r for r in records(0) if "iteration" in r]
+    b = next(r["iteration"] for r in rank0 if r["goodput_workers"] == 2)
+    before = [r for r in rank0 if r["iteration"] < b][-1]
+    at = next(r for r in rank0 if r["iteration"] == b)
+    assert at["goodput_batch"] == 2 * at["m"] * (at["s"] + 1) and (at["m"], at["s"]) != (before["m"], before["s"])
+    assert all(r["goodput_workers"] == 2 for r in rank0 if r["iteration"] >= b)
+    ran = {r["iteration"]: (r["m"], r["s"], r["lr_gain"]) for r in rank0}
+    assert all(ran[r["iteration"]] == (r["m"], r["s"], r["lr_gain"]) for r in records(1) if "iteration" in r)
+    assert any(k == 2 for k, *_ in s.jobs[0].runs) and s.jobs[0].workers == 2

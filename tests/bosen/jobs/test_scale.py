@@ -325,20 +325,96 @@ def _part_counts(cfg: dict, parts: dict) -> tuple[np.ndarray, np.ndarray]:
     return table, counts
 
 
-def test_a_job_with_a_synchronous_table_refuses_other_worker_counts(tmp_path):
-    """A table with backup workers counts the job's workers in every iteration (DBW's n): asked for
-    another count, the launcher's scaler refuses, naming the table, before anything starts."""
+def test_a_job_with_backup_workers_proper_refuses_other_worker_counts(tmp_path):
+    """Backup workers proper (k < n, dynamic, blind) drop gradients and every worker draws from the
+    whole data set: asked for another count, the launcher's scaler refuses, naming the table, before
+    anything starts. Static k = the workers (the next test) scales."""
     from types import SimpleNamespace
 
     from bosen.jobs.scale import Scaler
 
-    cfg = build({"cluster": {"servers": ["127.0.0.1:0"], "workers": 2}, "checkpoint": {"every_clocks": 10},
-                 "tables": {"G": {"rows": 2, "cols": 3, "dtype": "float64", "backup": {"mode": "static", "k": 2}}},
-                 "app": {"module": "bosen.apps.mlr"}})
-    host = SimpleNamespace(run_dir=tmp_path, workers=[None, None], config=cfg, cluster=None, ray_job=None)
-    scaler = Scaler(host)  # type: ignore[arg-type]
+    for backup in ({"mode": "static", "k": 1}, {"mode": "dynamic"}):
+        cfg = build({"cluster": {"servers": ["127.0.0.1:0"], "workers": 2}, "checkpoint": {"every_clocks": 10},
+                     "tables": {"G": {"rows": 2, "cols": 3, "dtype": "float64", "backup": backup}},
+                     "app": {"module": "bosen.apps.mlr"}})
+        host = SimpleNamespace(run_dir=tmp_path, workers=[None, None], config=cfg, cluster=None, ray_job=None)
+        scaler = Scaler(host)  # type: ignore[arg-type]
+        try:
+            with pytest.raises(ScaleError, match="tables.G has backup workers proper .* cannot change while it runs"):
+                scaler.checks["workers"](3)
+        finally:
+            scaler.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
+    """Synchronous MLR (static k = the workers, 6 micro-tasks) scaled 2 -> 3 -> 2 workers mid-run. At a
+    checkpoint past both boundaries: every iteration applied exactly the job's workers' gradients
+    (2, then 3 from B1, then 2 from B2; none dropped), every task's sampler (its pass's order and
+    place) is where a replay that moves the tasks at B1 and B2 has it, and the table equals that
+    replay's w_c up to the order the server summed each step's gradients in (float64, 1e-9)."""
+    from bosen.apps.mlr import kernels as K
+    from bosen.apps.mlr.worker import MLRArgs, _Draws, load_data
+
+    cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 2},
+           "checkpoint": {"every_clocks": 50, "keep": 100},
+           "tables": {"W": {"rows": 10, "cols": 65, "dtype": "float64", "init": {"zeros": True},
+                            "backup": {"mode": "static", "k": 2, "lr": 0.5}}},
+           "app": {"module": "bosen.apps.mlr", "args": {"data": "digits", "holdout": 0.1, "batch_size": 7,
+                                                         "micro_tasks": 6, "epochs": 1_000_000, "eval_every": 0}}}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(cfg))
+    run = (tmp_path / "run").resolve()
+    p = _launch(path, run)
+    base = run / "checkpoints"
     try:
-        with pytest.raises(ScaleError, match="tables.G has backup workers .* cannot change while it runs"):
-            scaler.checks["workers"](3)
+        _wait_clock(p, run, 5)
+        lines: list[str] = []
+        bosen.scale(run, workers=3, out=lines.append)
+        bosen.scale(run, workers=2, out=lines.append)
+        b1, b2 = (int(m) for m in re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines)))
+        deadline = time.monotonic() + 60
+        parts = None
+        while parts is None:  # a checkpoint well past B2, complete
+            assert p.poll() is None and time.monotonic() < deadline, lines
+            time.sleep(0.05)
+            c = b2 + 100 - b2 % 50
+            try:
+                parts = checkpoint.check_complete(base, c, 1, None, None)
+            except checkpoint.CheckpointError:
+                pass
     finally:
-        scaler.close()
+        _stop(p)
+    server = parts["server-0"].load()
+    k_hist = server["p0.k_history"].tolist()
+    want = ([2] * b1 + [3] * (b2 - b1) + [2] * (c - b2))[-len(k_hist):]
+    assert k_hist == want and len(k_hist) == min(c, 1000), (b1, b2, c)
+    assert server["p0.counts"][1:4].tolist() == [0, 0, 0]  # dropped late, repeat, ahead
+    states = {k: v for name, part in parts.items() if name.startswith("worker-") for k, v in part.load().items()
+              if k.startswith("task.")}
+    # the replay: each task draws its share of its owner's minibatch; the step is the mean at lr
+    a = from_dict(MLRArgs, cfg["app"]["args"], "app.args")
+    train, _ = load_data(a, 10, 64)
+    tasks = {t: _Draws(train.n, np.array([t]), 6, a.seed) for t in range(6)}
+    W = np.zeros((10, 65))
+    for it in range(c):
+        ranks = [0, 1, 2] if b1 <= it < b2 else [0, 1]
+        owners = M.assign(6, ranks)
+        grads = []
+        for r in ranks:
+            mine = M.owned(owners, r)
+            cuts = np.diff(np.linspace(0, a.batch_size, mine.size + 1).round().astype(np.int64))
+            batch = np.concatenate([tasks[int(t)].draw(int(n)) for t, n in zip(mine, cuts, strict=True)])
+            _, G = K.loss_grad(train.indptr, train.indices, train.values, train.labels, batch, W)
+            G /= a.batch_size
+            G[:, :64] += a.reg * W[:, :64]
+            grads.append(G)
+        W = W - 0.5 * np.mean(grads, axis=0)
+    for t in range(6):
+        st = tasks[t].state(t)
+        for name in ("order", "pos", "rng"):
+            np.testing.assert_array_equal(states[M.key(t, name)], st[name], err_msg=f"task {t} {name}")
+    got = np.zeros((10, 65))
+    got[server["t0.rows"]] = server["t0.values"]
+    np.testing.assert_allclose(got, W, rtol=0, atol=1e-9)
