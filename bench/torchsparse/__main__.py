@@ -20,12 +20,13 @@ distinct rows each worker's shard touches, rank 0's training seconds per step (i
 evaluations left out), the held-out AUC (rank 0, 50,000 samples) beside the teacher's ceiling.
 ``ratio`` on the AUC line: sparse / dense. Progress on stderr.
 
-``--cases cpu`` (``--rounds`` N): what the worker-side path costs, apart from the servers and the
-table's size: one worker and one server in this process's control, the same ids hashed into 1M rows,
-a ``PSEmbedding`` over a sparse table against an ``nn.Embedding`` over a dense one, fresh servers
-each run, the order alternating every round; the worker's main-thread CPU (``time.thread_time``) and
-wall time per step over steps 20..119 (batch 1024), and the per-round ratio sparse / dense (median
-and spread; below 1: the new path is cheaper).
+``--cases cpu`` (``--rounds`` N, ``--steps``, ``--dense-rows``): what the worker-side path costs, apart
+from the servers and the table's size: one worker and one server in this process's control, the same
+ids hashed into ``--dense-rows`` (1M) rows, a ``PSEmbedding`` over a sparse table against an
+``nn.Embedding`` over a dense one, fresh servers each run, the order alternating every round; the
+worker's main-thread CPU (``time.thread_time``) and wall time per step over steps 20..``--steps`` - 1
+(batch 1024), and the per-round ratio sparse / dense (median and spread; below 1: the new path is
+cheaper).
 
 ``--cases devcache`` (``--device``, ``--rounds``, ``--steps``, ``--device-cache-rows``, ``--staleness``,
 ``--zipf``, ``--storage``): the same step with and without the device row cache, alternated
@@ -131,9 +132,9 @@ def case(name: str, sets: dict[str, Any], workers: int) -> dict[str, Any]:
     return res
 
 
-def path_cpu(rounds: int) -> None:
+def path_cpu(rounds: int, steps: int = 120, rows: int = 1_000_000) -> None:
     """Worker main-thread CPU per step, PSEmbedding over a sparse table against nn.Embedding over a
-    dense one (same hashed ids, 1M rows), alternated; one JSON line per storage and one ratio line."""
+    dense one (same hashed ids, ``rows`` rows), alternated; one JSON line per storage and one ratio line."""
     import statistics
     import time
 
@@ -144,9 +145,11 @@ def path_cpu(rounds: int) -> None:
     from bosen.apps.pytorch import PSModule, ServerOptimizer
     from bosen.client import Client
 
-    base = {**_args(CONFIG), "table_rows": 1_000_000, "cache_rows": None, "train_samples": 200_000}
+    base = {**_args(CONFIG), "table_rows": rows, "cache_rows": None, "train_samples": 200_000}
     a0 = dlrm.DLRMArgs(**base)
-    steps, warm, batch = 120, 20, a0.batch_size
+    warm, batch = 20, a0.batch_size
+    if steps <= warm:
+        raise SystemExit(f"--steps: {steps} leaves no step to measure after the first {warm}")
     data = criteo.generate(a0.spec, 0, steps * batch)
     keys, dense, labels = (torch.from_numpy(x) for x in (a0.keys(data.ids), data.dense, data.labels))
 
@@ -201,11 +204,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="100,000 samples, 10,000 held out")
     p.add_argument("--samples", type=int, default=None, help="training samples (default 1,200,000)")
     p.add_argument("--rows", type=int, default=100_000_000)
-    p.add_argument("--dense-rows", type=int, default=1_000_000)
+    p.add_argument("--dense-rows", type=int, default=1_000_000, help="dense, cpu: the table's rows")
     p.add_argument("--cache-rows", type=int, default=500_000)
     p.add_argument("--cases", default="sparse,dense", help="sparse, dense, cpu, devcache (comma-separated)")
     p.add_argument("--rounds", type=int, default=4, help="cpu, devcache: alternated rounds")
-    p.add_argument("--steps", type=int, default=120, help="devcache: steps a run (the first 20 not measured)")
+    p.add_argument("--steps", type=int, default=120, help="cpu, devcache: steps a run (the first 20 not measured)")
     p.add_argument("--device", default="cpu", help="devcache: the model's device (cpu, cuda)")
     p.add_argument("--device-cache-rows", type=int, default=100_000, help="devcache: the cache's rows")
     p.add_argument("--staleness", type=int, default=1, help="devcache: the SSP bound")
@@ -223,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     got = {}
     for name in o.cases.split(","):
         if name == "cpu":
-            path_cpu(o.rounds)
+            path_cpu(o.rounds, o.steps, o.dense_rows)
         elif name == "devcache":
             from bench.torchsparse import devcache
 

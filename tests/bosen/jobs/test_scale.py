@@ -102,7 +102,9 @@ def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_
     while 3 workers ran record ranks 0-2 as their makers, and the newest made by 3 servers resumes with
     the config's 2 servers and 2 workers, ending exact too."""
     iterations = 1000  # long enough for both steps: a joiner loads its data before the boundary is proposed
-    path, cfg = _lda_job(tmp_path, iterations)
+    # a checkpoint every 6 clocks (1002 is a multiple: the last is at the end); each costs every process
+    # some 20 ms of CPU, the most of this job's clocks at every 3
+    path, cfg = _lda_job(tmp_path, iterations, every=6)
     run = (tmp_path / "run").resolve()
     with pytest.raises(ScaleError, match="no running launcher"):
         bosen.scale(run, workers=3)
