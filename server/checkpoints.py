@@ -193,6 +193,8 @@ class ServerCheckpoints:
             key, n, state = f"t{s.index}", s.stored, s.procedure.state()
             arrays[f"{key}.values"], arrays[f"{key}.rows"] = s.values[:n].copy(), s.global_rows[:n].copy()
             arrays.update({f"{key}.{k}": v[:n].copy() for k, v in state.items()})
+            # not per row (a backup table's iteration and estimator), as in every part
+            arrays.update({f"p{s.index}.{k}": v for k, v in s.procedure.table_state().items()})
             tables[key] = {"name": s.cfg.name, "rows": n, "storage": s.cfg.storage, "cols": s.cfg.cols,
                            "dtype": s.dtype.name, "update": s.cfg.update, "state": sorted(state)}
         part = shards[0].partition

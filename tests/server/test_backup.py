@@ -9,13 +9,14 @@ import pytest
 from conftest import worker
 
 from bosen.config import BackupConfig, CommConfig, TableConfig
-from bosen.errors import ConfigError
+from bosen.errors import ProtocolError
 from bosen.jobs.job import job_config
 from bosen.jobs.status import query
 from bosen.partition import Partition
 from bosen.server import procedures
 from bosen.server.backup import BackupStep
 from bosen.server.shard import TableShard
+from bosen.wire import UpdateBatch
 
 LR = 0.5
 
@@ -113,13 +114,104 @@ def test_a_resumed_job_continues_the_backup_state(bosen_cluster, bosen_procs, tm
     assert again["variance"] is not None  # the estimates came back: not a warm-up from nothing
 
 
-def test_a_backup_table_refuses_to_move():
-    cfg = TableConfig(name="B", rows=8, cols=2, dtype="float32", backup=BackupConfig(mode="blind"))
-    proc = procedures.load(cfg, "t.yaml")
-    assert isinstance(proc, BackupStep) and not proc.read_my_writes
-    s = TableShard(0, cfg, Partition(1, 4), 0, 1, proc, CommConfig(enabled=False))
-    with pytest.raises(ConfigError, match="partitions of a table with backup workers cannot move"):
-        s.export_partitions(np.array([1]))
+def _step_shards(cfg: TableConfig, part: Partition, n: int) -> list[TableShard]:
+    out = []
+    for j in range(part.num_servers):
+        s = TableShard(0, cfg, part, j, n, procedures.load(cfg, "t.yaml"), CommConfig(enabled=False))
+        s.procedure.start(n, 0, 0.0)
+        out.append(s)
+    return out
+
+
+def _move(ss: list[TableShard], owner: np.ndarray) -> None:
+    """As the mover does: every shard that loses partitions exports, every shard checks, then lays
+    out (the whole step goes to each server given rows, from the first giver)."""
+    old, new = ss[0].partition, ss[0].partition.moved(owner, len(ss))
+    exports = [s.export_partitions(np.flatnonzero((old.owner_of == j) & (owner != j))) for j, s in enumerate(ss)]
+    gains = []
+    for j in range(len(ss)):
+        got: dict[str, np.ndarray] = {}
+        for e in exports:
+            mine = np.flatnonzero(owner[e["rows"] % old.partitions] == j)
+            if not mine.shape[0]:
+                continue
+            for k, v in e.items():
+                if k.startswith("whole."):
+                    got.setdefault(k, v)
+                else:
+                    got[k] = v[mine] if k not in got else np.concatenate([got[k], v[mine]])
+        gains.append(got or None)
+    for s, got in zip(ss, gains, strict=True):
+        whole = {k[6:]: v for k, v in (got or {}).items() if k.startswith("whole.")}
+        s.procedure.check_take_over(s.stored, whole or None)
+    for s, got in zip(ss, gains, strict=True):
+        s.relayout(new, got)
+
+
+def test_a_backup_table_moves_mid_iteration_with_its_step():
+    """Partitions of a table with backup workers move between shards while an iteration is half
+    collected (one rank's gradient accepted, another's partly sent): 2 shards -> 3 (the third takes the
+    step over) -> 2. Every later gradient lands as on a shard that never moved: the values, iteration,
+    k_t history and counters equal its exactly (static k = n, float64, the same order of arrival)."""
+    n, iters, P = 3, 6, 8
+    cfg = TableConfig(name="B", rows=21, cols=4, dtype="float64", backup=BackupConfig(mode="static", k=n, lr=0.5))
+    ss = _step_shards(cfg, Partition(2, P), n)
+    ss.append(_step_shards(cfg, Partition(3, P, Partition(2, P).owner_of), n)[2])  # joining: owns nothing
+    ref = _step_shards(cfg, Partition(1, P), n)[0]
+    rng = np.random.default_rng(3)
+    rows = np.arange(cfg.rows, dtype=np.int64)
+
+    def send(r: int, g: np.ndarray, which: np.ndarray) -> None:
+        for s in ss:
+            own = which[s.partition.owner(which) == s.rank]
+            if own.shape[0]:
+                s.apply(UpdateBatch(own, g[own]), r)
+
+    def clock(r: int, c: int) -> None:
+        for s in [*ss, ref]:
+            s.procedure.clocked(r, c, 0.0)
+
+    for t in range(iters):
+        grads = [rng.normal(size=(cfg.rows, cfg.cols)) for _ in range(n)]
+        for r in range(n):
+            ref.apply(UpdateBatch(rows, grads[r]), r)
+        send(0, grads[0], rows)
+        clock(0, t + 1)
+        half = rows[rows % 2 == 0]
+        send(1, grads[1], half)  # rank 1's gradient partly sent: half of it on the servers
+        if t in (1, 4):  # mid-iteration: to 3 servers (the third had none of the rows), then back to 2
+            owner = np.arange(P) % 2 if t == 4 else np.array([0, 1, 0, 1, 2, 2, 0, 1])
+            _move(ss, owner)
+        send(1, grads[1], rows[rows % 2 == 1])
+        clock(1, t + 1)
+        send(2, grads[2], rows)
+        clock(2, t + 1)
+        if t == 2:
+            joiner = ss[2].procedure
+            assert ss[2].stored > 0 and joiner.k_history == ref.procedure.k_history  # took the step over
+    got = np.zeros((cfg.rows, cfg.cols))
+    for s in ss:
+        got[s.global_rows[:s.stored]] = s.values[:s.stored]
+        if s.stored:
+            b = s.procedure
+            assert b.iteration == iters and b.k_history == [n] * iters and b.counts == ref.procedure.counts
+    assert ss[2].stored == 0
+    np.testing.assert_array_equal(got, ref.values)
+
+
+def test_rows_of_another_step_position_are_refused_before_anything_changes():
+    n, P = 2, 4
+    cfg = TableConfig(name="B", rows=8, cols=2, dtype="float64", backup=BackupConfig(mode="static", k=n, lr=0.5))
+    ss = _step_shards(cfg, Partition(2, P), n)
+    g = np.ones((4, 2))
+    ss[0].apply(UpdateBatch(ss[0].global_rows[:4], g), 0)
+    ss[0].procedure.clocked(0, 1, 0.0)  # rank 0's gradient accepted on server 0 only
+    before = ss[1].values.copy()
+    with pytest.raises(ProtocolError, match="iteration 0 with ranks \\[0\\] accepted would arrive at a server at "
+                                            "iteration 0 with ranks \\[\\]"):
+        _move(ss, np.array([1, 1, 1, 1]))
+    np.testing.assert_array_equal(ss[1].values, before)
+    assert ss[1].partition.version == 0 and ss[0].partition.version == 0
 
 
 def _dbw_run(n: int, iters: int, boundary: int, resume: str | None) -> tuple[list[int], np.ndarray]:
