@@ -4,13 +4,18 @@ values themselves (tests/workers/backup_worker.py): nothing twice, nothing of a 
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
 import numpy as np
 import pytest
-from conftest import worker
+from conftest import wait_until, worker
 
-from bosen.config import BackupConfig, CommConfig, TableConfig
+from bosen import checkpoint
+from bosen.config import BackupConfig, CommConfig, TableConfig, load
 from bosen.errors import ProtocolError
 from bosen.jobs.job import job_config
+from bosen.jobs.moves import scale_servers
 from bosen.jobs.status import query
 from bosen.partition import Partition
 from bosen.server import procedures
@@ -77,6 +82,82 @@ def test_dynamic_k_falls_to_half_after_half_the_workers_slow_down(bosen_cluster,
     assert all(set(b["applied"][t]) <= {0, 1} for t in late if k[t] == n // 2), (k, b["applied"])
     assert k[:slow].count(n) >= slow - 1, k  # before: equal round trips, everyone (the warm-up at least)
     assert b["dropped_late"] > 0
+
+
+def _mlr_backup(n: int, iters: int, backup: dict, partitions: int, ck: Path | None = None, **delay: float) -> dict:
+    """Config data of an MLR job (digits) whose table W has backup workers, one step per iteration."""
+    app = {"module": "bosen.apps.mlr", "args": {"data": "digits", "holdout": 0.2, "batch_size": 16, "epochs": iters,
+                                                "eval_every": 0, "delay": {"mean_s": 0.01, "alpha": 0.0, **delay}}}
+    data = job_config([], n, tables={"W": {"rows": 10, "cols": 65, "dtype": "float32", "init": "zeros",
+                                           "backup": backup}}, app=app, partitions=partitions)
+    if ck is not None:
+        data["checkpoint"] = {"every_clocks": iters, "dir": str(ck)}  # one checkpoint: the final table
+    return data
+
+
+def _when(c, server: int, iteration: int) -> None:
+    """Until the job's table W is at ``iteration`` on ``server``."""
+    assert wait_until(lambda: query(c.addresses[server])["tables"]["W"]["backup"]["iteration"] >= iteration,
+                      timeout=120, step=0.01), f"W never reached iteration {iteration}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_mlr_job_scaled_2_3_2_servers_ends_with_the_unscaled_runs_parameters(bosen_cluster, bosen_procs, tmp_path):
+    """A real MLR job (static k = n = 2) whose servers go 2 -> 3 -> 2 mid-run (``scale_servers``; 6
+    partitions, so rows of W move to the third server and back to other places than they came from),
+    beside the same job unscaled: the final tables are identical bit for bit (two gradients per step:
+    their float64 sum does not depend on which arrives first), every server stepped every iteration
+    with k = 2, and the joined server went on from the step it took over (its k_t history whole)."""
+    n, iters = 2, 200
+    static = {"mode": "static", "k": n, "lr": 1.0}
+    jobs = [bosen_cluster(2, config=_mlr_backup(n, iters, static, 6, tmp_path / f"ck{i}"), name=f"job{i}")
+            for i in range(2)]
+    scaled, plain = jobs
+    added = scaled.add_server()  # started before the workers (its start takes seconds)
+    ps = [bosen_procs.python(f"mlr{i}-{r}", "-m", "bosen.apps.mlr", "--config", c.path, "--rank", r)
+          for i, c in enumerate(jobs) for r in range(n)]
+    cfg = load(scaled.path)
+    seen: list[dict] = []
+    errors: list[BaseException] = []
+
+    def scaler() -> None:
+        try:
+            _when(scaled, 0, 20)
+            scale_servers(cfg, [*cfg.cluster.servers, added], timeout=60)
+            _when(scaled, 0, 60)
+            seen.append(query(added))  # the joined server, before it leaves
+            scale_servers(cfg, list(cfg.cluster.servers), timeout=60)
+            scaled.retired(2)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    t = threading.Thread(target=scaler)
+    t.start()
+    assert bosen_procs.wait_all(ps, 240) == [0] * (2 * n)
+    t.join(timeout=60)
+    assert not errors, errors
+    joined = seen[0]["tables"]["W"]["backup"]
+    assert seen[0]["partitions"]["owned"] == 2 and 60 <= joined["iteration"] < iters, seen[0]["partitions"]
+    assert joined["k_history"] == [n] * joined["iteration"] and joined["steps"] == joined["iteration"]
+    for c in jobs:
+        for server in range(2):
+            b = query(c.addresses[server])["tables"]["W"]["backup"]
+            assert b["iteration"] == iters and b["k_history"] == [n] * iters and b["accepted"] == n * iters
+            assert b["dropped_late"] == b["dropped_repeat"] == b["dropped_ahead"] == 0
+    assert [s["partitions"]["owned"] for s in scaled.status()] == [3, 3]
+
+    def final(c) -> np.ndarray:
+        W = np.full((10, 65), np.nan, dtype=np.float32)
+        parts = checkpoint.check_complete(Path(c.config["checkpoint"]["dir"]), iters, 2, None, None)
+        for name in ("server-0", "server-1"):
+            arrays = parts[name].load()
+            W[arrays["t0.rows"]] = arrays["t0.values"]
+        return W
+
+    got, want = final(scaled), final(plain)
+    assert np.isfinite(want).all() and np.abs(want).max() > 0
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.slow
