@@ -161,6 +161,51 @@ def test_mlr_job_scaled_2_3_2_servers_ends_with_the_unscaled_runs_parameters(bos
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_dynamic_k_job_keeps_its_k_history_through_servers_joining_and_leaving(bosen_cluster, bosen_procs):
+    """DBW (dynamic k_t) on 3 MLR workers with random round trips, servers 2 -> 3 -> 2 mid-run: each
+    move waits until the servers holding rows agree on the step's position (they choose k_t each on
+    its own), the joined server takes over the step of its first giver, server 0 (iteration, k_t
+    history, estimates) and goes on from it, and the job ends with one k_t per iteration on every server."""
+    n, iters = 3, 120
+    c = bosen_cluster(2, config=_mlr_backup(n, iters, {"mode": "dynamic", "lr": 1.0}, 6, alpha=1.0))
+    added = c.add_server()
+    ps = [bosen_procs.python(f"mlr{r}", "-m", "bosen.apps.mlr", "--config", c.path, "--rank", r) for r in range(n)]
+    cfg = load(c.path)
+    seen: list[dict] = []
+    reports: list = []
+    errors: list[BaseException] = []
+
+    def scaler() -> None:
+        try:
+            _when(c, 0, 15)
+            reports.append(scale_servers(cfg, [*cfg.cluster.servers, added], timeout=60))
+            seen.append(query(c.addresses[0])["tables"]["W"]["backup"])
+            _when(c, 0, 40)
+            seen.append(query(added)["tables"]["W"]["backup"])
+            reports.append(scale_servers(cfg, list(cfg.cluster.servers), timeout=60))
+            c.retired(2)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    t = threading.Thread(target=scaler)
+    t.start()
+    assert bosen_procs.wait_all(ps, 240) == [0] * n
+    t.join(timeout=60)
+    assert not errors, errors
+    first, joined = seen
+    # the third server took server 0's step over (the first giver's) at iteration 15 or later
+    assert joined["k_history"][:15] == first["k_history"][:15], (joined, first)
+    assert len(joined["k_history"]) == joined["iteration"] == joined["steps"] >= 40
+    assert joined["variance"] is not None and set(joined["k_history"]) <= {2, 3}
+    for server in range(2):
+        b = query(c.addresses[server])["tables"]["W"]["backup"]
+        assert b["iteration"] == iters and len(b["k_history"]) == iters == b["steps"], b
+        assert b["dropped_ahead"] == 0 and set(b["k_history"]) <= {2, 3}
+    assert len(reports) == 2
+
+
+@pytest.mark.slow
 def test_a_worker_that_dies_mid_iteration_does_not_hang_the_others(bosen_cluster, bosen_procs):
     n, iters = 3, 12
     c = _job(bosen_cluster, n, {"mode": "static", "k": n, "lr": LR})
