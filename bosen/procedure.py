@@ -19,6 +19,8 @@ Hooks, in the order the server calls them (local row indices index this server's
 - ``held(local_rows)`` / ``hold(local_rows, refs, copies)``: versioned procedures whose partitions
   can move (``moves_versions``): what clients hold of these rows (holders of each current version,
   the snapshot copies of older ones) out of the old server and into the new one (server/shard.py).
+- ``hand_over(local_rows)`` / ``check_take_over`` / ``take_over(...)``: any other state that moves with rows (a backup
+  table's gradients in progress and its step), out of the old server and into the new one.
 - ``allow_push()``: whether budgeted (early) pushes may go out now; ``stats()``: for STATUS.
 - ``state()``: the live per-row state a checkpoint saves beside the values and restores into
   (arrays indexed by local row, e.g. AdaGrad's accumulators; their rows are written in place).
@@ -99,6 +101,22 @@ class StoredProcedure:
         """Take in what ``held`` gave on the old server for rows now at ``local_rows`` (``copies["row"]``
         already local here), after ``create`` and with ``state()`` (the versions) filled in."""
         raise NotImplementedError(f"{type(self).__name__}: its row versions cannot move")
+
+    def hand_over(self, local_rows: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Partitions move: what else of rows ``local_rows`` goes with them beside ``state()`` (arrays of
+        one row per row of ``local_rows``), and of the whole shard (arrays, given whole to a server that
+        gains rows); none by default. A backup table's step in progress (server/backup.py)."""
+        return {}, {}
+
+    def check_take_over(self, had: int, whole: dict[str, np.ndarray] | None) -> None:
+        """Before any shard of the server changes: ProtocolError if rows with ``whole`` (``hand_over``'s)
+        cannot arrive at this shard of ``had`` rows."""
+
+    def take_over(self, had: int, kept: np.ndarray, old: np.ndarray, came: np.ndarray,
+                  rows: dict[str, np.ndarray] | None, whole: dict[str, np.ndarray] | None) -> None:
+        """After ``create`` at the new layout (``state()`` filled in): rows now at ``kept`` were at ``old``
+        (of ``had`` rows before), those at ``came`` arrived with ``rows`` (``hand_over``'s, in ``came``'s
+        order) and ``whole`` (None: nothing arrived)."""
 
     def state(self) -> dict[str, np.ndarray]:
         """The live arrays, one row per local row, a checkpoint saves and restores in place (none for

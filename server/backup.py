@@ -16,6 +16,14 @@ The job's workers (n) change at an iteration (``bosen scale``): a worker that jo
 more from, iteration B, whenever their messages arrive: iteration B - 1 still waits for the leaver's
 gradient and not for the joiner's, iteration B for the joiner's and not for the leaver's. A worker
 lost (no BYE) leaves at once and n stays: DBW's k_t ≤ the workers alive.
+
+Partitions of the table move between servers (``bosen scale --servers``) with their step state:
+``hand_over`` gives, per row leaving, the ranks' partial gradients, the sum of the accepted ones and
+the last step's mean, and the shard's iteration, accepted ranks and estimator; ``take_over`` lays
+them out beside the rows that stay. The mover moves only when every server holding rows of the table
+is at the same iteration with the same ranks accepted (``position``), so the rows that arrive are of
+the iteration the receiving server is at; a server that held none of the table's rows takes the
+whole state over (its k_t history goes on from the giver's).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import numpy as np
 
 from bosen.backup import BackupPolicy
 from bosen.config import TableConfig
+from bosen.errors import ProtocolError
 from bosen.gradstats import Moments
 from bosen.procedure import StoredProcedure
 from bosen.wire import UpdateBatch
@@ -61,7 +70,7 @@ class BackupStep(StoredProcedure):
         self.k = 1
         self.accepted: list[int] = []  # ranks accepted in the current iteration, in arrival order
         self.acc: np.ndarray | None = None  # their sum, float64
-        self.sq = 0.0  # Σ‖g_j‖² of the accepted
+        self.sq: np.ndarray | None = None  # per row, Σ‖g_j‖² of the accepted (moves with its row)
         self.prev_mean: np.ndarray | None = None
         self.starts: dict[int, tuple[float, int]] = {}  # iteration -> (when w_t came, k_{t-1})
         self.arrivals: dict[int, int] = {}  # iteration -> gradients of it arrived so far
@@ -112,11 +121,17 @@ class BackupStep(StoredProcedure):
 
     def _continue(self, a: dict[str, np.ndarray]) -> None:
         """Take back a checkpoint's ``table_state`` (``start`` has made the policy)."""
-        assert self.policy is not None
         saved = int(a["iteration"][0])
         if saved != self.iteration:
             log.warning("table %s: its backup state was saved at iteration %d, the server starts at %d",
                         self.table.name, saved, self.iteration)
+        self._take(a)
+        self.prev_mean = a["prev_mean"].astype(np.float64) if a["prev_mean"].size else None
+
+    def _take(self, a: dict[str, np.ndarray]) -> None:
+        """The estimator, k_t, its history and the counters of a ``table_state`` (a checkpoint's or,
+        in a partition move, the giving server's)."""
+        assert self.policy is not None
         try:
             self.policy.restore(a)
         except ValueError as e:
@@ -126,8 +141,108 @@ class BackupStep(StoredProcedure):
         self.applied = [a["applied_ranks"][e - m:e].astype(int).tolist()
                         for m, e in zip(a["applied_lens"], ends, strict=True)]
         self.counts.update(zip(COUNTS, a["counts"].astype(int).tolist(), strict=True))
-        self.prev_mean = a["prev_mean"].astype(np.float64) if a["prev_mean"].size else None
         self.k = min(int(a["k"][0]), len(self.alive)) if self.backup.mode != "static" else self.k
+
+    def position(self) -> list[int]:
+        """Where the step is: the iteration and the ranks accepted in it (sorted). Rows move between
+        two servers only where both are at the same position (``bosen.jobs.moves``)."""
+        return [self.iteration, *sorted(self.accepted)]
+
+    def hand_over(self, local_rows: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Rows ``local_rows`` leave for another server: per row ("has": which ranks' gradient of the
+        tick in progress has started, "buf": those partial gradients, "acc" and "sq": the sums over the
+        accepted, "prev" and "prev_ok": the last step's mean), and the whole shard's step (``table_state``
+        without the mean, and the ranks accepted), which a server that holds none of the table's rows
+        takes over."""
+        if self.policy is None:
+            return {}, {}  # not started: no step under way
+        m = local_rows.shape[0]
+        n = max([self.policy.n, *(r + 1 for r in self.has | self.members)])  # ranks, not n: a job that scaled
+        cols = self.table.cols
+        has = np.zeros((m, n), dtype=bool)
+        buf = np.zeros((m, n, cols))
+        for r in sorted(self.has):
+            has[:, r] = True
+            buf[:, r] = self.buffers[r][local_rows]
+        summed = bool(self.accepted) and self.acc is not None and self.sq is not None
+        rows = {"has": has, "buf": buf,
+                "acc": self.acc[local_rows] if summed and self.acc is not None else np.zeros((m, cols)),
+                "sq": self.sq[local_rows] if summed and self.sq is not None else np.zeros(m),
+                "prev": np.zeros((m, cols)) if self.prev_mean is None else self.prev_mean[local_rows],
+                "prev_ok": np.full(m, self.prev_mean is not None)}
+        whole = {k: v for k, v in self.table_state().items() if k != "prev_mean"}
+        whole["accepted"] = np.array(self.accepted, dtype=np.int64)
+        return rows, whole
+
+    def check_take_over(self, had: int, whole: dict[str, np.ndarray] | None) -> None:
+        """Before anything moves: rows of a step at another position than this server's (it holds
+        ``had`` rows) are refused (the mover waits for one position; this guards its word)."""
+        if whole is None or not had or self.policy is None:
+            return
+        theirs = [int(whole["iteration"][0]), *sorted(whole["accepted"].astype(int).tolist())]
+        if theirs != self.position():
+            raise ProtocolError(f"MOVE map: table {self.table.name!r}: rows of iteration {theirs[0]} with ranks "
+                                f"{theirs[1:]} accepted would arrive at a server at iteration {self.iteration} with "
+                                f"ranks {sorted(self.accepted)}: a backup step moves only between servers at the "
+                                "same iteration with the same ranks accepted")
+
+    def take_over(self, had: int, kept: np.ndarray, old: np.ndarray, came: np.ndarray,
+                  rows: dict[str, np.ndarray] | None, whole: dict[str, np.ndarray] | None) -> None:
+        """After ``create`` at the new size: the rows at ``kept`` were at ``old`` here (``had`` rows),
+        those at ``came`` are ``rows`` (``hand_over``'s, already in ``came``'s order) from a server
+        whose step was ``whole``. A server that had no rows takes that step over; one that had is at its
+        position (``check_take_over``)."""
+        if self.policy is None:
+            return  # not started (a resume lays the rows out first): no step under way
+        assert self.values is not None
+        got = came.shape[0] > 0 and rows is not None
+        if got and whole is not None and not had:
+            self._adopt(whole)
+        shape = self.values.shape
+
+        def lay(mine: np.ndarray | None, arriving: np.ndarray | None) -> np.ndarray:
+            like = mine if mine is not None else arriving
+            assert like is not None
+            out = np.zeros(shape[:1] + like.shape[1:], dtype=like.dtype)
+            if mine is not None:
+                out[kept] = mine[old]
+            if arriving is not None and got:
+                out[came] = arriving
+            return out
+
+        arriving = set(np.flatnonzero(rows["has"].any(axis=0)).tolist()) if got and rows is not None else set()
+        # a rank's partial gradient: its rows here and those that came; a stale buffer (a rank not in
+        # ``has``) is dropped, as its rank's next update would zero it
+        self.buffers = {r: lay(self.buffers[r] if r in self.has else None,
+                               rows["buf"][:, r] if r in arriving and rows is not None else None)
+                        for r in sorted(self.has | arriving)}
+        self.has |= arriving
+        if self.accepted:
+            self.acc = lay(self.acc, rows["acc"] if got and rows is not None else None)
+            self.sq = lay(self.sq, rows["sq"] if got and rows is not None else None)
+        else:
+            self.acc = self.sq = None
+        mine_ok = self.prev_mean is not None or not had
+        their_ok = not got or rows is None or bool(rows["prev_ok"].all())
+        if mine_ok and their_ok and (self.prev_mean is not None or got):
+            self.prev_mean = lay(self.prev_mean, rows["prev"] if got and rows is not None else None)
+        else:
+            self.prev_mean = None  # one ḡ_tᵀḡ_{t−1} is not known: the next L̂ sample is skipped
+
+    def _adopt(self, whole: dict[str, np.ndarray]) -> None:
+        """This server held none of the table's rows (it joined, or gave them all away before): it takes
+        the giving server's step over, at its iteration with its ranks accepted, its estimator, k_t and
+        history. Round trips of the iteration in progress are not timed here (its start is the giver's)."""
+        self._take(whole)
+        self.iteration = int(whole["iteration"][0])
+        self.accepted = whole["accepted"].astype(int).tolist()
+        self.has.clear()
+        self.buffers.clear()
+        self.acc = self.sq = self.prev_mean = None
+        self.starts.clear()
+        self.arrivals.clear()
+        log.info("table %s: takes over the backup step of the server its rows came from, at iteration %d",
+                 self.table.name, self.iteration)
 
     def apply(self, values: np.ndarray, local_rows: np.ndarray, batch: UpdateBatch, client: int) -> None:
         """Buffer ``client``'s update: part of its gradient of the tick it is at."""
@@ -177,11 +292,13 @@ class BackupStep(StoredProcedure):
         g = self.buffers[rank]
         if self.acc is None or self.acc.shape != g.shape:
             self.acc = np.zeros_like(g)
+        if self.sq is None or self.sq.shape != g.shape[:1]:
+            self.sq = np.zeros(g.shape[0])
         if not self.accepted:
             self.acc[...] = 0.0
-            self.sq = 0.0
+            self.sq[...] = 0.0
         self.acc += g
-        self.sq += float(np.vdot(g, g))
+        self.sq += np.einsum("ij,ij->i", g, g)
         self.accepted.append(rank)
         self.counts["accepted"] += 1
         if len(self.accepted) >= self.k:
@@ -233,7 +350,7 @@ class BackupStep(StoredProcedure):
         self.k = self.policy.choose(len(self.alive))
 
     def _step(self, now: float) -> None:
-        assert self.acc is not None and self.values is not None and self.policy is not None
+        assert self.acc is not None and self.sq is not None and self.values is not None and self.policy is not None
         k = len(self.accepted)
         mean = self.acc / k
         lr = self.policy.lr(k)
@@ -243,7 +360,7 @@ class BackupStep(StoredProcedure):
         if self.prev_mean is not None and self.prev_mean.shape == mean.shape:
             cross = float(np.vdot(mean, self.prev_mean))
         self.prev_mean = mean
-        self.policy.observe(Moments(k, self.sq / k, total), cross)
+        self.policy.observe(Moments(k, float(self.sq.sum()) / k, total), cross)
         self.applied.append(list(self.accepted))
         del self.applied[:-HISTORY]
         self.k_history.append(k)

@@ -193,6 +193,8 @@ class ServerCheckpoints:
             key, n, state = f"t{s.index}", s.stored, s.procedure.state()
             arrays[f"{key}.values"], arrays[f"{key}.rows"] = s.values[:n].copy(), s.global_rows[:n].copy()
             arrays.update({f"{key}.{k}": v[:n].copy() for k, v in state.items()})
+            # not per row (a backup table's iteration and estimator), as in every part
+            arrays.update({f"p{s.index}.{k}": v for k, v in s.procedure.table_state().items()})
             tables[key] = {"name": s.cfg.name, "rows": n, "storage": s.cfg.storage, "cols": s.cfg.cols,
                            "dtype": s.dtype.name, "update": s.cfg.update, "state": sorted(state)}
         part = shards[0].partition
@@ -321,29 +323,7 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
             base = path.parent
     except checkpoint.CheckpointError as e:
         raise ConfigError(f"--resume {path}: {e}") from None
-    chain = [part]
-    if part.info.get("partial"):
-        version = _map_version(part)
-        chain = []
-        for c in sorted(checkpoint.clocks(base)):
-            if c > clock:
-                break
-            try:
-                p = checkpoint.read_part(checkpoint.clock_dir(base, c) / part.path.name, None)
-                _check_fingerprint(p, config, any_fp)
-            except checkpoint.CheckpointError as e:  # its rows keep an older save
-                log.warning("priority checkpoint part skipped: %s", e)
-                continue
-            if _map_version(p) != version:  # saved under another partition map: never chained with this one's
-                chain = []
-            elif p.info.get("partial"):
-                chain.append(p)
-            else:  # a base holds every row: what came before it is not needed
-                chain = [p]
-        if version and (not chain or chain[0].info.get("partial")):
-            raise ConfigError(f"--resume {part.path}: a priority (SCAR) part saved under partition map {version}, "
-                              "but no valid base (a part of every row) of this server under that map before it; "
-                              "resume from an older checkpoint")
+    chain = _chain(base, part, clock, config, any_fp)
     made_by = part.info.get("servers")
     if own and isinstance(made_by, list) and len(made_by) != servers:
         raise ConfigError(f"--resume {part.path}: made by {len(made_by)} servers (servers joined or left the job), "
@@ -367,6 +347,38 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
     return clock
 
 
+def _chain(base: Path, part: checkpoint.Part, clock: int, config: Config,
+           any_fp: Callable[[int], str]) -> list[checkpoint.Part]:
+    """The parts that put ``part`` (of checkpoint ``clock`` under ``base``) together, oldest first: itself
+    where it holds every row; for a priority (SCAR) part, every valid part of its server up to it from
+    the newest valid base under the same partition map (or, under the config's map, from the initial
+    values). ConfigError where a part of a moved map has no base under that map before it."""
+    if not part.info.get("partial"):
+        return [part]
+    version = _map_version(part)
+    chain: list[checkpoint.Part] = []
+    for c in sorted(checkpoint.clocks(base)):
+        if c > clock:
+            break
+        try:
+            p = checkpoint.read_part(checkpoint.clock_dir(base, c) / part.path.name, None)
+            _check_fingerprint(p, config, any_fp)
+        except checkpoint.CheckpointError as e:  # its rows keep an older save
+            log.warning("priority checkpoint part skipped: %s", e)
+            continue
+        if _map_version(p) != version:  # saved under another partition map: never chained with this one's
+            chain = []
+        elif p.info.get("partial"):
+            chain.append(p)
+        else:  # a base holds every row: what came before it is not needed
+            chain = [p]
+    if version and (not chain or chain[0].info.get("partial")):
+        raise ConfigError(f"--resume {part.path}: a priority (SCAR) part saved under partition map {version}, "
+                          "but no valid base (a part of every row) of this server under that map before it; "
+                          "resume from an older checkpoint")
+    return chain
+
+
 def _map_version(part: checkpoint.Part) -> int:
     """The partition map a part was saved under (0: the config's, no move yet)."""
     saved = part.info.get("map")
@@ -376,8 +388,11 @@ def _map_version(part: checkpoint.Part) -> int:
 def _restore_regrouped(config: Config, rank: int, shards: list[TableShard], ck: Path) -> int:
     """Resume from checkpoint ``ck``, made while servers other than the config's ran (``bosen scale
     --servers``): this server takes, from every server's part, the rows the config's own map gives it
-    (rows are saved with their global ids, so who held them then does not matter). Priority
-    (SCAR) parts hold some rows each and need a chain per server: those are refused."""
+    (rows are saved with their global ids, so who held them then does not matter). A priority (SCAR)
+    part holds some rows: its server's chain (its base under the map the part was saved under, and
+    the partial parts after it, ``_chain``) is replayed in order, each part's rows of this server
+    written over the older ones, so each old server's rows are as its latest state had them. Every
+    row belongs to one old server under that map, so the chains never overlap."""
     any_fp = checkpoint.fingerprint_for(config)
     made_by = checkpoint.recorded_servers(ck) or 0
     try:
@@ -386,17 +401,13 @@ def _restore_regrouped(config: Config, rank: int, shards: list[TableShard], ck: 
             _check_fingerprint(p, config, any_fp)
     except checkpoint.CheckpointError as e:
         raise ConfigError(f"--resume {ck}: {e}") from None
-    partial = [p.path for p in parts if p.info.get("partial")]
-    if partial:
-        raise ConfigError(f"--resume {ck}: made by {made_by} servers (servers joined or left the job), this config "
-                          f"has {len(config.cluster.servers)}, and {partial[0]} is a priority (SCAR) part of some "
-                          "rows: such a checkpoint resumes only with the servers that made it (resume from a base, "
-                          "checkpoint.priority_fraction 1, or one made before the servers changed)")
-    for p in parts:
-        _load(shards, p, owned_only=True)
     clock = int(parts[0].meta["clock"])
+    chains = [_chain(ck.parent, p, clock, config, any_fp) for p in parts]
+    for chain in chains:
+        for p in chain:
+            _load(shards, p, owned_only=True)
     log.info("server %d resumed from %s at clock %d: the rows the config's map gives it, from the parts of the "
-             "%d servers that made it", rank, ck, clock, made_by)
+             "%d servers that made it (%d parts)", rank, ck, clock, made_by, sum(len(c) for c in chains))
     return clock
 
 

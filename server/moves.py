@@ -9,13 +9,14 @@ answers them for one server, beside the daemon that owns it:
 2. ``wait``: answered once every client's PAUSED is in (each server's FIFO fence: everything a
    client sent before it is applied here), no clock-advance push is under way and no message is
    held at a checkpoint boundary (clients paused on both sides of one: the move is refused, to be
-   tried again).
-3. ``export``: the rows of the partitions leaving this server, all their per-row state.
+   tried again); the answer says where each backup table's step is (``BackupStep.position``).
+3. ``export``: the rows of the partitions leaving this server, all their per-row state (a backup
+   table's gradients in progress too, and its step, ``BackupStep.hand_over``).
 4. ``map``: the new map and the rows of the partitions this server gains: every shard laid out anew;
    with checkpoints, this server's part of the move is written (what a replacement restores until its
-   next checkpoint part, docs/recovery.md); reads parked here are answered "moved" (the client asks
-   again under the new map); then MAP to every client, after everything this server sent under the
-   old map.
+   next checkpoint part, docs/recovery.md); reads parked here (for a clock or a backup table's
+   iteration) are answered "moved" (the client asks again under the new map); then MAP to every
+   client, after everything this server sent under the old map.
 ``abort``: a plan given up before any ``map`` (clients resume as they were).
 
 Servers join and leave through the same steps. A server added to a running job (``bosen-server
@@ -37,6 +38,7 @@ import numpy as np
 from bosen import wire
 from bosen.errors import ConfigError, ProtocolError
 from bosen.partition import Partition
+from bosen.server.backup import BackupStep
 from bosen.server.checkpoints import ServerCheckpoints
 from bosen.server.shard import TableShard
 from bosen.wire import Msg
@@ -99,6 +101,7 @@ class Host(Protocol):
     shards: list[TableShard]
     partition: Partition
     parked: dict[int, list[Any]]  # clock -> reads waiting for it (peer, number, connection, shard, rows)
+    backup_parked: dict[int, list[Any]]  # backup table -> reads waiting for an iteration (peer, number, ...)
     checkpoints: ServerCheckpoints | None
 
     @property
@@ -194,7 +197,10 @@ class PartitionMoves:
             return None
         if s.checkpoints is not None and s.checkpoints.held:
             return {"held": True}  # clients paused on both sides of a checkpoint boundary
-        return {"c": s.clock}
+        # backup tables: where each step is, on the servers that hold rows of it (the mover compares)
+        steps = {str(sh.index): sh.procedure.position() for sh in s.shards
+                 if isinstance(sh.procedure, BackupStep) and sh.stored}
+        return {"c": s.clock, **({"bk": steps} if steps else {})}
 
     def _wait(self, ident: bytes, h: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         self.waiting.append((h["mv"], ident, h["s"]))
@@ -228,10 +234,14 @@ class PartitionMoves:
             new = Partition(max(len(servers), s.rank + 1), old.partitions, owner, h["mv"])
         except ValueError as e:
             raise ProtocolError(f"MOVE map: {e}") from None
-        for shard in s.shards:
+        gains = {}
+        for shard in s.shards:  # every check before any shard changes
             prefix = f"t{shard.index}."
-            incoming = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)} or None
-            shard.relayout(new, incoming)
+            gains[shard.index] = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)} or None
+            whole = {k[6:]: v for k, v in (gains[shard.index] or {}).items() if k.startswith("whole.")}
+            shard.procedure.check_take_over(shard.stored, whole or None)
+        for shard in s.shards:
+            shard.relayout(new, gains[shard.index])
         s.partition = new
         if s.rank < len(servers):
             s.addresses = list(servers)
@@ -239,9 +249,12 @@ class PartitionMoves:
         if s.rank < len(servers):  # before any client sends under the new map (a server leaving owns nothing)
             took = s.save_move_part(new.version)
         parked, s.parked = s.parked, {}
-        for reads in parked.values():
-            for _peer, seq, rident, _shard, _local in reads:
-                s.send(rident, {"t": Msg.ERROR, "rq": seq, "m": "rows moved: ask again", "mv": new.version})
+        waiting = [(seq, rident) for reads in parked.values() for _peer, seq, rident, _shard, _local in reads]
+        for index, reads in s.backup_parked.items():  # reads waiting for an iteration: local rows of the old map
+            waiting += [(seq, rident) for _peer, seq, rident, _need, _local in reads]
+            s.backup_parked[index] = []
+        for seq, rident in waiting:
+            s.send(rident, {"t": Msg.ERROR, "rq": seq, "m": "rows moved: ask again", "mv": new.version})
         for p in s.by_rank.values():
             if not p.gone:
                 s.send_frames(p.ident, wire.encode_arrays({"t": Msg.MAP, "mv": new.version},

@@ -236,6 +236,9 @@ class TableShard:
                 out[name] = np.take(getattr(self, name), mine, axis=axis)
         for k, v in self.procedure.state().items():
             out[f"state.{k}"] = v[mine]
+        step, whole = self.procedure.hand_over(mine)  # a backup table's gradients in progress, its step
+        out.update({f"step.{k}": v for k, v in step.items()})
+        out.update({f"whole.{k}": v for k, v in whole.items()})
         if self.procedure.versioned:
             out.update(self._export_held(ids, mine))
         return out
@@ -342,6 +345,11 @@ class TableShard:
             v[kept] = state[k][here[kept]]
             if came.shape[0] and incoming is not None and f"state.{k}" in incoming:
                 v[came] = incoming[f"state.{k}"][at]
+        step = whole = None
+        if came.shape[0] and incoming is not None:
+            step = {k[5:]: v[at] for k, v in incoming.items() if k.startswith("step.")} or None
+            whole = {k[6:]: v for k, v in incoming.items() if k.startswith("whole.")} or None
+        self.procedure.take_over(n, kept, here[kept], came, step, whole)
         if held is not None:
             self._adopt_held(held, new_ids, kept, came, at, incoming)
         self.partition = partition
@@ -402,9 +410,6 @@ class TableShard:
             raise ConfigError(f"tables.{self.cfg.name}: partitions of a table with versioned procedure "
                               f"{self.cfg.update} cannot move (it hands no row versions over: "
                               "StoredProcedure.moves_versions)")
-        if self.cfg.backup is not None:
-            raise ConfigError(f"tables.{self.cfg.name}: partitions of a table with backup workers cannot move yet "
-                              "(its iteration and the workers' buffered gradients stay put)")
 
     def _check_range(self, lo: int, hi: int, what: str) -> None:
         if lo < 0 or hi >= self.cfg.rows:

@@ -7,7 +7,10 @@ clients to pause after their next clock, every server waits until each client pa
 everything sent before is applied), the servers losing partitions export their rows, every server
 takes the new map with the rows it gains and tells its clients, and the clients go on under the new
 map. A plan that meets clients paused on both sides of a checkpoint boundary is given up and tried
-again a clock later. The workers compute on throughout; only their sends wait (``pause_s``).
+again a clock later; so is one that finds the servers holding rows of a table with backup workers at
+different positions of its step (iteration, ranks accepted: with k_t < n each server steps on its own),
+since rows of one iteration must not arrive at a server of another. The workers compute on
+throughout; only their sends wait (``pause_s``).
 
 ``scale_servers(config, addresses)`` adds servers to a running job or lets the last ones go: a server
 started with ``bosen-server --config CONFIG --join HOST:PORT`` takes a fair share of the partitions
@@ -33,6 +36,7 @@ from bosen.security import Security, client_socket
 from bosen.wire import Msg
 
 RETRIES = 5  # plans given up at a checkpoint boundary before the move fails
+STEP_RETRIES = 40  # plans in all, given up also where servers were at different positions of a backup step
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,22 @@ class _Mover:
             timeout: float | None = None, extra: dict[str, Any] | None = None
             ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         return self.reply(j, self.send(j, op, version, arrays, extra), timeout)
+
+
+def _steps_apart(answers: list[dict[str, Any]], config: Config) -> str | None:
+    """Where the servers holding rows of a backup table are at different positions of its step
+    (``BackupStep.position``: iteration, ranks accepted), which one (rows of one iteration must
+    not arrive at a server of another); None where every table's servers agree."""
+    seen: dict[str, list[tuple[int, list[int]]]] = {}
+    for j, a in enumerate(answers):
+        for table, pos in (a.get("bk") or {}).items():
+            seen.setdefault(table, []).append((j, list(pos)))
+    for table, where in seen.items():
+        if any(pos != where[0][1] for _, pos in where[1:]):
+            name = config.tables[int(table)].name if int(table) < len(config.tables) else table
+            return f"table {name}: " + ", ".join(f"server {j} at iteration {p[0]} with ranks {p[1:]} accepted"
+                                                 for j, p in where)
+    return None
 
 
 def current_servers(config: Config, timeout: float = 5.0) -> list[str]:
@@ -153,7 +173,7 @@ def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
     extra: dict[str, Any] = {"sv": after} if after != now else {}
     new = version + 1
     mover = _Mover(everyone, timeout, Security.load(config, "client"))
-    tries = 0
+    tries = held_tries = 0
     try:
         while True:
             tries += 1
@@ -162,15 +182,20 @@ def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
             seqs = [mover.send(j, "wait", new) for j in range(len(everyone))]
             answers = [mover.reply(j, seq)[0] for j, seq in enumerate(seqs)]
             wait_s = time.perf_counter() - t0
-            if not any(a.get("held") for a in answers):
+            held = any(a.get("held") for a in answers)
+            apart = None if held else _steps_apart(answers, config)
+            if not held and apart is None:
                 break
-            mover.ask(0, "abort", new)  # clients paused on both sides of a checkpoint boundary
+            mover.ask(0, "abort", new)  # clients paused on both sides of a checkpoint boundary, or mid-step
             for j in range(1, len(everyone)):
                 mover.ask(j, "abort", new)
-            if tries == RETRIES:
-                raise BosenError(f"partitions could not move: {RETRIES} plans met a checkpoint boundary between "
-                                 "the workers' clocks")
-            time.sleep(0.05)
+            if held:
+                held_tries += 1
+            if held_tries == RETRIES or tries == STEP_RETRIES:
+                raise BosenError(f"partitions could not move: {held_tries} plans met a checkpoint boundary between "
+                                 f"the workers' clocks, {tries - held_tries} servers at different positions of a "
+                                 f"backup table's step{f' (last: {apart})' if apart else ''}")
+            time.sleep(0.05 if held else min(0.01 * tries, 0.2))
         incoming: list[dict[str, np.ndarray]] = [{} for _ in range(len(everyone))]
         nbytes = 0
         t1 = time.perf_counter()
@@ -184,6 +209,10 @@ def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
             nbytes += sum(a.nbytes for a in rows.values())
             for name, arr in rows.items():  # "tI.rows" etc.: split by the new owner of each row
                 table, _, field = name.partition(".")
+                if field.startswith("whole."):  # of the giver's whole shard: to each server it gives rows
+                    for k in np.unique(owner[rows[f"{table}.rows"] % old.shape[0]]):
+                        incoming[int(k)].setdefault(name, arr)  # from the first giver (all at one position)
+                    continue
                 group = f"{table}.{field.partition('.')[0]}.row"  # "copy.*", "hold.*": by their own "row"
                 ids = rows[group] if "." in field and group in rows else rows[f"{table}.rows"]
                 dest = owner[ids % old.shape[0]]

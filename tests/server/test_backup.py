@@ -4,18 +4,24 @@ values themselves (tests/workers/backup_worker.py): nothing twice, nothing of a 
 
 from __future__ import annotations
 
+import threading
+from pathlib import Path
+
 import numpy as np
 import pytest
-from conftest import worker
+from conftest import wait_until, worker
 
-from bosen.config import BackupConfig, CommConfig, TableConfig
-from bosen.errors import ConfigError
+from bosen import checkpoint
+from bosen.config import BackupConfig, CommConfig, TableConfig, load
+from bosen.errors import ProtocolError
 from bosen.jobs.job import job_config
+from bosen.jobs.moves import scale_servers
 from bosen.jobs.status import query
 from bosen.partition import Partition
 from bosen.server import procedures
 from bosen.server.backup import BackupStep
 from bosen.server.shard import TableShard
+from bosen.wire import UpdateBatch
 
 LR = 0.5
 
@@ -78,6 +84,127 @@ def test_dynamic_k_falls_to_half_after_half_the_workers_slow_down(bosen_cluster,
     assert b["dropped_late"] > 0
 
 
+def _mlr_backup(n: int, iters: int, backup: dict, partitions: int, ck: Path | None = None, **delay: float) -> dict:
+    """Config data of an MLR job (digits) whose table W has backup workers, one step per iteration."""
+    app = {"module": "bosen.apps.mlr", "args": {"data": "digits", "holdout": 0.2, "batch_size": 16, "epochs": iters,
+                                                "eval_every": 0, "delay": {"mean_s": 0.01, "alpha": 0.0, **delay}}}
+    data = job_config([], n, tables={"W": {"rows": 10, "cols": 65, "dtype": "float32", "init": "zeros",
+                                           "backup": backup}}, app=app, partitions=partitions)
+    if ck is not None:
+        data["checkpoint"] = {"every_clocks": iters, "dir": str(ck)}  # one checkpoint: the final table
+    return data
+
+
+def _when(c, server: int, iteration: int) -> None:
+    """Until the job's table W is at ``iteration`` on ``server``."""
+    assert wait_until(lambda: query(c.addresses[server])["tables"]["W"]["backup"]["iteration"] >= iteration,
+                      timeout=120, step=0.01), f"W never reached iteration {iteration}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_mlr_job_scaled_2_3_2_servers_ends_with_the_unscaled_runs_parameters(bosen_cluster, bosen_procs, tmp_path):
+    """A real MLR job (static k = n = 2) whose servers go 2 -> 3 -> 2 mid-run (``scale_servers``; 6
+    partitions, so rows of W move to the third server and back to other places than they came from),
+    beside the same job unscaled: the final tables are identical bit for bit (two gradients per step:
+    their float64 sum does not depend on which arrives first), every server stepped every iteration
+    with k = 2, and the joined server went on from the step it took over (its k_t history whole)."""
+    n, iters = 2, 200
+    static = {"mode": "static", "k": n, "lr": 1.0}
+    jobs = [bosen_cluster(2, config=_mlr_backup(n, iters, static, 6, tmp_path / f"ck{i}"), name=f"job{i}")
+            for i in range(2)]
+    scaled, plain = jobs
+    added = scaled.add_server()  # started before the workers (its start takes seconds)
+    ps = [bosen_procs.python(f"mlr{i}-{r}", "-m", "bosen.apps.mlr", "--config", c.path, "--rank", r)
+          for i, c in enumerate(jobs) for r in range(n)]
+    cfg = load(scaled.path)
+    seen: list[dict] = []
+    errors: list[BaseException] = []
+
+    def scaler() -> None:
+        try:
+            _when(scaled, 0, 20)
+            scale_servers(cfg, [*cfg.cluster.servers, added], timeout=60)
+            _when(scaled, 0, 60)
+            seen.append(query(added))  # the joined server, before it leaves
+            scale_servers(cfg, list(cfg.cluster.servers), timeout=60)
+            scaled.retired(2)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    t = threading.Thread(target=scaler)
+    t.start()
+    assert bosen_procs.wait_all(ps, 240) == [0] * (2 * n)
+    t.join(timeout=60)
+    assert not errors, errors
+    joined = seen[0]["tables"]["W"]["backup"]
+    assert seen[0]["partitions"]["owned"] == 2 and 60 <= joined["iteration"] < iters, seen[0]["partitions"]
+    assert joined["k_history"] == [n] * joined["iteration"] and joined["steps"] == joined["iteration"]
+    for c in jobs:
+        for server in range(2):
+            b = query(c.addresses[server])["tables"]["W"]["backup"]
+            assert b["iteration"] == iters and b["k_history"] == [n] * iters and b["accepted"] == n * iters
+            assert b["dropped_late"] == b["dropped_repeat"] == b["dropped_ahead"] == 0
+    assert [s["partitions"]["owned"] for s in scaled.status()] == [3, 3]
+
+    def final(c) -> np.ndarray:
+        W = np.full((10, 65), np.nan, dtype=np.float32)
+        parts = checkpoint.check_complete(Path(c.config["checkpoint"]["dir"]), iters, 2, None, None)
+        for name in ("server-0", "server-1"):
+            arrays = parts[name].load()
+            W[arrays["t0.rows"]] = arrays["t0.values"]
+        return W
+
+    got, want = final(scaled), final(plain)
+    assert np.isfinite(want).all() and np.abs(want).max() > 0
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_dynamic_k_job_keeps_its_k_history_through_servers_joining_and_leaving(bosen_cluster, bosen_procs):
+    """DBW (dynamic k_t) on 3 MLR workers with random round trips, servers 2 -> 3 -> 2 mid-run: each
+    move waits until the servers holding rows agree on the step's position (they choose k_t each on
+    its own), the joined server takes over the step of its first giver, server 0 (iteration, k_t
+    history, estimates) and goes on from it, and the job ends with one k_t per iteration on every server."""
+    n, iters = 3, 120
+    c = bosen_cluster(2, config=_mlr_backup(n, iters, {"mode": "dynamic", "lr": 1.0}, 6, alpha=1.0))
+    added = c.add_server()
+    ps = [bosen_procs.python(f"mlr{r}", "-m", "bosen.apps.mlr", "--config", c.path, "--rank", r) for r in range(n)]
+    cfg = load(c.path)
+    seen: list[dict] = []
+    reports: list = []
+    errors: list[BaseException] = []
+
+    def scaler() -> None:
+        try:
+            _when(c, 0, 15)
+            reports.append(scale_servers(cfg, [*cfg.cluster.servers, added], timeout=60))
+            seen.append(query(c.addresses[0])["tables"]["W"]["backup"])
+            _when(c, 0, 40)
+            seen.append(query(added)["tables"]["W"]["backup"])
+            reports.append(scale_servers(cfg, list(cfg.cluster.servers), timeout=60))
+            c.retired(2)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    t = threading.Thread(target=scaler)
+    t.start()
+    assert bosen_procs.wait_all(ps, 240) == [0] * n
+    t.join(timeout=60)
+    assert not errors, errors
+    first, joined = seen
+    # the third server took server 0's step over (the first giver's) at iteration 15 or later
+    assert joined["k_history"][:15] == first["k_history"][:15], (joined, first)
+    assert len(joined["k_history"]) == joined["iteration"] == joined["steps"] >= 40
+    assert joined["variance"] is not None and set(joined["k_history"]) <= {2, 3}
+    for server in range(2):
+        b = query(c.addresses[server])["tables"]["W"]["backup"]
+        assert b["iteration"] == iters and len(b["k_history"]) == iters == b["steps"], b
+        assert b["dropped_ahead"] == 0 and set(b["k_history"]) <= {2, 3}
+    assert len(reports) == 2
+
+
 @pytest.mark.slow
 def test_a_worker_that_dies_mid_iteration_does_not_hang_the_others(bosen_cluster, bosen_procs):
     n, iters = 3, 12
@@ -113,13 +240,104 @@ def test_a_resumed_job_continues_the_backup_state(bosen_cluster, bosen_procs, tm
     assert again["variance"] is not None  # the estimates came back: not a warm-up from nothing
 
 
-def test_a_backup_table_refuses_to_move():
-    cfg = TableConfig(name="B", rows=8, cols=2, dtype="float32", backup=BackupConfig(mode="blind"))
-    proc = procedures.load(cfg, "t.yaml")
-    assert isinstance(proc, BackupStep) and not proc.read_my_writes
-    s = TableShard(0, cfg, Partition(1, 4), 0, 1, proc, CommConfig(enabled=False))
-    with pytest.raises(ConfigError, match="partitions of a table with backup workers cannot move"):
-        s.export_partitions(np.array([1]))
+def _step_shards(cfg: TableConfig, part: Partition, n: int) -> list[TableShard]:
+    out = []
+    for j in range(part.num_servers):
+        s = TableShard(0, cfg, part, j, n, procedures.load(cfg, "t.yaml"), CommConfig(enabled=False))
+        s.procedure.start(n, 0, 0.0)
+        out.append(s)
+    return out
+
+
+def _move(ss: list[TableShard], owner: np.ndarray) -> None:
+    """As the mover does: every shard that loses partitions exports, every shard checks, then lays
+    out (the whole step goes to each server given rows, from the first giver)."""
+    old, new = ss[0].partition, ss[0].partition.moved(owner, len(ss))
+    exports = [s.export_partitions(np.flatnonzero((old.owner_of == j) & (owner != j))) for j, s in enumerate(ss)]
+    gains = []
+    for j in range(len(ss)):
+        got: dict[str, np.ndarray] = {}
+        for e in exports:
+            mine = np.flatnonzero(owner[e["rows"] % old.partitions] == j)
+            if not mine.shape[0]:
+                continue
+            for k, v in e.items():
+                if k.startswith("whole."):
+                    got.setdefault(k, v)
+                else:
+                    got[k] = v[mine] if k not in got else np.concatenate([got[k], v[mine]])
+        gains.append(got or None)
+    for s, got in zip(ss, gains, strict=True):
+        whole = {k[6:]: v for k, v in (got or {}).items() if k.startswith("whole.")}
+        s.procedure.check_take_over(s.stored, whole or None)
+    for s, got in zip(ss, gains, strict=True):
+        s.relayout(new, got)
+
+
+def test_a_backup_table_moves_mid_iteration_with_its_step():
+    """Partitions of a table with backup workers move between shards while an iteration is half
+    collected (one rank's gradient accepted, another's partly sent): 2 shards -> 3 (the third takes the
+    step over) -> 2. Every later gradient lands as on a shard that never moved: the values, iteration,
+    k_t history and counters equal its exactly (static k = n, float64, the same order of arrival)."""
+    n, iters, P = 3, 6, 8
+    cfg = TableConfig(name="B", rows=21, cols=4, dtype="float64", backup=BackupConfig(mode="static", k=n, lr=0.5))
+    ss = _step_shards(cfg, Partition(2, P), n)
+    ss.append(_step_shards(cfg, Partition(3, P, Partition(2, P).owner_of), n)[2])  # joining: owns nothing
+    ref = _step_shards(cfg, Partition(1, P), n)[0]
+    rng = np.random.default_rng(3)
+    rows = np.arange(cfg.rows, dtype=np.int64)
+
+    def send(r: int, g: np.ndarray, which: np.ndarray) -> None:
+        for s in ss:
+            own = which[s.partition.owner(which) == s.rank]
+            if own.shape[0]:
+                s.apply(UpdateBatch(own, g[own]), r)
+
+    def clock(r: int, c: int) -> None:
+        for s in [*ss, ref]:
+            s.procedure.clocked(r, c, 0.0)
+
+    for t in range(iters):
+        grads = [rng.normal(size=(cfg.rows, cfg.cols)) for _ in range(n)]
+        for r in range(n):
+            ref.apply(UpdateBatch(rows, grads[r]), r)
+        send(0, grads[0], rows)
+        clock(0, t + 1)
+        half = rows[rows % 2 == 0]
+        send(1, grads[1], half)  # rank 1's gradient partly sent: half of it on the servers
+        if t in (1, 4):  # mid-iteration: to 3 servers (the third had none of the rows), then back to 2
+            owner = np.arange(P) % 2 if t == 4 else np.array([0, 1, 0, 1, 2, 2, 0, 1])
+            _move(ss, owner)
+        send(1, grads[1], rows[rows % 2 == 1])
+        clock(1, t + 1)
+        send(2, grads[2], rows)
+        clock(2, t + 1)
+        if t == 2:
+            joiner = ss[2].procedure
+            assert ss[2].stored > 0 and joiner.k_history == ref.procedure.k_history  # took the step over
+    got = np.zeros((cfg.rows, cfg.cols))
+    for s in ss:
+        got[s.global_rows[:s.stored]] = s.values[:s.stored]
+        if s.stored:
+            b = s.procedure
+            assert b.iteration == iters and b.k_history == [n] * iters and b.counts == ref.procedure.counts
+    assert ss[2].stored == 0
+    np.testing.assert_array_equal(got, ref.values)
+
+
+def test_rows_of_another_step_position_are_refused_before_anything_changes():
+    n, P = 2, 4
+    cfg = TableConfig(name="B", rows=8, cols=2, dtype="float64", backup=BackupConfig(mode="static", k=n, lr=0.5))
+    ss = _step_shards(cfg, Partition(2, P), n)
+    g = np.ones((4, 2))
+    ss[0].apply(UpdateBatch(ss[0].global_rows[:4], g), 0)
+    ss[0].procedure.clocked(0, 1, 0.0)  # rank 0's gradient accepted on server 0 only
+    before = ss[1].values.copy()
+    with pytest.raises(ProtocolError, match="iteration 0 with ranks \\[0\\] accepted would arrive at a server at "
+                                            "iteration 0 with ranks \\[\\]"):
+        _move(ss, np.array([1, 1, 1, 1]))
+    np.testing.assert_array_equal(ss[1].values, before)
+    assert ss[1].partition.version == 0 and ss[0].partition.version == 0
 
 
 def _dbw_run(n: int, iters: int, boundary: int, resume: str | None) -> tuple[list[int], np.ndarray]:

@@ -449,10 +449,10 @@ def test_a_lost_servers_replacement_restores_its_part_made_by_another_worker_cou
 
 def test_a_checkpoint_made_by_three_servers_resumes_on_the_configs_two(tmp_path: Path) -> None:
     """Parts of three servers (servers joined the job) hold rows by global id: each of the config's two
-    servers takes the rows its map gives it from all three, with their procedure state; a priority
-    (SCAR) part among them is refused, naming it."""
+    servers takes the rows its map gives it from all three, with their procedure state; priority
+    (SCAR) parts are put together per old server first (here each the first of its chain, over the
+    initial values: the same rows)."""
     from bosen.config import build as config_from_dict
-    from bosen.errors import ConfigError
     from bosen.server.checkpoints import restore
 
     data = {"cluster": {"servers": ["127.0.0.1:1", "127.0.0.1:2"], "workers": 2},
@@ -470,24 +470,22 @@ def test_a_checkpoint_made_by_three_servers_resumes_on_the_configs_two(tmp_path:
                                                          "t0.rows": rows, "t0.z": rows[:, None] + 0.5 * np.ones(2)},
                                   info, fp, workers=2)
 
-    write(partial=False)
-    got = 0
-    for rank in (0, 1):
-        shards = _shards(cfg, rank)
-        assert restore(cfg, rank, shards, checkpoint.clock_dir(base, 6)) == 6
-        s = shards[0]
-        ids = s.global_rows[:s.stored]
-        local, _ = s.local_rows(ids, "test")
-        np.testing.assert_array_equal(s.values[local], np.stack([ids * 10.0, -ids]).T)
-        state = s.procedure.state()
-        assert set(state) == {"z"}, state.keys()
-        np.testing.assert_array_equal(state["z"][local], ids[:, None] + 0.5 * np.ones(2))
-        got += ids.shape[0]
-    assert got == 40
-    shutil.rmtree(base)
-    write(partial=True)
-    with pytest.raises(ConfigError, match="made by 3 servers .* priority \\(SCAR\\) part"):
-        restore(cfg, 0, _shards(cfg, 0), checkpoint.clock_dir(base, 6))
+    for partial in (False, True):
+        shutil.rmtree(base, ignore_errors=True)
+        write(partial)
+        got = 0
+        for rank in (0, 1):
+            shards = _shards(cfg, rank)
+            assert restore(cfg, rank, shards, checkpoint.clock_dir(base, 6)) == 6
+            s = shards[0]
+            ids = s.global_rows[:s.stored]
+            local, _ = s.local_rows(ids, "test")
+            np.testing.assert_array_equal(s.values[local], np.stack([ids * 10.0, -ids]).T)
+            state = s.procedure.state()
+            assert set(state) == {"z"}, state.keys()
+            np.testing.assert_array_equal(state["z"][local], ids[:, None] + 0.5 * np.ones(2))
+            got += ids.shape[0]
+        assert got == 40
 
 
 def test_a_server_lost_after_a_partition_move_is_replaced_from_its_move_part(bosen_cluster, tmp_path):
@@ -639,6 +637,70 @@ def test_partitions_move_in_a_job_with_priority_checkpoints_and_restore_exactly(
     six[0].path.rename(six[0].path.with_name("away"))  # no base under map 1 before it: the parts of map 0 do not do
     with pytest.raises(ConfigError, match="saved under partition map 1, but no valid base"):
         restore(cfg, 0, _shards(cfg, 0), checkpoint.clock_dir(base, 9))
+
+
+def test_priority_checkpoints_made_by_3_servers_resume_on_the_configs_2_exactly(bosen_cluster, tmp_path):
+    """SCAR priority checkpoints (``priority_fraction: 0.5``) of a job whose third server joined
+    (``scale_servers``): its parts after the move are bases under the 3-server map, the next ones
+    hold half of each server's rows. Resumed from the newest with the config's 2 servers, each server
+    replays every old server's chain (base, then the partial part on top) and keeps the rows the
+    config's map gives it: each row is exactly as of the last save that held it, read by a client of
+    the resumed job. Without the third server's base its chain cannot be put together: refused."""
+    from conftest import wait_until
+
+    from bosen.client import Client
+    from bosen.config import load
+    from bosen.errors import ConfigError
+    from bosen.jobs.job import job_config
+    from bosen.jobs.moves import scale_servers
+    from bosen.partition import Partition
+    from bosen.server import procedures
+    from bosen.server.checkpoints import restore
+    from bosen.server.shard import TableShard
+
+    data = job_config([], 2, tables={"W": {"rows": 40, "cols": 2, "dtype": "int64"}}, partitions=6, staleness=0)
+    base = tmp_path / "ck"
+    data["checkpoint"] = {"every_clocks": 3, "dir": str(base), "keep": 10, "priority_fraction": 0.5,
+                          "policy": "round_robin"}
+    c = bosen_cluster(2, config=data)
+    added = c.add_server()
+    cfg = load(c.path)
+    rows, ones = np.arange(40, dtype=np.int64), np.ones((40, 2), dtype=np.int64)
+
+    def ticks(*clients: Client, n: int) -> None:
+        for client in clients:
+            for _ in range(n):
+                client.table("W").inc_rows(rows, ones)
+                client.clock()
+
+    def parts(clock: int) -> list[checkpoint.Part]:
+        where = checkpoint.clock_dir(base, clock)
+        assert wait_until(lambda: all((where / f"server-{j}" / checkpoint.META).exists() for j in range(3)), 30)
+        return [checkpoint.read_part(where / f"server-{j}") for j in range(3)]
+
+    with Client.connect(c.path, rank=0) as a, Client.connect(c.path, rank=1) as b:
+        ticks(a, b, n=4)
+        scale_servers(cfg, [*cfg.cluster.servers, added])
+        ticks(a, b, n=6)
+        six, nine = parts(6), parts(9)
+    assert [p.info.get("base") for p in six] == [True] * 3 and [p.info["map"]["version"] for p in six] == [1] * 3
+    assert all(p.info["partial"] == 0.5 and p.info["map"]["version"] == 1 for p in nine)
+    assert checkpoint.recorded_servers(checkpoint.clock_dir(base, 9)) == 3
+    want = np.full((40, 2), 12)  # each row as of the last save that held it: clock 6 (every row), or 9
+    want[np.concatenate([p.load()["t0.rows"] for p in nine])] = 18
+    assert (want == 18).sum() == 40 and (want == 12).sum() == 40  # half of the rows each
+    again = bosen_cluster(2, config=data, server_args=["--resume", str(checkpoint.clock_dir(base, 9))])
+    with Client.connect(again.path, rank=0) as client:
+        assert client.tick == 9
+        np.testing.assert_array_equal(client.table("W").get_rows(rows), want)
+    again.stop()
+    assert "from the parts of the 3 servers that made it (6 parts)" in again.servers[0].tail(40)
+    (six[2].path / checkpoint.META).unlink()  # the third server's base gone: its partial part has nothing under it
+    shards = [TableShard(i, t, Partition(2, cfg.cluster.num_partitions), 0, 2, procedures.load(t, "job.yaml"),
+                         cfg.comm) for i, t in enumerate(cfg.tables)]
+    with pytest.raises(ConfigError, match="server-2: a priority .SCAR. part saved under partition map 1, but no "
+                                          "valid base"):
+        restore(cfg, 0, shards, checkpoint.clock_dir(base, 9))
 
 
 def test_a_replacement_takes_the_jobs_worker_ranks_and_refuses_one_that_left_after_its_part(tmp_path: Path) -> None:
