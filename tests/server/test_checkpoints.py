@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
 import time
 from pathlib import Path
@@ -490,14 +492,14 @@ def test_a_checkpoint_made_by_three_servers_resumes_on_the_configs_two(tmp_path:
         restore(cfg, 0, _shards(cfg, 0), checkpoint.clock_dir(base, 6))
 
 
-def test_a_server_lost_after_a_partition_move_is_replaced_from_its_move_part(bosen_cluster, tmp_path):
+def test_a_server_lost_after_a_partition_move_is_replaced_from_its_move_part(bosen_cluster, tmp_path, caplog):
     """A server lost after partitions moved and before its next checkpoint part (docs/recovery.md): each
     server wrote a part as the partitions moved (its rows under the new map: what each client sent before
     it paused, client 0 one tick ahead of client 1), the replacement (``--recover --shape-from``) restores
     it, and each client resends what followed its PAUSED, not all since the part's clock (client 0's
-    tick 4 went before): every read, the replacement's next checkpoint part and the final sums stay
-    exact. Without that part (a server lost during the move) the replacement refuses, naming both
-    maps; and ``--shape-from`` without ``--recover`` is refused."""
+    tick 4 went before; each says what it resent, client 0 nothing): every read, the replacement's next
+    checkpoint part and the final sums stay exact. Without that part (a server lost during the move)
+    the replacement refuses, naming both maps; and ``--shape-from`` without ``--recover`` is refused."""
     import signal
 
     from conftest import PY, run_cmd, wait_until
@@ -549,11 +551,17 @@ def test_a_server_lost_after_a_partition_move_is_replaced_from_its_move_part(bos
         r = run_cmd([*server, "--shape-from", c.addresses[0]])
         assert r.returncode == 2 and "--shape-from goes with --recover --rank N" in r.stderr, r.stderr
         c.stop_server(1, signal.SIGKILL)
+        caplog.set_level(logging.WARNING, logger="bosen.client")
         new = c.replace_server(1, ["--resume", str(base), "--recover", "--shape-from", c.addresses[0]])
         ticks(a, 4)  # to clock 9 each, through the replacement's part of clock 6 (under map 1)
         ticks(b, 4)
         extra = np.isin(rows % 8, [1, 7])[:, None] * ones  # client 0's tick 4
         np.testing.assert_array_equal(a.table("W").get_rows(rows), 17 + extra)
+    # what each client resent, not what its log keeps: client 0 sent nothing after its PAUSED
+    resent = sorted(int(m.group(1)) for r in caplog.records
+                    if (m := re.search(r"part of the move to partition map 1 \(clock 4\): resent (\d+) messages",
+                                       r.getMessage())))
+    assert len(resent) == 2 and resent[0] == 0 < resent[1], resent
     assert f"resumed from {moved} at clock 4" in new.tail(60), new.tail(60)
     assert wait_until(lambda: all((checkpoint.clock_dir(base, k) / f"server-{j}" / checkpoint.META).exists()
                                   for k in (6, 9) for j in range(2)))  # written in the background
