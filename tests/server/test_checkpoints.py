@@ -299,6 +299,33 @@ def test_priority_checkpoints_save_a_fraction_of_rows_and_resume_puts_them_toget
     np.testing.assert_array_equal(got, want)
 
 
+def test_pruning_keeps_the_bases_of_a_server_that_joined(tmp_path: Path) -> None:
+    """A job of 2 configured servers runs on 3 (``bosen scale --servers``): its checkpoints record the
+    three (server 0's part info ``servers``), and server 2, replaced on its own, has its base at clock 2
+    while servers 0 and 1 have theirs at 4. With ``keep: 1`` pruning keeps server 2's base too (its
+    parts of clocks 3-6 chain from it), so clocks 2-6 stay; a checkpoint of the config's servers alone
+    keeps only theirs."""
+    three = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+
+    def write(clock: int, servers: int, bases: dict[int, int]) -> None:
+        for r in range(servers):
+            info: dict = {"servers": three} if servers == 3 and r == 0 else {}
+            if clock != bases[r]:
+                info["partial"] = 0.5
+            checkpoint.write_part(tmp_path, clock, "server", r, {"x": np.arange(3)}, info, "fp")
+        checkpoint.write_part(tmp_path, clock, "worker", 0, {"tick": np.array([clock])}, {}, "fp")
+
+    for c in range(1, 7):
+        write(c, 3, {0: 4, 1: 4, 2: 2})
+    assert checkpoint.prune_bases(tmp_path, 1, 2, 1) == [1]
+    assert checkpoint.clocks(tmp_path) == [6, 5, 4, 3, 2]
+    shutil.rmtree(tmp_path)
+    for c in range(1, 7):  # the same bases, made by the config's two servers: server 2 is none of theirs
+        write(c, 2, {0: 4, 1: 4})
+    assert checkpoint.prune_bases(tmp_path, 1, 2, 1) == [3, 2, 1]
+    assert checkpoint.clocks(tmp_path) == [6, 5, 4]
+
+
 @pytest.mark.slow
 def test_priority_checkpoints_are_compacted_to_keep_bases(tmp_path: Path) -> None:
     """``priority_fraction: 0.5`` at every clock, ``keep: 2``, 24 clocks: bases at clocks 5, 10, 15,
