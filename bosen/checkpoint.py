@@ -370,7 +370,10 @@ def prune_bases(base: Path, keep: int, servers: int, workers: int) -> list[int]:
     """Priority checkpoints: a restore starts at a server's newest base (a part of every row) at or
     before its clock, so delete every checkpoint older than each server's ``keep``-th newest base
     at or before the newest complete checkpoint (the oldest of those over the servers); nothing
-    while a server has fewer. Move parts older than that checkpoint go too. Returns the clocks deleted."""
+    while a server has fewer. The servers are those that made that checkpoint (``servers``, the
+    config's, unless it records others: servers joined or left, :func:`recorded_servers`); a server
+    that joined after it has no part there or before, so nothing its chains need is older. Move
+    parts older than that checkpoint go too. Returns the clocks deleted."""
     found = clocks(base)
     newest = None
     for c in found:
@@ -386,7 +389,7 @@ def prune_bases(base: Path, keep: int, servers: int, workers: int) -> list[int]:
         if c < newest:
             shutil.rmtree(move_dir(base, c, v), ignore_errors=True)
     cuts = []
-    for r in range(servers):
+    for r in range(recorded_servers(clock_dir(base, newest)) or servers):
         bases = [c for c in found if c <= newest and _is_base(base, c, part_name("server", r))]
         if len(bases) < keep:
             return []

@@ -102,6 +102,7 @@ class Msg(IntEnum):
     PAUSED = 10  # a partition move's plan: this client sends nothing more until the new map
     MOVE = 11  # a step of moving partitions, from whoever moves them (``bosen.jobs.moves``)
     LEFT = 12  # from whoever runs the job: worker ranks that left it (answered by ACK)
+    SAVE = 13  # from whoever runs the job: save a checkpoint part at boundary c (ACK "ok": false if past it)
     # server -> client
     WELCOME = 20
     ROWS = 21
@@ -145,6 +146,7 @@ _SCHEMA: dict[Msg, dict[str, type]] = {
     Msg.PAUSED: {"s": _INT, "mv": _INT},
     Msg.MOVE: {"s": _INT, "op": str, "mv": _INT, "ar": list},
     Msg.LEFT: {"s": _INT, "r": list},
+    Msg.SAVE: {"s": _INT, "c": _INT},
     Msg.PLAN: {"mv": _INT, "c": _INT},
     Msg.MAP: {"mv": _INT, "ar": list},
     Msg.MOVE_REPLY: {"rq": _INT, "ar": list},

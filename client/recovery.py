@@ -90,18 +90,19 @@ class ResendLog:
         return list(itertools.islice(self.entries, at - self.dropped, None))
 
 
-def resend(link: ServerLink, since: int, moved: int | None = None) -> int:
+def resend(link: ServerLink, since: int, moved: int | None = None) -> tuple[int, int, int]:
     """Send again, in order and renumbered, what ``link``'s log holds from clock ``since`` on, or
     where the replacement restored its part of the move to map ``moved``, what followed this client's
     PAUSED of that move (if it paused for it); the last update asks for an ACK. Returns the number of
-    that update (0: none). Nothing sent before is counted in flight any more: the lost server will
+    that update (0: none), and the messages and bytes resent (what the log keeps besides, before a
+    move's mark, is not). Nothing sent before is counted in flight any more: the lost server will
     never acknowledge it."""
     assert isinstance(link.log, ResendLog)
     link.reset_inflight()
     after = link.log.after_mark(moved) if moved is not None else None
     entries = after if after is not None else link.log.since(since)
     final = max((k for k, e in enumerate(entries) if e[1]["t"] in _UPDATES), default=-1)
-    last_inc = 0
+    last_inc = total = 0
     c = link.counters
     for k, (_, header, payload) in enumerate(entries):
         link.seq += 1
@@ -114,12 +115,13 @@ def resend(link: ServerLink, since: int, moved: int | None = None) -> int:
         c["msgs_sent"] += 1
         c["bytes_sent"] += nbytes
         c["bytes_resent"] += nbytes
+        total += nbytes
         if link.bucket is not None:
             link.bucket.charge(nbytes)
         link.transmit(frames)
         if header["t"] in _UPDATES:
             link.sent_update(nbytes)
-    return last_inc
+    return last_inc, len(entries), total
 
 
 class Recovery:
@@ -192,10 +194,10 @@ class Recovery:
                 st.cache.forget_server(link.index, self._partition())
         moved = h.get("rf")  # restored from its part of a partition move: resend what followed our PAUSED of it
         moved = moved if isinstance(moved, int) and not isinstance(moved, bool) else None
-        last = resend(link, since, moved)
-        log.warning("%s is back from its %s: resent %d messages", link,
+        last, msgs, nbytes = resend(link, since, moved)
+        log.warning("%s is back from its %s: resent %d messages (%d bytes)", link,
                     f"part of the move to partition map {moved} (clock {since})" if moved is not None
-                    else f"checkpoint at clock {since}", len(link.log))
+                    else f"checkpoint at clock {since}", msgs, nbytes)
         while link.acked_seq < last:  # applied (held past a boundary, until the others catch up)
             if self.life.failed:
                 return

@@ -65,7 +65,10 @@ class ServerCheckpoints:
         self.snapshot_s = 0.0  # time spent copying shards, all saves
         self.held_msgs = 0  # messages ever held
         self.timed = self.cfg.every_s is not None or self.cfg.mttf_s is not None
-        self.chosen: set[int] = set()  # under a time rule: boundaries rank 0 chose (CLOCK "ck")
+        self.chosen: set[int] = set()  # under a time rule: boundaries rank 0 chose (CLOCK "ck") or SAVE asked for
+        # a boundary reached while a lost worker's replacement had not joined: saved once it has and every
+        # rank is there (``deferred_ready``); meanwhile messages of ticks at or past it are held
+        self.deferred: int | None = None
         self.running: list[scar.RunningCheckpoint] = []  # priority checkpoints: the saved copy per shard
         self.partials = 0  # priority checkpoints: partial saves since the last base (or the start)
         self.base_every = -(-BASE_AFTER * 1_000_000 // round(self.cfg.priority_fraction * 1_000_000))
@@ -97,7 +100,9 @@ class ServerCheckpoints:
 
     def holds(self, client_clock: int, server_clock: int) -> bool:
         """Whether a message from a client at ``client_clock`` must wait: the client has passed a
-        boundary the server has not reached."""
+        boundary the server has not reached, or not yet saved (``deferred``)."""
+        if self.deferred is not None and client_clock >= self.deferred:
+            return True
         return client_clock >= self.boundary_after(server_clock)
 
     def hold(self, rank: int, seq: int, handle: Callable[[], None]) -> None:
@@ -112,9 +117,18 @@ class ServerCheckpoints:
         return len(self.held.pop(rank, []))
 
     def choose(self, clock: int) -> None:
-        """Client rank 0 asked for a save at boundary ``clock`` (under a time rule)."""
+        """Client rank 0 asked for a save at boundary ``clock`` (under a time rule), or the launcher did
+        (SAVE: a scale-in's boundary)."""
         if checkpoint.is_boundary(clock, self.cfg.every_clocks):
             self.chosen.add(clock)
+
+    def will_save(self, clock: int, server_clock: int) -> bool:
+        """SAVE asked for a part at boundary ``clock``: chosen if the server has not reached it (True),
+        True too if it saved it or defers it; False where it passed it unsaved (too late)."""
+        if clock > server_clock:
+            self.choose(clock)
+            return True
+        return clock in self.saved or clock == self.deferred
 
     def crossed(self, old: int, new: int) -> int | None:
         """The boundary to save at, reached moving the server clock from ``old`` to ``new``, if any:

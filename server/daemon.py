@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from bosen import rowmath, wire
+from bosen import checkpoint, rowmath, wire
 from bosen.config import Config
 from bosen.errors import ConfigError, Moving, NotOwned, ProtocolError
 from bosen.metrics import Durations, mbps, send_histogram
@@ -223,7 +223,7 @@ class Server:
                              rows_read=0, reads_parked=0, errors=0, clock_advances=0, window_paused_s=0.0,
                              clients_lost=0, push_gathers=0, push_shared_msgs=0, push_part_msgs=0,
                              push_own_gathers=0, pushes_in_turns=0, probes=0, rows_taken_back=0,
-                             rows_lapsed=0, checkpoints_skipped=0)
+                             rows_lapsed=0, checkpoints_deferred=0)
         # an INC's time from being read off the socket to being applied (longer only when held at a
         # checkpoint boundary), and each push's time, during which the loop reads nothing
         self.apply_lag = Durations()
@@ -248,6 +248,7 @@ class Server:
             Msg.PAUSED: self.on_paused,
             Msg.MOVE: self.on_move,
             Msg.LEFT: self.on_left,
+            Msg.SAVE: self.on_save,
         }
         self.moves = PartitionMoves(self)
         self._ctx: zmq.Context | None = None
@@ -956,6 +957,17 @@ class Server:
         self._send(ident, {"t": Msg.ACK, "rq": h["s"]})
         self._maybe_advance()
 
+    def on_save(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
+        """The launcher asks for a checkpoint part at boundary ``c`` whatever the rule (a scale-in's
+        boundary: leavers leave once every server's part of it is on disk, bosen/jobs/scale.py).
+        ACK ``ok``: it will be saved (or was); false: this server passed it unsaved."""
+        ck, c = self.checkpoints, h["c"]
+        if ck is None:
+            raise ProtocolError("SAVE: this server makes no checkpoints")
+        if c < 0 or not checkpoint.is_boundary(c, ck.cfg.every_clocks):
+            raise ProtocolError(f"SAVE: clock {c} is not a checkpoint boundary (every {ck.cfg.every_clocks} clocks)")
+        self._send(ident, {"t": Msg.ACK, "rq": h["s"], "ok": ck.will_save(c, self.clock)})
+
     def on_status(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         self._send_frames(ident, wire.encode_status(h["s"], self.stats()), Msg.STATUS_REPLY)
 
@@ -1008,7 +1020,7 @@ class Server:
             return False  # turns with reading: the loop there, or the push when done, looks again
         self._advancing = True
         try:
-            advanced = False
+            advanced = self._save_deferred()
             while self._pushing is None and self._advance_once():
                 advanced = True
             return advanced
@@ -1022,19 +1034,20 @@ class Server:
         old, self.clock = self.clock, new
         ck = self.checkpoints
         boundary = ck.crossed(old, new) if ck is not None else None
-        awaited = self._awaiting_replacement()
-        if ck is not None and boundary is not None and awaited:
+        behind = self._behind(boundary) if ck is not None and boundary is not None else []
+        if ck is not None and boundary is not None and behind:
             # a lost worker's updates since the newest complete checkpoint are taken back only when its
             # replacement joins: a part saved now would hold them, and if this server were lost before
             # then, its replacement restored from that part would count them twice (the redo adds them
-            # again). So no part of this boundary: the checkpoint stays incomplete.
-            log.warning("no checkpoint part at clock %d: worker rank(s) %s lost, their replacement not yet joined",
-                        boundary, awaited)
-            self.counters["checkpoints_skipped"] += 1
+            # again); once it has joined, a part saved before its redo reaches the boundary would lack
+            # them. So the part waits until the replacement has redone its ticks up to the boundary,
+            # and what anyone sends of later ticks is held until then (``_save_deferred``).
+            log.warning("checkpoint part at clock %d deferred: worker rank(s) %s lost, their replacement not yet "
+                        "joined or redoing its ticks", boundary, behind)
+            ck.deferred = boundary
+            self.counters["checkpoints_deferred"] += 1
         elif ck is not None and boundary is not None:
-            servers = {"servers": self.addresses} if self.addresses != list(self.config.cluster.servers) else {}
-            ck.save(boundary, self.shards, {"client_clocks": self.client_clock.tolist(), **self._makers(boundary),
-                                            **servers})
+            self._save(boundary)
         self.counters["clock_advances"] += 1
         live = self._live()
         work = [(shard, changed) for shard in self.shards if (changed := shard.take_changed()).shape[0]]
@@ -1046,6 +1059,37 @@ class Server:
         for shard, changed in work:
             self._push(shard, changed, live, budgeted=False)
         self._advanced(new, live)
+        return True
+
+    def _save(self, boundary: int) -> None:
+        """This server's checkpoint part at ``boundary`` (its shards hold exactly the ticks below it)."""
+        assert self.checkpoints is not None
+        servers = {"servers": self.addresses} if self.addresses != list(self.config.cluster.servers) else {}
+        self.checkpoints.save(boundary, self.shards, {"client_clocks": self.client_clock.tolist(),
+                                                      **self._makers(boundary), **servers})
+
+    def _behind(self, clock: int) -> list[int]:
+        """Ranks whose updates of ticks below ``clock`` are not all here: lost ones awaiting their
+        replacement, and replacements still redoing ticks below it (the rank's clock stays the lost
+        worker's, so the server clock can reach ``clock`` meanwhile)."""
+        redoing = [r for r, p in self.by_rank.items()
+                   if not p.gone and self.client_clock[r] != GONE and p.clock < clock]
+        return sorted({*self._awaiting_replacement(), *redoing})
+
+    def _save_deferred(self) -> bool:
+        """The deferred boundary D's part, once no lost worker awaits its replacement and every rank in
+        the job has sent CLOCK(D): the replacements redid their ticks below D (the lost workers' own
+        were taken back as they joined), and everything of ticks >= D was held, so the shards hold
+        exactly the ticks below D. Then the held messages go. True if it saved."""
+        ck = self.checkpoints
+        if ck is None or ck.deferred is None or self._behind(ck.deferred):
+            return False
+        d = ck.deferred
+        ck.deferred = None
+        self._save(d)
+        log.warning("checkpoint part at clock %d saved: the lost workers' replacements redid their ticks up to it", d)
+        if ck.held:
+            self._release_held(ck)
         return True
 
     def _makers(self, clock: int) -> dict[str, Any]:
@@ -1336,7 +1380,8 @@ class Server:
         if self.checkpoints is not None:
             # the newest own part on disk (a replacement's: the one it restored from, until it writes one)
             restored = -1 if self.restored is None else self.restored
-            comm["checkpoints"] = {**self.checkpoints.stats(), "durable": max(self.checkpoints.durable(), restored)}
+            comm["checkpoints"] = {**self.checkpoints.stats(), "durable": max(self.checkpoints.durable(), restored),
+                                   "deferred": self.checkpoints.deferred}
         return {**comm,
             "rank": self.rank,
             "address": self.address,

@@ -12,6 +12,12 @@ time from B to the end. Per case one line: the elastic time over its ideal (medi
 with the spread), the static runs' times and the scale steps' own times (``bosen.scale``). With
 ``--out DIR`` a figure per app, ``elastic-litz-APP.png``: clocks done against seconds for the four
 runs of the first repeat, the boundary marked, beside each elastic run's ideal.
+
+A scale-in's boundary is a checkpoint boundary (leavers go once the servers' part of it is on disk:
+docs/design.md, "Workers that join and leave"), so it lands up to ``every_clocks`` - 1 clocks after
+the asked point; the jobs here save every ``passes // 50`` clocks (at least 1), so that is within 2%
+of the work, and the ideal is taken at the boundary the step used, whichever it was. Each line says
+the clock asked for (``asked``) beside the boundary.
 """
 
 from __future__ import annotations
@@ -46,11 +52,17 @@ APPS: dict[str, dict[str, Any]] = {
 }
 
 
+def checkpoint_every(passes: int) -> int:
+    """Clocks between checkpoints: a scale-in's boundary (the next checkpoint boundary) is then at most
+    2% of the work past the asked point."""
+    return max(1, passes // 50)
+
+
 def write_job(app: str, path: Path, workers: int, passes: int) -> Path:
     spec = APPS[app]
     cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": workers},
            "consistency": {"staleness": 1}, "comm": {"enabled": True},
-           "checkpoint": {"every_clocks": 10, "keep": 2},
+           "checkpoint": {"every_clocks": checkpoint_every(passes), "keep": 2},
            "tables": spec["tables"],
            "app": {"module": spec["app"]["module"], "args": {**spec["app"]["args"], spec["passes"]: passes}}}
     path.write_text(json.dumps(cfg))
@@ -199,7 +211,9 @@ def main() -> None:
                  static_half_s=median([r["seconds"] for r in res["half"]]),
                  static_full_s=median([r["seconds"] for r in res["full"]]),
                  step_s=median([r["step_s"] for r in res[case]]),
-                 boundary=median([float(r["boundary"]) for r in res[case]]), passes=passes, half=half, full=full,
+                 boundary=median([float(r["boundary"]) for r in res[case]]),
+                 asked=out_at if case == "out" else in_at, checkpoint_every=checkpoint_every(passes),
+                 passes=passes, half=half, full=full,
                  repeats=repeats, load_avg=spread(loads))
 
 

@@ -62,15 +62,11 @@ PLAN_AHEAD = 2  # the first boundary B proposed: this many clocks past the newes
 ANSWER_TIMEOUT_S = 60.0  # every worker answers a proposal within this (it reads the plan at each clock)
 JOIN_TIMEOUT_S = 120.0  # a new worker process starts (imports, data) and joins every server within this
 SETTLE_TIMEOUT_S = 120.0
-DURABLE_WAIT_S = 30.0  # leavers wait this long at B for every server's part of B on disk, then leave anyway
+# leavers wait at B for every server's part of B on disk; where one says no part of B is coming (none
+# asked, none deferred, no lost worker awaited), they leave after this anyway
+DURABLE_WAIT_S = 30.0
 MAX_PROPOSALS = 10  # a job of 300 clocks a second needed 4 (margins 2, 4, 8, 16)
 REQUEST_TIMEOUT_S = 90.0  # a scale request is answered within this (a servers step starts processes first)
-
-
-def saves_every_boundary(config: Config) -> bool:
-    """The servers save a part at every checkpoint boundary (checkpoints on, no time rule)."""
-    ck = config.checkpoint
-    return ck is not None and ck.every_s is None and ck.mttf_s is None
 
 
 def leave_boundary(clock: int, config: Config, leavers: bool) -> int:
@@ -79,7 +75,7 @@ def leave_boundary(clock: int, config: Config, leavers: bool) -> int:
     all of ticks < B (it sent CLOCK(B), then gives its tasks away and says BYE), which is exactly what
     every server's part at B holds: a server lost once that part is on disk is replaced exactly
     (nobody has to resend for the leaver). Under a time rule (``every_s``, ``mttf_s``) the servers save
-    only the boundaries rank 0 chooses, so B may still go unsaved (docs/recovery.md)."""
+    only the boundaries rank 0 chooses, so the scaler asks each for B (SAVE) before proposing it."""
     ck = config.checkpoint
     if not leavers or ck is None or checkpoint.is_boundary(clock, ck.every_clocks):
         return clock
@@ -109,7 +105,8 @@ class _Step:
     error: str | None = None
     seconds: float | None = None
     durable: bool = False  # leavers wait at B until every server's part of B is on disk (``left-<id>.json``)
-    at_b: float | None = None  # when every server's clock reached B (the leavers' wait began)
+    at_b: float | None = None  # when nothing told of a part of B coming any more (the fallback wait began)
+    asked: dict[str, float] = field(default_factory=dict)  # server -> when it was asked for a part of B (SAVE)
 
 
 class Host(Protocol):
@@ -334,7 +331,7 @@ class Scaler:
         nxt = len(self.launcher.workers)  # ranks are never reused
         step.joiners = list(range(nxt, nxt + m - len(now))) if m > len(now) else []
         step.leavers = now[m:]  # the newest leave first
-        step.durable = bool(step.leavers) and saves_every_boundary(self.launcher.config)
+        step.durable = bool(step.leavers)  # a scale needs checkpoints (``_check_workers``)
         step.owners = microtasks.assign(T, sorted((set(now) | set(step.joiners)) - set(step.leavers)))
         self.steps[step.id] = step
         self._say(step, f"scaling from {len(now)} to {m} workers"
@@ -445,12 +442,25 @@ class Scaler:
         step.clock = leave_boundary(max(seen) + PLAN_AHEAD * 2 ** step.proposals,  # a wider margin each retry
                                     self.launcher.config, bool(step.leavers))
         step.proposals += 1
+        if step.leavers and not self._ask_save(step, cluster.addresses):
+            return  # a server passed B unsaved: a later one (still "propose")
         self._plan_ids += 1
         for old in self.folder.glob("ack-*.json"):
             old.unlink(missing_ok=True)
         self._write_plan(step, "proposed")
         step.phase, step.deadline = "answers", time.monotonic() + ANSWER_TIMEOUT_S
         self._say(step, f"proposed clock {step.clock} for the move; waiting for every worker to reach it")
+
+    def _ask_save(self, step: _Step, addresses: list[str]) -> bool:
+        """Ask ``addresses`` for a checkpoint part at B (SAVE), whatever the job's rule: under a time rule
+        B is otherwise saved only if rank 0 picks it. False if one has passed B without a part."""
+        for a in addresses:
+            if not status_mod.ask_save(a, step.clock, security=self.launcher.security):
+                self._say(step, f"server {a} is past clock {step.clock} without a checkpoint part there: "
+                          "proposing a later clock")
+                return False
+            step.asked[a] = time.monotonic()
+        return True
 
     def _answers(self, step: _Step) -> None:
         live = [r for r in self.live() if r not in step.joiners]
@@ -499,26 +509,42 @@ class Scaler:
 
     def _release(self, step: _Step, stats: list[dict[str, Any]]) -> None:
         """Leavers wait at B (``FilePlan.leaving``) until every server's part of B is on disk: then what
-        they sent is all in the servers' newest parts and they may leave (``left-<id>.json``). If the
-        parts do not come (a server skipped B: a worker lost then, docs/recovery.md), they leave after
-        DURABLE_WAIT_S anyway, and a server lost before its next part is refused as it was."""
+        they sent is all in the servers' newest parts and they may leave (``left-<id>.json``). A server
+        replaced since it was asked for B (its uptime says so) is asked again. The wait follows what
+        the servers say: a part deferred (a worker lost at B: saved once its replacement has redone
+        its ticks up to B) or a lost worker awaited means the part comes; only where none does and no
+        part of B is on disk after DURABLE_WAIT_S do they leave anyway, and a server lost before its
+        next part is then refused (docs/recovery.md)."""
         release = self.folder / f"left-{self._plan_ids}.json"
         if not step.durable or release.exists():
             return
+        cluster = self.launcher.cluster
+        assert cluster is not None
+        now = time.monotonic()
+        for a, st in zip(cluster.addresses, stats, strict=True):
+            if st["clock"] < step.clock and st.get("uptime_s", 0.0) < now - step.asked.get(a, now):
+                self._ask_save(step, [a])  # a replacement started after the request: it has none
         if not all(st["clock"] >= step.clock for st in stats):
             return
-        now = time.monotonic()
-        step.at_b = now if step.at_b is None else step.at_b
         durable = all(st.get("checkpoints", {}).get("durable", -1) >= step.clock for st in stats)
-        if not durable and now - step.at_b < DURABLE_WAIT_S:
-            return
+        coming = any(st.get("checkpoints", {}).get("deferred") == step.clock or st.get("awaiting_replacement")
+                     for st in stats)
+        if coming:
+            step.at_b = None
+            if not durable:
+                return
+        else:
+            at_b = step.at_b = now if step.at_b is None else step.at_b
+            if not durable and now - at_b < DURABLE_WAIT_S:
+                return
         tmp = self.folder / f".{release.name}.partial"
         tmp.write_text(json.dumps({"clock": step.clock, "durable": durable}))
         os.replace(tmp, release)
         self._say(step, f"every server's checkpoint part of clock {step.clock} is on disk: worker(s) "
                   f"{step.leavers} leave" if durable else
-                  f"no checkpoint part of clock {step.clock} on every server within {DURABLE_WAIT_S:g}s: worker(s) "
-                  f"{step.leavers} leave (a server lost before its next part is refused)")
+                  f"no checkpoint part of clock {step.clock} on every server, nor one coming, within "
+                  f"{DURABLE_WAIT_S:g}s: worker(s) {step.leavers} leave (a server lost before its next part is "
+                  "refused)")
 
     def _settle(self, step: _Step) -> None:
         stats = self._stats()

@@ -40,15 +40,16 @@ def query(address: str, timeout: float = 3.0, ctx: zmq.Context | None = None,
             ctx.term()
 
 
-def tell_left(address: str, ranks: list[int], timeout: float = 3.0, security: Security | None = None) -> None:
-    """Tell the server at HOST:PORT that worker ``ranks`` left the job (LEFT, answered by ACK)."""
+def _ask(address: str, header: dict[str, Any], timeout: float, security: Security | None) -> dict[str, Any]:
+    """One request from whoever runs the job to the server at HOST:PORT, answered by ACK (its header);
+    BosenError if it does not answer or refuses."""
     ctx = zmq.Context()
     sock = sec.client_socket(ctx, zmq.DEALER, security)
     sock.setsockopt(zmq.LINGER, 0)
     monitor = sec.watch(sock)
     try:
         sock.connect(f"tcp://{address}")
-        sock.send_multipart(wire.encode({"t": Msg.LEFT, "s": 1, "r": ranks}))
+        sock.send_multipart(wire.encode({**header, "s": 1}))
         if not sec.poll(sock, monitor, address, int(timeout * 1000)):
             raise BosenError(f"server at {address}: no answer within {timeout:g}s")
         h = wire.decode_header(sock.recv_multipart()[0])
@@ -56,10 +57,22 @@ def tell_left(address: str, ranks: list[int], timeout: float = 3.0, security: Se
             raise BosenError(f"server at {address} refused: {h['m']}")
         if h["t"] != Msg.ACK:
             raise BosenError(f"server at {address}: unexpected reply {h['t'].name}")
+        return h
     finally:
         sec.unwatch(sock, monitor)
         sock.close()
         ctx.term()
+
+
+def tell_left(address: str, ranks: list[int], timeout: float = 3.0, security: Security | None = None) -> None:
+    """Tell the server at HOST:PORT that worker ``ranks`` left the job (LEFT, answered by ACK)."""
+    _ask(address, {"t": Msg.LEFT, "r": ranks}, timeout, security)
+
+
+def ask_save(address: str, clock: int, timeout: float = 3.0, security: Security | None = None) -> bool:
+    """Ask the server at HOST:PORT for a checkpoint part at boundary ``clock`` whatever its rule (SAVE):
+    True if it will save it (or did), False if it passed that clock without a part."""
+    return _ask(address, {"t": Msg.SAVE, "c": clock}, timeout, security).get("ok") is True
 
 
 def format_table(stats: list[dict[str, Any] | str]) -> str:

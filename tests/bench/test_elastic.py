@@ -37,3 +37,13 @@ def test_litz_ideal_is_the_first_runs_time_to_the_boundary_plus_the_seconds_from
     assert ideal(half, full, 3) == 6.0 + 7.0  # 3 clocks at half, 7 at full
     assert ideal(full, half, 7) == 7.0 + 6.0
     assert ideal(half, full, 0) == 10.0 and ideal(half, full, 10) == 20.0
+
+
+def test_litz_jobs_checkpoint_often_enough_that_a_scale_in_boundary_is_near_the_asked_clock(tmp_path):
+    """A scale-in waits for the next checkpoint boundary: the bench's jobs save every passes // 50
+    clocks (at least 1), so it lands within 2% of the work past the asked point."""
+    from bench.elastic.litz import write_job
+
+    for passes, every in ((20, 1), (100, 2), (300, 6)):
+        cfg = json.loads(write_job("lda", tmp_path / "job.yaml", 2, passes).read_text())
+        assert cfg["checkpoint"]["every_clocks"] == every and every - 1 <= 0.02 * passes, cfg["checkpoint"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
 import time
 from pathlib import Path
@@ -297,6 +299,33 @@ def test_priority_checkpoints_save_a_fraction_of_rows_and_resume_puts_them_toget
     np.testing.assert_array_equal(got, want)
 
 
+def test_pruning_keeps_the_bases_of_a_server_that_joined(tmp_path: Path) -> None:
+    """A job of 2 configured servers runs on 3 (``bosen scale --servers``): its checkpoints record the
+    three (server 0's part info ``servers``), and server 2, replaced on its own, has its base at clock 2
+    while servers 0 and 1 have theirs at 4. With ``keep: 1`` pruning keeps server 2's base too (its
+    parts of clocks 3-6 chain from it), so clocks 2-6 stay; a checkpoint of the config's servers alone
+    keeps only theirs."""
+    three = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
+
+    def write(clock: int, servers: int, bases: dict[int, int]) -> None:
+        for r in range(servers):
+            info: dict = {"servers": three} if servers == 3 and r == 0 else {}
+            if clock != bases[r]:
+                info["partial"] = 0.5
+            checkpoint.write_part(tmp_path, clock, "server", r, {"x": np.arange(3)}, info, "fp")
+        checkpoint.write_part(tmp_path, clock, "worker", 0, {"tick": np.array([clock])}, {}, "fp")
+
+    for c in range(1, 7):
+        write(c, 3, {0: 4, 1: 4, 2: 2})
+    assert checkpoint.prune_bases(tmp_path, 1, 2, 1) == [1]
+    assert checkpoint.clocks(tmp_path) == [6, 5, 4, 3, 2]
+    shutil.rmtree(tmp_path)
+    for c in range(1, 7):  # the same bases, made by the config's two servers: server 2 is none of theirs
+        write(c, 2, {0: 4, 1: 4})
+    assert checkpoint.prune_bases(tmp_path, 1, 2, 1) == [3, 2, 1]
+    assert checkpoint.clocks(tmp_path) == [6, 5, 4]
+
+
 @pytest.mark.slow
 def test_priority_checkpoints_are_compacted_to_keep_bases(tmp_path: Path) -> None:
     """``priority_fraction: 0.5`` at every clock, ``keep: 2``, 24 clocks: bases at clocks 5, 10, 15,
@@ -488,14 +517,14 @@ def test_a_checkpoint_made_by_three_servers_resumes_on_the_configs_two(tmp_path:
         assert got == 40
 
 
-def test_a_server_lost_after_a_partition_move_is_replaced_from_its_move_part(bosen_cluster, tmp_path):
+def test_a_server_lost_after_a_partition_move_is_replaced_from_its_move_part(bosen_cluster, tmp_path, caplog):
     """A server lost after partitions moved and before its next checkpoint part (docs/recovery.md): each
     server wrote a part as the partitions moved (its rows under the new map: what each client sent before
     it paused, client 0 one tick ahead of client 1), the replacement (``--recover --shape-from``) restores
     it, and each client resends what followed its PAUSED, not all since the part's clock (client 0's
-    tick 4 went before): every read, the replacement's next checkpoint part and the final sums stay
-    exact. Without that part (a server lost during the move) the replacement refuses, naming both
-    maps; and ``--shape-from`` without ``--recover`` is refused."""
+    tick 4 went before; each says what it resent, client 0 nothing): every read, the replacement's next
+    checkpoint part and the final sums stay exact. Without that part (a server lost during the move)
+    the replacement refuses, naming both maps; and ``--shape-from`` without ``--recover`` is refused."""
     import signal
 
     from conftest import PY, run_cmd, wait_until
@@ -547,11 +576,17 @@ def test_a_server_lost_after_a_partition_move_is_replaced_from_its_move_part(bos
         r = run_cmd([*server, "--shape-from", c.addresses[0]])
         assert r.returncode == 2 and "--shape-from goes with --recover --rank N" in r.stderr, r.stderr
         c.stop_server(1, signal.SIGKILL)
+        caplog.set_level(logging.WARNING, logger="bosen.client")
         new = c.replace_server(1, ["--resume", str(base), "--recover", "--shape-from", c.addresses[0]])
         ticks(a, 4)  # to clock 9 each, through the replacement's part of clock 6 (under map 1)
         ticks(b, 4)
         extra = np.isin(rows % 8, [1, 7])[:, None] * ones  # client 0's tick 4
         np.testing.assert_array_equal(a.table("W").get_rows(rows), 17 + extra)
+    # what each client resent, not what its log keeps: client 0 sent nothing after its PAUSED
+    resent = sorted(int(m.group(1)) for r in caplog.records
+                    if (m := re.search(r"part of the move to partition map 1 \(clock 4\): resent (\d+) messages",
+                                       r.getMessage())))
+    assert len(resent) == 2 and resent[0] == 0 < resent[1], resent
     assert f"resumed from {moved} at clock 4" in new.tail(60), new.tail(60)
     assert wait_until(lambda: all((checkpoint.clock_dir(base, k) / f"server-{j}" / checkpoint.META).exists()
                                   for k in (6, 9) for j in range(2)))  # written in the background

@@ -238,3 +238,92 @@ def test_a_part_saved_before_a_take_back_is_corrected_when_a_replacement_server_
         for r in peers:
             r.close()
         ctx.term()
+
+
+@pytest.mark.timeout(90)
+def test_a_boundary_reached_while_a_lost_worker_awaits_its_replacement_is_saved_after_its_redo(bosen_cluster,
+                                                                                              tmp_path) -> None:
+    """Under a time rule that picks nothing by itself, the launcher asks for a part at clock 4 (SAVE: a
+    scale-in's boundary): ACK ok; a clock that is no boundary is refused, one passed unsaved answers not
+    ok. Rank 0 sends CLOCK(4) and is lost; rank 1 then brings the server to 4 while rank 0's replacement
+    has not joined: the part is deferred, not written (it would hold rank 0's updates that the
+    replacement's take-back removes), and rank 1's tick-4 update is held. The replacement (restored from
+    clock 0) redoes its ticks with other values; at its CLOCK(4) the part is written with exactly the
+    redone updates and rank 1's ticks 0-3, and rank 1's held update is applied after it."""
+    from bosen import checkpoint
+    from bosen.jobs.job import job_config
+
+    data = job_config([], 2, tables={"W": {"rows": 2, "cols": 1, "dtype": "int64"}})
+    base = tmp_path / "ck"
+    data["checkpoint"] = {"every_clocks": 2, "every_s": 3600.0, "dir": str(base), "keep": 10}
+    c = bosen_cluster(1, config=data, server_args=["--hold-lost"])
+    fp = config_mod.load(c.path).fingerprint()
+    ctx = zmq.Context()
+    peers: list[Raw] = []
+
+    def inc(r: Raw, row: int, v: int) -> None:
+        r.send({"t": Msg.INC, "tb": 0, "n": 1, "dt": "int64", "sp": False}, np.array([row], np.int64),
+               np.array([[v]], np.int64))
+
+    def save(clock: int) -> dict:
+        ctl.send({"t": Msg.SAVE, "c": clock})
+        return ctl.recv()[0]
+
+    def until(what, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not what():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.02)
+
+    try:
+        ctl = Raw(ctx, c.addresses[0])
+        a, _ = _hello(ctx, c.addresses[0], fp, 0)
+        b, _ = _hello(ctx, c.addresses[0], fp, 1)
+        peers += [ctl, a, b]
+        h = save(4)
+        assert h["t"] == Msg.ACK and h["ok"] is True, h
+        ctl.bad("SAVE: clock 3 is not a checkpoint boundary (every 2 clocks)", {"t": Msg.SAVE, "c": 3})
+        for t in range(4):  # rank 0: ticks 0-3, row 0 += 1 each; it then waits at 4
+            inc(a, 0, 1)
+            _clock(a, t + 1)
+        for t in range(3):  # rank 1: ticks 0-2, row 1 += 10 each
+            inc(b, 1, 10)
+            _clock(b, t + 1)
+        until(lambda: c.status()[0]["clock"] == 3)
+        h = save(2)  # passed without a part (nobody picked it)
+        assert h["t"] == Msg.ACK and h["ok"] is False, h
+        a.close()  # rank 0's process dies after its CLOCK(4)
+        until(lambda: c.status()[0]["awaiting_replacement"] == [0])
+        inc(b, 1, 10)  # tick 3
+        _clock(b, 4)
+        until(lambda: c.status()[0]["clock"] == 4)
+        st = c.status()[0]
+        assert st["checkpoints"]["deferred"] == 4 and st["checkpoints_deferred"] == 1, st["checkpoints"]
+        part = checkpoint.clock_dir(base, 4) / "server-0" / checkpoint.META
+        assert not part.exists()
+        assert save(4)["ok"] is True  # it is coming
+        inc(b, 1, 10)  # tick 4: held until the part is saved
+        _clock(b, 5)
+        a2, h = _hello(ctx, c.addresses[0], fp, 0, rp=0)
+        peers.append(a2)
+        assert h["t"] == Msg.WELCOME, h
+        for t in range(4):  # the redo: other values than the lost process's
+            inc(a2, 0, 100)
+            _clock(a2, t + 1)
+        until(part.exists)
+        arrays = checkpoint.read_part(part.parent).load()
+        np.testing.assert_array_equal(arrays["t0.values"][np.argsort(arrays["t0.rows"])], [[400], [40]])
+        until(lambda: c.status()[0]["client_clocks"] == [4, 5])
+        st = c.status()[0]
+        assert st["checkpoints"]["deferred"] is None, st["checkpoints"]
+        s = a2.send({"t": Msg.READ, "tb": 0, "n": 2, "c": 0}, np.array([0, 1], np.int64))
+        while True:
+            got, frames = a2.recv()
+            if got["t"] == Msg.ROWS and got.get("rq") == s:
+                break
+        np.testing.assert_array_equal(np.frombuffer(frames[1], np.int64), [400, 50])  # the held tick 4 too
+        assert "Traceback" not in c.servers[0].output()
+    finally:
+        for r in peers:
+            r.close()
+        ctx.term()

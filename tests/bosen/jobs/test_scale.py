@@ -39,9 +39,9 @@ def _final_counts(run: Path, cfg: dict, parts: dict) -> tuple[np.ndarray, np.nda
 
 
 def _lda_job(tmp_path: Path, iterations: int, checkpoints: bool = True, every: int = 3,
-             workers: int = 2) -> tuple[Path, dict]:
+             workers: int = 2, every_s: float | None = None, staleness: int = 1) -> tuple[Path, dict]:
     cfg: dict = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": workers},
-                 "consistency": {"staleness": 1}, "comm": {"enabled": True},
+                 "consistency": {"staleness": staleness}, "comm": {"enabled": True},
                  "tables": {"word_topic": {"rows": 150, "cols": 5, "dtype": "int32"},
                             "topic_summary": {"rows": 1, "cols": 5, "dtype": "int32"}},
                  "app": {"module": "bosen.apps.lda",
@@ -49,6 +49,8 @@ def _lda_job(tmp_path: Path, iterations: int, checkpoints: bool = True, every: i
                                   "synth_doc_len": 20.0, "iterations": iterations, "micro_tasks": 8, "seed": 2}}}
     if checkpoints:
         cfg["checkpoint"] = {"every_clocks": every, "keep": 500}  # all kept: the scaled ones are checked
+        if every_s is not None:  # a time rule: the servers save only the boundaries rank 0 (or SAVE) picks
+            cfg["checkpoint"]["every_s"] = every_s
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps(cfg))
     return path, cfg
@@ -281,14 +283,16 @@ def test_a_scale_in_boundary_is_a_checkpoint_boundary_where_the_job_makes_checkp
 
 @pytest.mark.timeout(120)
 def test_a_server_killed_after_a_worker_left_is_replaced_and_the_counts_stay_exact(tmp_path):
-    """Workers 3 -> 2 in a running LDA job with checkpoints (integer counts, managed communication): the
-    boundary B where rank 2 leaves is a checkpoint boundary, and rank 2 says BYE only once every
-    server's part of B is on disk, so that part holds every update it made. SIGKILL of server 1 right
-    after the step: its replacement restores a part of B or later (which the leaver needs no resend
-    for, where it used to be refused), and the job ends with the word-topic table exactly the counts
-    of its final assignments, as is every checkpoint's."""
-    iterations, every = 98, 10  # the last checkpoint at the end (+2 opening clocks)
-    path, cfg = _lda_job(tmp_path, iterations, every=every, workers=3)
+    """Workers 3 -> 2 in a running LDA job with checkpoints under a time rule (``every_s`` of an hour:
+    rank 0 picks no boundary; integer counts, managed communication): the boundary B where rank 2 leaves
+    is a checkpoint boundary, the launcher asks every server for a part there (SAVE), and rank 2 says
+    BYE only once every server's part of B is on disk, so that part holds every update it made. SIGKILL
+    of server 1 right after the step: its replacement restores the part of B (which the leaver needs no
+    resend for, where it used to be refused), and the job ends with the word-topic table exactly the
+    counts of its final assignments (the workers' parts of the last clock: workers save every boundary),
+    as the part of B's is."""
+    iterations, every = 98, 10  # the workers' last parts at the end (+2 opening clocks)
+    path, cfg = _lda_job(tmp_path, iterations, every=every, workers=3, every_s=3600.0)
     run = (tmp_path / "run").resolve()
     p = _launch(path, run)
     try:
@@ -305,9 +309,15 @@ def test_a_server_killed_after_a_worker_left_is_replaced_and_the_counts_stay_exa
     said = f"every server's checkpoint part of clock {b} is on disk: worker(s) [2] leave"
     assert any(said in x for x in lines), lines
     assert "server-1.1 replaces server-1" in out, out[-3000:]
-    _every_checkpoint_and_the_end_exact(run, cfg, iterations)
     restored = re.findall(r"resumed from \S+ at clock (\d+)", (run / "logs" / "server-1.1.log").read_text())
-    assert restored and int(restored[0]) >= b, (restored, b)  # a part the leaver needs no resend for
+    assert restored and int(restored[0]) == b, (restored, b)  # a part the leaver needs no resend for
+    base = run / "checkpoints"
+    table, counts = _part_counts(cfg, checkpoint.check_complete(base, b, 2, None, None))
+    np.testing.assert_array_equal(table, counts)
+    last = checkpoint.clock_dir(base, iterations + 2)
+    final, counts, _ = _final_counts(run, cfg, {f"worker-{r}": checkpoint.read_part(last / f"worker-{r}")
+                                                for r in range(2)})
+    np.testing.assert_array_equal(final, counts)
 
 
 def _part_counts(cfg: dict, parts: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -420,3 +430,45 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
     got = np.zeros((10, 65))
     got[server["t0.rows"]] = server["t0.values"]
     np.testing.assert_allclose(got, W, rtol=0, atol=1e-9)
+
+
+def test_leavers_wait_while_the_servers_say_a_part_of_their_boundary_is_coming(tmp_path, monkeypatch):
+    """The scaler lets the leavers of B go (``left-<id>.json``) once every server's part of B is on disk.
+    While a server defers that part (a worker lost at B, its replacement redoing its ticks) or awaits a
+    lost worker's replacement, they wait however long that takes (no fixed fallback); only where no
+    part is on disk nor coming do they go after DURABLE_WAIT_S."""
+    from types import SimpleNamespace
+
+    from bosen.jobs import scale as scale_mod
+    from bosen.jobs.scale import Scaler, _Step
+
+    monkeypatch.setattr(scale_mod, "DURABLE_WAIT_S", 0.0)
+    cfg = build({"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 3},
+                 "checkpoint": {"every_clocks": 10}, "tables": {"t": {"rows": 4, "cols": 1}}})
+    said: list[str] = []
+    host = SimpleNamespace(run_dir=tmp_path, workers=[None] * 3, config=cfg, ray_job=None, security=None,
+                           cluster=SimpleNamespace(addresses=["127.0.0.1:1", "127.0.0.1:2"]), say=said.append)
+    scaler = Scaler(host)  # type: ignore[arg-type]
+    try:
+        scaler.folder.mkdir(parents=True)
+        release = scaler.folder / f"left-{scaler._plan_ids}.json"
+
+        def stats(durable: int, deferred: int | None = None, awaiting: tuple[int, ...] = ()) -> dict:
+            return {"clock": 20, "uptime_s": 1e6, "awaiting_replacement": list(awaiting),
+                    "checkpoints": {"durable": durable, "deferred": deferred}}
+
+        step = _Step(1, 2, time.time(), clock=20, leavers=[2], durable=True)
+        for coming in ([stats(20), stats(10, deferred=20)], [stats(10, awaiting=(0,)), stats(20)]):
+            scaler._release(step, coming)
+            time.sleep(0.01)
+            scaler._release(step, coming)
+            assert not release.exists(), coming
+        scaler._release(step, [stats(20), stats(20)])
+        assert json.loads(release.read_text()) == {"clock": 20, "durable": True}
+        assert "every server's checkpoint part of clock 20 is on disk: worker(s) [2] leave" in said[-1]
+        release.unlink()
+        step = _Step(2, 2, time.time(), clock=20, leavers=[2], durable=True)
+        scaler._release(step, [stats(10), stats(20)])  # none coming: the fallback (0 s here)
+        assert json.loads(release.read_text()) == {"clock": 20, "durable": False}
+    finally:
+        scaler.close()
