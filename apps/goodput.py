@@ -210,10 +210,11 @@ class Recorder:
     def __init__(self) -> None:
         self.sums = np.zeros(COLS)
 
-    def moments(self, grads: np.ndarray, examples: int) -> None:
+    def moments(self, grads: np.ndarray, examples: int, pinv: np.ndarray | None = None) -> None:
         """One step's k >= 2 micro-batch gradients (rows of ``grads``, each the mean of ``examples``
-        examples): their unbiased ‖G‖² and tr Σ (``bosen.gradstats``)."""
-        mo = moments(grads)
+        examples): their unbiased ‖G‖² and tr Σ (``bosen.gradstats``); pre-conditioned by the inverse
+        ``pinv`` where given (Adam's √v̂ + ε: Pollux's φ for Adam, eq. 5)."""
+        mo = moments(grads, pinv)
         self.sums[C_STEPS] += 1
         self.sums[C_SQNORM] += mo.sqnorm_raw
         self.sums[C_TRACE] += mo.trace(examples)
