@@ -30,7 +30,9 @@ held-out error; one JSON line per result.
   injected round trip (a slower link, on one machine): the chosen M. A plot,
   ``--plot``. Not in ``--quick`` (a job takes seconds to start) unless named. ``--adaptive-app cnn``:
   the same comparison on the PyTorch CNN example (Fashion-MNIST images, the servers' SGD,
-  ``--adaptive-large`` for the fixed large M), without budgets or delays.
+  ``--adaptive-large`` for the fixed large M), without budgets or delays; ``--adaptive-app cnn-adam``: the
+CNN in hybrid mode (all-reduce, a local Adam at ``--adaptive-lr`` 0.002, the square-root rule, φ
+pre-conditioned by Adam's √v̂ + ε).
 
 ``--quick``: fewer points, steps and seeds, for CI.
 """
@@ -280,9 +282,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--jobs-ray", default=None, metavar="ADDRESS",
                    help="jobs: run the jobs on the Ray cluster at ADDRESS (bosen launch --ray; `ray start --head`)")
     p.add_argument("--adaptive-data", default=None, help="adaptive: fashion-mnist (default; --quick: digits)")
-    p.add_argument("--adaptive-app", choices=["mlr", "cnn"], default="mlr",
+    p.add_argument("--adaptive-app", choices=["mlr", "cnn", "cnn-adam"], default="mlr",
                    help="adaptive: MLR (default) or the PyTorch CNN example on Fashion-MNIST (no budgets, no delays; "
-                        "defaults: target 0.70, iterations 400 400 150, docs/img/pollux-adaptive-cnn.png)")
+                        "defaults: target 0.70, iterations 400 400 150, docs/img/pollux-adaptive-cnn.png); "
+                        "cnn-adam: the CNN in hybrid mode with Adam and the square-root rule (lr 0.002)")
     p.add_argument("--adaptive-large", type=int, default=16, help="adaptive: fixed-large's M over M0 (default 16)")
     p.add_argument("--adaptive-lr", type=float, default=None, help="adaptive: the servers' lr at M0 (0.1; --quick 0.5)")
     p.add_argument("--adaptive-reps", type=int, default=None, help="adaptive: rounds over the modes (default 3)")
@@ -304,9 +307,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="default fixed along throughput sim adaptive (--quick: fixed along); jobs (real jobs under "
                         "the scheduler, minutes) only when named")
     a = p.parse_args(argv)
-    if a.adaptive_app == "cnn":  # the CNN's own defaults: no injected delays, its loss scale, fewer iterations
+    if a.adaptive_app in ("cnn", "cnn-adam"):  # the CNN's own defaults: no injected delays, its loss scale
+        lr = 0.1 if a.adaptive_app == "cnn" else 0.002
         for key, value in (("delays", []), ("target", 0.70), ("adaptive_iters", [400, 400, 150]),
-                           ("adaptive_lr", 0.1), ("bandwidth_iterations", 0)):
+                           ("adaptive_lr", lr), ("bandwidth_iterations", 0)):
             if getattr(a, key) is None:
                 setattr(a, key, value)
     for key, full, quick in (("seeds", 3, 2), ("scales", [1, 16], [1]), ("points", [20, 100, 500, 2000], [20, 100]),
