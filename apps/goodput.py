@@ -165,9 +165,18 @@ class Agent:
         micro-batch, T_sync the mean of (step − computation), γ = 1 (a synchronous worker computes,
         then pushes and waits: nothing overlaps). Step times alone swing with the machine's load, and a
         slope fitted to them swung the choice 3x between runs (docs/evaluation.md); the computation
-        timed alone does not. Otherwise ``fit_throughput`` on the step times (eq. 11, RMSLE)."""
-        m, s, k, t = (np.array(x, np.float64) for x in zip(*self.obs, strict=True))
-        c = np.array(self.compute)
+        timed alone does not. Otherwise ``fit_throughput`` on the step times (eq. 11, RMSLE). Either fit
+        takes one sample per configuration (m, s, K): the median of its intervals, so that an interval
+        slowed by the machine's other load does not pull the fit, and a configuration run for many
+        intervals does not outweigh the others."""
+        groups: dict[tuple[int, int, int], list[tuple[float, float]]] = {}
+        for (m_, s_, k_, t_), c_ in zip(self.obs, self.compute, strict=True):
+            groups.setdefault((m_, s_, k_), []).append((t_, c_))
+        keys = sorted(groups)
+        m, s, k = (np.array(x, np.float64) for x in zip(*keys, strict=True))
+        t = np.array([float(np.median([x for x, _ in groups[g]])) for g in keys])
+        c = np.array([float(np.median([y for _, y in groups[g]])) if all(y > 0 for _, y in groups[g]) else 0.0
+                      for g in keys])
         if len(np.unique(k)) > 1 or not np.all(c > 0):
             return fit_throughput([float(v) for v in m], [float(v) for v in s], [float(v) for v in k],
                                   [float(v) for v in t], prior=self.prior)
@@ -216,10 +225,11 @@ class Recorder:
     def __init__(self) -> None:
         self.sums = np.zeros(COLS)
 
-    def moments(self, grads: np.ndarray, examples: int) -> None:
+    def moments(self, grads: np.ndarray, examples: int, pinv: np.ndarray | None = None) -> None:
         """One step's k >= 2 micro-batch gradients (rows of ``grads``, each the mean of ``examples``
-        examples): their unbiased ‖G‖² and tr Σ (``bosen.gradstats``)."""
-        mo = moments(grads)
+        examples): their unbiased ‖G‖² and tr Σ (``bosen.gradstats``); pre-conditioned by the inverse
+        ``pinv`` where given (Adam's √v̂ + ε: Pollux's φ for Adam, eq. 5)."""
+        mo = moments(grads, pinv)
         self.sums[C_STEPS] += 1
         self.sums[C_SQNORM] += mo.sqnorm_raw
         self.sums[C_TRACE] += mo.trace(examples)

@@ -14,6 +14,10 @@ k micro-batches within one worker: the same estimator) give tr Σ = b·𝕍̂ (�
 example's gradient) and φ = tr Σ / ‖G‖², the gradient noise scale in examples. ``NoiseScale``
 smooths the numerator and the denominator apart, as AdaptDL does: bias-corrected exponential moving
 averages with factor ``smoothing ** (M/M0)`` per step, and φ is their ratio.
+
+For an adaptive optimizer (Adam), Pollux's φ is the pre-conditioned one, tr(PΣPᵀ)/‖PG‖² (eq. 5;
+thesis appendix A.1): the same estimators on the gradients multiplied by P, which for Adam is the
+diagonal 1/(√v̂ + ε) of its step (``adam_preconditioner``; ``moments(grads, pinv)`` divides by it).
 """
 
 from __future__ import annotations
@@ -77,17 +81,36 @@ class Moments:
         return self.variance / s if s > 0 else math.inf
 
 
-def moments(grads: np.ndarray) -> Moments:
+def moments(grads: np.ndarray, pinv: np.ndarray | None = None) -> Moments:
     """The moments of k gradients, the rows of a (k, ...) array (k workers' gradients of one version,
-    or k micro-batch gradients of one worker), summed in float64."""
+    or k micro-batch gradients of one worker), summed in float64. ``pinv``: the inverse of a diagonal
+    pre-conditioner P, one value per coordinate (``adam_preconditioner``): the moments of P·g_j, whose
+    ``phi`` is Pollux's pre-conditioned noise scale tr(PΣPᵀ)/‖PG‖²."""
     g = np.asarray(grads)
     if g.ndim < 1 or g.shape[0] < 1:
         raise ValueError(f"gradstats.moments: needs a (k, ...) array of k >= 1 gradients, got shape {g.shape}")
     k = g.shape[0]
     g = g.reshape(k, -1).astype(np.float64, copy=False)
+    if pinv is not None:
+        d = np.asarray(pinv, np.float64).reshape(-1)
+        if d.size != g.shape[1] or not np.all(d > 0):
+            raise ValueError(f"gradstats.moments: pinv must hold {g.shape[1]} values > 0 (one per coordinate), "
+                             f"got {d.size}" + ("" if d.size != g.shape[1] else " with some <= 0"))
+        g = g / d
     local = float(np.einsum("ij,ij->", g, g)) / k
     mean = g.mean(axis=0)
     return Moments(k, local, float(mean @ mean))
+
+
+def adam_preconditioner(exp_avg_sq: np.ndarray, step: int, beta2: float, eps: float) -> np.ndarray:
+    """P⁻¹ of Adam's step, per coordinate: √v̂ + ε, v̂ = v/(1 − β2^t) the bias-corrected average of the
+    squared gradients after ``step`` = t steps (torch.optim.Adam's ``exp_avg_sq`` and ``step``). Adam
+    moves each coordinate by lr·m̂/(√v̂ + ε): SGD on the gradient times P = diag(1/(√v̂ + ε))."""
+    if step < 1 or not 0.0 <= beta2 < 1.0 or not eps > 0:
+        raise ValueError(f"gradstats.adam_preconditioner: needs step >= 1, beta2 in [0, 1) and eps > 0, got "
+                         f"{step}, {beta2}, {eps}")
+    v = np.asarray(exp_avg_sq, np.float64)
+    return np.sqrt(np.maximum(v, 0.0) / (1.0 - beta2**step)) + eps
 
 
 def differenced(prev: np.ndarray, cur: np.ndarray) -> Moments:

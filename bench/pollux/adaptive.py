@@ -31,7 +31,9 @@ class Plan:
     mode: str
     iterations: int
     data: str = "fashion-mnist"
-    app: str = "mlr"  # or "cnn": the PyTorch CNN example on Fashion-MNIST's images (``data`` unused)
+    # or "cnn": the PyTorch CNN example on Fashion-MNIST's images (``data`` unused), the servers' SGD; or
+    # "cnn-adam": the same CNN in hybrid mode (all-reduce, a local Adam, the square-root rule)
+    app: str = "mlr"
     train_samples: int = 20000  # cnn: the first training images, and the test images scored
     test_samples: int = 2000
     workers: int = 2
@@ -78,7 +80,7 @@ def config(p: Plan) -> dict[str, Any]:
     m0 = p.workers * p.m0_local
     adapt = p.mode == "adaptive"
     local = p.m0_local * (p.large if p.mode == "fixed-large" else 1)
-    if p.app == "cnn":
+    if p.app in ("cnn", "cnn-adam"):
         return _cnn_config(p, m0, adapt, local)
     data = "digits" if p.data == "digits" else str(REPO / "data" / p.data / "train.npz")
     geo = (10, 65) if p.data == "digits" else (10, 785)
@@ -97,17 +99,24 @@ def config(p: Plan) -> dict[str, Any]:
 
 
 def _cnn_config(p: Plan, m0: int, adapt: bool, local: int) -> dict[str, Any]:
-    """The CNN example on a synchronous table (its model's table declared by ``app.tables``)."""
+    """The CNN example on a synchronous table (its model's table declared by ``app.tables``), or in
+    hybrid mode with Adam (``cnn-adam``: no table for the model, the square-root rule)."""
     from bosen.jobs.job import job_config
 
     if p.bandwidth_mbps is not None or p.delay_s:
-        raise ValueError("bench.pollux adaptive: --adaptive-app cnn runs without budgets or injected delays")
-    app = {"module": "bosen.apps.pytorch.examples.cnn", "tables": "bosen.apps.pytorch.examples.cnn:tables",
-           "args": {"optimizer": "sgd", "lr": p.lr, "batch_size": local, "seed": p.seed,
-                    "backup": {"mode": "static", "k": p.workers}, "iterations": p.iterations,
-                    "eval_every": p.interval, "train_samples": p.train_samples, "test_samples": p.test_samples,
-                    "goodput": {"interval_clocks": p.interval, "m0": m0, "adapt": adapt, "max_local": 1024,
-                                "smoothing": p.smoothing}}}
+        raise ValueError(f"bench.pollux adaptive: --adaptive-app {p.app} runs without budgets or injected delays")
+    args: dict[str, Any] = {"lr": p.lr, "batch_size": local, "seed": p.seed, "iterations": p.iterations,
+                            "eval_every": p.interval, "train_samples": p.train_samples,
+                            "test_samples": p.test_samples,
+                            "goodput": {"interval_clocks": p.interval, "m0": m0, "adapt": adapt, "max_local": 1024,
+                                        "smoothing": p.smoothing}}
+    app: dict[str, Any] = {"module": "bosen.apps.pytorch.examples.cnn", "args": args}
+    if p.app == "cnn-adam":
+        args.update(optimizer="delta-adam", dense="allreduce")
+        args["goodput"]["rule"] = "sqrt"
+    else:
+        args.update(optimizer="sgd", backup={"mode": "static", "k": p.workers})
+        app["tables"] = "bosen.apps.pytorch.examples.cnn:tables"
     return job_config(["127.0.0.1:0"], p.workers, tables={"goodput": table_spec(p.iterations // p.interval + 1)},
                       app=app)
 

@@ -38,6 +38,19 @@ def step_seconds(m: int, workers: int, iterations: int, skip: int, seed: int, ti
     return statistics.median(gaps)
 
 
+def noise_floor(reps: list[list[float]]) -> list[float]:
+    """The machine's own error: each round's step time of a configuration predicted by the median of
+    its other rounds, |predicted / measured − 1|, for every configuration (rows of ``reps``) and round.
+    A model fitted on such measurements cannot be expected to predict a configuration more closely."""
+    out = []
+    for rs in reps:
+        for i in range(len(rs)):
+            others = rs[:i] + rs[i + 1:]
+            if others:
+                out.append(abs(statistics.median(others) / rs[i] - 1))
+    return out
+
+
 def in_sample_errors(ms: list[int], ks: list[int], secs: list[float]) -> list[float]:
     """Fit on every configuration: |predicted / measured − 1| of each (the paper's "average error of
     the fitted model", P:239, is the mean of these)."""

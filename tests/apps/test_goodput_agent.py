@@ -97,6 +97,19 @@ def test_no_statistics_keeps_the_setting_and_a_fixed_agent_scales_only_the_lr() 
     assert st[1].gain == pytest.approx(8 * (phi + 64) / (phi + 512)) and math.isfinite(phi)
 
 
+def test_the_fit_takes_each_configurations_median_interval() -> None:
+    """An interval slowed 10x by the machine's other load, among three of one (m, s), leaves the fit
+    where the other two put it."""
+    steady, spiked = _agent(), _agent()
+    for a, slow in ((steady, 1.0), (spiked, 10.0)):
+        for i, factor in enumerate((1.0, slow, 1.0)):
+            row = _row(a.setting, 100.0, TRUE)
+            row[[gp.C_SECONDS, gp.C_COMPUTE]] *= factor
+            a.observe(row)
+            a.setting = gp.Setting(i + 1, 32, 0, 2, 1.0)  # the same (m, s) three intervals running
+    assert spiked._fit() == steady._fit()
+
+
 def test_workers_that_ran_another_setting_are_an_error() -> None:
     a = _agent()
     wrong = _row(gp.Setting(0, 48, 0, 2, 1.0), 100.0, TRUE)

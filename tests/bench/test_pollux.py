@@ -49,6 +49,14 @@ def test_held_out_error_is_small_where_the_times_follow_the_model() -> None:
     assert max(in_sample_errors(ms, ks, secs)) < 0.01
 
 
+def test_noise_floor_predicts_each_round_from_the_others() -> None:
+    from bench.pollux.steps import noise_floor
+
+    assert noise_floor([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]) == [0.0] * 6
+    assert noise_floor([[1.0, 2.0, 4.0]]) == pytest.approx([2.0, 0.25, 0.625])
+    assert noise_floor([[1.0]]) == []
+
+
 def test_adaptive_run_summary_helpers() -> None:
     from bench.pollux.adaptive import Plan, Run, config, grows
 

@@ -13,6 +13,12 @@ With ``backup`` the model's table is synchronous (docs/design.md, "Backup worker
 worker's gradient of w_t, drawn from the whole training set, and the servers take SGD steps of
 ``lr``. ``goodput`` on it is Pollux's agent (apps/goodput.py): the step's batch and learning-rate gain
 follow the goodput (``configs/torch-cnn-goodput.yaml``).
+
+With ``dense: allreduce`` (hybrid mode, apps/pytorch/allreduce.py) no table holds the model: every
+worker keeps it, its gradients are averaged by all-reduce and a local torch optimizer (``delta-sgd``,
+``delta-adam``) takes the same step on every rank, in lockstep (one PS clock an iteration, for the
+agent's table). ``goodput`` there is Pollux's agent for Adam: φ from the gradients pre-conditioned by
+Adam's √v̂ + ε, the learning rate by the square-root rule (``configs/torch-cnn-adam-goodput.yaml``).
 """
 
 from __future__ import annotations
@@ -37,10 +43,12 @@ from bosen.apps.pytorch import DeltaOptimizer, PSModule, ServerOptimizer, declar
 from bosen.apps.pytorch.examples.shards import STATE, Schedule, Shard
 from bosen.apps.state import restored
 from bosen.config import check, from_dict
+from bosen.gradstats import adam_preconditioner
 
 ELASTIC = True  # workers may join and leave a running job (bosen scale): micro-tasks move to them
 
 SERVER = ("sgd", "adagrad", "adarevision")
+ADAM_WARMUP = 5  # Adam's steps before its √v̂ pre-conditions φ (AdaptDL's): fewer squared gradients are noise
 
 
 @dataclass(frozen=True)
@@ -67,8 +75,11 @@ class CNNArgs:
     backup: dict[str, Any] | None = None
     iterations: int = 0
     eval_every: int = 0  # synchronous: rank 0 scores the test images every so many iterations (and the last)
-    # Pollux's agent on the synchronous table: the batch and learning rate follow the goodput
+    # Pollux's agent on the synchronous table (or in hybrid mode): the batch and learning rate follow the goodput
     goodput: gp.GoodputArgs | None = None
+    # hybrid mode: "allreduce" keeps the model in every worker, its gradients averaged by all-reduce and
+    # stepped by the local torch optimizer (delta-sgd, delta-adam), ``iterations`` steps in lockstep
+    dense: Literal["ps", "allreduce"] = "ps"
 
     def __post_init__(self) -> None:
         check(self.lr > 0, "lr: must be > 0")
@@ -82,8 +93,17 @@ class CNNArgs:
         check(self.iterations >= 0 and self.eval_every >= 0, "iterations, eval_every: must be >= 0")
         check(self.backup is None or self.optimizer == "sgd",
               f"optimizer: with backup the servers take SGD steps: sgd, got {self.optimizer!r}")
-        check(self.goodput is None or self.backup is not None,
-              "goodput: Pollux's agent needs a synchronous table: give backup: {mode: static, k: <workers>}")
+        if self.dense == "allreduce":
+            check(self.backup is None and self.micro_tasks == 0 and self.optimizer in ("delta-sgd", "delta-adam"),
+                  f"dense: allreduce steps a local torch optimizer on every rank in lockstep: optimizer delta-sgd or "
+                  f"delta-adam, no backup, no micro_tasks (got optimizer {self.optimizer!r}, backup "
+                  f"{self.backup!r}, micro_tasks {self.micro_tasks})")
+        check(self.goodput is None or self.backup is not None or self.dense == "allreduce",
+              "goodput: Pollux's agent needs a synchronous step: give backup: {mode: static, k: <workers>} (the "
+              "servers' SGD) or dense: allreduce (a local torch optimizer)")
+        if self.goodput is not None and self.optimizer == "delta-adam":
+            check(self.goodput.rule != "adascale",
+                  "goodput.rule: adascale is SGD's gain; Adam takes sqrt (the square-root rule, P:258) or linear")
         if self.goodput is not None and self.eval_every:
             check(self.eval_every % self.goodput.interval_clocks == 0,
                   f"eval_every: with goodput, a multiple of goodput.interval_clocks ({self.goodput.interval_clocks}): "
@@ -109,6 +129,8 @@ def tables(args: Mapping[str, Any], out_dir: Path) -> dict[str, dict[str, Any]]:
     """``app.tables``: the model's table, its initial values from a seeded ``Net()``."""
     a: CNNArgs = from_dict(CNNArgs, args, "app.args")
     torch.manual_seed(a.seed)
+    if a.dense == "allreduce":
+        return declare(Net(), out_dir, dense="allreduce")  # no table: the workers keep the model
     if a.backup is not None:
         return declare(Net(), out_dir, backup={"lr": a.lr, **a.backup})
     if a.optimizer in SERVER:
@@ -152,6 +174,9 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
     x, y = images(True, a.train_samples)
     if a.backup is not None:
         _train_sync(client, a, x, y)
+        return
+    if a.dense == "allreduce":
+        _train_hybrid(client, a, x, y)
         return
     saved = client.restored_state()
     T = microtasks.count(a.micro_tasks, client.num_workers, saved)
@@ -244,7 +269,9 @@ def _train_sync(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) 
             objective, samples, block = float(loss) * a.batch_size, a.batch_size, flat.numpy()
         else:
             st = agent.at(it, t0, workers)
-            objective, block = _accumulated(model, x, y, gen, st.m, st.s, agent.rec)
+            objective, block, pieces, each = _accumulated(model, x, y, gen, st.m, st.s)
+            if pieces is not None:
+                agent.rec.moments(pieces, each)
             block *= st.gain  # the learning-rate gain: the servers step with lr times the mean pushed
             samples = st.m * (st.s + 1)
             fields.update(agent.fields(rank, a.lr))
@@ -262,30 +289,105 @@ def _train_sync(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) 
 
 
 def _accumulated(model: PSModule, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator, m: int, s: int,
-                 rec: gp.Recorder) -> tuple[float, np.ndarray]:
+                 measure: bool = True) -> tuple[float, np.ndarray, np.ndarray | None, int]:
     """One step of the agent's setting: s + 1 micro-batches of m images (accumulation), or m in two
     halves when s = 0, so that the step's micro-batch gradients (the flat dense gradient of each)
-    measure the gradient statistics (``Recorder.moments``). Returns the summed cross-entropy and the
-    mean gradient over the step's images (float64, flat)."""
-    pieces = s + 1 if s > 0 else min(2, m)
+    measure the gradient statistics (``Recorder.moments``; ``measure`` false: one piece). Returns the
+    summed cross-entropy, the mean gradient over the step's images (float64, flat), the pieces'
+    gradients (rows; None for one piece) and the images in each. Each piece's gradient comes from
+    ``torch.autograd.grad``, which leaves ``.grad`` alone: hybrid mode's backward hooks, which
+    all-reduce what a backward accumulates, see only the step's mean (set by ``_set_grads``)."""
+    pieces = s + 1 if s > 0 else min(2, m) if measure else 1
     idx = torch.randint(0, x.shape[0], (m * (s + 1),), generator=gen)
     cuts = np.linspace(0, idx.shape[0], pieces + 1).round().astype(np.int64)
-    grads = np.empty((pieces, model.flat.numel()))
-    buf = torch.zeros(model.flat.numel(), dtype=model.flat.dtype)
+    grads = np.zeros((pieces, model.flat.numel()))
     loss_sum = 0.0
+    slots = model.layout.slots
     for j in range(pieces):
         piece = idx[cuts[j]:cuts[j + 1]]
-        model.module.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model.module(x[piece]), y[piece])  # the piece's mean
-        loss.backward()
-        model.gradients(buf)
-        grads[j] = buf.numpy()
+        for sl, g in zip(slots, torch.autograd.grad(loss, model.params), strict=True):
+            grads[j, sl.offset:sl.offset + sl.numel] = g.reshape(-1).numpy()
         loss_sum += float(loss) * piece.shape[0]
     weights = np.diff(cuts).astype(np.float64)
     mean = weights @ grads / idx.shape[0]
-    if pieces >= 2:
-        rec.moments(grads, idx.shape[0] // pieces)
-    return loss_sum, mean
+    return loss_sum, mean, grads if pieces >= 2 else None, idx.shape[0] // pieces
+
+
+def _set_grads(model: PSModule, flat: np.ndarray) -> None:
+    """Each dense parameter's ``.grad`` from the flat gradient (hybrid mode: ``PSModule.sync`` then
+    all-reduces them)."""
+    for sl, p in zip(model.layout.slots, model.params, strict=True):
+        p.grad = torch.from_numpy(flat[sl.offset:sl.offset + sl.numel]).to(p.dtype).view(p.shape).clone()
+
+
+def _adam_pinv(model: PSModule, opt: torch.optim.Optimizer) -> np.ndarray | None:
+    """Adam's √v̂ + ε of the step just taken over the flat layout (ones where no parameter lies), for
+    the pre-conditioned φ; None before its ``ADAM_WARMUP``-th step."""
+    group = opt.param_groups[0]
+    out = np.ones(model.flat.numel())
+    for sl, p in zip(model.layout.slots, model.params, strict=True):
+        st = opt.state.get(p)
+        if not st or int(st["step"]) < ADAM_WARMUP:
+            return None
+        out[sl.offset:sl.offset + sl.numel] = adam_preconditioner(
+            st["exp_avg_sq"].reshape(-1).numpy(), int(st["step"]), group["betas"][1], group["eps"])
+    return out
+
+
+def _train_hybrid(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Hybrid mode: every worker holds the model (rank 0's initial values, broadcast), each iteration
+    computes its mean gradient of ``batch_size`` images drawn from the whole training set (with
+    ``goodput``: the agent's m·(s + 1) in micro-batches, ``_accumulated``), the gradients are averaged
+    by all-reduce and the local optimizer steps at ``lr`` times the agent's gain (Adam: φ measured on
+    the gradients pre-conditioned by its √v̂ + ε; the gain is the square-root rule's). One PS clock an
+    iteration, so the agent's table read at staleness 0 waits for every worker's row. Reports as
+    ``_train_sync`` does; rank 0 scores the model before the step of every ``eval_every``-th iteration
+    and of the last."""
+    rank, workers = client.rank, client.num_workers
+    total = a.iterations or a.epochs * -(-x.shape[0] // (workers * a.batch_size))
+    test = images(False, a.test_samples) if rank == 0 else None
+    torch.manual_seed(a.seed)
+    model = PSModule(Net(), client, clock_every=0, dense="allreduce")
+    params = list(model.module.parameters())
+    opt: torch.optim.Optimizer = (torch.optim.Adam(params, lr=a.lr) if a.optimizer == "delta-adam"
+                                  else torch.optim.SGD(params, lr=a.lr, momentum=a.momentum))
+    gen = torch.Generator().manual_seed(a.seed * 1000 + rank)
+    agent = None
+    if a.goodput is not None:  # what a step moves: the model's bytes (the all-reduce's, here)
+        agent = gp.start(client, a.goodput, a.batch_size, float(model.flat.numel() * model.flat.element_size()))
+    for it in range(total):
+        t0 = time.perf_counter()
+        fields: dict[str, Any] = {}
+        if test is not None and (it == total - 1 or (a.eval_every and it % a.eval_every == 0)):
+            correct, hloss = accuracy(model.module, *test)  # w_t, before its step (not timed: see eval_every)
+            fields.update(heldout_correct=correct, heldout_total=int(test[1].shape[0]), heldout_loss=hloss)
+        t1 = time.perf_counter()
+        if agent is None:
+            objective, mean, pieces, each = _accumulated(model, x, y, gen, a.batch_size, 0, measure=False)
+            samples, gain = a.batch_size, 1.0
+        else:
+            st = agent.at(it, t0, workers)
+            objective, mean, pieces, each = _accumulated(model, x, y, gen, st.m, st.s)
+            samples, gain = st.m * (st.s + 1), st.gain
+            fields.update(agent.fields(rank, a.lr))
+        compute_s = time.perf_counter() - t1
+        _set_grads(model, mean)
+        model.sync()  # the mean over the workers, on every rank
+        for group in opt.param_groups:
+            group["lr"] = a.lr * gain
+        opt.step()
+        if agent is not None:
+            agent.computed(compute_s)
+            # Adam: P of the step just taken, the same on every rank (its v̂ holds the averaged gradient)
+            pinv = _adam_pinv(model, opt) if a.optimizer == "delta-adam" else None
+            if pieces is not None and (pinv is not None or a.optimizer != "delta-adam"):
+                agent.rec.moments(pieces, each, pinv)
+        client.report(objective=objective, samples=samples, iteration=it, compute_s=compute_s, **fields)
+        if agent is not None:
+            agent.before_clock(it)  # the interval's row goes out with this iteration's clock
+        model.clock()
+    model.close()
 
 
 def _state(tasks: Mapping[int, Shard], t: int) -> dict[str, np.ndarray]:
