@@ -207,6 +207,9 @@ class Server:
         self.undo = UndoLog() if hold_lost and self.checkpoints is not None else None
         self._undoable = [type(s.procedure) is StoredProcedure for s in self.shards]
         self._redoing: dict[int, int] = {}  # rank -> the clock its replacement restarted from, while it redoes
+        # rank -> the last clock it sends (BYE or HELLO "fc": a scale-in's leaver at its boundary, connected
+        # until it may leave); once its clock is there it holds the server's clock back no more
+        self.final: dict[int, int] = {}
         # rank -> (C, T): parts of clocks in (C, T] were saved before rank's updates since C were taken
         # back; until a part after T is on disk, that rank's client keeps what it sent since C (SCLOCK cp)
         self._redo_cp: dict[int, tuple[int, int]] = dict(self._restored_redo)
@@ -496,12 +499,14 @@ class Server:
             clock = min(clock, h["cs"])  # below the rank's clock: a replacement worker redoing its ticks
         if self.restored is not None:  # what it resends (from the clock WELCOME names, or since it joined) comes first
             clock = min(clock, self._resent_from_clock(rank))
+        if "fc" in h:  # it ended its clocks (a leaver waiting at its boundary): it counts until its resend gets there
+            self._end_clocks(rank, clock, h["fc"], "HELLO")
         peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic(), clock=clock)
         self.peers[ident] = peer
         self.by_rank[rank] = peer
         log.info("client rank %d joined (%d/%d)", rank, len(self.by_rank), self.num_clients)
         self._welcome(ident, h, rank)
-        if "jc" in h:
+        if "jc" in h or "fc" in h:
             self._maybe_advance()
 
     def _take_ranks(self, shape: Joining, gone: tuple[int, ...], recorded: Any) -> None:
@@ -653,6 +658,7 @@ class Server:
         held = int(self.client_clock[rank])
         if held == GONE:  # it had said BYE, or was let go: it rejoins at the server's clock
             held = self.client_clock[rank] = self.clock
+        self.final.pop(rank, None)  # the replacement redoes the rank's ticks and ends its clocks itself
         self._take_back(rank, since)
         self._redoing[rank] = since
         peer = Peer(ident, rank, last_seq=h["s"], hello_seq=h["s"], heard=time.monotonic(), clock=since)
@@ -833,6 +839,10 @@ class Server:
         if isinstance(c, int) and not isinstance(c, bool) and c < peer.clock:
             raise ProtocolError(f"{what}: clock {c} goes back from {peer.clock}")
         self._check_clock_field(c, what, "c")
+        last = self.final.get(peer.rank)
+        if last is not None and c > last:
+            raise ProtocolError(f"{what}: clock {c} is past {last}, the last clock this client said it sends "
+                                "(BYE 'fc')")
 
     @staticmethod
     def _check_clock_field(c: Any, what: str, field: str) -> None:
@@ -864,8 +874,34 @@ class Server:
 
     def on_bye(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         peer = self._peer(ident, h)
+        if "fc" in h:  # not a leave: the rank's last clock, which takes effect when its clock gets there
+            self._end_clocks(peer.rank, peer.clock, h["fc"], "BYE")
+            self._send(ident, {"t": Msg.BYE_OK, "rq": h["s"]})
+            self._maybe_advance()
+            return
         if not self._held(peer, h["s"], lambda: self._on_bye(peer, ident, h)):  # after its held updates
             self._on_bye(peer, ident, h)
+
+    def _end_clocks(self, rank: int, sent: int, c: Any, what: str) -> None:
+        """Worker ``rank`` (its connection's clock ``sent``) sends no clock past ``c`` ("fc"): a scale-in's
+        leaver at its boundary B, which stays connected until every server's part of B is on disk, so
+        that it can resend to a lost server's replacement. Once the rank's clock reaches ``c`` it holds
+        the server's clock back no more (``_floor``): the others run on while it waits, instead of
+        stopping the staleness bound past B. Its updates are all of ticks < ``c`` and arrive before its
+        CLOCK(c) (a replacement's too: they are resent before it), so no clock passes ``c`` without
+        them. It stops counting in checkpoints after ``c`` (``left_at``), as if it had said BYE there."""
+        self._check_clock_field(c, what, "fc")
+        if c < sent:
+            raise ProtocolError(f"{what}: field 'fc' (the last clock this client sends) is {c}, below clock {sent}, "
+                                "which it sent already")
+        old = self.final.get(rank)
+        if old is not None and old != c:
+            raise ProtocolError(f"{what}: field 'fc' is {c}, but worker rank {rank} said its last clock is {old}")
+        if old is None:
+            log.info("client rank %d ends its clocks at %d: from there on it holds nobody back (still connected)",
+                     rank, c)
+        self.final[rank] = c
+        self.left_at[rank] = c
 
     def _on_bye(self, peer: Peer, ident: bytes, h: dict[str, Any]) -> None:
         if h.get("ph") is True:  # prepare: no more pushes, so the client can release its row versions
@@ -997,10 +1033,12 @@ class Server:
         for backup in self.backups.values():  # a gradient it had not completed is dropped
             backup.forget(peer.rank)
         if (lost and self.hold_lost) if hold is None else hold:
+            self.final.pop(peer.rank, None)  # held for a replacement, which ends its clocks itself
             log.warning("client rank %d was lost at clock %d: its clock is held for a replacement", peer.rank,
                         self.client_clock[peer.rank])
             return
         self.client_clock[peer.rank] = GONE
+        self.final.pop(peer.rank, None)
         self.moves.check_retiring()
         # k_t is at most the workers left: an iteration may end now; one that said BYE after its CLOCK(c)
         # is no more one of the n from iteration c (``bosen scale``: its last gradient was of c - 1)
@@ -1027,8 +1065,19 @@ class Server:
         finally:
             self._advancing = False
 
+    def _floor(self) -> int:
+        """The clock every rank has passed: the minimum over the ranks' clocks, but a rank whose clock
+        reached the last one it sends (``final``) no longer counts."""
+        if not self.final:
+            return int(self.client_clock.min())
+        clocks = self.client_clock.copy()
+        for r, c in self.final.items():
+            if clocks[r] >= c:
+                clocks[r] = GONE
+        return int(clocks.min())
+
     def _advance_once(self) -> bool:
-        new = int(self.client_clock.min())
+        new = self._floor()
         if new <= self.clock or new == GONE:
             return False
         old, self.clock = self.clock, new
@@ -1071,9 +1120,10 @@ class Server:
     def _behind(self, clock: int) -> list[int]:
         """Ranks whose updates of ticks below ``clock`` are not all here: lost ones awaiting their
         replacement, and replacements still redoing ticks below it (the rank's clock stays the lost
-        worker's, so the server clock can reach ``clock`` meanwhile)."""
+        worker's, so the server clock can reach ``clock`` meanwhile). A rank that ended its clocks at F
+        (``final``) owes nothing past F."""
         redoing = [r for r, p in self.by_rank.items()
-                   if not p.gone and self.client_clock[r] != GONE and p.clock < clock]
+                   if not p.gone and self.client_clock[r] != GONE and p.clock < min(clock, self.final.get(r, clock))]
         return sorted({*self._awaiting_replacement(), *redoing})
 
     def _save_deferred(self) -> bool:
@@ -1391,6 +1441,8 @@ class Server:
             # per rank, the clock it joined at (None: a rank kept for a joiner) and left at by BYE
             "joined_at": [None if j == GONE else int(j) for j in self.joined_at],
             "left_at": [self.left_at.get(r) for r in range(self.num_clients)],
+            # per rank, the last clock it said it sends (a scale-in's leaver waiting to leave), else None
+            "final_clocks": [self.final.get(r) for r in range(self.num_clients)],
             "clients_joined": len(self.by_rank),
             "awaiting_replacement": self._awaiting_replacement(),  # lost ranks whose replacement has not joined
             "read_connections": len(self.readers),

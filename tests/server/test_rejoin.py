@@ -327,3 +327,99 @@ def test_a_boundary_reached_while_a_lost_worker_awaits_its_replacement_is_saved_
         for r in peers:
             r.close()
         ctx.term()
+
+
+def _answer(r: Raw, seq: int) -> dict:
+    """The reply to message ``seq`` (SCLOCKs, ACKs of other messages and PINGs skipped)."""
+    while True:
+        h, _ = r.recv()
+        if h.get("rq") == seq:
+            return h
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_that_ended_its_clocks_holds_nobody_back_and_a_replacement_takes_its_resend(bosen_cluster,
+                                                                                           tmp_path) -> None:
+    """Rank 1 ends its clocks at 4 (BYE ``fc``=4: a scale-in's leaver, connected until it may leave)
+    while at clock 3: the server's clock waits for its CLOCK(4), then goes on with rank 0 alone, no
+    BYE needed. A clock past 4, or another ``fc``, is refused, naming why. The server is then lost and
+    restored from its part of clock 2 (the parts of 4 and 6 removed: not yet on disk): rank 1 rejoins
+    with HELLO ``fc``=4, its clock holds the replacement back until what it resends reaches 4, and the
+    rows hold every update of both ranks exactly once."""
+    import shutil
+    import signal
+
+    from bosen.jobs.job import job_config
+
+    data = job_config([], 2, tables={"W": {"rows": 2, "cols": 1, "dtype": "int64"}})
+    data["checkpoint"] = {"every_clocks": 2, "dir": str(tmp_path / "ck"), "keep": 10}
+    c = bosen_cluster(1, config=data)
+    fp = config_mod.load(c.path).fingerprint()
+    ctx = zmq.Context()
+    peers: list[Raw] = []
+
+    def tick(r: Raw, row: int, v: int, clock: int) -> None:  # one tick: an update, then the clock
+        r.send({"t": Msg.INC, "tb": 0, "n": 1, "dt": "int64", "sp": False}, np.array([row], np.int64),
+               np.array([[v]], np.int64))
+        _clock(r, clock)
+
+    def server_clock(want: int) -> None:
+        deadline = time.monotonic() + 20
+        while (got := c.status()[0]["clock"]) != want:
+            assert got < want and time.monotonic() < deadline, (got, want)
+            time.sleep(0.02)
+
+    try:
+        a, _ = _hello(ctx, c.addresses[0], fp, 0)
+        b, _ = _hello(ctx, c.addresses[0], fp, 1)
+        peers += [a, b]
+        for t in range(3):  # ticks 0-2: rank 0 adds 1 to row 0, rank 1 adds 10 to row 1
+            tick(a, 0, 1, t + 1)
+            tick(b, 1, 10, t + 1)
+        s = b.send({"t": Msg.BYE, "fc": 4})
+        assert _answer(b, s)["t"] == Msg.BYE_OK
+        assert "below clock 3" in _answer(b, b.send({"t": Msg.BYE, "fc": 2}))["m"]
+        for t in range(3, 6):  # rank 0 runs on to clock 6 (its ticks past 4 held until the server is there)
+            tick(a, 0, 1, t + 1)
+        server_clock(3)
+        time.sleep(0.3)
+        assert c.status()[0]["clock"] == 3  # rank 1, at 3, still counts
+        tick(b, 1, 10, 4)  # its last tick: from CLOCK(4) on it holds nobody back
+        server_clock(6)
+        st = c.status()[0]
+        assert (st["client_clocks"], st["final_clocks"], st["left_at"]) == ([6, 4], [None, 4], [None, 4]), st
+        assert "past 4, the last clock" in _answer(b, _clock(b, 5))["m"]
+        assert "said its last clock is 4" in _answer(b, b.send({"t": Msg.BYE, "fc": 5}))["m"]
+        meta = tmp_path / "ck" / "clock-00000006" / "server-0" / "meta.json"
+        deadline = time.monotonic() + 20
+        while not meta.exists():
+            assert time.monotonic() < deadline, "no part at clock 6"
+            time.sleep(0.02)
+        c.stop_server(0, signal.SIGKILL)
+        for clock in (4, 6):
+            shutil.rmtree(tmp_path / "ck" / f"clock-{clock:08d}")
+        c.replace_server(0, ["--resume", str(tmp_path / "ck"), "--recover"])
+        a2, h0 = _hello(ctx, c.addresses[0], fp, 0, cs=6)
+        b2, h1 = _hello(ctx, c.addresses[0], fp, 1, cs=4, fc=4)
+        peers += [a2, b2]
+        assert (h0["rc"], h1["rc"]) == (2, 2), (h0, h1)
+        for t in range(2, 6):  # rank 0 resends its ticks 2-5
+            tick(a2, 0, 1, t + 1)
+        tick(b2, 1, 10, 3)  # rank 1 resends tick 2: the replacement waits for its tick 3
+        server_clock(3)
+        time.sleep(0.3)  # what would move it has been handled by now (rank 0's resend, in order before it)
+        assert c.status()[0]["clock"] == 3
+        tick(b2, 1, 10, 4)
+        server_clock(6)
+        s = a2.send({"t": Msg.READ, "tb": 0, "n": 2, "c": 0}, np.array([0, 1], np.int64))
+        while True:
+            got, frames = a2.recv()
+            if got["t"] == Msg.ROWS and got.get("rq") == s:
+                break
+        np.testing.assert_array_equal(np.frombuffer(frames[1], np.int64), [6, 40])  # each update once
+        assert c.status()[0]["final_clocks"] == [None, 4]
+        assert "Traceback" not in c.servers[0].output()
+    finally:
+        for r in peers:
+            r.close()
+        ctx.term()
