@@ -263,16 +263,19 @@ class FilePlan:
             self._read(T)
             self._answer(clock)
 
-    def leaving(self, check: Callable[[], None] | None = None) -> bool:
+    def leaving(self, check: Callable[[], None] | None = None, end: Callable[[], None] | None = None) -> bool:
         """The plan in force says this worker leaves the job at its clock (after giving its tasks away).
         A plan with ``"durable": C`` keeps a leaver here until the scaler writes ``left-<id>.json``: every
         server's checkpoint part of clock C (which holds all the leaver sent) is on disk, so a server lost
         after the leaver's BYE is restored exactly; one lost before it is resent to by the leaver, still
-        connected (docs/recovery.md)."""
+        connected (docs/recovery.md). ``end`` (the client's ``end_clocks``) is called before that wait,
+        so the servers stop counting the leaver's clock and the others run on meanwhile."""
         leave = self._meta.get("leave", [])
         if not (self._holds() and isinstance(leave, list) and self.rank in leave):
             return False
         if isinstance(self._meta.get("durable"), int):
+            if end is not None:
+                end()
             release = self.path.with_name(f"left-{self._meta.get('id')}.json")
             deadline = time.monotonic() + self.timeout
             _await_file(release, deadline, check, f"{release}: not written within {self.timeout:g}s (this "

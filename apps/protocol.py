@@ -96,6 +96,9 @@ class PSClient(Protocol):
         """The main worker's handle on a table declared in the config; KeyError if there is none."""
     def clock(self) -> None:
         """End of the main worker's tick."""
+    def end_clocks(self) -> None:
+        """No more clocks from this process, which stays in the job until closed (a scale-in's leaver
+        waiting to leave): the others are not held back by it meanwhile."""
     def report(self, **fields: Any) -> Any:
         """One metrics record for the current tick (additive fields; see docs/app-contract.md)."""
     def stats(self) -> dict[str, Any]: ...

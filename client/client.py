@@ -137,7 +137,19 @@ class Client:
         return self._main_worker().table(name)
 
     def clock(self) -> None:
+        if self._comm.final_clock is not None:
+            raise BosenError(f"clock(): this process ended its clocks at {self._comm.final_clock} (end_clocks); "
+                             "close() leaves the job")
         self._main_worker().clock()
+
+    def end_clocks(self) -> None:
+        """This process clocks no more, but stays in the job until ``close()`` (a scale-in's leaver, at
+        its boundary after giving its tasks away, waits there until its updates are in every server's
+        checkpoint part): the servers stop counting its clock once its clock so far reaches them, so
+        the other workers are not held back meanwhile, and it still resends to a lost server's
+        replacement. Its updates so far are sent first; it makes none after (no clock would count them)."""
+        self._life.check()
+        self._comm.call(self._comm.end_clocks(self._clocks.clock, LEAVE_TIMEOUT_S), LEAVE_TIMEOUT_S + 5)
 
     @property
     def tick(self) -> int:

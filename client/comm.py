@@ -103,6 +103,7 @@ class CommThread:
             for link in self.links:
                 link.log = ResendLog()
         self.rank = -1
+        self.final_clock: int | None = None  # the last clock this process sends (end_clocks); every HELLO says it
         self._fingerprint = config.fingerprint()
         self._token = secrets.token_hex(8)
         for st in tables:
@@ -282,7 +283,13 @@ class CommThread:
         """HELLO to a lost server's replacement (partial recovery)."""
         # "cs": the last clock it sent there (a replacement worker redoing its clocks is below its rank's)
         return self._request(link, {"t": Msg.HELLO, "rank": self.rank, "fp": self._fingerprint,
-                                    "cs": max(link.window.clock_sent, 0)}, RECOVERY_TIMEOUT_S, during_recovery=True)
+                                    "cs": max(link.window.clock_sent, 0), **self._final()}, RECOVERY_TIMEOUT_S,
+                             during_recovery=True)
+
+    def _final(self) -> dict[str, int]:
+        """HELLO's ``fc`` once this process ended its clocks: a replacement (or a server added since)
+        stops counting its clock once what it resends gets there."""
+        return {} if self.final_clock is None else {"fc": self.final_clock}
 
     async def join(self, rank: int, fingerprint: str, timeout: float, rejoin: int | None = None,
                    joining: int | None = None) -> tuple[int, int]:
@@ -383,10 +390,25 @@ class CommThread:
                 self.sender.send_retired(st)
         await asyncio.gather(*(self._bye(link, timeout) for link in self.links))
 
+    async def end_clocks(self, clock: int, timeout: float) -> None:
+        """This process sends no clock past ``clock`` (its clock now) but stays connected (a scale-in's
+        leaver waiting at its boundary until it may leave): BYE ``fc`` to every server, answered, after
+        every update so far is out. Each server stops counting this rank's clock once it reaches
+        ``clock``, so the other workers run on; a lost server's replacement hears it again in HELLO."""
+        self.sender.flush(None)
+        await self.sender.until_flushed(timeout)
+        self.final_clock = clock
+        await asyncio.gather(*(self._answered(link, {"t": Msg.BYE, "fc": clock}, timeout) for link in self.links))
+
     async def _bye(self, link: ServerLink, timeout: float) -> None:
         """BYE to ``link``'s server, answered. A server lost before it answered is replaced from its
         checkpoint, which may not hold this client's last updates: recovery resends them, and the
         BYE goes to the replacement (a loss is no loss only once BYE is answered)."""
+        await self._answered(link, {"t": Msg.BYE}, timeout)
+        link.said_bye = True
+
+    async def _answered(self, link: ServerLink, header: dict[str, Any], timeout: float) -> None:
+        """``header`` to ``link``'s server, answered; where the server is lost first, to its replacement."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + RECOVERY_TIMEOUT_S + timeout
         while True:
@@ -396,15 +418,14 @@ class CommThread:
                 await asyncio.sleep(0.05)
             self.life.raise_failure()
             losses = link.losses
-            bye = asyncio.ensure_future(self._request(link, {"t": Msg.BYE}, timeout, during_recovery=True))
-            while not bye.done() and link.losses == losses:
-                await asyncio.wait({bye}, timeout=0.05)
-            if bye.done():
-                bye.result()
-                link.said_bye = True
+            ask = asyncio.ensure_future(self._request(link, dict(header), timeout, during_recovery=True))
+            while not ask.done() and link.losses == losses:
+                await asyncio.wait({ask}, timeout=0.05)
+            if ask.done():
+                ask.result()
                 return
-            bye.cancel()  # its server was lost meanwhile: the replacement gets it
-            await asyncio.gather(bye, return_exceptions=True)
+            ask.cancel()  # its server was lost meanwhile: the replacement gets it
+            await asyncio.gather(ask, return_exceptions=True)
 
     async def status(self, timeout: float) -> list[dict[str, Any]]:
         """Every server's STATUS, asked once this process's flushes so far have gone out (so it
@@ -467,7 +488,8 @@ class CommThread:
                     st.inflight.append(InflightLog())
             self._connect(link, loop)
             if clock is not None:
-                hello = {"t": Msg.HELLO, "rank": self.rank, "fp": self._fingerprint, "jc": clock}
+                hello = {"t": Msg.HELLO, "rank": self.rank, "fp": self._fingerprint, "jc": clock,
+                         **self._final()}
                 link.state = LinkState.JOINED
                 link.request(hello, loop).add_done_callback(functools.partial(self._joined, link))
             log.info("server %d (%s) joined the job", j, link.address)

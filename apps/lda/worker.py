@@ -320,7 +320,7 @@ def train(client: PSClient, args: Mapping[str, Any], corpus: Corpus | None = Non
             # a new assignment from this clock on: hand tasks off, rebuild for ours
             kept = {t: lay.state(t) for t in lay.tasks if new[t] == rank}
             received = tasks.handoff(tick, new, handoff_dir, lay.state)
-            if plan.leaving():  # its tasks are given away: it leaves the job here (BYE on close)
+            if plan.leaving(end=client.end_clocks):  # its tasks are given away: it leaves here (BYE on close)
                 return
             lay = _Layout(corpus, a, cuts, tasks.mine, wt, ts, P)
             lay.load({**kept, **received}, client.config.source)

@@ -228,7 +228,7 @@ def train(client: PSClient, args: Mapping[str, Any], data: tuple[Triples, Triple
             # a new assignment from this clock on: hand tasks off, rebuild for ours
             kept = {t: lay.state(t) for t in lay.tasks if new[t] == rank}
             got_states = tasks.handoff(tick, new, handoff_dir, lay.state)
-            if plan.leaving():  # its tasks are given away: it leaves the job here (BYE on close)
+            if plan.leaving(end=client.end_clocks):  # its tasks are given away: it leaves here (BYE on close)
                 return
             lay = _Layout(train_all, test_all, owner, tasks.mine, a, L, R, gradient, scale)
             lay.load({**kept, **got_states})

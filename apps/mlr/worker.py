@@ -284,7 +284,7 @@ def train(client: PSClient, args: Mapping[str, Any], data: tuple[D.Dataset, D.Da
             # a new assignment from this clock on: hand tasks off, rebuild for ours
             kept = {t: lay.state(t) for t in lay.tasks if new[t] == rank}
             got_states = tasks.handoff(c, new, handoff_dir, lay.state)
-            if plan.leaving():  # its tasks are given away: it leaves the job here (BYE on close)
+            if plan.leaving(end=client.end_clocks):  # its tasks are given away: it leaves here (BYE on close)
                 return
             lay = _Layout(train_ds, tasks.mine, n_tasks, a)
             lay.load({**kept, **got_states}, client.config.source)

@@ -109,6 +109,9 @@ class InProcessClient:
     def clock(self) -> None:
         self.clocks += 1
 
+    def end_clocks(self) -> None:
+        """One process, no servers: nobody waits for its clock."""
+
     def report(self, **fields: Any) -> dict[str, Any]:
         rec = {"clock": self.clocks, **fields}
         self.reports.append(rec)

@@ -227,7 +227,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         if plan is not None and folder is not None and (new := plan.at(c, T)) is not None:
             # a new assignment from this clock on: hand tasks off, take the received ones
             got_states = tasks.handoff(c, new, folder, partial(_state, mine))
-            if plan.leaving():  # its tasks are given away: it leaves the job here (BYE on close)
+            if plan.leaving(end=client.end_clocks):  # its tasks are given away: it leaves here (BYE on close)
                 break
             mine = {t: mine[t] if t in mine else shard(t) for t in tasks.mine}
             for t, st in got_states.items():
