@@ -286,7 +286,8 @@ def test_a_server_killed_after_a_worker_left_is_replaced_and_the_counts_stay_exa
     """Workers 3 -> 2 in a running LDA job with checkpoints under a time rule (``every_s`` of an hour:
     rank 0 picks no boundary; integer counts, managed communication): the boundary B where rank 2 leaves
     is a checkpoint boundary, the launcher asks every server for a part there (SAVE), and rank 2 says
-    BYE only once every server's part of B is on disk, so that part holds every update it made. SIGKILL
+    BYE only once every server's part of B is on disk, so that part holds every update it made; meanwhile it has
+    ended its clocks at B (BYE "fc"), so the others run on without waiting for it. SIGKILL
     of server 1 right after the step: its replacement restores the part of B (which the leaver needs no
     resend for, where it used to be refused), and the job ends with the word-topic table exactly the
     counts of its final assignments (the workers' parts of the last clock: workers save every boundary),
@@ -308,6 +309,9 @@ def test_a_server_killed_after_a_worker_left_is_replaced_and_the_counts_stay_exa
     assert b % every == 0, lines
     said = f"every server's checkpoint part of clock {b} is on disk: worker(s) [2] leave"
     assert any(said in x for x in lines), lines
+    for i in (0, 1):  # while it waited for that, its clock held nobody back (it had ended its clocks at B)
+        log = (run / "logs" / f"server-{i}.log").read_text()
+        assert f"client rank 2 ends its clocks at {b}:" in log, log[-2000:]
     assert "server-1.1 replaces server-1" in out, out[-3000:]
     restored = re.findall(r"resumed from \S+ at clock (\d+)", (run / "logs" / "server-1.1.log").read_text())
     assert restored and int(restored[0]) == b, (restored, b)  # a part the leaver needs no resend for
