@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import wait_until
 from torch import nn
 
 from bosen.apps.pytorch import DeltaOptimizer, Layout, PSModule, ServerOptimizer, declare
@@ -98,9 +99,10 @@ def test_sparse_pushes_move_about_the_rows_the_batch_touched(bosen_cluster, tmp_
             loss.backward()
             opt.step()
             touched += int(torch.unique(ids).numel())
-        client.clock()  # the last step's update is on its way
-        sent = client.stats()["bytes_sent"] - before
+        client.clock()  # the last step's update is on its way: the comm thread counts it once sent
         payload = touched * (DIM * 4 + 4)
+        assert wait_until(lambda: client.stats()["bytes_sent"] - before >= payload, 10)
+        sent = client.stats()["bytes_sent"] - before
         assert payload <= sent <= 1.1 * payload, (sent, payload)
         assert touched < 40 * 64 * 4 and touched * 10 < 40 * ROWS  # the table is far larger than the traffic
     finally:

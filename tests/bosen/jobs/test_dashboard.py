@@ -129,8 +129,8 @@ def test_chromium_shows_a_running_job_and_its_recovery_and_bad_requests_change_n
         assert 0 < row["bytes_out"] <= st["bytes_out"] and row["budget_mbps"] is None  # plain SSP: no budget
     assert snap["partitions"]["owner"] == statuses[0]["partitions"]["owner"]
     assert [w["rank"] for w in snap["workers"]] == [0, 1, 2, 3]
-    for w in snap["workers"]:
-        assert isinstance(w["server_clock"], int) and w["clock"] <= w["server_clock"] <= statuses[0]["clock"] + 3
+    for w in snap["workers"]:  # a worker's clock record may be written before the server has its CLOCK
+        assert isinstance(w["server_clock"], int) and w["clock"] <= w["server_clock"] + 1 <= statuses[0]["clock"] + 4
         assert w["blocked_s"] >= 0 and 0 <= w["blocked_fraction"] <= 1 and 0 <= w["recent_blocked_fraction"] <= 1
     assert snap["heldout_name"] == "heldout_rmse" and snap["checkpoints"]["complete"]
     # the same blocked time in the launcher's Prometheus metrics, per worker

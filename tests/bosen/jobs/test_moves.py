@@ -56,7 +56,8 @@ def test_partitions_move_while_workers_run_and_every_read_and_table_stays_exact(
 
         def mover() -> None:
             try:
-                while not all(s["clients_joined"] == procs + 1 for s in c.status()):
+                # every worker in, and rows written on every server (a sparse table stores none before)
+                while not all(s["clients_joined"] == procs + 1 and s["rows_applied"] > 0 for s in c.status()):
                     time.sleep(0.02)
                 for owner in _owners(8, servers, seed=3):
                     time.sleep(0.15)

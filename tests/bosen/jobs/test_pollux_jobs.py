@@ -209,6 +209,10 @@ def test_the_scheduler_scales_an_agent_driven_job_and_its_agent_re_picks_for_the
             assert p.poll() is None and time.monotonic() < deadline, "the job ended or stalled"
             time.sleep(0.1)
         s.observe()
+        while not any(k == 2 for k, *_ in s.jobs[0].runs):  # the scheduler's record of clocks at 2 workers
+            assert p.poll() is None and time.monotonic() < deadline, "the scheduler saw no clock at 2 workers"
+            time.sleep(0.2)
+            s.observe()
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
