@@ -199,7 +199,11 @@ class Agent:
         cur = self.setting
         phi = self.noise.phi
         if math.isnan(phi) or not self.obs:
-            self.setting = Setting(interval, cur.m, cur.s, workers, cur.gain)
+            batch = workers * cur.m * (cur.s + 1)
+            # the sqrt and linear rules need no φ: the gain follows the batch when the count changes
+            keep = self.args.rule == "adascale" or batch < self.m0
+            gain = cur.gain if keep else lr_gain(self.args.rule, 0.0, self.m0, batch)
+            self.setting = Setting(interval, cur.m, cur.s, workers, gain)
             return self.setting
         self.model = self._fit()
         if self.args.adapt:
@@ -330,7 +334,7 @@ class WorkerAgent:
 
 
 def _finite(x: float) -> float:
-    return x if math.isfinite(x) else -1.0  # JSON has no nan or inf: -1 says "not measured"
+    return x if math.isfinite(x) else -1.0  # JSON has no nan or inf: -1 says "not measured, or unbounded"
 
 
 def start(client: Any, spec: Mapping[str, Any] | GoodputArgs, batch_size: int, bytes_per_step: float) -> WorkerAgent:

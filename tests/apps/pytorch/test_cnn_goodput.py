@@ -58,8 +58,8 @@ def test_launched_hybrid_adam_job_scales_lr_by_the_square_root_and_learns(tmp_pa
     steps = _launch("torch-cnn-adam-goodput.yaml", tmp_path, every, iters, 0.002)
     chosen = _agrees_and_switches_at_boundaries(steps, every, iters)
     assert all(r["goodput_batch"] >= 64 for r in chosen) and max(r["goodput_phi"] for r in chosen) > 0
-    for r in chosen:
-        assert r["lr_gain"] == pytest.approx(1.0 if r["goodput_phi"] < 0 else math.sqrt(r["goodput_batch"] / 64))
+    for r in chosen:  # the square-root rule needs no φ: also where φ is unmeasured or unbounded (-1)
+        assert r["lr_gain"] == pytest.approx(math.sqrt(r["goodput_batch"] / 64))
     _reaches(steps, iters, 0.5)  # measured 0.70-0.73 at 40 iterations (chance 0.1)
 
 
