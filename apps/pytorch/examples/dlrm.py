@@ -111,8 +111,9 @@ class DLRMArgs:
     dense: Literal["ps", "allreduce"] = "ps"
     # the staleness of the dense parameters' table (dense: ps), over the job's (None: the job's). 0: every
     # worker changes every MLP weight at every step, and server AdaGrad's first steps are lr-sized, so
-    # reading them even one step old cost 0.005-0.026 held-out AUC against DDP on bench.torch (the
-    # embeddings' rows, a few per step, stay at the job's staleness: docs/performance-log.md, session 44)
+    # reading them stale (job staleness 2) cost 0.002-0.005 held-out AUC against DDP on bench.torch,
+    # median over seeds (the embeddings' rows, a few per step, stay at the job's staleness: docs/design.md
+    # "PyTorch workers", docs/performance-log.md session 44)
     dense_staleness: int | None = 0
     threads: int = 1  # torch intra-op threads per worker
     seed: int = 0  # the model's initialization and the sample order
