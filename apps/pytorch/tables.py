@@ -58,7 +58,8 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
             wire_dtype: str | None = None, storage: Literal["dense", "sparse"] = "dense",
             init: Mapping[str, Any] | None = None, cache_rows: int | None = None,
             push: bool = True, lapse: int = 0, dense: str = "ps",
-            backup: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+            backup: Mapping[str, Any] | None = None,
+            dense_staleness: int | None = None) -> dict[str, dict[str, Any]]:
     """Config entries (``tables:``) for ``model``'s parameters; writes their initial values and layout.
 
     ``update``: ``add`` for ``DeltaOptimizer`` (workers push parameter deltas), or ``sgd`` /
@@ -74,6 +75,9 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
     copy is too old for the staleness bound (``push: false``, for rows each worker reads rarely).
     ``lapse``: a worker's subscription to an embedding row ends after that many of its clocks without
     reading it (``tables.X.lapse``): rows a worker stopped using are pushed to it no more.
+    ``dense_staleness``: the staleness of the dense parameters' table alone (over ``staleness``; None:
+    the same as the embeddings'). Every worker changes every dense parameter at every step, so a stale
+    read of them costs more than one of the embeddings' rows, which a step touches a few of.
     ``dense="allreduce"`` (hybrid mode, ``PSModule(..., dense="allreduce")``): no table for the dense
     parameters, which the workers keep in sync by all-reduce.
     ``backup``: the dense parameters' table with backup workers (a ``backup:`` entry, e.g.
@@ -97,6 +101,9 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
     args = step_args(update, lr, update_args)
     entries: dict[str, dict[str, Any]] = {}
 
+    if dense_staleness is not None and (dense_staleness < 0 or isinstance(dense_staleness, bool)):
+        raise ValueError(f"dense_staleness: a number of clocks >= 0, or None, got {dense_staleness!r}")
+
     def entry(name: str, rows: int, cols: int, values: np.ndarray | None, start: Mapping[str, Any] | None = None,
               sparse: bool = False, embedding: bool = False) -> None:
         if values is not None:
@@ -117,6 +124,8 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
             e["lapse"] = lapse
         if staleness is not None:
             e["staleness"] = staleness
+        if dense_staleness is not None and not embedding:
+            e["staleness"] = dense_staleness
         if backup is not None:
             e["backup"] = dict(backup)
         if wire_dtype is not None:

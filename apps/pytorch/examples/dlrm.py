@@ -109,6 +109,12 @@ class DLRMArgs:
     lapse: int = 0
     # hybrid mode (issue 31): "allreduce" keeps the MLPs in sync by all-reduce, the embeddings in the PS
     dense: Literal["ps", "allreduce"] = "ps"
+    # the staleness of the dense parameters' table (dense: ps), over the job's (None: the job's). 0: every
+    # worker changes every MLP weight at every step, and server AdaGrad's first steps are lr-sized, so
+    # reading them stale (job staleness 2) cost 0.002-0.005 held-out AUC against DDP on bench.torch,
+    # median over seeds (the embeddings' rows, a few per step, stay at the job's staleness: docs/design.md
+    # "PyTorch workers", docs/performance-log.md session 44)
+    dense_staleness: int | None = 0
     threads: int = 1  # torch intra-op threads per worker
     seed: int = 0  # the model's initialization and the sample order
     micro_tasks: int = 0  # training shards that can move between workers; 0 = one per worker
@@ -117,6 +123,7 @@ class DLRMArgs:
         check(self.lr > 0, "lr: must be > 0")
         check(self.batch_size >= 1, "batch_size: must be >= 1")
         check(self.epochs >= 1, "epochs: must be >= 1")
+        check(self.dense_staleness is None or self.dense_staleness >= 0, "dense_staleness: must be >= 0 (or null)")
         check(self.evals_per_epoch >= 1, "evals_per_epoch: must be >= 1")
         check(self.clock_every >= 1, "clock_every: must be >= 1")
         check(self.train_samples >= 1 and self.test_samples >= 1, "train_samples, test_samples: must be >= 1")
@@ -229,7 +236,8 @@ def tables(args: Mapping[str, Any], out_dir: Path) -> dict[str, dict[str, Any]]:
     """``app.tables``: the dense table and one table per embedding, initial values from ``model()``."""
     a: DLRMArgs = from_dict(DLRMArgs, args, "app.args")
     kw: dict[str, Any] = {"storage": a.storage, "init": a.server_init, "cache_rows": a.cache_rows, "push": a.push,
-                          "lapse": a.lapse if a.optimizer != "adarevision" else 0, "dense": a.dense}
+                          "lapse": a.lapse if a.optimizer != "adarevision" else 0, "dense": a.dense,
+                          "dense_staleness": a.dense_staleness}
     if a.optimizer in SERVER:
         return declare(model(a), out_dir, update=a.optimizer, lr=a.lr, **kw)
     return declare(model(a), out_dir, **kw)

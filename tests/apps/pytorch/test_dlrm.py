@@ -75,6 +75,9 @@ def test_per_feature_embeddings_are_tables_of_their_own(tmp_path):
     assert sorted(cfg["tables"]) == sorted(["params", *(f"emb.{f}" for f in range(26))])
     assert [cfg["tables"][f"emb.{f}"]["rows"] for f in range(26)] == [min(r, 10_000) for r in criteo.KAGGLE_ROWS]
     assert {t["update"] for t in cfg["tables"].values()} == {"add"}
+    # the dense parameters' table at staleness 0 (dense_staleness), the embeddings' at the job's (None)
+    assert cfg["tables"]["params"]["staleness"] == 0
+    assert all(cfg["tables"][f"emb.{f}"]["staleness"] is None for f in range(26)) and cfg["consistency"]["staleness"]
 
 
 def test_fused_and_per_feature_embeddings_are_the_same_model():
@@ -101,6 +104,8 @@ def test_eval_points_and_bad_arguments():
         dlrm.tables({"max_rows": 0}, Path("unused"))
     with pytest.raises(ValueError, match="app.args.embedding"):
         dlrm.tables({"embedding": "one"}, Path("unused"))
+    with pytest.raises(ValueError, match="app.args.dense_staleness: must be >= 0"):
+        dlrm.tables({"dense_staleness": -1}, Path("unused"))
 
 
 def test_hybrid_mode_keeps_one_micro_task_per_rank_and_says_why_it_cannot_scale():

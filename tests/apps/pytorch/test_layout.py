@@ -64,6 +64,24 @@ def test_declare_writes_initial_values_and_layout_for_the_servers(tmp_path):
         "parameter 0.bias: shape (8,) here, (7,) when the tables were made"]
 
 
+class _Embedded(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, sparse=True)
+        self.top = nn.Linear(4, 1)
+
+
+def test_the_dense_table_alone_takes_its_own_staleness(tmp_path):
+    torch.manual_seed(0)
+    tables = declare(_Embedded(), tmp_path, update="adagrad", lr=0.05, staleness=2, dense_staleness=0)
+    assert {n: e["staleness"] for n, e in tables.items()} == {"params": 0, "emb": 2}
+    # without it, every table takes staleness (or the job's, where that is None too)
+    assert {n: e.get("staleness") for n, e in declare(_Embedded(), tmp_path, update="adagrad", lr=0.05).items()} \
+        == {"params": None, "emb": None}
+    with pytest.raises(ValueError, match="dense_staleness: a number of clocks >= 0, or None, got -1"):
+        declare(_Embedded(), tmp_path, update="adagrad", lr=0.05, dense_staleness=-1)
+
+
 def test_step_sizes_go_to_each_procedures_own_argument():
     assert step_args("sgd", 0.1) == {"lr": 0.1}
     assert step_args("adarevision", 0.2) == {"alpha": 0.2}
