@@ -32,7 +32,7 @@ table reads/updates, plus the previous ``clock()`` call); rank 0 also reports ``
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -382,11 +382,28 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
             # workers from that iteration on), draw from ours
             assert tasks is not None and draws is not None
             kept = {t: draws.state(t) for t in draws.tasks if new[t] == rank}
-            got_states = tasks.handoff(it + 1, new, handoff_dir, draws.state)
+            got_states = tasks.handoff(it + 1, new, handoff_dir, _handing(draws, agent, tasks.mine, new, rank))
             if plan.leaving():  # its tasks are given away: it leaves the job here (BYE on close)
                 return
+            for got in got_states.values():  # a leaver's goodput sums of the interval come with one of its tasks
+                if agent is not None and gp.HANDED in got:
+                    agent.take_over(got[gp.HANDED])
             draws = _Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
             draws.load({**kept, **got_states}, client.config.source)
+
+
+def _handing(draws: _Draws, agent: gp.WorkerAgent | None, mine: np.ndarray, new: np.ndarray,
+             rank: int) -> Callable[[int], dict[str, np.ndarray]]:
+    """The states of the tasks handed off at a boundary; a leaver's first task also carries its goodput
+    sums of the interval in progress (``WorkerAgent.hand_over``), for the worker that takes it."""
+    first = int(mine[0]) if mine.size and not (new == rank).any() and agent is not None else -1
+
+    def state(t: int) -> dict[str, np.ndarray]:
+        st = draws.state(t)
+        if t == first and agent is not None:
+            st[gp.HANDED] = agent.hand_over()
+        return st
+    return state
 
 
 class _Draws:
