@@ -301,7 +301,9 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
     minibatches come from the micro-tasks the worker runs (``_Draws``: each task's samples once per
     its pass, whichever worker runs it), which move at a ``bosen scale`` boundary as in the
     asynchronous path, so the job's workers can change; with backup workers proper (k < n, dynamic,
-    blind) gradients are dropped, and each worker draws from the whole training set, as DBW assumes.
+    blind) gradients are dropped, and each worker draws from the whole training set, as DBW assumes:
+    the micro-tasks then hold no data, but still move at a boundary, which is how a worker learns that
+    it leaves, or that others join (a worker clocking up to a newer iteration passes each boundary).
 
     With ``goodput`` (Pollux's agent, ``apps/goodput.py``) the step's batch is the agent's m·(s + 1),
     computed in micro-batches that measure the gradient statistics, and the pushed gradient is scaled
@@ -314,20 +316,18 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
     model = LocalModel(classes, train_ds.features)
     F = train_ds.features
     draws: _Draws | None = None
-    tasks = plan = handoff_dir = None
-    n_tasks = 0
+    saved = client.restored_state()
+    n_tasks = microtasks.count(a.micro_tasks, workers, saved)
+    tasks, received, plan, handoff_dir = microtasks.start(n_tasks, rank, workers, saved)
+    rng = None
     if follows_workers(spec, workers):
-        saved = client.restored_state()
-        n_tasks = microtasks.count(a.micro_tasks, workers, saved)
-        tasks, received, plan, handoff_dir = microtasks.start(n_tasks, rank, workers, saved)
         draws = _Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
         if saved is not None:
             draws.load(microtasks.unpack(saved, draws.tasks, _Draws.NAMES), client.config.source)
         if microtasks.join_clock() is not None:  # its tasks as their givers left them
             draws.load(received, client.config.source)
         client.checkpoint_state(lambda: microtasks.pack({t: draws.state(t) for t in draws.tasks}))
-        rng = None
-    else:
+    else:  # the tasks hold no data here: they say which workers are in the job (they move at a boundary)
         rng = np.random.default_rng([a.seed, rank])
 
     def draw(b: int) -> np.ndarray:
@@ -337,14 +337,37 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
         return rng.integers(0, train_ds.n, b).astype(np.int64)
 
     def job_workers() -> int:  # the job's workers now: the ranks that run its tasks
-        return int(np.unique(tasks.owners).size) if tasks is not None else workers
+        return int(np.unique(tasks.owners).size)
 
     agent = None
     if a.goodput is not None:  # a push of the table a step: what the client's bandwidth budget paces
         agent = gp.start(client, a.goodput, a.batch_size, float(T.rows * T.cols * np.dtype(T.dtype).itemsize))
+    left = False
+
+    def boundary() -> bool:
+        """After a clock: where the job's workers change from this clock on (``bosen scale``), hand
+        tasks off (the servers count the new workers from that iteration on) and draw from ours.
+        False: this worker left the job here (BYE on close)."""
+        nonlocal draws, left
+        c = client.tick
+        if plan is None or handoff_dir is None or (new := plan.at(c, n_tasks)) is None:
+            return True
+        kept = {t: draws.state(t) for t in draws.tasks if new[t] == rank} if draws is not None else {}
+        got_states = tasks.handoff(c, new, handoff_dir, _handing(draws, agent, tasks.mine, new, rank))
+        if plan.leaving():
+            left = True
+            return False
+        for got in got_states.values():  # a leaver's goodput sums of the interval come with one of its tasks
+            if agent is not None and gp.HANDED in got:
+                agent.take_over(got[gp.HANDED])
+        if draws is not None:
+            draws = _Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
+            draws.load({**kept, **got_states}, client.config.source)
+        return True
+
     while True:
-        W, it = read_iteration(client, T, rows)
-        if it >= total:
+        W, it = read_iteration(client, T, rows, boundary)  # a dropped gradient's worker clocks up to w_t's
+        if left or it >= total:
             break
         t0 = time.perf_counter()
         W64 = W.astype(np.float64, copy=False)
@@ -377,29 +400,19 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
         if agent is not None:
             agent.before_clock(it)
         client.clock()
-        if plan is not None and handoff_dir is not None and (new := plan.at(it + 1, n_tasks)) is not None:
-            # the job's workers change from iteration it + 1: hand tasks off (the servers count the new
-            # workers from that iteration on), draw from ours
-            assert tasks is not None and draws is not None
-            kept = {t: draws.state(t) for t in draws.tasks if new[t] == rank}
-            got_states = tasks.handoff(it + 1, new, handoff_dir, _handing(draws, agent, tasks.mine, new, rank))
-            if plan.leaving():  # its tasks are given away: it leaves the job here (BYE on close)
-                return
-            for got in got_states.values():  # a leaver's goodput sums of the interval come with one of its tasks
-                if agent is not None and gp.HANDED in got:
-                    agent.take_over(got[gp.HANDED])
-            draws = _Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
-            draws.load({**kept, **got_states}, client.config.source)
+        if not boundary():
+            return
 
 
-def _handing(draws: _Draws, agent: gp.WorkerAgent | None, mine: np.ndarray, new: np.ndarray,
+def _handing(draws: _Draws | None, agent: gp.WorkerAgent | None, mine: np.ndarray, new: np.ndarray,
              rank: int) -> Callable[[int], dict[str, np.ndarray]]:
-    """The states of the tasks handed off at a boundary; a leaver's first task also carries its goodput
-    sums of the interval in progress (``WorkerAgent.hand_over``), for the worker that takes it."""
+    """The states of the tasks handed off at a boundary (none where the tasks hold no data); a leaver's
+    first task also carries its goodput sums of the interval in progress (``WorkerAgent.hand_over``),
+    for the worker that takes it."""
     first = int(mine[0]) if mine.size and not (new == rank).any() and agent is not None else -1
 
     def state(t: int) -> dict[str, np.ndarray]:
-        st = draws.state(t)
+        st = draws.state(t) if draws is not None else {}
         if t == first and agent is not None:
             st[gp.HANDED] = agent.hand_over()
         return st

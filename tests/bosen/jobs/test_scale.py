@@ -344,25 +344,71 @@ def _part_counts(cfg: dict, parts: dict) -> tuple[np.ndarray, np.ndarray]:
     return table, counts
 
 
-def test_a_job_with_backup_workers_proper_refuses_other_worker_counts(tmp_path):
-    """Backup workers proper (k < n, dynamic, blind) drop gradients and every worker draws from the
-    whole data set: asked for another count, the launcher's scaler refuses, naming the table, before
-    anything starts. Static k = the workers (the next test) scales."""
+def test_a_synchronous_table_scales_only_where_the_apps_synchronous_path_reads_the_plan(tmp_path):
+    """A table with backup (any mode) scales only with an app whose synchronous path reads the task plan
+    at every clock (``SYNC_ELASTIC``: MLR); another app's is refused, naming it, before anything starts."""
     from types import SimpleNamespace
 
     from bosen.jobs.scale import Scaler
 
-    for backup in ({"mode": "static", "k": 1}, {"mode": "dynamic"}):
-        cfg = build({"cluster": {"servers": ["127.0.0.1:0"], "workers": 2}, "checkpoint": {"every_clocks": 10},
-                     "tables": {"G": {"rows": 2, "cols": 3, "dtype": "float64", "backup": backup}},
-                     "app": {"module": "bosen.apps.mlr"}})
-        host = SimpleNamespace(run_dir=tmp_path, workers=[None, None], config=cfg, cluster=None, ray_job=None)
-        scaler = Scaler(host)  # type: ignore[arg-type]
-        try:
-            with pytest.raises(ScaleError, match="tables.G has backup workers proper .* cannot change while it runs"):
-                scaler.checks["workers"](3)
-        finally:
-            scaler.close()
+    cfg = build({"cluster": {"servers": ["127.0.0.1:0"], "workers": 2}, "checkpoint": {"every_clocks": 10},
+                 "tables": {"G": {"rows": 2, "cols": 3, "dtype": "float64", "backup": {"mode": "dynamic"}}},
+                 "app": {"module": "bosen.apps.lda"}})
+    host = SimpleNamespace(run_dir=tmp_path, workers=[None, None], config=cfg, cluster=None, ray_job=None)
+    scaler = Scaler(host)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(ScaleError, match="bosen.apps.lda: its synchronous path .tables.G has backup. does not"):
+            scaler.checks["workers"](3)
+    finally:
+        scaler.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_dynamic_k_mlr_job_scaled_2_3_2_keeps_one_k_per_iteration(tmp_path):
+    """DBW's dynamic k (gradients dropped, every worker draws from the whole data set; its micro-tasks
+    say who is in the job) scaled 2 -> 3 -> 2 workers: a worker whose gradient was dropped clocks up to
+    the newer iteration through the boundaries too. Every iteration stepped once with k_t of its
+    workers (2 before B1, 2-3 until B2, 2 after), each from distinct ranks of the job then (rank 2 only
+    in [B1, B2)), and k ends at 2 (dynamic: k >= 2, at most the workers)."""
+    cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 2},
+           "checkpoint": {"every_clocks": 50, "keep": 100},
+           "tables": {"W": {"rows": 10, "cols": 65, "dtype": "float64", "init": {"zeros": True},
+                            "backup": {"mode": "dynamic", "lr": 0.5}}},
+           "app": {"module": "bosen.apps.mlr", "args": {"data": "digits", "holdout": 0.1, "batch_size": 7,
+                                                         "micro_tasks": 6, "epochs": 1_000_000, "eval_every": 0}}}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(cfg))
+    run = (tmp_path / "run").resolve()
+    p = _launch(path, run, tmp_path / "launch.out")
+    try:
+        _wait_clock(p, run, 5)
+        lines: list[str] = []
+        bosen.scale(run, workers=3, out=lines.append)
+        bosen.scale(run, workers=2, out=lines.append)
+        b1, b2 = (int(m) for m in re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines)))
+        deadline = time.monotonic() + 60
+        parts = None
+        c = b2 + 100 - b2 % 50
+        while parts is None:  # a checkpoint well past B2, complete
+            assert p.poll() is None and time.monotonic() < deadline, lines
+            time.sleep(0.05)
+            try:
+                parts = checkpoint.check_complete(run / "checkpoints", c, 1, None, None)
+            except checkpoint.CheckpointError:
+                pass
+    finally:
+        _stop(p)
+    server = parts["server-0"].load()
+    assert int(server["p0.iteration"][0]) == c
+    k_hist = server["p0.k_history"].tolist()
+    applied = np.split(server["p0.applied_ranks"], np.cumsum(server["p0.applied_lens"])[:-1])
+    assert len(k_hist) == len(applied) == min(c, 1000)  # one k_t per iteration
+    start = c - len(k_hist)
+    for t, (k, ranks) in enumerate(zip(k_hist, applied, strict=True), start):
+        members = {0, 1, 2} if b1 <= t < b2 else {0, 1}
+        assert 2 <= k <= len(members) and len(ranks) == k and set(ranks.tolist()) <= members, (t, k, ranks, b1, b2)
+    assert int(server["p0.k"][0]) == 2
 
 
 def _sync_replay(cfg: dict, b1: int, b2: int, c: int) -> tuple[np.ndarray, dict[int, dict[str, np.ndarray]]]:
