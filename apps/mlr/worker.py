@@ -298,7 +298,7 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
     ``train_loss`` (the mean log-loss of w_t on the whole training set) and the held-out figures.
 
     Where every worker's gradient is applied (static k = the workers, ``follows_workers``) the
-    minibatches come from the micro-tasks the worker runs (``_Draws``: each task's samples once per
+    minibatches come from the micro-tasks the worker runs (``microtasks.Draws``: each task's samples once per
     its pass, whichever worker runs it), which move at a ``bosen scale`` boundary as in the
     asynchronous path, so the job's workers can change; with backup workers proper (k < n, dynamic,
     blind) gradients are dropped, and each worker draws from the whole training set, as DBW assumes:
@@ -315,15 +315,15 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
     delays = Delays(a.delay, rank, workers)
     model = LocalModel(classes, train_ds.features)
     F = train_ds.features
-    draws: _Draws | None = None
+    draws: microtasks.Draws | None = None
     saved = client.restored_state()
     n_tasks = microtasks.count(a.micro_tasks, workers, saved)
     tasks, received, plan, handoff_dir = microtasks.start(n_tasks, rank, workers, saved)
     rng = None
     if follows_workers(spec, workers):
-        draws = _Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
+        draws = microtasks.Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
         if saved is not None:
-            draws.load(microtasks.unpack(saved, draws.tasks, _Draws.NAMES), client.config.source)
+            draws.load(microtasks.unpack(saved, draws.tasks, microtasks.Draws.NAMES), client.config.source)
         if microtasks.join_clock() is not None:  # its tasks as their givers left them
             draws.load(received, client.config.source)
         client.checkpoint_state(lambda: microtasks.pack({t: draws.state(t) for t in draws.tasks}))
@@ -361,7 +361,7 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
             if agent is not None and gp.HANDED in got:
                 agent.take_over(got[gp.HANDED])
         if draws is not None:
-            draws = _Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
+            draws = microtasks.Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
             draws.load({**kept, **got_states}, client.config.source)
         return True
 
@@ -404,7 +404,7 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
             return
 
 
-def _handing(draws: _Draws | None, agent: gp.WorkerAgent | None, mine: np.ndarray, new: np.ndarray,
+def _handing(draws: microtasks.Draws | None, agent: gp.WorkerAgent | None, mine: np.ndarray, new: np.ndarray,
              rank: int) -> Callable[[int], dict[str, np.ndarray]]:
     """The states of the tasks handed off at a boundary (none where the tasks hold no data); a leaver's
     first task also carries its goodput sums of the interval in progress (``WorkerAgent.hand_over``),
@@ -417,55 +417,6 @@ def _handing(draws: _Draws | None, agent: gp.WorkerAgent | None, mine: np.ndarra
             st[gp.HANDED] = agent.hand_over()
         return st
     return state
-
-
-class _Draws:
-    """Minibatches drawn from micro-tasks without replacement: each task walks a permutation of its
-    share of the training set (``D.partition`` over the tasks, its own generator), a new one when it
-    is used up, so every sample of a task is used once per the task's pass, whichever worker runs it.
-    A worker's minibatch of b samples takes from its tasks in id order, b split evenly."""
-
-    NAMES = ("rng", "order", "pos")
-
-    def __init__(self, n: int, tasks: np.ndarray, n_tasks: int, seed: int) -> None:
-        self.tasks = [int(t) for t in tasks]
-        self.ids = {t: D.partition(n, t, n_tasks) for t in self.tasks}
-        self.rng = {t: np.random.default_rng([seed, t]) for t in self.tasks}
-        self.order = {t: self.rng[t].permutation(self.ids[t].size).astype(np.int64) for t in self.tasks}
-        self.pos = dict.fromkeys(self.tasks, 0)
-        self.passes = dict.fromkeys(self.tasks, 0)
-
-    def draw(self, b: int) -> np.ndarray:
-        """The next ``b`` samples (ids into the training set)."""
-        cuts = np.linspace(0, b, len(self.tasks) + 1).round().astype(np.int64)
-        out = []
-        for t, want in zip(self.tasks, np.diff(cuts).tolist(), strict=True):
-            n = self.ids[t].size
-            while want > 0 and n:
-                take = min(want, n - self.pos[t])
-                out.append(self.ids[t][self.order[t][self.pos[t]:self.pos[t] + take]])
-                self.pos[t] += take
-                want -= take
-                if self.pos[t] == n:  # the task's pass is done: a new order
-                    self.order[t] = self.rng[t].permutation(n).astype(np.int64)
-                    self.pos[t] = 0
-                    self.passes[t] += 1
-        return np.concatenate(out) if out else np.zeros(0, np.int64)
-
-    def state(self, t: int) -> dict[str, np.ndarray]:
-        """Task ``t``'s generator, its pass's order, and where it is in it (and its passes done)."""
-        return {"rng": rng_state(self.rng[t]), "order": self.order[t].copy(),
-                "pos": np.array([self.pos[t], self.passes[t]], dtype=np.int64)}
-
-    def load(self, states: Mapping[int, Mapping[str, np.ndarray]], source: str) -> None:
-        for t in self.tasks:
-            st = states[t]
-            if st["order"].shape != self.order[t].shape:
-                raise ConfigError(f"{source}: micro-task {t}'s saved sample order has {st['order'].size} samples, "
-                                  f"the task has {self.ids[t].size}: another data set?")
-            self.order[t] = np.asarray(st["order"], dtype=np.int64).copy()
-            self.pos[t], self.passes[t] = (int(x) for x in st["pos"])
-            set_rng_state(self.rng[t], st["rng"])
 
 
 def _accumulated(ds: D.Dataset, W: np.ndarray, rows: np.ndarray, s: int, reg: float,

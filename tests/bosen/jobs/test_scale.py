@@ -416,11 +416,11 @@ def _sync_replay(cfg: dict, b1: int, b2: int, c: int) -> tuple[np.ndarray, dict[
     task's sampler state then: each task draws its share of its owner's minibatch, the step is the mean
     at lr."""
     from bosen.apps.mlr import kernels as K
-    from bosen.apps.mlr.worker import MLRArgs, _Draws, load_data
+    from bosen.apps.mlr.worker import MLRArgs, load_data
 
     a = from_dict(MLRArgs, cfg["app"]["args"], "app.args")
     train, _ = load_data(a, 10, 64)
-    tasks = {t: _Draws(train.n, np.array([t]), 6, a.seed) for t in range(6)}
+    tasks = {t: M.Draws(train.n, [t], 6, a.seed) for t in range(6)}
     W = np.zeros((10, 65))
     for it in range(c):
         ranks = [0, 1, 2] if b1 <= it < b2 else [0, 1]
