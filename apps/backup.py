@@ -8,6 +8,7 @@ iteration than its tick: it first clocks, with no gradient, up to that iteration
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,14 +37,19 @@ def is_backup(client: PSClient, table: str) -> bool:
     return callable(lookup) and getattr(lookup(table), "backup", None) is not None
 
 
-def read_iteration(client: TickingClient, table: ClockedTable, rows: np.ndarray) -> tuple[np.ndarray, int]:
+def read_iteration(client: TickingClient, table: ClockedTable, rows: np.ndarray,
+                   on_clock: Callable[[], bool] | None = None) -> tuple[np.ndarray, int]:
     """Rows of w_t for this worker's tick or later, and t; the tick is moved up to t (clocks with no
     gradient), so what the worker sends next is a gradient of iteration t. With several servers a
-    table's rows may be at different iterations: t is the oldest (the others drop this gradient as late)."""
+    table's rows may be at different iterations: t is the oldest (the others drop this gradient as late).
+    ``on_clock`` is called after each of those clocks, as after any (a clock boundary where the job's
+    workers change: ``bosen scale``); False from it (the worker left the job there) stops the clocks."""
     values, clocks = table.get_rows_clocked(rows)
     # a read that waited returns the bound it waited for; the rows are cached now: their own clocks
     values, clocks = table.get_rows_clocked(rows)
     it = int(clocks.min()) if clocks.shape[0] else client.tick
     while client.tick < it:
         client.clock()
+        if on_clock is not None and not on_clock():
+            break
     return values, it

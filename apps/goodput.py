@@ -34,13 +34,14 @@ from bosen.gradstats import NoiseScale, moments
 
 EXPLORE = 4  # the search goes up to this times the largest batch measured (the paper's 2x the most GPUs, P:272)
 
-__all__ = ["GoodputArgs", "Setting", "Agent", "Recorder", "WorkerAgent", "COLS", "table_spec", "start"]
+__all__ = ["GoodputArgs", "Setting", "Agent", "Recorder", "WorkerAgent", "COLS", "HANDED", "table_spec", "start"]
 
 # the columns of a row: one interval's sums over the workers (C_COMPUTE: the timed steps' seconds
 # computing gradients, the rest of a step is its sync: push, the servers' step, pull; C_K: the job's
 # worker count at each timed step, so an interval whose timed steps ran at several counts shows it)
 C_STEPS, C_SQNORM, C_TRACE, C_SECONDS, C_TIMED, C_M, C_S, C_WORKERS, C_COMPUTE, C_K = range(10)
 COLS = 10
+HANDED = "goodput"  # the name of a leaver's sums (``WorkerAgent.hand_over``) among a handed-off task's arrays
 
 
 @dataclass(frozen=True)
@@ -316,6 +317,23 @@ class WorkerAgent:
             i = it // every
             if i < self.table.rows:
                 self.table.inc_rows(np.array([i], np.int64), self.rec.row(self.setting)[None, :])
+            self.rec.reset()
+
+    def hand_over(self) -> np.ndarray:
+        """A leaver's sums of the interval in progress (its statistics and timed steps since its last
+        row; zeros at an interval's end), which it gives to a worker that stays (``take_over``) with its
+        micro-tasks: it leaves before the interval's row is added, and the row should hold every step
+        measured in the interval (the setting's columns stay for those who add the row)."""
+        out = self.rec.sums.copy()
+        self.rec.reset()
+        return out
+
+    def take_over(self, sums: np.ndarray) -> None:
+        """Add a leaver's ``hand_over`` to this worker's sums of the interval (its row then carries them)."""
+        sums = np.asarray(sums, dtype=np.float64)
+        if sums.shape != (COLS,):
+            raise ConfigError(f"goodput: a leaver's hand-over has shape {sums.shape}, expected ({COLS},)")
+        self.rec.sums += sums
 
     def fields(self, rank: int, lr: float) -> dict[str, float]:
         """Per iteration: ``m``, ``s`` and ``lr_gain`` (every worker); at the first iteration of an

@@ -28,12 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from bosen.apps.state import rng_state, set_rng_state
 from bosen.errors import BosenError, ConfigError
 
 __all__ = ["count", "assign", "owned", "key", "pack", "unpack", "saved_tasks", "give", "take",
            "FilePlan", "MicroTasks", "TaskState", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR", "run_plan",
            "start_owners", "join_clock", "join", "start", "JOIN_AHEAD", "join_ahead", "ready", "await_join",
-           "announce_join"]
+           "announce_join", "Draws", "share"]
 
 TaskState = dict[str, np.ndarray]
 HANDOFF_TIMEOUT_S = 120.0  # a receiver waits this long for a giver's file
@@ -436,3 +437,59 @@ class MicroTasks:
         received = take(folder, clock, got, timeout, check)
         self.owners = new_owners
         return received
+
+
+class Draws:
+    """Mini-batches drawn from micro-tasks without replacement, for a synchronous step (MLR's, the CNN's):
+    task t is the t-th contiguous share of the ``n`` training samples (:func:`share`) and walks a
+    permutation of it (its own generator), a new one when it is used up, so every sample of a task is
+    used once per the task's pass whichever worker runs it. A worker's mini-batch of b samples takes
+    from its tasks in id order, b split evenly; the state moves with the task (checkpoints, hand-offs)."""
+
+    NAMES = ("rng", "order", "pos")
+
+    def __init__(self, n: int, tasks: Iterable[int], n_tasks: int, seed: int) -> None:
+        self.tasks = [int(t) for t in tasks]
+        self.ids = {t: share(n, t, n_tasks) for t in self.tasks}
+        self.rng = {t: np.random.default_rng([seed, t]) for t in self.tasks}
+        self.order = {t: self.rng[t].permutation(self.ids[t].size).astype(np.int64) for t in self.tasks}
+        self.pos = dict.fromkeys(self.tasks, 0)
+        self.passes = dict.fromkeys(self.tasks, 0)
+
+    def draw(self, b: int) -> np.ndarray:
+        """The next ``b`` samples (ids into the training set)."""
+        cuts = np.linspace(0, b, len(self.tasks) + 1).round().astype(np.int64)
+        out = []
+        for t, want in zip(self.tasks, np.diff(cuts).tolist(), strict=True):
+            n = self.ids[t].size
+            while want > 0 and n:
+                take = min(want, n - self.pos[t])
+                out.append(self.ids[t][self.order[t][self.pos[t]:self.pos[t] + take]])
+                self.pos[t] += take
+                want -= take
+                if self.pos[t] == n:  # the task's pass is done: a new order
+                    self.order[t] = self.rng[t].permutation(n).astype(np.int64)
+                    self.pos[t] = 0
+                    self.passes[t] += 1
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+    def state(self, t: int) -> dict[str, np.ndarray]:
+        """Task ``t``'s generator, its pass's order, and where it is in it (and its passes done)."""
+        return {"rng": rng_state(self.rng[t]), "order": self.order[t].copy(),
+                "pos": np.array([self.pos[t], self.passes[t]], dtype=np.int64)}
+
+    def load(self, states: Mapping[int, Mapping[str, np.ndarray]], source: str) -> None:
+        for t in self.tasks:
+            st = states[t]
+            if st["order"].shape != self.order[t].shape:
+                raise ConfigError(f"{source}: micro-task {t}'s saved sample order has {st['order'].size} samples, "
+                                  f"the task has {self.ids[t].size}: another data set?")
+            self.order[t] = np.asarray(st["order"], dtype=np.int64).copy()
+            self.pos[t], self.passes[t] = (int(x) for x in st["pos"])
+            set_rng_state(self.rng[t], st["rng"])
+
+
+def share(n: int, t: int, T: int) -> np.ndarray:
+    """Sample ids of task ``t`` of ``T`` over ``n`` samples: contiguous, sizes differing by at most one."""
+    bounds = np.linspace(0, n, T + 1).round().astype(np.int64)
+    return np.arange(bounds[t], bounds[t + 1], dtype=np.int64)

@@ -7,7 +7,9 @@ the iteration reaches t), adds its gradient of w_t and clocks; its CLOCK(t + 1) 
 complete (every update of a tick arrives before the clock that ends it). The first k_t complete
 gradients of iteration t are accepted; at the k_t-th the server steps, w_{t+1} = w_t − η·mean, and the
 reads parked for t + 1 are answered. A gradient of an older iteration, or one more of the current
-from a worker already counted, is dropped, never applied: it only times the round trip. Workers
+from a worker already counted, is dropped, never applied: it only times the round trip. One of a
+later iteration is held until the table gets there: only a resend brings it (a lost server's
+replacement, restored at C, hears each worker's gradients of C, C + 1, ... in a run). Workers
 whose gradient was dropped read w_{t+1} (or later) next and go on from there. Updates buffer per
 worker rank until their clock; gradients are accumulated, averaged and stepped in float64.
 
@@ -45,7 +47,7 @@ log = logging.getLogger("bosen.server")
 
 HISTORY = 1000  # k_t and applied ranks of the most recent iterations kept for STATUS
 KEEP_STARTS = 64  # iterations back whose start time late gradients are still timed against
-COUNTS = ("accepted", "dropped_late", "dropped_repeat", "dropped_ahead", "steps")  # order in a checkpoint
+COUNTS = ("accepted", "dropped_late", "dropped_repeat", "held_ahead", "steps")  # order in a checkpoint
 
 
 class BackupStep(StoredProcedure):
@@ -77,6 +79,10 @@ class BackupStep(StoredProcedure):
         self.k_history: list[int] = []
         self.applied: list[list[int]] = []  # per iteration, the ranks whose gradient it applied (recent)
         self.counts = dict.fromkeys(COUNTS, 0)
+        # complete gradients of iterations the table has not reached, in arrival order: (tick, rank, gradient).
+        # Only a resend brings them (workers read w_t before they compute on it): a lost server's
+        # replacement, restored at C, gets each worker's gradients of C, C + 1, ... one after another
+        self.ahead: list[tuple[int, int, np.ndarray]] = []
         self._resume: dict[str, np.ndarray] | None = None  # a checkpoint's table_state, taken at start
 
     def create(self, global_rows: np.ndarray, values: np.ndarray) -> None:
@@ -281,15 +287,18 @@ class BackupStep(StoredProcedure):
         if tick < self.iteration:
             self.counts["dropped_late"] += 1
             return False
-        if tick > self.iteration:
-            self.counts["dropped_ahead"] += 1
-            log.warning("table %s: rank %d sent a gradient of iteration %d, the table is at %d: dropped "
-                        "(it must read the iteration it computes on)", self.table.name, rank, tick, self.iteration)
+        if tick > self.iteration:  # a resend to a restored server: taken when the table gets there
+            self.ahead.append((tick, rank, self.buffers.pop(rank)))
+            self.counts["held_ahead"] += 1
             return False
         if rank in self.accepted:
             self.counts["dropped_repeat"] += 1
             return False
-        g = self.buffers[rank]
+        self._add(rank, self.buffers[rank])
+        return self._advance(now)
+
+    def _add(self, rank: int, g: np.ndarray) -> None:
+        """Accept ``rank``'s gradient ``g`` of the current iteration."""
         if self.acc is None or self.acc.shape != g.shape:
             self.acc = np.zeros_like(g)
         if self.sq is None or self.sq.shape != g.shape[:1]:
@@ -301,10 +310,26 @@ class BackupStep(StoredProcedure):
         self.sq += np.einsum("ij,ij->i", g, g)
         self.accepted.append(rank)
         self.counts["accepted"] += 1
-        if len(self.accepted) >= self.k:
+
+    def _advance(self, now: float) -> bool:
+        """Step while the current iteration has its k_t gradients, each new iteration first taking the
+        held gradients of it (in their arrival order); those of iterations passed without them are late.
+        Returns whether the table stepped."""
+        stepped = False
+        while self.alive and self.accepted and len(self.accepted) >= self.k:
             self._step(now)
-            return True
-        return False
+            stepped = True
+            if not self.ahead:
+                continue
+            now_ahead = [h for h in self.ahead if h[0] == self.iteration]
+            self.counts["dropped_late"] += sum(h[0] < self.iteration for h in self.ahead)
+            self.ahead = [h for h in self.ahead if h[0] > self.iteration]
+            for _, rank, g in now_ahead:
+                if rank in self.accepted:
+                    self.counts["dropped_repeat"] += 1
+                else:
+                    self._add(rank, g)
+        return stepped
 
     def forget(self, rank: int) -> None:
         """Drop what ``rank`` sent of a gradient not yet complete (its process is gone; a replacement
@@ -335,10 +360,7 @@ class BackupStep(StoredProcedure):
         self.alive.discard(rank)
         if self.alive and self.k > len(self.alive):
             self.k = len(self.alive)
-        if self.alive and len(self.accepted) >= self.k:
-            self._step(now)
-            return True
-        return False
+        return self._advance(now)
 
     def _resize(self, joining: set[int], leaving: set[int]) -> None:
         """The job's workers change now (at the current iteration): n and k_t follow."""

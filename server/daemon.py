@@ -191,12 +191,18 @@ class Server:
         # synchronous tables with backup workers (server/backup.py): their own iteration, their parked reads
         self.backups = {s.index: s.procedure for s in self.shards if isinstance(s.procedure, BackupStep)}
         self.backup_parked: dict[int, list[tuple[Peer, int, bytes, int, np.ndarray]]] = {i: [] for i in self.backups}
-        members = [r for r in range(self.num_clients) if self.client_clock[r] != GONE or r in gone]
-        for b in self.backups.values():  # the job's ranks now (a server started in a job that scaled: fewer, or others)
+        # the job's ranks now (a server started in a job that scaled: fewer, or others); a replacement
+        # restored at C counts a rank that joined after C from the clock it joined at, as its resend does
+        later = {r: int(self.joined_at[r]) for r in range(self.num_clients)
+                 if self.client_clock[r] != GONE and self.joined_at[r] != GONE and self.joined_at[r] > self.clock}
+        members = [r for r in range(self.num_clients) if (self.client_clock[r] != GONE or r in gone) and r not in later]
+        for b in self.backups.values():
             b.start(config.cluster.workers, self.clock, time.monotonic(),
                     None if members == list(range(config.cluster.workers)) else members)
             for r in gone:
                 b.left(r, time.monotonic())
+            for r, at in later.items():
+                b.joined(r, at)
         self.checkpoints = ServerCheckpoints(config, rank) if config.checkpoint is not None else None
         if self.checkpoints is not None:
             self.checkpoints.start_running(self.shards)

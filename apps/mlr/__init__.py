@@ -6,4 +6,4 @@
 """
 
 ELASTIC = True  # workers may join and leave a running job (bosen scale): micro-tasks move to them
-SYNC_ELASTIC = True  # its synchronous path (a backup table, static k = the workers) follows the micro-tasks too
+SYNC_ELASTIC = True  # its synchronous path (a backup table, any mode) reads the task plan at every clock too

@@ -32,7 +32,7 @@ table reads/updates, plus the previous ``clock()`` call); rank 0 also reports ``
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -298,10 +298,12 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
     ``train_loss`` (the mean log-loss of w_t on the whole training set) and the held-out figures.
 
     Where every worker's gradient is applied (static k = the workers, ``follows_workers``) the
-    minibatches come from the micro-tasks the worker runs (``_Draws``: each task's samples once per
+    minibatches come from the micro-tasks the worker runs (``microtasks.Draws``: each task's samples once per
     its pass, whichever worker runs it), which move at a ``bosen scale`` boundary as in the
     asynchronous path, so the job's workers can change; with backup workers proper (k < n, dynamic,
-    blind) gradients are dropped, and each worker draws from the whole training set, as DBW assumes.
+    blind) gradients are dropped, and each worker draws from the whole training set, as DBW assumes:
+    the micro-tasks then hold no data, but still move at a boundary, which is how a worker learns that
+    it leaves, or that others join (a worker clocking up to a newer iteration passes each boundary).
 
     With ``goodput`` (Pollux's agent, ``apps/goodput.py``) the step's batch is the agent's m·(s + 1),
     computed in micro-batches that measure the gradient statistics, and the pushed gradient is scaled
@@ -313,21 +315,19 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
     delays = Delays(a.delay, rank, workers)
     model = LocalModel(classes, train_ds.features)
     F = train_ds.features
-    draws: _Draws | None = None
-    tasks = plan = handoff_dir = None
-    n_tasks = 0
+    draws: microtasks.Draws | None = None
+    saved = client.restored_state()
+    n_tasks = microtasks.count(a.micro_tasks, workers, saved)
+    tasks, received, plan, handoff_dir = microtasks.start(n_tasks, rank, workers, saved)
+    rng = None
     if follows_workers(spec, workers):
-        saved = client.restored_state()
-        n_tasks = microtasks.count(a.micro_tasks, workers, saved)
-        tasks, received, plan, handoff_dir = microtasks.start(n_tasks, rank, workers, saved)
-        draws = _Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
+        draws = microtasks.Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
         if saved is not None:
-            draws.load(microtasks.unpack(saved, draws.tasks, _Draws.NAMES), client.config.source)
+            draws.load(microtasks.unpack(saved, draws.tasks, microtasks.Draws.NAMES), client.config.source)
         if microtasks.join_clock() is not None:  # its tasks as their givers left them
             draws.load(received, client.config.source)
         client.checkpoint_state(lambda: microtasks.pack({t: draws.state(t) for t in draws.tasks}))
-        rng = None
-    else:
+    else:  # the tasks hold no data here: they say which workers are in the job (they move at a boundary)
         rng = np.random.default_rng([a.seed, rank])
 
     def draw(b: int) -> np.ndarray:
@@ -337,14 +337,37 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
         return rng.integers(0, train_ds.n, b).astype(np.int64)
 
     def job_workers() -> int:  # the job's workers now: the ranks that run its tasks
-        return int(np.unique(tasks.owners).size) if tasks is not None else workers
+        return int(np.unique(tasks.owners).size)
 
     agent = None
     if a.goodput is not None:  # a push of the table a step: what the client's bandwidth budget paces
         agent = gp.start(client, a.goodput, a.batch_size, float(T.rows * T.cols * np.dtype(T.dtype).itemsize))
+    left = False
+
+    def boundary() -> bool:
+        """After a clock: where the job's workers change from this clock on (``bosen scale``), hand
+        tasks off (the servers count the new workers from that iteration on) and draw from ours.
+        False: this worker left the job here (BYE on close)."""
+        nonlocal draws, left
+        c = client.tick
+        if plan is None or handoff_dir is None or (new := plan.at(c, n_tasks)) is None:
+            return True
+        kept = {t: draws.state(t) for t in draws.tasks if new[t] == rank} if draws is not None else {}
+        got_states = tasks.handoff(c, new, handoff_dir, _handing(draws, agent, tasks.mine, new, rank))
+        if plan.leaving():
+            left = True
+            return False
+        for got in got_states.values():  # a leaver's goodput sums of the interval come with one of its tasks
+            if agent is not None and gp.HANDED in got:
+                agent.take_over(got[gp.HANDED])
+        if draws is not None:
+            draws = microtasks.Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
+            draws.load({**kept, **got_states}, client.config.source)
+        return True
+
     while True:
-        W, it = read_iteration(client, T, rows)
-        if it >= total:
+        W, it = read_iteration(client, T, rows, boundary)  # a dropped gradient's worker clocks up to w_t's
+        if left or it >= total:
             break
         t0 = time.perf_counter()
         W64 = W.astype(np.float64, copy=False)
@@ -377,65 +400,23 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
         if agent is not None:
             agent.before_clock(it)
         client.clock()
-        if plan is not None and handoff_dir is not None and (new := plan.at(it + 1, n_tasks)) is not None:
-            # the job's workers change from iteration it + 1: hand tasks off (the servers count the new
-            # workers from that iteration on), draw from ours
-            assert tasks is not None and draws is not None
-            kept = {t: draws.state(t) for t in draws.tasks if new[t] == rank}
-            got_states = tasks.handoff(it + 1, new, handoff_dir, draws.state)
-            if plan.leaving():  # its tasks are given away: it leaves the job here (BYE on close)
-                return
-            draws = _Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
-            draws.load({**kept, **got_states}, client.config.source)
+        if not boundary():
+            return
 
 
-class _Draws:
-    """Minibatches drawn from micro-tasks without replacement: each task walks a permutation of its
-    share of the training set (``D.partition`` over the tasks, its own generator), a new one when it
-    is used up, so every sample of a task is used once per the task's pass, whichever worker runs it.
-    A worker's minibatch of b samples takes from its tasks in id order, b split evenly."""
+def _handing(draws: microtasks.Draws | None, agent: gp.WorkerAgent | None, mine: np.ndarray, new: np.ndarray,
+             rank: int) -> Callable[[int], dict[str, np.ndarray]]:
+    """The states of the tasks handed off at a boundary (none where the tasks hold no data); a leaver's
+    first task also carries its goodput sums of the interval in progress (``WorkerAgent.hand_over``),
+    for the worker that takes it."""
+    first = int(mine[0]) if mine.size and not (new == rank).any() and agent is not None else -1
 
-    NAMES = ("rng", "order", "pos")
-
-    def __init__(self, n: int, tasks: np.ndarray, n_tasks: int, seed: int) -> None:
-        self.tasks = [int(t) for t in tasks]
-        self.ids = {t: D.partition(n, t, n_tasks) for t in self.tasks}
-        self.rng = {t: np.random.default_rng([seed, t]) for t in self.tasks}
-        self.order = {t: self.rng[t].permutation(self.ids[t].size).astype(np.int64) for t in self.tasks}
-        self.pos = dict.fromkeys(self.tasks, 0)
-        self.passes = dict.fromkeys(self.tasks, 0)
-
-    def draw(self, b: int) -> np.ndarray:
-        """The next ``b`` samples (ids into the training set)."""
-        cuts = np.linspace(0, b, len(self.tasks) + 1).round().astype(np.int64)
-        out = []
-        for t, want in zip(self.tasks, np.diff(cuts).tolist(), strict=True):
-            n = self.ids[t].size
-            while want > 0 and n:
-                take = min(want, n - self.pos[t])
-                out.append(self.ids[t][self.order[t][self.pos[t]:self.pos[t] + take]])
-                self.pos[t] += take
-                want -= take
-                if self.pos[t] == n:  # the task's pass is done: a new order
-                    self.order[t] = self.rng[t].permutation(n).astype(np.int64)
-                    self.pos[t] = 0
-                    self.passes[t] += 1
-        return np.concatenate(out) if out else np.zeros(0, np.int64)
-
-    def state(self, t: int) -> dict[str, np.ndarray]:
-        """Task ``t``'s generator, its pass's order, and where it is in it (and its passes done)."""
-        return {"rng": rng_state(self.rng[t]), "order": self.order[t].copy(),
-                "pos": np.array([self.pos[t], self.passes[t]], dtype=np.int64)}
-
-    def load(self, states: Mapping[int, Mapping[str, np.ndarray]], source: str) -> None:
-        for t in self.tasks:
-            st = states[t]
-            if st["order"].shape != self.order[t].shape:
-                raise ConfigError(f"{source}: micro-task {t}'s saved sample order has {st['order'].size} samples, "
-                                  f"the task has {self.ids[t].size}: another data set?")
-            self.order[t] = np.asarray(st["order"], dtype=np.int64).copy()
-            self.pos[t], self.passes[t] = (int(x) for x in st["pos"])
-            set_rng_state(self.rng[t], st["rng"])
+    def state(t: int) -> dict[str, np.ndarray]:
+        st = draws.state(t) if draws is not None else {}
+        if t == first and agent is not None:
+            st[gp.HANDED] = agent.hand_over()
+        return st
+    return state
 
 
 def _accumulated(ds: D.Dataset, W: np.ndarray, rows: np.ndarray, s: int, reg: float,

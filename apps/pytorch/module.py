@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import operator
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
@@ -209,15 +209,17 @@ class PSModule(nn.Module):
         self.pull()
         return self.module(*args, **kwargs)
 
-    def pull(self) -> None:
+    def pull(self, on_clock: Callable[[], bool] | None = None) -> None:
         """Read the dense parameters, as fresh as the table's staleness bound requires, into the module
-        (what a prefetch read, else a read now)."""
+        (what a prefetch read, else a read now). On a synchronous table ``on_clock`` is called after
+        each clock a worker whose gradient was dropped catches up with (``read_iteration``)."""
         if self.table is None:
             return
         t0 = time.perf_counter()
         ahead, self._next = self._next, None
         if self.backup is not None:
-            values, self.iteration = read_iteration(cast(Any, self.client), cast(Any, self.table), self._rows)
+            values, self.iteration = read_iteration(cast(Any, self.client), cast(Any, self.table), self._rows,
+                                                    on_clock)
         else:
             values = ahead.result() if ahead is not None else self._fetch()
         with torch.no_grad():

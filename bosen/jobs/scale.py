@@ -45,7 +45,7 @@ import zmq
 
 from bosen import checkpoint
 from bosen.apps import microtasks
-from bosen.config import Config, follows_workers
+from bosen.config import Config
 from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
 from bosen.jobs.cluster import LocalCluster
@@ -301,11 +301,6 @@ class Scaler:
         for t in cfg.tables:  # a synchronous table: each iteration counts the job's workers
             if t.backup is None:
                 continue
-            if not follows_workers(t.backup, cfg.cluster.workers):
-                raise ScaleError(f"{cfg.source}: tables.{t.name} has backup workers proper (mode {t.backup.mode}"
-                                 f"{f', k {t.backup.k}' if t.backup.k is not None else ''} of {cfg.cluster.workers} "
-                                 "workers: gradients dropped, every worker draws from the whole data set), so its "
-                                 "workers cannot change while it runs; only static k = the workers can")
             if not getattr(app, "SYNC_ELASTIC", False):
                 raise ScaleError(f"app {module}: its synchronous path (tables.{t.name} has backup) does not follow "
                                  "micro-tasks, so its workers cannot change while it runs")

@@ -138,15 +138,20 @@ def test_two_workers_through_one_table_switch_at_the_same_iteration() -> None:
 def test_a_new_worker_count_re_picks_at_once_and_a_joiner_replays_the_same_agent() -> None:
     """Two workers, a third joins at iteration 13 (mid-interval): from there all three run the same
     setting, re-picked for K = 3 at 13 by the old workers and rebuilt from the rows by the joiner (its
-    agent made as any worker's, for the launched 2); the mixed interval's timings are not a sample."""
+    agent made as any worker's, for the launched 2); the mixed interval's timings are not a sample.
+    It leaves at 23 (mid-interval too), handing its sums of iterations 20-22 to worker 1 with its
+    tasks: interval 4's row holds every step measured in it, and the two left agree on the count 2."""
     table = InProcessTable("goodput", 6, gp.COLS, "float64", staleness=0)
     args = from_dict(gp.GoodputArgs, {"interval_clocks": 5, "smoothing": 0.5}, "goodput")
     ws = [gp.WorkerAgent(table, args, gp.Agent(args, 64, 2, 32)) for _ in range(2)]
     rng = np.random.default_rng(0)
     seen: dict[int, list[tuple[int, int, int, float]]] = {}
-    for it in range(25):
+    for it in range(30):
         if it == 13:
             ws.append(gp.WorkerAgent(table, args, gp.Agent(args, 64, 2, 32)))
+        if it == 23:
+            assert ws[2].agent.noise.phi == ws[0].agent.noise.phi  # the joiner's agent is every worker's
+            ws[1].take_over(ws.pop().hand_over())
         for r, w in enumerate(ws):
             st = w.at(it, it * 0.01 + r * 1e-4, len(ws))
             seen.setdefault(it, []).append((st.m, st.s, st.workers, st.gain))
@@ -156,7 +161,14 @@ def test_a_new_worker_count_re_picks_at_once_and_a_joiner_replays_the_same_agent
     assert seen[12][0][2] == 2 and seen[13][0][2] == 3 and seen[13][0][:2] != seen[12][0][:2]
     assert table.data[2, gp.C_WORKERS] == 3 and table.data[3, gp.C_WORKERS] == 3
     assert [k for _, _, k, _ in ws[0].agent.obs] == [2, 2, 3]  # interval 2 (K 2 and 3) is not a sample
-    assert ws[2].agent.noise.phi == ws[0].agent.noise.phi
+    assert seen[22][0][2] == 3 and seen[23][0][2] == 2
+    # interval 4 (20-24): 5 steps measured by each of the two and 3 by the leaver; steps timed: 22 (K 3)
+    # by all three, 24 (K 2) by the two (21 follows the interval's first, 23 crosses the change)
+    row = table.data[4]
+    assert (row[gp.C_STEPS], row[gp.C_WORKERS], row[gp.C_TIMED], row[gp.C_K]) == (13, 2, 5, 13), row
+    assert ws[0].agent.noise.phi == ws[1].agent.noise.phi and len(ws[0].agent.obs) == 3  # nor is interval 4
+    with pytest.raises(ValueError, match="hand-over has shape"):
+        ws[0].take_over(np.zeros(3))
 
 
 @pytest.mark.parametrize(("args", "match"), [

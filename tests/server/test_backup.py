@@ -52,7 +52,7 @@ def test_static_k_applies_the_first_k_gradients_of_each_iteration_once(bosen_clu
     for server in range(servers):
         b = _status(c, server)
         assert b["iteration"] == iters and b["steps"] == iters and b["k_history"] == [k] * iters
-        assert b["dropped_ahead"] == 0 and b["dropped_repeat"] == 0 and b["accepted"] == k * iters
+        assert b["held_ahead"] == 0 and b["dropped_repeat"] == 0 and b["accepted"] == k * iters
         applied = b["applied"]
         assert all(len(a) == k and len(set(a)) == k for a in applied)
         if owner[0] == server:
@@ -75,7 +75,7 @@ def test_dynamic_k_falls_to_half_after_half_the_workers_slow_down(bosen_cluster,
     assert bosen_procs.wait_all(ps, 90) == [0] * n
     b = query(c.config["cluster"]["servers"][0])["tables"]["W"]["backup"]
     k = b["k_history"]
-    assert len(k) == iters and b["dropped_repeat"] == 0 and b["dropped_ahead"] == 0
+    assert len(k) == iters and b["dropped_repeat"] == 0 and b["held_ahead"] == 0
     # within 20 iterations k_t is n/2, and the steps take the fast half's gradients only
     late = range(slow + 20, iters)
     assert np.mean([k[t] for t in late]) <= n / 2 + 0.5, k
@@ -144,7 +144,7 @@ def test_mlr_job_scaled_2_3_2_servers_ends_with_the_unscaled_runs_parameters(bos
         for server in range(2):
             b = query(c.addresses[server])["tables"]["W"]["backup"]
             assert b["iteration"] == iters and b["k_history"] == [n] * iters and b["accepted"] == n * iters
-            assert b["dropped_late"] == b["dropped_repeat"] == b["dropped_ahead"] == 0
+            assert b["dropped_late"] == b["dropped_repeat"] == b["held_ahead"] == 0
     assert [s["partitions"]["owned"] for s in scaled.status()] == [3, 3]
 
     def final(c) -> np.ndarray:
@@ -201,7 +201,7 @@ def test_a_dynamic_k_job_keeps_its_k_history_through_servers_joining_and_leaving
     for server in range(2):
         b = query(c.addresses[server])["tables"]["W"]["backup"]
         assert b["iteration"] == iters and len(b["k_history"]) == iters == b["steps"], b
-        assert b["dropped_ahead"] == 0 and set(b["k_history"]) <= {2, 3}
+        assert b["held_ahead"] == 0 and set(b["k_history"]) <= {2, 3}
     assert len(reports) == 2
 
 
@@ -443,3 +443,28 @@ def test_workers_joining_and_leaving_count_from_their_iteration_whenever_their_m
     assert step.applied[-3:] == [[0, 1, 2], [0, 2, 1], [0, 1]] and step.counts["dropped_late"] == 0
     assert not grad(0, 5, 2.0) and step.left(1, 0.0)  # lost: iteration 5 steps on rank 0's alone
     assert W[0, 0] == pytest.approx(-11.0) and (step.k, step.policy.n) == (1, 2)  # rate lr·1/2
+
+
+def test_a_restored_step_holds_resent_gradients_of_later_iterations_until_it_gets_there():
+    """A lost server's replacement, restored at iteration 0, gets each worker's resend in one run:
+    rank 0's gradients of 0, 1 and 2 before rank 1's of 0. The later ones are held (not dropped) and
+    taken, in order, as the table reaches their iteration, so the values equal the in-order run's; a
+    rank that joined at 2 (after the part) is counted from there, whenever its resend comes."""
+    cfg = TableConfig(name="G", rows=1, cols=1, dtype="float64", backup=BackupConfig(mode="static", k=2, lr=1.0))
+    W = np.zeros((1, 1))
+    step = BackupStep(cfg)
+    step.create(np.arange(1, dtype=np.int64), W)
+    step.start(2, 0, 0.0, members=[0, 1])
+    step.joined(2, 2)
+
+    def grad(r: int, it: int, value: float) -> bool:
+        step.put(r, np.full((1, 1), value))
+        return step.clocked(r, it + 1, 0.0)
+
+    assert not any(grad(0, it, v) for it, v in ((0, 1.0), (1, 2.0), (2, 3.0)))
+    assert not grad(2, 2, 6.0) and step.counts["held_ahead"] == 3 and W[0, 0] == 0.0
+    assert grad(1, 0, 3.0) and step.iteration == 1 and W[0, 0] == -2.0  # iteration 1 waits for rank 1 still
+    assert grad(1, 1, 4.0) and step.iteration == 2 and W[0, 0] == -5.0
+    assert grad(1, 2, 3.0) and step.iteration == 3 and W[0, 0] == pytest.approx(-9.0)  # (3 + 6 + 3) / 3
+    assert step.k_history == [2, 2, 3] and step.applied == [[0, 1], [0, 1], [0, 2, 1]] and not step.ahead
+    assert step.counts["dropped_late"] == step.counts["dropped_repeat"] == 0

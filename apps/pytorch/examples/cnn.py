@@ -10,7 +10,8 @@ optimizer pushing deltas). Every worker reports each clock; rank 0 also scores t
 at the end of every epoch (``heldout_correct`` / ``heldout_total``).
 
 With ``backup`` the model's table is synchronous (docs/design.md, "Backup workers"): a step is every
-worker's gradient of w_t, drawn from the whole training set, and the servers take SGD steps of
+worker's gradient of w_t, drawn from the worker's micro-tasks (static k = the workers: the job scales
+as MLR's) or from the whole training set (backup workers proper), and the servers take SGD steps of
 ``lr``. ``goodput`` on it is Pollux's agent (apps/goodput.py): the step's batch and learning-rate gain
 follow the goodput (``configs/torch-cnn-goodput.yaml``).
 
@@ -28,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -42,10 +43,11 @@ from bosen.apps.protocol import PSClient
 from bosen.apps.pytorch import DeltaOptimizer, PSModule, ServerOptimizer, declare
 from bosen.apps.pytorch.examples.shards import STATE, Schedule, Shard
 from bosen.apps.state import restored
-from bosen.config import check, from_dict
+from bosen.config import check, follows_workers, from_dict
 from bosen.gradstats import adam_preconditioner
 
 ELASTIC = True  # workers may join and leave a running job (bosen scale): micro-tasks move to them
+SYNC_ELASTIC = True  # its synchronous path (a backup table) reads the task plan at every clock too
 
 SERVER = ("sgd", "adagrad", "adarevision")
 ADAM_WARMUP = 5  # Adam's steps before its √v̂ pre-conditions φ (AdaptDL's): fewer squared gradients are noise
@@ -236,40 +238,93 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
 
 
 def _train_sync(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) -> None:
-    """A synchronous table: each iteration this worker's mean gradient of ``batch_size`` images drawn
-    from the whole training set at w_t (as DBW assumes every worker holds the data); the servers step.
-    With ``goodput`` the batch is the agent's m·(s + 1), computed in micro-batches (``_accumulated``)
-    that measure the gradient statistics, and the pushed gradient is scaled by the agent's gain (the
-    servers' step is ``lr`` times the mean pushed: AdaScale's rate). Per iteration it reports
-    ``objective``, ``samples``, ``iteration``, ``compute_s`` (and the agent's fields); rank 0 scores
-    the test images every ``eval_every`` iterations and at the last (w of the last iteration's start)."""
+    """A synchronous table: each iteration this worker's mean gradient of ``batch_size`` images at w_t;
+    the servers step. Where every worker's gradient is applied (static k = the workers) the images
+    come from the micro-tasks the worker runs (``microtasks.Draws``: each task's images once per its
+    pass, whichever worker runs it), which move at a ``bosen scale`` boundary, so the job's workers can
+    change as MLR's; with backup workers proper each worker draws from the whole training set (as DBW
+    assumes every worker holds the data) and the tasks only say who is in the job. With ``goodput``
+    the batch is the agent's m·(s + 1), computed in micro-batches (``_accumulated``) that measure the
+    gradient statistics, and the pushed gradient is scaled by the agent's gain (the servers' step is
+    ``lr`` times the mean pushed: AdaScale's rate). Per iteration it reports ``objective``,
+    ``samples``, ``iteration``, ``compute_s`` (and the agent's fields); rank 0 scores the test images
+    every ``eval_every`` iterations and at the last (w of the last iteration's start)."""
     rank, workers = client.rank, client.num_workers
     total = a.iterations or a.epochs * -(-x.shape[0] // (workers * a.batch_size))
     test = images(False, a.test_samples) if rank == 0 else None
     model = PSModule(Net(), client)
     opt = ServerOptimizer(model, "sgd", lr=a.lr)
-    gen = torch.Generator().manual_seed(a.seed * 1000 + rank)
     flat = torch.zeros(model.flat.numel(), dtype=model.flat.dtype)
+    saved = client.restored_state()
+    T = microtasks.count(a.micro_tasks, workers, saved)
+    tasks, received, plan, folder = microtasks.start(T, rank, workers, saved)
+    spec = cast(Any, client.config).table(model.table.name).backup if model.table is not None else None
+    draws: microtasks.Draws | None = None
+    gen = torch.Generator().manual_seed(a.seed * 1000 + rank)
+    if spec is not None and follows_workers(spec, workers):
+        draws = microtasks.Draws(x.shape[0], tasks.mine, T, a.seed)
+        if saved is not None:
+            draws.load(microtasks.unpack(saved, draws.tasks, microtasks.Draws.NAMES), client.config.source)
+        if microtasks.join_clock() is not None:  # its tasks as their givers left them
+            draws.load(received, client.config.source)
+        client.checkpoint_state(lambda: microtasks.pack({t: draws.state(t) for t in draws.tasks})
+                                if draws is not None else {})
+
+    def draw(b: int) -> torch.Tensor:
+        if draws is not None:
+            return torch.from_numpy(draws.draw(b))
+        return torch.randint(0, x.shape[0], (b,), generator=gen)
+
     agent = None
     if a.goodput is not None:  # a push of the table a step: what the client's bandwidth budget paces
         agent = gp.start(client, a.goodput, a.batch_size, float(model.flat.numel() * model.flat.element_size()))
+    left = False
+
+    def boundary() -> bool:
+        """After a clock: where the job's workers change from this clock on, hand tasks off and draw from
+        ours; False: this worker left the job here (as MLR's ``_train_sync``)."""
+        nonlocal draws, left
+        tick = cast(Any, client).tick  # bosen.client.Client's
+        if plan is None or folder is None or (new := plan.at(tick, T)) is None:
+            return True
+        kept = {t: draws.state(t) for t in draws.tasks if new[t] == rank} if draws is not None else {}
+        given = tasks.mine
+        first = int(given[0]) if given.size and not (new == rank).any() and agent is not None else -1
+
+        def state(t: int) -> dict[str, np.ndarray]:
+            st = draws.state(t) if draws is not None else {}
+            if t == first and agent is not None:  # a leaver's goodput sums of the interval in progress
+                st[gp.HANDED] = agent.hand_over()
+            return st
+        got_states = tasks.handoff(tick, new, folder, state)
+        if plan.leaving():
+            left = True
+            return False
+        for got in got_states.values():
+            if agent is not None and gp.HANDED in got:
+                agent.take_over(got[gp.HANDED])
+        if draws is not None:
+            draws = microtasks.Draws(x.shape[0], tasks.mine, T, a.seed)
+            draws.load({**kept, **got_states}, client.config.source)
+        return True
+
     while True:
-        model.pull()  # w_t, and t
+        model.pull(boundary)  # w_t, and t (a dropped gradient's worker clocks up to it, through boundaries)
         it = model.iteration
-        if it >= total:
+        if left or it >= total:
             break
         t0 = time.perf_counter()
         fields: dict[str, Any] = {}
         if agent is None:
-            idx = torch.randint(0, x.shape[0], (a.batch_size,), generator=gen)
+            idx = draw(a.batch_size)
             opt.zero_grad()
             loss = F.cross_entropy(model.module(x[idx]), y[idx])
             loss.backward()
             model.gradients(flat)
             objective, samples, block = float(loss) * a.batch_size, a.batch_size, flat.numpy()
         else:
-            st = agent.at(it, t0, workers)
-            objective, block, pieces, each = _accumulated(model, x, y, gen, st.m, st.s)
+            st = agent.at(it, t0, int(np.unique(tasks.owners).size))
+            objective, block, pieces, each = _accumulated(model, x, y, gen, st.m, st.s, idx=draw(st.m * (st.s + 1)))
             if pieces is not None:
                 agent.rec.moments(pieces, each)
             block *= st.gain  # the learning-rate gain: the servers step with lr times the mean pushed
@@ -285,11 +340,14 @@ def _train_sync(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) 
         if agent is not None:
             agent.before_clock(it)  # the interval's row goes out with this iteration's clock
         model.push(block.astype(np.float32, copy=False))  # the gradient, and the clock
+        if not boundary():
+            break
     model.close()
 
 
 def _accumulated(model: PSModule, x: torch.Tensor, y: torch.Tensor, gen: torch.Generator, m: int, s: int,
-                 measure: bool = True) -> tuple[float, np.ndarray, np.ndarray | None, int]:
+                 measure: bool = True, idx: torch.Tensor | None = None
+                 ) -> tuple[float, np.ndarray, np.ndarray | None, int]:
     """One step of the agent's setting: s + 1 micro-batches of m images (accumulation), or m in two
     halves when s = 0, so that the step's micro-batch gradients (the flat dense gradient of each)
     measure the gradient statistics (``Recorder.moments``; ``measure`` false: one piece). Returns the
@@ -298,7 +356,8 @@ def _accumulated(model: PSModule, x: torch.Tensor, y: torch.Tensor, gen: torch.G
     ``torch.autograd.grad``, which leaves ``.grad`` alone: hybrid mode's backward hooks, which
     all-reduce what a backward accumulates, see only the step's mean (set by ``_set_grads``)."""
     pieces = s + 1 if s > 0 else min(2, m) if measure else 1
-    idx = torch.randint(0, x.shape[0], (m * (s + 1),), generator=gen)
+    if idx is None:  # the step's images: drawn here from the whole set, or given (a worker's micro-tasks)
+        idx = torch.randint(0, x.shape[0], (m * (s + 1),), generator=gen)
     cuts = np.linspace(0, idx.shape[0], pieces + 1).round().astype(np.int64)
     grads = np.zeros((pieces, model.flat.numel()))
     loss_sum = 0.0

@@ -165,3 +165,52 @@ def test_bosen_scale_adds_a_worker_to_a_running_cnn_job(fashion, tmp_path):
     assert len(moved) == 1 and 0 < moved[0] < total, out[-3000:]
     clocks = _check_tasks(run, [0, 1, 2], epochs)
     assert [c["workers"] for c in clocks] == [2] * moved[0] + [3] * (total - moved[0])
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.slow
+def test_a_synchronous_cnn_job_scaled_2_3_2_draws_from_its_tasks_wherever_they_run(fashion, tmp_path):
+    """The CNN on a synchronous table (static k = the workers, 6 micro-tasks) scaled 2 -> 3 -> 2 workers
+    mid-run: every iteration applied exactly the job's workers' gradients (2, then 3 from B1, then 2
+    from B2; none dropped), and at a checkpoint past both boundaries every task's sampler (its pass's
+    order, place, generator) is where a replay of the draws that moves the tasks at B1 and B2 has it."""
+    tasks_n, batch = 6, 12
+    cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 2}, "checkpoint": {"every_clocks": 20, "keep": 100},
+           "app": {"module": "bosen.apps.pytorch.examples.cnn", "tables": "bosen.apps.pytorch.examples.cnn:tables",
+                   "args": {"optimizer": "sgd", "lr": 0.05, "batch_size": batch, "iterations": 100_000,
+                            "train_samples": N, "test_samples": 100, "micro_tasks": tasks_n, "seed": SEED,
+                            "backup": {"mode": "static", "k": 2}}}}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(cfg))
+    run = (tmp_path / "run").resolve()
+    with (tmp_path / "launch.out").open("w") as log:  # a line per clock: not piped, nobody reads it meanwhile
+        p = subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(run), "--no-plot"],
+                             stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        _until(p, lambda: _clocked(run, 1), "worker 0's clock 1")
+        lines: list[str] = []
+        bosen.scale(run, workers=3, out=lines.append)
+        bosen.scale(run, workers=2, out=lines.append)
+        b1, b2 = (int(m) for m in re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines)))
+        c = b2 + 40 - b2 % 20
+        _until(p, lambda: _checkpointed(run, c), f"a checkpoint at {c}", timeout=120)
+    finally:
+        _stop(p)
+    parts = checkpoint.check_complete(run / "checkpoints", c, 1, 2, None)
+    server = parts["server-0"].load()
+    [k_key] = [k for k in server if k.endswith(".k_history")]
+    assert server[k_key].tolist() == [2] * b1 + [3] * (b2 - b1) + [2] * (c - b2), (b1, b2, c)
+    assert server[k_key.replace("k_history", "counts")][1:3].tolist() == [0, 0]  # dropped late, repeat
+    tasks = {t: M.Draws(N, [t], tasks_n, SEED) for t in range(tasks_n)}
+    for it in range(c):
+        owners = M.assign(tasks_n, [0, 1, 2] if b1 <= it < b2 else [0, 1])
+        for r in np.unique(owners).tolist():
+            mine = M.owned(owners, r)
+            cuts = np.diff(np.linspace(0, batch, mine.size + 1).round().astype(np.int64))
+            for t, n in zip(mine.tolist(), cuts.tolist(), strict=True):
+                tasks[t].draw(n)
+    states = {k: v for name, part in parts.items() if name.startswith("worker-") for k, v in part.load().items()
+              if k.startswith("task.")}
+    for t in range(tasks_n):
+        for name, want in tasks[t].state(t).items():
+            np.testing.assert_array_equal(states[M.key(t, name)], want, err_msg=f"task {t} {name}")

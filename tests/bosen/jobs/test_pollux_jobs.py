@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,9 +17,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
 
+import bosen
+from bosen import checkpoint
+from bosen.apps import goodput as gp
 from bosen.errors import BosenError
 from bosen.jobs import cli
 from bosen.jobs.pollux import Agent, Move, Scheduler, Tracked, clock_gaps, schedule, track
@@ -170,8 +175,11 @@ def test_the_scheduler_scales_an_agent_driven_job_and_its_agent_re_picks_for_the
     """One synchronous MLR job whose goodput agent picks (m, s), on 2 slots: once the agent reports φ,
     a scheduler step gives the job the free slot through `bosen scale`; from the boundary on rank 0's
     records name K = 2, the agent's choice there is made for 2 (M = 2·m·(s + 1)) and differs from the
-    one for 1, every worker runs it, and the scheduler's next look reads them as the job's samples at 2."""
-    cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 1}, "checkpoint": {"every_clocks": 50, "keep": 2},
+    one for 1, every worker runs it, and the scheduler's next look reads them as the job's samples at 2.
+    Scaled back to 1 at a boundary inside an interval (checkpoints every 25 clocks, intervals of 10), the
+    leaver hands its sums of that interval to rank 0 with its tasks: the interval's row counts the steps
+    both measured in it."""
+    cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 1}, "checkpoint": {"every_clocks": 25, "keep": 200},
            "tables": {"W": {"rows": 10, "cols": 1001, "dtype": "float32", "init": {"zeros": True},
                             "backup": {"mode": "static", "k": 1, "lr": 0.5}},
                       "goodput": {"rows": 10000, "cols": 10, "dtype": "float64", "staleness": 0,
@@ -213,15 +221,47 @@ def test_the_scheduler_scales_an_agent_driven_job_and_its_agent_re_picks_for_the
             assert p.poll() is None and time.monotonic() < deadline, "the scheduler saw no clock at 2 workers"
             time.sleep(0.2)
             s.observe()
+        lines: list[str] = []
+        while True:  # asked where the next checkpoint boundary (a scale-in's) is an odd multiple of 25
+            now = max(r["iteration"] for r in records(0) if "iteration" in r)
+            if (now // 25 + 1) % 2 == 1 and 25 - now % 25 > 5:
+                break
+            assert p.poll() is None and time.monotonic() < deadline + 60, "the job ended or stalled"
+            time.sleep(0.02)
+        bosen.scale(run, workers=1, out=lines.append)
+        b2 = int(re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines))[-1])
+        while b2 % 10 == 0:  # (a proposal withdrawn) at an interval's end nothing is handed over: once more
+            bosen.scale(run, workers=2, out=lines.append)
+            bosen.scale(run, workers=1, out=lines.append)
+            b2 = int(re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines))[-1])
+        c = ((b2 // 10 + 1) * 10 // 25 + 1) * 25  # a checkpoint past the end of B2's interval
+        parts = None
+        while parts is None:
+            assert p.poll() is None and time.monotonic() < deadline + 60, "no checkpoint past the scale-in"
+            time.sleep(0.1)
+            try:
+                parts = checkpoint.check_complete(run / "checkpoints", c, 1, None, None)
+            except checkpoint.CheckpointError:
+                pass
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
+    server = parts["server-0"].load()
+    rows = np.zeros((10000, gp.COLS))
+    rows[server["t1.rows"]] = server["t1.values"]
     rank0 = [r for r in records(0) if "iteration" in r]
     b = next(r["iteration"] for r in rank0 if r["goodput_workers"] == 2)
+    commits = [int(x) for x in re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines))]
+    joined = commits[-2] if len(commits) > 1 else b
+    i = (b2 - 1) // 10
+    # every step is measured (two micro-batches at least): 10 by rank 0, those since the interval began
+    # (or it joined) by the leaver
+    assert rows[i, gp.C_WORKERS] == 1 and rows[i, gp.C_STEPS] == 10 + b2 - max(10 * i, joined), (b2, rows[i])
     before = [r for r in rank0 if r["iteration"] < b][-1]
     at = next(r for r in rank0 if r["iteration"] == b)
     assert at["goodput_batch"] == 2 * at["m"] * (at["s"] + 1) and (at["m"], at["s"]) != (before["m"], before["s"])
-    assert all(r["goodput_workers"] == 2 for r in rank0 if r["iteration"] >= b)
+    first_out = int(re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines))[0])
+    assert all(r["goodput_workers"] == 2 for r in rank0 if b <= r["iteration"] < first_out)
     ran = {r["iteration"]: (r["m"], r["s"], r["lr_gain"]) for r in rank0}
     assert all(ran[r["iteration"]] == (r["m"], r["s"], r["lr_gain"]) for r in records(1) if "iteration" in r)
     assert any(k == 2 for k, *_ in s.jobs[0].runs) and s.jobs[0].workers == 2

@@ -56,9 +56,12 @@ def _lda_job(tmp_path: Path, iterations: int, checkpoints: bool = True, every: i
     return path, cfg
 
 
-def _launch(path: Path, run: Path) -> subprocess.Popen:
+def _launch(path: Path, run: Path, log: Path | None = None) -> subprocess.Popen:
+    """``bosen launch``; its output piped, or into ``log`` for a job whose output is not read while it runs (a
+    line per clock would fill the pipe and stop the launcher)."""
+    out = subprocess.PIPE if log is None else log.open("w")
     return subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(run), "--no-plot"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def _wait_clock(p: subprocess.Popen, run: Path, clock: int, timeout: float = 90) -> None:
@@ -341,49 +344,43 @@ def _part_counts(cfg: dict, parts: dict) -> tuple[np.ndarray, np.ndarray]:
     return table, counts
 
 
-def test_a_job_with_backup_workers_proper_refuses_other_worker_counts(tmp_path):
-    """Backup workers proper (k < n, dynamic, blind) drop gradients and every worker draws from the
-    whole data set: asked for another count, the launcher's scaler refuses, naming the table, before
-    anything starts. Static k = the workers (the next test) scales."""
+def test_a_synchronous_table_scales_only_where_the_apps_synchronous_path_reads_the_plan(tmp_path):
+    """A table with backup (any mode) scales only with an app whose synchronous path reads the task plan
+    at every clock (``SYNC_ELASTIC``: MLR); another app's is refused, naming it, before anything starts."""
     from types import SimpleNamespace
 
     from bosen.jobs.scale import Scaler
 
-    for backup in ({"mode": "static", "k": 1}, {"mode": "dynamic"}):
-        cfg = build({"cluster": {"servers": ["127.0.0.1:0"], "workers": 2}, "checkpoint": {"every_clocks": 10},
-                     "tables": {"G": {"rows": 2, "cols": 3, "dtype": "float64", "backup": backup}},
-                     "app": {"module": "bosen.apps.mlr"}})
-        host = SimpleNamespace(run_dir=tmp_path, workers=[None, None], config=cfg, cluster=None, ray_job=None)
-        scaler = Scaler(host)  # type: ignore[arg-type]
-        try:
-            with pytest.raises(ScaleError, match="tables.G has backup workers proper .* cannot change while it runs"):
-                scaler.checks["workers"](3)
-        finally:
-            scaler.close()
+    cfg = build({"cluster": {"servers": ["127.0.0.1:0"], "workers": 2}, "checkpoint": {"every_clocks": 10},
+                 "tables": {"G": {"rows": 2, "cols": 3, "dtype": "float64", "backup": {"mode": "dynamic"}}},
+                 "app": {"module": "bosen.apps.lda"}})
+    host = SimpleNamespace(run_dir=tmp_path, workers=[None, None], config=cfg, cluster=None, ray_job=None)
+    scaler = Scaler(host)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(ScaleError, match="bosen.apps.lda: its synchronous path .tables.G has backup. does not"):
+            scaler.checks["workers"](3)
+    finally:
+        scaler.close()
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
-    """Synchronous MLR (static k = the workers, 6 micro-tasks) scaled 2 -> 3 -> 2 workers mid-run. At a
-    checkpoint past both boundaries: every iteration applied exactly the job's workers' gradients
-    (2, then 3 from B1, then 2 from B2; none dropped), every task's sampler (its pass's order and
-    place) is where a replay that moves the tasks at B1 and B2 has it, and the table equals that
-    replay's w_c up to the order the server summed each step's gradients in (float64, 1e-9)."""
-    from bosen.apps.mlr import kernels as K
-    from bosen.apps.mlr.worker import MLRArgs, _Draws, load_data
-
+def test_a_dynamic_k_mlr_job_scaled_2_3_2_keeps_one_k_per_iteration(tmp_path):
+    """DBW's dynamic k (gradients dropped, every worker draws from the whole data set; its micro-tasks
+    say who is in the job) scaled 2 -> 3 -> 2 workers: a worker whose gradient was dropped clocks up to
+    the newer iteration through the boundaries too. Every iteration stepped once with k_t of its
+    workers (2 before B1, 2-3 until B2, 2 after), each from distinct ranks of the job then (rank 2 only
+    in [B1, B2)), and k ends at 2 (dynamic: k >= 2, at most the workers)."""
     cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 2},
            "checkpoint": {"every_clocks": 50, "keep": 100},
            "tables": {"W": {"rows": 10, "cols": 65, "dtype": "float64", "init": {"zeros": True},
-                            "backup": {"mode": "static", "k": 2, "lr": 0.5}}},
+                            "backup": {"mode": "dynamic", "lr": 0.5}}},
            "app": {"module": "bosen.apps.mlr", "args": {"data": "digits", "holdout": 0.1, "batch_size": 7,
                                                          "micro_tasks": 6, "epochs": 1_000_000, "eval_every": 0}}}
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps(cfg))
     run = (tmp_path / "run").resolve()
-    p = _launch(path, run)
-    base = run / "checkpoints"
+    p = _launch(path, run, tmp_path / "launch.out")
     try:
         _wait_clock(p, run, 5)
         lines: list[str] = []
@@ -392,27 +389,38 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
         b1, b2 = (int(m) for m in re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines)))
         deadline = time.monotonic() + 60
         parts = None
+        c = b2 + 100 - b2 % 50
         while parts is None:  # a checkpoint well past B2, complete
             assert p.poll() is None and time.monotonic() < deadline, lines
             time.sleep(0.05)
-            c = b2 + 100 - b2 % 50
             try:
-                parts = checkpoint.check_complete(base, c, 1, None, None)
+                parts = checkpoint.check_complete(run / "checkpoints", c, 1, None, None)
             except checkpoint.CheckpointError:
                 pass
     finally:
         _stop(p)
     server = parts["server-0"].load()
+    assert int(server["p0.iteration"][0]) == c
     k_hist = server["p0.k_history"].tolist()
-    want = ([2] * b1 + [3] * (b2 - b1) + [2] * (c - b2))[-len(k_hist):]
-    assert k_hist == want and len(k_hist) == min(c, 1000), (b1, b2, c)
-    assert server["p0.counts"][1:4].tolist() == [0, 0, 0]  # dropped late, repeat, ahead
-    states = {k: v for name, part in parts.items() if name.startswith("worker-") for k, v in part.load().items()
-              if k.startswith("task.")}
-    # the replay: each task draws its share of its owner's minibatch; the step is the mean at lr
+    applied = np.split(server["p0.applied_ranks"], np.cumsum(server["p0.applied_lens"])[:-1])
+    assert len(k_hist) == len(applied) == min(c, 1000)  # one k_t per iteration
+    start = c - len(k_hist)
+    for t, (k, ranks) in enumerate(zip(k_hist, applied, strict=True), start):
+        members = {0, 1, 2} if b1 <= t < b2 else {0, 1}
+        assert 2 <= k <= len(members) and len(ranks) == k and set(ranks.tolist()) <= members, (t, k, ranks, b1, b2)
+    assert int(server["p0.k"][0]) == 2
+
+
+def _sync_replay(cfg: dict, b1: int, b2: int, c: int) -> tuple[np.ndarray, dict[int, dict[str, np.ndarray]]]:
+    """Synchronous MLR's w_c where ranks 0-2 ran iterations [b1, b2) and ranks 0-1 the others, and each
+    task's sampler state then: each task draws its share of its owner's minibatch, the step is the mean
+    at lr."""
+    from bosen.apps.mlr import kernels as K
+    from bosen.apps.mlr.worker import MLRArgs, load_data
+
     a = from_dict(MLRArgs, cfg["app"]["args"], "app.args")
     train, _ = load_data(a, 10, 64)
-    tasks = {t: _Draws(train.n, np.array([t]), 6, a.seed) for t in range(6)}
+    tasks = {t: M.Draws(train.n, [t], 6, a.seed) for t in range(6)}
     W = np.zeros((10, 65))
     for it in range(c):
         ranks = [0, 1, 2] if b1 <= it < b2 else [0, 1]
@@ -427,13 +435,87 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
             G[:, :64] += a.reg * W[:, :64]
             grads.append(G)
         W = W - 0.5 * np.mean(grads, axis=0)
-    for t in range(6):
-        st = tasks[t].state(t)
-        for name in ("order", "pos", "rng"):
-            np.testing.assert_array_equal(states[M.key(t, name)], st[name], err_msg=f"task {t} {name}")
+    return W, {t: tasks[t].state(t) for t in range(6)}
+
+
+def _sync_matches(parts: dict, W: np.ndarray, samplers: dict, want_k: list[int], at: str) -> None:
+    """A synchronous MLR checkpoint (``parts``, 2 servers) is the replay's: every server's iterations
+    applied ``want_k`` gradients (none dropped), every task's sampler and the table are the replay's
+    (the table to 1e-9: a server sums each step's gradients in arrival order)."""
     got = np.zeros((10, 65))
-    got[server["t0.rows"]] = server["t0.values"]
-    np.testing.assert_allclose(got, W, rtol=0, atol=1e-9)
+    for i in (0, 1):
+        server = parts[f"server-{i}"].load()
+        k_hist = server["p0.k_history"].tolist()
+        assert k_hist == want_k[-len(k_hist):] and len(k_hist) == min(len(want_k), 1000), (at, i)
+        assert server["p0.counts"][1:3].tolist() == [0, 0], (at, i)  # dropped late, repeat
+        got[server["t0.rows"]] = server["t0.values"]
+    states = {k: v for name, part in parts.items() if name.startswith("worker-") for k, v in part.load().items()
+              if k.startswith("task.")}
+    for t in range(6):
+        for name in ("order", "pos", "rng"):
+            np.testing.assert_array_equal(states[M.key(t, name)], samplers[t][name], err_msg=f"{at}: task {t} {name}")
+    np.testing.assert_allclose(got, W, rtol=0, atol=1e-9, err_msg=at)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
+    """Synchronous MLR (static k = the workers, 6 micro-tasks, 2 servers) scaled 2 -> 3 workers, server 1
+    killed and replaced (SCAR: restored from its newest part, every worker resends its gradients since,
+    the joined one those since it joined), then 3 -> 2 workers. At a checkpoint past both boundaries:
+    every iteration applied exactly the job's workers' gradients (2, then 3 from B1, then 2 from B2; none
+    dropped), every task's sampler (its pass's order and place) is where a replay that moves the tasks
+    at B1 and B2 has it, and the table equals that replay's w_c up to the order the servers summed each
+    step's gradients in (float64, 1e-9). Then the job resumed from the checkpoint of B2 (made by ranks
+    0-2) with the config's 2 workers ends at c with the same tables."""
+    cfg = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
+           "checkpoint": {"every_clocks": 50, "keep": 100},
+           "tables": {"W": {"rows": 10, "cols": 65, "dtype": "float64", "init": {"zeros": True},
+                            "backup": {"mode": "static", "k": 2, "lr": 0.5}}},
+           "app": {"module": "bosen.apps.mlr", "args": {"data": "digits", "holdout": 0.1, "batch_size": 7,
+                                                         "micro_tasks": 6, "epochs": 1_000_000, "eval_every": 0}}}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(cfg))
+    run = (tmp_path / "run").resolve()
+    p = _launch(path, run, tmp_path / "launch.out")
+    base = run / "checkpoints"
+    try:
+        _wait_clock(p, run, 5)
+        lines: list[str] = []
+        bosen.scale(run, workers=3, out=lines.append)
+        _server(p, 1).kill()
+        killed_at = json.loads((run / "workers" / "0.jsonl").read_text().splitlines()[-1])["clock"]
+        _wait_clock(p, run, killed_at + 20)  # a synchronous job goes on only once the replacement serves
+        bosen.scale(run, workers=2, out=lines.append)
+        b1, b2 = (int(m) for m in re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines)))
+        deadline = time.monotonic() + 60
+        parts = None
+        while parts is None:  # a checkpoint well past B2, complete
+            assert p.poll() is None and time.monotonic() < deadline, lines
+            time.sleep(0.05)
+            c = b2 + 100 - b2 % 50
+            try:
+                parts = checkpoint.check_complete(base, c, 2, None, None)
+            except checkpoint.CheckpointError:
+                pass
+    finally:
+        _stop(p)
+    out = (tmp_path / "launch.out").read_text()
+    assert "server-1.1 replaces server-1" in out, out[-3000:]
+    W, samplers = _sync_replay(cfg, b1, b2, c)
+    want_k = [2] * b1 + [3] * (b2 - b1) + [2] * (c - b2)
+    _sync_matches(parts, W, samplers, want_k, f"the scaled job at {c}")
+    # resumed from B2's checkpoint (ranks 0-2 made it) with 2 workers, to the end at c: the same tables
+    assert checkpoint.checkpoint_ranks(checkpoint.clock_dir(base, b2)) == [0, 1, 2]
+    for x in checkpoint.clocks(base):
+        if x > b2:
+            shutil.rmtree(checkpoint.clock_dir(base, x))
+    cfg["app"]["args"]["epochs"] = c  # one iteration an epoch: the job ends at c
+    path.write_text(json.dumps(cfg))
+    r = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--resume", str(run), "--no-plot"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and f"resuming from the checkpoint at clock {b2}" in r.stdout, r.stdout[-3000:] + r.stderr
+    _sync_matches(checkpoint.check_complete(base, c, 2, None, None), W, samplers, want_k, f"resumed from {b2}")
 
 
 def test_leavers_wait_while_the_servers_say_a_part_of_their_boundary_is_coming(tmp_path, monkeypatch):
