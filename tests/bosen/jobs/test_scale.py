@@ -56,12 +56,21 @@ def _lda_job(tmp_path: Path, iterations: int, checkpoints: bool = True, every: i
     return path, cfg
 
 
-def _launch(path: Path, run: Path, log: Path | None = None) -> subprocess.Popen:
-    """``bosen launch``; its output piped, or into ``log`` for a job whose output is not read while it runs (a
-    line per clock would fill the pipe and stop the launcher)."""
-    out = subprocess.PIPE if log is None else log.open("w")
+def _launch(path: Path, run: Path) -> subprocess.Popen:
+    """``bosen launch``, its output into a file beside ``run`` (``_output`` reads it): a pipe nobody reads
+    while the job runs fills with a line per clock and stops the launcher."""
     return subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(run), "--no-plot"],
-                            stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=_log(run).open("w"), stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _log(run: Path) -> Path:
+    return run.parent / f"{run.name}.launch.out"
+
+
+def _output(p: subprocess.Popen, run: Path, timeout: float) -> str:
+    """The launcher's output once it has ended (within ``timeout`` s)."""
+    p.wait(timeout=timeout)
+    return _log(run).read_text()
 
 
 def _wait_clock(p: subprocess.Popen, run: Path, clock: int, timeout: float = 90) -> None:
@@ -130,7 +139,7 @@ def test_lda_job_scaled_2_3_2_ends_with_the_counts_of_its_final_assignments(tmp_
         assert r.returncode == 0, r.stdout + r.stderr
         assert "the job runs on 2 servers" in r.stdout, r.stdout
         assert "ranks [2] leave" in r.stdout and "the job runs with 2 workers (ranks [0, 1])" in r.stdout, r.stdout
-        out, _ = p.communicate(timeout=150)
+        out = _output(p, run, 150)
     finally:
         _stop(p)
     assert p.returncode == 0, out[-3000:]
@@ -230,7 +239,7 @@ def test_a_joined_server_killed_after_its_checkpoint_is_replaced_and_the_counts_
                   if "bosen.server" in c.cmdline() and "--join" in c.cmdline()]
         assert len(joined) == 1, joined
         joined[0].kill()
-        out, _ = p.communicate(timeout=120)
+        out = _output(p, run, 120)
     finally:
         _stop(p)
     assert p.returncode == 0, out[-3000:]
@@ -265,7 +274,7 @@ def test_a_server_killed_after_a_worker_joined_is_replaced_and_the_counts_stay_e
         _wait_clock(p, run, 3)
         bosen.scale(run, workers=3, out=None)
         _server(p, 1).kill()
-        out, _ = p.communicate(timeout=120)
+        out = _output(p, run, 120)
     finally:
         _stop(p)
     assert p.returncode == 0, out[-3000:]
@@ -304,7 +313,7 @@ def test_a_server_killed_after_a_worker_left_is_replaced_and_the_counts_stay_exa
         lines: list[str] = []
         bosen.scale(run, workers=2, out=lines.append)
         _server(p, 1).kill()
-        out, _ = p.communicate(timeout=100)
+        out = _output(p, run, 100)
     finally:
         _stop(p)
     assert p.returncode == 0, out[-3000:]
@@ -380,7 +389,7 @@ def test_a_dynamic_k_mlr_job_scaled_2_3_2_keeps_one_k_per_iteration(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps(cfg))
     run = (tmp_path / "run").resolve()
-    p = _launch(path, run, tmp_path / "launch.out")
+    p = _launch(path, run)
     try:
         _wait_clock(p, run, 5)
         lines: list[str] = []
@@ -477,7 +486,7 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps(cfg))
     run = (tmp_path / "run").resolve()
-    p = _launch(path, run, tmp_path / "launch.out")
+    p = _launch(path, run)
     base = run / "checkpoints"
     try:
         _wait_clock(p, run, 5)
@@ -500,7 +509,7 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
                 pass
     finally:
         _stop(p)
-    out = (tmp_path / "launch.out").read_text()
+    out = _log(run).read_text()
     assert "server-1.1 replaces server-1" in out, out[-3000:]
     W, samplers = _sync_replay(cfg, b1, b2, c)
     want_k = [2] * b1 + [3] * (b2 - b1) + [2] * (c - b2)
