@@ -31,7 +31,7 @@ import numpy as np
 from bosen.errors import BosenError, ConfigError
 
 __all__ = ["count", "assign", "owned", "key", "pack", "unpack", "saved_tasks", "give", "take",
-           "FilePlan", "MicroTasks", "TaskState", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR", "run_plan",
+           "FilePlan", "MicroTasks", "TaskState", "drop_handoffs", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR", "run_plan",
            "start_owners", "join_clock", "join", "start", "JOIN_AHEAD", "join_ahead", "ready", "await_join",
            "announce_join"]
 
@@ -42,6 +42,7 @@ JOIN_AHEAD = "ahead"  # $BOSEN_JOIN of a joiner started before its boundary is a
 JOIN_FILE = "join.json"  # in HANDOFF_DIR: the boundary joiners started ahead join at
 JOIN_AHEAD_TIMEOUT_S = 600.0  # a joiner started ahead waits this long for its boundary
 _KEY = re.compile(r"^task\.(\d+)\.(.+)$")
+_HANDOFF = re.compile(r"^task-\d+\.clock-(\d+)\.npz$")
 
 
 def count(setting: int, workers: int, saved: Mapping[str, np.ndarray] | None = None) -> int:
@@ -146,7 +147,9 @@ def _await_file(path: Path, deadline: float, check: Callable[[], None] | None, w
 def take(folder: str | Path, clock: int, tasks: Iterable[int], timeout: float = HANDOFF_TIMEOUT_S,
          check: Callable[[], None] | None = None) -> dict[int, TaskState]:
     """The states of ``tasks`` that their givers wrote at ``clock`` (waiting up to ``timeout`` s for each
-    file; ``check`` is called while waiting, to fail early). Each file is removed once read."""
+    file; ``check`` is called while waiting, to fail early). The files stay: a receiver lost before a
+    checkpoint past ``clock`` is complete is replaced from an older one, redoes its ticks up to
+    ``clock`` and takes them again (the giver has gone on or left); :func:`drop_handoffs` removes them."""
     folder = Path(folder)
     deadline = time.monotonic() + timeout
     out: dict[int, TaskState] = {}
@@ -156,8 +159,20 @@ def take(folder: str | Path, clock: int, tasks: Iterable[int], timeout: float = 
                     f"{timeout:g}s (its giver is gone?)", 0.01)
         with np.load(p, allow_pickle=False) as z:
             out[int(t)] = {n: z[n] for n in z.files}
-        p.unlink()
     return out
+
+
+def drop_handoffs(folder: str | Path, below: int) -> int:
+    """Remove the hand-off files of clocks below ``below`` (the run's newest complete checkpoint: a
+    replacement restarts there or later, and a process at that clock has its tasks in the
+    checkpoint's parts). Returns how many went."""
+    n = 0
+    for p in Path(folder).glob("task-*.clock-*.npz"):
+        m = _HANDOFF.match(p.name)
+        if m and int(m.group(1)) < below:
+            p.unlink(missing_ok=True)
+            n += 1
+    return n
 
 
 class FilePlan:
