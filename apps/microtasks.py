@@ -31,7 +31,8 @@ import numpy as np
 from bosen.errors import BosenError, ConfigError
 
 __all__ = ["count", "assign", "owned", "key", "pack", "unpack", "saved_tasks", "give", "take",
-           "FilePlan", "MicroTasks", "TaskState", "drop_handoffs", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR", "run_plan",
+           "FilePlan", "MicroTasks", "TaskState", "drop_handoffs", "answer", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR",
+           "run_plan",
            "start_owners", "join_clock", "join", "start", "JOIN_AHEAD", "join_ahead", "ready", "await_join",
            "announce_join"]
 
@@ -242,13 +243,10 @@ class FilePlan:
                 or self._plan is None or pid in self._answered:
             return
         self._answered.add(pid)
-        ack = self.path.with_name(f"ack-{pid}.rank-{self.rank}.json")
         ok = self._plan[0] >= clock
         if not ok:
             self._refused.add(pid)
-        tmp = ack.with_name(f".{ack.name}.partial")
-        tmp.write_text(json.dumps({"ok": ok, "at": clock}))
-        os.replace(tmp, ack)
+        answer(self.path, pid, self.rank, clock, ok)
 
     def at(self, clock: int, T: int, check: Callable[[], None] | None = None) -> np.ndarray | None:
         """The owners that hold from ``clock`` on if the plan changes them there, else None. A proposed
@@ -314,6 +312,15 @@ class FilePlan:
                 raise BosenError(f"{self.path}: no committed task plan for clock {clock} within {self.timeout:g}s "
                                  "(this worker joined the job for one)")
             time.sleep(0.005)
+
+
+def answer(plan: Path, pid: int, rank: int, clock: int, ok: bool) -> None:
+    """Worker ``rank``'s answer to proposal ``pid`` of the plan at ``plan``, read at ``clock``: ``ok``
+    (before its boundary: it waits there) or not (past it)."""
+    ack = plan.with_name(f"ack-{pid}.rank-{rank}.json")
+    tmp = ack.with_name(f".{ack.name}.partial")
+    tmp.write_text(json.dumps({"ok": ok, "at": clock}))
+    os.replace(tmp, ack)
 
 
 def join_clock() -> int | None:

@@ -10,7 +10,8 @@ arrange on a loaded machine. The one fault so far:
     ``PATH.held`` (``{"clock": B}``), so a test knows B and that the servers' clock stays below B
     meanwhile: the others run up to B (and their staleness bound) while it holds, and a worker lost
     there is lost at B before the servers reach it (docs/recovery.md, "A boundary reached while a
-    lost worker is away"). A rank that reads the plan only past B does not hold.
+    lost worker is away"). A proposal it has not answered yet it answers first (it is before B and
+    will wait there), so the scaler commits while it holds.
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ class HoldBeforeLeave:
         if not (isinstance(plan, dict) and plan.get("clock") == clock and plan.get("leave")
                 and plan.get("state") in ("proposed", "committed")):
             return
+        if plan["state"] == "proposed" and isinstance(plan.get("id"), int) \
+                and not self.plan.with_name(f"ack-{plan['id']}.rank-{rank}.json").exists():
+            # read here first (during the tick before B): answer it now, as the app would at its next
+            # boundary, or the proposal waits for this rank's answer while it holds
+            from bosen.apps import microtasks
+
+            microtasks.answer(self.plan, plan["id"], rank, clock - 1, True)
         held = self.release.with_name(self.release.name + ".held")
         tmp = held.with_name(f".{held.name}.partial")
         tmp.write_text(json.dumps({"clock": clock}))
