@@ -176,7 +176,7 @@ def test_a_dynamic_k_job_keeps_its_k_history_through_servers_joining_and_leaving
     n, iters = 3, 120
     data = _mlr_backup(n, iters, {"mode": "dynamic", "lr": 1.0}, 6, alpha=1.0)
     base = tmp_path / "ck"
-    data["checkpoint"] = {"every_clocks": 5, "dir": str(base), "keep": 100, "priority_fraction": 0.5,
+    data["checkpoint"] = {"every_clocks": 10, "dir": str(base), "keep": 100, "priority_fraction": 0.5,
                           "policy": "round_robin"}
     c = bosen_cluster(2, config=data)
     added = c.add_server()
