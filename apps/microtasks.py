@@ -32,7 +32,8 @@ from bosen.apps.state import rng_state, set_rng_state
 from bosen.errors import BosenError, ConfigError
 
 __all__ = ["count", "assign", "owned", "key", "pack", "unpack", "saved_tasks", "give", "take",
-           "FilePlan", "MicroTasks", "TaskState", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR", "run_plan",
+           "FilePlan", "MicroTasks", "TaskState", "drop_handoffs", "answer", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR",
+           "run_plan",
            "start_owners", "join_clock", "join", "start", "JOIN_AHEAD", "join_ahead", "ready", "await_join",
            "announce_join", "Draws", "share"]
 
@@ -43,6 +44,7 @@ JOIN_AHEAD = "ahead"  # $BOSEN_JOIN of a joiner started before its boundary is a
 JOIN_FILE = "join.json"  # in HANDOFF_DIR: the boundary joiners started ahead join at
 JOIN_AHEAD_TIMEOUT_S = 600.0  # a joiner started ahead waits this long for its boundary
 _KEY = re.compile(r"^task\.(\d+)\.(.+)$")
+_HANDOFF = re.compile(r"^task-\d+\.clock-(\d+)\.npz$")
 
 
 def count(setting: int, workers: int, saved: Mapping[str, np.ndarray] | None = None) -> int:
@@ -147,7 +149,9 @@ def _await_file(path: Path, deadline: float, check: Callable[[], None] | None, w
 def take(folder: str | Path, clock: int, tasks: Iterable[int], timeout: float = HANDOFF_TIMEOUT_S,
          check: Callable[[], None] | None = None) -> dict[int, TaskState]:
     """The states of ``tasks`` that their givers wrote at ``clock`` (waiting up to ``timeout`` s for each
-    file; ``check`` is called while waiting, to fail early). Each file is removed once read."""
+    file; ``check`` is called while waiting, to fail early). The files stay: a receiver lost before a
+    checkpoint past ``clock`` is complete is replaced from an older one, redoes its ticks up to
+    ``clock`` and takes them again (the giver has gone on or left); :func:`drop_handoffs` removes them."""
     folder = Path(folder)
     deadline = time.monotonic() + timeout
     out: dict[int, TaskState] = {}
@@ -157,8 +161,20 @@ def take(folder: str | Path, clock: int, tasks: Iterable[int], timeout: float = 
                     f"{timeout:g}s (its giver is gone?)", 0.01)
         with np.load(p, allow_pickle=False) as z:
             out[int(t)] = {n: z[n] for n in z.files}
-        p.unlink()
     return out
+
+
+def drop_handoffs(folder: str | Path, below: int) -> int:
+    """Remove the hand-off files of clocks below ``below`` (the run's newest complete checkpoint: a
+    replacement restarts there or later, and a process at that clock has its tasks in the
+    checkpoint's parts). Returns how many went."""
+    n = 0
+    for p in Path(folder).glob("task-*.clock-*.npz"):
+        m = _HANDOFF.match(p.name)
+        if m and int(m.group(1)) < below:
+            p.unlink(missing_ok=True)
+            n += 1
+    return n
 
 
 class FilePlan:
@@ -228,13 +244,10 @@ class FilePlan:
                 or self._plan is None or pid in self._answered:
             return
         self._answered.add(pid)
-        ack = self.path.with_name(f"ack-{pid}.rank-{self.rank}.json")
         ok = self._plan[0] >= clock
         if not ok:
             self._refused.add(pid)
-        tmp = ack.with_name(f".{ack.name}.partial")
-        tmp.write_text(json.dumps({"ok": ok, "at": clock}))
-        os.replace(tmp, ack)
+        answer(self.path, pid, self.rank, clock, ok)
 
     def at(self, clock: int, T: int, check: Callable[[], None] | None = None) -> np.ndarray | None:
         """The owners that hold from ``clock`` on if the plan changes them there, else None. A proposed
@@ -300,6 +313,15 @@ class FilePlan:
                 raise BosenError(f"{self.path}: no committed task plan for clock {clock} within {self.timeout:g}s "
                                  "(this worker joined the job for one)")
             time.sleep(0.005)
+
+
+def answer(plan: Path, pid: int, rank: int, clock: int, ok: bool) -> None:
+    """Worker ``rank``'s answer to proposal ``pid`` of the plan at ``plan``, read at ``clock``: ``ok``
+    (before its boundary: it waits there) or not (past it)."""
+    ack = plan.with_name(f"ack-{pid}.rank-{rank}.json")
+    tmp = ack.with_name(f".{ack.name}.partial")
+    tmp.write_text(json.dumps({"ok": ok, "at": clock}))
+    os.replace(tmp, ack)
 
 
 def join_clock() -> int | None:

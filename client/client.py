@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from bosen import config as config_mod
+from bosen import faults
 from bosen.client.checkpoints import WorkerCheckpoints
 from bosen.client.clocks import WorkerClocks
 from bosen.client.comm import START_TIMEOUT_S, CommThread
@@ -67,6 +68,7 @@ class Client:
                  join_timeout: float = JOIN_TIMEOUT_S) -> None:
         config.require_tables()
         self.config = config
+        self._fault = faults.from_env()  # None unless a recovery test injects one (bosen/faults.py)
         partition = Partition(len(config.cluster.servers), config.cluster.num_partitions)
         self._tables = [TableState(i, t, config.staleness_of(t), partition, config.comm,
                                    config.metrics.freshness_every) for i, t in enumerate(config.tables)]
@@ -140,6 +142,8 @@ class Client:
         if self._comm.final_clock is not None:
             raise BosenError(f"clock(): this process ended its clocks at {self._comm.final_clock} (end_clocks); "
                              "close() leaves the job")
+        if self._fault is not None:
+            self._fault.before_clock(self.rank, self.tick + 1, self._life.check)
         self._main_worker().clock()
 
     def end_clocks(self) -> None:

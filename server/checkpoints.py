@@ -420,9 +420,36 @@ def _restore_regrouped(config: Config, rank: int, shards: list[TableShard], ck: 
     for chain in chains:
         for p in chain:
             _load(shards, p, owned_only=True)
+    _adopt_steps(shards, parts, chains)
     log.info("server %d resumed from %s at clock %d: the rows the config's map gives it, from the parts of the "
              "%d servers that made it (%d parts)", rank, ck, clock, made_by, sum(len(c) for c in chains))
     return clock
+
+
+def _adopt_steps(shards: list[TableShard], parts: list[checkpoint.Part], chains: list[list[checkpoint.Part]]) -> None:
+    """A regrouped resume: each shard whose table keeps a whole-shard state (backup workers: the
+    iteration, k_t, its history and the estimator) takes the state of the old server that gives it
+    the most rows, as a server joining by a partition move takes over its first giver's step, so a
+    dynamic k_t goes on from its history instead of starting afresh. The last step's mean gradient
+    is per row of the old server's layout and is not carried: the next smoothness sample is skipped."""
+    for s in shards:
+        key = f"p{s.index}."
+        best: dict[str, np.ndarray] | None = None
+        most = 0
+        for part, chain in zip(parts, chains, strict=True):
+            whole = {k[len(key):]: v for k, v in part.load().items() if k.startswith(key)}
+            if not whole:
+                continue
+            rows = np.unique(np.concatenate([q.load()[f"t{s.index}.rows"].astype(np.int64) for q in chain]))
+            mine = int(np.count_nonzero(s.partition.owner(rows) == s.rank)) if rows.size else 0
+            if best is None or mine > most:
+                best, most = whole, mine
+        if best is not None:
+            best["prev_mean"] = np.empty((0,))
+            try:
+                s.procedure.load_table_state(best)
+            except ValueError as e:
+                raise ConfigError(f"--resume {parts[0].path.parent}: table {s.cfg.name!r}: {e}") from None
 
 
 def _apply_corrections(where: Path, clock: int, rank: int, shards: list[TableShard],

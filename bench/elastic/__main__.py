@@ -1,4 +1,4 @@
-"""``python -m bench.elastic [--mb 100] [--moves 4] [--joins 2] [--quick] [--update adarevision]``:
+"""``python -m bench.elastic [--mb 100] [--moves 4] [--joins 2] [--quick] [--update adarevision] [--backup]``:
 partitions moved between the two servers of a running job while two worker processes train (read,
 add, clock as fast as they can); then a third server joins (``bosen-server --join``, taking a third
 of the partitions) and leaves again (handing them back), ``--joins`` times.
@@ -10,6 +10,10 @@ beside the median gap outside moves (``stall_s``: what training lost). One resul
 median and min-max over the moves, the bytes moved, and the load average; the same for the joins
 (case ``server-join``) and the leaves (``server-leave``), timed from the plan to the leaving server's
 exit (its clients' BYE included).
+
+``--backup``: table E has backup workers (static k = n = 2; docs/design.md, "Backup workers"): the
+workers' ticks are the table's iterations, a move waits until the servers agree on the step's
+position, and each moved row carries the step's float64 gradient buffers of both ranks.
 
 ``--checkpoint``: the job makes checkpoints (every 50 clocks), so each server writes its part of every
 move inside the move's pause (``part_s``, docs/recovery.md).
@@ -46,6 +50,9 @@ def main() -> None:
     p.add_argument("--update", choices=["add", "adarevision"], default="add",
                    help="table E's stored procedure (adarevision: versioned; its state is 3 float64 per value, and "
                         "row versions, snapshots and client references move with the rows)")
+    p.add_argument("--backup", action="store_true",
+                   help="table E has backup workers (static k = n = 2): a moved row carries the step's float64 "
+                        "gradient buffers of both ranks, and a move waits for the servers' step positions to agree")
     p.add_argument("--chaos", action="store_true", help="random SIGKILLs of servers and workers instead")
     p.add_argument("--app", choices=["lda", "mf"], action="append", help="--chaos: default lda and mf")
     p.add_argument("--kills", type=int, default=10)
@@ -70,7 +77,8 @@ def main() -> None:
            "consistency": {"staleness": 2, "read_timeout_s": 120},
            "comm": {"client_bandwidth_mbps": 2000, "server_bandwidth_mbps": 2000},
            "tables": {"E": {"rows": rows, "cols": COLS, "dtype": "float32",
-                            **({"update": a.update, "update_args": {"alpha": 0.01}} if a.update != "add" else {})}}}
+                            **({"update": a.update, "update_args": {"alpha": 0.01}} if a.update != "add" else {}),
+                            **({"backup": {"mode": "static", "k": 2, "lr": 0.01}} if a.backup else {})}}}
     loads = [os.getloadavg()[0]]
     ck = tempfile.TemporaryDirectory(prefix="bench-elastic-ck-")
     if a.checkpoint:
@@ -124,7 +132,7 @@ def main() -> None:
             inside |= (t[1:] >= lo) & (t[:-1] <= hi + 0.2)
         gaps_out.extend(g[~inside].tolist())
     typical = median(gaps_out)
-    tag = f"{mb:g}MB" + ("" if a.update == "add" else f"-{a.update}")
+    tag = f"{mb:g}MB" + ("" if a.update == "add" else f"-{a.update}") + ("-backup" if a.backup else "")
     for case, label in (("move", f"move-{tag}"), ("server-join", f"server-join-{tag}"),
                         ("server-leave", f"server-leave-{tag}")):
         if reports[case]:

@@ -483,6 +483,9 @@ class Launcher:
             return
         if ck is None:
             return
+        handoffs = self.run_dir / microtasks.HANDOFF_DIR
+        if handoffs.is_dir():  # a replacement restarts at the newest complete checkpoint or later
+            microtasks.drop_handoffs(handoffs, self._newest_complete())
         servers, workers = len(self.config.cluster.servers), self.config.cluster.workers
         if ck.priority_fraction == 1.0:
             checkpoint.prune(Path(ck.dir), ck.keep, servers, workers)

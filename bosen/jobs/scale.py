@@ -542,7 +542,14 @@ class Scaler:
                   "refused)")
 
     def _settle(self, step: _Step) -> None:
-        stats = self._stats()
+        try:
+            stats = self._stats()
+        except BosenError as e:  # a server lost while the tasks move: the launcher replaces it, and the
+            # leavers, waiting at B for their release, must not be left there by a failed step
+            if time.monotonic() > step.deadline:
+                raise ScaleError(f"the move at clock {step.clock} did not finish within {SETTLE_TIMEOUT_S:g}s: "
+                                 f"{e}") from None
+            return
         self._release(step, stats)
         clocks = [st["client_clocks"] for st in stats]
         joined = all(isinstance(c[r], int) and c[r] > step.clock for c in clocks for r in step.joiners)

@@ -47,3 +47,15 @@ def test_litz_jobs_checkpoint_often_enough_that_a_scale_in_boundary_is_near_the_
     for passes, every in ((20, 1), (100, 2), (300, 6)):
         cfg = json.loads(write_job("lda", tmp_path / "job.yaml", 2, passes).read_text())
         assert cfg["checkpoint"]["every_clocks"] == every and every - 1 <= 0.02 * passes, cfg["checkpoint"]
+
+
+def test_the_move_bench_moves_a_backup_table_with_its_gradient_buffers():
+    """``--backup``: table E has backup workers (static k = n = 2), so a moved row carries the step's
+    float64 buffers of both ranks beside its float32 values: several times the bytes of a plain move."""
+    r = subprocess.run([sys.executable, "-m", "bench.elastic", "--mb", "1", "--moves", "1", "--joins", "0",
+                        "--backup"], cwd=REPO, env=repo_env(), capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = {d["metric"]: d for d in (json.loads(x) for x in r.stdout.splitlines())}
+    assert set(got) == {"pause_s", "stall_s"} and got["pause_s"]["case"] == "move-1MB-backup"
+    assert got["pause_s"]["moves"] == 1 and 0 < got["pause_s"]["ours"] < 60
+    assert got["pause_s"]["bytes_moved"] > 4e6  # 1 MB of float32 rows and 2 ranks' float64 buffers, and more

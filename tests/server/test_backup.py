@@ -162,13 +162,23 @@ def test_mlr_job_scaled_2_3_2_servers_ends_with_the_unscaled_runs_parameters(bos
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_a_dynamic_k_job_keeps_its_k_history_through_servers_joining_and_leaving(bosen_cluster, bosen_procs):
+def test_a_dynamic_k_job_keeps_its_k_history_through_servers_joining_and_leaving(bosen_cluster, bosen_procs,
+                                                                                  tmp_path):
     """DBW (dynamic k_t) on 3 MLR workers with random round trips, servers 2 -> 3 -> 2 mid-run: each
     move waits until the servers holding rows agree on the step's position (they choose k_t each on
     its own), the joined server takes over the step of its first giver, server 0 (iteration, k_t
-    history, estimates) and goes on from it, and the job ends with one k_t per iteration on every server."""
+    history, estimates) and goes on from it, and the job ends with one k_t per iteration on every server.
+    Its SCAR checkpoints (half the rows each) made by the 3 servers resume regrouped on the config's 2:
+    each server takes the step of the old server giving it most rows (not a fresh estimator), so a
+    resumed job's k_t goes on from its history."""
+    from bosen.server.checkpoints import restore
+
     n, iters = 3, 120
-    c = bosen_cluster(2, config=_mlr_backup(n, iters, {"mode": "dynamic", "lr": 1.0}, 6, alpha=1.0))
+    data = _mlr_backup(n, iters, {"mode": "dynamic", "lr": 1.0}, 6, alpha=1.0)
+    base = tmp_path / "ck"
+    data["checkpoint"] = {"every_clocks": 10, "dir": str(base), "keep": 100, "priority_fraction": 0.5,
+                          "policy": "round_robin"}
+    c = bosen_cluster(2, config=data)
     added = c.add_server()
     ps = [bosen_procs.python(f"mlr{r}", "-m", "bosen.apps.mlr", "--config", c.path, "--rank", r) for r in range(n)]
     cfg = load(c.path)
@@ -203,6 +213,21 @@ def test_a_dynamic_k_job_keeps_its_k_history_through_servers_joining_and_leaving
         assert b["iteration"] == iters and len(b["k_history"]) == iters == b["steps"], b
         assert b["held_ahead"] == 0 and set(b["k_history"]) <= {2, 3}
     assert len(reports) == 2
+    by3 = [k for k in checkpoint.clocks(base) if checkpoint.recorded_servers(checkpoint.clock_dir(base, k)) == 3]
+    assert by3, checkpoint.clocks(base)
+    ck = checkpoint.clock_dir(base, max(by3))
+    old = [checkpoint.read_part(ck / f"server-{j}").load() for j in range(3)]
+    for r in range(2):
+        shards = [TableShard(i, t, Partition(2, cfg.cluster.num_partitions), r, n, procedures.load(t, "job.yaml"),
+                             cfg.comm) for i, t in enumerate(cfg.tables)]
+        assert restore(cfg, r, shards, ck) == max(by3)
+        step = shards[0].procedure
+        assert isinstance(step, BackupStep) and step._resume is not None, "the estimator would start afresh"
+        took = step._resume
+        assert len(took["k_history"]) == int(took["iteration"][0]) > 0
+        assert any(np.array_equal(took["k_history"], o["p0.k_history"]) and
+                   np.array_equal(took["rtt_sums"], o["p0.rtt_sums"]) for o in old)
+        assert took["prev_mean"].size == 0  # per row of the old layout: not carried
 
 
 @pytest.mark.slow

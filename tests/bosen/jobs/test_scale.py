@@ -3,6 +3,7 @@ its micro-tasks moving at clock boundaries; real processes throughout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -10,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,9 +21,11 @@ import pytest
 
 import bosen
 from bosen import checkpoint
+from bosen import config as config_mod
 from bosen.apps import microtasks as M
 from bosen.apps.lda.worker import LDAArgs, load_corpus
 from bosen.config import build, from_dict
+from bosen.jobs import status as status_mod
 from bosen.jobs.scale import ScaleError, leave_boundary
 
 
@@ -56,11 +60,12 @@ def _lda_job(tmp_path: Path, iterations: int, checkpoints: bool = True, every: i
     return path, cfg
 
 
-def _launch(path: Path, run: Path) -> subprocess.Popen:
+def _launch(path: Path, run: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``bosen launch``, its output into a file beside ``run`` (``_output`` reads it): a pipe nobody reads
     while the job runs fills with a line per clock and stops the launcher."""
     return subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(run), "--no-plot"],
-                            stdout=_log(run).open("w"), stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stdout=_log(run).open("w"), stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=None if env is None else {**os.environ, **env})
 
 
 def _log(run: Path) -> Path:
@@ -93,16 +98,24 @@ def _stop(p: subprocess.Popen) -> None:
         p.wait()
 
 
-def _every_checkpoint_and_the_end_exact(run: Path, cfg: dict, iterations: int) -> None:
+def _every_checkpoint_and_the_end_exact(run: Path, cfg: dict, iterations: int, redone: bool = False) -> list[int]:
     """Each checkpoint's word-topic table equals the counts of its workers' assignments, and the final
-    table the counts of the final assignments (2 servers at the end, the last checkpoint at the end)."""
+    table the counts of the final assignments (2 servers at the end, the last checkpoint at the end).
+    With ``redone``, checkpoints whose server parts were saved before a lost worker's take-back (in
+    (C, T] of its replacement: corrections beside them, docs/recovery.md) are left out: they hold the
+    lost process's ticks, their worker part the redo's. Returns the clocks checked."""
     base = run / "checkpoints"
     assert checkpoint.clocks(base)[0] == iterations + 2
+    checked = []
     for c in checkpoint.clocks(base):
+        if redone and list(checkpoint.clock_dir(base, c).glob("redo.*.npz")):
+            continue
+        checked.append(c)
         table, counts = _part_counts(cfg, checkpoint.check_complete(base, c, 2, None, None))
         np.testing.assert_array_equal(table, counts, err_msg=f"checkpoint at clock {c}")
     final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(base, iterations + 2, 2, None, None))
     np.testing.assert_array_equal(final, counts)
+    return checked
 
 
 @pytest.mark.timeout(200)
@@ -334,6 +347,153 @@ def test_a_server_killed_after_a_worker_left_is_replaced_and_the_counts_stay_exa
     final, counts, _ = _final_counts(run, cfg, {f"worker-{r}": checkpoint.read_part(last / f"worker-{r}")
                                                 for r in range(2)})
     np.testing.assert_array_equal(final, counts)
+
+
+def _until(p: subprocess.Popen, run: Path, what, why: str, timeout: float = 90) -> None:
+    """Until ``what()`` holds, the job still running."""
+    deadline = time.monotonic() + timeout
+    while not what():
+        assert p.poll() is None, f"the job ended before: {why}\n{_log(run).read_text()[-3000:]}"
+        assert time.monotonic() < deadline, why
+        time.sleep(0.02)
+
+
+def _worker(p: subprocess.Popen, rank: int) -> psutil.Process:
+    """The launcher's first process of worker ``rank`` (not a replacement)."""
+    found = []
+    for c in psutil.Process(p.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            env = c.environ()
+            if env.get("BOSEN_RANK") == str(rank) and "BOSEN_REJOIN" not in env and "bosen.server" not in c.cmdline():
+                found.append(c)
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.mark.timeout(150)
+def test_a_worker_lost_at_a_scale_in_boundary_is_replaced_and_the_deferred_part_is_exact(tmp_path):
+    """Workers 3 -> 2 in a running LDA job (integer counts, managed communication): the leaver, worker 2,
+    holds before its CLOCK of the boundary B (the fault $BOSEN_FAULT=hold-before-leave, bosen/faults.py),
+    so the servers stay below B while worker 0 reaches B, takes the task worker 1 hands it there and
+    runs its first tick with it; worker 0 is then SIGKILLed, at B + 1. Once every server knows it is
+    lost, worker 2 goes on (CLOCK(B), hands its tasks to worker 1, ends its clocks): the servers reach B
+    with rank 0 lost, so they defer their parts of B (saved then, they would hold the updates the
+    replacement's take-back removes). The replacement, restarted from a checkpoint before B, redoes its
+    ticks, takes worker 1's task again from the hand-off file of B (kept for it: the giver has gone on)
+    and sends CLOCK(B); the parts of B are saved then, worker 2 is let go, and every checkpoint, B's
+    too, and the final table are exactly the counts of their assignments."""
+    iterations, every = 98, 10  # B mid-run (a scale-in in a job's last clocks can fail); last parts at the end
+    path, cfg = _lda_job(tmp_path, iterations, every=every, workers=3)
+    run = (tmp_path / "run").resolve()
+    release = tmp_path / "release"
+    held = tmp_path / "release.held"
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-leave:2:{release}"})
+    lines: list[str] = []
+    failed: list[BaseException] = []
+
+    def scale() -> None:
+        try:
+            bosen.scale(run, workers=2, out=lines.append)
+        except BaseException as e:  # noqa: BLE001 - the test thread reports it
+            failed.append(e)
+
+    step = threading.Thread(target=scale, daemon=True)
+    try:
+        _wait_clock(p, run, 3)
+        step.start()
+        _until(p, run, held.exists, "worker 2 did not hold before the boundary")
+        b = json.loads(held.read_text())["clock"]
+        addresses = config_mod.load(run / "config.yaml").cluster.servers
+
+        def stats() -> list[dict]:
+            return [status_mod.query(a, timeout=10.0) for a in addresses]
+
+        # worker 0's record of tick B: it took its task at B and ran a tick with it (it goes no further
+        # than CLOCK(B + 1), which the servers hold while worker 2 holds them below B)
+        _wait_clock(p, run, b)
+        _until(p, run, lambda: all(isinstance(c := st["client_clocks"][0], int) and c >= b for st in stats()),
+               f"worker 0's CLOCK({b}) did not reach every server")
+        assert all(st["clock"] < b for st in stats())
+        _worker(p, 0).kill()
+
+        def known_lost() -> bool:
+            logs = [(run / "logs" / f"server-{i}.log").read_text() for i in range(2)]
+            return all("client rank 0 was lost at clock" in x or "a replacement for worker rank 0 joined" in x
+                       for x in logs)
+
+        _until(p, run, known_lost, "the servers did not notice worker 0's loss")
+        release.write_text("go")  # worker 2 goes on to B
+        out = _output(p, run, 120)
+        step.join(timeout=30)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    assert not failed, failed
+    assert "worker-0.1 replaces worker-0" in out, out[-3000:]
+    assert f"committed: micro-tasks move at clock {b}" in "\n".join(lines), lines
+    assert any(f"every server's checkpoint part of clock {b} is on disk: worker(s) [2] leave" in x for x in lines)
+    for i in (0, 1):
+        log = (run / "logs" / f"server-{i}.log").read_text()
+        assert f"checkpoint part at clock {b} deferred" in log, log[-3000:]
+        assert f"checkpoint part at clock {b} saved: the lost workers' replacements redid" in log, log[-3000:]
+    restarted = re.findall(r"worker-0\.1 replaces worker-0: it redoes clocks from (\d+)", out)
+    assert restarted and int(restarted[0]) < b, out[-3000:]  # it redid ticks up to B and took its tasks again
+    assert b in _every_checkpoint_and_the_end_exact(run, cfg, iterations, redone=True)
+
+
+@pytest.mark.timeout(150)
+def test_a_server_killed_while_a_leaver_waits_for_its_release_is_replaced_and_the_counts_stay_exact(tmp_path):
+    """Workers 3 -> 2 in a running LDA job: worker 1 holds before its CLOCK of the boundary B
+    ($BOSEN_FAULT=hold-before-leave), so no server has its part of B; the leaver, worker 2, reaches B,
+    hands its tasks off and ends its clocks there (BYE "fc", on every server) and waits for its
+    release. Server 1 is SIGKILLed then: its replacement restores an older part, the leaver (still
+    connected) resends what it sent since and says "fc" again in its HELLO, and the replacement is
+    asked for a part of B. Worker 1 goes on once the replacement serves: every server saves B, only
+    then is the leaver let go, and B's checkpoint, every other and the final table are exactly the
+    counts of their assignments."""
+    iterations, every = 98, 10  # B mid-run (a scale-in in a job's last clocks can fail); last parts at the end
+    path, cfg = _lda_job(tmp_path, iterations, every=every, workers=3)
+    run = (tmp_path / "run").resolve()
+    release = tmp_path / "release"
+    held = tmp_path / "release.held"
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-leave:1:{release}"})
+    lines: list[str] = []
+    failed: list[BaseException] = []
+
+    def scale() -> None:
+        try:
+            bosen.scale(run, workers=2, out=lines.append)
+        except BaseException as e:  # noqa: BLE001 - the test thread reports it
+            failed.append(e)
+
+    step = threading.Thread(target=scale, daemon=True)
+    try:
+        _wait_clock(p, run, every)  # B past the first part: the replacement restores one before B
+        step.start()
+        _until(p, run, held.exists, "worker 1 did not hold before the boundary")
+        b = json.loads(held.read_text())["clock"]
+        addresses = config_mod.load(run / "config.yaml").cluster.servers
+        _until(p, run, lambda: all(status_mod.query(a, timeout=10.0)["final_clocks"][2] == b for a in addresses),
+               f"worker 2 did not end its clocks at {b} on every server")
+        assert not list((run / "tasks").glob("left-*.json"))  # not released: no server has a part of B
+        _server(p, 1).kill()
+        replacement = run / "logs" / "server-1.1.log"
+        heard = f"client rank 2 ends its clocks at {b}"
+        _until(p, run, lambda: replacement.exists() and heard in replacement.read_text(),
+               "server 1's replacement did not hear the leaver's fc")  # in its HELLO: the replacement serves
+        release.write_text("go")  # worker 1 goes on to B
+        out = _output(p, run, 120)
+        step.join(timeout=30)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, (out[-3000:], lines)
+    assert not failed, failed
+    assert "server-1.1 replaces server-1" in out, out[-3000:]
+    restored = re.findall(r"resumed from \S+ at clock (\d+)", replacement.read_text())
+    assert restored and int(restored[0]) < b, (restored, b)  # a part without the leaver's last ticks
+    assert f"committed: micro-tasks move at clock {b}" in "\n".join(lines), lines
+    assert any(f"every server's checkpoint part of clock {b} is on disk: worker(s) [2] leave" in x for x in lines)
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations)
 
 
 def _part_counts(cfg: dict, parts: dict) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,86 @@
+"""Fault injection for recovery tests: off unless ``$BOSEN_FAULT`` is set, read in one place (here).
+
+Some failures need another process to be at a given point when they happen, which timing cannot
+arrange on a loaded machine. The one fault so far:
+
+``BOSEN_FAULT=hold-before-leave:RANK:PATH``
+    worker rank ``RANK`` (a launched worker: ``$BOSEN_RUN_DIR`` is set) does not send the CLOCK of a
+    scale-in's boundary B (a task plan, proposed or committed, with leavers, in
+    ``$BOSEN_RUN_DIR/tasks/plan.json``) until the file ``PATH`` exists. It first writes
+    ``PATH.held`` (``{"clock": B}``), so a test knows B and that the servers' clock stays below B
+    meanwhile: the others run up to B (and their staleness bound) while it holds, and a worker lost
+    there is lost at B before the servers reach it (docs/recovery.md, "A boundary reached while a
+    lost worker is away"). A proposal it has not answered yet it answers first (it is before B and
+    will wait there), so the scaler commits while it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bosen.errors import BosenError, ConfigError
+
+__all__ = ["ENV", "HoldBeforeLeave", "from_env", "HOLD_TIMEOUT_S"]
+
+ENV = "BOSEN_FAULT"
+HOLD_TIMEOUT_S = 120.0  # a held worker gives up (the test that set it is gone)
+
+
+@dataclass(frozen=True)
+class HoldBeforeLeave:
+    """Worker ``rank`` holds its CLOCK of a scale-in's boundary until ``release`` exists."""
+
+    rank: int
+    release: Path
+    plan: Path
+
+    def before_clock(self, rank: int, clock: int, check: Callable[[], None] | None = None) -> None:
+        """Called before this process sends CLOCK(``clock``): hold there if the fault says so."""
+        if rank != self.rank or self.release.exists():
+            return
+        try:
+            plan = json.loads(self.plan.read_text())
+        except (OSError, ValueError):
+            return  # none yet, or being replaced: no scale-in at this clock
+        if not (isinstance(plan, dict) and plan.get("clock") == clock and plan.get("leave")
+                and plan.get("state") in ("proposed", "committed")):
+            return
+        if plan["state"] == "proposed" and isinstance(plan.get("id"), int) \
+                and not self.plan.with_name(f"ack-{plan['id']}.rank-{rank}.json").exists():
+            # read here first (during the tick before B): answer it now, as the app would at its next
+            # boundary, or the proposal waits for this rank's answer while it holds
+            from bosen.apps import microtasks
+
+            microtasks.answer(self.plan, plan["id"], rank, clock - 1, True)
+        held = self.release.with_name(self.release.name + ".held")
+        tmp = held.with_name(f".{held.name}.partial")
+        tmp.write_text(json.dumps({"clock": clock}))
+        os.replace(tmp, held)
+        deadline = time.monotonic() + HOLD_TIMEOUT_S
+        while not self.release.exists():
+            if check is not None:
+                check()
+            if time.monotonic() > deadline:
+                raise BosenError(f"${ENV}: worker {rank} held before clock {clock} for {HOLD_TIMEOUT_S:g}s and "
+                                 f"{self.release} was not written")
+            time.sleep(0.01)
+
+
+def from_env() -> HoldBeforeLeave | None:
+    """The fault ``$BOSEN_FAULT`` names (None where it is unset); ConfigError naming what is wrong."""
+    spec = os.environ.get(ENV)
+    if not spec:
+        return None
+    kind, _, rest = spec.partition(":")
+    rank, _, path = rest.partition(":")
+    if kind != "hold-before-leave" or not rank.isdigit() or not path:
+        raise ConfigError(f"${ENV}={spec!r}: expected hold-before-leave:RANK:PATH (docs/recovery.md)")
+    run_dir = os.environ.get("BOSEN_RUN_DIR")
+    if not run_dir:
+        raise ConfigError(f"${ENV}={spec!r}: a launched worker's fault ($BOSEN_RUN_DIR is not set)")
+    return HoldBeforeLeave(int(rank), Path(path), Path(run_dir, "tasks", "plan.json"))

@@ -1,0 +1,55 @@
+"""``$BOSEN_FAULT`` (bosen/faults.py): off by default, a bad value named, and the hold before a
+scale-in's boundary only for its rank and the plan's clock, until the release file exists."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from bosen import faults
+from bosen.errors import ConfigError
+
+
+def test_no_fault_unless_set_and_a_bad_one_is_named(monkeypatch, tmp_path):
+    monkeypatch.delenv(faults.ENV, raising=False)
+    assert faults.from_env() is None
+    monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
+    for bad in ("hold-before-leave:x:/p", "hold-before-leave:1:", "exit:1:/p"):
+        monkeypatch.setenv(faults.ENV, bad)
+        with pytest.raises(ConfigError, match="expected hold-before-leave:RANK:PATH"):
+            faults.from_env()
+    monkeypatch.setenv(faults.ENV, "hold-before-leave:2:/r")
+    monkeypatch.delenv("BOSEN_RUN_DIR")
+    with pytest.raises(ConfigError, match="BOSEN_RUN_DIR is not set"):
+        faults.from_env()
+
+
+def test_a_rank_holds_before_the_clock_of_a_plan_with_leavers_until_released(monkeypatch, tmp_path):
+    monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
+    release = tmp_path / "go"
+    monkeypatch.setenv(faults.ENV, f"hold-before-leave:2:{release}")
+    fault = faults.from_env()
+    assert fault is not None and fault.rank == 2
+    fault.before_clock(2, 10)  # no plan: no hold
+    (tmp_path / "tasks").mkdir()
+    plan = tmp_path / "tasks" / "plan.json"
+    plan.write_text(json.dumps({"id": 1, "clock": 10, "owners": [0, 1], "state": "proposed", "leave": []}))
+    fault.before_clock(2, 10)  # a scale-out: nobody leaves
+    plan.write_text(json.dumps({"id": 2, "clock": 10, "owners": [0, 1], "state": "proposed", "leave": [2]}))
+    fault.before_clock(2, 9)  # not its clock
+    fault.before_clock(1, 10)  # not its rank
+    assert not (tmp_path / "go.held").exists()
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (fault.before_clock(2, 10), done.set()), daemon=True)
+    t.start()
+    held = tmp_path / "go.held"
+    for _ in range(500):
+        if held.exists():
+            break
+        done.wait(0.01)
+    assert json.loads(held.read_text()) == {"clock": 10} and not done.is_set()
+    release.write_text("")
+    t.join(timeout=10)
+    assert done.is_set()
