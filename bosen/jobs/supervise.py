@@ -158,6 +158,10 @@ class Process:
                 return True
             except subprocess.TimeoutExpired:
                 return False
+        if self.returncode is not None:
+            return True
+        if _exit_seen(self.pid, timeout):  # woken by the exit itself where a pidfd can watch it
+            return self.returncode is not None
         deadline = time.monotonic() + timeout
         pause = 0.001
         while self.returncode is None:
@@ -222,6 +226,22 @@ class Process:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _exit_seen(pid: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds (inf: no limit) for process ``pid`` to exit, through a pidfd;
+    False where none can be opened (then the caller polls)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return False
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)  # readable once the process has exited
+        poller.poll(None if math.isinf(timeout) else max(timeout, 0.0) * 1000)
+    finally:
+        os.close(fd)
+    return True
 
 
 def wait_any(procs: Sequence[Process], timeout: float) -> None:
