@@ -29,7 +29,7 @@ from bosen.jobs import status as status_mod
 from bosen.jobs.cluster import LocalCluster, resolve_ports
 from bosen.jobs.job import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, start_worker, truncate_records
 from bosen.jobs.scale import Scaler
-from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
+from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_exit, wait_any
 from bosen.metrics import HELDOUT_MEASURES
 from bosen.security import Security, job_keys
 from bosen.security import describe as describe_security
@@ -475,7 +475,9 @@ class Launcher:
             if self.scaler is not None:
                 self.scaler.poll()
                 self.scaler.step()
-            time.sleep(SCALE_POLL_S if self.scaler is not None and self.scaler.busy else POLL_S)
+            # wakes at once when a worker or server exits (the job's end, a loss to replace)
+            wait_any([*self.workers, *(self.cluster.servers if self.cluster is not None else [])],
+                     SCALE_POLL_S if self.scaler is not None and self.scaler.busy else POLL_S)
 
     def _prune(self) -> None:
         ck = self.config.checkpoint

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -157,6 +158,10 @@ class Process:
                 return True
             except subprocess.TimeoutExpired:
                 return False
+        if self.returncode is not None:
+            return True
+        if _exit_seen(self.pid, timeout):  # woken by the exit itself where a pidfd can watch it
+            return self.returncode is not None
         deadline = time.monotonic() + timeout
         pause = 0.001
         while self.returncode is None:
@@ -221,6 +226,46 @@ class Process:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _exit_seen(pid: int, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds (inf: no limit) for process ``pid`` to exit, through a pidfd;
+    False where none can be opened (then the caller polls)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return False
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)  # readable once the process has exited
+        poller.poll(None if math.isinf(timeout) else max(timeout, 0.0) * 1000)
+    finally:
+        os.close(fd)
+    return True
+
+
+def wait_any(procs: Sequence[Process], timeout: float) -> None:
+    """Sleep until one of the running ``procs`` exits or ``timeout`` seconds pass, reaping none: a
+    supervisor's loop wakes when a member ends instead of at its next poll. Each running member is
+    watched through a pidfd (Linux); where there is none, this is a sleep."""
+    running = [p for p in procs if p.returncode is None]
+    fds: list[int] = []
+    try:
+        for p in running:
+            fds.append(os.pidfd_open(p.pid))
+    except (AttributeError, OSError):  # no pidfd here (or none for a member): a plain sleep
+        for fd in fds:
+            os.close(fd)
+        time.sleep(timeout)
+        return
+    try:
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)  # readable once the process has exited
+        poller.poll(max(timeout, 0.0) * 1000)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def stop_all(procs: Sequence[Process], grace: float = STOP_GRACE_S) -> list[int]:

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from bosen.errors import BosenError
-from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_exit
+from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_exit, wait_any
 
 IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); " \
               "time.sleep(120)"
@@ -129,6 +129,21 @@ def test_wait_all_stops_everything_and_names_the_laggard(tmp_path: Path) -> None
             group.wait_all([quick, slow], timeout=0.5)
         assert "ready" in str(e.value) and "done" in str(e.value)  # both logs
         assert not slow.alive()
+
+
+def test_wait_any_wakes_when_a_running_member_exits_not_for_one_that_had(tmp_path: Path) -> None:
+    with ProcessGroup(tmp_path) as group:
+        ended = group.python("ended", "-c", "pass")
+        assert ended.wait(20) == 0
+        slow = group.python("slow", "-c", SLEEP)
+        t = time.monotonic()
+        wait_any([ended, slow], 0.5)  # the exited member does not cut the wait short
+        assert time.monotonic() - t >= 0.45 and slow.alive()
+        other = group.python("other", "-c", SLEEP)
+        os.kill(slow.pid, signal.SIGKILL)
+        t = time.monotonic()
+        wait_any([ended, slow, other], 120.0)  # wakes on slow's end, long before the timeout
+        assert time.monotonic() - t < 60 and slow.returncode == -signal.SIGKILL and other.alive()
 
 
 def test_wait_stops_a_process_that_runs_too_long(tmp_path: Path) -> None:
