@@ -317,7 +317,8 @@ class FilePlan:
 
 def answer(plan: Path, pid: int, rank: int, clock: int, ok: bool) -> None:
     """Worker ``rank``'s answer to proposal ``pid`` of the plan at ``plan``, read at ``clock``: ``ok``
-    (before its boundary: it waits there) or not (past it)."""
+    (before its boundary: it waits there) or not (past it). bosen/faults.py writes the same file for a
+    rank it holds."""
     ack = plan.with_name(f"ack-{pid}.rank-{rank}.json")
     tmp = ack.with_name(f".{ack.name}.partial")
     tmp.write_text(json.dumps({"ok": ok, "at": clock}))
