@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from bosen.jobs.cluster import free_ports  # noqa: F401  (tests import it from here)
@@ -161,3 +162,16 @@ def scrape(port: int) -> dict[str, dict[tuple, float]]:
         for s in family.samples:
             out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
     return out
+
+
+def descendants(pid: int) -> list[tuple[psutil.Process, list[str]]]:
+    """The live processes under ``pid`` with their command lines; one that ends (or is a zombie not yet
+    reaped) while they are read is left out, not an error."""
+    out = []
+    for c in psutil.Process(pid).children(recursive=True):
+        try:
+            out.append((c, c.cmdline()))
+        except psutil.Error:
+            continue
+    return out
+

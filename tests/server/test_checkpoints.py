@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import checkpoint_job, launch_job, saved_table
+from conftest import checkpoint_job, descendants, launch_job, saved_table
 
 from bosen import checkpoint
 
@@ -189,7 +189,6 @@ def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp
     import sys
     import time
 
-    import psutil
     from conftest import child_env
 
     cfg = job(tmp_path, {"ticks": 40, "slow_rank": 1, "slow_s": 0.05}, staleness=2, every=4, storage=storage,
@@ -205,8 +204,7 @@ def test_a_lost_server_is_replaced_from_its_checkpoint_and_no_update_is_lost(tmp
             assert p.poll() is None and time.monotonic() < deadline, p.stdout.read() if p.stdout else ""
             time.sleep(0.02)
         time.sleep(0.3)  # a few clocks past the checkpoint: those updates are lost with the server
-        victim = [c for c in psutil.Process(p.pid).children(recursive=True)
-                  if "bosen.server" in " ".join(c.cmdline()) and "--rank 1" in " ".join(c.cmdline())]
+        victim = [c for c, cl in descendants(p.pid) if "bosen.server" in " ".join(cl) and "--rank 1" in " ".join(cl)]
         assert len(victim) == 1
         victim[0].send_signal(signal.SIGKILL)
         out, _ = p.communicate(timeout=120)
@@ -235,7 +233,6 @@ def test_a_server_lost_before_its_first_checkpoint_restarts_from_the_initial_val
     import sys
     import time
 
-    import psutil
     from conftest import child_env
 
     cfg = job(tmp_path, {"ticks": 40, "slow_rank": 1, "slow_s": 0.05}, staleness=2, every=40)
@@ -249,8 +246,7 @@ def test_a_server_lost_before_its_first_checkpoint_restarts_from_the_initial_val
         while not (record.exists() and record.read_text().count('"clock": ') >= 5):
             assert p.poll() is None and time.monotonic() < deadline, p.stdout.read() if p.stdout else ""
             time.sleep(0.02)
-        victim = [c for c in psutil.Process(p.pid).children(recursive=True)
-                  if "bosen.server" in " ".join(c.cmdline()) and "--rank 1" in " ".join(c.cmdline())]
+        victim = [c for c, cl in descendants(p.pid) if "bosen.server" in " ".join(cl) and "--rank 1" in " ".join(cl)]
         assert len(victim) == 1
         victim[0].send_signal(signal.SIGKILL)
         out, _ = p.communicate(timeout=120)

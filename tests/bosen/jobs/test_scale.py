@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from conftest import descendants
 
 import bosen
 from bosen import checkpoint
@@ -248,8 +249,7 @@ def test_a_joined_server_killed_after_its_checkpoint_is_replaced_and_the_counts_
                 break
             assert time.monotonic() < deadline and p.poll() is None, "no checkpoint of three servers"
             time.sleep(0.05)
-        joined = [c for c in psutil.Process(p.pid).children(recursive=True)
-                  if "bosen.server" in c.cmdline() and "--join" in c.cmdline()]
+        joined = [c for c, cl in descendants(p.pid) if "bosen.server" in cl and "--join" in cl]
         assert len(joined) == 1, joined
         joined[0].kill()
         out = _output(p, run, 120)
@@ -264,8 +264,8 @@ def test_a_joined_server_killed_after_its_checkpoint_is_replaced_and_the_counts_
 
 def _server(p: subprocess.Popen, rank: int) -> psutil.Process:
     """The launcher's server process of config rank ``rank`` (not one joined by ``bosen scale``)."""
-    found = [c for c in psutil.Process(p.pid).children(recursive=True)
-             if "bosen.server" in (cl := c.cmdline()) and "--rank" in cl and cl[cl.index("--rank") + 1] == str(rank)]
+    found = [c for c, cl in descendants(p.pid)
+             if "bosen.server" in cl and "--rank" in cl and cl[cl.index("--rank") + 1] == str(rank)]
     assert len(found) == 1, found
     return found[0]
 
