@@ -65,12 +65,28 @@ class HoldBeforeLeave:
         os.replace(tmp, held)
         deadline = time.monotonic() + HOLD_TIMEOUT_S
         while not self.release.exists():
+            if self._withdrawn(clock):  # another worker was past B: the scaler proposes a later one
+                held.unlink(missing_ok=True)
+                return
             if check is not None:
                 check()
             if time.monotonic() > deadline:
                 raise BosenError(f"${ENV}: worker {rank} held before clock {clock} for {HOLD_TIMEOUT_S:g}s and "
                                  f"{self.release} was not written")
             time.sleep(0.01)
+
+    def _withdrawn(self, clock: int) -> bool:
+        """The plan this rank holds for is no longer one at ``clock`` (withdrawn, or replaced)."""
+        plan = _plan_of(self.plan)
+        return plan is not None and (plan.get("clock") != clock or plan.get("state") == "withdrawn")
+
+
+def _plan_of(path: Path) -> dict | None:
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return plan if isinstance(plan, dict) else None
 
 
 def from_env() -> HoldBeforeLeave | None:
