@@ -11,7 +11,8 @@ arrange on a loaded machine. The one fault so far:
     meanwhile: the others run up to B (and their staleness bound) while it holds, and a worker lost
     there is lost at B before the servers reach it (docs/recovery.md, "A boundary reached while a
     lost worker is away"). A proposal it has not answered yet it answers first (it is before B and
-    will wait there), so the scaler commits while it holds.
+    will wait there), so the scaler commits while it holds; a proposal withdrawn meanwhile (another
+    worker was past B) lets it go on, and it holds again at the next B.
 """
 
 from __future__ import annotations
