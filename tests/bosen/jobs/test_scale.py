@@ -349,6 +349,27 @@ def test_a_server_killed_after_a_worker_left_is_replaced_and_the_counts_stay_exa
     np.testing.assert_array_equal(final, counts)
 
 
+def _held_scale_in(tmp_path: Path, iterations: int, every: int, rank: int):
+    """A 3-worker LDA job launched with worker ``rank`` held before its CLOCK of a scale-in's boundary
+    (``$BOSEN_FAULT``), and a thread (not started) that scales it to 2 workers: (cfg, run, release,
+    held, launcher, the scaler's lines, its exceptions, the thread)."""
+    path, cfg = _lda_job(tmp_path, iterations, every=every, workers=3)
+    run = (tmp_path / "run").resolve()
+    release = tmp_path / "release"
+    held = tmp_path / "release.held"
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-leave:{rank}:{release}"})
+    lines: list[str] = []
+    failed: list[BaseException] = []
+
+    def scale() -> None:
+        try:
+            bosen.scale(run, workers=2, out=lines.append)
+        except BaseException as e:  # noqa: BLE001 - the test thread reports it
+            failed.append(e)
+
+    return cfg, run, release, held, p, lines, failed, threading.Thread(target=scale, daemon=True)
+
+
 def _held_at(run: Path, held: Path) -> int | None:
     """B where the fault's rank holds, once the scaler committed it (a proposal withdrawn because another
     worker was past it lets the rank go on, and it holds again at the next one)."""
@@ -394,21 +415,7 @@ def test_a_worker_lost_at_a_scale_in_boundary_is_replaced_and_the_deferred_part_
     and sends CLOCK(B); the parts of B are saved then, worker 2 is let go, and every checkpoint, B's
     too, and the final table are exactly the counts of their assignments."""
     iterations, every = 98, 10  # B mid-run (a scale-in in a job's last clocks can fail); last parts at the end
-    path, cfg = _lda_job(tmp_path, iterations, every=every, workers=3)
-    run = (tmp_path / "run").resolve()
-    release = tmp_path / "release"
-    held = tmp_path / "release.held"
-    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-leave:2:{release}"})
-    lines: list[str] = []
-    failed: list[BaseException] = []
-
-    def scale() -> None:
-        try:
-            bosen.scale(run, workers=2, out=lines.append)
-        except BaseException as e:  # noqa: BLE001 - the test thread reports it
-            failed.append(e)
-
-    step = threading.Thread(target=scale, daemon=True)
+    cfg, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, iterations, every, 2)
     try:
         _wait_clock(p, run, 3)
         step.start()
@@ -463,21 +470,7 @@ def test_a_server_killed_while_a_leaver_waits_for_its_release_is_replaced_and_th
     then is the leaver let go, and B's checkpoint, every other and the final table are exactly the
     counts of their assignments."""
     iterations, every = 98, 10  # B mid-run (a scale-in in a job's last clocks can fail); last parts at the end
-    path, cfg = _lda_job(tmp_path, iterations, every=every, workers=3)
-    run = (tmp_path / "run").resolve()
-    release = tmp_path / "release"
-    held = tmp_path / "release.held"
-    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-leave:1:{release}"})
-    lines: list[str] = []
-    failed: list[BaseException] = []
-
-    def scale() -> None:
-        try:
-            bosen.scale(run, workers=2, out=lines.append)
-        except BaseException as e:  # noqa: BLE001 - the test thread reports it
-            failed.append(e)
-
-    step = threading.Thread(target=scale, daemon=True)
+    cfg, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, iterations, every, 1)
     try:
         _wait_clock(p, run, every)  # B past the first part: the replacement restores one before B
         step.start()
