@@ -12,6 +12,14 @@ numbers, no I/O: a simulator (``bench/pollux/sim.py``) and a scheduler over runn
 - The re-allocation penalty (P:300-304): a job whose worker count changes has its speed-up scaled by
   (T_j − R_j·δ)/(T_j + δ), T_j its age, R_j its re-allocations so far, δ the delay of one: a
   `bosen scale` step (seconds: the model stays on the servers) where Pollux restarts from a checkpoint.
+- Overload (more jobs than their minimum workers fit, not the paper's): there every speed-up at the
+  fair share of one worker is 1, FITNESS_p cannot tell which jobs should wait and the penalty keeps
+  the running ones running (first come, first served: a short job waits behind long ones). With
+  ``overload="las"`` (the default) who runs is decided as Tiresias does, by least attained service in
+  levels that double from ``LAS_QUANTUM``·δ worker-seconds (so a job pre-empted has run at least 100
+  moves' worth at its level: pre-emption costs it at most 1%), a running job first within a level,
+  then the caller's order; the jobs chosen get at least their minimum and FITNESS_p splits the rest.
+  ``overload="paper"`` keeps the paper's policy there too.
 
 The search is exact: FITNESS_p is monotone in Σ_j (SPEEDUP_j + ε)^p (p > 0; −Σ for p < 0, Σ log for
 p = 0), a sum of one term per job, so maximising it under Σ_j K_j ≤ W is a knapsack over jobs solved by
@@ -30,9 +38,11 @@ import numpy as np
 from bosen.goodput import Throughput, efficiency
 
 __all__ = ["Job", "Allocation", "goodput_curve", "fair_share", "speedups", "realloc_factor", "fitness",
-           "allocate", "EPSILON"]
+           "allocate", "service_level", "runnable", "EPSILON", "LAS_QUANTUM", "OVERLOAD"]
 
 EPSILON = 1e-3  # AdaptDL's offset of every speed-up in the power mean
+LAS_QUANTUM = 100.0  # the first attained-service level, in re-allocation delays (worker-seconds / δ)
+OVERLOAD = ("las", "paper")  # who runs when not every job fits: least attained service, or FITNESS_p alone
 CANDIDATES = 50  # total batches searched per worker count (best_config's default)
 
 
@@ -52,6 +62,7 @@ class Job:
     min_workers: int = 1
     max_workers: int | None = None
     adaptive: bool = True
+    attained: float = 0.0  # worker-seconds run so far (who runs first under overload)
 
     def __post_init__(self) -> None:
         if self.m0 < 1 or self.max_local < 1:
@@ -60,9 +71,9 @@ class Job:
             raise ValueError(f"scheduling.Job: max_batch {self.max_batch} is below m0 {self.m0}")
         if not self.phi >= 0:
             raise ValueError(f"scheduling.Job: phi must be >= 0 (examples), got {self.phi}")
-        if self.workers < 0 or self.reallocations < 0 or not self.age >= 0:
-            raise ValueError(f"scheduling.Job: workers, age and reallocations must be >= 0, got {self.workers}, "
-                             f"{self.age}, {self.reallocations}")
+        if self.workers < 0 or self.reallocations < 0 or not self.age >= 0 or not self.attained >= 0:
+            raise ValueError(f"scheduling.Job: workers, age, reallocations and attained must be >= 0, got "
+                             f"{self.workers}, {self.age}, {self.reallocations}, {self.attained}")
         if self.min_workers < 1 or (self.max_workers is not None and self.max_workers < self.min_workers):
             raise ValueError(f"scheduling.Job: needs 1 <= min_workers <= max_workers, got {self.min_workers}, "
                              f"{self.max_workers}")
@@ -144,26 +155,57 @@ def _utility(s: np.ndarray, p: float) -> np.ndarray:
     return np.sign(p) * v**p
 
 
-def allocate(jobs: Sequence[Job], slots: int, p: float = -1.0, delay: float = 0.0) -> Allocation:
+def service_level(attained: float, quantum: float) -> float:
+    """A job's attained-service level: 0 below ``quantum`` worker-seconds, then one more each time its
+    service doubles (Tiresias's discretised LAS with levels that double); the service itself when
+    ``quantum`` is 0 (moves cost nothing: plain LAS)."""
+    if quantum <= 0:
+        return attained
+    return 0.0 if attained < quantum else 1.0 + math.floor(math.log2(attained / quantum))
+
+
+def runnable(jobs: Sequence[Job], slots: int, delay: float) -> list[bool] | None:
+    """Under overload (the jobs' minimum workers exceed ``slots``) which jobs run: by attained-service
+    level (``service_level`` at ``LAS_QUANTUM``·δ), a running job first within a level, then the order
+    given; a job whose minimum does not fit the slots left is skipped. None when every job fits."""
+    if sum(j.min_workers for j in jobs) <= slots:
+        return None
+    quantum = LAS_QUANTUM * delay
+    order = sorted(range(len(jobs)), key=lambda i: (service_level(jobs[i].attained, quantum), jobs[i].workers == 0, i))
+    chosen, free = [False] * len(jobs), slots
+    for i in order:
+        if jobs[i].min_workers <= free:
+            chosen[i], free = True, free - jobs[i].min_workers
+    return chosen
+
+
+def allocate(jobs: Sequence[Job], slots: int, p: float = -1.0, delay: float = 0.0,
+             overload: str = "las") -> Allocation:
     """The allocation of at most ``slots`` workers that maximises FITNESS_p with the re-allocation
     penalty of ``delay`` seconds; each job gets 0 (pending) or between its min and max workers. Exact
     (dynamic programming over jobs and slots used); among equal fitnesses it keeps the earlier job's
-    smaller count, so ties resolve the same way every time."""
+    smaller count, so ties resolve the same way every time. Under overload (``overload="las"``) the
+    jobs that run are ``runnable``'s, each at least at its minimum; ``"paper"``: FITNESS_p decides alone."""
     if slots < 0:
         raise ValueError(f"scheduling.allocate: slots must be >= 0, got {slots}")
     if not math.isfinite(p):
         raise ValueError(f"scheduling.allocate: p must be finite, got {p}")
+    if overload not in OVERLOAD:
+        raise ValueError(f"scheduling.allocate: overload must be one of {OVERLOAD}, got {overload!r}")
     if not jobs:
         return Allocation((), math.nan, ())
     n = len(jobs)
+    chosen = runnable(jobs, slots, delay) if overload == "las" else None
     table = []  # per job: the penalised speed-up at K = 0..slots, -inf where K is not allowed
-    for job in jobs:
+    for i, job in enumerate(jobs):
         sp = speedups(job, max(slots, 1), n)[: slots + 1]
         factor = realloc_factor(job.age, job.reallocations, delay)
         ks = np.arange(slots + 1)
         sp = np.where(ks == job.workers, sp, sp * factor)
         top = slots if job.max_workers is None else min(slots, job.max_workers)
         allowed = (ks == 0) | ((ks >= job.min_workers) & (ks <= top))
+        if chosen is not None:  # overload: the chosen run (at least their minimum), the others wait
+            allowed = allowed & (ks > 0) if chosen[i] else ks == 0
         table.append((sp, allowed))
     # best[c]: the best sum of utilities of the jobs so far using exactly c slots
     best = np.full(slots + 1, -np.inf)

@@ -171,8 +171,8 @@ def sim_run(a: argparse.Namespace) -> None:
                  experiment="sim", policy=policy, trace=seed, slots=a.slots, interval=a.interval, delay=a.delay,
                  sync_growth=a.sync_growth, **{k: v for k, v in r.items() if k != "rho"})
     ours = results["pollux p=-1"]
-    for base in ("fair M0", "fair tuned", "tiresias M0xK", "tiresias tuned"):
-        for key in ("avg_jct_h", "p99_jct_h", "makespan_h"):
+    for base in ("fair M0", "fair tuned", "tiresias M0xK", "tiresias tuned", "pollux p=-1 paper"):
+        for key in ("avg_jct_h", "p99_jct_h", "makespan_h", "rho_max", "rho_p99"):
             ratios = [b[key] / o[key] for b, o in zip(results[base], ours, strict=True)]
             emit(bench="pollux", case=f"sim {key} {base} / pollux p=-1", metric=f"{key}_ratio",
                  unit="baseline / pollux (> 1 = pollux better)", ours=statistics.median(ratios), spread=_spread(ratios),

@@ -6,8 +6,10 @@ EFFICIENCY(M)·M/M0: AdaScale for every policy, as the paper's baselines, P:347)
 
 Policies:
 
-- ``pollux``: ``bosen.scheduling.allocate`` (FITNESS_p, p = -1 or 1, the re-allocation penalty with δ),
-  and each job's agent takes the best (m, s) at its workers (``goodput_curve``). The scheduler sees
+- ``pollux``: ``bosen.scheduling.allocate`` (FITNESS_p, p = -1 or 1, the re-allocation penalty with δ,
+  least attained service deciding who runs when more jobs than slots; ``pollux p=-1 paper``: FITNESS_p
+  decides there too, the paper's policy), and each job's agent takes the best (m, s) at its workers
+  (``goodput_curve``). The scheduler sees
   the true φ and T_iter (the paper's simulator replays measured values too; the agent's estimation
   noise and Pollux's exploration priors are left out).
 - ``fair``: a static fair share: every active job ⌊W/J⌋ workers (the remainder to the oldest; the
@@ -206,15 +208,16 @@ class _State:
 Policy = Callable[[float, list[_State], int], dict[str, int]]
 
 
-def pollux_policy(p: float, delay: float) -> Policy:
+def pollux_policy(p: float, delay: float, overload: str = "las") -> Policy:
     def decide(now: float, active: list[_State], slots: int) -> dict[str, int]:
         # the paper's simulator orders jobs by attained service, then submission, and its repair gives
         # slots to the first: ``allocate`` resolves ties in favour of earlier jobs, so this order is
         # who runs first when more jobs than slots tie (every speed-up at one worker is 1 there)
         active = sorted(active, key=lambda s: (s.attained, s.job.arrival))
         jobs = [Job(s.kind.throughput, s.kind.phi_at(s.fraction), s.kind.m0, s.kind.max_batch, MAX_LOCAL,
-                    workers=s.workers, age=now - s.job.arrival, reallocations=s.reallocations) for s in active]
-        alloc = allocate(jobs, slots, p=p, delay=delay)
+                    workers=s.workers, age=now - s.job.arrival, reallocations=s.reallocations,
+                    attained=s.attained) for s in active]
+        alloc = allocate(jobs, slots, p=p, delay=delay, overload=overload)
         return {s.job.name: k for s, k in zip(active, alloc.workers, strict=True)}
     return decide
 
@@ -339,15 +342,17 @@ def metrics(states: list[_State], kinds: dict[str, Kind], slots: int) -> dict[st
 # ----------------------------------------------------------------------------------------------
 # the experiment (``python -m bench.pollux --experiments sim``)
 
-POLICIES = ("pollux p=-1", "pollux p=1", "fair M0", "fair tuned", "tiresias M0xK", "tiresias tuned")
+POLICIES = ("pollux p=-1", "pollux p=1", "pollux p=-1 paper", "fair M0", "fair tuned", "tiresias M0xK",
+            "tiresias tuned")
 
 
 def run_policy(name: str, trace: list[TraceJob], kinds: dict[str, Kind], slots: int, interval: float,
                delay: float) -> dict[str, Any]:
     """One policy on one trace: its metrics (Tiresias: the best of its queue thresholds, as tuned)."""
     if name.startswith("pollux"):
-        p = float(name.split("=")[1])
-        st = simulate(trace, kinds, pollux_policy(p, delay), slots, True, _no_batch, interval, delay)
+        p, *mode = name.split("=")[1].split()
+        policy = pollux_policy(float(p), delay, "paper" if mode == ["paper"] else "las")
+        st = simulate(trace, kinds, policy, slots, True, _no_batch, interval, delay)
         return metrics(st, kinds, slots)
     if name.startswith("fair"):
         batches: dict[tuple[str, int], int] = {}

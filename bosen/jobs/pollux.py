@@ -69,6 +69,7 @@ class Tracked:
     agent: Agent | None = None  # the job adapts its batch (app.args.goodput)
     phi: float | None = None  # the agent's newest φ (rank 0's goodput_phi), None before one is reported
     runs: list[tuple[int, float, float, float]] = field(default_factory=list)  # (workers, m, s, seconds) clocks
+    attained: float = 0.0  # worker-seconds run since tracking began (who runs first under overload)
 
     def __post_init__(self) -> None:
         if self.work < 1 or self.workers < 1:
@@ -150,6 +151,7 @@ class Scheduler:
                 j.skip_until = clock_gaps(j.run_dir, j.seen_clock)[1] + 1
             after = j.seen_clock
             gaps, newest, ran = clock_gaps(j.run_dir, after)
+            j.attained += j.workers * max(ran - j.ran_s, 0.0)
             j.seen_clock, j.ran_s = newest, max(j.ran_s, ran)
             secs = [g for c, g in gaps if c > j.skip_until and g > 0]
             if secs:
@@ -176,14 +178,15 @@ class Scheduler:
             fit = fit_throughput([g[1] for g in keys], [g[2] for g in keys], [float(g[0]) for g in keys],
                                  [statistics.median(groups[g]) for g in keys])
             return scheduling.Job(fit, j.phi, a.m0, a.max_batch, a.max_local, workers=j.workers, age=age,
-                                  reallocations=j.reallocations, min_workers=j.min_workers, max_workers=top)
+                                  reallocations=j.reallocations, min_workers=j.min_workers, max_workers=top,
+                                  attained=j.attained)
         if not j.samples:
             return None
         ks = [float(k) for k, _ in j.samples]
         fit = fit_throughput([j.work / k for k in ks], [0.0] * len(ks), ks, [t for _, t in j.samples])
         return scheduling.Job(fit, float("inf"), j.work, j.work, j.work, workers=j.workers, age=age,
                               reallocations=j.reallocations, min_workers=j.min_workers, max_workers=top,
-                              adaptive=False)
+                              adaptive=False, attained=j.attained)
 
     def decide(self) -> list[int]:
         """Workers per job: ``allocate`` over the jobs measured so far; the others keep theirs."""

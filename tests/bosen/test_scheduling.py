@@ -9,7 +9,18 @@ import numpy as np
 import pytest
 
 from bosen.goodput import Throughput, best_config
-from bosen.scheduling import EPSILON, Job, allocate, fair_share, fitness, goodput_curve, realloc_factor, speedups
+from bosen.scheduling import (
+    EPSILON,
+    Job,
+    allocate,
+    fair_share,
+    fitness,
+    goodput_curve,
+    realloc_factor,
+    runnable,
+    service_level,
+    speedups,
+)
 
 # computation only (no sync): K workers are K times one (perfect scaling at a fixed per-worker batch)
 LINEAR = Throughput(alpha_grad=1e-3, beta_grad=1e-5, alpha_sync=0.0)
@@ -131,10 +142,34 @@ def test_exact_search_equals_brute_force(seed: int) -> None:
                         adaptive=bool(rng.random() < 0.7)))
     slots = int(rng.integers(1, 9))
     for p in (-1.0, 1.0):
-        got = allocate(jobs, slots, p=p, delay=30.0)
+        got = allocate(jobs, slots, p=p, delay=30.0, overload="paper")
         want, fit = brute(jobs, slots, p, 30.0)
         assert got.fitness == pytest.approx(fit, rel=1e-9), (got, want)
         assert sum(got.workers) <= slots
+
+
+def test_overload_runs_the_least_attained_service_where_the_paper_keeps_the_running_jobs() -> None:
+    # three identical jobs, two slots: every SPEEDUP(1) is 1, so only the penalty tells them apart
+    a = job(workers=1, attained=3600.0)  # δ = 6 s: levels from 600 worker-s, 3600 is level 3
+    b = job(workers=1, attained=700.0)  # level 1
+    c = job(workers=0, attained=0.0)  # just arrived: level 0
+    assert allocate([a, b, c], 2, delay=6.0, overload="paper").workers == (1, 1, 0)  # first come, first served
+    for p in (-1.0, 1.0):
+        assert allocate([a, b, c], 2, p=p, delay=6.0).workers == (0, 1, 1)  # the longest-served waits
+    # within a level the running job keeps its slot (no churn); with free moves (δ = 0) plain LAS
+    held = job(workers=1, attained=1000.0)
+    waiting = job(workers=0, attained=650.0)
+    assert service_level(1000.0, 600.0) == service_level(650.0, 600.0) == 1.0
+    assert allocate([waiting, held], 1, delay=6.0).workers == (0, 1)
+    assert allocate([waiting, held], 1, delay=0.0).workers == (1, 0)
+    # a job whose minimum does not fit is skipped, the next runs; what is left over goes by FITNESS_p
+    wide = job(workers=0, min_workers=3)
+    assert runnable([c, wide, job(workers=0, attained=10.0)], 3, 6.0) == [True, False, True]
+    assert sum(allocate([c, wide, job(workers=0, attained=10.0)], 3, delay=6.0).workers) == 3
+    # not overloaded: the tie-break changes nothing
+    fits = [job(LINEAR, workers=2, attained=5000.0), job(FLAT, workers=0), job(workers=1, attained=50.0)]
+    assert runnable(fits, 8, 6.0) is None
+    assert allocate(fits, 8, delay=6.0).workers == allocate(fits, 8, delay=6.0, overload="paper").workers
 
 
 def test_bad_input_names_what_is_wrong() -> None:
@@ -147,3 +182,7 @@ def test_bad_input_names_what_is_wrong() -> None:
     with pytest.raises(ValueError, match="phi"):
         job(phi=float("nan"))
     assert allocate([], 4).workers == ()
+    with pytest.raises(ValueError, match="overload"):
+        allocate([job()], 4, overload="fifo")
+    with pytest.raises(ValueError, match="attained"):
+        job(attained=-1.0)

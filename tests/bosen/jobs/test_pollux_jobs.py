@@ -62,6 +62,8 @@ def test_an_agents_phi_and_batches_make_the_job_adaptive(tmp_path: Path) -> None
     plain_model, agent_model = s.model(plain), s.model(agent)
     assert plain_model is not None and not plain_model.adaptive and plain_model.phi == float("inf")
     assert agent_model is not None and agent_model.adaptive and agent_model.phi == 900.0 and agent_model.m0 == 64
+    # attained service: workers x rank 0's seconds run (0.5 s at one worker), what overload ranks by
+    assert plain.attained == pytest.approx(0.5) and plain_model.attained == pytest.approx(0.5)
 
 
 def test_run_dirs_the_scheduler_cannot_move_are_refused_by_name(tmp_path: Path,
