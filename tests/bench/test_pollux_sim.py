@@ -82,3 +82,17 @@ def test_quick_sim_puts_pollux_ahead_of_the_fair_share_at_m0(capsys: pytest.Capt
     ratio = summ["sim avg_jct_h fair M0 / pollux p=-1"]
     assert ratio["ours"] > 1.3, ratio  # the batch alone: fixed M0 is far from the best goodput
     assert "sim rho_max pollux p=1 / p=-1" in summ
+
+
+def test_overload_lets_a_short_job_pass_a_long_one_where_the_paper_serves_first_come() -> None:
+    ks = {"k": kind()}
+    rate = sim.adaptive_speed(ks["k"], 1)  # steps of M0 a second at one worker
+    long = sim.TraceJob("long", "k", 0.0, rate * 6 * 3600, 1, 64)  # 6 h alone
+    short = sim.TraceJob("short", "k", 1800.0, rate * 600, 1, 64)  # 10 min alone, arrives after 30 min
+    ends = {}
+    for mode in ("las", "paper"):
+        st = sim.simulate([long, short], ks, sim.pollux_policy(-1.0, 6.0, mode), 1, True, sim._no_batch, 60.0, 6.0)
+        ends[mode] = {s.job.name: s.finish for s in st}
+    assert ends["paper"]["short"] > ends["paper"]["long"]  # first come, first served: it waited 6 h
+    assert ends["las"]["short"] < 1800.0 + 2 * 600.0  # LAS: the long job (level >= 1) gave up its slot
+    assert ends["las"]["long"] > ends["paper"]["long"]  # and finished later for it
