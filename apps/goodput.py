@@ -119,8 +119,11 @@ class Agent:
         self.compute: list[float] = []  # per observation: mean seconds computing a step (0: not timed)
         self.prior: Throughput | None = None
         self.model: Throughput | None = None
-        # the gain stays 1 until φ is measured: AdaScale with no estimate would scale linearly
-        self.setting = Setting(0, m_start, 0, workers, 1.0)
+        # AdaScale's gain stays 1 until φ is measured (with no estimate it would scale linearly); the
+        # sqrt and linear rules need no φ, so a job launched past M0 (a fixed large batch) starts at its gain
+        first = workers * m_start
+        gain = 1.0 if args.rule == "adascale" else lr_gain(args.rule, 0.0, m0, first)
+        self.setting = Setting(0, m_start, 0, workers, gain)
 
     def observe(self, row: np.ndarray) -> None:
         """Fold in the row of the current interval (the sums over the workers that reported: those in

@@ -63,6 +63,11 @@ def test_the_choice_is_a_function_of_the_rows_and_starts_at_m0_with_gain_1() -> 
     want = best_config(TRUE, st.phi, 64, 2, 32 * 64, 4096)
     assert st.batch == pytest.approx(want.batch, rel=0.15), (st, want)
     assert st.gain == pytest.approx(st.batch / 64 * st.efficiency)  # AdaScale: S·EFFICIENCY
+    # the square-root rule needs no φ: a job launched at 16·M0 (the fixed large baseline) steps at 4x
+    # from its first iteration, not at 1x for its first interval (the Adam baseline ran so before)
+    args = from_dict(gp.GoodputArgs, {"rule": "sqrt", "adapt": False}, "goodput")
+    assert gp.Agent(args, m0=64, workers=2, m_start=512).setting.gain == pytest.approx(4.0)
+    assert gp.Agent(args, m0=64, workers=2, m_start=32).setting.gain == pytest.approx(1.0)
 
 
 def test_a_costlier_sync_makes_the_first_choice_larger() -> None:
