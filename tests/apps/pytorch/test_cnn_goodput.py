@@ -42,7 +42,7 @@ def test_launched_cnn_switches_every_worker_at_a_boundary_and_reaches_its_target
     steps = _launch("torch-cnn-goodput.yaml", tmp_path, every, iters, 0.2)
     chosen = _agrees_and_switches_at_boundaries(steps, every, iters)
     assert min(r["goodput_batch"] for r in chosen) >= 64 and max(r["goodput_phi"] for r in chosen) > 0
-    _reaches(steps, iters, 0.35)  # measured 0.46-0.61 (chance 0.1)
+    _reaches(steps, iters, 0.35)  # measured 0.42-0.64 over 7 runs, images from micro-tasks (chance 0.1)
 
 
 @pytest.mark.slow
