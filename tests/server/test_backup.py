@@ -44,7 +44,8 @@ def test_static_k_applies_the_first_k_gradients_of_each_iteration_once(bosen_clu
     c = _job(bosen_cluster, n, {"mode": "static", "k": k, "lr": LR}, servers)
     out = tmp_path / "final.npy"
     ps = [worker(bosen_procs, "backup_worker.py", c.path, "--rank", r, "--iterations", iters, "--mean-s", 0.01,
-                 "--alpha", 1.0, *(["--out", out] if r == 0 else [])) for r in range(n)]
+                 "--alpha", 1.0, "--start-together", tmp_path / "joined", *(["--out", out] if r == 0 else []))
+          for r in range(n)]
     assert bosen_procs.wait_all(ps, 60) == [0] * n
     owner = Partition(servers).owner(np.arange(2, dtype=np.int64))
     W = np.load(out)
@@ -60,6 +61,7 @@ def test_static_k_applies_the_first_k_gradients_of_each_iteration_once(bosen_clu
             assert W[0, :n] == pytest.approx([-step * m for m in per_rank])  # each accepted gradient once
         if owner[1] == server:
             assert W[1, 0] == pytest.approx(-step * k * sum(range(iters)))  # each of the iteration it was taken in
+    # every rank started together (a rank that started after the others had finished would drop nothing)
     assert sum(_status(c, s)["dropped_late"] for s in range(servers)) > 0
 
 
