@@ -790,7 +790,10 @@ def test_a_giver_lost_after_its_hand_off_is_replaced_exactly_and_a_resume_skips_
     assert adopted in (run / "logs" / "worker-1.1.log").read_text()
     stale = [c for c in checkpoint.clocks(base) if checkpoint.taken_back(checkpoint.clock_dir(base, c))]
     assert b in stale, stale  # the servers' parts of B hold the lost process's ticks below B
-    _every_checkpoint_and_the_end_exact(run, cfg, iterations, redone=True)
+    checked = _every_checkpoint_and_the_end_exact(run, cfg, iterations, redone=True)
+    assert [c for c in checked if c > max(stale)], (checked, stale)  # those after the redo among them
+    table, counts = _part_counts(cfg, checkpoint.check_complete(base, b, 2, None, None))
+    assert (table != counts).any()  # B's server parts: the lost ticks of tasks 4, 5; its worker part: the redo's
     # a resume of the whole job from the run as it was right after the redo: the stale checkpoints are
     # skipped (their server parts hold the lost ticks, their worker part the redo's), an older one is used
     for c in checkpoint.clocks(base):
