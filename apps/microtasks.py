@@ -120,18 +120,22 @@ def _path(folder: Path, t: int, clock: int) -> Path:
 
 def give(folder: str | Path, clock: int, states: Mapping[int, Mapping[str, np.ndarray]]) -> list[Path]:
     """Write each task's state as ``task-<t>.clock-<clock>.npz`` in ``folder`` (written whole, then
-    renamed: a reader never sees half a file). Returns the files."""
+    renamed: a reader never sees half a file). A file already there stays: the first hand-off of a task
+    at a clock is the one its receiver may have taken (a lost giver's, which its replacement adopts
+    instead of writing its own: :meth:`MicroTasks.adopt`). Returns the files."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for t, st in states.items():
         final = _path(folder, t, clock)
+        out.append(final)
+        if final.exists():
+            continue
         tmp = final.with_name(f".{final.name}.{os.getpid()}.partial")
         with tmp.open("wb") as f:
             arrays: dict[str, Any] = {n: np.asarray(v) for n, v in st.items()}
             np.savez(f, **arrays)
         os.replace(tmp, final)
-        out.append(final)
     return out
 
 
@@ -209,6 +213,21 @@ class FilePlan:
             return owners
         return default
 
+    def committed(self, clock: int, T: int) -> np.ndarray | None:
+        """The owners of a plan for ``clock`` that is in force already (committed, or without an id),
+        else None; answers and waits for nothing (:meth:`at` does, at the boundary)."""
+        self._fresh(clock, T)
+        if self._plan is None or self._plan[0] != clock or not self._holds():
+            return None
+        return self._plan[1]
+
+    def _fresh(self, clock: int, T: int) -> None:
+        """Read the plan if it changed; a new plan without an id for a clock before ``clock`` (the boundary
+        this worker is at or about to reach) is an error: this worker would run the old assignment."""
+        if self._read(T) is not None and self._plan is not None and "id" not in self._meta:
+            if self._plan[0] < clock:
+                raise BosenError(f"{self.path}: a plan for clock {self._plan[0]} reached this worker at clock {clock}")
+
     def _holds(self) -> bool:
         """The plan read last is in force (no id, or committed)."""
         return self._meta.get("state", "committed") == "committed"
@@ -253,9 +272,7 @@ class FilePlan:
         """The owners that hold from ``clock`` on if the plan changes them there, else None. A proposed
         plan for ``clock`` is waited for here (committed: its owners; withdrawn: None). A plan without
         an id for a clock this worker has passed is an error (it would run the old assignment)."""
-        if self._read(T) is not None and self._plan is not None and "id" not in self._meta:
-            if self._plan[0] < clock:
-                raise BosenError(f"{self.path}: a plan for clock {self._plan[0]} reached this worker at clock {clock}")
+        self._fresh(clock, T)
         self._answer(clock)  # a proposal read now or earlier (at the start) is answered once
         if self._plan is None or self._plan[0] != clock or self._meta.get("id") in self._refused:
             return None
@@ -460,6 +477,32 @@ class MicroTasks:
         received = take(folder, clock, got, timeout, check)
         self.owners = new_owners
         return received
+
+
+    def adopt(self, clock: int, plan: FilePlan | None, folder: str | Path | None) -> dict[int, TaskState]:
+        """Just before this worker's CLOCK(``clock``): the tasks it gives away at ``clock`` (a committed
+        plan) whose hand-off file is already there, with the states in them. Such a file was written by
+        an earlier process of this rank (one lost after its hand-off, whose replacement redoes the ticks
+        below ``clock``; or a run this one resumes) and its receiver may already run on from it, so the
+        file stays (:func:`give`) and the app *adopts* it: it puts those states in place of its own
+        and adds to the tables what differs between their contributions and its own states' (LDA:
+        the counts of the assignments), as updates of the tick before ``clock``. Then the tables, this
+        worker's checkpoint part of ``clock`` and the receiver all follow the state handed off.
+        Empty outside a run directory or when nothing is given at ``clock``."""
+        if plan is None or folder is None:
+            return {}
+        new = plan.committed(clock, self.T)
+        if new is None:
+            return {}
+        given = np.flatnonzero((self.owners == self.rank) & (new != self.rank))
+        out: dict[int, TaskState] = {}
+        for t in given.tolist():
+            try:
+                with np.load(_path(Path(folder), t, clock), allow_pickle=False) as z:
+                    out[t] = {n: z[n] for n in z.files}
+            except FileNotFoundError:  # none: this worker hands it off itself
+                continue
+        return out
 
 
 class Draws:

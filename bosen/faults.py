@@ -1,7 +1,7 @@
 """Fault injection for recovery tests: off unless ``$BOSEN_FAULT`` is set, read in one place (here).
 
 Some failures need another process to be at a given point when they happen, which timing cannot
-arrange on a loaded machine. The one fault so far:
+arrange on a loaded machine. Two faults, one at a time:
 
 ``BOSEN_FAULT=hold-before-leave:RANK:PATH``
     worker rank ``RANK`` (a launched worker: ``$BOSEN_RUN_DIR`` is set) does not send the CLOCK of a
@@ -13,6 +13,15 @@ arrange on a loaded machine. The one fault so far:
     lost worker is away"). A proposal it has not answered yet it answers first (it is before B and
     will wait there), so the scaler commits while it holds; a proposal withdrawn meanwhile (another
     worker was past B) lets it go on, and it holds again at the next B.
+
+``BOSEN_FAULT=no-parts-from:RANK:CLOCK``
+    the first process of worker rank ``RANK`` (not a replacement: ``$BOSEN_REJOIN`` unset) writes no
+    checkpoint part of a clock at or past ``CLOCK``, as a process whose part writer fell behind would
+    not have before it died. The servers save their parts meanwhile, but no checkpoint at or past
+    ``CLOCK`` completes while it runs: killed later, it is replaced from a checkpoint before
+    ``CLOCK`` (with a scale-in's boundary B >= ``CLOCK``: after its hand-off at B, docs/recovery.md, "A
+    giver lost after its hand-off"), and the servers' parts of clocks in (C, T] were saved before the
+    take-back ("A part saved before a take-back"). Its replacement writes its parts as usual.
 """
 
 from __future__ import annotations
@@ -26,14 +35,25 @@ from pathlib import Path
 
 from bosen.errors import BosenError, ConfigError
 
-__all__ = ["ENV", "HoldBeforeLeave", "from_env", "HOLD_TIMEOUT_S"]
+__all__ = ["ENV", "Fault", "HoldBeforeLeave", "NoPartsFrom", "from_env", "HOLD_TIMEOUT_S"]
 
 ENV = "BOSEN_FAULT"
 HOLD_TIMEOUT_S = 120.0  # a held worker gives up (the test that set it is gone)
 
 
+class Fault:
+    """Where the client asks a fault what to do; each does nothing unless a fault says otherwise."""
+
+    def before_clock(self, rank: int, clock: int, check: Callable[[], None] | None = None) -> None:
+        """Called before this process sends CLOCK(``clock``)."""
+
+    def skips_part(self, rank: int, clock: int) -> bool:
+        """Whether this process writes no checkpoint part of ``clock``."""
+        return False
+
+
 @dataclass(frozen=True)
-class HoldBeforeLeave:
+class HoldBeforeLeave(Fault):
     """Worker ``rank`` holds its CLOCK of a scale-in's boundary until ``release`` exists."""
 
     rank: int
@@ -82,6 +102,18 @@ class HoldBeforeLeave:
         return plan is not None and (plan.get("clock") != clock or plan.get("state") == "withdrawn")
 
 
+@dataclass(frozen=True)
+class NoPartsFrom(Fault):
+    """Worker ``rank``'s first process writes no checkpoint part of a clock at or past ``clock``."""
+
+    rank: int
+    clock: int
+    replacement: bool  # this process replaces a lost one ($BOSEN_REJOIN): it writes its parts
+
+    def skips_part(self, rank: int, clock: int) -> bool:
+        return rank == self.rank and not self.replacement and clock >= self.clock
+
+
 def _plan_of(path: Path) -> dict | None:
     try:
         plan = json.loads(path.read_text())
@@ -90,16 +122,22 @@ def _plan_of(path: Path) -> dict | None:
     return plan if isinstance(plan, dict) else None
 
 
-def from_env() -> HoldBeforeLeave | None:
+def from_env() -> Fault | None:
     """The fault ``$BOSEN_FAULT`` names (None where it is unset); ConfigError naming what is wrong."""
     spec = os.environ.get(ENV)
     if not spec:
         return None
     kind, _, rest = spec.partition(":")
     rank, _, path = rest.partition(":")
-    if kind != "hold-before-leave" or not rank.isdigit() or not path:
-        raise ConfigError(f"${ENV}={spec!r}: expected hold-before-leave:RANK:PATH (docs/recovery.md)")
+    hold = kind == "hold-before-leave" and rank.isdigit() and path
+    parts = kind == "no-parts-from" and rank.isdigit() and path.isdigit()
+    if not (hold or parts):
+        raise ConfigError(f"${ENV}={spec!r}: expected hold-before-leave:RANK:PATH or no-parts-from:RANK:CLOCK "
+                          "(bosen/faults.py)")
     run_dir = os.environ.get("BOSEN_RUN_DIR")
     if not run_dir:
         raise ConfigError(f"${ENV}={spec!r}: a launched worker's fault ($BOSEN_RUN_DIR is not set)")
-    return HoldBeforeLeave(int(rank), Path(path), Path(run_dir, "tasks", "plan.json"))
+    if parts:
+        return NoPartsFrom(int(rank), int(path), bool(os.environ.get("BOSEN_REJOIN")))
+    plan = Path(run_dir, "tasks", "plan.json")
+    return HoldBeforeLeave(int(rank), Path(path), plan)

@@ -16,9 +16,9 @@ def test_no_fault_unless_set_and_a_bad_one_is_named(monkeypatch, tmp_path):
     monkeypatch.delenv(faults.ENV, raising=False)
     assert faults.from_env() is None
     monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
-    for bad in ("hold-before-leave:x:/p", "hold-before-leave:1:", "exit:1:/p"):
+    for bad in ("hold-before-leave:x:/p", "hold-before-leave:1:", "exit:1:/p", "no-parts-from:1:x"):
         monkeypatch.setenv(faults.ENV, bad)
-        with pytest.raises(ConfigError, match="expected hold-before-leave:RANK:PATH"):
+        with pytest.raises(ConfigError, match="expected hold-before-leave:RANK:PATH or no-parts-from:RANK:CLOCK"):
             faults.from_env()
     monkeypatch.setenv(faults.ENV, "hold-before-leave:2:/r")
     monkeypatch.delenv("BOSEN_RUN_DIR")
@@ -53,3 +53,17 @@ def test_a_rank_holds_before_the_clock_of_a_plan_with_leavers_until_released(mon
     release.write_text("")
     t.join(timeout=10)
     assert done.is_set()
+
+
+def test_a_first_process_writes_no_part_from_the_clock_on_and_its_replacement_does(monkeypatch, tmp_path):
+    monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv(faults.ENV, "no-parts-from:1:20")
+    monkeypatch.delenv("BOSEN_REJOIN", raising=False)
+    fault = faults.from_env()
+    assert fault is not None
+    assert [fault.skips_part(1, c) for c in (10, 20, 30)] == [False, True, True]
+    assert not fault.skips_part(0, 20)  # not its rank
+    fault.before_clock(1, 20)  # holds nothing
+    monkeypatch.setenv("BOSEN_REJOIN", "10")
+    replacement = faults.from_env()
+    assert replacement is not None and not replacement.skips_part(1, 20)  # a replacement writes its parts

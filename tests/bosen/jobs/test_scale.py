@@ -731,3 +731,81 @@ def test_leavers_wait_while_the_servers_say_a_part_of_their_boundary_is_coming(t
         assert json.loads(release.read_text()) == {"clock": 20, "durable": False}
     finally:
         scaler.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_giver_lost_after_its_hand_off_is_replaced_exactly_and_a_resume_skips_the_stale_checkpoints(tmp_path):
+    """Workers 3 -> 2 in a running LDA job (integer counts, managed communication): at the boundary B,
+    worker 1 hands task 3 to worker 0 (and takes worker 2's); worker 0 takes it and runs on. Worker 1
+    writes no checkpoint part from clock 20 <= B on ($BOSEN_FAULT=no-parts-from, bosen/faults.py), so
+    no checkpoint at or past B is complete when it is SIGKILLed, once the servers have their parts of B:
+    its replacement restarts before B and redoes task 3's ticks below B, which end in other topics than
+    the lost process's; at B it adopts the hand-off worker 0 took (the file stays) and corrects the
+    counts by the difference. The job ends with the final table exactly the counts of the final
+    assignments, as every checkpoint the take-back left exact. The servers' parts of B were saved
+    before the take-back (corrections beside them): a resume of the whole job skips those checkpoints,
+    naming why, starts from the older exact one and ends exact too."""
+    iterations, every = 148, 10  # the kill comes well before the end; the last checkpoint at the end (+2)
+    path, cfg = _lda_job(tmp_path, iterations, every=every, workers=3)
+    run = (tmp_path / "run").resolve()
+    base = run / "checkpoints"
+    p = _launch(path, run, env={"BOSEN_FAULT": f"no-parts-from:1:{2 * every}"})
+    lines: list[str] = []
+    failed: list[BaseException] = []
+
+    def scale() -> None:
+        try:
+            bosen.scale(run, workers=2, out=lines.append)
+        except BaseException as e:  # noqa: BLE001 - the test thread reports it
+            failed.append(e)
+
+    step = threading.Thread(target=scale, daemon=True)
+    try:
+        _wait_clock(p, run, every + 1)  # B >= 2 * every: worker 1 writes no part there, the replacement
+        step.start()                    # restarts from one before
+        committed: list[int] = []
+
+        def moved() -> bool:
+            committed[:] = [int(m) for m in re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines))]
+            return bool(committed)
+
+        _until(p, run, moved, "the scale-in was not committed")
+        b = committed[0]
+        assert b >= 2 * every, b
+        _wait_clock(p, run, b + 1)  # worker 0 took task 3 at B and ran on with it
+        _until(p, run, lambda: all((checkpoint.clock_dir(base, b) / checkpoint.part_name("server", i)
+                                    / checkpoint.META).exists() for i in (0, 1)), f"no server parts of {b}")
+        assert not (checkpoint.clock_dir(base, b) / checkpoint.part_name("worker", 1)).exists()
+        _worker(p, 1).kill()
+        out = _output(p, run, 150)
+        step.join(timeout=30)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    assert not failed, failed
+    restarted = re.findall(r"worker-1\.1 replaces worker-1: it redoes clocks from (\d+)", out)
+    assert restarted and int(restarted[0]) < b, out[-3000:]
+    adopted = f"micro-task(s) [3] were handed off at clock {b} already"
+    assert adopted in (run / "logs" / "worker-1.1.log").read_text()
+    stale = [c for c in checkpoint.clocks(base) if checkpoint.taken_back(checkpoint.clock_dir(base, c))]
+    assert b in stale, stale  # the servers' parts of B hold the lost process's ticks below B
+    checked = _every_checkpoint_and_the_end_exact(run, cfg, iterations, redone=True)
+    assert [c for c in checked if c > max(stale)], (checked, stale)  # those after the redo among them
+    table, counts = _part_counts(cfg, checkpoint.check_complete(base, b, 2, None, None))
+    assert (table != counts).any()  # B's server parts: the lost ticks of tasks 4, 5; its worker part: the redo's
+    # a resume of the whole job from the run as it was right after the redo: the stale checkpoints are
+    # skipped (their server parts hold the lost ticks, their worker part the redo's), an older one is used
+    for c in checkpoint.clocks(base):
+        if c > max(stale):
+            shutil.rmtree(checkpoint.clock_dir(base, c))
+    (run / "word_topic.npy").unlink()
+    r = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--resume", str(run), "--workers", "2",
+                        "--no-plot"], capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for c in stale:
+        assert f"skipping checkpoint clock {c}: its server parts hold a lost worker's updates" in r.stdout, r.stdout
+    used = int(re.findall(r"resuming from the checkpoint at clock (\d+)", r.stdout)[0])
+    assert used < min(stale) and not checkpoint.taken_back(checkpoint.clock_dir(base, used)), r.stdout
+    final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(base, iterations + 2, 2, 2, None))
+    np.testing.assert_array_equal(final, counts)
