@@ -354,7 +354,7 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
             return True
         kept = {t: draws.state(t) for t in draws.tasks if new[t] == rank} if draws is not None else {}
         got_states = tasks.handoff(c, new, handoff_dir, _handing(draws, agent, tasks.mine, new, rank))
-        if plan.leaving():
+        if plan.leaving(end=client.end_clocks):  # its clocks end here: nobody's step waits on it meanwhile
             left = True
             return False
         for got in got_states.values():  # a leaver's goodput sums of the interval come with one of its tasks

@@ -297,7 +297,7 @@ def _train_sync(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) 
                 st[gp.HANDED] = agent.hand_over()
             return st
         got_states = tasks.handoff(tick, new, folder, state)
-        if plan.leaving():
+        if plan.leaving(end=client.end_clocks):  # its clocks end here: nobody's step waits on it meanwhile
             left = True
             return False
         for got in got_states.values():

@@ -637,7 +637,8 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
     killed and replaced (SCAR: restored from its newest part, every worker resends its gradients since,
     the joined one those since it joined), then 3 -> 2 workers. At a checkpoint past both boundaries:
     every iteration applied exactly the job's workers' gradients (2, then 3 from B1, then 2 from B2; none
-    dropped), every task's sampler (its pass's order and place) is where a replay that moves the tasks
+    dropped), the leaver ended its clocks at B2 on every server (BYE "fc") before it waited for its
+    release, every task's sampler (its pass's order and place) is where a replay that moves the tasks
     at B1 and B2 has it, and the table equals that replay's w_c up to the order the servers summed each
     step's gradients in (float64, 1e-9). Then the job resumed from the checkpoint of B2 (made by ranks
     0-2) with the config's 2 workers ends at c with the same tables."""
@@ -675,6 +676,9 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
         _stop(p)
     out = _log(run).read_text()
     assert "server-1.1 replaces server-1" in out, out[-3000:]
+    for name in ("server-0", "server-1.1"):  # the leaver ended its clocks at B2: nobody's step waited on it
+        log = (run / "logs" / f"{name}.log").read_text()
+        assert f"client rank 2 ends its clocks at {b2}:" in log, log[-2000:]
     W, samplers = _sync_replay(cfg, b1, b2, c)
     want_k = [2] * b1 + [3] * (b2 - b1) + [2] * (c - b2)
     _sync_matches(parts, W, samplers, want_k, f"the scaled job at {c}")
