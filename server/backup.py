@@ -14,8 +14,9 @@ whose gradient was dropped read w_{t+1} (or later) next and go on from there. Up
 worker rank until their clock; gradients are accumulated, averaged and stepped in float64.
 
 The job's workers (n) change at an iteration (``bosen scale``): a worker that joins at clock B
-(``joined``) and one that leaves by BYE after its CLOCK(B) (``left`` with ``at``) count from, and no
-more from, iteration B, whenever their messages arrive: iteration B - 1 still waits for the leaver's
+(``joined``) and one that leaves after its CLOCK(B) (``left`` with ``at``: its BYE, or before it the
+"fc" that ends its clocks while it waits for its release) count from, and no more from, iteration B,
+whenever their messages arrive: iteration B - 1 still waits for the leaver's
 gradient and not for the joiner's, iteration B for the joiner's and not for the leaver's. A worker
 lost (no BYE) leaves at once and n stays: DBW's k_t ≤ the workers alive.
 
@@ -349,9 +350,11 @@ class BackupStep(StoredProcedure):
     def left(self, rank: int, now: float, at: int | None = None) -> bool:
         """Rank ``rank`` left the job: lost (``at`` None), k_t is at most the workers alive from now on;
         by BYE after its CLOCK(``at``), it is no more one of the job's n from iteration ``at`` (its
-        gradient of ``at`` - 1 was its last). Returns True if the table stepped with the gradients it
-        already had."""
+        gradient of ``at`` - 1 was its last; its "fc" says so before its BYE, which then changes nothing).
+        Returns True if the table stepped with the gradients it already had."""
         self.forget(rank)
+        if at is not None and rank not in self.members and not any(rank in gone for _, gone in self.changes.values()):
+            return False  # it left already (its "fc")
         if at is not None and at > self.iteration:
             self.changes.setdefault(at, (set(), set()))[1].add(rank)
             return False

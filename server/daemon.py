@@ -895,7 +895,8 @@ class Server:
         the server's clock back no more (``_floor``): the others run on while it waits, instead of
         stopping the staleness bound past B. Its updates are all of ticks < ``c`` and arrive before its
         CLOCK(c) (a replacement's too: they are resent before it), so no clock passes ``c`` without
-        them. It stops counting in checkpoints after ``c`` (``left_at``), as if it had said BYE there."""
+        them. It stops counting in checkpoints after ``c`` (``left_at``), as if it had said BYE there,
+        and a synchronous table (backup workers) leaves it out of its n from iteration ``c`` on."""
         self._check_clock_field(c, what, "fc")
         if c < sent:
             raise ProtocolError(f"{what}: field 'fc' (the last clock this client sends) is {c}, below clock {sent}, "
@@ -908,6 +909,11 @@ class Server:
                      rank, c)
         self.final[rank] = c
         self.left_at[rank] = c
+        # a synchronous table counts it no more from iteration c on, as its BYE would: the others' steps
+        # of c and later do not wait for it while it waits for its release (its last gradient was of c - 1)
+        for i, backup in self.backups.items():
+            if backup.left(rank, time.monotonic(), c):
+                self._backup_stepped(i)
 
     def _on_bye(self, peer: Peer, ident: bytes, h: dict[str, Any]) -> None:
         if h.get("ph") is True:  # prepare: no more pushes, so the client can release its row versions

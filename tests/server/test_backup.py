@@ -446,7 +446,8 @@ def test_workers_joining_and_leaving_count_from_their_iteration_whenever_their_m
     """Static k = the workers (2): rank 2 joins at clock 2 while the table is at iteration 1, so
     iteration 1 still steps on ranks 0 and 1, iteration 2 waits for all three at the rate lr (k follows
     n); rank 2's BYE after its CLOCK(4) arrives while iteration 3 waits for rank 1, so iteration 3 still
-    takes rank 1's gradient and iteration 4 steps on two. A lost rank (no BYE) leaves at once: k_t
+    takes rank 1's gradient and iteration 4 steps on two (the "fc" that ends rank 2's clocks says the
+    same before its BYE, and the BYE, however late, changes nothing). A lost rank (no BYE) leaves at once: k_t
     drops and n stays (DBW), so the rate is lr·k/n."""
     cfg = TableConfig(name="G", rows=1, cols=1, dtype="float64", backup=BackupConfig(mode="static", k=2, lr=1.0))
     W = np.zeros((1, 1))
@@ -464,9 +465,12 @@ def test_workers_joining_and_leaving_count_from_their_iteration_whenever_their_m
     assert not grad(0, 1, 1.0) and grad(1, 1, 1.0) and (step.k, step.policy.n, step.iteration) == (3, 3, 2)
     assert not grad(0, 2, 3.0) and not grad(1, 2, 3.0) and grad(2, 2, 6.0) and W[0, 0] == pytest.approx(-7.0)
     assert not grad(0, 3, 1.0) and not grad(2, 3, 1.0)
-    assert not step.left(2, 0.0, at=4)  # its BYE after its CLOCK(4): iteration 3 still waits for rank 1
+    assert not step.left(2, 0.0, at=4)  # its "fc" after its CLOCK(4): iteration 3 still waits for rank 1
+    assert not step.left(2, 0.0, at=4)  # its BYE (released) before iteration 3 stepped: nothing more
     assert grad(1, 3, 4.0) and W[0, 0] == pytest.approx(-9.0) and (step.k, step.policy.n) == (2, 2)
-    assert not grad(0, 4, 1.0) and grad(1, 4, 1.0) and W[0, 0] == pytest.approx(-10.0)
+    assert not grad(0, 4, 1.0)
+    assert not step.left(2, 0.0, at=4) and (step.k, step.policy.n, step.members) == (2, 2, {0, 1})  # a late BYE
+    assert grad(1, 4, 1.0) and W[0, 0] == pytest.approx(-10.0)
     assert step.applied[-3:] == [[0, 1, 2], [0, 2, 1], [0, 1]] and step.counts["dropped_late"] == 0
     assert not grad(0, 5, 2.0) and step.left(1, 0.0)  # lost: iteration 5 steps on rank 0's alone
     assert W[0, 0] == pytest.approx(-11.0) and (step.k, step.policy.n) == (1, 2)  # rate lr·1/2

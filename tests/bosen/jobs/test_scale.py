@@ -349,11 +349,11 @@ def test_a_server_killed_after_a_worker_left_is_replaced_and_the_counts_stay_exa
     np.testing.assert_array_equal(final, counts)
 
 
-def _held_scale_in(tmp_path: Path, iterations: int, every: int, rank: int):
-    """A 3-worker LDA job launched with worker ``rank`` held before its CLOCK of a scale-in's boundary
-    (``$BOSEN_FAULT``), and a thread (not started) that scales it to 2 workers: (cfg, run, release,
-    held, launcher, the scaler's lines, its exceptions, the thread)."""
-    path, cfg = _lda_job(tmp_path, iterations, every=every, workers=3)
+def _held_scale_in(tmp_path: Path, iterations: int, every: int, rank: int, job: tuple[Path, dict] | None = None):
+    """A 3-worker LDA job (or ``job``: its config file and data) launched with worker ``rank`` held before
+    its CLOCK of a scale-in's boundary (``$BOSEN_FAULT``), and a thread (not started) that scales it to
+    2 workers: (cfg, run, release, held, launcher, the scaler's lines, its exceptions, the thread)."""
+    path, cfg = job if job is not None else _lda_job(tmp_path, iterations, every=every, workers=3)
     run = (tmp_path / "run").resolve()
     release = tmp_path / "release"
     held = tmp_path / "release.held"
@@ -637,7 +637,8 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
     killed and replaced (SCAR: restored from its newest part, every worker resends its gradients since,
     the joined one those since it joined), then 3 -> 2 workers. At a checkpoint past both boundaries:
     every iteration applied exactly the job's workers' gradients (2, then 3 from B1, then 2 from B2; none
-    dropped), every task's sampler (its pass's order and place) is where a replay that moves the tasks
+    dropped), the leaver ended its clocks at B2 on every server (BYE "fc") before it waited for its
+    release, every task's sampler (its pass's order and place) is where a replay that moves the tasks
     at B1 and B2 has it, and the table equals that replay's w_c up to the order the servers summed each
     step's gradients in (float64, 1e-9). Then the job resumed from the checkpoint of B2 (made by ranks
     0-2) with the config's 2 workers ends at c with the same tables."""
@@ -675,6 +676,9 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
         _stop(p)
     out = _log(run).read_text()
     assert "server-1.1 replaces server-1" in out, out[-3000:]
+    for name in ("server-0", "server-1.1"):  # the leaver ended its clocks at B2: nobody's step waited on it
+        log = (run / "logs" / f"{name}.log").read_text()
+        assert f"client rank 2 ends its clocks at {b2}:" in log, log[-2000:]
     W, samplers = _sync_replay(cfg, b1, b2, c)
     want_k = [2] * b1 + [3] * (b2 - b1) + [2] * (c - b2)
     _sync_matches(parts, W, samplers, want_k, f"the scaled job at {c}")
@@ -689,6 +693,59 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and f"resuming from the checkpoint at clock {b2}" in r.stdout, r.stdout[-3000:] + r.stderr
     _sync_matches(checkpoint.check_complete(base, c, 2, None, None), W, samplers, want_k, f"resumed from {b2}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_server_killed_while_a_synchronous_leaver_waits_is_replaced_and_the_job_equals_its_replay(tmp_path):
+    """Synchronous MLR (static k = the workers, 2 servers) scaled 3 -> 2 workers: worker 1 holds before its
+    CLOCK of B, so no server has its part of B, while the leaver, worker 2, ends its clocks at B (BYE
+    "fc") and waits for its release. Server 1 is SIGKILLed then: its replacement restores an older part,
+    hears the leaver's "fc" again in its HELLO (the leaver is one of n up to iteration B - 1, whose
+    gradients it resends, and not from B on) and the job goes on once worker 1 does: a checkpoint
+    past B is the replay's (k_t 3 up to B, then 2; nothing dropped; samplers and table)."""
+    cfg = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 3},
+           "checkpoint": {"every_clocks": 50, "keep": 100},
+           "tables": {"W": {"rows": 10, "cols": 65, "dtype": "float64", "init": {"zeros": True},
+                            "backup": {"mode": "static", "k": 3, "lr": 0.5}}},
+           "app": {"module": "bosen.apps.mlr", "args": {"data": "digits", "holdout": 0.1, "batch_size": 7,
+                                                         "micro_tasks": 6, "epochs": 1_000_000, "eval_every": 0}}}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(cfg))
+    _, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, 0, 50, 1, (path, cfg))
+    base = run / "checkpoints"
+    try:
+        _wait_clock(p, run, 60)  # B past the first part: the replacement restores one before B
+        step.start()
+        _until(p, run, lambda: _held_at(run, held) is not None, "worker 1 did not hold before a committed boundary")
+        b = _held_at(run, held)
+        addresses = config_mod.load(run / "config.yaml").cluster.servers
+        _until(p, run, lambda: all(status_mod.query(a, timeout=10.0)["final_clocks"][2] == b for a in addresses),
+               f"worker 2 did not end its clocks at {b} on every server")
+        _server(p, 1).kill()
+        replacement = run / "logs" / "server-1.1.log"
+        heard = f"client rank 2 ends its clocks at {b}"
+        _until(p, run, lambda: replacement.exists() and heard in replacement.read_text(),
+               "server 1's replacement did not hear the leaver's fc")
+        release.write_text("go")  # worker 1 goes on to B
+        c = b + 50
+        parts = None
+        deadline = time.monotonic() + 120
+        while parts is None:  # a checkpoint past B, complete
+            assert p.poll() is None and time.monotonic() < deadline, (lines, _log(run).read_text()[-3000:])
+            time.sleep(0.05)
+            try:
+                parts = checkpoint.check_complete(base, c, 2, None, None)
+            except checkpoint.CheckpointError:
+                pass
+        step.join(timeout=30)
+    finally:
+        _stop(p)
+    assert not failed, failed
+    restored = re.findall(r"resumed from \S+ at clock (\d+)", replacement.read_text())
+    assert restored and int(restored[0]) < b, (restored, b)  # a part without the leaver's last gradients
+    W, samplers = _sync_replay(cfg, 0, b, c)  # ranks 0-2 up to B, 0-1 after
+    _sync_matches(parts, W, samplers, [3] * b + [2] * (c - b), f"the scaled job at {c}")
 
 
 def test_leavers_wait_while_the_servers_say_a_part_of_their_boundary_is_coming(tmp_path, monkeypatch):
