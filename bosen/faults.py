@@ -1,7 +1,7 @@
 """Fault injection for recovery tests: off unless ``$BOSEN_FAULT`` is set, read in one place (here).
 
 Some failures need another process to be at a given point when they happen, which timing cannot
-arrange on a loaded machine. The one fault so far:
+arrange on a loaded machine. Two so far:
 
 ``BOSEN_FAULT=hold-before-leave:RANK:PATH``
     worker rank ``RANK`` (a launched worker: ``$BOSEN_RUN_DIR`` is set) does not send the CLOCK of a
@@ -13,6 +13,11 @@ arrange on a loaded machine. The one fault so far:
     lost worker is away"). A proposal it has not answered yet it answers first (it is before B and
     will wait there), so the scaler commits while it holds; a proposal withdrawn meanwhile (another
     worker was past B) lets it go on, and it holds again at the next B.
+
+``BOSEN_FAULT=hold-before-clock:RANK:CLOCK:PATH``
+    worker rank ``RANK`` does not send CLOCK(``CLOCK``) until the file ``PATH`` exists (it writes
+    ``PATH.held`` first): the servers' clock stays below ``CLOCK`` meanwhile, so a test can act on
+    the job at a known point (a scale request in a job's last clocks, a kill around a boundary).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pathlib import Path
 
 from bosen.errors import BosenError, ConfigError
 
-__all__ = ["ENV", "HoldBeforeLeave", "from_env", "HOLD_TIMEOUT_S"]
+__all__ = ["ENV", "HoldBeforeLeave", "HoldBeforeClock", "from_env", "HOLD_TIMEOUT_S"]
 
 ENV = "BOSEN_FAULT"
 HOLD_TIMEOUT_S = 120.0  # a held worker gives up (the test that set it is gone)
@@ -60,26 +65,49 @@ class HoldBeforeLeave:
             ack_tmp = ack.with_name(f".{ack.name}.partial")
             ack_tmp.write_text(json.dumps({"ok": True, "at": clock - 1}))
             os.replace(ack_tmp, ack)
-        held = self.release.with_name(self.release.name + ".held")
-        tmp = held.with_name(f".{held.name}.partial")
-        tmp.write_text(json.dumps({"clock": clock}))
-        os.replace(tmp, held)
-        deadline = time.monotonic() + HOLD_TIMEOUT_S
-        while not self.release.exists():
-            if self._withdrawn(clock):  # another worker was past B: the scaler proposes a later one
-                held.unlink(missing_ok=True)
-                return
-            if check is not None:
-                check()
-            if time.monotonic() > deadline:
-                raise BosenError(f"${ENV}: worker {rank} held before clock {clock} for {HOLD_TIMEOUT_S:g}s and "
-                                 f"{self.release} was not written")
-            time.sleep(0.01)
+        # a proposal withdrawn meanwhile (another worker was past B): the scaler proposes a later one
+        _hold(self.release, rank, clock, check, lambda: self._withdrawn(clock))
 
     def _withdrawn(self, clock: int) -> bool:
         """The plan this rank holds for is no longer one at ``clock`` (withdrawn, or replaced)."""
         plan = _plan_of(self.plan)
         return plan is not None and (plan.get("clock") != clock or plan.get("state") == "withdrawn")
+
+
+@dataclass(frozen=True)
+class HoldBeforeClock:
+    """Worker ``rank`` holds its CLOCK(``clock``) until ``release`` exists."""
+
+    rank: int
+    clock: int
+    release: Path
+
+    def before_clock(self, rank: int, clock: int, check: Callable[[], None] | None = None) -> None:
+        """Called before this process sends CLOCK(``clock``): hold there if the fault says so."""
+        if rank != self.rank or clock != self.clock or self.release.exists():
+            return
+        _hold(self.release, rank, clock, check, lambda: False)
+
+
+def _hold(release: Path, rank: int, clock: int, check: Callable[[], None] | None, give_up: Callable[[], bool]) -> bool:
+    """Write ``release.held`` and wait until ``release`` exists (True) or ``give_up()`` (False, the held
+    file removed); BosenError after HOLD_TIMEOUT_S."""
+    held = release.with_name(release.name + ".held")
+    tmp = held.with_name(f".{held.name}.partial")
+    tmp.write_text(json.dumps({"clock": clock}))
+    os.replace(tmp, held)
+    deadline = time.monotonic() + HOLD_TIMEOUT_S
+    while not release.exists():
+        if give_up():
+            held.unlink(missing_ok=True)
+            return False
+        if check is not None:
+            check()
+        if time.monotonic() > deadline:
+            raise BosenError(f"${ENV}: worker {rank} held before clock {clock} for {HOLD_TIMEOUT_S:g}s and "
+                             f"{release} was not written")
+        time.sleep(0.01)
+    return True
 
 
 def _plan_of(path: Path) -> dict | None:
@@ -90,15 +118,21 @@ def _plan_of(path: Path) -> dict | None:
     return plan if isinstance(plan, dict) else None
 
 
-def from_env() -> HoldBeforeLeave | None:
+def from_env() -> HoldBeforeLeave | HoldBeforeClock | None:
     """The fault ``$BOSEN_FAULT`` names (None where it is unset); ConfigError naming what is wrong."""
     spec = os.environ.get(ENV)
     if not spec:
         return None
     kind, _, rest = spec.partition(":")
     rank, _, path = rest.partition(":")
+    if kind == "hold-before-clock":
+        clock, _, path = path.partition(":")
+        if not (rank.isdigit() and clock.isdigit() and path):
+            raise ConfigError(f"${ENV}={spec!r}: expected hold-before-clock:RANK:CLOCK:PATH (bosen/faults.py)")
+        return HoldBeforeClock(int(rank), int(clock), Path(path))
     if kind != "hold-before-leave" or not rank.isdigit() or not path:
-        raise ConfigError(f"${ENV}={spec!r}: expected hold-before-leave:RANK:PATH (docs/recovery.md)")
+        raise ConfigError(f"${ENV}={spec!r}: expected hold-before-leave:RANK:PATH or "
+                          "hold-before-clock:RANK:CLOCK:PATH (bosen/faults.py)")
     run_dir = os.environ.get("BOSEN_RUN_DIR")
     if not run_dir:
         raise ConfigError(f"${ENV}={spec!r}: a launched worker's fault ($BOSEN_RUN_DIR is not set)")

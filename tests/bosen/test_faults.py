@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -52,4 +53,30 @@ def test_a_rank_holds_before_the_clock_of_a_plan_with_leavers_until_released(mon
     assert json.loads(held.read_text()) == {"clock": 10} and not done.is_set()
     release.write_text("")
     t.join(timeout=10)
+    assert done.is_set()
+
+
+def test_a_rank_holds_before_a_given_clock_until_released(monkeypatch, tmp_path):
+    """``hold-before-clock:RANK:CLOCK:PATH``: that rank holds before CLOCK(CLOCK) only, saying so in
+    PATH.held, until PATH exists; a malformed one is named."""
+    monkeypatch.setenv(faults.ENV, "hold-before-clock:1:x:/p")
+    with pytest.raises(ConfigError, match="expected hold-before-clock:RANK:CLOCK:PATH"):
+        faults.from_env()
+    release = tmp_path / "release"
+    monkeypatch.setenv(faults.ENV, f"hold-before-clock:1:19:{release}")
+    fault = faults.from_env()
+    assert isinstance(fault, faults.HoldBeforeClock) and (fault.rank, fault.clock) == (1, 19)
+    fault.before_clock(1, 18)  # not its clock
+    fault.before_clock(0, 19)  # not its rank
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (fault.before_clock(1, 19), done.set()), daemon=True)
+    t.start()
+    held = tmp_path / "release.held"
+    deadline = time.monotonic() + 30
+    while not held.exists():
+        assert time.monotonic() < deadline, "it did not hold"
+        time.sleep(0.01)
+    assert json.loads(held.read_text()) == {"clock": 19} and not done.is_set()
+    release.write_text("go")
+    t.join(timeout=30)
     assert done.is_set()
