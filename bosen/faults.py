@@ -17,7 +17,11 @@ arrange on a loaded machine. Two so far:
 ``BOSEN_FAULT=hold-before-clock:RANK:CLOCK:PATH``
     worker rank ``RANK`` does not send CLOCK(``CLOCK``) until the file ``PATH`` exists (it writes
     ``PATH.held`` first): the servers' clock stays below ``CLOCK`` meanwhile, so a test can act on
-    the job at a known point (a scale request in a job's last clocks, a kill around a boundary).
+    the job at a known point (a scale request in a job's last clocks, a kill around a boundary). A
+    task plan proposed meanwhile for ``CLOCK`` or later it answers (it will wait there), as the app
+    would at its next boundary, so a scale step can be agreed while it holds.
+
+Several faults are separated by ``;`` (``hold-before-clock:0:11:/a;hold-before-clock:2:16:/b``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from pathlib import Path
 
 from bosen.errors import BosenError, ConfigError
 
-__all__ = ["ENV", "HoldBeforeLeave", "HoldBeforeClock", "from_env", "HOLD_TIMEOUT_S"]
+__all__ = ["ENV", "HoldBeforeLeave", "HoldBeforeClock", "Faults", "from_env", "HOLD_TIMEOUT_S"]
 
 ENV = "BOSEN_FAULT"
 HOLD_TIMEOUT_S = 120.0  # a held worker gives up (the test that set it is gone)
@@ -61,10 +65,7 @@ class HoldBeforeLeave:
             # read here first (during the tick before B): answer it now, as the app would at its next
             # boundary, or the proposal waits for this rank's answer while it holds. The answer file is
             # apps/microtasks.answer's (written here: the vocabulary does not import the apps)
-            ack = self.plan.with_name(f"ack-{plan['id']}.rank-{rank}.json")
-            ack_tmp = ack.with_name(f".{ack.name}.partial")
-            ack_tmp.write_text(json.dumps({"ok": True, "at": clock - 1}))
-            os.replace(ack_tmp, ack)
+            _ack(self.plan, plan["id"], rank, clock - 1)
         # a proposal withdrawn meanwhile (another worker was past B): the scaler proposes a later one
         _hold(self.release, rank, clock, check, lambda: self._withdrawn(clock))
 
@@ -81,12 +82,43 @@ class HoldBeforeClock:
     rank: int
     clock: int
     release: Path
+    plan: Path | None = None  # the run's task plan: a proposal for this clock or later is answered
 
     def before_clock(self, rank: int, clock: int, check: Callable[[], None] | None = None) -> None:
         """Called before this process sends CLOCK(``clock``): hold there if the fault says so."""
         if rank != self.rank or clock != self.clock or self.release.exists():
             return
-        _hold(self.release, rank, clock, check, lambda: False)
+        _hold(self.release, rank, clock, check, lambda: self._answer(rank) and False)
+
+    def _answer(self, rank: int) -> bool:
+        """Answer a proposal for this clock or later not answered yet: this rank will wait there."""
+        plan = _plan_of(self.plan) if self.plan is not None else None
+        if self.plan is not None and plan is not None and plan.get("state") == "proposed" \
+                and isinstance(plan.get("id"), int) and isinstance(plan.get("clock"), int) \
+                and plan["clock"] >= self.clock \
+                and not self.plan.with_name(f"ack-{plan['id']}.rank-{rank}.json").exists():
+            _ack(self.plan, plan["id"], rank, self.clock - 1)
+        return True
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Several faults at once (``;`` in ``$BOSEN_FAULT``)."""
+
+    each: tuple[HoldBeforeLeave | HoldBeforeClock, ...]
+
+    def before_clock(self, rank: int, clock: int, check: Callable[[], None] | None = None) -> None:
+        for f in self.each:
+            f.before_clock(rank, clock, check)
+
+
+def _ack(plan: Path, pid: int, rank: int, at: int) -> None:
+    """Rank ``rank``'s ok to proposal ``pid`` (apps/microtasks.answer's file, written here: the
+    vocabulary does not import the apps)."""
+    ack = plan.with_name(f"ack-{pid}.rank-{rank}.json")
+    tmp = ack.with_name(f".{ack.name}.partial")
+    tmp.write_text(json.dumps({"ok": True, "at": at}))
+    os.replace(tmp, ack)
 
 
 def _hold(release: Path, rank: int, clock: int, check: Callable[[], None] | None, give_up: Callable[[], bool]) -> bool:
@@ -118,18 +150,25 @@ def _plan_of(path: Path) -> dict | None:
     return plan if isinstance(plan, dict) else None
 
 
-def from_env() -> HoldBeforeLeave | HoldBeforeClock | None:
-    """The fault ``$BOSEN_FAULT`` names (None where it is unset); ConfigError naming what is wrong."""
+def from_env() -> HoldBeforeLeave | HoldBeforeClock | Faults | None:
+    """The fault(s) ``$BOSEN_FAULT`` names (None where it is unset); ConfigError naming what is wrong."""
     spec = os.environ.get(ENV)
     if not spec:
         return None
+    each = [_one(x) for x in spec.split(";")]
+    return each[0] if len(each) == 1 else Faults(tuple(each))
+
+
+def _one(spec: str) -> HoldBeforeLeave | HoldBeforeClock:
     kind, _, rest = spec.partition(":")
     rank, _, path = rest.partition(":")
     if kind == "hold-before-clock":
         clock, _, path = path.partition(":")
         if not (rank.isdigit() and clock.isdigit() and path):
             raise ConfigError(f"${ENV}={spec!r}: expected hold-before-clock:RANK:CLOCK:PATH (bosen/faults.py)")
-        return HoldBeforeClock(int(rank), int(clock), Path(path))
+        run_dir = os.environ.get("BOSEN_RUN_DIR")
+        plan = Path(run_dir, "tasks", "plan.json") if run_dir else None
+        return HoldBeforeClock(int(rank), int(clock), Path(path), plan)
     if kind != "hold-before-leave" or not rank.isdigit() or not path:
         raise ConfigError(f"${ENV}={spec!r}: expected hold-before-leave:RANK:PATH or "
                           "hold-before-clock:RANK:CLOCK:PATH (bosen/faults.py)")

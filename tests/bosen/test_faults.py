@@ -58,11 +58,17 @@ def test_a_rank_holds_before_the_clock_of_a_plan_with_leavers_until_released(mon
 
 def test_a_rank_holds_before_a_given_clock_until_released(monkeypatch, tmp_path):
     """``hold-before-clock:RANK:CLOCK:PATH``: that rank holds before CLOCK(CLOCK) only, saying so in
-    PATH.held, until PATH exists; a malformed one is named."""
+    PATH.held, until PATH exists, answering ok a task plan proposed meanwhile for CLOCK or later; a
+    malformed one is named, and several are separated by ``;``."""
     monkeypatch.setenv(faults.ENV, "hold-before-clock:1:x:/p")
     with pytest.raises(ConfigError, match="expected hold-before-clock:RANK:CLOCK:PATH"):
         faults.from_env()
     release = tmp_path / "release"
+    monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
+    (tmp_path / "tasks").mkdir()
+    monkeypatch.setenv(faults.ENV, f"hold-before-clock:1:19:{release};hold-before-clock:2:30:{release}")
+    both = faults.from_env()
+    assert isinstance(both, faults.Faults) and [f.rank for f in both.each] == [1, 2]
     monkeypatch.setenv(faults.ENV, f"hold-before-clock:1:19:{release}")
     fault = faults.from_env()
     assert isinstance(fault, faults.HoldBeforeClock) and (fault.rank, fault.clock) == (1, 19)
@@ -77,6 +83,13 @@ def test_a_rank_holds_before_a_given_clock_until_released(monkeypatch, tmp_path)
         assert time.monotonic() < deadline, "it did not hold"
         time.sleep(0.01)
     assert json.loads(held.read_text()) == {"clock": 19} and not done.is_set()
+    plan = tmp_path / "tasks" / "plan.json"
+    plan.write_text(json.dumps({"id": 5, "clock": 21, "owners": [0, 1], "state": "proposed"}))
+    ack = tmp_path / "tasks" / "ack-5.rank-1.json"
+    while not ack.exists():  # 21: it will wait there
+        assert time.monotonic() < deadline, "it did not answer the proposal"
+        time.sleep(0.01)
+    assert json.loads(ack.read_text()) == {"ok": True, "at": 18}
     release.write_text("go")
     t.join(timeout=30)
     assert done.is_set()
