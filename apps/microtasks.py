@@ -35,13 +35,14 @@ __all__ = ["count", "assign", "owned", "key", "pack", "unpack", "saved_tasks", "
            "FilePlan", "MicroTasks", "TaskState", "drop_handoffs", "answer", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR",
            "run_plan",
            "start_owners", "join_clock", "join", "start", "JOIN_AHEAD", "join_ahead", "ready", "await_join",
-           "announce_join", "Draws", "share"]
+           "announce_join", "Draws", "share", "job_end"]
 
 TaskState = dict[str, np.ndarray]
 HANDOFF_TIMEOUT_S = 120.0  # a receiver waits this long for a giver's file
 HANDOFF_DIR = "tasks"  # under the run directory: plan.json (a new assignment) and the hand-off files
 JOIN_AHEAD = "ahead"  # $BOSEN_JOIN of a joiner started before its boundary is agreed
 JOIN_FILE = "join.json"  # in HANDOFF_DIR: the boundary joiners started ahead join at
+END_FILE = "end-{rank}.json"  # in HANDOFF_DIR: the clock at which a worker's training ends (FilePlan.ends_at)
 JOIN_AHEAD_TIMEOUT_S = 600.0  # a joiner started ahead waits this long for its boundary
 _KEY = re.compile(r"^task\.(\d+)\.(.+)$")
 _HANDOFF = re.compile(r"^task-\d+\.clock-(\d+)\.npz$")
@@ -193,7 +194,11 @@ class FilePlan:
     reaches C waits there until the scaler writes ``"committed"`` (every worker answered ok: the
     tasks move at C) or ``"withdrawn"`` (someone was late: nothing moves; a later C is proposed).
     ``"leave": [ranks]`` names workers that give all their tasks away at C and leave the job. A plan
-    without an ``id`` holds as written (it must reach every worker before C)."""
+    without an ``id`` holds as written (it must reach every worker before C).
+
+    An app says where its training ends (:meth:`ends_at`: the clock after its last tick, the last at
+    which it asks :meth:`at`): a proposal for that clock or later is answered ``{"ok": false, "ends": E}``,
+    since this worker would never wait there (it runs no tick after E, and past E it reads no plan)."""
 
     def __init__(self, path: str | Path, rank: int | None = None, timeout: float = HANDOFF_TIMEOUT_S) -> None:
         self.path = Path(path)
@@ -204,6 +209,20 @@ class FilePlan:
         self._meta: dict[str, Any] = {}
         self._refused: set[int] = set()  # proposals this worker was already past
         self._answered: set[int] = set()
+        self.end: int | None = None  # the clock at which this worker's training ends (``ends_at``)
+
+    def ends_at(self, clock: int) -> None:
+        """This worker's training ends at ``clock`` (it asks :meth:`at` up to that clock and runs no tick
+        after it): a boundary there or later moves nothing, so it is refused (:meth:`_answer`), and the
+        scaler, which reads ``end-<rank>.json``, does not propose one (bosen/jobs/scale.py)."""
+        self.end = int(clock)
+        if self.rank is None:
+            return
+        path = self.path.with_name(END_FILE.format(rank=self.rank))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        tmp.write_text(json.dumps({"clock": self.end}))
+        os.replace(tmp, path)
 
     def initial(self, clock: int, T: int, default: np.ndarray) -> np.ndarray:
         """The owners for a process that starts at ``clock`` (a resumed or replacement worker): the
@@ -263,10 +282,11 @@ class FilePlan:
                 or self._plan is None or pid in self._answered:
             return
         self._answered.add(pid)
-        ok = self._plan[0] >= clock
+        ends = self.end is not None and self._plan[0] >= self.end  # the training ends first: never waits there
+        ok = self._plan[0] >= clock and not ends
         if not ok:
             self._refused.add(pid)
-        answer(self.path, pid, self.rank, clock, ok)
+        answer(self.path, pid, self.rank, clock, ok, self.end if ends else None)
 
     def at(self, clock: int, T: int, check: Callable[[], None] | None = None) -> np.ndarray | None:
         """The owners that hold from ``clock`` on if the plan changes them there, else None. A proposed
@@ -332,14 +352,28 @@ class FilePlan:
             time.sleep(0.005)
 
 
-def answer(plan: Path, pid: int, rank: int, clock: int, ok: bool) -> None:
+def answer(plan: Path, pid: int, rank: int, clock: int, ok: bool, ends: int | None = None) -> None:
     """Worker ``rank``'s answer to proposal ``pid`` of the plan at ``plan``, read at ``clock``: ``ok``
-    (before its boundary: it waits there) or not (past it). bosen/faults.py writes the same file for a
-    rank it holds."""
+    (before its boundary: it waits there) or not (past it, or its training ends at ``ends``, at or
+    before the boundary). bosen/faults.py writes the same file for a rank it holds."""
     ack = plan.with_name(f"ack-{pid}.rank-{rank}.json")
     tmp = ack.with_name(f".{ack.name}.partial")
-    tmp.write_text(json.dumps({"ok": ok, "at": clock}))
+    tmp.write_text(json.dumps({"ok": ok, "at": clock, **({"ends": ends} if ends is not None else {})}))
     os.replace(tmp, ack)
+
+
+def job_end(folder: Path, ranks: Iterable[int]) -> tuple[int, int] | None:
+    """The earliest clock at which the training of one of ``ranks`` ends, and that rank (from their
+    ``end-<rank>.json``, :meth:`FilePlan.ends_at`); None where none of them said (an app that does not)."""
+    ends = []
+    for r in ranks:
+        try:
+            ends.append((int(json.loads((folder / END_FILE.format(rank=r)).read_text())["clock"]), int(r)))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise BosenError(f"{folder / END_FILE.format(rank=r)}: not an end notice {{\"clock\": E}}: {e}") from None
+    return min(ends) if ends else None
 
 
 def join_clock() -> int | None:

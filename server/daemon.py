@@ -503,6 +503,9 @@ class Server:
         if "cs" in h:  # rejoining a replacement of this server: its CLOCKs go on from the last it sent
             self._check_clock_field(h["cs"], "HELLO", "cs")
             clock = min(clock, h["cs"])  # below the rank's clock: a replacement worker redoing its ticks
+            if self.restored is not None:  # it resends its gradients of ticks below "cs": they may be ahead
+                for backup in self.backups.values():
+                    backup.resending(rank, h["cs"])
         if self.restored is not None:  # what it resends (from the clock WELCOME names, or since it joined) comes first
             clock = min(clock, self._resent_from_clock(rank))
         if "fc" in h:  # it ended its clocks (a leaver waiting at its boundary): it counts until its resend gets there
@@ -819,6 +822,8 @@ class Server:
 
     def _on_clock(self, peer: Peer, h: dict[str, Any], reads: list[np.ndarray] | None = None) -> None:
         self._check_clock(peer, h["c"], "CLOCK")
+        for backup in self.backups.values():  # a gradient ahead of a synchronous table is refused here
+            backup.check_clock(peer.rank, h["c"])
         self._set_clock(peer, h["c"])
         if reads is not None:
             self._note_reads(peer, reads)

@@ -231,6 +231,8 @@ def train(client: PSClient, args: Mapping[str, Any], corpus: Corpus | None = Non
     # clocks: the initial counts' tick, the opening barrier, T training ticks, the closing barrier
     T = a.iterations * a.clocks_per_epoch
     pre = 1 + (stale_bound if a.init_barrier else 0)
+    if plan is not None:  # no boundary at or past the training's end: nothing would run on a moved task
+        plan.ends_at(pre + T)
     tick = 0  # clocks done (the client's tick)
     # a checkpoint holds the clocks done and each micro-task's chain (the sweeps' seeds follow from it)
     client.checkpoint_state(lambda: {"tick": np.array([tick]),

@@ -236,6 +236,8 @@ def train(client: PSClient, args: Mapping[str, Any], data: tuple[D.Dataset, D.Da
         c = joining
         lay.load(received, client.config.source)
     clock_wait = 0.0  # time in the previous clock() call: counted in the next report
+    if plan is not None:  # no boundary at or past the training's end: nothing would run on a moved task
+        plan.ends_at(total)
 
     while c < total:
         part = c % cpe
@@ -357,6 +359,8 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
     if a.goodput is not None:  # a push of the table a step: what the client's bandwidth budget paces
         agent = gp.start(client, a.goodput, a.batch_size, float(T.rows * T.cols * np.dtype(T.dtype).itemsize))
     left = False
+    if plan is not None:  # no boundary at or past the last iteration's end: nothing would run on a moved task
+        plan.ends_at(total)
 
     def boundary() -> bool:
         """After a clock: where the job's workers change from this clock on (``bosen scale``), hand

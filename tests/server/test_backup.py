@@ -499,3 +499,40 @@ def test_a_restored_step_holds_resent_gradients_of_later_iterations_until_it_get
     assert grad(1, 2, 3.0) and step.iteration == 3 and W[0, 0] == pytest.approx(-9.0)  # (3 + 6 + 3) / 3
     assert step.k_history == [2, 2, 3] and step.applied == [[0, 1], [0, 1], [0, 2, 1]] and not step.ahead
     assert step.counts["dropped_late"] == step.counts["dropped_repeat"] == 0
+
+
+def test_a_gradient_ahead_of_the_table_is_refused_unless_a_resend_brings_it():
+    """Only a resend to a restored server is ahead of the table (a worker computes on the iteration
+    it read): a rank's gradients of ticks below the clock it had sent the lost server (HELLO "cs",
+    ``resending``), however far ahead, then the one of its tick in flight (w_t read from the lost
+    server, a catch-up past "cs" included); after that its reads wait for this server. Those are held;
+    a gradient ahead on a server that was not restored, or after the rank's resend and tick in flight,
+    is refused (ProtocolError), nothing held, so a buggy worker cannot grow what the server holds."""
+    cfg = TableConfig(name="G", rows=1, cols=1, dtype="float64", backup=BackupConfig(mode="static", k=2, lr=1.0))
+    W = np.zeros((1, 1))
+    step = BackupStep(cfg)
+    step.create(np.arange(1, dtype=np.int64), W)
+    step.start(2, 0, 0.0)
+
+    def grad(r: int, it: int, value: float) -> bool:
+        step.put(r, np.full((1, 1), value))
+        step.check_clock(r, it + 1)
+        return step.clocked(r, it + 1, 0.0)
+
+    with pytest.raises(ProtocolError, match=r"rank 0's gradient of iteration 1 is ahead of table 'G' \(iteration 0\)"
+                                            r".*; refused, not held"):
+        grad(0, 1, 1.0)
+    assert not step.ahead and step.counts["held_ahead"] == 0
+    step.resending(0, 40)  # a restored server: rank 0 had sent its predecessor CLOCK(40)
+    step.resending(1, 1)  # rank 1 had sent CLOCK(1)
+    assert not any(grad(0, it, 1.0) for it in range(40))  # ticks 0..39: 39 held, however far ahead
+    assert step.counts["held_ahead"] == 39
+    assert not step.clocked(0, 45, 0.0)  # catch-up clocks, no gradient (it had read w_45 from the lost server)
+    assert not grad(0, 45, 1.0) and step.counts["held_ahead"] == 40  # its tick in flight
+    with pytest.raises(ProtocolError, match="rank 0's gradient of iteration 46 is ahead"):
+        grad(0, 46, 1.0)  # its reads wait for this server now: nothing more can be ahead
+    assert not grad(1, 1, 1.0) and step.counts["held_ahead"] == 41  # rank 1's tick in flight
+    with pytest.raises(ProtocolError, match="rank 1's gradient of iteration 2 is ahead"):
+        grad(1, 2, 1.0)
+    assert step.counts["held_ahead"] == 41 and len(step.ahead) == 41 and step.iteration == 0
+    assert grad(1, 0, 3.0) and step.iteration == 2 and W[0, 0] == -3.0  # the held ones go on as before

@@ -206,6 +206,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         c = joined
         for t, st in received.items():
             mine[t].load(st, t, sched.span(c)[0], source)
+    if plan is not None:  # no boundary at or past the training's end: nothing would run on a moved task
+        plan.ends_at(a.epochs * sched.clocks)
     while c < a.epochs * sched.clocks:
         lo, hi = sched.span(c)
         loss_sum, n, t0 = 0.0, 0, time.perf_counter()
@@ -285,6 +287,8 @@ def _train_sync(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) 
     if a.goodput is not None:  # a push of the table a step: what the client's bandwidth budget paces
         agent = gp.start(client, a.goodput, a.batch_size, float(model.flat.numel() * model.flat.element_size()))
     left = False
+    if plan is not None:  # no boundary at or past the last iteration's end: nothing would run on a moved task
+        plan.ends_at(total)
 
     def boundary() -> bool:
         """After a clock: where the job's workers change from this clock on, hand tasks off and draw from

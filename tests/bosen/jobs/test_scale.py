@@ -225,6 +225,43 @@ def test_impossible_requests_are_refused_naming_why(tmp_path):
         _stop(p)
 
 
+@pytest.mark.timeout(120)
+def test_a_request_in_the_jobs_last_clocks_is_refused_and_the_job_ends_exact(tmp_path):
+    """An LDA job whose training ends at clock 20 (18 iterations after 2 opening clocks), worker 1 held
+    before its CLOCK(19) ($BOSEN_FAULT=hold-before-clock): any boundary the scaler could propose now is
+    20 or later (a scale-in's is the checkpoint boundary 20), where no tick runs after the move and
+    a worker reads no plan past it (a leaver would wait there for a release, a joiner for hand-offs,
+    that never come). So a scale-in (the command) and a scale-out (``bosen.scale``) are refused at once,
+    saying the job ends first and nothing moved; released, the job ends with its 2 workers, every
+    checkpoint and the final table exactly the counts of their assignments."""
+    iterations, every = 18, 10
+    path, cfg = _lda_job(tmp_path, iterations, every=every)
+    run = (tmp_path / "run").resolve()
+    release = tmp_path / "release"
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-clock:1:{iterations + 1}:{release}"})
+    try:
+        _until(p, run, (tmp_path / "release.held").exists, "worker 1 did not hold before its CLOCK(19)")
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "bosen", "scale", str(run), "--workers", "1"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0, r.stdout + r.stderr
+        said = r.stdout + r.stderr
+        b = re.search(r"training ends at clock 20 \(worker \d\), at or before clock (\d+), the earliest", said)
+        assert b and int(b.group(1)) >= 20, said  # 2 past the newest clock seen (the closing barrier's 21: 30)
+        assert "too few clocks remain; nothing moved" in said, said
+        with pytest.raises(ScaleError, match="the job's training ends at clock 20 .* too few clocks remain"):
+            bosen.scale(run, workers=3)
+        assert not (run / "tasks" / "plan.json").exists()  # nothing was proposed, no joiner started
+        print(f"refused in {time.monotonic() - t0:.1f}s")
+        release.write_text("go")
+        out = _output(p, run, 90)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    assert "scale:" not in out  # no step began
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_joined_server_killed_after_its_checkpoint_is_replaced_and_the_counts_stay_exact(tmp_path):
@@ -414,7 +451,7 @@ def test_a_worker_lost_at_a_scale_in_boundary_is_replaced_and_the_deferred_part_
     ticks, takes worker 1's task again from the hand-off file of B (kept for it: the giver has gone on)
     and sends CLOCK(B); the parts of B are saved then, worker 2 is let go, and every checkpoint, B's
     too, and the final table are exactly the counts of their assignments."""
-    iterations, every = 98, 10  # B mid-run (a scale-in in a job's last clocks can fail); last parts at the end
+    iterations, every = 98, 10  # B mid-run (in the last clocks it is refused); last parts at the end
     cfg, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, iterations, every, 2)
     try:
         _wait_clock(p, run, 3)
@@ -460,6 +497,65 @@ def test_a_worker_lost_at_a_scale_in_boundary_is_replaced_and_the_deferred_part_
 
 
 @pytest.mark.timeout(150)
+def test_a_joiner_lost_after_its_boundary_is_replaced_from_before_it_joined_and_the_counts_stay_exact(tmp_path):
+    """Workers 2 -> 3 in a running LDA job (checkpoints every 10 clocks), and the joiner, worker 2,
+    SIGKILLed after it took its tasks at B and ran ticks with them, before any checkpoint at or past
+    B: the riskier loss of a scale-out, since no complete checkpoint knows rank 2 (a giver's
+    replacement restarts from its own part, as a scale-in's does, tested above). Held by
+    $BOSEN_FAULT=hold-before-clock: workers 0 and 1 before their CLOCK(11) while the step is agreed (so
+    B is 12, answered by the fault: a worker blocked in a read, behind a held one, reads no plan), then
+    worker 2 before its CLOCK(16), where it is killed. Its
+    replacement restarts from the checkpoint at 10, owning nothing until B (the plan holds from B),
+    takes its tasks again from B's hand-off files, the servers having taken back what the lost
+    process sent since it joined; the job finishes, every checkpoint and the final word-topic table
+    exactly the counts of their assignments."""
+    iterations, every = 98, 10
+    path, cfg = _lda_job(tmp_path, iterations, every=every)
+    run = (tmp_path / "run").resolve()
+    go0, go2 = tmp_path / "go0", tmp_path / "go2"
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-clock:0:11:{go0};hold-before-clock:1:11:{go0};"
+                                               f"hold-before-clock:2:16:{go2}"})
+    lines: list[str] = []
+    failed: list[BaseException] = []
+
+    def scale() -> None:
+        try:
+            bosen.scale(run, workers=3, out=lines.append)
+        except BaseException as e:  # noqa: BLE001 - the test thread reports it
+            failed.append(e)
+
+    step = threading.Thread(target=scale, daemon=True)
+    try:
+        _until(p, run, (tmp_path / "go0.held").exists, "workers 0, 1 did not hold before their CLOCK(11)")
+        step.start()
+
+        def committed() -> int | None:
+            try:
+                plan = json.loads((run / "tasks" / "plan.json").read_text())
+            except (OSError, ValueError):
+                return None
+            return plan["clock"] if plan.get("state") == "committed" else None
+
+        _until(p, run, lambda: committed() is not None, "the scale-out was not committed while workers 0, 1 held")
+        b = committed()
+        assert b == 12, b  # 2 past clock 10, where worker 0 holds
+        go0.write_text("go")
+        _until(p, run, (tmp_path / "go2.held").exists, "worker 2 did not hold before its CLOCK(16)")
+        assert checkpoint.clocks(run / "checkpoints")[0] == 10  # nothing at or past B on disk
+        _worker(p, 2).kill()
+        go2.write_text("go")  # for its replacement, which passes 16 again
+        out = _output(p, run, 120)
+        step.join(timeout=30)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, (out[-3000:], lines)
+    assert not failed, failed
+    assert f"committed: micro-tasks move at clock {b}" in "\n".join(lines), lines
+    assert "worker-2.1 replaces worker-2: it redoes clocks from 10 on" in out, out[-3000:]
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations, redone=True)
+
+
+@pytest.mark.timeout(150)
 def test_a_server_killed_while_a_leaver_waits_for_its_release_is_replaced_and_the_counts_stay_exact(tmp_path):
     """Workers 3 -> 2 in a running LDA job: worker 1 holds before its CLOCK of the boundary B
     ($BOSEN_FAULT=hold-before-leave), so no server has its part of B; the leaver, worker 2, reaches B,
@@ -469,7 +565,7 @@ def test_a_server_killed_while_a_leaver_waits_for_its_release_is_replaced_and_th
     asked for a part of B. Worker 1 goes on once the replacement serves: every server saves B, only
     then is the leaver let go, and B's checkpoint, every other and the final table are exactly the
     counts of their assignments."""
-    iterations, every = 98, 10  # B mid-run (a scale-in in a job's last clocks can fail); last parts at the end
+    iterations, every = 98, 10  # B mid-run (in the last clocks it is refused); last parts at the end
     cfg, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, iterations, every, 1)
     try:
         _wait_clock(p, run, every)  # B past the first part: the replacement restores one before B
