@@ -35,13 +35,14 @@ __all__ = ["count", "assign", "owned", "key", "pack", "unpack", "saved_tasks", "
            "FilePlan", "MicroTasks", "TaskState", "drop_handoffs", "answer", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR",
            "run_plan",
            "start_owners", "join_clock", "join", "start", "JOIN_AHEAD", "join_ahead", "ready", "await_join",
-           "announce_join", "Draws", "share"]
+           "announce_join", "Draws", "share", "job_end"]
 
 TaskState = dict[str, np.ndarray]
 HANDOFF_TIMEOUT_S = 120.0  # a receiver waits this long for a giver's file
 HANDOFF_DIR = "tasks"  # under the run directory: plan.json (a new assignment) and the hand-off files
 JOIN_AHEAD = "ahead"  # $BOSEN_JOIN of a joiner started before its boundary is agreed
 JOIN_FILE = "join.json"  # in HANDOFF_DIR: the boundary joiners started ahead join at
+END_FILE = "end-{rank}.json"  # in HANDOFF_DIR: the clock at which a worker's training ends (FilePlan.ends_at)
 JOIN_AHEAD_TIMEOUT_S = 600.0  # a joiner started ahead waits this long for its boundary
 _KEY = re.compile(r"^task\.(\d+)\.(.+)$")
 _HANDOFF = re.compile(r"^task-\d+\.clock-(\d+)\.npz$")
@@ -120,18 +121,22 @@ def _path(folder: Path, t: int, clock: int) -> Path:
 
 def give(folder: str | Path, clock: int, states: Mapping[int, Mapping[str, np.ndarray]]) -> list[Path]:
     """Write each task's state as ``task-<t>.clock-<clock>.npz`` in ``folder`` (written whole, then
-    renamed: a reader never sees half a file). Returns the files."""
+    renamed: a reader never sees half a file). A file already there stays: the first hand-off of a task
+    at a clock is the one its receiver may have taken (a lost giver's, which its replacement adopts
+    instead of writing its own: :meth:`MicroTasks.adopt`). Returns the files."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for t, st in states.items():
         final = _path(folder, t, clock)
+        out.append(final)
+        if final.exists():
+            continue
         tmp = final.with_name(f".{final.name}.{os.getpid()}.partial")
         with tmp.open("wb") as f:
             arrays: dict[str, Any] = {n: np.asarray(v) for n, v in st.items()}
             np.savez(f, **arrays)
         os.replace(tmp, final)
-        out.append(final)
     return out
 
 
@@ -189,7 +194,11 @@ class FilePlan:
     reaches C waits there until the scaler writes ``"committed"`` (every worker answered ok: the
     tasks move at C) or ``"withdrawn"`` (someone was late: nothing moves; a later C is proposed).
     ``"leave": [ranks]`` names workers that give all their tasks away at C and leave the job. A plan
-    without an ``id`` holds as written (it must reach every worker before C)."""
+    without an ``id`` holds as written (it must reach every worker before C).
+
+    An app says where its training ends (:meth:`ends_at`: the clock after its last tick, the last at
+    which it asks :meth:`at`): a proposal for that clock or later is answered ``{"ok": false, "ends": E}``,
+    since this worker would never wait there (it runs no tick after E, and past E it reads no plan)."""
 
     def __init__(self, path: str | Path, rank: int | None = None, timeout: float = HANDOFF_TIMEOUT_S) -> None:
         self.path = Path(path)
@@ -200,6 +209,20 @@ class FilePlan:
         self._meta: dict[str, Any] = {}
         self._refused: set[int] = set()  # proposals this worker was already past
         self._answered: set[int] = set()
+        self.end: int | None = None  # the clock at which this worker's training ends (``ends_at``)
+
+    def ends_at(self, clock: int) -> None:
+        """This worker's training ends at ``clock`` (it asks :meth:`at` up to that clock and runs no tick
+        after it): a boundary there or later moves nothing, so it is refused (:meth:`_answer`), and the
+        scaler, which reads ``end-<rank>.json``, does not propose one (bosen/jobs/scale.py)."""
+        self.end = int(clock)
+        if self.rank is None:
+            return
+        path = self.path.with_name(END_FILE.format(rank=self.rank))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        tmp.write_text(json.dumps({"clock": self.end}))
+        os.replace(tmp, path)
 
     def initial(self, clock: int, T: int, default: np.ndarray) -> np.ndarray:
         """The owners for a process that starts at ``clock`` (a resumed or replacement worker): the
@@ -208,6 +231,21 @@ class FilePlan:
         if owners is not None and self._plan is not None and self._plan[0] <= clock and self._holds():
             return owners
         return default
+
+    def committed(self, clock: int, T: int) -> np.ndarray | None:
+        """The owners of a plan for ``clock`` that is in force already (committed, or without an id),
+        else None; answers and waits for nothing (:meth:`at` does, at the boundary)."""
+        self._fresh(clock, T)
+        if self._plan is None or self._plan[0] != clock or not self._holds():
+            return None
+        return self._plan[1]
+
+    def _fresh(self, clock: int, T: int) -> None:
+        """Read the plan if it changed; a new plan without an id for a clock before ``clock`` (the boundary
+        this worker is at or about to reach) is an error: this worker would run the old assignment."""
+        if self._read(T) is not None and self._plan is not None and "id" not in self._meta:
+            if self._plan[0] < clock:
+                raise BosenError(f"{self.path}: a plan for clock {self._plan[0]} reached this worker at clock {clock}")
 
     def _holds(self) -> bool:
         """The plan read last is in force (no id, or committed)."""
@@ -244,18 +282,17 @@ class FilePlan:
                 or self._plan is None or pid in self._answered:
             return
         self._answered.add(pid)
-        ok = self._plan[0] >= clock
+        ends = self.end is not None and self._plan[0] >= self.end  # the training ends first: never waits there
+        ok = self._plan[0] >= clock and not ends
         if not ok:
             self._refused.add(pid)
-        answer(self.path, pid, self.rank, clock, ok)
+        answer(self.path, pid, self.rank, clock, ok, self.end if ends else None)
 
     def at(self, clock: int, T: int, check: Callable[[], None] | None = None) -> np.ndarray | None:
         """The owners that hold from ``clock`` on if the plan changes them there, else None. A proposed
         plan for ``clock`` is waited for here (committed: its owners; withdrawn: None). A plan without
         an id for a clock this worker has passed is an error (it would run the old assignment)."""
-        if self._read(T) is not None and self._plan is not None and "id" not in self._meta:
-            if self._plan[0] < clock:
-                raise BosenError(f"{self.path}: a plan for clock {self._plan[0]} reached this worker at clock {clock}")
+        self._fresh(clock, T)
         self._answer(clock)  # a proposal read now or earlier (at the start) is answered once
         if self._plan is None or self._plan[0] != clock or self._meta.get("id") in self._refused:
             return None
@@ -315,14 +352,28 @@ class FilePlan:
             time.sleep(0.005)
 
 
-def answer(plan: Path, pid: int, rank: int, clock: int, ok: bool) -> None:
+def answer(plan: Path, pid: int, rank: int, clock: int, ok: bool, ends: int | None = None) -> None:
     """Worker ``rank``'s answer to proposal ``pid`` of the plan at ``plan``, read at ``clock``: ``ok``
-    (before its boundary: it waits there) or not (past it). bosen/faults.py writes the same file for a
-    rank it holds."""
+    (before its boundary: it waits there) or not (past it, or its training ends at ``ends``, at or
+    before the boundary). bosen/faults.py writes the same file for a rank it holds."""
     ack = plan.with_name(f"ack-{pid}.rank-{rank}.json")
     tmp = ack.with_name(f".{ack.name}.partial")
-    tmp.write_text(json.dumps({"ok": ok, "at": clock}))
+    tmp.write_text(json.dumps({"ok": ok, "at": clock, **({"ends": ends} if ends is not None else {})}))
     os.replace(tmp, ack)
+
+
+def job_end(folder: Path, ranks: Iterable[int]) -> tuple[int, int] | None:
+    """The earliest clock at which the training of one of ``ranks`` ends, and that rank (from their
+    ``end-<rank>.json``, :meth:`FilePlan.ends_at`); None where none of them said (an app that does not)."""
+    ends = []
+    for r in ranks:
+        try:
+            ends.append((int(json.loads((folder / END_FILE.format(rank=r)).read_text())["clock"]), int(r)))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise BosenError(f"{folder / END_FILE.format(rank=r)}: not an end notice {{\"clock\": E}}: {e}") from None
+    return min(ends) if ends else None
 
 
 def join_clock() -> int | None:
@@ -460,6 +511,32 @@ class MicroTasks:
         received = take(folder, clock, got, timeout, check)
         self.owners = new_owners
         return received
+
+
+    def adopt(self, clock: int, plan: FilePlan | None, folder: str | Path | None) -> dict[int, TaskState]:
+        """Just before this worker's CLOCK(``clock``): the tasks it gives away at ``clock`` (a committed
+        plan) whose hand-off file is already there, with the states in them. Such a file was written by
+        an earlier process of this rank (one lost after its hand-off, whose replacement redoes the ticks
+        below ``clock``; or a run this one resumes) and its receiver may already run on from it, so the
+        file stays (:func:`give`) and the app *adopts* it: it puts those states in place of its own
+        and adds to the tables what differs between their contributions and its own states' (LDA:
+        the counts of the assignments), as updates of the tick before ``clock``. Then the tables, this
+        worker's checkpoint part of ``clock`` and the receiver all follow the state handed off.
+        Empty outside a run directory or when nothing is given at ``clock``."""
+        if plan is None or folder is None:
+            return {}
+        new = plan.committed(clock, self.T)
+        if new is None:
+            return {}
+        given = np.flatnonzero((self.owners == self.rank) & (new != self.rank))
+        out: dict[int, TaskState] = {}
+        for t in given.tolist():
+            try:
+                with np.load(_path(Path(folder), t, clock), allow_pickle=False) as z:
+                    out[t] = {n: z[n] for n in z.files}
+            except FileNotFoundError:  # none: this worker hands it off itself
+                continue
+        return out
 
 
 class Draws:

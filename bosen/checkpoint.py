@@ -318,12 +318,27 @@ def check_complete(base: Path, clock: int, servers: int, workers: int | None,
     return parts
 
 
+def taken_back(path: Path) -> list[str]:
+    """The corrections beside checkpoint ``path`` (``redo.server-J.rank-R.npz``, sorted): its server parts
+    were saved before a lost worker's updates since an older checkpoint were taken back (its replacement
+    redid them), so they hold the lost process's ticks while its worker part holds the redo's. A lost
+    server's replacement restored from such a part applies them (server/checkpoints.py); a whole-job
+    resume starts from an older checkpoint instead (docs/recovery.md)."""
+    return sorted(p.name for p in path.glob("redo.*.npz"))
+
+
 def newest_complete(base: Path, servers: int, workers: int | None, fingerprint: str | Callable[[int], str] | None,
-                    verify: bool = True) -> tuple[int, dict[str, Part], list[str]]:
+                    verify: bool = True, exact: bool = False) -> tuple[int, dict[str, Part], list[str]]:
     """The newest complete checkpoint under ``base``: (clock, parts, why newer ones were skipped);
-    ``workers`` and ``fingerprint`` as for :func:`check_complete`."""
+    ``workers`` and ``fingerprint`` as for :func:`check_complete`. ``exact``: also skip those a
+    take-back made stale (:func:`taken_back`), as a resume of the whole job must."""
     skipped: list[str] = []
     for c in clocks(base):
+        if exact and (fixes := taken_back(clock_dir(base, c))):
+            skipped.append(f"clock {c}: its server parts hold a lost worker's updates that were taken back after "
+                           f"they were saved ({', '.join(fixes)} beside them), its worker part the replacement's "
+                           "redo: not exact to resume from")
+            continue
         try:
             return c, check_complete(base, c, servers, workers, fingerprint, verify), skipped
         except CheckpointError as e:
@@ -334,8 +349,10 @@ def newest_complete(base: Path, servers: int, workers: int | None, fingerprint: 
 
 def prune(base: Path, keep: int, servers: int, workers: int) -> list[int]:
     """Delete all but the ``keep`` newest complete checkpoints, and unfinished ones older than the
-    newest complete one (checked by sizes, not checksums: a cheap test that runs often). Returns
-    the clocks deleted."""
+    newest complete one (checked by sizes, not checksums: a cheap test that runs often). Complete
+    ones a take-back made stale (:func:`taken_back`) do not count towards ``keep``: a resume needs
+    ``keep`` exact ones; they stay while newer than the oldest of those (a lost worker's or server's
+    replacement may still restart from them). Returns the clocks deleted."""
     complete: list[int] = []
     deleted = []
     for c in clocks(base):
@@ -344,8 +361,10 @@ def prune(base: Path, keep: int, servers: int, workers: int) -> list[int]:
             ok = True
         except CheckpointError:
             ok = False
+        stale = ok and bool(taken_back(clock_dir(base, c)))
         if ok and len(complete) < keep:
-            complete.append(c)
+            if not stale:
+                complete.append(c)
         elif complete:  # beyond the newest ``keep``, or unfinished and older than a complete one
             shutil.rmtree(clock_dir(base, c), ignore_errors=True)
             deleted.append(c)
@@ -377,6 +396,8 @@ def prune_bases(base: Path, keep: int, servers: int, workers: int) -> list[int]:
     found = clocks(base)
     newest = None
     for c in found:
+        if taken_back(clock_dir(base, c)):  # not one a resume starts from (:func:`prune`)
+            continue
         try:
             check_complete(base, c, servers, workers, None, verify=False)
             newest = c

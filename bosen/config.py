@@ -319,7 +319,7 @@ class CheckpointConfig:
 
     every_clocks: int = 10
     dir: str = "checkpoints"  # relative paths are relative to the run directory
-    keep: int = 2  # newest complete checkpoints kept; older ones are deleted once a newer one is complete
+    keep: int = 2  # newest complete checkpoints kept (a resume's: not stale by a take-back); older ones deleted
     every_s: float | None = None
     mttf_s: float | None = None
     # SCAR's priority checkpoints: each save writes this fraction r of every shard's rows, chosen by

@@ -1,7 +1,7 @@
 """Fault injection for recovery tests: off unless ``$BOSEN_FAULT`` is set, read in one place (here).
 
 Some failures need another process to be at a given point when they happen, which timing cannot
-arrange on a loaded machine. The one fault so far:
+arrange on a loaded machine. Three:
 
 ``BOSEN_FAULT=hold-before-leave:RANK:PATH``
     worker rank ``RANK`` (a launched worker: ``$BOSEN_RUN_DIR`` is set) does not send the CLOCK of a
@@ -13,6 +13,24 @@ arrange on a loaded machine. The one fault so far:
     lost worker is away"). A proposal it has not answered yet it answers first (it is before B and
     will wait there), so the scaler commits while it holds; a proposal withdrawn meanwhile (another
     worker was past B) lets it go on, and it holds again at the next B.
+
+``BOSEN_FAULT=hold-before-clock:RANK:CLOCK:PATH``
+    worker rank ``RANK`` does not send CLOCK(``CLOCK``) until the file ``PATH`` exists (it writes
+    ``PATH.held`` first): the servers' clock stays below ``CLOCK`` meanwhile, so a test can act on
+    the job at a known point (a scale request in a job's last clocks, a kill around a boundary). A
+    task plan proposed meanwhile for ``CLOCK`` or later it answers (it will wait there), as the app
+    would at its next boundary, so a scale step can be agreed while it holds.
+
+``BOSEN_FAULT=no-parts-from:RANK:CLOCK``
+    the first process of worker rank ``RANK`` (not a replacement: ``$BOSEN_REJOIN`` unset) writes no
+    checkpoint part of a clock at or past ``CLOCK``, as a process whose part writer fell behind would
+    not have before it died. The servers save their parts meanwhile, but no checkpoint at or past
+    ``CLOCK`` completes while it runs: killed later, it is replaced from a checkpoint before
+    ``CLOCK`` (with a scale-in's boundary B >= ``CLOCK``: after its hand-off at B, docs/recovery.md, "A
+    giver lost after its hand-off"), and the servers' parts of clocks in (C, T] were saved before the
+    take-back ("A part saved before a take-back"). Its replacement writes its parts as usual.
+
+Several faults are separated by ``;`` (``hold-before-clock:0:11:/a;hold-before-clock:2:16:/b``).
 """
 
 from __future__ import annotations
@@ -26,14 +44,26 @@ from pathlib import Path
 
 from bosen.errors import BosenError, ConfigError
 
-__all__ = ["ENV", "HoldBeforeLeave", "from_env", "HOLD_TIMEOUT_S"]
+__all__ = ["ENV", "Fault", "HoldBeforeLeave", "HoldBeforeClock", "NoPartsFrom", "Faults", "from_env",
+           "HOLD_TIMEOUT_S"]
 
 ENV = "BOSEN_FAULT"
 HOLD_TIMEOUT_S = 120.0  # a held worker gives up (the test that set it is gone)
 
 
+class Fault:
+    """Where the client asks a fault what to do; each does nothing unless a fault says otherwise."""
+
+    def before_clock(self, rank: int, clock: int, check: Callable[[], None] | None = None) -> None:
+        """Called before this process sends CLOCK(``clock``)."""
+
+    def skips_part(self, rank: int, clock: int) -> bool:
+        """Whether this process writes no checkpoint part of ``clock``."""
+        return False
+
+
 @dataclass(frozen=True)
-class HoldBeforeLeave:
+class HoldBeforeLeave(Fault):
     """Worker ``rank`` holds its CLOCK of a scale-in's boundary until ``release`` exists."""
 
     rank: int
@@ -56,30 +86,96 @@ class HoldBeforeLeave:
             # read here first (during the tick before B): answer it now, as the app would at its next
             # boundary, or the proposal waits for this rank's answer while it holds. The answer file is
             # apps/microtasks.answer's (written here: the vocabulary does not import the apps)
-            ack = self.plan.with_name(f"ack-{plan['id']}.rank-{rank}.json")
-            ack_tmp = ack.with_name(f".{ack.name}.partial")
-            ack_tmp.write_text(json.dumps({"ok": True, "at": clock - 1}))
-            os.replace(ack_tmp, ack)
-        held = self.release.with_name(self.release.name + ".held")
-        tmp = held.with_name(f".{held.name}.partial")
-        tmp.write_text(json.dumps({"clock": clock}))
-        os.replace(tmp, held)
-        deadline = time.monotonic() + HOLD_TIMEOUT_S
-        while not self.release.exists():
-            if self._withdrawn(clock):  # another worker was past B: the scaler proposes a later one
-                held.unlink(missing_ok=True)
-                return
-            if check is not None:
-                check()
-            if time.monotonic() > deadline:
-                raise BosenError(f"${ENV}: worker {rank} held before clock {clock} for {HOLD_TIMEOUT_S:g}s and "
-                                 f"{self.release} was not written")
-            time.sleep(0.01)
+            _ack(self.plan, plan["id"], rank, clock - 1)
+        # a proposal withdrawn meanwhile (another worker was past B): the scaler proposes a later one
+        _hold(self.release, rank, clock, check, lambda: self._withdrawn(clock))
 
     def _withdrawn(self, clock: int) -> bool:
         """The plan this rank holds for is no longer one at ``clock`` (withdrawn, or replaced)."""
         plan = _plan_of(self.plan)
         return plan is not None and (plan.get("clock") != clock or plan.get("state") == "withdrawn")
+
+
+@dataclass(frozen=True)
+class HoldBeforeClock(Fault):
+    """Worker ``rank`` holds its CLOCK(``clock``) until ``release`` exists."""
+
+    rank: int
+    clock: int
+    release: Path
+    plan: Path | None = None  # the run's task plan: a proposal for this clock or later is answered
+
+    def before_clock(self, rank: int, clock: int, check: Callable[[], None] | None = None) -> None:
+        """Called before this process sends CLOCK(``clock``): hold there if the fault says so."""
+        if rank != self.rank or clock != self.clock or self.release.exists():
+            return
+        _hold(self.release, rank, clock, check, lambda: self._answer(rank) and False)
+
+    def _answer(self, rank: int) -> bool:
+        """Answer a proposal for this clock or later not answered yet: this rank will wait there."""
+        plan = _plan_of(self.plan) if self.plan is not None else None
+        if self.plan is not None and plan is not None and plan.get("state") == "proposed" \
+                and isinstance(plan.get("id"), int) and isinstance(plan.get("clock"), int) \
+                and plan["clock"] >= self.clock \
+                and not self.plan.with_name(f"ack-{plan['id']}.rank-{rank}.json").exists():
+            _ack(self.plan, plan["id"], rank, self.clock - 1)
+        return True
+
+
+@dataclass(frozen=True)
+class NoPartsFrom(Fault):
+    """Worker ``rank``'s first process writes no checkpoint part of a clock at or past ``clock``."""
+
+    rank: int
+    clock: int
+    replacement: bool  # this process replaces a lost one ($BOSEN_REJOIN): it writes its parts
+
+    def skips_part(self, rank: int, clock: int) -> bool:
+        return rank == self.rank and not self.replacement and clock >= self.clock
+
+
+@dataclass(frozen=True)
+class Faults(Fault):
+    """Several faults at once (``;`` in ``$BOSEN_FAULT``)."""
+
+    each: tuple[Fault, ...]
+
+    def before_clock(self, rank: int, clock: int, check: Callable[[], None] | None = None) -> None:
+        for f in self.each:
+            f.before_clock(rank, clock, check)
+
+    def skips_part(self, rank: int, clock: int) -> bool:
+        return any(f.skips_part(rank, clock) for f in self.each)
+
+
+def _ack(plan: Path, pid: int, rank: int, at: int) -> None:
+    """Rank ``rank``'s ok to proposal ``pid`` (apps/microtasks.answer's file, written here: the
+    vocabulary does not import the apps)."""
+    ack = plan.with_name(f"ack-{pid}.rank-{rank}.json")
+    tmp = ack.with_name(f".{ack.name}.partial")
+    tmp.write_text(json.dumps({"ok": True, "at": at}))
+    os.replace(tmp, ack)
+
+
+def _hold(release: Path, rank: int, clock: int, check: Callable[[], None] | None, give_up: Callable[[], bool]) -> bool:
+    """Write ``release.held`` and wait until ``release`` exists (True) or ``give_up()`` (False, the held
+    file removed); BosenError after HOLD_TIMEOUT_S."""
+    held = release.with_name(release.name + ".held")
+    tmp = held.with_name(f".{held.name}.partial")
+    tmp.write_text(json.dumps({"clock": clock}))
+    os.replace(tmp, held)
+    deadline = time.monotonic() + HOLD_TIMEOUT_S
+    while not release.exists():
+        if give_up():
+            held.unlink(missing_ok=True)
+            return False
+        if check is not None:
+            check()
+        if time.monotonic() > deadline:
+            raise BosenError(f"${ENV}: worker {rank} held before clock {clock} for {HOLD_TIMEOUT_S:g}s and "
+                             f"{release} was not written")
+        time.sleep(0.01)
+    return True
 
 
 def _plan_of(path: Path) -> dict | None:
@@ -90,16 +186,33 @@ def _plan_of(path: Path) -> dict | None:
     return plan if isinstance(plan, dict) else None
 
 
-def from_env() -> HoldBeforeLeave | None:
-    """The fault ``$BOSEN_FAULT`` names (None where it is unset); ConfigError naming what is wrong."""
+def from_env() -> Fault | None:
+    """The fault(s) ``$BOSEN_FAULT`` names (None where it is unset); ConfigError naming what is wrong."""
     spec = os.environ.get(ENV)
     if not spec:
         return None
+    each = [_one(x) for x in spec.split(";")]
+    return each[0] if len(each) == 1 else Faults(tuple(each))
+
+
+def _one(spec: str) -> Fault:
     kind, _, rest = spec.partition(":")
     rank, _, path = rest.partition(":")
-    if kind != "hold-before-leave" or not rank.isdigit() or not path:
-        raise ConfigError(f"${ENV}={spec!r}: expected hold-before-leave:RANK:PATH (docs/recovery.md)")
+    if kind == "hold-before-clock":
+        clock, _, path = path.partition(":")
+        if not (rank.isdigit() and clock.isdigit() and path):
+            raise ConfigError(f"${ENV}={spec!r}: expected hold-before-clock:RANK:CLOCK:PATH (bosen/faults.py)")
+        run_dir = os.environ.get("BOSEN_RUN_DIR")
+        plan = Path(run_dir, "tasks", "plan.json") if run_dir else None
+        return HoldBeforeClock(int(rank), int(clock), Path(path), plan)
+    hold = kind == "hold-before-leave" and rank.isdigit() and path
+    parts = kind == "no-parts-from" and rank.isdigit() and path.isdigit()
+    if not (hold or parts):
+        raise ConfigError(f"${ENV}={spec!r}: expected hold-before-leave:RANK:PATH, "
+                          "hold-before-clock:RANK:CLOCK:PATH or no-parts-from:RANK:CLOCK (bosen/faults.py)")
     run_dir = os.environ.get("BOSEN_RUN_DIR")
     if not run_dir:
         raise ConfigError(f"${ENV}={spec!r}: a launched worker's fault ($BOSEN_RUN_DIR is not set)")
+    if parts:
+        return NoPartsFrom(int(rank), int(path), bool(os.environ.get("BOSEN_REJOIN")))
     return HoldBeforeLeave(int(rank), Path(path), Path(run_dir, "tasks", "plan.json"))

@@ -33,8 +33,9 @@ class WorkerCheckpoints:
     without checkpoints (then nothing here does anything)."""
 
     def __init__(self, config: Config, links: Sequence[ServerLink], life: Lifecycle,
-                 fresh: threading.Condition) -> None:
+                 fresh: threading.Condition, skips: Callable[[int, int], bool] | None = None) -> None:
         self.config = config
+        self._skips = skips  # a recovery test's fault (bosen/faults.py): (rank, clock) -> no part
         self._links = links
         self._life = life
         self._fresh = fresh
@@ -51,9 +52,10 @@ class WorkerCheckpoints:
         and rank 0 asks the servers to save there if the rule says so (``choose(clock)``)."""
         if self._parts is None or not checkpoint.is_boundary(clock, self.every):
             return
-        state = self.provider() if self.provider is not None else {}
-        arrays = {k: np.array(v, copy=True) for k, v in state.items()}
-        self._parts.submit(clock, "worker", rank, arrays, {"tick": clock})
+        if self._skips is None or not self._skips(rank, clock):
+            state = self.provider() if self.provider is not None else {}
+            arrays = {k: np.array(v, copy=True) for k, v in state.items()}
+            self._parts.submit(clock, "worker", rank, arrays, {"tick": clock})
         if rank == 0 and self._chooses():
             choose(clock)
 

@@ -85,7 +85,8 @@ class Client:
             if st.slot_limit is not None:
                 st.send_early = functools.partial(self._comm.submit, self._comm.sender.flush, None)
         self._reads = ReadPath(config, self._tables, self._comm, self._life, fresh)
-        self._checkpoints = WorkerCheckpoints(config, self._comm.links, self._life, fresh)
+        self._checkpoints = WorkerCheckpoints(config, self._comm.links, self._life, fresh,
+                                              self._fault.skips_part if self._fault is not None else None)
         self._clocks = WorkerClocks(self._on_process_clock)
         self._shared = Shared(self._clocks, {st.name: st for st in self._tables}, str(config.source), self._life,
                               self._reads, self._checkpoints.after_tick, config.metrics.profile)

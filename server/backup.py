@@ -9,13 +9,20 @@ gradients of iteration t are accepted; at the k_t-th the server steps, w_{t+1} =
 reads parked for t + 1 are answered. A gradient of an older iteration, or one more of the current
 from a worker already counted, is dropped, never applied: it only times the round trip. One of a
 later iteration is held until the table gets there: only a resend brings it (a lost server's
-replacement, restored at C, hears each worker's gradients of C, C + 1, ... in a run). Workers
+replacement, restored at C, hears each worker's gradients of C, C + 1, ... in a run), and only what
+a resend brings: the rank's gradients of ticks below the clock it had sent the lost server (HELLO
+``cs``, :meth:`resending`), then one more, the gradient of the tick in flight (of w_t it read from the
+lost server, a catch-up past ``cs`` included). After that its every read waits for this server, so
+a worker, which computes on the iteration it has read, sends nothing ahead: any other gradient ahead
+of the table is a bug, refused with an error (:meth:`check_clock`) before it is held, which bounds what
+is held by what correct resends need. Workers
 whose gradient was dropped read w_{t+1} (or later) next and go on from there. Updates buffer per
 worker rank until their clock; gradients are accumulated, averaged and stepped in float64.
 
 The job's workers (n) change at an iteration (``bosen scale``): a worker that joins at clock B
-(``joined``) and one that leaves by BYE after its CLOCK(B) (``left`` with ``at``) count from, and no
-more from, iteration B, whenever their messages arrive: iteration B - 1 still waits for the leaver's
+(``joined``) and one that leaves after its CLOCK(B) (``left`` with ``at``: its BYE, or before it the
+"fc" that ends its clocks while it waits for its release) count from, and no more from, iteration B,
+whenever their messages arrive: iteration B - 1 still waits for the leaver's
 gradient and not for the joiner's, iteration B for the joiner's and not for the leaver's. A worker
 lost (no BYE) leaves at once and n stays: DBW's k_t ≤ the workers alive.
 
@@ -83,6 +90,10 @@ class BackupStep(StoredProcedure):
         # Only a resend brings them (workers read w_t before they compute on it): a lost server's
         # replacement, restored at C, gets each worker's gradients of C, C + 1, ... one after another
         self.ahead: list[tuple[int, int, np.ndarray]] = []
+        # rank -> the last clock it sent this server's lost predecessor (HELLO "cs"): its resent
+        # gradients of ticks before it, and its next one after (the tick in flight), may be ahead of
+        # the table; none later (``check_clock``)
+        self.resend_until: dict[int, int] = {}
         self._resume: dict[str, np.ndarray] | None = None  # a checkpoint's table_state, taken at start
 
     def create(self, global_rows: np.ndarray, values: np.ndarray) -> None:
@@ -273,11 +284,33 @@ class BackupStep(StoredProcedure):
         self.buffers[rank] = np.asarray(gradient, dtype=np.float64).reshape(-1, gradient.shape[-1])
         self.has.add(rank)
 
+    def resending(self, rank: int, until: int) -> None:
+        """Rank ``rank`` rejoins this restored server having sent its lost predecessor clocks up to
+        ``until``: it resends its gradients of ticks below that, then sends the one of the tick in
+        flight, each of which may be ahead of the table."""
+        self.resend_until[rank] = until
+
+    def check_clock(self, rank: int, clock: int) -> None:
+        """ProtocolError if ``rank``'s CLOCK(``clock``) completes a gradient ahead of the table that no
+        correct worker sends: past what it resends (:meth:`resending`) a worker's gradient is of an
+        iteration it has read, never a later one. Nothing changes (the server keeps serving; the
+        rank's partial gradient stays until its next update replaces it)."""
+        tick = clock - 1
+        if rank not in self.has or tick <= self.iteration or rank in self.resend_until:
+            return
+        raise ProtocolError(f"CLOCK({clock}): rank {rank}'s gradient of iteration {tick} is ahead of table "
+                            f"{self.table.name!r} (iteration {self.iteration}): a worker computes on the iteration "
+                            "it has read, and only a resend to a restored server (the rank's gradients of ticks "
+                            "before the clock it had sent the lost server, and of the tick then in flight) is "
+                            "ahead; refused, not held")
+
     def clocked(self, rank: int, clock: int, now: float) -> bool:
         """Rank ``rank`` sent CLOCK(``clock``): its gradient of tick ``clock - 1``, if it sent one, is
         complete. Returns True if the table stepped (reads may be answered)."""
         if rank not in self.has:
             return False  # a clock with no gradient: the worker caught up with a newer iteration
+        if self.resend_until.get(rank, clock) < clock:  # the gradient of the tick in flight: nothing more ahead
+            del self.resend_until[rank]
         self.has.discard(rank)
         tick = clock - 1
         start = self.starts.get(tick)
@@ -349,9 +382,11 @@ class BackupStep(StoredProcedure):
     def left(self, rank: int, now: float, at: int | None = None) -> bool:
         """Rank ``rank`` left the job: lost (``at`` None), k_t is at most the workers alive from now on;
         by BYE after its CLOCK(``at``), it is no more one of the job's n from iteration ``at`` (its
-        gradient of ``at`` - 1 was its last). Returns True if the table stepped with the gradients it
-        already had."""
+        gradient of ``at`` - 1 was its last; its "fc" says so before its BYE, which then changes nothing).
+        Returns True if the table stepped with the gradients it already had."""
         self.forget(rank)
+        if at is not None and rank not in self.members and not any(rank in gone for _, gone in self.changes.values()):
+            return False  # it left already (its "fc")
         if at is not None and at > self.iteration:
             self.changes.setdefault(at, (set(), set()))[1].add(rank)
             return False

@@ -301,8 +301,9 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
     """Load this server's part of a checkpoint into ``shards``; returns its clock.
 
     ``path`` is a checkpoint (``.../clock-N``) or a directory of them: then the newest complete one
-    is used (every process's part), or with ``own`` (partial recovery: the other servers keep their
-    live values and the clients resend what came later) the newest valid part of this server's.
+    is used (every process's part; not one a take-back made stale, ``checkpoint.taken_back``), or
+    with ``own`` (partial recovery: the other servers keep their live values and the clients resend
+    what came later) the newest valid part of this server's.
     The newer ones skipped are logged. Priority checkpoints (parts of some rows each) are put
     together: every valid part of this server up to that clock, oldest first, from the newest
     valid base (a part of every row) or else the initial values. ``servers``: the job's servers now,
@@ -322,7 +323,7 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
             part = _newest_own(path, rank, config, any_fp)
             clock = int(part.meta["clock"])
         elif checkpoint.clocks(path):
-            clock, parts, skipped = checkpoint.newest_complete(path, servers, None, any_fp)
+            clock, parts, skipped = checkpoint.newest_complete(path, servers, None, any_fp, exact=True)
             for why in skipped:
                 log.warning("skipped checkpoint %s", why)
             if checkpoint.recorded_servers(checkpoint.clock_dir(path, clock)) not in (None, servers):

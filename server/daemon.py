@@ -503,6 +503,9 @@ class Server:
         if "cs" in h:  # rejoining a replacement of this server: its CLOCKs go on from the last it sent
             self._check_clock_field(h["cs"], "HELLO", "cs")
             clock = min(clock, h["cs"])  # below the rank's clock: a replacement worker redoing its ticks
+            if self.restored is not None:  # it resends its gradients of ticks below "cs": they may be ahead
+                for backup in self.backups.values():
+                    backup.resending(rank, h["cs"])
         if self.restored is not None:  # what it resends (from the clock WELCOME names, or since it joined) comes first
             clock = min(clock, self._resent_from_clock(rank))
         if "fc" in h:  # it ended its clocks (a leaver waiting at its boundary): it counts until its resend gets there
@@ -819,6 +822,8 @@ class Server:
 
     def _on_clock(self, peer: Peer, h: dict[str, Any], reads: list[np.ndarray] | None = None) -> None:
         self._check_clock(peer, h["c"], "CLOCK")
+        for backup in self.backups.values():  # a gradient ahead of a synchronous table is refused here
+            backup.check_clock(peer.rank, h["c"])
         self._set_clock(peer, h["c"])
         if reads is not None:
             self._note_reads(peer, reads)
@@ -895,7 +900,8 @@ class Server:
         the server's clock back no more (``_floor``): the others run on while it waits, instead of
         stopping the staleness bound past B. Its updates are all of ticks < ``c`` and arrive before its
         CLOCK(c) (a replacement's too: they are resent before it), so no clock passes ``c`` without
-        them. It stops counting in checkpoints after ``c`` (``left_at``), as if it had said BYE there."""
+        them. It stops counting in checkpoints after ``c`` (``left_at``), as if it had said BYE there,
+        and a synchronous table (backup workers) leaves it out of its n from iteration ``c`` on."""
         self._check_clock_field(c, what, "fc")
         if c < sent:
             raise ProtocolError(f"{what}: field 'fc' (the last clock this client sends) is {c}, below clock {sent}, "
@@ -908,6 +914,11 @@ class Server:
                      rank, c)
         self.final[rank] = c
         self.left_at[rank] = c
+        # a synchronous table counts it no more from iteration c on, as its BYE would: the others' steps
+        # of c and later do not wait for it while it waits for its release (its last gradient was of c - 1)
+        for i, backup in self.backups.items():
+            if backup.left(rank, time.monotonic(), c):
+                self._backup_stepped(i)
 
     def _on_bye(self, peer: Peer, ident: bytes, h: dict[str, Any]) -> None:
         if h.get("ph") is True:  # prepare: no more pushes, so the client can release its row versions

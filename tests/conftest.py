@@ -22,7 +22,11 @@ from typing import Any
 import psutil
 import pytest
 
-from bosen.jobs.cluster import free_ports  # noqa: F401  (tests import it from here)
+from bosen.jobs.cluster import (
+    PORTS_FROM,
+    ephemeral_low,
+    free_ports,  # noqa: F401  (tests import it from here)
+)
 from bosen.jobs.job import job_config, write_config  # noqa: F401  (tests import them from here)
 from bosen.jobs.supervise import Process, ProcessGroup, tail  # noqa: F401
 
@@ -135,7 +139,7 @@ def free_port_run(n: int) -> int:
     """A port P with P .. P + n - 1 all free on loopback now (what ``metrics.port`` P takes for the
     launcher and n - 1 servers)."""
     for _ in range(200):
-        base = random.randrange(20000, 60000)
+        base = random.randrange(PORTS_FROM, ephemeral_low() - n)  # where connections never take them
         socks = []
         try:
             for p in range(base, base + n):

@@ -231,6 +231,8 @@ def train(client: PSClient, args: Mapping[str, Any], corpus: Corpus | None = Non
     # clocks: the initial counts' tick, the opening barrier, T training ticks, the closing barrier
     T = a.iterations * a.clocks_per_epoch
     pre = 1 + (stale_bound if a.init_barrier else 0)
+    if plan is not None:  # no boundary at or past the training's end: nothing would run on a moved task
+        plan.ends_at(pre + T)
     tick = 0  # clocks done (the client's tick)
     # a checkpoint holds the clocks done and each micro-task's chain (the sweeps' seeds follow from it)
     client.checkpoint_state(lambda: {"tick": np.array([tick]),
@@ -312,6 +314,12 @@ def train(client: PSClient, args: Mapping[str, Any], corpus: Corpus | None = Non
                        heldout_s=time.perf_counter() - t0)
         rec["tick_s"] = time.perf_counter() - t_tick + clock_wait
         client.report(**rec)
+        # tasks this rank gives away at the next boundary that a lost process of it handed off already:
+        # their receiver runs on from those states, so this one does too (docs/recovery.md)
+        if adopted := tasks.adopt(tick + 1, plan, handoff_dir):
+            lay.adopt(adopted, wt, ts, client.config.source)
+            print(f"lda: micro-task(s) {sorted(adopted)} were handed off at clock {tick + 1} already: this worker "
+                  "goes on from those states, their counts corrected", flush=True)
         t2 = time.perf_counter()
         tick += 1
         client.clock()
@@ -439,10 +447,41 @@ class _Layout:
         return {"z": self.sampler.z[ptr[d0]:ptr[d1]], "ndk": self.sampler.ndk[d0:d1],
                 "sweeps": np.array([self.sweeps[t]]), "dense_phase": np.array([self.dense_phase[t]])}
 
+    def adopt(self, states: Mapping[int, Mapping[str, np.ndarray]], wt: PSTable, ts: PSTable, source: str) -> None:
+        """Take the chains ``states`` of some of this worker's tasks in place of their own (the app
+        contract's ``adopt``, apps/microtasks.py), adding to the tables the counts of their assignments
+        less those of the assignments they replace, so the tables stay the counts of every task's z."""
+        ptr, K = self.sampler.doc_ptr, self.sampler.K
+        words, old, new = [], [], []
+        for t, st in states.items():
+            d0, d1 = self.doc[t]
+            words.append(self.sampler.words[ptr[d0]:ptr[d1]].astype(np.int64))
+            old.append(self.sampler.z[ptr[d0]:ptr[d1]].astype(np.int64))
+            new.append(np.asarray(st["z"], dtype=np.int64).ravel())
+            if new[-1].shape != old[-1].shape:
+                raise ConfigError(f"{source}: micro-task {t}'s handed-off topic assignments {new[-1].shape} do not "
+                                  f"fit its {old[-1].size} tokens")
+        w = np.concatenate(words)
+        sign = np.concatenate([np.ones(w.size, np.int64), -np.ones(w.size, np.int64)])
+        key = np.concatenate([w * K + np.concatenate(new), w * K + np.concatenate(old)])
+        uk, inv = np.unique(key, return_inverse=True)
+        diff = np.bincount(inv, weights=sign, minlength=uk.size).astype(np.int64)
+        moved = diff != 0
+        rows, cols = np.divmod(uk[moved], K)
+        if rows.size:
+            wt.inc_rows(rows, diff[moved].astype(np.dtype(wt.dtype)), cols=cols)
+        nk = np.bincount(np.concatenate(new), minlength=K) - np.bincount(np.concatenate(old), minlength=K)
+        if nk.any():
+            ts.inc_rows(np.zeros(1, dtype=np.int64), nk[None, :].astype(np.dtype(ts.dtype)))
+        self._put(states, source, list(states))
+
     def load(self, states: Mapping[int, Mapping[str, np.ndarray]], source: str) -> None:
         """Put every task's saved chain in place (ConfigError where it does not fit its documents)."""
+        self._put(states, source, self.tasks)
+
+    def _put(self, states: Mapping[int, Mapping[str, np.ndarray]], source: str, tasks: list[int]) -> None:
         ptr = self.sampler.doc_ptr
-        for t in self.tasks:
+        for t in tasks:
             st, (d0, d1) = states[t], self.doc[t]
             z, ndk = self.sampler.z[ptr[d0]:ptr[d1]], self.sampler.ndk[d0:d1]
             if st["z"].shape != z.shape or st["ndk"].shape != ndk.shape:

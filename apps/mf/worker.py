@@ -206,6 +206,8 @@ def train(client: PSClient, args: Mapping[str, Any], data: tuple[Triples, Triple
         tick = joining
         lay.load(received)
     last = a.epochs * a.clocks_per_epoch
+    if plan is not None:  # no boundary at or past the training's end: nothing would run on a moved task
+        plan.ends_at(last)
     clock_s = 0.0  # time in the previous clock() call: counted in the next report
     while tick < last:
         epoch, k = divmod(tick, a.clocks_per_epoch)

@@ -236,6 +236,8 @@ def train(client: PSClient, args: Mapping[str, Any], data: tuple[D.Dataset, D.Da
         c = joining
         lay.load(received, client.config.source)
     clock_wait = 0.0  # time in the previous clock() call: counted in the next report
+    if plan is not None:  # no boundary at or past the training's end: nothing would run on a moved task
+        plan.ends_at(total)
 
     while c < total:
         part = c % cpe
@@ -320,6 +322,7 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
     n_tasks = microtasks.count(a.micro_tasks, workers, saved)
     tasks, received, plan, handoff_dir = microtasks.start(n_tasks, rank, workers, saved)
     rng = None
+    drawn = np.zeros(2, dtype=np.int64)  # mini-batches and samples drawn from the whole set so far (DBW)
     if follows_workers(spec, workers):
         draws = microtasks.Draws(train_ds.n, tasks.mine, n_tasks, a.seed)
         if saved is not None:
@@ -328,12 +331,25 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
             draws.load(received, client.config.source)
         client.checkpoint_state(lambda: microtasks.pack({t: draws.state(t) for t in draws.tasks}))
     else:  # the tasks hold no data here: they say which workers are in the job (they move at a boundary)
-        rng = np.random.default_rng([a.seed, rank])
+        gen = rng = np.random.default_rng([a.seed, rank])
+        # the rank's sampler is its checkpoint state: a resumed or replaced worker draws on where it was
+        # (a rank the checkpoint has none of, or one from before it was saved, starts afresh)
+        client.checkpoint_state(lambda: {SAMPLER_RNG: rng_state(gen), SAMPLER_DRAWN: drawn.copy()})
+        if saved is not None and SAMPLER_RNG in saved:
+            got = restored(saved, (SAMPLER_RNG, SAMPLER_DRAWN))
+            assert got is not None
+            if got[SAMPLER_RNG].shape != (6,) or got[SAMPLER_DRAWN].shape != (2,):
+                raise ConfigError(f"{client.config.source}: the checkpoint's {SAMPLER_RNG} / {SAMPLER_DRAWN} have "
+                                  f"shapes {got[SAMPLER_RNG].shape} / {got[SAMPLER_DRAWN].shape}, not (6,) / (2,)")
+            set_rng_state(gen, got[SAMPLER_RNG])
+            drawn[:] = got[SAMPLER_DRAWN]
 
     def draw(b: int) -> np.ndarray:
         if draws is not None:
             return draws.draw(b)
         assert rng is not None
+        drawn[0] += 1
+        drawn[1] += b
         return rng.integers(0, train_ds.n, b).astype(np.int64)
 
     def job_workers() -> int:  # the job's workers now: the ranks that run its tasks
@@ -343,6 +359,8 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
     if a.goodput is not None:  # a push of the table a step: what the client's bandwidth budget paces
         agent = gp.start(client, a.goodput, a.batch_size, float(T.rows * T.cols * np.dtype(T.dtype).itemsize))
     left = False
+    if plan is not None:  # no boundary at or past the last iteration's end: nothing would run on a moved task
+        plan.ends_at(total)
 
     def boundary() -> bool:
         """After a clock: where the job's workers change from this clock on (``bosen scale``), hand
@@ -354,7 +372,7 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
             return True
         kept = {t: draws.state(t) for t in draws.tasks if new[t] == rank} if draws is not None else {}
         got_states = tasks.handoff(c, new, handoff_dir, _handing(draws, agent, tasks.mine, new, rank))
-        if plan.leaving():
+        if plan.leaving(end=client.end_clocks):  # its clocks end here: nobody's step waits on it meanwhile
             left = True
             return False
         for got in got_states.values():  # a leaver's goodput sums of the interval come with one of its tasks
@@ -402,6 +420,10 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
         client.clock()
         if not boundary():
             return
+
+
+SAMPLER_RNG = "sampler.rng"  # a DBW worker's generator over the whole training set (PCG64 words)
+SAMPLER_DRAWN = "sampler.drawn"  # its mini-batches and samples drawn so far
 
 
 def _handing(draws: microtasks.Draws | None, agent: gp.WorkerAgent | None, mine: np.ndarray, new: np.ndarray,

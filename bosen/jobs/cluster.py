@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import random
 import signal
 import socket
 import time
@@ -29,14 +30,31 @@ from bosen.security import Refused, Security
 
 READY_TIMEOUT_S = 60.0
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")
+PORTS_FROM = 10000  # free_ports draws from here up to the ephemeral range
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct free TCP ports on ``host`` (all held open together, so no duplicates)."""
+    """``n`` distinct free TCP ports on ``host`` (all held open together, so no duplicates).
+
+    They are drawn below the kernel's ephemeral range where it leaves room: a port the kernel hands
+    out for ``bind(0)`` is also where it puts the local end of outgoing connections, so on a busy
+    machine one freed here could be taken by a connection before the server binds it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    socks = []
+    low = ephemeral_low()
+    draw = random.SystemRandom()
+    socks: list[socket.socket] = []
     try:
-        for _ in range(n):
+        for _ in range(20 * n + 100):
+            if len(socks) == n or low - PORTS_FROM < 1000:
+                break
+            s = socket.socket(family)
+            try:
+                s.bind((host, draw.randrange(PORTS_FROM, low)))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < n:  # no room below the ephemeral range (or it is full): the kernel's choice
             s = socket.socket(family)
             s.bind((host, 0))
             socks.append(s)
@@ -44,6 +62,14 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux default 32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def local_addresses(addresses: Sequence[str], where: str = "cluster.servers") -> list[str]:

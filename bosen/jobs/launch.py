@@ -344,7 +344,7 @@ class Launcher:
         assert ck is not None
         base = Path(ck.dir)
         clock, parts, skipped = checkpoint.newest_complete(base, len(self.config.cluster.servers), None,
-                                                           checkpoint.fingerprint_for(self.config))
+                                                           checkpoint.fingerprint_for(self.config), exact=True)
         for why in skipped:
             self.say(f"skipping checkpoint {why}")
         made_by, workers = checkpoint.checkpoint_workers(checkpoint.clock_dir(base, clock)), self.config.cluster.workers

@@ -314,7 +314,33 @@ class Scaler:
                              f"so at most {T} workers")
         if not self.live():
             raise ScaleError("the job's workers have all finished")
-        return m != len(self.members)
+        if m == len(self.members):
+            return False
+        self._check_end(self._earliest(m < len(self.members)), m)
+        return True
+
+    def _earliest(self, leavers: bool) -> int:
+        """The boundary a step would propose now (its first try): ``PLAN_AHEAD`` past the newest clock
+        any server reports, and where workers leave, the next checkpoint boundary from there."""
+        cluster = self.launcher.cluster
+        assert cluster is not None
+        stats = [status_mod.query(a, timeout=3.0, security=self.launcher.security) for a in cluster.addresses]
+        seen = [c for st in stats for c in [st["clock"], *st["client_clocks"]] if isinstance(c, int)]
+        return leave_boundary(max(seen) + PLAN_AHEAD, self.launcher.config, leavers)
+
+    def _check_end(self, b: int, m: int) -> None:
+        """ScaleError if the job's training ends at or before the boundary ``b`` (the workers say where,
+        ``FilePlan.ends_at``): no tick would run after the move, and past its end a worker reads no
+        plan, so it would never wait at ``b`` (a leaver would wait for a release, a joiner for hand-offs,
+        that never come). The job is left to finish as it is."""
+        end = microtasks.job_end(self.folder, self.live())
+        if end is None or b < end[0]:
+            return
+        leaving = m < len(self.members)
+        raise ScaleError(f"--workers {m}: the job's training ends at clock {end[0]} (worker {end[1]}), at or "
+                         f"before clock {b}, the earliest boundary where its micro-tasks could move now"
+                         f"{' (workers leave at a checkpoint boundary)' if leaving else ''}: too few clocks remain; "
+                         f"nothing moved, and the job finishes with its {len(self.members)} workers")
 
     def _workers(self, m: Any) -> _Step | None:
         if not self._check_workers(m):
@@ -437,6 +463,7 @@ class Scaler:
         step.clock = leave_boundary(max(seen) + PLAN_AHEAD * 2 ** step.proposals,  # a wider margin each retry
                                     self.launcher.config, bool(step.leavers))
         step.proposals += 1
+        self._check_end(step.clock, step.target)  # the job ran on while joiners started or a proposal failed
         if step.leavers and not self._ask_save(step, cluster.addresses):
             return  # a server passed B unsaved: a later one (still "propose")
         self._plan_ids += 1
@@ -466,6 +493,12 @@ class Scaler:
             path = self.folder / f"ack-{self._plan_ids}.rank-{r}.json"
             if path.exists():
                 answers[r] = json.loads(path.read_text())
+        ends = [a["ends"] for a in answers.values() if isinstance(a.get("ends"), int)]
+        if ends:  # a worker's training ends at or before B: it will not wait there (FilePlan.ends_at)
+            self._write_plan(step, "withdrawn")
+            self._check_end(step.clock, step.target)
+            raise ScaleError(f"the job's training ends at clock {min(ends)}, at or before the proposed clock "
+                             f"{step.clock}: too few clocks remain; nothing moved")
         late = [r for r, a in answers.items() if not a.get("ok")]
         if late:
             self._write_plan(step, "withdrawn")

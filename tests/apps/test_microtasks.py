@@ -196,6 +196,31 @@ def test_a_proposed_plan_is_answered_waited_for_at_its_clock_and_committed_or_wi
         M.FilePlan(path, rank=0, timeout=0.2).at(15, 4)
 
 
+def test_a_proposal_at_or_past_the_end_of_a_workers_training_is_refused_saying_so(tmp_path):
+    """A worker whose training ends at clock 20 (``ends_at``: it reads no plan past 20 and runs no tick
+    after it) answers a proposal for 20 or later not ok, naming its end, and never waits there; one for
+    19 it answers ok. ``job_end`` gives the scaler the earliest end of the ranks it asks about."""
+    path = tmp_path / "plan.json"
+
+    def propose(pid: int, clock: int) -> None:
+        path.write_text(json.dumps({"id": pid, "clock": clock, "owners": [0, 1], "state": "proposed", "leave": []}))
+
+    assert M.job_end(tmp_path, [0, 1]) is None  # nobody said
+    w0, w1 = M.FilePlan(path, rank=0, timeout=5), M.FilePlan(path, rank=1, timeout=5)
+    w0.ends_at(20)
+    w1.ends_at(22)
+    assert M.job_end(tmp_path, [0, 1]) == (20, 0) and M.job_end(tmp_path, [1, 5]) == (22, 1)
+    propose(1, 20)
+    assert w0.at(18, 2) is None and w0.at(20, 2) is None  # answered at 18; does not wait at 20
+    assert json.loads((tmp_path / "ack-1.rank-0.json").read_text()) == {"ok": False, "at": 18, "ends": 20}
+    propose(2, 19)
+    assert w1.at(18, 2) is None
+    assert json.loads((tmp_path / "ack-2.rank-1.json").read_text()) == {"ok": True, "at": 18}
+    (tmp_path / "end-3.json").write_text("[")
+    with pytest.raises(BosenError, match="end-3.json: not an end notice"):
+        M.job_end(tmp_path, [3])
+
+
 # ------------------------------------------------------------------------------------------------
 # two workers in lockstep on shared in-process tables
 

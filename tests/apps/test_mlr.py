@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -435,6 +436,66 @@ def test_e2e_bad_data_file_fails_naming_file_and_line(tmp_path):
     assert p.returncode != 0
     logs = p.stdout + p.stderr + "".join(f.read_text() for f in (tmp_path / "run").rglob("*.log"))
     assert f"{bad}:2: feature value is not a finite number" in logs
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_resumed_dynamic_k_job_draws_on_from_each_workers_saved_sampler(tmp_path):
+    """DBW proper (dynamic k, 3 workers, gradients dropped): every worker draws its mini-batches from the
+    whole training set with its own generator, which is its checkpoint state with the count drawn (rank 2
+    is made slower, so k_t usually falls and its gradients are dropped: each rank draws at its own pace). In
+    every part, the generator is the rank's fresh one after that many draws. The job resumed from its
+    checkpoint at clock 40 draws on from there: at 44 each rank's generator is its saved one of 40
+    advanced by the 0-4 mini-batches it drew since (the uninterrupted run's too: one stream, whichever
+    gradients were dropped), not a fresh one's."""
+    from bosen import checkpoint
+    from bosen.apps.mlr.worker import SAMPLER_DRAWN, SAMPLER_RNG, load_data
+    from bosen.apps.state import rng_state
+    from bosen.config import from_dict
+
+    # rank 2 five times slower from iteration 2 (bosen.apps.delays): k_t usually falls below 3 and its
+    # gradients are dropped (not asserted: k_t follows measured round trips, which the machine's load
+    # blurs); the samplers' checks hold whichever gradients were dropped
+    args = {"data": "digits", "holdout": 0.1, "batch_size": 7, "epochs": 44, "eval_every": 0,
+            "delay": {"mean_s": 0.02, "alpha": 0.0, "slow_from": 2, "slow_factor": 5.0}}
+    cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 3}, "checkpoint": {"every_clocks": 4, "keep": 100},
+           "tables": {"W": {"rows": 10, "cols": 65, "dtype": "float64", "init": {"zeros": True},
+                            "backup": {"mode": "dynamic", "lr": 1.0}}},
+           "app": {"module": "bosen.apps.mlr", "args": args}}
+    path, run = tmp_path / "job.yaml", tmp_path / "run"
+    path.write_text(json.dumps(cfg))
+    a = from_dict(MLRArgs, args, "app.args")
+    n = load_data(a, 10, 64)[0].n
+
+    def samplers(clock: int) -> dict[int, tuple[np.ndarray, int]]:
+        """Each rank's saved generator and mini-batches drawn, checked against its fresh stream."""
+        parts = checkpoint.check_complete(run / "checkpoints", clock, 1, 3, None)
+        out = {}
+        for r in range(3):
+            st = parts[f"worker-{r}"].load()
+            drawn = st[SAMPLER_DRAWN].tolist()
+            assert drawn[1] == 7 * drawn[0], (clock, r, drawn)
+            rng = np.random.default_rng([a.seed, r])
+            for _ in range(drawn[0]):
+                rng.integers(0, n, 7)
+            np.testing.assert_array_equal(st[SAMPLER_RNG], rng_state(rng), err_msg=f"clock {clock}, rank {r}")
+            out[r] = (st[SAMPLER_RNG], drawn[0])
+        return out
+
+    launch = [sys.executable, "-m", "bosen", "launch", str(path), "--no-plot", "--quiet"]
+    p = subprocess.run([*launch, "--run-dir", str(run)], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    at40, whole = samplers(40), samplers(44)
+    for c in checkpoint.clocks(run / "checkpoints"):
+        if c > 40:
+            shutil.rmtree(checkpoint.clock_dir(run / "checkpoints", c))
+    p = subprocess.run([*launch[:-1], "--resume", str(run)], capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0 and "resuming from the checkpoint at clock 40" in p.stdout, p.stdout[-3000:] + p.stderr
+    resumed = samplers(44)
+    for r in range(3):
+        assert at40[r][1] > 4, at40  # so a fresh generator (at most 4 draws since) could not pass the checks
+        for got in (whole[r][1], resumed[r][1]):  # both drew on from 40: at most one mini-batch an iteration
+            assert at40[r][1] <= got <= at40[r][1] + 4, (r, at40[r][1], whole[r][1], resumed[r][1])
 
 
 def test_fashion_config_is_logistic_regressions_objective():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -16,9 +17,10 @@ def test_no_fault_unless_set_and_a_bad_one_is_named(monkeypatch, tmp_path):
     monkeypatch.delenv(faults.ENV, raising=False)
     assert faults.from_env() is None
     monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
-    for bad in ("hold-before-leave:x:/p", "hold-before-leave:1:", "exit:1:/p"):
+    for bad in ("hold-before-leave:x:/p", "hold-before-leave:1:", "exit:1:/p", "no-parts-from:1:x"):
         monkeypatch.setenv(faults.ENV, bad)
-        with pytest.raises(ConfigError, match="expected hold-before-leave:RANK:PATH"):
+        with pytest.raises(ConfigError, match="expected hold-before-leave:RANK:PATH, "
+                           "hold-before-clock:RANK:CLOCK:PATH or no-parts-from:RANK:CLOCK"):
             faults.from_env()
     monkeypatch.setenv(faults.ENV, "hold-before-leave:2:/r")
     monkeypatch.delenv("BOSEN_RUN_DIR")
@@ -52,4 +54,61 @@ def test_a_rank_holds_before_the_clock_of_a_plan_with_leavers_until_released(mon
     assert json.loads(held.read_text()) == {"clock": 10} and not done.is_set()
     release.write_text("")
     t.join(timeout=10)
+    assert done.is_set()
+
+
+def test_a_first_process_writes_no_part_from_the_clock_on_and_its_replacement_does(monkeypatch, tmp_path):
+    monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv(faults.ENV, "no-parts-from:1:20")
+    monkeypatch.delenv("BOSEN_REJOIN", raising=False)
+    fault = faults.from_env()
+    assert fault is not None
+    assert [fault.skips_part(1, c) for c in (10, 20, 30)] == [False, True, True]
+    assert not fault.skips_part(0, 20)  # not its rank
+    fault.before_clock(1, 20)  # holds nothing
+    monkeypatch.setenv("BOSEN_REJOIN", "10")
+    replacement = faults.from_env()
+    assert replacement is not None and not replacement.skips_part(1, 20)  # a replacement writes its parts
+    monkeypatch.delenv("BOSEN_REJOIN")
+    monkeypatch.setenv(faults.ENV, f"hold-before-clock:0:5:{tmp_path / 'go'};no-parts-from:1:20")
+    both = faults.from_env()  # with another fault: each is asked
+    assert isinstance(both, faults.Faults) and both.skips_part(1, 20) and not both.skips_part(0, 20)
+
+
+def test_a_rank_holds_before_a_given_clock_until_released(monkeypatch, tmp_path):
+    """``hold-before-clock:RANK:CLOCK:PATH``: that rank holds before CLOCK(CLOCK) only, saying so in
+    PATH.held, until PATH exists, answering ok a task plan proposed meanwhile for CLOCK or later; a
+    malformed one is named, and several are separated by ``;``."""
+    monkeypatch.setenv(faults.ENV, "hold-before-clock:1:x:/p")
+    with pytest.raises(ConfigError, match="expected hold-before-clock:RANK:CLOCK:PATH"):
+        faults.from_env()
+    release = tmp_path / "release"
+    monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
+    (tmp_path / "tasks").mkdir()
+    monkeypatch.setenv(faults.ENV, f"hold-before-clock:1:19:{release};hold-before-clock:2:30:{release}")
+    both = faults.from_env()
+    assert isinstance(both, faults.Faults) and [f.rank for f in both.each] == [1, 2]
+    monkeypatch.setenv(faults.ENV, f"hold-before-clock:1:19:{release}")
+    fault = faults.from_env()
+    assert isinstance(fault, faults.HoldBeforeClock) and (fault.rank, fault.clock) == (1, 19)
+    fault.before_clock(1, 18)  # not its clock
+    fault.before_clock(0, 19)  # not its rank
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (fault.before_clock(1, 19), done.set()), daemon=True)
+    t.start()
+    held = tmp_path / "release.held"
+    deadline = time.monotonic() + 30
+    while not held.exists():
+        assert time.monotonic() < deadline, "it did not hold"
+        time.sleep(0.01)
+    assert json.loads(held.read_text()) == {"clock": 19} and not done.is_set()
+    plan = tmp_path / "tasks" / "plan.json"
+    plan.write_text(json.dumps({"id": 5, "clock": 21, "owners": [0, 1], "state": "proposed"}))
+    ack = tmp_path / "tasks" / "ack-5.rank-1.json"
+    while not ack.exists():  # 21: it will wait there
+        assert time.monotonic() < deadline, "it did not answer the proposal"
+        time.sleep(0.01)
+    assert json.loads(ack.read_text()) == {"ok": True, "at": 18}
+    release.write_text("go")
+    t.join(timeout=30)
     assert done.is_set()

@@ -44,7 +44,8 @@ def test_static_k_applies_the_first_k_gradients_of_each_iteration_once(bosen_clu
     c = _job(bosen_cluster, n, {"mode": "static", "k": k, "lr": LR}, servers)
     out = tmp_path / "final.npy"
     ps = [worker(bosen_procs, "backup_worker.py", c.path, "--rank", r, "--iterations", iters, "--mean-s", 0.01,
-                 "--alpha", 1.0, *(["--out", out] if r == 0 else [])) for r in range(n)]
+                 "--alpha", 1.0, "--start-together", tmp_path / "joined", *(["--out", out] if r == 0 else []))
+          for r in range(n)]
     assert bosen_procs.wait_all(ps, 60) == [0] * n
     owner = Partition(servers).owner(np.arange(2, dtype=np.int64))
     W = np.load(out)
@@ -60,6 +61,7 @@ def test_static_k_applies_the_first_k_gradients_of_each_iteration_once(bosen_clu
             assert W[0, :n] == pytest.approx([-step * m for m in per_rank])  # each accepted gradient once
         if owner[1] == server:
             assert W[1, 0] == pytest.approx(-step * k * sum(range(iters)))  # each of the iteration it was taken in
+    # every rank started together (a rank that started after the others had finished would drop nothing)
     assert sum(_status(c, s)["dropped_late"] for s in range(servers)) > 0
 
 
@@ -444,7 +446,8 @@ def test_workers_joining_and_leaving_count_from_their_iteration_whenever_their_m
     """Static k = the workers (2): rank 2 joins at clock 2 while the table is at iteration 1, so
     iteration 1 still steps on ranks 0 and 1, iteration 2 waits for all three at the rate lr (k follows
     n); rank 2's BYE after its CLOCK(4) arrives while iteration 3 waits for rank 1, so iteration 3 still
-    takes rank 1's gradient and iteration 4 steps on two. A lost rank (no BYE) leaves at once: k_t
+    takes rank 1's gradient and iteration 4 steps on two (the "fc" that ends rank 2's clocks says the
+    same before its BYE, and the BYE, however late, changes nothing). A lost rank (no BYE) leaves at once: k_t
     drops and n stays (DBW), so the rate is lr·k/n."""
     cfg = TableConfig(name="G", rows=1, cols=1, dtype="float64", backup=BackupConfig(mode="static", k=2, lr=1.0))
     W = np.zeros((1, 1))
@@ -462,9 +465,12 @@ def test_workers_joining_and_leaving_count_from_their_iteration_whenever_their_m
     assert not grad(0, 1, 1.0) and grad(1, 1, 1.0) and (step.k, step.policy.n, step.iteration) == (3, 3, 2)
     assert not grad(0, 2, 3.0) and not grad(1, 2, 3.0) and grad(2, 2, 6.0) and W[0, 0] == pytest.approx(-7.0)
     assert not grad(0, 3, 1.0) and not grad(2, 3, 1.0)
-    assert not step.left(2, 0.0, at=4)  # its BYE after its CLOCK(4): iteration 3 still waits for rank 1
+    assert not step.left(2, 0.0, at=4)  # its "fc" after its CLOCK(4): iteration 3 still waits for rank 1
+    assert not step.left(2, 0.0, at=4)  # its BYE (released) before iteration 3 stepped: nothing more
     assert grad(1, 3, 4.0) and W[0, 0] == pytest.approx(-9.0) and (step.k, step.policy.n) == (2, 2)
-    assert not grad(0, 4, 1.0) and grad(1, 4, 1.0) and W[0, 0] == pytest.approx(-10.0)
+    assert not grad(0, 4, 1.0)
+    assert not step.left(2, 0.0, at=4) and (step.k, step.policy.n, step.members) == (2, 2, {0, 1})  # a late BYE
+    assert grad(1, 4, 1.0) and W[0, 0] == pytest.approx(-10.0)
     assert step.applied[-3:] == [[0, 1, 2], [0, 2, 1], [0, 1]] and step.counts["dropped_late"] == 0
     assert not grad(0, 5, 2.0) and step.left(1, 0.0)  # lost: iteration 5 steps on rank 0's alone
     assert W[0, 0] == pytest.approx(-11.0) and (step.k, step.policy.n) == (1, 2)  # rate lr·1/2
@@ -493,3 +499,40 @@ def test_a_restored_step_holds_resent_gradients_of_later_iterations_until_it_get
     assert grad(1, 2, 3.0) and step.iteration == 3 and W[0, 0] == pytest.approx(-9.0)  # (3 + 6 + 3) / 3
     assert step.k_history == [2, 2, 3] and step.applied == [[0, 1], [0, 1], [0, 2, 1]] and not step.ahead
     assert step.counts["dropped_late"] == step.counts["dropped_repeat"] == 0
+
+
+def test_a_gradient_ahead_of_the_table_is_refused_unless_a_resend_brings_it():
+    """Only a resend to a restored server is ahead of the table (a worker computes on the iteration
+    it read): a rank's gradients of ticks below the clock it had sent the lost server (HELLO "cs",
+    ``resending``), however far ahead, then the one of its tick in flight (w_t read from the lost
+    server, a catch-up past "cs" included); after that its reads wait for this server. Those are held;
+    a gradient ahead on a server that was not restored, or after the rank's resend and tick in flight,
+    is refused (ProtocolError), nothing held, so a buggy worker cannot grow what the server holds."""
+    cfg = TableConfig(name="G", rows=1, cols=1, dtype="float64", backup=BackupConfig(mode="static", k=2, lr=1.0))
+    W = np.zeros((1, 1))
+    step = BackupStep(cfg)
+    step.create(np.arange(1, dtype=np.int64), W)
+    step.start(2, 0, 0.0)
+
+    def grad(r: int, it: int, value: float) -> bool:
+        step.put(r, np.full((1, 1), value))
+        step.check_clock(r, it + 1)
+        return step.clocked(r, it + 1, 0.0)
+
+    with pytest.raises(ProtocolError, match=r"rank 0's gradient of iteration 1 is ahead of table 'G' \(iteration 0\)"
+                                            r".*; refused, not held"):
+        grad(0, 1, 1.0)
+    assert not step.ahead and step.counts["held_ahead"] == 0
+    step.resending(0, 40)  # a restored server: rank 0 had sent its predecessor CLOCK(40)
+    step.resending(1, 1)  # rank 1 had sent CLOCK(1)
+    assert not any(grad(0, it, 1.0) for it in range(40))  # ticks 0..39: 39 held, however far ahead
+    assert step.counts["held_ahead"] == 39
+    assert not step.clocked(0, 45, 0.0)  # catch-up clocks, no gradient (it had read w_45 from the lost server)
+    assert not grad(0, 45, 1.0) and step.counts["held_ahead"] == 40  # its tick in flight
+    with pytest.raises(ProtocolError, match="rank 0's gradient of iteration 46 is ahead"):
+        grad(0, 46, 1.0)  # its reads wait for this server now: nothing more can be ahead
+    assert not grad(1, 1, 1.0) and step.counts["held_ahead"] == 41  # rank 1's tick in flight
+    with pytest.raises(ProtocolError, match="rank 1's gradient of iteration 2 is ahead"):
+        grad(1, 2, 1.0)
+    assert step.counts["held_ahead"] == 41 and len(step.ahead) == 41 and step.iteration == 0
+    assert grad(1, 0, 3.0) and step.iteration == 2 and W[0, 0] == -3.0  # the held ones go on as before

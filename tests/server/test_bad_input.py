@@ -12,7 +12,7 @@ import msgpack
 import numpy as np
 import pytest
 import zmq
-from conftest import PY, run_cmd, write_config
+from conftest import PY, run_cmd, wait_until, write_config
 from rawpeer import Raw
 
 from bosen import config as config_mod
@@ -385,6 +385,38 @@ def test_clock_out_of_int64_range_is_a_protocol_error(bosen_cluster):
             m = r.bad("CLOCK", {"t": Msg.CLOCK, "c": bad})
             assert "internal" not in m, m
         assert c.status()[0]["client_clocks"] == [0]
+        assert "Traceback" not in c.servers[0].output()
+    finally:
+        r.close()
+        ctx.term()
+
+
+def test_a_gradient_ahead_of_a_synchronous_table_is_refused_and_nothing_is_held(bosen_cluster):
+    """A table with backup (synchronous): a worker computes on the iteration it read, so a gradient of a
+    later one from a server that was not restored (no resend) is a buggy or hostile worker's: its CLOCK
+    gets an ERROR naming it and is not held (before, every such gradient was kept until the table got
+    there, without a bound); the rank's clock stays, and its correct gradient then steps the table."""
+    c = bosen_cluster(1, workers=1, tables={"G": {"rows": 2, "cols": 3, "dtype": "float64",
+                                                  "backup": {"mode": "static", "k": 1, "lr": 1.0}}})
+    fp = config_mod.load(c.path).fingerprint()
+    ctx = zmq.Context()
+    r = Raw(ctx, c.addresses[0])
+    try:
+        r.send({"t": Msg.HELLO, "rank": 0, "fp": fp})
+        assert r.recv()[0]["t"] == Msg.WELCOME
+        grad = np.ones((2, 3), dtype=np.float64)
+        for clock in (5, 1000):  # its gradient of iteration 4, of 999: the table is at 0
+            r.send(inc_header(n=2, dt="float64"), i64(0, 1), grad)
+            assert r.recv()[0]["t"] == Msg.ACK
+            r.bad(f"gradient of iteration {clock - 1} is ahead of table 'G' (iteration 0)",
+                  {"t": Msg.CLOCK, "c": clock})
+        st = c.status()[0]
+        b = st["tables"]["G"]["backup"]
+        assert st["client_clocks"] == [0] and b["held_ahead"] == 0 and b["iteration"] == 0, b
+        r.send(inc_header(n=2, dt="float64"), i64(0, 1), grad)
+        r.send({"t": Msg.CLOCK, "c": 1})  # its gradient of iteration 0: accepted, the table steps
+        assert wait_until(lambda: c.status()[0]["tables"]["G"]["backup"]["iteration"] == 1, timeout=30)
+        assert c.status()[0]["tables"]["G"]["backup"]["accepted"] == 1
         assert "Traceback" not in c.servers[0].output()
     finally:
         r.close()

@@ -116,6 +116,33 @@ def test_a_torn_part_is_not_a_checkpoint(tmp_path: Path) -> None:
     assert len(skipped) == 1 and "server-1" in skipped[0] and "never finished" in skipped[0]
 
 
+def test_a_checkpoint_a_take_back_made_stale_is_no_resume_point_and_does_not_count_towards_keep(tmp_path: Path) -> None:
+    """Checkpoints 2-8, complete; 6 and 8 have corrections beside them (a lost worker's updates taken back
+    after their server parts were saved, docs/recovery.md): a resume (``exact``) skips them, naming
+    why, and takes 4; a replacement (not ``exact``) may take 8. Pruning with ``keep: 2`` keeps the two
+    newest exact ones (4, 2) and the stale ones newer than them; with a newer exact one, 2 goes."""
+    fp = "f" * 16
+
+    def write(clock: int) -> None:
+        for r in range(2):
+            checkpoint.write_part(tmp_path, clock, "server", r, {"x": np.arange(3)}, {}, fp)
+            checkpoint.write_part(tmp_path, clock, "worker", r, {"tick": np.array([clock])}, {}, fp)
+
+    for c in (2, 4, 6, 8):
+        write(c)
+    for c in (6, 8):
+        np.savez(checkpoint.clock_dir(tmp_path, c) / "redo.server-0.rank-1.npz", since=np.array([4]))
+    assert checkpoint.taken_back(checkpoint.clock_dir(tmp_path, 8)) == ["redo.server-0.rank-1.npz"]
+    assert checkpoint.newest_complete(tmp_path, 2, 2, fp)[0] == 8
+    clock, _, skipped = checkpoint.newest_complete(tmp_path, 2, 2, fp, exact=True)
+    assert clock == 4 and len(skipped) == 2
+    assert skipped[0].startswith("clock 8: its server parts hold a lost worker's updates that were taken back")
+    assert checkpoint.prune(tmp_path, 2, 2, 2) == []
+    write(10)
+    assert checkpoint.prune(tmp_path, 2, 2, 2) == [2]
+    assert checkpoint.clocks(tmp_path) == [10, 8, 6, 4]
+
+
 def test_a_checkpoint_found_by_the_workers_that_made_it(tmp_path: Path) -> None:
     """``workers=None``: a checkpoint is complete with the parts of as many workers as its server parts
     say made it (the fingerprint is that count's), so a job with micro-tasks can resume with another

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -29,6 +30,8 @@ p.add_argument("--alpha", type=float, default=1.0)
 p.add_argument("--slow-from", type=int, default=-1)
 p.add_argument("--die-at", type=int, default=-1, help="exit without a word mid-iteration (after its read)")
 p.add_argument("--out", default="", help="write the last value read (.npy): the final table")
+p.add_argument("--start-together", default="", help="a folder: wait until every rank has joined (a file each "
+               "there) before the first read, so that no rank starts after the others have finished")
 args = p.parse_args()
 
 with Client.connect(args.config, rank=args.rank) as client:
@@ -37,6 +40,12 @@ with Client.connect(args.config, rank=args.rank) as client:
     rows = np.arange(2, dtype=np.int64)
     delays = Delays(DelayArgs(mean_s=args.mean_s, alpha=args.alpha, seed=1, slow_from=args.slow_from),
                     client.rank, n)
+    if args.start_together:
+        here = Path(args.start_together)
+        here.mkdir(parents=True, exist_ok=True)
+        (here / str(client.rank)).touch()
+        while len(list(here.iterdir())) < n:
+            time.sleep(0.005)
     while True:
         W, it = read_iteration(client, G, rows)
         if it >= args.iterations:

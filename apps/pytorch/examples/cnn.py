@@ -44,6 +44,7 @@ from bosen.apps.pytorch import DeltaOptimizer, PSModule, ServerOptimizer, declar
 from bosen.apps.pytorch.examples.shards import STATE, Schedule, Shard
 from bosen.apps.state import restored
 from bosen.config import check, follows_workers, from_dict
+from bosen.errors import ConfigError
 from bosen.gradstats import adam_preconditioner
 
 ELASTIC = True  # workers may join and leave a running job (bosen scale): micro-tasks move to them
@@ -205,6 +206,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         c = joined
         for t, st in received.items():
             mine[t].load(st, t, sched.span(c)[0], source)
+    if plan is not None:  # no boundary at or past the training's end: nothing would run on a moved task
+        plan.ends_at(a.epochs * sched.clocks)
     while c < a.epochs * sched.clocks:
         lo, hi = sched.span(c)
         loss_sum, n, t0 = 0.0, 0, time.perf_counter()
@@ -269,6 +272,11 @@ def _train_sync(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) 
             draws.load(received, client.config.source)
         client.checkpoint_state(lambda: microtasks.pack({t: draws.state(t) for t in draws.tasks})
                                 if draws is not None else {})
+    else:  # backup workers proper: the rank's sampler over the whole set is its checkpoint state, so a
+        # resumed or replaced worker draws on where it was (a rank the checkpoint has none of starts afresh)
+        client.checkpoint_state(lambda: {SAMPLER_STATE: gen.get_state().numpy().copy()})
+        if saved is not None and SAMPLER_STATE in saved:
+            _load_generator(gen, saved[SAMPLER_STATE], client.config.source)
 
     def draw(b: int) -> torch.Tensor:
         if draws is not None:
@@ -279,6 +287,8 @@ def _train_sync(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) 
     if a.goodput is not None:  # a push of the table a step: what the client's bandwidth budget paces
         agent = gp.start(client, a.goodput, a.batch_size, float(model.flat.numel() * model.flat.element_size()))
     left = False
+    if plan is not None:  # no boundary at or past the last iteration's end: nothing would run on a moved task
+        plan.ends_at(total)
 
     def boundary() -> bool:
         """After a clock: where the job's workers change from this clock on, hand tasks off and draw from
@@ -297,7 +307,7 @@ def _train_sync(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) 
                 st[gp.HANDED] = agent.hand_over()
             return st
         got_states = tasks.handoff(tick, new, folder, state)
-        if plan.leaving():
+        if plan.leaving(end=client.end_clocks):  # its clocks end here: nobody's step waits on it meanwhile
             left = True
             return False
         for got in got_states.values():
@@ -447,6 +457,18 @@ def _train_hybrid(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor
             agent.before_clock(it)  # the interval's row goes out with this iteration's clock
         model.clock()
     model.close()
+
+
+SAMPLER_STATE = "sampler.generator"  # a DBW worker's torch generator over the whole training set (its bytes)
+
+
+def _load_generator(gen: torch.Generator, state: np.ndarray, source: str) -> None:
+    """Put ``gen`` back in a saved state; ConfigError if the array is not a CPU generator's state."""
+    want = gen.get_state()
+    if state.dtype != np.uint8 or state.shape != tuple(want.shape):
+        raise ConfigError(f"{source}: the checkpoint's {SAMPLER_STATE} is {state.dtype} {state.shape}, not a CPU "
+                          f"torch generator's state (uint8 {tuple(want.shape)})")
+    gen.set_state(torch.from_numpy(np.ascontiguousarray(state).copy()))
 
 
 def _state(tasks: Mapping[int, Shard], t: int) -> dict[str, np.ndarray]:

@@ -329,6 +329,8 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         for t, st in received.items():
             mine[t][0].load(st, t, sched.span(c)[0], source)
     total = a.epochs * sched.clocks
+    if plan is not None:  # no boundary at or past the training's end: nothing would run on a moved task
+        plan.ends_at(total)
     loss_sum, done, t0 = 0.0, 0, time.perf_counter()
     while c < total:
         lo, hi = sched.span(c)

@@ -214,3 +214,23 @@ def test_a_synchronous_cnn_job_scaled_2_3_2_draws_from_its_tasks_wherever_they_r
     for t in range(tasks_n):
         for name, want in tasks[t].state(t).items():
             np.testing.assert_array_equal(states[M.key(t, name)], want, err_msg=f"task {t} {name}")
+
+
+def test_a_dbw_workers_torch_generator_goes_back_to_its_saved_state_and_a_wrong_array_is_named():
+    """The CNN's synchronous path with backup workers proper draws its images from a torch generator of
+    the rank's, saved as its bytes (``sampler.generator``): put back, it draws on exactly; an array
+    that is not a CPU generator's state is refused, naming the key."""
+    import torch
+
+    from bosen.apps.pytorch.examples import cnn
+    from bosen.errors import ConfigError
+
+    gen = torch.Generator().manual_seed(SEED * 1000 + 1)
+    torch.randint(0, N, (BATCH,), generator=gen)
+    saved = gen.get_state().numpy().copy()
+    want = torch.randint(0, N, (BATCH,), generator=gen)
+    other = torch.Generator().manual_seed(7)
+    cnn._load_generator(other, saved, "job.yaml")
+    assert torch.equal(torch.randint(0, N, (BATCH,), generator=other), want)
+    with pytest.raises(ConfigError, match="job.yaml: the checkpoint's sampler.generator is int64"):
+        cnn._load_generator(other, saved.astype(np.int64), "job.yaml")

@@ -12,7 +12,7 @@ import pytest
 
 from bosen import config as config_mod
 from bosen.errors import BosenError, ConfigError
-from bosen.jobs.cluster import free_ports, local_addresses, resolve_ports, start_cluster
+from bosen.jobs.cluster import PORTS_FROM, free_ports, local_addresses, resolve_ports, start_cluster
 from bosen.jobs.job import job_config
 from bosen.jobs.supervise import ProcessFailed, ProcessGroup
 
@@ -30,6 +30,11 @@ def test_free_ports_are_distinct_and_bindable() -> None:
     for p in ports[:3]:
         with socket.socket() as s:
             s.bind(("127.0.0.1", p))
+    # below the kernel's ephemeral range, where outgoing connections never take them (a test's server
+    # once lost its port that way under load)
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low >= 11000:
+        assert all(PORTS_FROM <= p < low for p in ports), ports
 
 
 def test_port_zero_becomes_free_local_ports_and_only_for_local_hosts() -> None:

@@ -225,6 +225,43 @@ def test_impossible_requests_are_refused_naming_why(tmp_path):
         _stop(p)
 
 
+@pytest.mark.timeout(120)
+def test_a_request_in_the_jobs_last_clocks_is_refused_and_the_job_ends_exact(tmp_path):
+    """An LDA job whose training ends at clock 20 (18 iterations after 2 opening clocks), worker 1 held
+    before its CLOCK(19) ($BOSEN_FAULT=hold-before-clock): any boundary the scaler could propose now is
+    20 or later (a scale-in's is the checkpoint boundary 20), where no tick runs after the move and
+    a worker reads no plan past it (a leaver would wait there for a release, a joiner for hand-offs,
+    that never come). So a scale-in (the command) and a scale-out (``bosen.scale``) are refused at once,
+    saying the job ends first and nothing moved; released, the job ends with its 2 workers, every
+    checkpoint and the final table exactly the counts of their assignments."""
+    iterations, every = 18, 10
+    path, cfg = _lda_job(tmp_path, iterations, every=every)
+    run = (tmp_path / "run").resolve()
+    release = tmp_path / "release"
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-clock:1:{iterations + 1}:{release}"})
+    try:
+        _until(p, run, (tmp_path / "release.held").exists, "worker 1 did not hold before its CLOCK(19)")
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "bosen", "scale", str(run), "--workers", "1"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0, r.stdout + r.stderr
+        said = r.stdout + r.stderr
+        b = re.search(r"training ends at clock 20 \(worker \d\), at or before clock (\d+), the earliest", said)
+        assert b and int(b.group(1)) >= 20, said  # 2 past the newest clock seen (the closing barrier's 21: 30)
+        assert "too few clocks remain; nothing moved" in said, said
+        with pytest.raises(ScaleError, match="the job's training ends at clock 20 .* too few clocks remain"):
+            bosen.scale(run, workers=3)
+        assert not (run / "tasks" / "plan.json").exists()  # nothing was proposed, no joiner started
+        print(f"refused in {time.monotonic() - t0:.1f}s")
+        release.write_text("go")
+        out = _output(p, run, 90)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    assert "scale:" not in out  # no step began
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_a_joined_server_killed_after_its_checkpoint_is_replaced_and_the_counts_stay_exact(tmp_path):
@@ -349,11 +386,11 @@ def test_a_server_killed_after_a_worker_left_is_replaced_and_the_counts_stay_exa
     np.testing.assert_array_equal(final, counts)
 
 
-def _held_scale_in(tmp_path: Path, iterations: int, every: int, rank: int):
-    """A 3-worker LDA job launched with worker ``rank`` held before its CLOCK of a scale-in's boundary
-    (``$BOSEN_FAULT``), and a thread (not started) that scales it to 2 workers: (cfg, run, release,
-    held, launcher, the scaler's lines, its exceptions, the thread)."""
-    path, cfg = _lda_job(tmp_path, iterations, every=every, workers=3)
+def _held_scale_in(tmp_path: Path, iterations: int, every: int, rank: int, job: tuple[Path, dict] | None = None):
+    """A 3-worker LDA job (or ``job``: its config file and data) launched with worker ``rank`` held before
+    its CLOCK of a scale-in's boundary (``$BOSEN_FAULT``), and a thread (not started) that scales it to
+    2 workers: (cfg, run, release, held, launcher, the scaler's lines, its exceptions, the thread)."""
+    path, cfg = job if job is not None else _lda_job(tmp_path, iterations, every=every, workers=3)
     run = (tmp_path / "run").resolve()
     release = tmp_path / "release"
     held = tmp_path / "release.held"
@@ -414,7 +451,7 @@ def test_a_worker_lost_at_a_scale_in_boundary_is_replaced_and_the_deferred_part_
     ticks, takes worker 1's task again from the hand-off file of B (kept for it: the giver has gone on)
     and sends CLOCK(B); the parts of B are saved then, worker 2 is let go, and every checkpoint, B's
     too, and the final table are exactly the counts of their assignments."""
-    iterations, every = 98, 10  # B mid-run (a scale-in in a job's last clocks can fail); last parts at the end
+    iterations, every = 98, 10  # B mid-run (in the last clocks it is refused); last parts at the end
     cfg, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, iterations, every, 2)
     try:
         _wait_clock(p, run, 3)
@@ -460,6 +497,65 @@ def test_a_worker_lost_at_a_scale_in_boundary_is_replaced_and_the_deferred_part_
 
 
 @pytest.mark.timeout(150)
+def test_a_joiner_lost_after_its_boundary_is_replaced_from_before_it_joined_and_the_counts_stay_exact(tmp_path):
+    """Workers 2 -> 3 in a running LDA job (checkpoints every 10 clocks), and the joiner, worker 2,
+    SIGKILLed after it took its tasks at B and ran ticks with them, before any checkpoint at or past
+    B: the riskier loss of a scale-out, since no complete checkpoint knows rank 2 (a giver's
+    replacement restarts from its own part, as a scale-in's does, tested above). Held by
+    $BOSEN_FAULT=hold-before-clock: workers 0 and 1 before their CLOCK(11) while the step is agreed (so
+    B is 12, answered by the fault: a worker blocked in a read, behind a held one, reads no plan), then
+    worker 2 before its CLOCK(16), where it is killed. Its
+    replacement restarts from the checkpoint at 10, owning nothing until B (the plan holds from B),
+    takes its tasks again from B's hand-off files, the servers having taken back what the lost
+    process sent since it joined; the job finishes, every checkpoint and the final word-topic table
+    exactly the counts of their assignments."""
+    iterations, every = 98, 10
+    path, cfg = _lda_job(tmp_path, iterations, every=every)
+    run = (tmp_path / "run").resolve()
+    go0, go2 = tmp_path / "go0", tmp_path / "go2"
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-clock:0:11:{go0};hold-before-clock:1:11:{go0};"
+                                               f"hold-before-clock:2:16:{go2}"})
+    lines: list[str] = []
+    failed: list[BaseException] = []
+
+    def scale() -> None:
+        try:
+            bosen.scale(run, workers=3, out=lines.append)
+        except BaseException as e:  # noqa: BLE001 - the test thread reports it
+            failed.append(e)
+
+    step = threading.Thread(target=scale, daemon=True)
+    try:
+        _until(p, run, (tmp_path / "go0.held").exists, "workers 0, 1 did not hold before their CLOCK(11)")
+        step.start()
+
+        def committed() -> int | None:
+            try:
+                plan = json.loads((run / "tasks" / "plan.json").read_text())
+            except (OSError, ValueError):
+                return None
+            return plan["clock"] if plan.get("state") == "committed" else None
+
+        _until(p, run, lambda: committed() is not None, "the scale-out was not committed while workers 0, 1 held")
+        b = committed()
+        assert b == 12, b  # 2 past clock 10, where worker 0 holds
+        go0.write_text("go")
+        _until(p, run, (tmp_path / "go2.held").exists, "worker 2 did not hold before its CLOCK(16)")
+        assert checkpoint.clocks(run / "checkpoints")[0] == 10  # nothing at or past B on disk
+        _worker(p, 2).kill()
+        go2.write_text("go")  # for its replacement, which passes 16 again
+        out = _output(p, run, 120)
+        step.join(timeout=30)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, (out[-3000:], lines)
+    assert not failed, failed
+    assert f"committed: micro-tasks move at clock {b}" in "\n".join(lines), lines
+    assert "worker-2.1 replaces worker-2: it redoes clocks from 10 on" in out, out[-3000:]
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations, redone=True)
+
+
+@pytest.mark.timeout(150)
 def test_a_server_killed_while_a_leaver_waits_for_its_release_is_replaced_and_the_counts_stay_exact(tmp_path):
     """Workers 3 -> 2 in a running LDA job: worker 1 holds before its CLOCK of the boundary B
     ($BOSEN_FAULT=hold-before-leave), so no server has its part of B; the leaver, worker 2, reaches B,
@@ -469,7 +565,7 @@ def test_a_server_killed_while_a_leaver_waits_for_its_release_is_replaced_and_th
     asked for a part of B. Worker 1 goes on once the replacement serves: every server saves B, only
     then is the leaver let go, and B's checkpoint, every other and the final table are exactly the
     counts of their assignments."""
-    iterations, every = 98, 10  # B mid-run (a scale-in in a job's last clocks can fail); last parts at the end
+    iterations, every = 98, 10  # B mid-run (in the last clocks it is refused); last parts at the end
     cfg, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, iterations, every, 1)
     try:
         _wait_clock(p, run, every)  # B past the first part: the replacement restores one before B
@@ -637,7 +733,8 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
     killed and replaced (SCAR: restored from its newest part, every worker resends its gradients since,
     the joined one those since it joined), then 3 -> 2 workers. At a checkpoint past both boundaries:
     every iteration applied exactly the job's workers' gradients (2, then 3 from B1, then 2 from B2; none
-    dropped), every task's sampler (its pass's order and place) is where a replay that moves the tasks
+    dropped), the leaver ended its clocks at B2 on every server (BYE "fc") before it waited for its
+    release, every task's sampler (its pass's order and place) is where a replay that moves the tasks
     at B1 and B2 has it, and the table equals that replay's w_c up to the order the servers summed each
     step's gradients in (float64, 1e-9). Then the job resumed from the checkpoint of B2 (made by ranks
     0-2) with the config's 2 workers ends at c with the same tables."""
@@ -675,6 +772,9 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
         _stop(p)
     out = _log(run).read_text()
     assert "server-1.1 replaces server-1" in out, out[-3000:]
+    for name in ("server-0", "server-1.1"):  # the leaver ended its clocks at B2: nobody's step waited on it
+        log = (run / "logs" / f"{name}.log").read_text()
+        assert f"client rank 2 ends its clocks at {b2}:" in log, log[-2000:]
     W, samplers = _sync_replay(cfg, b1, b2, c)
     want_k = [2] * b1 + [3] * (b2 - b1) + [2] * (c - b2)
     _sync_matches(parts, W, samplers, want_k, f"the scaled job at {c}")
@@ -689,6 +789,59 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and f"resuming from the checkpoint at clock {b2}" in r.stdout, r.stdout[-3000:] + r.stderr
     _sync_matches(checkpoint.check_complete(base, c, 2, None, None), W, samplers, want_k, f"resumed from {b2}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_server_killed_while_a_synchronous_leaver_waits_is_replaced_and_the_job_equals_its_replay(tmp_path):
+    """Synchronous MLR (static k = the workers, 2 servers) scaled 3 -> 2 workers: worker 1 holds before its
+    CLOCK of B, so no server has its part of B, while the leaver, worker 2, ends its clocks at B (BYE
+    "fc") and waits for its release. Server 1 is SIGKILLed then: its replacement restores an older part,
+    hears the leaver's "fc" again in its HELLO (the leaver is one of n up to iteration B - 1, whose
+    gradients it resends, and not from B on) and the job goes on once worker 1 does: a checkpoint
+    past B is the replay's (k_t 3 up to B, then 2; nothing dropped; samplers and table)."""
+    cfg = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 3},
+           "checkpoint": {"every_clocks": 50, "keep": 100},
+           "tables": {"W": {"rows": 10, "cols": 65, "dtype": "float64", "init": {"zeros": True},
+                            "backup": {"mode": "static", "k": 3, "lr": 0.5}}},
+           "app": {"module": "bosen.apps.mlr", "args": {"data": "digits", "holdout": 0.1, "batch_size": 7,
+                                                         "micro_tasks": 6, "epochs": 1_000_000, "eval_every": 0}}}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(cfg))
+    _, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, 0, 50, 1, (path, cfg))
+    base = run / "checkpoints"
+    try:
+        _wait_clock(p, run, 60)  # B past the first part: the replacement restores one before B
+        step.start()
+        _until(p, run, lambda: _held_at(run, held) is not None, "worker 1 did not hold before a committed boundary")
+        b = _held_at(run, held)
+        addresses = config_mod.load(run / "config.yaml").cluster.servers
+        _until(p, run, lambda: all(status_mod.query(a, timeout=10.0)["final_clocks"][2] == b for a in addresses),
+               f"worker 2 did not end its clocks at {b} on every server")
+        _server(p, 1).kill()
+        replacement = run / "logs" / "server-1.1.log"
+        heard = f"client rank 2 ends its clocks at {b}"
+        _until(p, run, lambda: replacement.exists() and heard in replacement.read_text(),
+               "server 1's replacement did not hear the leaver's fc")
+        release.write_text("go")  # worker 1 goes on to B
+        c = b + 50
+        parts = None
+        deadline = time.monotonic() + 120
+        while parts is None:  # a checkpoint past B, complete
+            assert p.poll() is None and time.monotonic() < deadline, (lines, _log(run).read_text()[-3000:])
+            time.sleep(0.05)
+            try:
+                parts = checkpoint.check_complete(base, c, 2, None, None)
+            except checkpoint.CheckpointError:
+                pass
+        step.join(timeout=30)
+    finally:
+        _stop(p)
+    assert not failed, failed
+    restored = re.findall(r"resumed from \S+ at clock (\d+)", replacement.read_text())
+    assert restored and int(restored[0]) < b, (restored, b)  # a part without the leaver's last gradients
+    W, samplers = _sync_replay(cfg, 0, b, c)  # ranks 0-2 up to B, 0-1 after
+    _sync_matches(parts, W, samplers, [3] * b + [2] * (c - b), f"the scaled job at {c}")
 
 
 def test_leavers_wait_while_the_servers_say_a_part_of_their_boundary_is_coming(tmp_path, monkeypatch):
@@ -731,3 +884,81 @@ def test_leavers_wait_while_the_servers_say_a_part_of_their_boundary_is_coming(t
         assert json.loads(release.read_text()) == {"clock": 20, "durable": False}
     finally:
         scaler.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_giver_lost_after_its_hand_off_is_replaced_exactly_and_a_resume_skips_the_stale_checkpoints(tmp_path):
+    """Workers 3 -> 2 in a running LDA job (integer counts, managed communication): at the boundary B,
+    worker 1 hands task 3 to worker 0 (and takes worker 2's); worker 0 takes it and runs on. Worker 1
+    writes no checkpoint part from clock 20 <= B on ($BOSEN_FAULT=no-parts-from, bosen/faults.py), so
+    no checkpoint at or past B is complete when it is SIGKILLed, once the servers have their parts of B:
+    its replacement restarts before B and redoes task 3's ticks below B, which end in other topics than
+    the lost process's; at B it adopts the hand-off worker 0 took (the file stays) and corrects the
+    counts by the difference. The job ends with the final table exactly the counts of the final
+    assignments, as every checkpoint the take-back left exact. The servers' parts of B were saved
+    before the take-back (corrections beside them): a resume of the whole job skips those checkpoints,
+    naming why, starts from the older exact one and ends exact too."""
+    iterations, every = 148, 10  # the kill comes well before the end; the last checkpoint at the end (+2)
+    path, cfg = _lda_job(tmp_path, iterations, every=every, workers=3)
+    run = (tmp_path / "run").resolve()
+    base = run / "checkpoints"
+    p = _launch(path, run, env={"BOSEN_FAULT": f"no-parts-from:1:{2 * every}"})
+    lines: list[str] = []
+    failed: list[BaseException] = []
+
+    def scale() -> None:
+        try:
+            bosen.scale(run, workers=2, out=lines.append)
+        except BaseException as e:  # noqa: BLE001 - the test thread reports it
+            failed.append(e)
+
+    step = threading.Thread(target=scale, daemon=True)
+    try:
+        _wait_clock(p, run, every + 1)  # B >= 2 * every: worker 1 writes no part there, the replacement
+        step.start()                    # restarts from one before
+        committed: list[int] = []
+
+        def moved() -> bool:
+            committed[:] = [int(m) for m in re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines))]
+            return bool(committed)
+
+        _until(p, run, moved, "the scale-in was not committed")
+        b = committed[0]
+        assert b >= 2 * every, b
+        _wait_clock(p, run, b + 1)  # worker 0 took task 3 at B and ran on with it
+        _until(p, run, lambda: all((checkpoint.clock_dir(base, b) / checkpoint.part_name("server", i)
+                                    / checkpoint.META).exists() for i in (0, 1)), f"no server parts of {b}")
+        assert not (checkpoint.clock_dir(base, b) / checkpoint.part_name("worker", 1)).exists()
+        _worker(p, 1).kill()
+        out = _output(p, run, 150)
+        step.join(timeout=30)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    assert not failed, failed
+    restarted = re.findall(r"worker-1\.1 replaces worker-1: it redoes clocks from (\d+)", out)
+    assert restarted and int(restarted[0]) < b, out[-3000:]
+    adopted = f"micro-task(s) [3] were handed off at clock {b} already"
+    assert adopted in (run / "logs" / "worker-1.1.log").read_text()
+    stale = [c for c in checkpoint.clocks(base) if checkpoint.taken_back(checkpoint.clock_dir(base, c))]
+    assert b in stale, stale  # the servers' parts of B hold the lost process's ticks below B
+    checked = _every_checkpoint_and_the_end_exact(run, cfg, iterations, redone=True)
+    assert [c for c in checked if c > max(stale)], (checked, stale)  # those after the redo among them
+    table, counts = _part_counts(cfg, checkpoint.check_complete(base, b, 2, None, None))
+    assert (table != counts).any()  # B's server parts: the lost ticks of tasks 4, 5; its worker part: the redo's
+    # a resume of the whole job from the run as it was right after the redo: the stale checkpoints are
+    # skipped (their server parts hold the lost ticks, their worker part the redo's), an older one is used
+    for c in checkpoint.clocks(base):
+        if c > max(stale):
+            shutil.rmtree(checkpoint.clock_dir(base, c))
+    (run / "word_topic.npy").unlink()
+    r = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--resume", str(run), "--workers", "2",
+                        "--no-plot"], capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for c in stale:
+        assert f"skipping checkpoint clock {c}: its server parts hold a lost worker's updates" in r.stdout, r.stdout
+    used = int(re.findall(r"resuming from the checkpoint at clock (\d+)", r.stdout)[0])
+    assert used < min(stale) and not checkpoint.taken_back(checkpoint.clock_dir(base, used)), r.stdout
+    final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(base, iterations + 2, 2, 2, None))
+    np.testing.assert_array_equal(final, counts)
