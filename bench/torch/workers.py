@@ -197,7 +197,8 @@ def run_ours(spec: dict[str, Any]) -> None:
     rank, world = int(spec["rank"]), int(spec["world"])
     loop = Loop(spec, task, rank, world)
     client = Client.connect(spec["config"], rank=rank)
-    model = PSModule(task.model(), client, clock_every=int(spec["clock_every"]), prefault=spec.get("prefault", True))
+    model = PSModule(task.model(), client, clock_every=int(spec["clock_every"]), prefault=spec.get("prefault", True),
+                     dense=spec.get("dense", "ps"))
     # start together, as DDP's and RPC's set-up does: once every worker has clocked staleness + 1
     # times, a read waits for all of them
     for _ in range(int(spec["staleness"]) + 1):
