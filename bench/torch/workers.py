@@ -197,7 +197,8 @@ def run_ours(spec: dict[str, Any]) -> None:
     rank, world = int(spec["rank"]), int(spec["world"])
     loop = Loop(spec, task, rank, world)
     client = Client.connect(spec["config"], rank=rank)
-    model = PSModule(task.model(), client, clock_every=int(spec["clock_every"]), prefault=spec.get("prefault", True))
+    model = PSModule(task.model(), client, clock_every=int(spec["clock_every"]), prefault=spec.get("prefault", True),
+                     dense=spec.get("dense", "ps"))
     # start together, as DDP's and RPC's set-up does: once every worker has clocked staleness + 1
     # times, a read waits for all of them
     for _ in range(int(spec["staleness"]) + 1):
@@ -240,8 +241,14 @@ def run_ours(spec: dict[str, Any]) -> None:
     final = task.score(model, loop.final_test) if rank == 0 else None
     s = client.stats()
     client.close()
-    write(spec, points=loop.points, train_s=train_s, final=final, bytes_sent=s["bytes_sent"],
-          bytes_received=s["bytes_received"], profile=_profile(phases, step_times, model, s))
+    # hybrid mode: the MLPs' all-reduce, counted as DDP's hook counts a dense bucket (ring all-reduce:
+    # 2 (P-1)/P of the bytes each way, once a step); the client's stats hold only the PS's traffic
+    ring = 0
+    if model.allreduce is not None:
+        ring = len(step_times) * 2 * (world - 1) * model.flat.numel() * model.flat.element_size() // world
+    write(spec, points=loop.points, train_s=train_s, final=final, bytes_sent=s["bytes_sent"] + ring,
+          bytes_received=s["bytes_received"] + ring, allreduce_bytes=2 * ring,
+          profile=_profile(phases, step_times, model, s))
 
 
 # -- DistributedDataParallel -------------------------------------------------------------------------

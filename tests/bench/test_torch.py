@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.torch.__main__ import main, paired
+from bench.torch.__main__ import cases, main, paired, selected
 
 
 def test_final_metrics_pair_by_seed_with_ddps_spread_as_the_noise_floor():
@@ -25,3 +25,11 @@ def test_an_unknown_system_is_named(capsys):
     with pytest.raises(SystemExit):
         main(["--tasks", "dlrm", "--systems", "ours,dpp"])
     assert "--systems: unknown system 'dpp'" in capsys.readouterr().err
+
+
+def test_a_named_only_variant_runs_when_named_and_hybrid_mode_runs_by_default():
+    dlrm = cases(True)["dlrm"]
+    default = selected(dlrm, None)
+    assert "ours-hybrid" in default and "ours-hybrid-s0" not in default and "ddp-dense" not in default
+    assert dlrm["systems"]["ours-hybrid"]["args"] == {"dense": "allreduce"}
+    assert selected(dlrm, ["ours-hybrid-s0", "ddp"]) == ["ours-hybrid-s0", "ddp"]
