@@ -22,13 +22,13 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/bosen launch configs/mf.yaml
 
-## make test: fresh virtual environment, install, lint (ruff) and type-check (mypy), run the whole test suite in two pytest-xdist workers (most tests wait on their subprocesses' sockets, so two at once fill 2 cores; tests sharing one resource name an xdist_group) and list its 40 slowest tests: the suite is kept under 15 minutes on 2 cores
+## make test: fresh virtual environment, install, lint (ruff) and type-check (mypy), run the whole test suite (its 40 slowest tests listed at the end: the suite is kept under 15 minutes on 2 cores)
 test:
 	rm -rf $(VENV)
 	$(MAKE) $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) tests/typecheck.py
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=40
+	$(PY) -m pytest -q --durations=40
 
 ## make test-fast: the edit-test loop in the existing .venv: every test module, tests marked slow left out
 test-fast: $(STAMP)
