@@ -386,15 +386,20 @@ def test_a_server_killed_after_a_worker_left_is_replaced_and_the_counts_stay_exa
     np.testing.assert_array_equal(final, counts)
 
 
-def _held_scale_in(tmp_path: Path, iterations: int, every: int, rank: int, job: tuple[Path, dict] | None = None):
+def _held_scale_in(tmp_path: Path, iterations: int, every: int, rank: int, job: tuple[Path, dict] | None = None,
+                   start: int | None = None):
     """A 3-worker LDA job (or ``job``: its config file and data) launched with worker ``rank`` held before
     its CLOCK of a scale-in's boundary (``$BOSEN_FAULT``), and a thread (not started) that scales it to
-    2 workers: (cfg, run, release, held, launcher, the scaler's lines, its exceptions, the thread)."""
+    2 workers: (cfg, run, release, held, launcher, the scaler's lines, its exceptions, the thread).
+    ``start``: every worker also holds before CLOCK(start) until :func:`_scale_while_held` lets it go."""
     path, cfg = job if job is not None else _lda_job(tmp_path, iterations, every=every, workers=3)
     run = (tmp_path / "run").resolve()
     release = tmp_path / "release"
     held = tmp_path / "release.held"
-    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-leave:{rank}:{release}"})
+    fault = f"hold-before-leave:{rank}:{release}"
+    if start is not None:
+        fault += "".join(f";hold-before-clock:{r}:{start}:{tmp_path / f'start{r}'}" for r in range(3))
+    p = _launch(path, run, env={"BOSEN_FAULT": fault})
     lines: list[str] = []
     failed: list[BaseException] = []
 
@@ -405,6 +410,25 @@ def _held_scale_in(tmp_path: Path, iterations: int, every: int, rank: int, job: 
             failed.append(e)
 
     return cfg, run, release, held, p, lines, failed, threading.Thread(target=scale, daemon=True)
+
+
+def _scale_while_held(p: subprocess.Popen, run: Path, tmp_path: Path, step: threading.Thread) -> None:
+    """With every worker held before CLOCK(start) (:func:`_held_scale_in`), start the scale-in and let them
+    go once it is committed: a short job cannot end before the boundary is agreed (a run at load once
+    did, the proposals overtaken by the workers until too few clocks remained)."""
+    _until(p, run, lambda: all((tmp_path / f"start{r}.held").exists() for r in range(3)),
+           "the workers did not hold before their start clock")
+    step.start()
+
+    def committed() -> bool:
+        try:
+            return json.loads((run / "tasks" / "plan.json").read_text()).get("state") == "committed"
+        except (OSError, ValueError):
+            return False
+
+    _until(p, run, committed, "the scale-in was not committed while the workers held")
+    for r in range(3):
+        (tmp_path / f"start{r}").write_text("go")
 
 
 def _held_at(run: Path, held: Path) -> int | None:
@@ -452,10 +476,9 @@ def test_a_worker_lost_at_a_scale_in_boundary_is_replaced_and_the_deferred_part_
     and sends CLOCK(B); the parts of B are saved then, worker 2 is let go, and every checkpoint, B's
     too, and the final table are exactly the counts of their assignments."""
     iterations, every = 98, 10  # B mid-run (in the last clocks it is refused); last parts at the end
-    cfg, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, iterations, every, 2)
+    cfg, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, iterations, every, 2, start=every + 1)
     try:
-        _wait_clock(p, run, 3)
-        step.start()
+        _scale_while_held(p, run, tmp_path, step)
         _until(p, run, lambda: _held_at(run, held) is not None, "worker 2 did not hold before a committed boundary")
         b = _held_at(run, held)
         addresses = config_mod.load(run / "config.yaml").cluster.servers
@@ -566,10 +589,9 @@ def test_a_server_killed_while_a_leaver_waits_for_its_release_is_replaced_and_th
     then is the leaver let go, and B's checkpoint, every other and the final table are exactly the
     counts of their assignments."""
     iterations, every = 98, 10  # B mid-run (in the last clocks it is refused); last parts at the end
-    cfg, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, iterations, every, 1)
+    cfg, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, iterations, every, 1, start=every + 1)
     try:
-        _wait_clock(p, run, every)  # B past the first part: the replacement restores one before B
-        step.start()
+        _scale_while_held(p, run, tmp_path, step)  # B past the first part: the replacement restores one before B
         _until(p, run, lambda: _held_at(run, held) is not None, "worker 1 did not hold before a committed boundary")
         b = _held_at(run, held)
         addresses = config_mod.load(run / "config.yaml").cluster.servers
