@@ -29,8 +29,6 @@ ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.
 from ray.cluster_utils import Cluster  # noqa: E402
 
 TICKS = 6
-# one Ray test cluster on this machine at a time: every test of this module runs in one xdist worker
-pytestmark = pytest.mark.xdist_group("ray")
 ROLES = {"server_resources": {"ps": 1}, "worker_resources": {"trainer": 1}}  # servers and workers apart
 
 
