@@ -272,10 +272,26 @@ def test_a_joined_server_killed_after_its_checkpoint_is_replaced_and_the_counts_
     iterations = 300
     path, cfg = _lda_job(tmp_path, iterations)
     run = (tmp_path / "run").resolve()
-    p = _launch(path, run)
+    go = tmp_path / "go"  # both workers hold before CLOCK(4) until the joined server has both (a quiet
+    # machine once ran the whole job before the server started: a finished rank never joins it)
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-clock:0:4:{go};hold-before-clock:1:4:{go}"})
+    failed: list[BaseException] = []
+
+    def scale() -> None:
+        try:
+            bosen.scale(run, servers=3, out=None)
+        except BaseException as e:  # noqa: BLE001 - the test thread reports it
+            failed.append(e)
+
+    step = threading.Thread(target=scale, daemon=True)
     try:
-        _wait_clock(p, run, 3)
-        bosen.scale(run, servers=3, out=None)
+        _until(p, run, (tmp_path / "go.held").exists, "the workers did not hold before CLOCK(4)")
+        step.start()
+        log = run / "logs" / "server-2.log"
+        _until(p, run, lambda: log.exists() and "joined (2/2)" in log.read_text(), "the joined server lacks a client")
+        go.write_text("go")
+        step.join(timeout=120)
+        assert not step.is_alive() and not failed, failed
         deadline = time.monotonic() + 60
         while True:  # a complete checkpoint made by the three servers
             made = [c for c in checkpoint.clocks(run / "checkpoints")
