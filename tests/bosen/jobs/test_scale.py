@@ -275,15 +275,7 @@ def test_a_joined_server_killed_after_its_checkpoint_is_replaced_and_the_counts_
     go = tmp_path / "go"  # both workers hold before CLOCK(4) until the joined server has both (a quiet
     # machine once ran the whole job before the server started: a finished rank never joins it)
     p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-clock:0:4:{go};hold-before-clock:1:4:{go}"})
-    failed: list[BaseException] = []
-
-    def scale() -> None:
-        try:
-            bosen.scale(run, servers=3, out=None)
-        except BaseException as e:  # noqa: BLE001 - the test thread reports it
-            failed.append(e)
-
-    step = threading.Thread(target=scale, daemon=True)
+    _, failed, step = _scale_thread(run, servers=3)
     try:
         _until(p, run, (tmp_path / "go.held").exists, "the workers did not hold before CLOCK(4)")
         step.start()
@@ -402,6 +394,21 @@ def test_a_server_killed_after_a_worker_left_is_replaced_and_the_counts_stay_exa
     np.testing.assert_array_equal(final, counts)
 
 
+def _scale_thread(run: Path, **shape: int) -> tuple[list[str], list[BaseException], threading.Thread]:
+    """A thread (not started) that scales the job at ``run`` to ``shape`` (workers=, servers=): the
+    scaler's lines, its exceptions (the test reports them), the thread."""
+    lines: list[str] = []
+    failed: list[BaseException] = []
+
+    def scale() -> None:
+        try:
+            bosen.scale(run, out=lines.append, **shape)
+        except BaseException as e:  # noqa: BLE001 - the test thread reports it
+            failed.append(e)
+
+    return lines, failed, threading.Thread(target=scale, daemon=True)
+
+
 def _held_scale_in(tmp_path: Path, iterations: int, every: int, rank: int, job: tuple[Path, dict] | None = None,
                    start: int | None = None):
     """A 3-worker LDA job (or ``job``: its config file and data) launched with worker ``rank`` held before
@@ -416,16 +423,8 @@ def _held_scale_in(tmp_path: Path, iterations: int, every: int, rank: int, job: 
     if start is not None:
         fault += "".join(f";hold-before-clock:{r}:{start}:{tmp_path / f'start{r}'}" for r in range(3))
     p = _launch(path, run, env={"BOSEN_FAULT": fault})
-    lines: list[str] = []
-    failed: list[BaseException] = []
-
-    def scale() -> None:
-        try:
-            bosen.scale(run, workers=2, out=lines.append)
-        except BaseException as e:  # noqa: BLE001 - the test thread reports it
-            failed.append(e)
-
-    return cfg, run, release, held, p, lines, failed, threading.Thread(target=scale, daemon=True)
+    lines, failed, step = _scale_thread(run, workers=2)
+    return cfg, run, release, held, p, lines, failed, step
 
 
 def _scale_while_held(p: subprocess.Popen, run: Path, tmp_path: Path, step: threading.Thread) -> None:
@@ -554,16 +553,7 @@ def test_a_joiner_lost_after_its_boundary_is_replaced_from_before_it_joined_and_
     go0, go2 = tmp_path / "go0", tmp_path / "go2"
     p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-clock:0:11:{go0};hold-before-clock:1:11:{go0};"
                                                f"hold-before-clock:2:16:{go2}"})
-    lines: list[str] = []
-    failed: list[BaseException] = []
-
-    def scale() -> None:
-        try:
-            bosen.scale(run, workers=3, out=lines.append)
-        except BaseException as e:  # noqa: BLE001 - the test thread reports it
-            failed.append(e)
-
-    step = threading.Thread(target=scale, daemon=True)
+    lines, failed, step = _scale_thread(run, workers=3)
     try:
         _until(p, run, (tmp_path / "go0.held").exists, "workers 0, 1 did not hold before their CLOCK(11)")
         step.start()
@@ -942,16 +932,7 @@ def test_a_giver_lost_after_its_hand_off_is_replaced_exactly_and_a_resume_skips_
     run = (tmp_path / "run").resolve()
     base = run / "checkpoints"
     p = _launch(path, run, env={"BOSEN_FAULT": f"no-parts-from:1:{2 * every}"})
-    lines: list[str] = []
-    failed: list[BaseException] = []
-
-    def scale() -> None:
-        try:
-            bosen.scale(run, workers=2, out=lines.append)
-        except BaseException as e:  # noqa: BLE001 - the test thread reports it
-            failed.append(e)
-
-    step = threading.Thread(target=scale, daemon=True)
+    lines, failed, step = _scale_thread(run, workers=2)
     try:
         _wait_clock(p, run, every + 1)  # B >= 2 * every: worker 1 writes no part there, the replacement
         step.start()                    # restarts from one before
