@@ -161,7 +161,7 @@ def _hold(release: Path, rank: int, clock: int, check: Callable[[], None] | None
     """Write ``release.held`` and wait until ``release`` exists (True) or ``give_up()`` (False, the held
     file removed); BosenError after HOLD_TIMEOUT_S."""
     held = release.with_name(release.name + ".held")
-    tmp = held.with_name(f".{held.name}.partial")
+    tmp = held.with_name(f".{held.name}.{os.getpid()}.partial")  # ranks held on one file: each its own
     tmp.write_text(json.dumps({"clock": clock}))
     os.replace(tmp, held)
     deadline = time.monotonic() + HOLD_TIMEOUT_S
