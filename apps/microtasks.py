@@ -28,11 +28,14 @@ from typing import Any
 
 import numpy as np
 
+from bosen import checkpoint
 from bosen.apps.state import rng_state, set_rng_state
 from bosen.errors import BosenError, ConfigError
 
 __all__ = ["count", "assign", "owned", "key", "pack", "unpack", "saved_tasks", "give", "take",
-           "FilePlan", "MicroTasks", "TaskState", "drop_handoffs", "answer", "HANDOFF_TIMEOUT_S", "HANDOFF_DIR",
+           "FilePlan", "MicroTasks", "TaskState", "drop_handoffs", "keep_plan", "drop_kept_plans", "answer",
+           "HANDOFF_TIMEOUT_S",
+           "HANDOFF_DIR",
            "run_plan",
            "start_owners", "join_clock", "join", "start", "JOIN_AHEAD", "join_ahead", "ready", "await_join",
            "announce_join", "Draws", "share", "job_end"]
@@ -46,6 +49,8 @@ END_FILE = "end-{rank}.json"  # in HANDOFF_DIR: the clock at which a worker's tr
 JOIN_AHEAD_TIMEOUT_S = 600.0  # a joiner started ahead waits this long for its boundary
 _KEY = re.compile(r"^task\.(\d+)\.(.+)$")
 _HANDOFF = re.compile(r"^task-\d+\.clock-(\d+)\.npz$")
+PAST_FILE = "plan-{clock}.json"  # in HANDOFF_DIR: a committed plan, kept for a replacement that redoes its clock
+_PAST = re.compile(r"^plan-(\d+)\.json$")
 
 
 def count(setting: int, workers: int, saved: Mapping[str, np.ndarray] | None = None) -> int:
@@ -170,16 +175,34 @@ def take(folder: str | Path, clock: int, tasks: Iterable[int], timeout: float = 
 
 
 def drop_handoffs(folder: str | Path, below: int) -> int:
-    """Remove the hand-off files of clocks below ``below`` (the run's newest complete checkpoint: a
-    replacement restarts there or later, and a process at that clock has its tasks in the
-    checkpoint's parts). Returns how many went."""
+    """Remove the hand-off files and kept plans (:func:`keep_plan`) of clocks below ``below`` (the run's
+    newest complete checkpoint: a replacement restarts there or later, and a process at that clock has
+    its tasks in the checkpoint's parts). Returns how many went."""
     n = 0
-    for p in Path(folder).glob("task-*.clock-*.npz"):
-        m = _HANDOFF.match(p.name)
+    for p in [*Path(folder).glob("task-*.clock-*.npz"), *Path(folder).glob("plan-*.json")]:
+        m = _HANDOFF.match(p.name) or _PAST.match(p.name)
         if m and int(m.group(1)) < below:
             p.unlink(missing_ok=True)
             n += 1
     return n
+
+
+def drop_kept_plans(folder: Path, above: int) -> None:
+    """Remove the kept plans (:func:`keep_plan`) of clocks above ``above``: a job resumed from the
+    checkpoint at ``above`` does not make the steps its first run committed after it."""
+    for p in folder.glob("plan-*.json"):
+        if (m := _PAST.match(p.name)) and int(m.group(1)) > above:
+            p.unlink(missing_ok=True)
+
+
+def keep_plan(folder: Path, plan: Mapping[str, Any]) -> None:
+    """Keep a committed plan as ``plan-<clock>.json`` beside ``plan.json`` (which the next step
+    overwrites): a lost worker's replacement restarted from a checkpoint before that clock redoes
+    it and moves its tasks there as the live workers did (:meth:`FilePlan.at`)."""
+    path = folder / PAST_FILE.format(clock=int(plan["clock"]))
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(json.dumps(dict(plan)))
+    os.replace(tmp, path)
 
 
 class FilePlan:
@@ -198,12 +221,17 @@ class FilePlan:
 
     An app says where its training ends (:meth:`ends_at`: the clock after its last tick, the last at
     which it asks :meth:`at`): a proposal for that clock or later is answered ``{"ok": false, "ends": E}``,
-    since this worker would never wait there (it runs no tick after E, and past E it reads no plan)."""
+    since this worker would never wait there (it runs no tick after E, and past E it reads no plan).
 
-    def __init__(self, path: str | Path, rank: int | None = None, timeout: float = HANDOFF_TIMEOUT_S) -> None:
+    A lost worker's replacement (``replay``) redoes clocks the job has passed: at a boundary older than
+    ``plan.json``'s it takes the plan committed there from ``plan-<clock>.json`` (:func:`keep_plan`)."""
+
+    def __init__(self, path: str | Path, rank: int | None = None, timeout: float = HANDOFF_TIMEOUT_S,
+                 replay: bool = False) -> None:
         self.path = Path(path)
         self.rank = rank
         self.timeout = timeout
+        self.replay = replay
         self._seen: tuple[int, int, int] | None = None
         self._plan: tuple[int, np.ndarray] | None = None
         self._meta: dict[str, Any] = {}
@@ -236,9 +264,28 @@ class FilePlan:
         """The owners of a plan for ``clock`` that is in force already (committed, or without an id),
         else None; answers and waits for nothing (:meth:`at` does, at the boundary)."""
         self._fresh(clock, T)
+        if self._plan is not None and self._plan[0] > clock:
+            return self._past(clock, T)
         if self._plan is None or self._plan[0] != clock or not self._holds():
             return None
         return self._plan[1]
+
+    def _past(self, clock: int, T: int) -> np.ndarray | None:
+        """For a replacement redoing clocks (``replay``): the owners of the plan committed for ``clock``
+        that ``plan.json`` no longer holds (a later step replaced it), or None."""
+        if not self.replay:
+            return None
+        path = self.path.with_name(PAST_FILE.format(clock=clock))
+        try:
+            d = json.loads(path.read_text())
+            owners = np.asarray(d["owners"], dtype=np.int64)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise BosenError(f"{path}: not a task plan {{\"clock\": C, \"owners\": [...]}}: {e}") from None
+        if owners.shape != (T,) or int(d.get("clock", -1)) != clock:
+            raise BosenError(f"{path}: not the plan of clock {clock} for {T} micro-tasks")
+        return owners
 
     def _fresh(self, clock: int, T: int) -> None:
         """Read the plan if it changed; a new plan without an id for a clock before ``clock`` (the boundary
@@ -294,6 +341,8 @@ class FilePlan:
         an id for a clock this worker has passed is an error (it would run the old assignment)."""
         self._fresh(clock, T)
         self._answer(clock)  # a proposal read now or earlier (at the start) is answered once
+        if self._plan is not None and self._plan[0] > clock and (past := self._past(clock, T)) is not None:
+            return past  # a replacement redoing a step that a later one has replaced in plan.json
         if self._plan is None or self._plan[0] != clock or self._meta.get("id") in self._refused:
             return None
         if self._meta.get("state") == "proposed":
@@ -460,22 +509,34 @@ def run_plan() -> tuple[FilePlan | None, Path | None]:
         return None, None
     folder = Path(run_dir, HANDOFF_DIR)
     rank = os.environ.get("BOSEN_RANK")
-    return FilePlan(folder / "plan.json", int(rank) if rank else None), folder
+    return FilePlan(folder / "plan.json", int(rank) if rank else None, replay=bool(os.environ.get("BOSEN_REJOIN"))), \
+        folder
 
 
 def start_owners(T: int, workers: int, saved: Mapping[str, np.ndarray] | None, plan: FilePlan | None) -> np.ndarray:
     """Who owns which task when a worker process starts: ``assign(T, range(workers))``, or the plan's
     owners where a plan holds from the clock the process starts at (``saved["tick"]``, 0 when new):
-    a replacement or resumed worker of a job whose tasks moved runs them where they are now (a plan
-    naming ranks the job does not have, from before a resume with fewer workers, is ignored)."""
+    a resumed worker of a job whose tasks moved runs them where they are now (a plan naming ranks
+    the job does not have, from before a resume with fewer workers, is ignored). A lost worker's
+    replacement (``$BOSEN_REJOIN``) restarted from checkpoint C takes the owners C's worker parts
+    record (:func:`bosen.checkpoint.task_owners`), or those of a step committed at C itself, and
+    follows the later steps at their clocks (:meth:`FilePlan.at`), as the live workers did: with
+    ``plan.json`` alone it would take the newest step's owners, or the start's, whichever steps lay
+    between C and now."""
     owners = assign(T, range(workers))
+    start = int(saved["tick"][0]) if saved is not None and "tick" in saved else 0
+    live = bool(os.environ.get("BOSEN_REJOIN"))
+    resume = os.environ.get("BOSEN_RESUME")
+    if live and saved is not None and resume:
+        at_c = checkpoint.task_owners(Path(resume))
+        if at_c is not None and at_c.shape == (T,):
+            step = plan.committed(start, T) if plan is not None else None  # a step at C: after C's parts
+            return step if step is not None else at_c
     if plan is None:
         return owners
-    start = int(saved["tick"][0]) if saved is not None and "tick" in saved else 0
     planned = plan.initial(start, T, owners)
     # a replacement in a running job trusts the plan (ranks past cluster.workers joined it: bosen scale);
     # otherwise a plan naming ranks the job does not have is of another job shape
-    live = bool(os.environ.get("BOSEN_REJOIN"))
     return planned if planned.size and (live or int(planned.max()) < workers) else owners
 
 

@@ -146,6 +146,26 @@ def tasks_by_worker(parts: Mapping[str, Part]) -> dict[int, list[int]]:
     return dict(sorted(out.items()))
 
 
+def task_owners(path: Path) -> np.ndarray | None:
+    """The rank whose part of checkpoint ``path`` holds each micro-task (int64, one per task): who ran
+    which task as the checkpoint's clock was reached (a job whose tasks moved, ``bosen scale``, runs
+    them elsewhere than ``assign`` says). None where its worker parts hold no tasks, or not every one
+    of 0..T-1 exactly once."""
+    try:
+        parts = {part_name("worker", r): read_part(path / part_name("worker", r), verify=False)
+                 for r in checkpoint_ranks(path)}
+    except CheckpointError:
+        return None
+    by = tasks_by_worker(parts)
+    ids = sorted(t for ts in by.values() for t in ts)
+    if not ids or ids != list(range(len(ids))):
+        return None
+    owners = np.empty(len(ids), dtype=np.int64)
+    for r, ts in by.items():
+        owners[ts] = r
+    return owners
+
+
 def root(config: Config) -> Path:
     """The checkpoint directory of ``config`` (relative paths: to the working directory; the launcher
     makes it absolute, inside the run directory)."""

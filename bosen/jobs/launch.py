@@ -170,6 +170,9 @@ class Launcher:
                 print(f"bosen launch: cannot resume: {e}", file=sys.stderr, flush=True)
                 return 1
             self._t0 = start - (earlier or 0.0)  # record times go on from where the kept ones stop
+            if resume_from is not None:  # steps the first run committed past the checkpoint: not this run's
+                at = int(resume_from.name.rpartition("-")[2])
+                microtasks.drop_kept_plans(self.run_dir / microtasks.HANDOFF_DIR, above=at)
         else:
             stale = self.run_dir / WORKER_RECORDS  # records of an earlier run in the same directory
             if stale.exists():

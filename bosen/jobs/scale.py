@@ -430,6 +430,8 @@ class Scaler:
         d = {"id": self._plan_ids, "clock": step.clock, "owners": step.owners.tolist(), "state": state,
              "leave": step.leavers, **({"durable": step.clock} if step.durable else {})}
         self.folder.mkdir(parents=True, exist_ok=True)
+        if state == "committed":  # kept past the next step's plan.json: a replacement may redo this clock
+            microtasks.keep_plan(self.folder, d)
         tmp = self.folder / ".plan.json.partial"
         tmp.write_text(json.dumps(d))
         os.replace(tmp, self.plan_path)

@@ -119,6 +119,50 @@ def test_file_plan_applies_at_its_clock_and_rejects_a_late_or_bad_plan(tmp_path)
         M.FilePlan(tmp_path / "plan.json").at(7, 4)
 
 
+def test_a_replacement_takes_its_checkpoints_owners_and_redoes_the_steps_after_it(tmp_path, monkeypatch):
+    """A job of 6 tasks scaled 2 -> 3 at clock 12 and 3 -> 2 at 32 (``plan.json`` holds the second step
+    only; the scaler keeps each committed one as ``plan-<clock>.json``). A lost worker's replacement
+    restarted from the checkpoint at 20 takes the owners 20's worker parts record, not plan.json's
+    nor the start's; one from 10 takes the start's and moves its tasks at 12 and at 32 as the live
+    workers did; one from 12 (a step at its own clock) takes that step's. A process that is no
+    replacement never reads the kept plans; a resume drops those past its checkpoint."""
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    first, second = M.assign(6, [0, 1, 2]), M.assign(6, [0, 1])
+    for b, owners in ((12, first), (32, second)):
+        d = {"id": b, "clock": b, "owners": owners.tolist(), "state": "committed", "leave": []}
+        M.keep_plan(folder, d)
+        (folder / "plan.json").write_text(json.dumps(d))
+    base = tmp_path / "ck"
+    for c, ranks in ((10, [0, 1]), (12, [0, 1]), (20, [0, 1, 2])):
+        owners = M.assign(6, ranks)
+        checkpoint.write_part(base, c, "server", 0, {}, {"ranks": ranks}, "fp", 2)
+        for r in ranks:
+            checkpoint.write_part(base, c, "worker", r, {M.key(t, "z"): np.zeros(1) for t in M.owned(owners, r)},
+                                  {}, "fp", 2)
+    np.testing.assert_array_equal(checkpoint.task_owners(checkpoint.clock_dir(base, 20)), first)
+    monkeypatch.setenv("BOSEN_REJOIN", "20")
+    monkeypatch.setenv("BOSEN_RESUME", str(checkpoint.clock_dir(base, 20)))
+    replay = M.FilePlan(folder / "plan.json", rank=2, replay=True)
+    np.testing.assert_array_equal(M.start_owners(6, 2, {"tick": np.array([20])}, replay), first)
+    np.testing.assert_array_equal(replay.at(32, 6), second)
+    monkeypatch.setenv("BOSEN_REJOIN", "10")
+    monkeypatch.setenv("BOSEN_RESUME", str(checkpoint.clock_dir(base, 10)))
+    replay = M.FilePlan(folder / "plan.json", rank=1, replay=True)
+    np.testing.assert_array_equal(M.start_owners(6, 2, {"tick": np.array([10])}, replay), M.assign(6, [0, 1]))
+    assert replay.at(11, 6) is None
+    np.testing.assert_array_equal(replay.at(12, 6), first)
+    np.testing.assert_array_equal(replay.committed(12, 6), first)  # what adopt asks before CLOCK(12)
+    np.testing.assert_array_equal(replay.at(32, 6), second)
+    monkeypatch.setenv("BOSEN_RESUME", str(checkpoint.clock_dir(base, 12)))
+    replay = M.FilePlan(folder / "plan.json", rank=1, replay=True)
+    np.testing.assert_array_equal(M.start_owners(6, 2, {"tick": np.array([12])}, replay), first)
+    assert M.FilePlan(folder / "plan.json", rank=1).at(12, 6) is None  # a live worker: plan.json only
+    M.drop_kept_plans(folder, above=12)
+    assert sorted(p.name for p in folder.glob("plan-*.json")) == ["plan-12.json"]
+    assert M.drop_handoffs(folder, 13) == 1 and not list(folder.glob("plan-*.json"))
+
+
 def test_a_joiner_started_ahead_is_ready_then_joins_at_the_clock_named_for_its_rank(tmp_path, monkeypatch):
     """``BOSEN_JOIN=ahead``: the joiner writes ready-R.json; join.json of an earlier step (other ranks)
     is not its clock; the one naming it is; a garbled notice and no notice in time are errors."""

@@ -981,3 +981,60 @@ def test_a_giver_lost_after_its_hand_off_is_replaced_exactly_and_a_resume_skips_
     assert used < min(stale) and not checkpoint.taken_back(checkpoint.clock_dir(base, used)), r.stdout
     final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(base, iterations + 2, 2, 2, None))
     np.testing.assert_array_equal(final, counts)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_scale_out_giver_lost_after_a_second_step_takes_its_checkpoints_tasks_and_the_counts_stay_exact(tmp_path):
+    """Workers 2 -> 3 at B1 = 12, then 3 -> 4 at B2 = 32 in a running LDA job (8 micro-tasks,
+    checkpoints every 10 clocks), steps agreed while every worker holds before a CLOCK
+    ($BOSEN_FAULT=hold-before-clock). Worker 2, which joined at B1, writes no checkpoint part from 30
+    on (no-parts-from), so the newest complete checkpoint is 20, between the steps; at B2 it hands
+    tasks 6, 7 to the joiner, worker 3, and is SIGKILLed once worker 3 ran ticks 32 and 33 with them.
+    Its replacement restarts from 20: it must run the tasks 20's worker parts give rank 2 (6, 7: the
+    first step's owners), not plan.json's (the second step's) nor the config's (2 workers: none), redo
+    their ticks, adopt the hand-offs of B2 that worker 3 took (a giver lost during a scale-out) and
+    take tasks 4, 5 from worker 1's files. The job ends with every checkpoint the take-back left exact
+    and the final word-topic table exactly the counts of their assignments."""
+    iterations, every = 98, 10
+    path, cfg = _lda_job(tmp_path, iterations, every=every)
+    run = (tmp_path / "run").resolve()
+    go = {n: tmp_path / n for n in ("go0", "go1", "go3")}
+    fault = ";".join([*(f"hold-before-clock:{r}:11:{go['go0']}" for r in (0, 1)),
+                      *(f"hold-before-clock:{r}:31:{go['go1']}" for r in (0, 1, 2)),
+                      f"hold-before-clock:3:34:{go['go3']}", "no-parts-from:2:30"])
+    p = _launch(path, run, env={"BOSEN_FAULT": fault})
+
+    def committed(b: int) -> bool:
+        try:
+            plan = json.loads((run / "tasks" / "plan.json").read_text())
+        except (OSError, ValueError):
+            return False
+        return plan.get("clock") == b and plan.get("state") == "committed"
+
+    lines: list[str] = []
+    failed: list[BaseException] = []
+    try:
+        for n, b, target in (("go0", 12, 3), ("go1", 32, 4)):
+            _until(p, run, (tmp_path / f"{n}.held").exists, f"the workers did not hold ({n})")
+            got, failed, step = _scale_thread(run, workers=target)
+            step.start()
+            _until(p, run, lambda b=b: committed(b), f"no step committed at {b} while the workers held",
+                   timeout=120)
+            go[n].write_text("go")
+            step.join(timeout=120)
+            assert not step.is_alive() and not failed, (failed, got)
+            lines += got
+        _until(p, run, (tmp_path / "go3.held").exists, "worker 3 did not hold before its CLOCK(34)")
+        assert checkpoint.clocks(run / "checkpoints")[0] >= 30  # the servers' parts of 30: incomplete
+        _worker(p, 2).kill()
+        go["go3"].write_text("go")
+        out = _output(p, run, 150)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, (out[-3000:], lines)
+    assert re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines)) == ["12", "32"], lines
+    assert "worker-2.1 replaces worker-2: it redoes clocks from 20 on" in out, out[-3000:]
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations, redone=True)
+    log = (run / "logs" / "worker-2.1.log").read_text()
+    assert "micro-task(s) [6, 7] were handed off at clock 32 already" in log, log[-3000:]
