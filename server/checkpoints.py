@@ -249,7 +249,7 @@ class ServerCheckpoints:
         pickle), so a replacement of this server restored from it holds none of them, and that
         rank's client resends from ``since`` (docs/recovery.md). Returns the clocks corrected."""
         fixed = []
-        for c in sorted(set(self.saved)):
+        for c in sorted(set(self.saved) | set(self.on_disk())):
             if not since < c <= held:
                 continue
             arrays: dict[str, np.ndarray] = {"since": np.array([since]), "held": np.array([held])}
@@ -266,6 +266,13 @@ class ServerCheckpoints:
             tmp.replace(path)
             fixed.append(c)
         return fixed
+
+    def on_disk(self) -> list[int]:
+        """The clocks of this server's checkpoint parts on disk: those it saved, and those of the lost
+        server it replaces (``saved`` holds only its own), which a take-back makes stale as well."""
+        return [c for c in checkpoint.clocks(self.base)
+                if (checkpoint.clock_dir(self.base, c) / checkpoint.part_name("server", self.rank) / checkpoint.META)
+                .exists()]
 
     def undo_floor(self) -> int:
         """The newest complete checkpoint on disk (every server's and worker's part finished; 0: none

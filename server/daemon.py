@@ -210,7 +210,7 @@ class Server:
                 self.checkpoints.base_next(self.shards)
         # a lost worker's updates since the checkpoint its replacement restarts from, taken back when
         # the replacement joins (plain-addition tables; server/undo.py)
-        self.undo = UndoLog() if hold_lost and self.checkpoints is not None else None
+        self.undo = UndoLog(self.clock) if hold_lost and self.checkpoints is not None else None
         self._undoable = [type(s.procedure) is StoredProcedure for s in self.shards]
         self._redoing: dict[int, int] = {}  # rank -> the clock its replacement restarted from, while it redoes
         # rank -> the last clock it sends (BYE or HELLO "fc": a scale-in's leaver at its boundary, connected
@@ -696,6 +696,10 @@ class Server:
             log.warning("cannot take back lost worker rank %d's updates since clock %d (kept from clock %d on): "
                         "its replacement's redo counts them twice", rank, since, self.undo.floor)
             return
+        if since < self.undo.start:  # this server was restored from its part of that clock (a lost server's)
+            log.warning("lost worker rank %d's updates of ticks %d..%d are in the checkpoint part this server "
+                        "was restored from, not in its log: they cannot be taken back, and its replacement's redo "
+                        "of them counts twice here", rank, since, self.undo.start - 1)
         rows = 0
         for _, table, batch in back:
             rows += self.shards[table].apply(batch, rank)

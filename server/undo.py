@@ -24,9 +24,12 @@ from bosen.wire import UpdateBatch
 class UndoLog:
     """Per worker rank, (clock when it arrived, table index, batch) of every plain-addition update."""
 
-    def __init__(self) -> None:
+    def __init__(self, start: int = 0) -> None:
         self._entries: dict[int, deque[tuple[int, int, UpdateBatch]]] = {}
         self.floor = 0  # entries tagged below this clock are dropped (no checkpoint kept that old)
+        # the clock this server's values start from (a restored part's): updates of earlier ticks are
+        # in those values and were never logged, so none of them can be taken back
+        self.start = start
 
     def record(self, rank: int, clock: int, table: int, batch: UpdateBatch) -> None:
         self._entries.setdefault(rank, deque()).append((clock, table, batch))

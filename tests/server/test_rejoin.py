@@ -233,7 +233,29 @@ def test_a_part_saved_before_a_take_back_is_corrected_when_a_replacement_server_
                 break
         # rank 0's four ticks; rank 1's ticks 0 and 1 only (its 2 and 3, in the part, taken out again)
         np.testing.assert_array_equal(np.frombuffer(frames[1], np.int64), [4, 20])
-        assert "Traceback" not in c.servers[0].output()
+        # rank 1 redoes ticks 2, 3; both run ticks 4, 5: the replacement server's own part of clock 6
+        for t in range(2, 6):
+            if t >= 4:
+                inc(a2, 0, 1)
+                _clock(a2, t + 1)
+            inc(b3, 1, 10)
+            _clock(b3, t + 1)
+        meta = tmp_path / "ck" / "clock-00000006" / "server-0" / "meta.json"
+        while not meta.exists():
+            assert time.monotonic() < deadline + 20, "no part at clock 6"
+            time.sleep(0.02)
+        # then rank 0 is lost and replaced from clock 2: the take-back makes this server's part of 6 stale
+        # and its predecessor's part of 4 too (a file it did not write, found on disk); rank 0's ticks 2
+        # and 3 are in the part it was restored from, not in its log, and it says they count twice
+        a3, h = _hello(ctx, c.addresses[0], fp, 0, rp=2)
+        peers.append(a3)
+        assert h["t"] == Msg.WELCOME, h
+        for clock in (4, 6):
+            assert (tmp_path / "ck" / f"clock-0000000{clock}" / "redo.server-0.rank-0.npz").exists(), clock
+        out = c.servers[0].output()
+        assert "lost worker rank 0's updates of ticks 2..3 are in the checkpoint part this server was restored " \
+               "from" in out, out[-2000:]
+        assert "Traceback" not in out
     finally:
         for r in peers:
             r.close()
