@@ -264,6 +264,12 @@ class FilePlan:
         """The owners of a plan for ``clock`` that is in force already (committed, or without an id),
         else None; answers and waits for nothing (:meth:`at` does, at the boundary)."""
         self._fresh(clock, T)
+        return self.step_at(clock, T)
+
+    def step_at(self, clock: int, T: int) -> np.ndarray | None:
+        """The owners of the step in force at ``clock``: ``plan.json``'s if it is of that clock and
+        committed (or without an id), else, for a replacement (``replay``), the one kept for it."""
+        self._read(T)
         if self._plan is not None and self._plan[0] > clock:
             return self._past(clock, T)
         if self._plan is None or self._plan[0] != clock or not self._holds():
@@ -527,10 +533,13 @@ def start_owners(T: int, workers: int, saved: Mapping[str, np.ndarray] | None, p
     start = int(saved["tick"][0]) if saved is not None and "tick" in saved else 0
     live = bool(os.environ.get("BOSEN_REJOIN"))
     resume = os.environ.get("BOSEN_RESUME")
-    if live and saved is not None and resume:
+    # the checkpoint a resumed run started from was made by the run before (other workers, perhaps):
+    # at its clock this run's workers own what the rule below gave them
+    made_here = os.environ.get("BOSEN_RESUMED_AT") != str(start)
+    if live and saved is not None and resume and made_here:
         at_c = checkpoint.task_owners(Path(resume))
         if at_c is not None and at_c.shape == (T,):
-            step = plan.committed(start, T) if plan is not None else None  # a step at C: after C's parts
+            step = plan.step_at(start, T) if plan is not None else None  # a step at C: after C's parts
             return step if step is not None else at_c
     if plan is None:
         return owners

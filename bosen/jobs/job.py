@@ -65,10 +65,12 @@ def write_config(path: str | Path, cfg: Mapping[str, Any]) -> Path:
 
 
 def worker_env(config: str | Path, rank: int, run_dir: str | Path, t0: float,
-               resume: str | Path | None = None, rejoin: int | None = None, join: str | None = None) -> dict[str, str]:
+               resume: str | Path | None = None, rejoin: int | None = None, join: str | None = None,
+               resumed_at: int | None = None) -> dict[str, str]:
     """What a launched worker finds in its environment: the job's YAML, its rank, where its records
     go, the job's start time, resuming, the checkpoint, and replacing a lost worker, the clock it
-    restarts from (``bosen.client.Client`` reads them)."""
+    restarts from (``bosen.client.Client`` reads them); in a resumed run, the clock it resumed from
+    (``BOSEN_RESUMED_AT``: a checkpoint there was made by another run, apps/microtasks.py)."""
     env = {"BOSEN_CONFIG": str(config), "BOSEN_RANK": str(rank), "BOSEN_RUN_DIR": str(run_dir),
            "BOSEN_T0": repr(t0)}
     if resume is not None:
@@ -77,17 +79,19 @@ def worker_env(config: str | Path, rank: int, run_dir: str | Path, t0: float,
         env["BOSEN_REJOIN"] = str(rejoin)
     if join is not None:  # a new rank joining the running job (bosen scale): a clock, or "ahead"
         env["BOSEN_JOIN"] = str(join)
+    if resumed_at is not None:
+        env["BOSEN_RESUMED_AT"] = str(resumed_at)
     return env
 
 
 def start_worker(group: ProcessGroup, module: str, config: str | Path, rank: int, run_dir: str | Path,
                  t0: float, resume: str | Path | None = None, rejoin: int | None = None,
-                 name: str | None = None, join: str | None = None) -> Process:
+                 name: str | None = None, join: str | None = None, resumed_at: int | None = None) -> Process:
     """``python -m MODULE`` as worker ``rank`` of the job (member ``name``, default ``worker-RANK``,
     of ``group``); with ``rejoin`` it replaces the lost worker of that rank from clock ``rejoin``; with
     ``join`` it is a new rank that joins the running job (``BOSEN_JOIN``: a clock, or ``ahead``)."""
     return group.python(name or f"worker-{rank}", "-m", module,
-                        env=worker_env(config, rank, run_dir, t0, resume, rejoin, join))
+                        env=worker_env(config, rank, run_dir, t0, resume, rejoin, join, resumed_at))
 
 
 def truncate_records(run_dir: Path, clock: int) -> float | None:

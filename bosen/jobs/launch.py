@@ -121,6 +121,7 @@ class Launcher:
         self._no_prune_until = 0.0
         self._merger: MetricsMerger | None = None
         self._resumed_from: tuple[int, int] | None = None  # (clock, workers) of a checkpoint made by other workers
+        self._resumed_at: int | None = None  # the clock of the checkpoint this run resumed from
         self._compiling: kernels.CompileNotice | None = None  # says so while the workers compile numba kernels
         self.dropped: set[int] = set()  # ranks started by a scale step that failed, then stopped: not a failure
         self._released: set[int] = set()  # ranks that left by `bosen scale` and exited (their Ray actors released)
@@ -173,6 +174,7 @@ class Launcher:
             if resume_from is not None:  # steps the first run committed past the checkpoint: not this run's
                 at = int(resume_from.name.rpartition("-")[2])
                 microtasks.drop_kept_plans(self.run_dir / microtasks.HANDOFF_DIR, above=at)
+                self._resumed_at = at
         else:
             stale = self.run_dir / WORKER_RECORDS  # records of an earlier run in the same directory
             if stale.exists():
@@ -337,7 +339,7 @@ class Launcher:
         self.say(f"{lost.name} {describe_exit(code)}: replacing it from {where}")
         assert self.cluster is not None
         self.workers[rank] = start_worker(self.cluster.group, module, self._cfg_path, rank, self.run_dir, self._t0,
-                                          resume, rejoin=clock, name=f"worker-{rank}.{n}")
+                                          resume, rejoin=clock, name=f"worker-{rank}.{n}", resumed_at=self._resumed_at)
         self.say(f"worker-{rank}.{n} replaces {lost.name}: it redoes clocks from {clock} on")
 
     def _find_checkpoint(self) -> tuple[Path, float | None]:

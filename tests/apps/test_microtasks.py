@@ -125,7 +125,8 @@ def test_a_replacement_takes_its_checkpoints_owners_and_redoes_the_steps_after_i
     restarted from the checkpoint at 20 takes the owners 20's worker parts record, not plan.json's
     nor the start's; one from 10 takes the start's and moves its tasks at 12 and at 32 as the live
     workers did; one from 12 (a step at its own clock) takes that step's. A process that is no
-    replacement never reads the kept plans; a resume drops those past its checkpoint."""
+    replacement never reads the kept plans; a resume drops those past its checkpoint, and a
+    replacement restarted from the checkpoint a run resumed from owns what that run's workers did."""
     folder = tmp_path / "tasks"
     folder.mkdir()
     first, second = M.assign(6, [0, 1, 2]), M.assign(6, [0, 1])
@@ -146,6 +147,9 @@ def test_a_replacement_takes_its_checkpoints_owners_and_redoes_the_steps_after_i
     replay = M.FilePlan(folder / "plan.json", rank=2, replay=True)
     np.testing.assert_array_equal(M.start_owners(6, 2, {"tick": np.array([20])}, replay), first)
     np.testing.assert_array_equal(replay.at(32, 6), second)
+    monkeypatch.setenv("BOSEN_RESUMED_AT", "20")  # a run resumed from 20: its workers' owners there, not the parts'
+    np.testing.assert_array_equal(M.start_owners(6, 2, {"tick": np.array([20])}, replay), M.assign(6, [0, 1]))
+    monkeypatch.delenv("BOSEN_RESUMED_AT")
     monkeypatch.setenv("BOSEN_REJOIN", "10")
     monkeypatch.setenv("BOSEN_RESUME", str(checkpoint.clock_dir(base, 10)))
     replay = M.FilePlan(folder / "plan.json", rank=1, replay=True)
