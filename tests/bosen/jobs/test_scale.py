@@ -985,16 +985,20 @@ def test_a_giver_lost_after_its_hand_off_is_replaced_exactly_and_a_resume_skips_
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
-def test_a_scale_out_giver_lost_after_a_second_step_takes_its_checkpoints_tasks_and_the_counts_stay_exact(tmp_path):
+@pytest.mark.parametrize("parts_until", [30, 20])
+def test_a_scale_out_giver_lost_after_a_second_step_takes_its_checkpoints_tasks_and_the_counts_stay_exact(
+        tmp_path, parts_until):
     """Workers 2 -> 3 at B1 = 12, then 3 -> 4 at B2 = 32 in a running LDA job (8 micro-tasks,
     checkpoints every 10 clocks), steps agreed while every worker holds before a CLOCK
-    ($BOSEN_FAULT=hold-before-clock). Worker 2, which joined at B1, writes no checkpoint part from 30
-    on (no-parts-from), so the newest complete checkpoint is 20, between the steps; at B2 it hands
-    tasks 6, 7 to the joiner, worker 3, and is SIGKILLed once worker 3 ran ticks 32 and 33 with them.
-    Its replacement restarts from 20: it must run the tasks 20's worker parts give rank 2 (6, 7: the
-    first step's owners), not plan.json's (the second step's) nor the config's (2 workers: none), redo
-    their ticks, adopt the hand-offs of B2 that worker 3 took (a giver lost during a scale-out) and
-    take tasks 4, 5 from worker 1's files. The job ends with every checkpoint the take-back left exact
+    ($BOSEN_FAULT=hold-before-clock). Worker 2, which joined at B1, writes no checkpoint part from
+    ``parts_until`` on (no-parts-from); at B2 it hands tasks 6, 7 to the joiner, worker 3, and is
+    SIGKILLed once worker 3 ran ticks 32 and 33 with them. With parts until 30, its replacement
+    restarts from 20, between the steps: it must run the tasks 20's worker parts give rank 2 (6, 7:
+    the first step's owners), not plan.json's (the second step's) nor the config's (2 workers: none).
+    With parts until 20, it restarts from 10, before both: it owns nothing, takes 6, 7 at B1 from the
+    plan the scaler kept (plan.json holds B2's) and their hand-off files. Either way it redoes their
+    ticks, adopts the hand-offs of B2 that worker 3 took (a giver lost during a scale-out) and takes
+    tasks 4, 5 from worker 1's files, and the job ends with every checkpoint the take-back left exact
     and the final word-topic table exactly the counts of their assignments."""
     iterations, every = 98, 10
     path, cfg = _lda_job(tmp_path, iterations, every=every)
@@ -1002,7 +1006,7 @@ def test_a_scale_out_giver_lost_after_a_second_step_takes_its_checkpoints_tasks_
     go = {n: tmp_path / n for n in ("go0", "go1", "go3")}
     fault = ";".join([*(f"hold-before-clock:{r}:11:{go['go0']}" for r in (0, 1)),
                       *(f"hold-before-clock:{r}:31:{go['go1']}" for r in (0, 1, 2)),
-                      f"hold-before-clock:3:34:{go['go3']}", "no-parts-from:2:30"])
+                      f"hold-before-clock:3:34:{go['go3']}", f"no-parts-from:2:{parts_until}"])
     p = _launch(path, run, env={"BOSEN_FAULT": fault})
 
     def committed(b: int) -> bool:
@@ -1034,7 +1038,7 @@ def test_a_scale_out_giver_lost_after_a_second_step_takes_its_checkpoints_tasks_
         _stop(p)
     assert p.returncode == 0, (out[-3000:], lines)
     assert re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines)) == ["12", "32"], lines
-    assert "worker-2.1 replaces worker-2: it redoes clocks from 20 on" in out, out[-3000:]
+    assert f"worker-2.1 replaces worker-2: it redoes clocks from {parts_until - every} on" in out, out[-3000:]
     _every_checkpoint_and_the_end_exact(run, cfg, iterations, redone=True)
     log = (run / "logs" / "worker-2.1.log").read_text()
     assert "micro-task(s) [6, 7] were handed off at clock 32 already" in log, log[-3000:]
