@@ -354,6 +354,32 @@ def test_a_server_joins_after_a_worker_finished_and_the_launcher_answers_while_t
     _every_checkpoint_and_the_end_exact(run, cfg, iterations)
 
 
+@pytest.mark.timeout(120)
+def test_a_launcher_stopped_while_its_partition_move_is_held_stops_cleanly(tmp_path):
+    """SIGTERM to a launcher whose servers step is held before its plan ($BOSEN_FAULT=hold-move): the
+    move on its own thread is given up, the launcher stops every process and exits 130 saying so, with
+    no traceback (a REP control socket once raised "Operation cannot be accomplished in current state"
+    on the way out), and ``bosen scale`` says the job ended."""
+    path, _ = _lda_job(tmp_path, 100_000, checkpoints=False)  # runs until stopped
+    run = (tmp_path / "run").resolve()
+    move = tmp_path / "move"
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-move:{move}"})
+    lines, failed, step = _scale_thread(run, servers=3)
+    try:
+        _wait_clock(p, run, 3)
+        step.start()
+        _until(p, run, (tmp_path / "move.held").exists, "the partition move did not hold before its plan")
+        assert launcher_status(run)["scaling"]["phase"] == "move"
+        p.send_signal(signal.SIGTERM)
+        out = _output(p, run, 60)
+        step.join(timeout=30)
+    finally:
+        _stop(p)
+    assert p.returncode == 130, out[-3000:]
+    assert "stopped the job; all processes stopped" in out and "Traceback" not in out, out[-3000:]
+    assert not step.is_alive() and len(failed) == 1 and "the job ended" in str(failed[0]), (failed, lines)
+
+
 class _Worker:
     def __init__(self, returncode: int | None) -> None:
         self.returncode = returncode
