@@ -1,7 +1,7 @@
 """Fault injection for recovery tests: off unless ``$BOSEN_FAULT`` is set, read in one place (here).
 
 Some failures need another process to be at a given point when they happen, which timing cannot
-arrange on a loaded machine. Three:
+arrange on a loaded machine. Four:
 
 ``BOSEN_FAULT=hold-before-leave:RANK:PATH``
     worker rank ``RANK`` (a launched worker: ``$BOSEN_RUN_DIR`` is set) does not send the CLOCK of a
@@ -30,6 +30,12 @@ arrange on a loaded machine. Three:
     giver lost after its hand-off"), and the servers' parts of clocks in (C, T] were saved before the
     take-back ("A part saved before a take-back"). Its replacement writes its parts as usual.
 
+``BOSEN_FAULT=hold-move:PATH``
+    whoever moves partitions (``bosen.jobs.moves.move_partitions``: the launcher, for ``bosen scale
+    --servers``) holds before it tells the clients to pause (the plan), until the file ``PATH``
+    exists (it writes ``PATH.held`` first): the step is under way, its joining servers started, and
+    a test can ask the launcher for its status or finish a worker meanwhile. Workers ignore it.
+
 Several faults are separated by ``;`` (``hold-before-clock:0:11:/a;hold-before-clock:2:16:/b``).
 """
 
@@ -44,8 +50,8 @@ from pathlib import Path
 
 from bosen.errors import BosenError, ConfigError
 
-__all__ = ["ENV", "Fault", "HoldBeforeLeave", "HoldBeforeClock", "NoPartsFrom", "Faults", "from_env",
-           "HOLD_TIMEOUT_S"]
+__all__ = ["ENV", "Fault", "HoldBeforeLeave", "HoldBeforeClock", "NoPartsFrom", "HoldMove", "Faults",
+           "from_env", "HOLD_TIMEOUT_S"]
 
 ENV = "BOSEN_FAULT"
 HOLD_TIMEOUT_S = 120.0  # a held worker gives up (the test that set it is gone)
@@ -60,6 +66,10 @@ class Fault:
     def skips_part(self, rank: int, clock: int) -> bool:
         """Whether this process writes no checkpoint part of ``clock``."""
         return False
+
+    def before_plan(self, check: Callable[[], None] | None = None) -> None:
+        """Called by whoever moves partitions before it tells the clients to pause (``check`` raises
+        where the move is given up meanwhile)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +145,17 @@ class NoPartsFrom(Fault):
 
 
 @dataclass(frozen=True)
+class HoldMove(Fault):
+    """Whoever moves partitions holds before the plan until ``release`` exists."""
+
+    release: Path
+
+    def before_plan(self, check: Callable[[], None] | None = None) -> None:
+        if not self.release.exists():
+            _hold(self.release, -1, -1, check, lambda: False)
+
+
+@dataclass(frozen=True)
 class Faults(Fault):
     """Several faults at once (``;`` in ``$BOSEN_FAULT``)."""
 
@@ -146,6 +167,10 @@ class Faults(Fault):
 
     def skips_part(self, rank: int, clock: int) -> bool:
         return any(f.skips_part(rank, clock) for f in self.each)
+
+    def before_plan(self, check: Callable[[], None] | None = None) -> None:
+        for f in self.each:
+            f.before_plan(check)
 
 
 def _ack(plan: Path, pid: int, rank: int, at: int) -> None:
@@ -172,8 +197,8 @@ def _hold(release: Path, rank: int, clock: int, check: Callable[[], None] | None
         if check is not None:
             check()
         if time.monotonic() > deadline:
-            raise BosenError(f"${ENV}: worker {rank} held before clock {clock} for {HOLD_TIMEOUT_S:g}s and "
-                             f"{release} was not written")
+            who = f"worker {rank} held before clock {clock}" if rank >= 0 else "the partition move held"
+            raise BosenError(f"${ENV}: {who} for {HOLD_TIMEOUT_S:g}s and {release} was not written")
         time.sleep(0.01)
     return True
 
@@ -186,17 +211,25 @@ def _plan_of(path: Path) -> dict | None:
     return plan if isinstance(plan, dict) else None
 
 
-def from_env() -> Fault | None:
-    """The fault(s) ``$BOSEN_FAULT`` names (None where it is unset); ConfigError naming what is wrong."""
+def from_env(only: tuple[str, ...] | None = None) -> Fault | None:
+    """The fault(s) ``$BOSEN_FAULT`` names (None where it is unset); ConfigError naming what is wrong.
+    ``only``: the kinds this process acts on (the launcher's mover: ``hold-move``); the others are
+    other processes' faults, left to them."""
     spec = os.environ.get(ENV)
     if not spec:
         return None
-    each = [_one(x) for x in spec.split(";")]
+    each = [_one(x) for x in spec.split(";") if only is None or x.partition(":")[0] in only]
+    if not each:
+        return None
     return each[0] if len(each) == 1 else Faults(tuple(each))
 
 
 def _one(spec: str) -> Fault:
     kind, _, rest = spec.partition(":")
+    if kind == "hold-move":
+        if not rest:
+            raise ConfigError(f"${ENV}={spec!r}: expected hold-move:PATH (bosen/faults.py)")
+        return HoldMove(Path(rest))
     rank, _, path = rest.partition(":")
     if kind == "hold-before-clock":
         clock, _, path = path.partition(":")
@@ -209,7 +242,8 @@ def _one(spec: str) -> Fault:
     parts = kind == "no-parts-from" and rank.isdigit() and path.isdigit()
     if not (hold or parts):
         raise ConfigError(f"${ENV}={spec!r}: expected hold-before-leave:RANK:PATH, "
-                          "hold-before-clock:RANK:CLOCK:PATH or no-parts-from:RANK:CLOCK (bosen/faults.py)")
+                          "hold-before-clock:RANK:CLOCK:PATH, no-parts-from:RANK:CLOCK or hold-move:PATH "
+                          "(bosen/faults.py)")
     run_dir = os.environ.get("BOSEN_RUN_DIR")
     if not run_dir:
         raise ConfigError(f"${ENV}={spec!r}: a launched worker's fault ($BOSEN_RUN_DIR is not set)")

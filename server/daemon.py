@@ -998,7 +998,8 @@ class Server:
 
     def on_left(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
         """Worker ranks that left the job, from whoever runs it: a server restored from a checkpoint
-        after their BYE (which the lost server had) would otherwise wait for them for ever."""
+        after their BYE (which the lost server had), or one that joined the job after its STATUS
+        counted them (they finished without connecting to it), would otherwise wait for them for ever."""
         ranks = h["r"]
         if not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r < self.num_clients for r in ranks):
             raise ProtocolError(f"LEFT: field 'r' must list worker ranks in [0, {self.num_clients}), got {ranks!r}")
@@ -1010,8 +1011,10 @@ class Server:
         for r in news:
             self.client_clock[r] = GONE
         if news:
-            log.info("worker ranks %s left the job (said BYE to a server lost since)", news)
+            log.info("worker ranks %s left the job (said BYE to a server lost since, or finished before they "
+                     "connected to this one)", news)
         self._send(ident, {"t": Msg.ACK, "rq": h["s"]})
+        self.moves.check_waiting()  # a partition move waits for their PAUSED no more
         self._maybe_advance()
 
     def on_save(self, ident: bytes, h: dict[str, Any], frames: list[Any]) -> None:
@@ -1061,6 +1064,7 @@ class Server:
         self.client_clock[peer.rank] = GONE
         self.final.pop(peer.rank, None)
         self.moves.check_retiring()
+        self.moves.check_waiting()  # a partition move waiting for its PAUSED waits for it no more
         # k_t is at most the workers left: an iteration may end now; one that said BYE after its CLOCK(c)
         # is no more one of the n from iteration c (``bosen scale``: its last gradient was of c - 1)
         for i, backup in self.backups.items():

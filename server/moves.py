@@ -176,7 +176,8 @@ class PartitionMoves:
         if "sv" in h:  # servers join or leave: the list after the move (clients connect to new ones now)
             plan["sv"] = _servers(h, s.addresses)
         for p in s.by_rank.values():
-            s.send(p.ident, plan)
+            if not p.gone:  # a rank that left is waited for no more (its rank is GONE)
+                s.send(p.ident, plan)
         log.info("partition move %d: clients pause their sends", h["mv"])
         self._reply(ident, h["s"], {})
 
@@ -188,7 +189,8 @@ class PartitionMoves:
             shard.stay()
         if s.rank == 0:
             for p in s.by_rank.values():
-                s.send(p.ident, {"t": Msg.PLAN, "mv": h["mv"], "c": -1, "x": True})
+                if not p.gone:
+                    s.send(p.ident, {"t": Msg.PLAN, "mv": h["mv"], "c": -1, "x": True})
         self._reply(ident, h["s"], {})
 
     def _ready(self, version: int) -> dict[str, Any] | None:

@@ -174,15 +174,23 @@ class LocalCluster:
         _await_started(new, self.addresses[i], f"replacing {old.name}", ready_timeout, self.security)
         return new
 
-    def add_server(self, ready_timeout: float = READY_TIMEOUT_S, address: str | None = None) -> str:
+    def add_server(self, ready_timeout: float = READY_TIMEOUT_S, address: str | None = None,
+                   gone: Sequence[int] = ()) -> str:
         """Start a server that joins the running job (``--join``, at ``address``, default a free local
         port) and wait until it answers; its address. It holds no partition until
-        ``bosen.jobs.moves.scale_servers`` gives it some."""
+        ``bosen.jobs.moves.scale_servers`` gives it some. ``gone``: worker ranks that have finished
+        (``--gone``): it does not wait for them, whatever server 0's STATUS said when it asked."""
         address = address or f"127.0.0.1:{free_ports(1)[0]}"
         i = len(self.servers)
         n = sum(1 for p in self.group.procs if p.name.startswith(f"{self.name}-{i}"))  # rank i joined before
+        args = list(self.server_args)
+        if "--resume" in args:  # a resumed job's: a server joining starts empty, from server 0's STATUS
+            at = args.index("--resume")
+            del args[at:at + 2]
+        if gone:
+            args += ["--gone", ",".join(str(r) for r in gone)]
         new = self.group.python(f"{self.name}-{i}" + (f".{n}" if n else ""), "-m", "bosen.server", "--config",
-                                self.path, "--join", address, *self.server_args)
+                                self.path, "--join", address, *args)
         self.servers.append(new)
         self.addresses.append(address)
         _await_started(new, address, f"joining at {address}", ready_timeout, self.security)

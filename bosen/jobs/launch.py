@@ -292,8 +292,10 @@ class Launcher:
         """Worker ``rank`` finished: tell every server. One restored from a checkpoint after the
         worker's BYE went to the lost server it replaces would wait for the rank for ever (the
         launcher names the ranks that finished before it starts one, ``--gone``; this is for a worker
-        that said BYE and exited while its server was being replaced). A server that does not answer
-        is told at the next look."""
+        that said BYE and exited while its server was being replaced); so would a server that joined
+        the job (``bosen scale --servers``) after its STATUS of server 0 counted the rank, which
+        exited without connecting to it: its partition move would wait for the rank's PAUSED. A
+        server that does not answer is told at the next look."""
         assert self.cluster is not None
         try:
             for addr in self.cluster.addresses:
@@ -411,7 +413,10 @@ class Launcher:
             if code is None:
                 workers_done = False
             elif code == 0:
-                if self._replaced and rank not in self._told_left:
+                # a server restored from a part older than the rank's BYE, or one that joined the job
+                # (bosen scale) after its STATUS counted the rank, would wait for it for ever
+                moving = self.scaler is not None and self.scaler.moving_servers
+                if (self._replaced or self.servers_changed or moving) and rank not in self._told_left:
                     self._tell_left(rank)
                 if self.scaler is not None and rank not in self.scaler.members and rank not in self._released:
                     self._released.add(rank)  # it left by `bosen scale`: its Ray actor goes

@@ -21,6 +21,7 @@ servers are then no longer its config's: server 0 knows them (``current_servers`
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from bosen import wire
+from bosen import faults, wire
 from bosen.config import Config
 from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
@@ -52,10 +53,16 @@ class MoveReport:
     part_s: float = 0.0  # of map_s: the longest a server took to write its part of the move (checkpoints on)
 
 
+class MoveCancelled(BosenError):
+    """Whoever moves partitions gave the move up (the launcher stopping) before any server took the map."""
+
+
 class _Mover:
-    def __init__(self, servers: list[str], timeout: float, security: Security | None) -> None:
+    def __init__(self, servers: list[str], timeout: float, security: Security | None,
+                 cancel: threading.Event | None = None) -> None:
         self.servers = servers
         self.timeout = timeout
+        self.cancel = cancel
         self.ctx = zmq.Context()
         self.socks = []
         for addr in self.servers:
@@ -79,8 +86,11 @@ class _Mover:
 
     def reply(self, j: int, seq: int, timeout: float | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         wait = self.timeout if timeout is None else timeout
-        if not self.socks[j].poll(int(wait * 1000)):
-            raise BosenError(f"server {j} ({self.servers[j]}): no answer to the partition move within {wait:g}s")
+        deadline = time.monotonic() + wait
+        while not self.socks[j].poll(100):  # in slices: a move given up meanwhile stops waiting
+            self.check()
+            if time.monotonic() > deadline:
+                raise BosenError(f"server {j} ({self.servers[j]}): no answer to the partition move within {wait:g}s")
         frames = self.socks[j].recv_multipart(copy=False)
         h = wire.decode_header(frames[0])
         if h["t"] == Msg.ERROR:
@@ -89,6 +99,20 @@ class _Mover:
             raise BosenError(f"server {j} ({self.servers[j]}): unexpected {h['t'].name} to a partition move")
         wire.check_frames(h, len(frames) - 1)
         return h, wire.decode_arrays(h, frames[1:])  # views of the frames, which they keep alive
+
+    def check(self) -> None:
+        """MoveCancelled where whoever moves gave the move up."""
+        if self.cancel is not None and self.cancel.is_set():
+            raise MoveCancelled("the partition move was given up (its launcher is stopping)")
+
+    def abort(self, version: int) -> None:
+        """Give the plan up on every server (the clients resume under the old map), as far as they
+        answer: a move that failed before any ``map`` must not leave the clients paused."""
+        for j in range(len(self.servers)):
+            try:
+                self.reply(j, self.send(j, "abort", version), timeout=5.0)
+            except BosenError:
+                pass  # that server is lost (its replacement knows no plan) or gone: nothing to resume there
 
     def ask(self, j: int, op: str, version: int, arrays: dict[str, np.ndarray] | None = None,
             timeout: float | None = None, extra: dict[str, Any] | None = None
@@ -154,10 +178,12 @@ def balanced(owner: np.ndarray, servers: int) -> np.ndarray:
 
 
 def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
-                    servers: list[str] | None = None) -> MoveReport:
+                    servers: list[str] | None = None, cancel: threading.Event | None = None) -> MoveReport:
     """Give partition ``p`` to server ``owner[p]`` in the running job of ``config``. ``servers``: the
     job's servers after the move, when servers join (started with ``--join``, at the end of the list)
-    or leave (the last ones; they then own nothing and exit)."""
+    or leave (the last ones; they then own nothing and exit). ``cancel``: set, the move is given up
+    (MoveCancelled) if no server has taken the new map yet. A move that fails before the map gives
+    its plan up on every server, so the clients resume as they were."""
     version, old = current_map(config)
     now = current_servers(config)
     after = now if servers is None else list(servers)
@@ -172,12 +198,17 @@ def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
     everyone = after if len(after) > len(now) else now  # the new servers, or those leaving, take part
     extra: dict[str, Any] = {"sv": after} if after != now else {}
     new = version + 1
-    mover = _Mover(everyone, timeout, Security.load(config, "client"))
+    mover = _Mover(everyone, timeout, Security.load(config, "client"), cancel)
     tries = held_tries = 0
+    fault = faults.from_env(only=("hold-move",))  # tests only: hold before the plan ($BOSEN_FAULT)
+    if fault is not None:
+        fault.before_plan(mover.check)
+    planned = False
     try:
         while True:
             tries += 1
             t0 = time.perf_counter()
+            planned = True
             mover.ask(0, "plan", new, extra=extra)
             seqs = [mover.send(j, "wait", new) for j in range(len(everyone))]
             answers = [mover.reply(j, seq)[0] for j, seq in enumerate(seqs)]
@@ -222,6 +253,8 @@ def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
                     part = arr if (dest == k).all() else np.take(arr, np.flatnonzero(dest == k), axis=axis)
                     got[name] = part if name not in got else np.concatenate([got[name], part], axis=axis)
         t2 = time.perf_counter()
+        mover.check()
+        planned = False  # from here on the servers take the new map: nothing to give up
         seqs = [mover.send(j, "map", new, {"owner": owner, **incoming[j]}, extra) for j in range(len(everyone))]
         part_s = 0.0
         for j, seq in enumerate(seqs):  # every server lays its rows out at once
@@ -230,17 +263,22 @@ def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
         retiring = [mover.send(j, "retire", new) for j in range(n, len(everyone))]
         for j, seq in enumerate(retiring, start=n):  # each answers once every client said BYE to it
             mover.reply(j, seq)
+    except BaseException:
+        if planned:
+            mover.abort(new)
+        raise
     finally:
         mover.close()
     return MoveReport(version=new, moved=int(np.count_nonzero(old != owner)), bytes=nbytes, pause_s=pause_s,
                       wait_s=wait_s, export_s=t2 - t1, map_s=t0 + pause_s - t2, tries=tries, part_s=part_s)
 
 
-def scale_servers(config: Config, servers: list[str], timeout: float = 60.0) -> MoveReport:
+def scale_servers(config: Config, servers: list[str], timeout: float = 60.0,
+                  cancel: threading.Event | None = None) -> MoveReport:
     """The running job of ``config`` goes on with ``servers``: the current ones and new ones (each
     started with ``bosen-server --config CONFIG --join ADDRESS`` and answering), or the first of the
     current ones (the others hand their partitions off and exit). Each server ends with a fair share
-    of the partitions (``balanced``)."""
+    of the partitions (``balanced``). ``cancel``: as for ``move_partitions``."""
     now = current_servers(config)
     if len(servers) == len(now):
         raise ValueError(f"the job runs on {len(now)} servers already")
@@ -251,4 +289,4 @@ def scale_servers(config: Config, servers: list[str], timeout: float = 60.0) -> 
             raise BosenError(f"server {addr} does not answer: start it with `bosen-server --config "
                              f"{config.source} --join {addr}` first ({e})") from None
     _, owner = current_map(config)
-    return move_partitions(config, balanced(owner, len(servers)), timeout, servers=servers)
+    return move_partitions(config, balanced(owner, len(servers)), timeout, servers=servers, cancel=cancel)

@@ -1,13 +1,17 @@
 """``bosen scale``: a running job gains or loses worker processes (Litz), asked of its launcher.
 
-The launcher of a job (``bosen launch``) listens on a small control endpoint: a ZeroMQ REP socket on
-loopback whose address it writes to ``RUN_DIR/control.json`` (JSON requests and replies, no pickle).
+The launcher of a job (``bosen launch``) listens on a small control endpoint: a ZeroMQ ROUTER socket
+on loopback whose address it writes to ``RUN_DIR/control.json`` (JSON requests and replies, no pickle;
+clients use REQ sockets). A ROUTER keeps no send/receive lockstep, so a request whose answer was cut
+off (the launcher stopping) leaves nothing that breaks the next one.
 ``bosen scale RUN_DIR --workers M`` (:func:`scale`) sends ``{"op": "scale", "workers": M}``, then asks
 for progress until the job runs with M workers. What can be scaled is a table of handlers keyed by
-its name (:attr:`Scaler.handlers`): ``servers`` (done at once, before a workers step of the same
-request: servers join on free local ports, ``bosen-server --join``, or the last ones leave, while
-``bosen.jobs.moves.scale_servers`` moves the partitions) and ``workers``. A request is checked whole
-(:attr:`Scaler.checks`) before any part of it starts, so a refused part never leaves another done.
+its name (:attr:`Scaler.handlers`): ``servers`` (first: servers join on free local ports, ``bosen-server
+--join``, or the last ones leave, while ``bosen.jobs.moves.scale_servers`` moves the partitions on a
+thread of its own, so the launcher keeps answering requests and watching its processes) and then
+``workers``. A request is checked whole (:attr:`Scaler.checks`) before any part of it starts, so a
+refused part never leaves another done; one scale at a time (another request meanwhile is refused,
+saying so). ``{"op": "status"}`` (:func:`launcher_status`) says the job's shape and the step under way.
 
 Scaling workers moves micro-tasks at a clock boundary B (apps/microtasks.py, ``FilePlan``) in two
 phases, so no worker can be past B when the tasks move: the launcher proposes a plan for B (a few
@@ -34,6 +38,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,7 +55,7 @@ from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
 from bosen.jobs.cluster import LocalCluster
 from bosen.jobs.job import MetricsMerger
-from bosen.jobs.moves import scale_servers
+from bosen.jobs.moves import MoveReport, scale_servers
 from bosen.jobs.supervise import Process
 from bosen.security import Security
 
@@ -107,6 +112,14 @@ class _Step:
     durable: bool = False  # leavers wait at B until every server's part of B is on disk (``left-<id>.json``)
     at_b: float | None = None  # when nothing told of a part of B coming any more (the fallback wait began)
     asked: dict[str, float] = field(default_factory=dict)  # server -> when it was asked for a part of B (SAVE)
+    what: str = ""  # what was asked ("to 3 servers, then 2 workers"), for status and a refused second request
+    then: list[tuple[str, Any]] = field(default_factory=list)  # the request's parts still to start, in order
+    kept: str | None = None  # the last line of the request's parts done so far (one refused after says so)
+    servers: tuple[int, int] = (0, 0)  # a servers part: the job's servers before it and after it
+    mover: threading.Thread | None = None  # a servers part: the partition move, off the launcher's loop
+    cancel: threading.Event = field(default_factory=threading.Event)  # set: the move is given up (stopping)
+    report: MoveReport | None = None
+    failure: BaseException | None = None
 
 
 class Host(Protocol):
@@ -143,7 +156,8 @@ class Scaler:
         # what can be scaled, each asked in this order (one done at once goes before one that starts a step),
         # and each one's checks: a request is checked whole before any part of it starts, so a refused
         # part never leaves the other done
-        self.handlers: dict[str, Callable[[Any], _Step | None]] = {"servers": self._servers, "workers": self._workers}
+        self.handlers: dict[str, Callable[[tuple[Any, _Step]], _Step | None]] = {"servers": self._servers,
+                                                                                 "workers": self._workers}
         self.checks: dict[str, Callable[[Any], bool]] = {"servers": self._check_servers,
                                                           "workers": self._check_workers}
         self.steps: dict[int, _Step] = {}
@@ -154,7 +168,7 @@ class Scaler:
         self._ids = 0
         self._plan_ids = int(time.time() * 1000) % (1 << 30)  # plan ids differ across launches in one directory
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.REP)
+        self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         port = self._sock.bind_to_random_port("tcp://127.0.0.1")
         self.address = f"tcp://127.0.0.1:{port}"
@@ -164,7 +178,12 @@ class Scaler:
         os.replace(tmp, path)
 
     def close(self) -> None:
+        """Stop listening; a partition move under way is given up (before its map, the clients resume)."""
         (self.run_dir / CONTROL_FILE).unlink(missing_ok=True)
+        step = self.current
+        if step is not None and step.mover is not None:
+            step.cancel.set()
+            step.mover.join(timeout=10.0)
         self._sock.close(0)
         self._ctx.term()
 
@@ -181,16 +200,18 @@ class Scaler:
     # -- requests ------------------------------------------------------------------------------
 
     def poll(self) -> None:
-        """Answer every waiting control request (non-blocking)."""
-        while self._sock.poll(0):
+        """Answer every waiting control request (non-blocking; nothing once closed). Each reply goes
+        back under its request's envelope (the ROUTER's peer id, and a REQ's empty delimiter)."""
+        while not self._sock.closed and self._sock.poll(0):
+            frames = self._sock.recv_multipart()
             try:
-                req = json.loads(self._sock.recv())
+                req = json.loads(frames[-1])
                 reply = self._answer(req if isinstance(req, dict) else {})
             except (ValueError, BosenError) as e:
                 reply = {"ok": False, "error": str(e)}
-            except Exception as e:  # a bug here must not leave the REP socket without its reply
+            except Exception as e:  # a bug here must not leave the client without its answer
                 reply = {"ok": False, "error": f"internal error in the launcher: {e!r}"}
-            self._sock.send(json.dumps(reply).encode())
+            self._sock.send_multipart([*frames[:-1], json.dumps(reply).encode()])
 
     def _answer(self, req: dict[str, Any]) -> dict[str, Any]:
         op = req.get("op")
@@ -199,46 +220,81 @@ class Scaler:
             if not asked:
                 raise ScaleError(f"nothing to scale: give one of {', '.join('--' + k for k in self.handlers)}")
             if self.current is not None:
-                raise ScaleError(f"a scale step (to {self.current.target} workers) is still under way")
+                raise ScaleError(f"a scale is in progress (step {self.current.id}: {self.current.what}, "
+                                 f"{self.current.phase}): ask again once it is done")
             for what, value in asked.items():
                 self.checks[what](value)
-            step = None
-            for what, value in asked.items():
-                try:
-                    got = self.handlers[what](value)
-                except ScaleError as e:
-                    if step is None:
-                        raise
-                    raise ScaleError(f"{e} (the job kept the rest of this request: {step.lines[-1]})") from None
-                if got is not None and step is not None:  # one request: the command shows every step's lines
-                    got.lines[:0] = step.lines
-                step = got or step
-            if step is None:
+            self._ids += 1
+            step = _Step(self._ids, len(self.members), time.time(),
+                         what=", then ".join(f"to {v} {k}" for k, v in asked.items()), then=list(asked.items()))
+            self._next(step)
+            if not step.lines:
                 return {"ok": True, "id": -1, "lines": ["nothing to do: the job already has that shape"], "done": True}
+            self.steps[step.id] = step
             return {"ok": True, "id": step.id}
         if op == "shape":  # the job's workers now (a step under way counts its joiners from its commit)
             return {"ok": True, "workers": len(self.members), "scaling": self.current is not None}
+        if op == "status":  # the job's shape and the step under way, answered while it moves
+            cluster, now = self.launcher.cluster, self.current
+            return {"ok": True, "workers": len(self.members), "ranks": sorted(self.members), "running": self.live(),
+                    "servers": len(cluster.addresses) if cluster is not None else None,
+                    "scaling": None if now is None else {
+                        "id": now.id, "what": now.what, "phase": now.phase,
+                        "seconds": round(time.time() - now.started, 3),
+                        "line": now.lines[-1] if now.lines else None}}
         if op == "progress":
-            step = self.steps.get(req.get("id", -2))
-            if step is None:
+            asked_for = self.steps.get(req.get("id", -2))
+            if asked_for is None:
                 raise ScaleError(f"no scale step {req.get('id')!r}")
             start = req.get("from", 0)
-            return {"ok": True, "lines": step.lines[start if isinstance(start, int) else 0:], "done": step.done,
-                    "error": step.error, "seconds": step.seconds}
-        raise ScaleError(f"unknown request {op!r} (scale, progress, shape)")
+            return {"ok": True, "lines": asked_for.lines[start if isinstance(start, int) else 0:],
+                    "done": asked_for.done, "error": asked_for.error, "seconds": asked_for.seconds}
+        raise ScaleError(f"unknown request {op!r} (scale, progress, shape, status)")
 
-    def _servers(self, n: Any) -> _Step | None:
-        """Servers join (``bosen-server --join``, on free local ports) or the last ones leave, at once:
-        ``bosen.jobs.moves.scale_servers`` moves the partitions while the workers compute on (their
-        sends pause). Done before a workers step of the same request starts."""
+    def _next(self, step: _Step) -> None:
+        """Start the request's next part (one that changes nothing is skipped); the step is done when
+        none is left. A part refused after an earlier one was done says what the job kept."""
+        while step.then:
+            what, value = step.then.pop(0)
+            try:  # each handler checks its part again: the job ran on while an earlier part moved
+                started = self.handlers[what]((value, step))
+            except ScaleError as e:
+                if step.kept is None:
+                    raise
+                self._finish(step, f"{e} (the job kept the rest of this request: {step.kept})")
+                return
+            if started is not None:
+                return
+        if step.lines:
+            self._finish(step)
+
+    def _finish(self, step: _Step, error: str | None = None) -> None:
+        step.seconds = round(time.time() - step.started, 3)
+        step.error, step.done, self.current = error, True, None
+        if error is not None:
+            self._say(step, f"failed: {error}")
+
+    @property
+    def moving_servers(self) -> bool:
+        """A servers part is under way: its partition move runs (the launcher tells every server,
+        the joining ones too, about a rank that finishes meanwhile)."""
+        return self.current is not None and self.current.phase == "move"
+
+    def finished(self) -> list[int]:
+        """The job's ranks whose process has ended its training (exit status 0: its BYE answered)."""
+        return [r for r in sorted(self.members) if self.launcher.workers[r].returncode == 0]
+
+    def _servers(self, asked: tuple[Any, _Step]) -> _Step | None:
+        """Servers join (``bosen-server --join``, on free local ports, told which ranks have finished:
+        ``--gone``) or the last ones leave: ``bosen.jobs.moves.scale_servers`` moves the partitions on
+        its own thread while the workers compute on (their sends pause) and the launcher's loop goes
+        on (``_move``). Done before a workers part of the same request starts."""
+        n, step = asked
         cluster = self.launcher.cluster
         assert cluster is not None
         now = list(cluster.addresses)
         if not self._check_servers(n):
             return None
-        self._ids += 1
-        step = _Step(self._ids, -n, time.time())
-        self.steps[step.id] = step
         self._say(step, f"scaling from {len(now)} to {n} servers")
         ray = self.launcher.ray_job
         joining = [f"server-{i}" for i in range(len(now), n)]
@@ -246,27 +302,52 @@ class Scaler:
             if ray is not None and joining:  # their actors first: a request Ray cannot place changes nothing
                 took = ray.reserve(joining)
                 self._say(step, f"Ray placed actors for {', '.join(joining)} in {took:.2f}s")
-            added = [cluster.add_server(address=None if ray is None else ray.free_address(m)) for m in joining]
-            if added:
-                self._say(step, f"servers {', '.join(added)} started; moving partitions to them")
-            report = scale_servers(self.launcher.config, now[:n] + added, timeout=JOIN_TIMEOUT_S)
-            for i in range(len(now) - 1, n - 1, -1):
-                cluster.retired(i)
-                if ray is not None:
-                    ray.release(f"server-{i}")
-                    self._say(step, f"server-{i} exited; its Ray actor released")
+            # from the launcher's thread: a child dies with the thread that started it
+            added = [cluster.add_server(address=None if ray is None else ray.free_address(m), gone=self.finished())
+                     for m in joining]
         except (BosenError, ValueError) as e:
             if ray is not None:  # actors of servers that did not join
                 for m in joining[len(cluster.addresses) - len(now):]:
                     ray.release(m)
-            step.error, step.done = str(e), True
-            self._say(step, f"failed: {e}")
             raise ScaleError(f"--servers {n}: {e}") from None
-        self.launcher.servers_changed = True
-        step.done, step.seconds = True, time.time() - step.started
+        if added:
+            self._say(step, f"servers {', '.join(added)} started; moving partitions to them")
+        step.servers = (len(now), n)
+        step.mover = threading.Thread(target=self._move_partitions, args=(step, now[:n] + added),
+                                      name="bosen-scale-servers", daemon=True)
+        step.phase, self.current = "move", step
+        step.mover.start()
+        return step
+
+    def _move_partitions(self, step: _Step, servers: list[str]) -> None:
+        """The partition move of a servers part, on its own thread (it waits for every client to pause:
+        seconds, more under load); its outcome is read by ``_move`` once the thread has ended."""
+        try:
+            step.report = scale_servers(self.launcher.config, servers, timeout=JOIN_TIMEOUT_S, cancel=step.cancel)
+        except BaseException as e:  # noqa: BLE001 - handed to the launcher's thread, which fails the step with it
+            step.failure = e
+
+    def _move(self, step: _Step) -> None:
+        """A servers part's move has ended: the leaving servers exit, and the request goes on."""
+        assert step.mover is not None
+        if step.mover.is_alive():
+            return
+        step.mover = None
+        before, n = step.servers
+        if step.failure is not None:
+            raise ScaleError(f"--servers {n}: {step.failure}")
+        cluster, ray, report = self.launcher.cluster, self.launcher.ray_job, step.report
+        assert cluster is not None and report is not None
+        self.launcher.servers_changed = True  # the job follows its servers' list and map from here on
+        for i in range(before - 1, n - 1, -1):
+            cluster.retired(i)
+            if ray is not None:
+                ray.release(f"server-{i}")
+                self._say(step, f"server-{i} exited; its Ray actor released")
         self._say(step, f"the job runs on {n} servers: {report.moved} partitions ({report.bytes / 1e6:.1f} MB) "
                         f"moved, sends paused {report.pause_s:.2f}s")
-        return step
+        step.phase, step.kept = "propose", step.lines[-1]
+        self._next(step)
 
     def _check_servers(self, n: Any) -> bool:
         """ScaleError if the job cannot run on ``n`` servers; whether that changes anything."""
@@ -280,7 +361,7 @@ class Scaler:
             raise ScaleError(f"--servers {n}: the job's rows are in {parts} partitions (cluster.partitions), so at "
                              f"most {parts} servers")
         if not self.live():
-            raise ScaleError("the job's workers have all finished")
+            raise ScaleError(f"--servers {n}: the job has finished (every worker ended its training): nothing moved")
         return True
 
     def _check_workers(self, m: Any) -> bool:
@@ -313,7 +394,7 @@ class Scaler:
                              f"{'' if cfg.app.args.get('micro_tasks') else ', 0: one per worker at the start'}), "
                              f"so at most {T} workers")
         if not self.live():
-            raise ScaleError("the job's workers have all finished")
+            raise ScaleError(f"--workers {m}: the job has finished (every worker ended its training): nothing moved")
         if m == len(self.members):
             return False
         self._check_end(self._earliest(m < len(self.members)), m)
@@ -342,19 +423,18 @@ class Scaler:
                          f"{' (workers leave at a checkpoint boundary)' if leaving else ''}: too few clocks remain; "
                          f"nothing moved, and the job finishes with its {len(self.members)} workers")
 
-    def _workers(self, m: Any) -> _Step | None:
+    def _workers(self, asked: tuple[Any, _Step]) -> _Step | None:
+        m, step = asked
         if not self._check_workers(m):
             return None
         now = sorted(self.members)
         T = self.tasks()
-        self._ids += 1
-        step = _Step(self._ids, m, time.time())
+        step.target = m
         nxt = len(self.launcher.workers)  # ranks are never reused
         step.joiners = list(range(nxt, nxt + m - len(now))) if m > len(now) else []
         step.leavers = now[m:]  # the newest leave first
         step.durable = bool(step.leavers)  # a scale needs checkpoints (``_check_workers``)
         step.owners = microtasks.assign(T, sorted((set(now) | set(step.joiners)) - set(step.leavers)))
-        self.steps[step.id] = step
         self._say(step, f"scaling from {len(now)} to {m} workers"
                   + (f": ranks {step.joiners} join" if step.joiners else f": ranks {step.leavers} leave"))
         ray = self.launcher.ray_job
@@ -362,8 +442,6 @@ class Scaler:
             try:
                 took = ray.reserve([f"worker-{r}" for r in step.joiners])
             except BosenError as e:
-                step.error, step.done = str(e), True
-                self._say(step, f"failed: {e}")
                 raise ScaleError(f"--workers {m}: {e}") from None
             self._say(step, f"Ray placed actors for workers {step.joiners} in {took:.2f}s")
         self.current = step
@@ -680,17 +758,16 @@ def scale(target: str | os.PathLike[str], workers: int | None = None, servers: i
         ctx.term()
 
 
-def workers_now(target: str | os.PathLike[str], timeout: float = 10.0) -> int:
-    """The worker processes the running job ``target`` (its run directory) has now, as its launcher
-    counts them (a job scaled since its launch, by anyone, has another count than its config's).
-    ScaleError if no launcher runs it or it does not answer within ``timeout`` seconds."""
+def _request(target: str | os.PathLike[str], req: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One request to the launcher running the job ``target`` (its run directory), answered; ScaleError
+    if no launcher runs it, it does not answer within ``timeout`` seconds, or it refuses."""
     address = control_address(target)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(address)
-        sock.send(json.dumps({"op": "shape"}).encode())
+        sock.send(json.dumps(req).encode())
         if not sock.poll(int(timeout * 1000)):
             raise ScaleError(f"the launcher at {address} did not answer within {timeout:g}s")
         reply = json.loads(sock.recv())
@@ -699,4 +776,21 @@ def workers_now(target: str | os.PathLike[str], timeout: float = 10.0) -> int:
         ctx.term()
     if not reply.get("ok"):
         raise ScaleError(str(reply.get("error")))
-    return int(reply["workers"])
+    return reply  # type: ignore[no-any-return]
+
+
+def workers_now(target: str | os.PathLike[str], timeout: float = 10.0) -> int:
+    """The worker processes the running job ``target`` (its run directory) has now, as its launcher
+    counts them (a job scaled since its launch, by anyone, has another count than its config's).
+    ScaleError if no launcher runs it or it does not answer within ``timeout`` seconds."""
+    return int(_request(target, {"op": "shape"}, timeout)["workers"])
+
+
+def launcher_status(target: str | os.PathLike[str], timeout: float = 10.0) -> dict[str, Any]:
+    """What the launcher of the running job ``target`` (its run directory) says of it, also while a
+    scale step moves partitions or micro-tasks: ``workers`` (the job's ranks now, ``ranks``; those whose
+    process runs, ``running``), ``servers``, and ``scaling`` (None, or the step under way: ``id``,
+    ``what``, ``phase``, ``seconds``, its last ``line``). ScaleError as for :func:`workers_now`."""
+    reply = _request(target, {"op": "status"}, timeout)
+    reply.pop("ok", None)
+    return reply

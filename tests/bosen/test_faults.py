@@ -10,7 +10,7 @@ import time
 import pytest
 
 from bosen import faults
-from bosen.errors import ConfigError
+from bosen.errors import BosenError, ConfigError
 
 
 def test_no_fault_unless_set_and_a_bad_one_is_named(monkeypatch, tmp_path):
@@ -20,7 +20,7 @@ def test_no_fault_unless_set_and_a_bad_one_is_named(monkeypatch, tmp_path):
     for bad in ("hold-before-leave:x:/p", "hold-before-leave:1:", "exit:1:/p", "no-parts-from:1:x"):
         monkeypatch.setenv(faults.ENV, bad)
         with pytest.raises(ConfigError, match="expected hold-before-leave:RANK:PATH, "
-                           "hold-before-clock:RANK:CLOCK:PATH or no-parts-from:RANK:CLOCK"):
+                           "hold-before-clock:RANK:CLOCK:PATH, no-parts-from:RANK:CLOCK or hold-move:PATH"):
             faults.from_env()
     monkeypatch.setenv(faults.ENV, "hold-before-leave:2:/r")
     monkeypatch.delenv("BOSEN_RUN_DIR")
@@ -112,3 +112,41 @@ def test_a_rank_holds_before_a_given_clock_until_released(monkeypatch, tmp_path)
     release.write_text("go")
     t.join(timeout=30)
     assert done.is_set()
+
+
+def test_the_mover_holds_before_its_plan_until_released_and_the_workers_ignore_it(monkeypatch, tmp_path):
+    """``hold-move:PATH``: whoever moves partitions holds before its plan, saying so in PATH.held, until
+    PATH exists (a move given up meanwhile stops holding); read with ``only`` it leaves the other
+    processes' faults to them, and a worker's ``before_clock`` holds nothing for it."""
+    monkeypatch.setenv(faults.ENV, "hold-move:")
+    with pytest.raises(ConfigError, match="expected hold-move:PATH"):
+        faults.from_env()
+    release = tmp_path / "move"
+    monkeypatch.delenv("BOSEN_RUN_DIR", raising=False)  # the launcher's environment has none
+    monkeypatch.setenv(faults.ENV, f"hold-before-leave:2:/r;hold-move:{release}")
+    fault = faults.from_env(only=("hold-move",))  # the worker's fault, not parsed here
+    assert isinstance(fault, faults.HoldMove)
+    fault.before_clock(0, 5)  # holds nothing
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (fault.before_plan(), done.set()), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "move.held").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert not done.wait(0.2)
+    release.write_text("")
+    t.join(timeout=10)
+    assert done.is_set()
+    release.unlink()
+    cancelled = threading.Event()
+    cancelled.set()
+
+    def check() -> None:
+        if cancelled.is_set():
+            raise BosenError("given up")
+
+    with pytest.raises(BosenError, match="given up"):
+        fault.before_plan(check)
+    monkeypatch.setenv(faults.ENV, "hold-before-clock:0:5:/p")
+    assert faults.from_env(only=("hold-move",)) is None

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+import zmq
 from conftest import descendants
 
 import bosen
@@ -27,7 +28,7 @@ from bosen.apps import microtasks as M
 from bosen.apps.lda.worker import LDAArgs, load_corpus
 from bosen.config import build, from_dict
 from bosen.jobs import status as status_mod
-from bosen.jobs.scale import ScaleError, leave_boundary
+from bosen.jobs.scale import ScaleError, Scaler, launcher_status, leave_boundary
 
 
 def _final_counts(run: Path, cfg: dict, parts: dict) -> tuple[np.ndarray, np.ndarray, dict]:
@@ -305,6 +306,166 @@ def test_a_joined_server_killed_after_its_checkpoint_is_replaced_and_the_counts_
     last = checkpoint.clocks(run / "checkpoints")[0]
     final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(run / "checkpoints", last, 2, 2, None))
     np.testing.assert_array_equal(final, counts)
+
+
+@pytest.mark.timeout(150)
+def test_a_server_joins_after_a_worker_finished_and_the_launcher_answers_while_the_move_is_held(tmp_path):
+    """Servers 2 -> 3 in an LDA job whose training ends at clock 300, both workers held before their last
+    clock (301, the closing barrier's, no checkpoint boundary) and the launcher's partition move held
+    before its plan ($BOSEN_FAULT=hold-move): the joined server counted both ranks (server 0's STATUS
+    when it started). Meanwhile the launcher answers a status request (the step in its move phase) and
+    refuses a second scale request, saying one is in progress; worker 1 is let go, ends its training,
+    says BYE to servers 0 and 1 and exits, without ever connecting to the new server. The launcher tells
+    every server, the joined one too, that rank 1 left (LEFT), so the move no longer waits for its
+    PAUSED there (it used to wait until it timed out, and the job's last BYE to that server with it):
+    it completes with worker 0 alone, and the job ends with the final table exactly the counts of the
+    final assignments (read from the three servers) and every checkpoint exact."""
+    iterations = 298  # training ends at 300, a checkpoint boundary; 301 is not: worker 1's BYE is not held
+    path, cfg = _lda_job(tmp_path, iterations)
+    run = (tmp_path / "run").resolve()
+    go0, go1, move = tmp_path / "go0", tmp_path / "go1", tmp_path / "move"
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-clock:0:301:{go0};hold-before-clock:1:301:{go1};"
+                                               f"hold-move:{move}"})
+    lines, failed, step = _scale_thread(run, servers=3)
+    try:
+        _until(p, run, lambda: (tmp_path / "go0.held").exists() and (tmp_path / "go1.held").exists(),
+               "the workers did not hold before their last clock")
+        step.start()
+        _until(p, run, (tmp_path / "move.held").exists, "the partition move did not hold before its plan")
+        said = launcher_status(run)  # answered while the step's move is under way
+        assert said["scaling"]["phase"] == "move" and said["servers"] == 3 and said["running"] == [0, 1], said
+        assert "to 3 servers" in said["scaling"]["what"], said
+        with pytest.raises(ScaleError, match=r"a scale is in progress \(step \d+: to 3 servers, move\)"):
+            bosen.scale(run, workers=3)
+        go1.write_text("go")  # worker 1 finishes: BYE to servers 0 and 1, never connected to server 2
+        _until(p, run, lambda: launcher_status(run)["running"] == [0], "worker 1 did not finish")
+        move.write_text("go")
+        step.join(timeout=120)
+        assert not step.is_alive() and not failed, failed
+        assert "the job runs on 3 servers" in lines[-1], lines
+        assert launcher_status(run)["scaling"] is None
+        go0.write_text("go")
+        out = _output(p, run, 90)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    joined = (run / "logs" / "server-2.log").read_text()
+    assert "worker ranks [1] left the job" in joined, joined[-2000:]
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations)
+
+
+@pytest.mark.timeout(120)
+def test_a_launcher_stopped_while_its_partition_move_is_held_stops_cleanly(tmp_path):
+    """SIGTERM to a launcher whose servers step is held before its plan ($BOSEN_FAULT=hold-move): the
+    move on its own thread is given up, the launcher stops every process and exits 130 saying so, with
+    no traceback (a REP control socket once raised "Operation cannot be accomplished in current state"
+    on the way out), and ``bosen scale`` says the job ended."""
+    path, _ = _lda_job(tmp_path, 100_000, checkpoints=False)  # runs until stopped
+    run = (tmp_path / "run").resolve()
+    move = tmp_path / "move"
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-move:{move}"})
+    lines, failed, step = _scale_thread(run, servers=3)
+    try:
+        _wait_clock(p, run, 3)
+        step.start()
+        _until(p, run, (tmp_path / "move.held").exists, "the partition move did not hold before its plan")
+        assert launcher_status(run)["scaling"]["phase"] == "move"
+        p.send_signal(signal.SIGTERM)
+        out = _output(p, run, 60)
+        step.join(timeout=30)
+    finally:
+        _stop(p)
+    assert p.returncode == 130, out[-3000:]
+    assert "stopped the job; all processes stopped" in out and "Traceback" not in out, out[-3000:]
+    assert not step.is_alive() and len(failed) == 1 and "the job ended" in str(failed[0]), (failed, lines)
+
+
+class _Worker:
+    def __init__(self, returncode: int | None) -> None:
+        self.returncode = returncode
+
+
+class _Host:
+    """The launcher as the scaler sees it (``Host``), for its control socket alone: a job whose workers
+    have all finished."""
+
+    def __init__(self, run: Path) -> None:
+        self.config = build({"cluster": {"servers": ["127.0.0.1:1", "127.0.0.1:2"], "workers": 2},
+                             "tables": {"t": {"rows": 4, "cols": 1}}, "checkpoint": {"every_clocks": 10},
+                             "app": {"module": "bosen.apps.lda", "args": {"micro_tasks": 8}}})
+        self.run_dir = run
+        self.workers = [_Worker(0), _Worker(0)]
+        self.cluster = type("Cluster", (), {"addresses": list(self.config.cluster.servers)})()
+        self.dropped: set[int] = set()
+        self.servers_changed = False
+        self.security = None
+        self.merger = None
+        self.ray_job = None
+
+    def say(self, msg: str) -> None:
+        pass
+
+    def start_joiner(self, rank: int) -> None:
+        raise AssertionError("nothing starts in a finished job")
+
+
+def _ask(address: str, req: dict) -> dict:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(address)
+        sock.send(json.dumps(req).encode())
+        assert sock.poll(5000), f"no answer to {req}"
+        return json.loads(sock.recv())
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def test_the_control_socket_survives_a_cut_off_answer_and_a_finished_job_refuses_to_scale(tmp_path, monkeypatch):
+    """The launcher's control socket is a ROUTER: a request whose answer was cut off (the launcher
+    stopping inside it: a REP socket was then left mid-lockstep and its next poll raised ZeroMQ's
+    "Operation cannot be accomplished in current state") leaves the next request answered and the
+    poll raising nothing, also once closed. In a job whose workers have all finished, a scale request
+    is refused, saying the job has finished and nothing moved."""
+    scaler = Scaler(_Host(tmp_path))  # type: ignore[arg-type]
+    address = json.loads((tmp_path / "control.json").read_text())["address"]
+    answer = scaler._answer
+    try:
+        def stopped(req: dict) -> dict:
+            raise KeyboardInterrupt  # as SIGINT inside an answer
+
+        monkeypatch.setattr(scaler, "_answer", stopped)
+        cut = zmq.Context()
+        lost = cut.socket(zmq.REQ)
+        lost.setsockopt(zmq.LINGER, 0)
+        lost.connect(address)
+        lost.send(json.dumps({"op": "status"}).encode())
+        deadline = time.monotonic() + 5
+        with pytest.raises(KeyboardInterrupt):
+            while time.monotonic() < deadline:
+                scaler.poll()
+                time.sleep(0.01)
+        lost.close(0)
+        cut.term()
+        monkeypatch.setattr(scaler, "_answer", answer)
+        got: list[dict] = []
+        t = threading.Thread(target=lambda: got.extend([_ask(address, {"op": "status"}),
+                                                        _ask(address, {"op": "scale", "servers": 3}),
+                                                        _ask(address, {"op": "scale", "workers": 1})]), daemon=True)
+        t.start()
+        while t.is_alive():
+            scaler.poll()  # raises nothing
+            time.sleep(0.01)
+        assert got[0]["ok"] and got[0]["running"] == [] and got[0]["scaling"] is None, got
+        for reply, what in zip(got[1:], ("--servers 3", "--workers 1"), strict=True):
+            assert not reply["ok"] and reply["error"] == (f"{what}: the job has finished (every worker ended its "
+                                                           "training): nothing moved"), reply
+    finally:
+        scaler.close()
+    scaler.poll()  # closed: nothing to answer, nothing raised
+    assert not (tmp_path / "control.json").exists()
 
 
 def _server(p: subprocess.Popen, rank: int) -> psutil.Process:
