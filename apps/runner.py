@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -61,6 +62,9 @@ def run_app(train: Callable[..., None], argv: list[str] | None = None,
         client.abort()
         _exit(e, f"worker {client.rank}")
     client.close()
+    # The process ends here: keep what it built (numba's compiler state, torch's modules) out of the
+    # collector's passes at interpreter exit, which otherwise rescan it all (~0.4 s of CPU per worker).
+    gc.freeze()
 
 
 def _await_boundary(rank: int | None) -> None:

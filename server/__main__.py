@@ -125,4 +125,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    code = main()
+    gc.freeze()  # what the kernels' first calls built since the freeze above: skip rescanning it at exit (~0.4 s)
+    raise SystemExit(code)
