@@ -51,7 +51,7 @@ def test_two_hybrid_workers_end_equal_and_match_single_process_torch(bosen_clust
     update = {"update": "sgd", "lr": 0.1} if optimizer == "server-sgd" else {}
     tables = declare(hw.net(), tmp_path / "t", row_width=64, dense="allreduce", **update)
     assert list(tables) == ["emb"]  # no table for the dense layers: they are all-reduced
-    c = bosen_cluster(2, workers=2, staleness=0, tables=tables)
+    c = bosen_cluster(1, workers=2, staleness=0, tables=tables)  # all-reduce, not partitioning
     procs = [worker(bosen_procs, "torch_hybrid_worker.py", c.path, "--steps", STEPS, "--optimizer", optimizer)
              for _ in range(2)]
     assert bosen_procs.wait_all(procs, timeout=150) == [0, 0], [p.output()[-2000:] for p in procs]

@@ -83,7 +83,7 @@ def test_delta_optimizer_with_momentum_equals_local_torch_within_a_clock(bosen_c
 @pytest.mark.slow
 def test_two_worker_processes_converge_under_ssp(bosen_cluster, bosen_procs, tmp_path):
     torch.manual_seed(0)
-    c = bosen_cluster(2, workers=2, staleness=2, tables=declare(nn.Linear(20, 1), tmp_path / "t", update="sgd",
+    c = bosen_cluster(1, workers=2, staleness=2, tables=declare(nn.Linear(20, 1), tmp_path / "t", update="sgd",
                                                                  lr=0.05))
     procs = [worker(bosen_procs, "torch_worker.py", c.path, "--steps", 150) for _ in range(2)]
     assert bosen_procs.wait_all(procs, timeout=90) == [0, 0]

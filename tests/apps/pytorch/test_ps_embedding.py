@@ -27,7 +27,7 @@ def run_dlrm(bosen_cluster: Any, out: Path, **args: Any) -> tuple[list[dict], np
     """One worker, staleness 0, through dlrm.train: (its reports, the dense table, the touched ids,
     their embedding rows at the end)."""
     a = {**SMALL, **args}
-    c = bosen_cluster(2, workers=1, staleness=0, tables=dlrm.tables(a, out))
+    c = bosen_cluster(1, workers=1, staleness=0, tables=dlrm.tables(a, out))  # storage, not partitioning
     client = Client.connect(c.path, rank=0)
     try:
         dlrm.train(client, a)

@@ -26,7 +26,7 @@ CPU = torch.device("cpu")
 def run_dlrm(bosen_cluster: Any, out: Path, staleness: int, **args: Any) -> tuple[list[dict], np.ndarray]:
     """One worker through dlrm.train: (its reports, the touched embedding rows at the end)."""
     a = {**SMALL, **args}
-    c = bosen_cluster(2, workers=1, staleness=staleness, tables=dlrm.tables(a, out))
+    c = bosen_cluster(1, workers=1, staleness=staleness, tables=dlrm.tables(a, out))  # the cache, not the partition
     client = Client.connect(c.path, rank=0)
     try:
         dlrm.train(client, a)
