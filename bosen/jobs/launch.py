@@ -222,6 +222,9 @@ class Launcher:
                                "clocks": len(merger.done), "workers": self.config.cluster.workers,
                                "final": merger.done[-1] if merger.done else None}
                     metrics.write(json.dumps(summary) + "\n")
+            # the servers have stopped, their part writers drained: the checkpoints the job leaves are
+            # pruned to ``keep`` (at the workers' end, the servers' last parts may not be on disk yet)
+            self._prune()
         except JobFailed as e:
             print(f"bosen launch: job failed: {e}", file=sys.stderr, flush=True)
             print(f"bosen launch: logs are in {self.run_dir / 'logs'}", file=sys.stderr, flush=True)
