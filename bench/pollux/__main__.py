@@ -37,6 +37,13 @@ held-out error; one JSON line per result.
 CNN in hybrid mode (all-reduce, a local Adam at ``--adaptive-lr`` 0.002, the square-root rule, φ
 pre-conditioned by Adam's √v̂ + ε).
 
+- ``adam-efficiency``: statistical efficiency under Adam (``bench/pollux/adamstat.py``): the CNN at
+  fixed batches ``--adam-batches`` (the first is M0) with Adam at ``--adam-lr`` (0.002) times
+  √(M/M0), ``--adam-examples`` examples each, ``--seeds`` seeds; per held-out loss in ``--adam-targets``
+  the measured efficiency (examples M0 needed over examples M needed) against EFFICIENCY(M) of the φ
+  the agent measures during the M0 run (pre-conditioned after the step, before it, plain) and of
+  appendix A.1's Adam form. Counts examples, not seconds: the load does not enter.
+
 ``--quick``: fewer points, steps and seeds, for CI.
 """
 
@@ -258,6 +265,45 @@ def adaptive(a: argparse.Namespace) -> None:
         emit(bench="pollux", case="adaptive plot", plot=str(path), experiment="adaptive")
 
 
+def adam_efficiency(a: argparse.Namespace) -> None:
+    import torch
+
+    from bench.pollux.adamstat import KINDS, median_phi, predicted, train
+    from bosen.apps.pytorch.examples.cnn import images
+
+    torch.set_num_threads(1)  # one core: the machine is shared; examples, not seconds, are measured
+    x, y = images(True, 20000)
+    xt, yt = images(False, 2000)
+    m0, lr0 = a.adam_batches[0], a.adam_lr
+    big = tuple(a.adam_batches[1:])
+    rows: dict[tuple[float, int], list[dict[str, float]]] = {}
+    for seed in range(a.seeds):
+        runs = {b: train(b, m0, lr0, a.adam_examples, a.adam_every, seed, x, y, xt, yt, targets=big)
+                for b in a.adam_batches}  # the batches in turn within a seed, from the same initial model
+        base = runs[m0]
+        for target in a.adam_targets:
+            n0 = base.reach(target)
+            for b in big:
+                nb = runs[b].reach(target)
+                row = {"measured": n0 / nb if math.isfinite(n0) and math.isfinite(nb) and nb > 0 else math.nan,
+                       **{k: predicted(base, b, m0, n0, k) for k in KINDS},
+                       **{f"phi_{k}": median_phi(base, n0, k) for k in KINDS if k != "adam"}}
+                rows.setdefault((target, b), []).append(row)
+                emit(bench="pollux", case=f"adam-efficiency M={b} loss={target} seed={seed}", metric="efficiency",
+                     unit="examples at M0 / examples at M", ours=_none_if_inf(row["measured"]),
+                     experiment="adam-efficiency", seed=seed, batch=b, m0=m0, target=target, m0_examples=n0,
+                     examples=nb, **{k: round(v, 4) for k, v in row.items() if k != "measured"})
+    for (target, b), rs in sorted(rows.items()):
+        ok = [r for r in rs if math.isfinite(r["measured"])]
+        if ok:
+            emit(bench="pollux", case=f"adam-efficiency M={b} loss={target}", metric="efficiency",
+                 unit="examples at M0 / examples at M", ours=statistics.median(r["measured"] for r in ok),
+                 spread=_spread([r["measured"] for r in ok]), summary=True, experiment="adam-efficiency", batch=b,
+                 m0=m0, target=target, seeds=len(ok), lr=lr0,
+                 predicted={k: _spread([r[k] for r in ok]) for k in KINDS},
+                 phi={k: _spread([r[f"phi_{k}"] for r in ok]) for k in KINDS if k != "adam"})
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.pollux", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="fewer points, steps and seeds (CI)")
@@ -326,9 +372,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bandwidth-iterations", type=int, default=None, help="adaptive: iterations of those jobs")
     p.add_argument("--adaptive-plot", default=None, help="adaptive: the figure (default docs/img/pollux-adaptive.png)")
     p.add_argument("--experiments", nargs="+", default=None,
-                   choices=["fixed", "along", "throughput", "sim", "adaptive", "jobs"],
+                   choices=["fixed", "along", "throughput", "sim", "adaptive", "jobs", "adam-efficiency"],
                    help="default fixed along throughput sim adaptive (--quick: fixed along); jobs (real jobs under "
                         "the scheduler, minutes) only when named")
+    p.add_argument("--adam-batches", type=int, nargs="+", default=[64, 256, 1024],
+                   help="adam-efficiency: the fixed batches, the first M0 (default 64 256 1024)")
+    p.add_argument("--adam-lr", type=float, default=0.002, help="adam-efficiency: Adam's learning rate at M0")
+    p.add_argument("--adam-examples", type=int, default=61440, help="adam-efficiency: examples each run trains on")
+    p.add_argument("--adam-every", type=int, default=2048, help="adam-efficiency: examples between evaluations")
+    p.add_argument("--adam-targets", type=float, nargs="+", default=[1.0, 0.85, 0.70, 0.60, 0.55],
+                   help="adam-efficiency: the held-out losses at which the efficiency is measured")
     a = p.parse_args(argv)
     if a.adaptive_app in ("cnn", "cnn-adam"):  # the CNN's own defaults: no injected delays, its loss scale
         lr = 0.1 if a.adaptive_app == "cnn" else 0.002
@@ -373,6 +426,8 @@ def main(argv: list[str] | None = None) -> None:
                  a.jobs_delay, a.jobs_timeout, a.jobs_ray, a.jobs_agent)
     if "adaptive" in a.experiments:
         adaptive(a)
+    if "adam-efficiency" in a.experiments:
+        adam_efficiency(a)
     emit(bench="pollux", done=True, seconds=time.perf_counter() - t0, data=a.data, samples=samples)
 
 

@@ -106,3 +106,25 @@ def test_a_shaped_loopback_namespace_sends_at_its_rate() -> None:
                              timeout=30)
     assert out.returncode == 0, out.stderr
     assert 0.25 < float(out.stdout) < 5.0
+
+
+def test_adam_efficiency_of_one_coordinate_is_eq6_and_reach_interpolates() -> None:
+    from bench.pollux.adamstat import Curve, adam_efficiency
+    from bosen.goodput import efficiency
+
+    # one coordinate: appendix A.1's Adam form reduces to (φ + M0)/(φ + M) with φ = σ²/G²
+    sqr, var = np.array([0.01]), np.array([2.0])
+    assert adam_efficiency(sqr, var, 64, 1024) == pytest.approx(float(efficiency(200.0, 64, 1024.0)), rel=1e-9)
+    c = Curve(64, examples=[0, 1000, 4000], loss=[2.0, 1.0, 0.5])
+    assert c.reach(1.0) == pytest.approx(1000.0)
+    assert 1000.0 < c.reach(0.75) < 4000.0 and c.reach(0.1) == float("inf")
+
+
+def test_adam_efficiency_experiment_reports_measured_and_predicted(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["--experiments", "adam-efficiency", "--seeds", "1", "--adam-batches", "64", "128",
+          "--adam-examples", "2048", "--adam-every", "256", "--adam-targets", "2.1"])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    summ = [r for r in lines if r.get("summary")]
+    assert len(summ) == 1 and summ[0]["batch"] == 128 and set(summ[0]["predicted"]) == {"after", "before", "plain",
+                                                                                          "adam"}
+    assert 0 < summ[0]["predicted"]["plain"]["median"] <= 1
