@@ -34,7 +34,9 @@ arrange on a loaded machine. Four:
     whoever moves partitions (``bosen.jobs.moves.move_partitions``: the launcher, for ``bosen scale
     --servers``) holds before it tells the clients to pause (the plan), until the file ``PATH``
     exists (it writes ``PATH.held`` first): the step is under way, its joining servers started, and
-    a test can ask the launcher for its status or finish a worker meanwhile. Workers ignore it.
+    a test can ask the launcher for its status or finish a worker meanwhile. Where ``PATH`` then
+    says ``fail``, the move fails there (BosenError), as one timed out or refused would, with no
+    plan made. Workers ignore it.
 
 Several faults are separated by ``;`` (``hold-before-clock:0:11:/a;hold-before-clock:2:16:/b``).
 """
@@ -153,6 +155,8 @@ class HoldMove(Fault):
     def before_plan(self, check: Callable[[], None] | None = None) -> None:
         if not self.release.exists():
             _hold(self.release, -1, -1, check, lambda: False)
+        if self.release.read_text().strip() == "fail":
+            raise BosenError(f"the partition move failed on purpose (${ENV}: {self.release} says fail)")
 
 
 @dataclass(frozen=True)

@@ -211,6 +211,18 @@ class LocalCluster:
         self._on_purpose.discard(i)
         return code
 
+    def drop_joined(self, i: int) -> int:
+        """Server ``i``, the last, joined but took no partitions (its step failed): stop it and drop it
+        from ``servers`` and ``addresses``; its exit status."""
+        if i != len(self.servers) - 1:
+            raise ValueError(f"joined servers are dropped from the end: {i} is not the last of {len(self.servers)}")
+        code = self.stop_server(i)
+        self.servers.pop()
+        self.addresses.pop()
+        self._died.pop(i, None)
+        self._on_purpose.discard(i)
+        return code
+
     def check(self, when: str = "while its cluster was running") -> None:
         """Raise ProcessFailed if a server has exited without being asked to."""
         for i, p in enumerate(self.servers):

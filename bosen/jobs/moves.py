@@ -7,7 +7,8 @@ clients to pause after their next clock, every server waits until each client pa
 everything sent before is applied), the servers losing partitions export their rows, every server
 takes the new map with the rows it gains and tells its clients, and the clients go on under the new
 map. A plan that meets clients paused on both sides of a checkpoint boundary is given up and tried
-again a clock later; so is one that finds the servers holding rows of a table with backup workers at
+again after a short backoff, until the move's timeout (under load, or with a checkpoint every clock,
+many plans may meet one); so is one that finds the servers holding rows of a table with backup workers at
 different positions of its step (iteration, ranks accepted: with k_t < n each server steps on its own),
 since rows of one iteration must not arrive at a server of another. The workers compute on
 throughout; only their sends wait (``pause_s``).
@@ -36,8 +37,8 @@ from bosen.jobs import status as status_mod
 from bosen.security import Security, client_socket
 from bosen.wire import Msg
 
-RETRIES = 5  # plans given up at a checkpoint boundary before the move fails
-STEP_RETRIES = 40  # plans in all, given up also where servers were at different positions of a backup step
+BACKOFF_S = (0.05, 0.5)  # wait after a plan met a checkpoint boundary: first, most (doubling)
+STEP_BACKOFF_S = (0.01, 0.2)  # after one met servers at different positions of a backup step: step, most
 
 
 @dataclass(frozen=True)
@@ -200,11 +201,13 @@ def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
     new = version + 1
     mover = _Mover(everyone, timeout, Security.load(config, "client"), cancel)
     tries = held_tries = 0
-    fault = faults.from_env(only=("hold-move",))  # tests only: hold before the plan ($BOSEN_FAULT)
-    if fault is not None:
-        fault.before_plan(mover.check)
     planned = False
     try:
+        fault = faults.from_env(only=("hold-move",))  # tests only: hold before the plan ($BOSEN_FAULT)
+        if fault is not None:
+            fault.before_plan(mover.check)
+        start = time.monotonic()
+        backoff = BACKOFF_S[0]
         while True:
             tries += 1
             t0 = time.perf_counter()
@@ -220,13 +223,20 @@ def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
             mover.ask(0, "abort", new)  # clients paused on both sides of a checkpoint boundary, or mid-step
             for j in range(1, len(everyone)):
                 mover.ask(j, "abort", new)
+            planned = False
             if held:
                 held_tries += 1
-            if held_tries == RETRIES or tries == STEP_RETRIES:
-                raise BosenError(f"partitions could not move: {held_tries} plans met a checkpoint boundary between "
-                                 f"the workers' clocks, {tries - held_tries} servers at different positions of a "
-                                 f"backup table's step{f' (last: {apart})' if apart else ''}")
-            time.sleep(0.05 if held else min(0.01 * tries, 0.2))
+            pause = backoff if held else min(STEP_BACKOFF_S[0] * tries, STEP_BACKOFF_S[1])
+            spent = time.monotonic() - start
+            if spent + pause > timeout:
+                raise BosenError(f"partitions could not move within {timeout:g}s: {tries} plans in {spent:.1f}s, "
+                                 f"{held_tries} met a checkpoint boundary between the workers' clocks, "
+                                 f"{tries - held_tries} servers at different positions of a backup table's step"
+                                 f"{f' (last: {apart})' if apart else ''}")
+            mover.check()
+            time.sleep(pause)
+            if held:
+                backoff = min(2 * backoff, BACKOFF_S[1])
         incoming: list[dict[str, np.ndarray]] = [{} for _ in range(len(everyone))]
         nbytes = 0
         t1 = time.perf_counter()

@@ -55,7 +55,7 @@ from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
 from bosen.jobs.cluster import LocalCluster
 from bosen.jobs.job import MetricsMerger
-from bosen.jobs.moves import MoveReport, scale_servers
+from bosen.jobs.moves import MoveReport, current_servers, scale_servers
 from bosen.jobs.supervise import Process
 from bosen.security import Security
 
@@ -335,7 +335,7 @@ class Scaler:
         step.mover = None
         before, n = step.servers
         if step.failure is not None:
-            raise ScaleError(f"--servers {n}: {step.failure}")
+            raise ScaleError(f"--servers {n}: {step.failure}{self._drop_joined(step)}")
         cluster, ray, report = self.launcher.cluster, self.launcher.ray_job, step.report
         assert cluster is not None and report is not None
         self.launcher.servers_changed = True  # the job follows its servers' list and map from here on
@@ -348,6 +348,30 @@ class Scaler:
                         f"moved, sends paused {report.pause_s:.2f}s")
         step.phase, step.kept = "propose", step.lines[-1]
         self._next(step)
+
+    def _drop_joined(self, step: _Step) -> str:
+        """After a failed move: the servers that joined for it stop and leave the launcher's list (their
+        Ray actors released) where server 0 still lists the old servers (none took the new map), and
+        the job runs on with those; what became of them, for the step's error."""
+        before, n = step.servers
+        cluster, ray = self.launcher.cluster, self.launcher.ray_job
+        assert cluster is not None
+        if n <= before:
+            return ""
+        try:
+            listed = len(current_servers(self.launcher.config))
+        except BosenError as e:
+            return f"; the joined servers keep running: server 0 did not say which servers the job has ({e})"
+        if listed != before:
+            return f"; the joined servers keep running: server 0 lists {listed} servers"
+        names = []
+        for i in range(n - 1, before - 1, -1):
+            names.append(cluster.servers[i].name)
+            cluster.drop_joined(i)
+            if ray is not None:
+                ray.release(f"server-{i}")
+        return (f"; {', '.join(reversed(names))} stopped{' and their Ray actors released' if ray else ''}, "
+                f"back to {before} servers")
 
     def _check_servers(self, n: Any) -> bool:
         """ScaleError if the job cannot run on ``n`` servers; whether that changes anything."""

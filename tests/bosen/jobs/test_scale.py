@@ -354,6 +354,37 @@ def test_a_server_joins_after_a_worker_finished_and_the_launcher_answers_while_t
     _every_checkpoint_and_the_end_exact(run, cfg, iterations)
 
 
+@pytest.mark.timeout(150)
+def test_a_failed_servers_step_stops_its_joined_server_and_the_job_runs_on_exact(tmp_path):
+    """Servers 2 -> 3 whose partition move fails before its plan ($BOSEN_FAULT=hold-move, its file
+    saying ``fail``; both workers held before clock 31 meanwhile): the step's error names the joined
+    server as stopped, the launcher's status shows 2 servers again, and the job finishes on those with
+    every checkpoint and the end exact."""
+    iterations = 40
+    path, cfg = _lda_job(tmp_path, iterations)
+    run = (tmp_path / "run").resolve()
+    go, move = tmp_path / "go", tmp_path / "move"
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-clock:0:31:{go};hold-move:{move}"})
+    lines, failed, step = _scale_thread(run, servers=3)
+    try:
+        _wait_clock(p, run, 3)
+        step.start()
+        _until(p, run, (tmp_path / "move.held").exists, "the partition move did not hold before its plan")
+        assert launcher_status(run)["servers"] == 3
+        move.write_text("fail")
+        step.join(timeout=60)
+        assert not step.is_alive() and len(failed) == 1, (failed, lines)
+        assert re.search(r"failed on purpose.*server-2 stopped, back to 2 servers", str(failed[0])), failed
+        said = launcher_status(run)
+        assert said["servers"] == 2 and said["scaling"] is None, said
+        go.write_text("go")
+        out = _output(p, run, 90)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations)
+
+
 @pytest.mark.timeout(120)
 def test_a_launcher_stopped_while_its_partition_move_is_held_stops_cleanly(tmp_path):
     """SIGTERM to a launcher whose servers step is held before its plan ($BOSEN_FAULT=hold-move): the
