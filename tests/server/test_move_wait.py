@@ -3,12 +3,20 @@
 
 from __future__ import annotations
 
+import re
+import threading
+import time
+
+import numpy as np
 import pytest
 import zmq
 from rawpeer import Raw
 
 from bosen import config as config_mod
 from bosen import wire
+from bosen.errors import BosenError
+from bosen.jobs.job import job_config
+from bosen.jobs.moves import current_map, move_partitions
 from bosen.wire import Msg
 
 
@@ -80,6 +88,65 @@ def test_a_move_waits_for_no_rank_that_left_or_finished_without_connecting(bosen
         for m in (m0, m1):
             _answered(m, _step(m, "abort", 2))
     finally:
+        for p in peers:
+            p.close()
+        ctx.term()
+    c.check()
+
+
+@pytest.mark.timeout(60)
+def test_plans_that_keep_meeting_a_checkpoint_boundary_are_retried_until_the_moves_timeout(bosen_cluster, tmp_path):
+    """One server checkpointing every clock, rank 0 clocked past the boundary that rank 1 has not reached:
+    its CLOCK is held there for good, so every plan meets a boundary. The mover (``move_partitions``)
+    gives each plan up and tries again after a backoff until its timeout, not after a fixed count of
+    plans (a legitimate scale under load used to fail after five), and its error says how many plans
+    met a boundary and for how long it tried. The hand-made clients pause on each PLAN."""
+    data = job_config([], 2, tables={"W": {"rows": 4, "cols": 1}}, partitions=2)
+    data["checkpoint"] = {"every_clocks": 1, "dir": str(tmp_path / "ck")}
+    c = bosen_cluster(1, config=data)
+    cfg = config_mod.load(c.path)
+    fp = cfg.fingerprint()
+    ctx = zmq.Context()
+    peers = [Raw(ctx, c.addresses[0]), Raw(ctx, c.addresses[0])]
+    stop = threading.Event()
+    plans: list[int] = []
+
+    def pause() -> None:  # each client pauses on every plan, as a real one does after its next clock
+        poller = zmq.Poller()
+        for p in peers:
+            poller.register(p.sock, zmq.POLLIN)
+        while not stop.is_set():
+            for sock, _ in poller.poll(50):
+                p = next(q for q in peers if q.sock is sock)
+                h, _ = p.recv()
+                if h["t"] == Msg.PLAN and not h.get("x"):
+                    plans.append(h["mv"])  # to both clients, each plan
+                    p.send({"t": Msg.PAUSED, "mv": h["mv"]})
+
+    t = threading.Thread(target=pause)
+    try:
+        for rank, p in enumerate(peers):
+            p.send({"t": Msg.HELLO, "rank": rank, "fp": fp})
+            assert p.recv()[0]["t"] == Msg.WELCOME
+        peers[0].send({"t": Msg.CLOCK, "c": 1})
+        peers[0].send({"t": Msg.CLOCK, "c": 2})  # past the boundary at 1, which rank 1 has not reached: held
+        deadline = time.monotonic() + 20
+        while c.status()[0]["checkpoints"]["held_clients"] != 1:
+            assert time.monotonic() < deadline, c.status()[0]["checkpoints"]
+            time.sleep(0.02)
+        t.start()
+        start = time.monotonic()
+        with pytest.raises(BosenError, match=r"could not move within 2s: (\d+) plans in [\d.]+s, \1 met a checkpoint "
+                                             r"boundary") as e:
+            move_partitions(cfg, np.zeros(2, dtype=np.int32), timeout=2.0)
+        took = time.monotonic() - start
+        tries = int(re.search(r"(\d+) plans", str(e.value)).group(1))
+        assert tries >= 3 and len(plans) == 2 * tries and took >= 1.0, (str(e.value), plans, took)
+        assert current_map(cfg)[0] == 0  # nothing moved
+    finally:
+        stop.set()
+        if t.is_alive():
+            t.join(timeout=10)
         for p in peers:
             p.close()
         ctx.term()
