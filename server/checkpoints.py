@@ -75,6 +75,16 @@ class ServerCheckpoints:
         self.servers = len(config.cluster.servers)
         self._floor = 0  # undo_floor's last answer
         self.moved: list[tuple[int, int]] = []  # (clock, map version) of the move parts saved (save_move)
+        # a replacement restored from the newest complete checkpoint: its predecessor's parts of later
+        # boundaries, on disk and holding exactly the ticks below their clock, are not saved again
+        self.kept: set[int] = set()
+
+    def restored_complete(self, clock: int, kept: list[int]) -> None:
+        """This server (a lost one's replacement) was restored from its part of the newest complete
+        checkpoint, ``clock``; its predecessor's parts of the boundaries ``kept`` stay as they are
+        (their corrections too) rather than being rewritten while a replacement may read them."""
+        self._floor = max(self._floor, clock)
+        self.kept = set(kept)
 
     def base_next(self, shards: list[TableShard]) -> None:
         """Priority checkpoints: partitions moved (or this server was restored from its part of a
@@ -128,13 +138,13 @@ class ServerCheckpoints:
         if clock > server_clock:
             self.choose(clock)
             return True
-        return clock in self.saved or clock == self.deferred
+        return clock in self.saved or clock in self.kept or clock == self.deferred
 
     def crossed(self, old: int, new: int) -> int | None:
         """The boundary to save at, reached moving the server clock from ``old`` to ``new``, if any:
         every boundary, or under a time rule those client rank 0 chose."""
         b = self.boundary_after(old)
-        if b > new:
+        if b > new or b in self.kept:
             return None
         if self.timed:
             if b not in self.chosen:
@@ -240,7 +250,7 @@ class ServerCheckpoints:
         """The newest clock whose part is on disk (-1: none yet): clients may forget what they sent
         before it (partial recovery starts from it)."""
         w = self.writer.written
-        return w[-1][0] if w else -1
+        return max(w[-1][0] if w else -1, max(self.kept, default=-1))
 
     def correct(self, rank: int, since: int, held: int, back: list[tuple[int, int, UpdateBatch]]) -> list[int]:
         """Worker ``rank``'s updates of ticks >= ``since`` were just taken back (``back``: (tick, table,
@@ -304,7 +314,7 @@ class ServerCheckpoints:
 
 def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own: bool = False,
             redo: dict[int, tuple[int, int]] | None = None, servers: int | None = None,
-            info: dict[str, Any] | None = None) -> int:
+            info: dict[str, Any] | None = None, complete: Complete | None = None) -> int:
     """Load this server's part of a checkpoint into ``shards``; returns its clock.
 
     ``path`` is a checkpoint (``.../clock-N``) or a directory of them: then the newest complete one
@@ -315,7 +325,9 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
     together: every valid part of this server up to that clock, oldest first, from the newest
     valid base (a part of every row) or else the initial values. ``servers``: the job's servers now,
     where they joined or left (default the config's); ``info``: filled with the restored part's info
-    (the ranks' clocks it saved). ConfigError says what does not fit."""
+    (the ranks' clocks it saved); ``complete`` (with ``own``, a server whose lost workers are taken
+    back): restore from this server's part of the newest *complete* checkpoint where it can, not its
+    newest own part (``_complete_instead``), and say so there. ConfigError says what does not fit."""
     servers = len(config.cluster.servers) if servers is None else servers
     any_fp = checkpoint.fingerprint_for(config)  # a resumed job may have other workers (micro-tasks)
     base = path
@@ -328,6 +340,11 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
             return 0
         if own and (checkpoint.clocks(path) or checkpoint.moves(path)):
             part = _newest_own(path, rank, config, any_fp)
+            if complete is not None:
+                older = _complete_instead(path, rank, part, servers, any_fp, complete)
+                if older is None:  # no complete checkpoint yet: the initial values, every client resends all
+                    return 0
+                part = older
             clock = int(part.meta["clock"])
         elif checkpoint.clocks(path):
             clock, parts, skipped = checkpoint.newest_complete(path, servers, None, any_fp, exact=True)
@@ -367,6 +384,61 @@ def restore(config: Config, rank: int, shards: list[TableShard], path: Path, own
     log.info("server %d resumed from %s at clock %d (%d part%s)", rank, part.path, clock, len(chain),
              "" if len(chain) == 1 else "s")
     return clock
+
+
+class Complete:
+    """A replacement server's choice between its newest own part and its part of the newest complete
+    checkpoint (``_complete_instead``): ``left``, in: the clocks at which ranks left the job by BYE
+    (not finished ones); out: ``clock``, the complete checkpoint restored from (None: the newest own
+    part was), and ``kept``, the clocks of this server's parts on disk newer than it (its
+    predecessor's), which hold exactly the ticks below their clock and are not saved again."""
+
+    def __init__(self, left: list[int]) -> None:
+        self.left = left
+        self.clock: int | None = None
+        self.kept: list[int] = []
+
+
+def _complete_instead(base: Path, rank: int, own: checkpoint.Part, servers: int, any_fp: Callable[[int], str],
+                      how: Complete) -> checkpoint.Part | None:
+    """The part a replacement of a server whose lost workers are taken back restores: its part of the
+    newest complete checkpoint C (None: there is none; the initial values at clock 0), not its newest
+    own part (clock S), so its take-back log reaches back to C, the oldest clock a lost worker's
+    replacement restarts from; the clients resend from C (they keep their logs from there, SCLOCK
+    ``cp``). Its newest own part where C's cannot serve: a partition move or servers joined or left
+    since C (C's part has another map), or a rank left the job after C (what it sent since is in no
+    resend log); there a worker lost later and restarted from before S counts its ticks below S
+    twice on this server (docs/recovery.md)."""
+    try:
+        clock, parts, _ = checkpoint.newest_complete(base, servers, None, any_fp)
+        older: checkpoint.Part | None = parts.get(checkpoint.part_name("server", rank))
+    except checkpoint.CheckpointError:
+        clock, older = 0, None
+    s = int(own.meta["clock"])
+    if clock >= s and own.info.get("move") is None:  # the newest own part is the complete one's
+        how.clock = s
+        return own
+    if own.info.get("move") is not None:
+        why = "a partition move since"
+    elif _map_version(own) != (0 if older is None else _map_version(older)) \
+            or own.info.get("servers") != (None if older is None else older.info.get("servers")):
+        why = "partitions moved or servers joined or left since"
+    elif any(left > clock for left in how.left):
+        why = "a worker rank left the job since"
+    elif clock and older is None:
+        why = "no part of this server there"
+    else:
+        how.clock = clock
+        how.kept = [c for c in checkpoint.clocks(base) if clock < c <= s
+                    and (checkpoint.clock_dir(base, c) / own.path.name / checkpoint.META).exists()]
+        log.warning("server %d restores its part of the newest complete checkpoint (clock %d), not its newest part "
+                    "(clock %d): a lost worker's replacement restarts from there, and this server takes back its "
+                    "updates since then; the clients resend from clock %d", rank, clock, s, clock)
+        return older
+    log.warning("server %d restores its newest part (clock %d), not its part of the newest complete checkpoint "
+                "(clock %d): %s; a worker lost later and restarted from before clock %d counts its ticks below it "
+                "twice here", rank, s, clock, why, s)
+    return own
 
 
 def _chain(base: Path, part: checkpoint.Part, clock: int, config: Config,

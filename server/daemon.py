@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from bosen.security import Authenticator, KeyFileError, Security, is_loopback, l
 from bosen.security import describe as describe_security
 from bosen.server import procedures
 from bosen.server.backup import BackupStep
-from bosen.server.checkpoints import ServerCheckpoints, restore
+from bosen.server.checkpoints import Complete, ServerCheckpoints, restore
 from bosen.server.moves import Joining, PartitionMoves
 from bosen.server.shard import TableShard
 from bosen.server.undo import UndoLog
@@ -52,6 +52,15 @@ MAX_RUNS = 4  # a push to a subscriber whose rows are at most this many runs of 
 PROBE_S = 2.0
 HEARTBEAT_IVL_MS = 2000
 HEARTBEAT_TIMEOUT_MS = 10000
+
+
+def _left_since(shape: Joining | None, gone: Sequence[int]) -> list[int]:
+    """The clocks at which worker ranks left a job that scaled (BYE, ``bosen scale``), but for the ranks
+    that ended their clocks (``gone``): a replacement restored from before one cannot be made whole."""
+    if shape is None or shape.left_at is None:
+        return []
+    return [int(x) for r, (live, x) in enumerate(zip(shape.client_clocks, shape.left_at, strict=True))
+            if live == "left" and x is not None and r not in gone]
 
 
 @dataclass
@@ -149,8 +158,11 @@ class Server:
         self._rotation = 0
         self._restored_redo: dict[int, tuple[int, int]] = {}  # a recovered part's corrections: rank -> (C, T)
         part: dict[str, Any] = {}  # the restored part's info (partial recovery)
+        # a replacement of a server whose lost workers are taken back restores its part of the newest
+        # complete checkpoint (where it can): it then takes back anything a lost worker's replacement redoes
+        complete = Complete(_left_since(shape, gone)) if recover and hold_lost and config.checkpoint else None
         self.clock = restore(config, rank, self.shards, resume, own=recover, redo=self._restored_redo,
-                             servers=len(self.addresses), info=part) if resume is not None else 0
+                             servers=len(self.addresses), info=part, complete=complete) if resume is not None else 0
         if shape is not None and self.shards[0].partition.version != shape.version:
             # rows it gained by a move after its part are in no part of its own: the job must resume whole
             raise ValueError(f"--recover: server {rank}'s newest checkpoint part was saved under partition map "
@@ -204,6 +216,8 @@ class Server:
             for r, at in later.items():
                 b.joined(r, at)
         self.checkpoints = ServerCheckpoints(config, rank) if config.checkpoint is not None else None
+        if self.checkpoints is not None and complete is not None and complete.clock is not None:
+            self.checkpoints.restored_complete(complete.clock, complete.kept)
         if self.checkpoints is not None:
             self.checkpoints.start_running(self.shards)
             if resume is not None:  # priority checkpoints: parts before a restart are never chained with later ones
@@ -1230,7 +1244,11 @@ class Server:
             if self.undo is not None:  # what came before the newest complete checkpoint is not taken back
                 # a replacement redoing its ticks rewrites its parts of them: until it is past its rank's
                 # clock the newest complete checkpoint may go back to the one it restarted from
-                self.undo.trim(min([ck.undo_floor(), *self._redoing.values()]))
+                floor = min([ck.undo_floor(), *self._redoing.values()])
+                self.undo.trim(floor)
+                # a replacement of this server restores the newest complete checkpoint's part: clients
+                # keep what they sent from there (not from this server's newest part)
+                extra["cp"] = min(extra["cp"], floor)
             if ck.timed:
                 extra["ts"] = ck.mean_save_s()
         redo = {}

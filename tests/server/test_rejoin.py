@@ -180,20 +180,25 @@ def test_ranks_that_left_unblock_a_server_that_waits_for_them(bosen_cluster) -> 
 
 
 @pytest.mark.timeout(90)
-def test_a_part_saved_before_a_take_back_is_corrected_when_a_replacement_server_restores_it(bosen_cluster,
-                                                                                         tmp_path) -> None:
+def test_a_part_saved_before_a_take_back_is_corrected_and_a_worker_lost_after_the_server_is_taken_back_exactly(
+        bosen_cluster, tmp_path) -> None:
     """Worker rank 1 is replaced from clock 2 while the server's part of clock 4 already holds its updates
-    of ticks 2 and 3: the take-back writes a correction beside that part. The server is then lost and
-    restored from that part: it holds rank 1's updates below 2 only (the correction taken out again),
-    and tells rank 1 to resend from 2, rank 0 from 4."""
+    of ticks 2 and 3: the take-back writes a correction beside that part. The server is then lost; the
+    newest complete checkpoint is 2 (the workers' parts of 4 never came), so its replacement restores
+    its part of 2, not of 4, and every rank resends from 2. Worker rank 0 is then lost too and replaced
+    from 2: the server takes back all of its ticks 2..5, and after the redo the table holds exactly the
+    counts of a run without either loss (restored from 4, rank 0's ticks 2 and 3 would be in its values,
+    not in its take-back log, and count twice: 8 instead of 6)."""
     import signal
 
+    from bosen import checkpoint
     from bosen.jobs.job import job_config
 
     data = job_config([], 2, tables={"W": {"rows": 2, "cols": 1, "dtype": "int64"}})
     data["checkpoint"] = {"every_clocks": 2, "dir": str(tmp_path / "ck"), "keep": 10}
     c = bosen_cluster(1, config=data, server_args=["--hold-lost"])
-    fp = config_mod.load(c.path).fingerprint()
+    cfg = config_mod.load(c.path)
+    fp = cfg.fingerprint()
     ctx = zmq.Context()
     peers: list[Raw] = []
 
@@ -201,20 +206,36 @@ def test_a_part_saved_before_a_take_back_is_corrected_when_a_replacement_server_
         r.send({"t": Msg.INC, "tb": 0, "n": 1, "dt": "int64", "sp": False}, np.array([row], np.int64),
                np.array([[v]], np.int64))
 
+    def ticks(r: Raw, row: int, v: int, first: int, last: int) -> None:
+        for t in range(first, last):
+            inc(r, row, v)
+            _clock(r, t + 1)
+
+    def wait_part(clock: int) -> None:
+        meta = tmp_path / "ck" / f"clock-{clock:08d}" / "server-0" / "meta.json"
+        deadline = time.monotonic() + 30
+        while not meta.exists():
+            assert time.monotonic() < deadline, f"no part at clock {clock}"
+            time.sleep(0.02)
+
+    def read(r: Raw) -> np.ndarray:
+        s = r.send({"t": Msg.READ, "tb": 0, "n": 2, "c": 0}, np.array([0, 1], np.int64))
+        while True:
+            got, frames = r.recv()
+            if got["t"] == Msg.ROWS and got.get("rq") == s:
+                return np.frombuffer(frames[1], np.int64)
+
     try:
         a, _ = _hello(ctx, c.addresses[0], fp, 0)
         b, _ = _hello(ctx, c.addresses[0], fp, 1)
         peers += [a, b]
         for t in range(4):  # ticks 0-3: rank 0 adds 1 to row 0, rank 1 adds 10 to row 1
-            inc(a, 0, 1)
-            inc(b, 1, 10)
-            _clock(a, t + 1)
-            _clock(b, t + 1)
-        meta = tmp_path / "ck" / "clock-00000004" / "server-0" / "meta.json"
-        deadline = time.monotonic() + 20
-        while not meta.exists():
-            assert time.monotonic() < deadline, "no part at clock 4"
-            time.sleep(0.02)
+            ticks(a, 0, 1, t, t + 1)
+            ticks(b, 1, 10, t, t + 1)
+        wait_part(4)
+        for rank in (0, 1):  # the workers' parts of clock 2 (not of 4): the newest complete checkpoint is 2
+            checkpoint.write_part(tmp_path / "ck", 2, "worker", rank, {"tick": np.array([2])}, {},
+                                  checkpoint.model_fingerprint(cfg), workers=2)
         b2, h = _hello(ctx, c.addresses[0], fp, 1, rp=2)  # rank 1 replaced from the checkpoint at clock 2
         peers.append(b2)
         assert h["t"] == Msg.WELCOME, h
@@ -225,36 +246,31 @@ def test_a_part_saved_before_a_take_back_is_corrected_when_a_replacement_server_
         a2, h0 = _hello(ctx, c.addresses[0], fp, 0)
         b3, h1 = _hello(ctx, c.addresses[0], fp, 1)
         peers += [a2, b3]
-        assert (h0["rc"], h1["rc"]) == (4, 2), (h0, h1)
-        s = a2.send({"t": Msg.READ, "tb": 0, "n": 2, "c": 0}, np.array([0, 1], np.int64))
-        while True:
-            got, frames = a2.recv()
-            if got["t"] == Msg.ROWS and got.get("rq") == s:
-                break
-        # rank 0's four ticks; rank 1's ticks 0 and 1 only (its 2 and 3, in the part, taken out again)
-        np.testing.assert_array_equal(np.frombuffer(frames[1], np.int64), [4, 20])
-        # rank 1 redoes ticks 2, 3; both run ticks 4, 5: the replacement server's own part of clock 6
-        for t in range(2, 6):
-            if t >= 4:
-                inc(a2, 0, 1)
-                _clock(a2, t + 1)
-            inc(b3, 1, 10)
-            _clock(b3, t + 1)
-        meta = tmp_path / "ck" / "clock-00000006" / "server-0" / "meta.json"
-        while not meta.exists():
-            assert time.monotonic() < deadline + 20, "no part at clock 6"
-            time.sleep(0.02)
-        # then rank 0 is lost and replaced from clock 2: the take-back makes this server's part of 6 stale
-        # and its predecessor's part of 4 too (a file it did not write, found on disk); rank 0's ticks 2
-        # and 3 are in the part it was restored from, not in its log, and it says they count twice
+        assert h1["rc"] == 2, h1  # rank 1's ticks 2 and 3 were taken back: it resends (redoes) them
+        # what the replacement restored: each rank's ticks below the clock its resend starts at
+        np.testing.assert_array_equal(read(a2), [h0["rc"], 20])
+        ticks(a2, 0, 1, h0["rc"], 4)  # rank 0 resends what it sent since that clock, rank 1 redoes 2 and 3
+        ticks(b3, 1, 10, 2, 4)
+        ticks(a2, 0, 1, 4, 6)  # both run ticks 4 and 5: the replacement server's own part of clock 6
+        ticks(b3, 1, 10, 4, 6)
+        wait_part(6)
+        np.testing.assert_array_equal(read(a2), [6, 60])
+        # then rank 0 is lost and replaced from clock 2 (still the newest complete checkpoint): the take-back
+        # makes this server's part of 6 stale and its predecessor's part of 4 too (a file it did not write,
+        # found on disk, and kept: the replacement did not save 4 again)
         a3, h = _hello(ctx, c.addresses[0], fp, 0, rp=2)
         peers.append(a3)
         assert h["t"] == Msg.WELCOME, h
+        ticks(a3, 0, 1, 2, 6)  # its redo
+        # exact: the counts of a run without either loss (each rank's six ticks once)
+        np.testing.assert_array_equal(read(a3), [6, 60])
+        assert h0["rc"] == 2, h0  # every rank resent from the newest complete checkpoint
         for clock in (4, 6):
             assert (tmp_path / "ck" / f"clock-0000000{clock}" / "redo.server-0.rank-0.npz").exists(), clock
         out = c.servers[0].output()
-        assert "lost worker rank 0's updates of ticks 2..3 are in the checkpoint part this server was restored " \
-               "from" in out, out[-2000:]
+        assert "restores its part of the newest complete checkpoint (clock 2), not its newest part (clock 4)" \
+            in out, out[-2000:]
+        assert "in the checkpoint part this server was restored from" not in out, out[-2000:]
         assert "Traceback" not in out
     finally:
         for r in peers:
