@@ -55,12 +55,14 @@ HEARTBEAT_TIMEOUT_MS = 10000
 
 
 def _left_since(shape: Joining | None, gone: Sequence[int]) -> list[int]:
-    """The clocks at which worker ranks left a job that scaled (BYE, ``bosen scale``), but for the ranks
-    that ended their clocks (``gone``): a replacement restored from before one cannot be made whole."""
-    if shape is None or shape.left_at is None:
-        return []
-    return [int(x) for r, (live, x) in enumerate(zip(shape.client_clocks, shape.left_at, strict=True))
-            if live == "left" and x is not None and r not in gone]
+    """The clocks at which worker ranks left the job (BYE; ``bosen scale``'s leavers): what they sent
+    after a part is in no resend log, so a replacement restores no part older than those clocks. A
+    rank that ended its clocks (``gone``) counts as leaving at the end (GONE): when is not known here."""
+    left = [GONE for _ in gone]
+    if shape is not None and shape.left_at is not None:
+        left += [int(x) for r, (live, x) in enumerate(zip(shape.client_clocks, shape.left_at, strict=True))
+                 if live == "left" and x is not None and r not in gone]
+    return left
 
 
 @dataclass
