@@ -188,7 +188,8 @@ def test_a_part_saved_before_a_take_back_is_corrected_and_a_worker_lost_after_th
     its part of 2, not of 4, and every rank resends from 2. Worker rank 0 is then lost too and replaced
     from 2: the server takes back all of its ticks 2..5, and after the redo the table holds exactly the
     counts of a run without either loss (restored from 4, rank 0's ticks 2 and 3 would be in its values,
-    not in its take-back log, and count twice: 8 instead of 6)."""
+    not in its take-back log, and count twice: 8 instead of 6). The server lost once more, once 6 is
+    complete, is restored from its part of 6 with the correction for rank 0 taken out again."""
     import signal
 
     from bosen import checkpoint
@@ -272,6 +273,21 @@ def test_a_part_saved_before_a_take_back_is_corrected_and_a_worker_lost_after_th
             in out, out[-2000:]
         assert "in the checkpoint part this server was restored from" not in out, out[-2000:]
         assert "Traceback" not in out
+        # the workers' parts of 6 come: 6 is complete, and its server part holds rank 0's lost ticks 2..5
+        # (corrected beside it). The server is lost again: its replacement restores 6, takes the correction
+        # out, and rank 0 resends its redo from 2, rank 1 from 6
+        for rank in (0, 1):
+            checkpoint.write_part(tmp_path / "ck", 6, "worker", rank, {"tick": np.array([6])}, {},
+                                  checkpoint.model_fingerprint(cfg), workers=2)
+        c.stop_server(0, signal.SIGKILL)
+        c.replace_server(0, ["--resume", str(tmp_path / "ck"), "--recover"])
+        a4, h0 = _hello(ctx, c.addresses[0], fp, 0)
+        b4, h1 = _hello(ctx, c.addresses[0], fp, 1)
+        peers += [a4, b4]
+        assert (h0["rc"], h1["rc"]) == (2, 6), (h0, h1)
+        np.testing.assert_array_equal(read(a4), [2, 60])
+        ticks(a4, 0, 1, 2, 6)
+        np.testing.assert_array_equal(read(a4), [6, 60])
     finally:
         for r in peers:
             r.close()
