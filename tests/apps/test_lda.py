@@ -777,15 +777,16 @@ def test_e2e_malformed_input_fails_naming_file_and_line(tmp_path):
 def test_e2e_resume_continues_the_chain_exactly(tmp_path, sampler):
     """One worker at staleness 0 is deterministic, so a job stopped after its checkpoint at clock 6
     and resumed ends with exactly the counts of the job that ran through (topic assignments,
-    doc-topic counts, the sweep count and the sparse sampler's phase come back from the worker's part)."""
-    cfg = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 1},
+    doc-topic counts, the sweep count and the sparse sampler's phase come back from the worker's part;
+    one server: the worker's state is the point)."""
+    cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 1},
            "consistency": {"staleness": 0},
            "tables": {"word_topic": {"rows": 300, "cols": 10, "dtype": "int32"},
                       "topic_summary": {"rows": 1, "cols": 10, "dtype": "int32"}},
            "app": {"module": "bosen.apps.lda", "args": {**SYN, "iterations": 12, "batches_per_clock": 2,
                                                          "sampler": sampler}},
            "checkpoint": {"every_clocks": 3}}
-    da, db = whole_and_resumed(cfg, tmp_path, 6, 2, 1)
+    da, db = whole_and_resumed(cfg, tmp_path, 6, 1, 1)
     np.testing.assert_array_equal(np.load(db / "word_topic.npy"), np.load(da / "word_topic.npy"))
     a, b = _clocks(da), _clocks(db)
     assert [x["clock"] for x in b] == [x["clock"] for x in a]
@@ -1122,13 +1123,14 @@ def _client_stats(run_dir: Path) -> dict[int, dict]:
 @pytest.mark.timeout(120)
 @pytest.mark.slow
 def test_e2e_sparse_word_topic_gives_the_dense_tables_results(tmp_path):
-    """One worker at staleness 0 (deterministic), 2 servers: a word_topic with ``storage: sparse``
-    gives the dense table's objectives, final log-likelihood and counts bit for bit, and the client
-    holds only the rows of words the corpus holds."""
+    """One worker at staleness 0 (deterministic), one server (a sparse table partitioned across servers:
+    tests/server/test_sparse_storage.py): a word_topic with ``storage: sparse`` gives the dense table's
+    objectives, final log-likelihood and counts bit for bit, and the client holds only the rows of words
+    the corpus holds."""
     args = {**SYN, "iterations": 4, "batches_per_clock": 2, "ll_every": 1}
     runs = {}
     for storage in ("dense", "sparse"):
-        p, run_dir = _launch(tmp_path, 300, 10, args, servers=2, workers=1, staleness=0,
+        p, run_dir = _launch(tmp_path, 300, 10, args, workers=1, staleness=0,
                              word_topic={"storage": storage}, name=storage)
         assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
         runs[storage] = run_dir

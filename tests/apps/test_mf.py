@@ -273,12 +273,13 @@ def test_train_csv_ids_must_fit_tables(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# end to end through `bosen launch` (2 workers, SSP staleness 2)
+# end to end through `bosen launch` (2 workers, SSP staleness 2; one server: the app learning is the
+# point, not partitioning rows across servers)
 
 
 E2E_CONFIG = """\
 cluster:
-  servers: ["127.0.0.1:0", "127.0.0.1:0"]
+  servers: ["127.0.0.1:0"]
   workers: 2
 consistency:
   staleness: 2

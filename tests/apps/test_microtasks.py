@@ -435,7 +435,9 @@ def test_sgd_tasks_moved_mid_run_make_the_same_updates(tmp_path, monkeypatch, ap
 
 
 def _lda_job(tmp_path: Path, micro_tasks: int) -> tuple[Path, dict]:
-    cfg = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
+    """One server: the micro-tasks' hand-off is the point (a replaced worker's take-back on two
+    servers: tests/bosen/jobs/test_replace_worker.py)."""
+    cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 2},
            "consistency": {"staleness": 0}, "checkpoint": {"every_clocks": 3, "keep": 5},
            "tables": {"word_topic": {"rows": 150, "cols": 5, "dtype": "int32"},
                       "topic_summary": {"rows": 1, "cols": 5, "dtype": "int32"}},
@@ -460,13 +462,13 @@ def test_lda_job_checkpointed_by_two_workers_resumes_with_another_count(tmp_path
     final assignments (each token counted once) and every task swept once per batch and iteration."""
     path, cfg = _lda_job(tmp_path, 8)
     run = tmp_path / "run"
-    run_until_checkpoint(path, run, 6, 2, 2)
+    run_until_checkpoint(path, run, 6, 1, 2)
     p = _resume(path, run, workers)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert f"made by 2 workers; its 8 micro-tasks go to {workers} workers" in p.stdout
     last = checkpoint.clocks(run / "checkpoints")[0]
     assert last == 12  # 1 opening clock + 11 iterations: the final clock is a boundary
-    parts = checkpoint.check_complete(run / "checkpoints", last, 2, None, None)
+    parts = checkpoint.check_complete(run / "checkpoints", last, 1, None, None)
     assert checkpoint.checkpoint_workers(checkpoint.clock_dir(run / "checkpoints", last)) == workers
     states: dict[str, np.ndarray] = {}
     for name, part in parts.items():
@@ -507,7 +509,7 @@ def test_lda_job_checkpointed_by_two_workers_resumes_with_another_count(tmp_path
 def test_resume_with_more_workers_than_tasks_is_refused(tmp_path):
     path, _ = _lda_job(tmp_path, 0)  # one task per worker: 2
     run = tmp_path / "run"
-    run_until_checkpoint(path, run, 3, 2, 2)
+    run_until_checkpoint(path, run, 3, 1, 2)
     p = _resume(path, run, 3)
     assert p.returncode == 1
     assert "made by 2 workers, which hold 2 micro-tasks: --workers 3 leaves workers without one (at most 2)" \
@@ -548,7 +550,7 @@ def test_lda_worker_sigkilled_has_its_micro_tasks_restored_and_the_job_finishes(
         while True:
             assert p.poll() is None and time.monotonic() < deadline, "the job ended or stalled before clock 6"
             try:
-                checkpoint.check_complete(run / "checkpoints", 6, 2, 2, None)
+                checkpoint.check_complete(run / "checkpoints", 6, 1, 2, None)
                 break
             except checkpoint.CheckpointError:
                 time.sleep(0.02)
@@ -565,7 +567,7 @@ def test_lda_worker_sigkilled_has_its_micro_tasks_restored_and_the_job_finishes(
     assert m is not None and int(m.group(1)) >= 6, out[-3000:]
     last = checkpoint.clocks(run / "checkpoints")[0]
     assert last == iterations + 1
-    parts = checkpoint.check_complete(run / "checkpoints", last, 2, 2, None)
+    parts = checkpoint.check_complete(run / "checkpoints", last, 1, 2, None)
     states = {k: v for name, part in parts.items() if name.startswith("worker-")
               for k, v in part.load().items() if k.startswith("task.")}
     assert M.saved_tasks(states) == 8

@@ -55,9 +55,9 @@ def test_resumed_job_continues_the_curve_exactly(tmp_path: Path, app: str) -> No
     the objective and held-out measure of the job that ran through, to float32 rounding (the client's
     cache, which the resumed job reads from the servers, sums a clock's increments in another order
     than the servers do; int tables resume bit for bit, tests/apps/test_lda.py)."""
-    cfg = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 1}, "consistency": {"staleness": 0},
-           "checkpoint": {"every_clocks": 3}, **JOBS[app]}
-    da, db = whole_and_resumed(cfg, tmp_path, 3, 2, 1)
+    cfg = {"cluster": {"servers": ["127.0.0.1:0"], "workers": 1}, "consistency": {"staleness": 0},
+           "checkpoint": {"every_clocks": 3}, **JOBS[app]}  # one server: the worker's state is the point
+    da, db = whole_and_resumed(cfg, tmp_path, 3, 1, 1)
     keys = ("clock", "objective", "heldout_rmse", "heldout_accuracy")
     a = [{k: x.get(k) for k in keys} for x in _clocks(da)]
     b = [{k: x.get(k) for k in keys} for x in _clocks(db)]
@@ -78,11 +78,11 @@ def test_resumed_pytorch_job_goes_on_from_its_step(tmp_path: Path) -> None:
     if not images.FASHION_DIR.is_dir():
         pytest.skip(f"{images.FASHION_DIR} missing: {images.FASHION_INSTALL}")
     cfg = yaml.safe_load((REPO / "configs" / "torch-cnn.yaml").read_text())
-    cfg["cluster"]["workers"] = 1
+    cfg["cluster"] = {"servers": ["127.0.0.1:0"], "workers": 1}  # one server: the step count is the point
     cfg["consistency"]["staleness"] = 0
     cfg["app"]["args"].update(train_samples=4000, test_samples=500, epochs=1)  # 62 steps per epoch
     cfg["checkpoint"] = {"every_clocks": 4}
-    da, db = whole_and_resumed(cfg, tmp_path, 8, 2, 1)
+    da, db = whole_and_resumed(cfg, tmp_path, 8, 1, 1)
     a, b = _clocks(da), _clocks(db)
     # a record per clock (4 steps of its one micro-task; the epoch's last clock has the 2 steps left):
     # 16 clocks, the first 8 kept from before the stop, the rest reported by the resumed job
