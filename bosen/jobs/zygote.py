@@ -141,9 +141,10 @@ class Zygote:
                 env=self._env, process_group=0, preexec_fn=die_with_parent)
         self._sock = mine
 
-    def spawn(self, cmd: Sequence[str], env: Mapping[str, str], cwd: str | Path | None, out: int) -> int | None:
-        """Fork ``cmd`` with ``env`` (the whole environment) in ``cwd``, stdout and stderr to fd
-        ``out``: the child's pid, or None where it must be exec'd instead."""
+    def spawn(self, cmd: Sequence[str], env: Mapping[str, str], cwd: str | Path | None, out: int,
+              err: int | None = None) -> int | None:
+        """Fork ``cmd`` with ``env`` (the whole environment) in ``cwd``, stdout to fd ``out`` and
+        stderr to ``err`` (default: ``out``): the child's pid, or None where it must be exec'd instead."""
         target = fork_target(cmd)
         if target is None or not enabled(env) or os.getpid() != self.supervisor:
             return None
@@ -165,7 +166,7 @@ class Zygote:
                                      "cwd": None if cwd is None else os.fspath(cwd)})
             try:
                 with open(os.devnull, "rb") as null:
-                    socket.send_fds(self._sock, [request], [null.fileno(), out, out])
+                    socket.send_fds(self._sock, [request], [null.fileno(), out, out if err is None else err])
                 self._sock.settimeout(START_TIMEOUT_S)
                 reply = msgpack.unpackb(self._sock.recv(1 << 16))
             except (OSError, ValueError) as e:  # dead or stuck zygote: exec from now on
