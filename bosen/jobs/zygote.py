@@ -150,6 +150,7 @@ class Zygote:
             return None
         if cwd is not None and not os.path.isdir(cwd):
             return None  # Popen raises the error that names it
+        where = os.path.abspath(os.getcwd() if cwd is None else cwd)  # the zygote's own cwd may be another
         with self._lock:
             if self.failed is not None:
                 return None
@@ -163,7 +164,7 @@ class Zygote:
             if startup_difference(self._env, env) is not None:
                 return None
             request = msgpack.packb({"argv": list(cmd), "env": dict(env), "kind": target[0], "target": target[1],
-                                     "cwd": None if cwd is None else os.fspath(cwd)})
+                                     "cwd": where})
             try:
                 with open(os.devnull, "rb") as null:
                     socket.send_fds(self._sock, [request], [null.fileno(), out, out if err is None else err])
@@ -317,8 +318,7 @@ def _child(req: dict[str, Any], fds: list[int], sock: socket.socket, supervisor:
             os._exit(1)  # the supervisor died before the request was armed
         argv, env, kind, target = req["argv"], req["env"], req["kind"], req["target"]
         _show_in_proc(argv, env)
-        if req["cwd"] is not None:
-            os.chdir(req["cwd"])
+        os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(env)
         _take_stdio(bool(env.get("PYTHONUNBUFFERED")))

@@ -34,7 +34,8 @@ sys.exit(int(code))
 """
 
 
-def test_a_forked_child_has_its_argv_env_cwd_group_and_exit_status(tmp_path: Path, bosen_zygote: Zygote) -> None:
+def test_a_forked_child_has_its_argv_env_cwd_group_and_exit_status(tmp_path: Path, bosen_zygote: Zygote,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     script = tmp_path / "show.py"
     script.write_text(SHOW)
     with ProcessGroup(tmp_path / "logs", zygote=bosen_zygote, env={"FZ_X": "y"}) as group:
@@ -43,6 +44,10 @@ def test_a_forked_child_has_its_argv_env_cwd_group_and_exit_status(tmp_path: Pat
         assert p.wait(60) == 3
         out = p.output()
         assert f"argv ['3'] cwd {tmp_path} env y group True parent {os.getpid()}" in out, out
+        monkeypatch.chdir(tmp_path)  # a relative path is the supervisor's, wherever the zygote started
+        r = group.python("relative", "show.py", "0")
+        assert isinstance(r.popen, Forked) and r.wait(60) == 0, r.tail()
+        assert f"cwd {tmp_path} " in r.output()
         s = group.python("sleeper", script, "sleep")
         wait_for_line(s, "argv")
         assert psutil.Process(s.pid).cmdline() == [sys.executable, str(script), "sleep"]  # /proc shows the child's
