@@ -30,7 +30,7 @@ from bosen.jobs.cluster import LocalCluster, resolve_ports
 from bosen.jobs.job import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, start_worker, truncate_records
 from bosen.jobs.scale import Scaler
 from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_exit, wait_any
-from bosen.jobs.zygote import Zygote
+from bosen.jobs.zygote import Zygote, preload_for
 from bosen.metrics import HELDOUT_MEASURES
 from bosen.security import Security, job_keys
 from bosen.security import describe as describe_security
@@ -198,7 +198,7 @@ class Launcher:
                 # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
                 with exporter.serving(self.config.metrics.port, merger, self.config.cluster.workers,
                                       self._servers, self._t0, self.security) as endpoint, \
-                        Zygote(self.run_dir / "logs" / "zygote.log") as zygote, \
+                        Zygote(self.run_dir / "logs" / "zygote.log", preload_for(self.config.app.module)) as zygote, \
                         self._process_group(zygote) as group:
                     if endpoint is not None:
                         self.say(f"metrics on http://{exporter.HOST}:{endpoint.port}/metrics")
