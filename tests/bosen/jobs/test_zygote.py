@@ -5,6 +5,7 @@ start the same way is exec'd; and no zygote outlives its owner."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -30,7 +31,12 @@ if code == "ignore":
     exec({IGNORE_TERM!r})
 if code == "raise":
     raise ValueError("boom from the script")
-sys.exit(int(code))
+if code == "burn":
+    import time
+    t = time.process_time()
+    while time.process_time() - t < 0.3:
+        pass
+sys.exit(int(code) if code.isdigit() else 0)
 """
 
 
@@ -44,6 +50,11 @@ def test_a_forked_child_has_its_argv_env_cwd_group_and_exit_status(tmp_path: Pat
         assert p.wait(60) == 3
         out = p.output()
         assert f"argv ['3'] cwd {tmp_path} env y group True parent {os.getpid()}" in out, out
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        b = group.python("burner", script, "burn")
+        assert b.wait(60) == 0 and b.stop() == 0  # reaped here: its CPU counts as this process's children's
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        assert after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime >= 0.25
         monkeypatch.chdir(tmp_path)  # a relative path is the supervisor's, wherever the zygote started
         r = group.python("relative", "show.py", "0")
         assert isinstance(r.popen, Forked) and r.wait(60) == 0, r.tail()
