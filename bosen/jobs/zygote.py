@@ -143,12 +143,12 @@ class Zygote:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("w") as out, theirs:
             self.popen = subprocess.Popen(
-                # the default list is left out of the command line, where a test looking for a
-                # server's "bosen.server" would find the zygote's "bosen.server.daemon"
-                [sys.executable, "-m", "bosen.jobs.zygote", "--fd", str(theirs.fileno()), "--supervisor",
-                 str(parent), *(["--preload", ",".join(self.preload)] if self.preload != PRELOAD else [])],
+                [sys.executable, "-m", "bosen.jobs.zygote", "--fd", str(theirs.fileno()), "--supervisor", str(parent)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
                 env=self._env, process_group=0, preexec_fn=die_with_parent)
+        # the modules go over the socket, not on the command line: whoever looks for a server by
+        # "bosen.server" in command lines must not find the zygote's "bosen.server.daemon"
+        mine.sendall(msgpack.packb({"preload": list(self.preload)}))
         self._sock = mine
 
     def spawn(self, cmd: Sequence[str], env: Mapping[str, str], cwd: str | Path | None, out: int,
@@ -415,10 +415,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bosen.jobs.zygote", description="fork server of bosen.jobs.supervise")
     ap.add_argument("--fd", type=int, required=True, help="the socket to the supervisor")
     ap.add_argument("--supervisor", type=int, required=True, help="the pid children are reparented to")
-    ap.add_argument("--preload", default=",".join(PRELOAD), help="modules to import before serving")
     args = ap.parse_args(argv)
     sock = socket.socket(fileno=args.fd)
-    for name in filter(None, args.preload.split(",")):
+    first = sock.recv(1 << 16)  # the modules to import before serving
+    if not first:
+        return 0
+    for name in msgpack.unpackb(first)["preload"]:
         importlib.import_module(name)
     _warm_up()
     rest = _sys_path_rest()

@@ -126,6 +126,8 @@ def test_no_zygote_outlives_its_owner(tmp_path: Path) -> None:
         for how in ("close", "kill"):
             o = group.python(f"owner-{how}", "-c", owner, tmp_path / how, how)
             zygote, child = map(int, wait_for_line(o, "pids").split()[1:3])
+            # nobody looking for a server by "bosen.server" in command lines finds the zygote
+            assert "bosen.server" not in " ".join(psutil.Process(zygote).cmdline()), psutil.Process(zygote).cmdline()
             if how == "close":
                 wait_for_line(o, "closed")
                 assert gone(zygote) and gone(child)
