@@ -12,9 +12,11 @@ import compileall
 import os
 import random
 import resource
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -30,7 +32,8 @@ from bosen.jobs.cluster import (
     free_ports,  # noqa: F401  (tests import it from here)
 )
 from bosen.jobs.job import job_config, write_config  # noqa: F401  (tests import them from here)
-from bosen.jobs.supervise import Process, ProcessGroup, tail  # noqa: F401
+from bosen.jobs.supervise import Forked, Process, ProcessGroup, tail  # noqa: F401
+from bosen.jobs.zygote import Zygote
 
 pytest_plugins = ("pytester",)  # tests/bosen/jobs/test_pytest_plugin.py runs pytest on small test files
 
@@ -85,12 +88,42 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+_ZYGOTE: list[Zygote] = []  # the session's (bosen_zygote), for run_cmd
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _run_cmd_zygote(bosen_zygote: Zygote) -> Any:
+    """``run_cmd`` forks ``python -m bosen ...`` from the session's zygote too (bosen/jobs/zygote.py):
+    a launcher's imports cost ~1 s of CPU, and the suite runs hundreds."""
+    _ZYGOTE.append(bosen_zygote)
+    yield
+    _ZYGOTE.clear()
+
+
 def run_cmd(args: Sequence[Any], timeout: float = 60, env: dict[str, str] | None = None,
             cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run a command to completion (stdout/stderr captured); fail the test on timeout."""
+    """Run a command to completion (stdout/stderr captured); fail the test on timeout. A Python
+    command is forked from the session's zygote where it can be (on timeout its process group is killed)."""
+    cmd, full, where = list(map(str, args)), child_env(env), str(cwd or REPO)
+    if _ZYGOTE:
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            pid = _ZYGOTE[0].spawn(cmd, full, where, out.fileno(), err.fileno())
+            if pid is not None:
+                child = Forked(pid)
+                try:
+                    code = child.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    os.killpg(pid, signal.SIGKILL)
+                    child.wait()
+                    out.seek(0)
+                    err.seek(0)
+                    pytest.fail(f"{args} did not finish within {timeout:g}s; output:\n{out.read()}\n{err.read()}")
+                out.seek(0)
+                err.seek(0)
+                return subprocess.CompletedProcess(cmd, code, out.read(), err.read())
     try:
-        return subprocess.run(list(map(str, args)), capture_output=True, text=True, timeout=timeout,
-                              env=child_env(env), cwd=str(cwd or REPO), stdin=subprocess.DEVNULL)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full, cwd=where,
+                              stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"{args} did not finish within {timeout:g}s; output:\n{e.stdout}\n{e.stderr}")
 

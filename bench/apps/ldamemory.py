@@ -125,7 +125,9 @@ def one_job(data: Path, V: int, K: int, iterations: int, storage: str, tmp: Path
     path.write_text(yaml.safe_dump(cfg))
     run_dir = tmp / f"run-{storage}-{time.monotonic_ns()}"
     with _Watch(run_dir) as watch:
-        job = run_job(path, run_dir, timeout=900).check()
+        # exec'd processes (BOSEN_FORK=0): a worker forked from the launcher's zygote shares its pages,
+        # and its RSS would not be the footprint this measures
+        job = run_job(path, run_dir, timeout=900, env={"BOSEN_FORK": "0"}).check()
     held = {r.get("rank", -1): r.get("tables", {}).get("word_topic", {}) for r in job.kind("client")}
     return {rank: {"peak": watch.peak.get(rank), "after_first": watch.after_first.get(rank),
                    "rows_held": held.get(rank, {}).get("rows_held"), "slots": held.get(rank, {}).get("slots"),

@@ -67,7 +67,10 @@ def _role(p: psutil.Process) -> str | None:
 def run(sets: dict[str, Any], run_dir: Path) -> tuple[JobRun, dict[str, list[int]]]:
     """The job, and the peak RSS of each server and worker process (by role)."""
     out: list[JobRun] = []
-    job = threading.Thread(target=lambda: out.append(run_job(CONFIG, run_dir, sets=sets, timeout=1800)))
+    # exec'd processes (BOSEN_FORK=0): one forked from the launcher's zygote shares its pages, and its
+    # RSS would not be the footprint this measures
+    job = threading.Thread(target=lambda: out.append(run_job(CONFIG, run_dir, sets=sets, timeout=1800,
+                                                             env={"BOSEN_FORK": "0"})))
     job.start()
     peak: dict[int, tuple[str, int]] = {}
     me = psutil.Process()

@@ -30,6 +30,7 @@ from bosen.jobs.cluster import LocalCluster, resolve_ports
 from bosen.jobs.job import METRICS, WORKER_RECORDS, JobFailed, MetricsMerger, start_worker, truncate_records
 from bosen.jobs.scale import Scaler
 from bosen.jobs.supervise import Process, ProcessFailed, ProcessGroup, describe_exit, wait_any
+from bosen.jobs.zygote import Zygote, preload_for
 from bosen.metrics import HELDOUT_MEASURES
 from bosen.security import Security, job_keys
 from bosen.security import describe as describe_security
@@ -197,7 +198,8 @@ class Launcher:
                 # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
                 with exporter.serving(self.config.metrics.port, merger, self.config.cluster.workers,
                                       self._servers, self._t0, self.security) as endpoint, \
-                        self._process_group() as group:
+                        Zygote(self.run_dir / "logs" / "zygote.log", preload_for(self.config.app.module)) as zygote, \
+                        self._process_group(zygote) as group:
                     if endpoint is not None:
                         self.say(f"metrics on http://{exporter.HOST}:{endpoint.port}/metrics")
                     if self.ray is not False:
@@ -241,10 +243,11 @@ class Launcher:
         self.say(f"done in {time.time() - start:.1f}s: {len(merger.done)} clocks; run directory {self.run_dir}")
         return 0
 
-    def _process_group(self) -> ProcessGroup:
-        """Local subprocesses, or with ``--ray`` the actors of ``bosen.jobs.ray.RayJob``."""
+    def _process_group(self, zygote: Zygote) -> ProcessGroup:
+        """Local subprocesses (forked from ``zygote`` where they can be, bosen/jobs/zygote.py), or
+        with ``--ray`` the actors of ``bosen.jobs.ray.RayJob``."""
         if self.ray is False:
-            return ProcessGroup(self.run_dir / "logs")
+            return ProcessGroup(self.run_dir / "logs", zygote=zygote)
         from bosen.jobs.ray import RayJob
 
         return RayJob(self.config, self.run_dir, None if self.ray is True else self.ray)

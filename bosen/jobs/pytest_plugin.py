@@ -9,6 +9,9 @@
   (``stop_server(i)`` stops one on purpose).
 - ``bosen_procs``: a ``bosen.jobs.supervise.ProcessGroup`` for worker processes
   (``bosen_procs.python(NAME, SCRIPT, ARGS...)``), stopped after the test.
+- ``bosen_zygote``: the session's fork server (``bosen.jobs.zygote``): the processes of both
+  fixtures are forked from it, with numpy, numba, pyzmq and Bösen already imported, where they can
+  be (``BOSEN_FORK=0``: all exec'd). It is stopped with the session.
 
 A failing test's report carries the last lines of the log of every process these fixtures started.
 Their processes run with ``PYTHONUNBUFFERED=1`` (logs are current when a test fails) and without the
@@ -26,6 +29,7 @@ import pytest
 from bosen.jobs.cluster import READY_TIMEOUT_S, LocalCluster, start_cluster
 from bosen.jobs.job import job_config
 from bosen.jobs.supervise import ProcessFailed, ProcessGroup
+from bosen.jobs.zygote import Zygote
 
 TEST_ENV = {"PYTHONUNBUFFERED": "1", "BOSEN_CONFIG": None, "BOSEN_RANK": None, "BOSEN_RUN_DIR": None,
             "BOSEN_T0": None}
@@ -39,10 +43,17 @@ def _track(node: pytest.Item, group: ProcessGroup) -> None:
     node.stash.setdefault(_GROUPS, []).append(group)
 
 
+@pytest.fixture(scope="session")
+def bosen_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
+    """The session's fork server (started at its first child, stopped with the session)."""
+    with Zygote(tmp_path_factory.mktemp("zygote") / "zygote.log") as zygote:
+        yield zygote
+
+
 @pytest.fixture
-def bosen_procs(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ProcessGroup]:
+def bosen_procs(tmp_path: Path, request: pytest.FixtureRequest, bosen_zygote: Zygote) -> Iterator[ProcessGroup]:
     """Worker processes of one test (logs in ``tmp_path/logs``); all stopped after it."""
-    with ProcessGroup(tmp_path / "logs", env=TEST_ENV) as group:
+    with ProcessGroup(tmp_path / "logs", env=TEST_ENV, zygote=bosen_zygote) as group:
         _track(request.node, group)
         yield group
 
@@ -51,9 +62,10 @@ ClusterFactory = Callable[..., LocalCluster]
 
 
 @pytest.fixture
-def bosen_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Generator[ClusterFactory, None, None]:
+def bosen_cluster(tmp_path: Path, request: pytest.FixtureRequest,
+                  bosen_zygote: Zygote) -> Generator[ClusterFactory, None, None]:
     """Factory of running clusters on free local ports; every server stopped (and checked) after the test."""
-    group = ProcessGroup(tmp_path / "logs", env=TEST_ENV)
+    group = ProcessGroup(tmp_path / "logs", env=TEST_ENV, zygote=bosen_zygote)
     _track(request.node, group)
     clusters: list[LocalCluster] = []
 

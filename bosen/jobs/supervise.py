@@ -15,6 +15,10 @@ process here, so they all stop the same way:
   group's id, cannot be reused before then, so the final SIGKILL to the group can never reach a
   stranger's processes. Read ``returncode`` / ``alive()`` rather than ``popen.poll()``, which reaps;
   a child reaped behind our back no longer gets the group SIGKILL.
+- Given a ``bosen.jobs.zygote.Zygote``, a child that is ``python -m MODULE`` or ``python SCRIPT.py``
+  is forked from it, with its modules already imported, instead of exec'd; it is still this
+  process's child (a subreaper's), in its own group, with the same death signal, so all of the above
+  holds for it unchanged. Anything the zygote cannot start the same way is exec'd.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import IO, Any, Self
 
 from bosen.errors import BosenError
+from bosen.jobs.zygote import Zygote
 
 STOP_GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1
@@ -97,27 +102,72 @@ def tail(path: str | Path, n: int = 30) -> str:
     return "\n".join("    " + x for x in lines) or "    (log is empty)"
 
 
+class Forked:
+    """The part of ``subprocess.Popen`` that ``Process`` uses, for a child forked by a zygote (it is
+    this process's child: reparented to it as a subreaper)."""
+
+    stdin: IO[str] | None = None
+    stdout: IO[str] | None = None
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit status if the child has exited (reaping it), else None."""
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Reap the child; subprocess.TimeoutExpired if it runs ``timeout`` seconds more."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            left = math.inf if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            if not _exit_seen(self.pid, min(left, 1.0)):
+                time.sleep(min(left, 0.01))
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+
 class Process:
     """One supervised child process; stdout and stderr go to ``log``.
 
     With ``pipes`` the child's stdin and stdout are text pipes (``popen.stdin``/``popen.stdout``, for
     line protocols) and only stderr goes to the log. ``env`` is applied on top of this process's
-    environment (None removes a variable).
+    environment (None removes a variable). With a ``zygote`` the child is forked from it where it can
+    be (``bosen.jobs.zygote``; ``popen`` is then a ``Forked``).
     """
 
     def __init__(self, name: str, cmd: Sequence[str | os.PathLike[str] | int], log: str | Path, *,
-                 env: Env | None = None, cwd: str | Path | None = None, pipes: bool = False) -> None:
+                 env: Env | None = None, cwd: str | Path | None = None, pipes: bool = False,
+                 zygote: Zygote | None = None) -> None:
         self.name = name
         self.cmd = [os.fspath(c) if isinstance(c, os.PathLike) else str(c) for c in cmd]
         self.log = Path(log)
         self._terminated = False
         self.escalated = False  # stop() had to SIGKILL it: it outlived its grace period
         pipe = subprocess.PIPE if pipes else subprocess.DEVNULL
+        full_env = _environment(env)
+        self.popen: subprocess.Popen[str] | Forked
         with self.log.open("w") as out:
-            self.popen = subprocess.Popen(
-                self.cmd, stdin=pipe, stdout=pipe if pipes else out, stderr=out if pipes else subprocess.STDOUT,
-                env=_environment(env), cwd=cwd, text=True, bufsize=1, process_group=0,
-                preexec_fn=_die_with_parent())
+            pid = None if zygote is None or pipes else zygote.spawn(self.cmd, full_env, cwd, out.fileno())
+            if pid is not None:
+                self.popen = Forked(pid)
+            else:
+                self.popen = subprocess.Popen(
+                    self.cmd, stdin=pipe, stdout=pipe if pipes else out, stderr=out if pipes else subprocess.STDOUT,
+                    env=full_env, cwd=cwd, text=True, bufsize=1, process_group=0, preexec_fn=_die_with_parent())
 
     def __repr__(self) -> str:
         code = self.returncode
@@ -280,16 +330,18 @@ class ProcessGroup:
     """The processes started for one purpose (a job, a test, a benchmark case); logs in ``log_dir``.
 
     ``stop_all`` stops every member in parallel; as a context manager the group does that on exit,
-    also when the body raises. ``env`` and ``cwd`` are defaults for every member.
+    also when the body raises. ``env`` and ``cwd`` are defaults for every member; members are forked
+    from ``zygote`` where they can be (its owner stops it).
     """
 
     def __init__(self, log_dir: str | Path, *, env: Env | None = None, cwd: str | Path | None = None,
-                 grace: float = STOP_GRACE_S) -> None:
+                 grace: float = STOP_GRACE_S, zygote: Zygote | None = None) -> None:
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.env = dict(env or {})
         self.cwd = cwd
         self.grace = grace
+        self.zygote = zygote
         self.procs: list[Process] = []
 
     def __iter__(self) -> Iterator[Process]:
@@ -304,7 +356,7 @@ class ProcessGroup:
         if any(p.name == name for p in self.procs):
             raise BosenError(f"this group already has a process named {name!r} (log {self.log_dir / name}.log)")
         p = Process(name, cmd, self.log_dir / f"{name}.log", env={**self.env, **(env or {})},
-                    cwd=cwd if cwd is not None else self.cwd, pipes=pipes)
+                    cwd=cwd if cwd is not None else self.cwd, pipes=pipes, zygote=self.zygote)
         self.procs.append(p)
         return p
 

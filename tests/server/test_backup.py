@@ -261,6 +261,15 @@ def test_a_resumed_job_continues_the_backup_state(bosen_cluster, bosen_procs, tm
 
     first = run(bosen_cluster(1, config=data), 6)
     assert first["iteration"] == 6 and len(first["k_history"]) == 6
+
+    def saved() -> bool:  # the server writes its part after the clock: wait for it before resuming
+        try:
+            checkpoint.check_complete(tmp_path / "ck", 6, 1, None, None)
+            return True
+        except checkpoint.CheckpointError:
+            return False
+
+    assert wait_until(saved, 60), "clock 6's checkpoint never completed"
     again = run(bosen_cluster(1, config=data, server_args=["--resume", str(tmp_path / "ck")]), 9)
     assert again["k_history"][:6] == first["k_history"] and len(again["k_history"]) == 9
     assert again["steps"] == 9 and again["accepted"] >= first["accepted"] + 6

@@ -1,0 +1,139 @@
+"""Children forked from a zygote (bosen.jobs.zygote) behave as exec'd ones under bosen.jobs.supervise: exit
+status, signals, stop escalation, their own process group, env/cwd/argv, tracebacks; what the zygote cannot
+start the same way is exec'd; and no zygote outlives its owner."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+import pytest
+from test_supervise import IGNORE_TERM, gone, wait_for_line, wait_gone
+
+from bosen.jobs.supervise import Forked, ProcessGroup
+from bosen.jobs.zygote import Zygote, enabled
+
+pytestmark = pytest.mark.skipif(not enabled(), reason="no zygote on this platform (or BOSEN_FORK=0)")
+
+SHOW = f"""import os, sys
+print("argv", sys.argv[1:], "cwd", os.getcwd(), "env", os.environ.get("FZ_X"), "group", os.getpgid(0) == os.getpid(),
+      "parent", os.getppid(), flush=True)
+code = sys.argv[1]
+if code == "sleep":
+    import time; time.sleep(120)
+if code == "ignore":
+    exec({IGNORE_TERM!r})
+if code == "raise":
+    raise ValueError("boom from the script")
+if code == "burn":
+    import time
+    t = time.process_time()
+    while time.process_time() - t < 0.3:
+        pass
+sys.exit(int(code) if code.isdigit() else 0)
+"""
+
+
+def test_a_forked_child_has_its_argv_env_cwd_group_and_exit_status(tmp_path: Path, bosen_zygote: Zygote,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    with ProcessGroup(tmp_path / "logs", zygote=bosen_zygote, env={"FZ_X": "y"}) as group:
+        p = group.python("show", script, "3", cwd=tmp_path)
+        assert isinstance(p.popen, Forked), "a plain script was exec'd, not forked"
+        assert p.wait(60) == 3
+        out = p.output()
+        assert f"argv ['3'] cwd {tmp_path} env y group True parent {os.getpid()}" in out, out
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        b = group.python("burner", script, "burn")
+        assert b.wait(60) == 0 and b.stop() == 0  # reaped here: its CPU counts as this process's children's
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        assert after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime >= 0.25
+        monkeypatch.chdir(tmp_path)  # a relative path is the supervisor's, wherever the zygote started
+        r = group.python("relative", "show.py", "0")
+        assert isinstance(r.popen, Forked) and r.wait(60) == 0, r.tail()
+        assert f"cwd {tmp_path} " in r.output()
+        s = group.python("sleeper", script, "sleep")
+        wait_for_line(s, "argv")
+        assert psutil.Process(s.pid).cmdline() == [sys.executable, str(script), "sleep"]  # /proc shows the child's
+        assert psutil.Process(s.pid).environ()["FZ_X"] == "y"
+        assert os.getpgid(s.pid) == s.pid
+        assert s.stop(grace=10.0) == -signal.SIGTERM
+        assert gone(s.pid)
+
+
+def test_a_forked_child_killed_by_a_signal_and_one_that_ignores_sigterm(tmp_path: Path, bosen_zygote: Zygote) -> None:
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    with ProcessGroup(tmp_path / "logs", zygote=bosen_zygote) as group:
+        k = group.python("killed", script, "sleep")
+        stubborn = group.python("stubborn", script, "ignore")
+        assert isinstance(k.popen, Forked) and isinstance(stubborn.popen, Forked)
+        wait_for_line(k, "argv")
+        os.kill(k.pid, signal.SIGKILL)
+        assert k.wait(60) == -signal.SIGKILL
+        wait_for_line(stubborn, "ready")
+        assert stubborn.stop(grace=0.5) == -signal.SIGKILL and stubborn.escalated
+
+
+def test_a_script_that_raises_exits_1_with_its_traceback(tmp_path: Path, bosen_zygote: Zygote) -> None:
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    with ProcessGroup(tmp_path / "logs", zygote=bosen_zygote) as group:
+        p = group.python("raiser", "-m", "show", "raise", env={"PYTHONPATH": tmp_path})
+        assert isinstance(p.popen, Forked)
+        assert p.wait(60) == 1
+        out = p.output()
+        assert "Traceback (most recent call last)" in out and "ValueError: boom from the script" in out, out
+        assert "zygote.py" not in out, out  # the program's frames, as a fresh interpreter shows them
+
+
+def test_what_the_zygote_cannot_start_the_same_way_is_execd(tmp_path: Path, bosen_zygote: Zygote) -> None:
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    with ProcessGroup(tmp_path / "logs", zygote=bosen_zygote) as group:
+        numba = group.python("numba", script, "0", env={"NUMBA_OPT": "1"})  # read when numba is imported
+        option = group.python("option", "-c", "pass")
+        off = group.python("off", script, "0", env={"BOSEN_FORK": "0"})
+        for p in (numba, option, off):
+            assert isinstance(p.popen, subprocess.Popen), p.name
+            assert p.wait(60) == 0, p.tail()
+
+
+def test_no_zygote_outlives_its_owner(tmp_path: Path) -> None:
+    """An owner that closes its zygote leaves none; one killed by SIGKILL takes its zygote and children with it."""
+    owner = textwrap.dedent("""
+        import sys, time
+        from bosen.jobs.supervise import ProcessGroup
+        from bosen.jobs.zygote import Zygote
+        zygote = Zygote(sys.argv[1] + "/zygote.log")
+        group = ProcessGroup(sys.argv[1], zygote=zygote)
+        child = group.python("child", "-m", "http.server", "--bind", "127.0.0.1", "0")
+        print("pids", zygote.popen.pid, child.pid, flush=True)
+        if sys.argv[2] == "close":
+            group.stop_all()
+            zygote.close()
+            print("closed", flush=True)
+        time.sleep(120)
+    """)
+    with ProcessGroup(tmp_path) as group:
+        for how in ("close", "kill"):
+            o = group.python(f"owner-{how}", "-c", owner, tmp_path / how, how)
+            zygote, child = map(int, wait_for_line(o, "pids").split()[1:3])
+            # nobody looking for a server by "bosen.server" in command lines finds the zygote
+            assert "bosen.server" not in " ".join(psutil.Process(zygote).cmdline()), psutil.Process(zygote).cmdline()
+            if how == "close":
+                wait_for_line(o, "closed")
+                assert gone(zygote) and gone(child)
+            else:
+                assert not gone(zygote) and not gone(child)
+                os.kill(o.pid, signal.SIGKILL)
+                assert wait_gone(zygote, 10.0), "the zygote outlived its owner"
+                assert wait_gone(child, 10.0), "a forked child outlived its supervisor"
+            o.stop()
