@@ -24,7 +24,8 @@ or ``SCRIPT.py`` with no interpreter options, no pipes, and an environment that 
 every variable read at start-up (``PYTHON*`` but PYTHONPATH and PYTHONUNBUFFERED, which the child
 applies itself; ``NUMBA_*``, ``OMP_*``, ``MKL_*``, ``OPENBLAS_*``, ``CUDA_*``, ``LD_*``, ``MALLOC_*``,
 the locale). Anything else, a platform without fork or subreapers, or a dead zygote, takes the exec
-path. The zygote imports no torch (a torch worker is exec'd; nothing here initializes CUDA), and
+path. The zygote imports torch only for a launcher of a PyTorch app (``preload_for``); nothing here
+initializes CUDA, so a forked worker can, and the zygote
 refuses to serve if a Python thread is running when it would fork. numpy's OpenBLAS pool (native
 threads) is stopped around fork by OpenBLAS's own ``pthread_atfork`` handlers.
 
