@@ -4,6 +4,7 @@ statistics against a direct per-example computation, and the estimate near the e
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -129,6 +130,10 @@ def test_adam_efficiency_experiment_reports_measured_and_predicted(capsys: pytes
           "--adam-examples", "2048", "--adam-every", "256", "--adam-targets", "2.1"])
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     summ = [r for r in lines if r.get("summary")]
-    assert len(summ) == 1 and summ[0]["batch"] == 128 and set(summ[0]["predicted"]) == {"after", "before", "plain",
-                                                                                          "adam"}
-    assert 0 < summ[0]["predicted"]["plain"]["median"] <= 1
+    assert len(summ) == 1 and summ[0]["batch"] == 128 and set(summ[0]["predicted"]) == {
+        "after", "before", "plain", "half", "adam", "rule", "sqrt-plain", "sqrt-after", "sqrt-half"}
+    pred = summ[0]["predicted"]
+    assert 0 < pred["plain"]["median"] <= 1
+    # the square-root rule's efficiency of a φ is the root of eq. 6's per step: its harmonic mean over the steps
+    # is at least the root of eq. 6's harmonic mean (Cauchy-Schwarz), and at most 1
+    assert math.sqrt(pred["plain"]["median"]) - 1e-3 <= pred["sqrt-plain"]["median"] <= 1
