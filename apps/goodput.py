@@ -214,12 +214,12 @@ class Agent:
             # like Pollux's bound on GPUs, a batch far past those measured waits: the fit extrapolates there
             seen = max(k_ * m_ * (s_ + 1) for m_, s_, k_, _ in self.obs)
             bound = max(self.m0, min(self.max_batch, EXPLORE * seen))
-            c = best_config(self.model, phi, self.m0, workers, bound, self.args.max_local)
+            c = best_config(self.model, phi, self.m0, workers, bound, self.args.max_local, rule=self.args.rule)
             new_m, new_s, eff, tput = c.m, c.s, c.efficiency, c.throughput
         else:
             new_m, new_s = cur.m, cur.s
             batch = workers * new_m * (new_s + 1)
-            eff = float(efficiency(phi, self.m0, float(batch)))
+            eff = float(efficiency(phi, self.m0, float(batch), self.args.rule))
             tput = float(self.model.throughput(new_m, new_s, workers))
         batch = workers * new_m * (new_s + 1)
         gain = lr_gain(self.args.rule, phi, self.m0, batch) if batch >= self.m0 else 1.0
@@ -236,7 +236,7 @@ class Recorder:
     def moments(self, grads: np.ndarray, examples: int, pinv: np.ndarray | None = None) -> None:
         """One step's k >= 2 micro-batch gradients (rows of ``grads``, each the mean of ``examples``
         examples): their unbiased ‖G‖² and tr Σ (``bosen.gradstats``); pre-conditioned by the inverse
-        ``pinv`` where given (Adam's √v̂ + ε: Pollux's φ for Adam, eq. 5)."""
+        ``pinv`` where given (eq. 5's P; Adam's agent uses P = I with the square-root rule's efficiency)."""
         mo = moments(grads, pinv)
         self.sums[C_STEPS] += 1
         self.sums[C_SQNORM] += mo.sqnorm_raw

@@ -5,7 +5,9 @@ can pick (m, s) and a scheduler can compare worker counts. Pure numbers, no I/O.
 GOODPUT = THROUGHPUT × EFFICIENCY (eq. 4), with M = K·m·(s + 1) examples per step:
 
 - EFFICIENCY(M) = (φ + M0)/(φ + M) (eq. 6): the progress per example at M relative to M0, from the
-  gradient noise scale φ (``bosen.gradstats.NoiseScale``).
+  gradient noise scale φ (``bosen.gradstats.NoiseScale``). Eq. 6 holds where the learning rate at each
+  M is (near) the best one, as AdaScale's is; under the square-root rule (Adam) the rule's own rate
+  gives its square root, √((φ + M0)/(φ + M)) (``efficiency(..., rule="sqrt")``; docs/design.md).
 - THROUGHPUT = M / T_iter (eq. 7), T_iter(m, s, K) = s·T_grad(m) + (T_grad(m)^γ + T_sync(K)^γ)^(1/γ)
   (eqs. 10-11), T_grad(m) = α_g + β_g·m (eq. 8). On a parameter server T_sync is a worker's push and
   pull, T_sync(K) = α_s + β_s·(K − 1): unlike an all-reduce it is there for one worker too (the model
@@ -30,16 +32,23 @@ GAMMA_MAX = 10.0  # the paper's bound on γ (P:266)
 _FLOOR = 1e-8  # the paper's lower bound on α and β
 
 
-def efficiency(phi: float, m0: int, batch: float | np.ndarray) -> float | np.ndarray:
+def efficiency(phi: float, m0: int, batch: float | np.ndarray, rule: str = "adascale") -> float | np.ndarray:
     """EFFICIENCY(M) = (φ + M0)/(φ + M), in (0, 1] for M ≥ M0; φ = inf (no measurable signal yet
-    against noise: every example counts) gives 1."""
+    against noise: every example counts) gives 1. ``rule``: the learning-rate rule the job runs. Eq. 6
+    assumes the best rate at each batch (AdaScale's, ``adascale``; ``linear`` is taken alike). Under
+    ``sqrt`` (Adam), a step moves each coordinate by lr·m̂_i/√v̂_i with v̂_i ≈ G_i² + σ_i²/M, so to first
+    order it gains lr·G²/√(G² + σ²/M); with lr ∝ √M that is √((φ + M0)/(φ + M)) per example relative
+    to M0, φ = σ²/G²: the square root of eq. 6 (a large batch loses less, since its rate grows too)."""
     if m0 < 1:
         raise ValueError(f"goodput.efficiency: m0 must be >= 1, got {m0}")
     if not phi >= 0:
         raise ValueError(f"goodput.efficiency: phi must be >= 0 (examples), got {phi}")
+    if rule not in ("adascale", "sqrt", "linear"):
+        raise ValueError(f"goodput.efficiency: rule must be adascale, sqrt or linear, got {rule!r}")
     if math.isinf(phi):
         return np.ones_like(batch, dtype=np.float64) if isinstance(batch, np.ndarray) else 1.0
-    return (phi + m0) / (phi + batch)
+    eff = (phi + m0) / (phi + batch)
+    return np.sqrt(eff) if rule == "sqrt" else eff
 
 
 def lr_gain(rule: str, phi: float, m0: int, batch: float) -> float:
@@ -216,11 +225,12 @@ class Choice:
 
 
 def best_config(model: Throughput, phi: float, m0: int, workers: int, max_batch: int, max_local: int,
-                candidates: int = 50) -> Choice:
+                candidates: int = 50, rule: str = "adascale") -> Choice:
     """argmax over (m, s) of THROUGHPUT × EFFICIENCY for ``workers`` workers (eq. 13), as AdaptDL
     searches it: ``candidates`` total batches M geometric in [M0, ``max_batch``], and for each the
     fewest accumulation steps s whose per-worker micro-batch m = ⌈M/(K(s + 1))⌉ fits ``max_local``
-    (the memory bound). Only M ≥ M0 counts (the efficiency is relative to M0)."""
+    (the memory bound). Only M ≥ M0 counts (the efficiency is relative to M0); ``rule``: the learning-rate
+    rule, which sets the efficiency's form (``efficiency``)."""
     if workers < 1 or m0 < 1 or max_local < 1 or candidates < 1:
         raise ValueError("goodput.best_config: workers, m0, max_local and candidates must be >= 1")
     if max_batch < m0:
@@ -231,7 +241,7 @@ def best_config(model: Throughput, phi: float, m0: int, workers: int, max_batch:
     m = np.ceil(big / (workers * (s + 1))).astype(np.int64)
     batch = workers * m * (s + 1)  # rounding up: at least the candidate, >= M0
     tput = model.throughput(m, s, workers)
-    eff = np.asarray(efficiency(phi, m0, batch.astype(np.float64)), np.float64)
+    eff = np.asarray(efficiency(phi, m0, batch.astype(np.float64), rule), np.float64)
     good = tput * eff
     i = int(np.argmax(good))
     return Choice(int(m[i]), int(s[i]), int(batch[i]), float(good[i]), float(tput[i]), float(eff[i]))

@@ -15,9 +15,11 @@ example's gradient) and φ = tr Σ / ‖G‖², the gradient noise scale in exam
 smooths the numerator and the denominator apart, as AdaptDL does: bias-corrected exponential moving
 averages with factor ``smoothing ** (M/M0)`` per step, and φ is their ratio.
 
-For an adaptive optimizer (Adam), Pollux's φ is the pre-conditioned one, tr(PΣPᵀ)/‖PG‖² (eq. 5;
-thesis appendix A.1): the same estimators on the gradients multiplied by P, which for Adam is the
-diagonal 1/(√v̂ + ε) of its step (``adam_preconditioner``; ``moments(grads, pinv)`` divides by it).
+For a pre-conditioned optimizer, Pollux's eq. 5 reads φ = tr(PΣPᵀ)/‖PG‖² (thesis appendix A.1): the
+same estimators on the gradients multiplied by P, for Adam the diagonal 1/(√v̂ + ε) of its step
+(``adam_preconditioner``; ``moments(grads, pinv)`` divides by it). The agent does not use it for
+Adam: under the square-root rule the plain φ in that rule's efficiency predicts the measured progress
+(``bosen.goodput.efficiency``; docs/evaluation.md).
 """
 
 from __future__ import annotations

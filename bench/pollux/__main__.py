@@ -34,15 +34,16 @@ held-out error; one JSON line per result.
   ``--plot``. Not in ``--quick`` (a job takes seconds to start) unless named. ``--adaptive-app cnn``:
   the same comparison on the PyTorch CNN example (Fashion-MNIST images, the servers' SGD,
   ``--adaptive-large`` for the fixed large M), without budgets or delays; ``--adaptive-app cnn-adam``: the
-CNN in hybrid mode (all-reduce, a local Adam at ``--adaptive-lr`` 0.002, the square-root rule, φ
-pre-conditioned by Adam's √v̂ + ε).
+CNN in hybrid mode (all-reduce, a local Adam at ``--adaptive-lr`` 0.002, the square-root rule and its
+efficiency, √((φ + M0)/(φ + M))).
 
 - ``adam-efficiency``: statistical efficiency under Adam (``bench/pollux/adamstat.py``): the CNN at
   fixed batches ``--adam-batches`` (the first is M0) with Adam at ``--adam-lr`` (0.002) times
   √(M/M0), ``--adam-examples`` examples each, ``--seeds`` seeds; per held-out loss in ``--adam-targets``
   the measured efficiency (examples M0 needed over examples M needed) against EFFICIENCY(M) of the φ
-  the agent measures during the M0 run (pre-conditioned after the step, before it, plain) and of
-  appendix A.1's Adam form. Counts examples, not seconds: the load does not enter.
+  the agent measures during the M0 run (pre-conditioned after the step, before it, by √P, plain), of
+  appendix A.1's Adam form, and of the square-root rule's own efficiency (per coordinate, and √ of
+  eq. 6 of each φ). Counts examples, not seconds: the load does not enter.
 
 ``--quick``: fewer points, steps and seeds, for CI.
 """
@@ -268,7 +269,7 @@ def adaptive(a: argparse.Namespace) -> None:
 def adam_efficiency(a: argparse.Namespace) -> None:
     import torch
 
-    from bench.pollux.adamstat import KINDS, median_phi, predicted, train
+    from bench.pollux.adamstat import KINDS, PHIS, median_phi, predicted, train
     from bosen.apps.pytorch.examples.cnn import images
 
     torch.set_num_threads(1)  # one core: the machine is shared; examples, not seconds, are measured
@@ -287,7 +288,7 @@ def adam_efficiency(a: argparse.Namespace) -> None:
                 nb = runs[b].reach(target)
                 row = {"measured": n0 / nb if math.isfinite(n0) and math.isfinite(nb) and nb > 0 else math.nan,
                        **{k: predicted(base, b, m0, n0, k) for k in KINDS},
-                       **{f"phi_{k}": median_phi(base, n0, k) for k in KINDS if k != "adam"}}
+                       **{f"phi_{k}": median_phi(base, n0, k) for k in PHIS}}
                 rows.setdefault((target, b), []).append(row)
                 emit(bench="pollux", case=f"adam-efficiency M={b} loss={target} seed={seed}", metric="efficiency",
                      unit="examples at M0 / examples at M", ours=_none_if_inf(row["measured"]),
@@ -301,7 +302,7 @@ def adam_efficiency(a: argparse.Namespace) -> None:
                  spread=_spread([r["measured"] for r in ok]), summary=True, experiment="adam-efficiency", batch=b,
                  m0=m0, target=target, seeds=len(ok), lr=lr0,
                  predicted={k: _spread([r[k] for r in ok]) for k in KINDS},
-                 phi={k: _spread([r[f"phi_{k}"] for r in ok]) for k in KINDS if k != "adam"})
+                 phi={k: _spread([r[f"phi_{k}"] for r in ok]) for k in PHIS})
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -28,7 +28,12 @@ from bosen.goodput import efficiency
 from bosen.gradstats import NoiseScale, adam_preconditioner, moments
 
 ADAM_WARMUP = 5  # as the CNN's agent: the first steps' v̂ is noise
-KINDS = ("after", "before", "plain", "adam")  # the predictions: φ three ways, and appendix A.1's Adam form
+# the predictions: eq. 6 with φ three ways; appendix A.1's Adam form (the best learning rate at each batch);
+# the square-root rule's own efficiency (``sqrt_rule_efficiency``), per coordinate (``rule``) and from one φ
+# (``sqrt-plain``, ``sqrt-after``: √ of eq. 6)
+# ``half``: φ = tr(PΣ)/GᵀPG (the moments of g·√P), McCandlish's B_noise where Adam's P is the Hessian's inverse
+PHIS = ("after", "before", "plain", "half")
+KINDS = (*PHIS, "adam", "rule", "sqrt-plain", "sqrt-after", "sqrt-half")
 
 
 @dataclass
@@ -39,10 +44,11 @@ class Curve:
     batch: int
     examples: list[int] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
-    phi: dict[str, list[tuple[int, float]]] = field(default_factory=lambda: {"after": [], "before": [], "plain": []})
+    phi: dict[str, list[tuple[int, float]]] = field(default_factory=lambda: {k: [] for k in PHIS})
     # per step, Adam's own efficiency at each of ``targets`` batches (``adam_efficiency``) from the smoothed
     # per-coordinate statistics
     adam: list[tuple[int, dict[int, float]]] = field(default_factory=list)
+    rule: list[tuple[int, dict[int, float]]] = field(default_factory=list)  # ``sqrt_rule_efficiency``, likewise
 
     def reach(self, target: float) -> float:
         """Examples to the first held-out loss <= ``target``, interpolated in log examples between the
@@ -87,7 +93,7 @@ def train(batch: int, m0: int, lr0: float, examples: int, every: int, seed: int,
     params = list(model.parameters())
     opt = torch.optim.Adam(params, lr=lr0 * math.sqrt(batch / m0))
     gen = torch.Generator().manual_seed(seed * 7919 + 1)
-    noise = {k: NoiseScale(m0, smoothing) for k in ("after", "before", "plain")}
+    noise = {k: NoiseScale(m0, smoothing) for k in PHIS}
     out = Curve(batch)
     n = sum(p.numel() for p in params)
     sqr_b, var_b, weight = np.zeros(n), np.zeros(n), 0.0  # per coordinate: EMAs of G_i² and σ_i² (per example)
@@ -117,6 +123,7 @@ def train(batch: int, m0: int, lr0: float, examples: int, every: int, seed: int,
         if before is not None and after is not None:
             noise["before"].update(moments(grads, before), each)
             noise["after"].update(moments(grads, after), each)
+            noise["half"].update(moments(grads, np.sqrt(after)), each)
         for k, ns in noise.items():
             out.phi[k].append((seen, ns.phi))
         gbar = grads.mean(axis=0)
@@ -125,6 +132,7 @@ def train(batch: int, m0: int, lr0: float, examples: int, every: int, seed: int,
         f = smoothing ** (batch / m0)
         sqr_b, var_b, weight = f * sqr_b + (1 - f) * sqr_i, f * var_b + (1 - f) * var_i, f * weight + (1 - f)
         out.adam.append((seen, {t: adam_efficiency(sqr_b / weight, var_b / weight, m0, t) for t in targets}))
+        out.rule.append((seen, {t: sqrt_rule_efficiency(sqr_b / weight, var_b / weight, m0, t) for t in targets}))
 
 
 def adam_efficiency(sqr: np.ndarray, var: np.ndarray, m0: int, batch: int) -> float:
@@ -141,14 +149,30 @@ def adam_efficiency(sqr: np.ndarray, var: np.ndarray, m0: int, batch: int) -> fl
     return (m0 / batch) * (t(batch) / t(m0)) ** 2 if t(m0) > 0 else 1.0
 
 
+def sqrt_rule_efficiency(sqr: np.ndarray, var: np.ndarray, m0: int, batch: int) -> float:
+    """Adam at the square-root rule's own learning rate (not the best one): each coordinate moves by
+    lr·m̂_i/√v̂_i, v̂_i ≈ G_i² + σ_i²/B, so to first order a step gains lr(B)·Σ_i G_i²/√(G_i² + σ_i²/B);
+    per example relative to M0, with lr(B) ∝ √B: √(M0/B)·T(B)/T(M0). One coordinate (or all alike,
+    φ = σ²/G²) gives √((φ + M0)/(φ + B)): the square root of eq. 6."""
+    g2 = np.maximum(sqr, 0.0)
+    v = np.maximum(var, 0.0)
+
+    def t(b: int) -> float:
+        d = np.sqrt(v / b + g2)
+        return float(np.sum(np.divide(g2, d, out=np.zeros_like(g2), where=d > 0)))
+
+    return math.sqrt(m0 / batch) * t(batch) / t(m0) if t(m0) > 0 else 1.0
+
+
 def predicted(m0_run: Curve, batch: int, m0: int, until: float, kind: str) -> float:
     """EFFICIENCY(batch) harmonically averaged over the M0 run's steps up to ``until`` examples, φ of ``kind``
     (steps where φ is not yet measured are left out)."""
-    if kind == "adam":
-        inv = [1.0 / e[batch] for n, e in m0_run.adam if n <= until and e[batch] > 0]
+    if kind in ("adam", "rule"):
+        inv = [1.0 / e[batch] for n, e in getattr(m0_run, kind) if n <= until and e[batch] > 0]
     else:
-        inv = [1.0 / float(efficiency(phi, m0, float(batch))) for n, phi in m0_run.phi[kind]
-               if n <= until and math.isfinite(phi) and phi >= 0]
+        root = kind.startswith("sqrt-")
+        inv = [1.0 / float(efficiency(phi, m0, float(batch))) ** (0.5 if root else 1.0)
+               for n, phi in m0_run.phi[kind.removeprefix("sqrt-")] if n <= until and math.isfinite(phi) and phi >= 0]
     return len(inv) / sum(inv) if inv else math.nan
 
 

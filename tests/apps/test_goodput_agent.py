@@ -68,6 +68,10 @@ def test_the_choice_is_a_function_of_the_rows_and_starts_at_m0_with_gain_1() -> 
     args = from_dict(gp.GoodputArgs, {"rule": "sqrt", "adapt": False}, "goodput")
     assert gp.Agent(args, m0=64, workers=2, m_start=512).setting.gain == pytest.approx(4.0)
     assert gp.Agent(args, m0=64, workers=2, m_start=32).setting.gain == pytest.approx(1.0)
+    # and it prices batches by its own efficiency, the root of eq. 6: at a low φ, a larger batch than AdaScale's
+    sq, ada = _run(_agent(rule="sqrt"), [50.0] * 3), _run(_agent(), [50.0] * 3)
+    assert sq[-1].efficiency == pytest.approx(math.sqrt((sq[-1].phi + 64) / (sq[-1].phi + sq[-1].batch)))
+    assert sq[-1].batch > ada[-1].batch and sq[-1].gain == pytest.approx(math.sqrt(sq[-1].batch / 64))
 
 
 def test_a_costlier_sync_makes_the_first_choice_larger() -> None:

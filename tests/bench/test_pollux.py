@@ -4,6 +4,7 @@ statistics against a direct per-example computation, and the estimate near the e
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -109,12 +110,16 @@ def test_a_shaped_loopback_namespace_sends_at_its_rate() -> None:
 
 
 def test_adam_efficiency_of_one_coordinate_is_eq6_and_reach_interpolates() -> None:
-    from bench.pollux.adamstat import Curve, adam_efficiency
+    from bench.pollux.adamstat import Curve, adam_efficiency, sqrt_rule_efficiency
     from bosen.goodput import efficiency
 
     # one coordinate: appendix A.1's Adam form reduces to (φ + M0)/(φ + M) with φ = σ²/G²
     sqr, var = np.array([0.01]), np.array([2.0])
     assert adam_efficiency(sqr, var, 64, 1024) == pytest.approx(float(efficiency(200.0, 64, 1024.0)), rel=1e-9)
+    # and the square-root rule's own to its root: coordinates alike (one φ = 200) give the same
+    for s_, v_ in ((sqr, var), (np.array([0.01, 0.04, 0.0]), np.array([2.0, 8.0, 0.0]))):
+        assert sqrt_rule_efficiency(s_, v_, 64, 1024) == pytest.approx(
+            float(efficiency(200.0, 64, 1024.0, "sqrt")), rel=1e-9)
     c = Curve(64, examples=[0, 1000, 4000], loss=[2.0, 1.0, 0.5])
     assert c.reach(1.0) == pytest.approx(1000.0)
     assert 1000.0 < c.reach(0.75) < 4000.0 and c.reach(0.1) == float("inf")
@@ -125,6 +130,10 @@ def test_adam_efficiency_experiment_reports_measured_and_predicted(capsys: pytes
           "--adam-examples", "2048", "--adam-every", "256", "--adam-targets", "2.1"])
     lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     summ = [r for r in lines if r.get("summary")]
-    assert len(summ) == 1 and summ[0]["batch"] == 128 and set(summ[0]["predicted"]) == {"after", "before", "plain",
-                                                                                          "adam"}
-    assert 0 < summ[0]["predicted"]["plain"]["median"] <= 1
+    assert len(summ) == 1 and summ[0]["batch"] == 128 and set(summ[0]["predicted"]) == {
+        "after", "before", "plain", "half", "adam", "rule", "sqrt-plain", "sqrt-after", "sqrt-half"}
+    pred = summ[0]["predicted"]
+    assert 0 < pred["plain"]["median"] <= 1
+    # the square-root rule's efficiency of a φ is the root of eq. 6's per step: its harmonic mean over the steps
+    # is at least the root of eq. 6's harmonic mean (Cauchy-Schwarz), and at most 1
+    assert math.sqrt(pred["plain"]["median"]) - 1e-3 <= pred["sqrt-plain"]["median"] <= 1

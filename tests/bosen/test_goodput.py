@@ -20,6 +20,15 @@ def test_efficiency_is_one_at_m0_and_follows_eq_6() -> None:
         efficiency(-1.0, 32, 64)
 
 
+def test_efficiency_under_the_square_root_rule_is_the_root_of_eq_6() -> None:
+    # no noise: a 16x batch at 4x the rate makes 4x a step's progress for 16x the examples
+    assert efficiency(0.0, 64, 1024.0, "sqrt") == pytest.approx(0.25)
+    assert efficiency(100.0, 32, 128, "sqrt") == pytest.approx(math.sqrt(132 / 228))
+    assert efficiency(math.inf, 32, 320, "sqrt") == 1.0 and efficiency(100.0, 32, 32, "sqrt") == 1.0
+    with pytest.raises(ValueError, match="rule"):
+        efficiency(1.0, 32, 64, "cubic")
+
+
 def test_adascale_gain_is_the_repo_formula_and_the_other_rules() -> None:
     var, sqr, m0, big = 3.0, 0.5, 16, 64  # AdaptDL's var is tr Σ / M0, so φ = M0·var/sqr
     phi = m0 * var / sqr

@@ -18,8 +18,9 @@ follow the goodput (``configs/torch-cnn-goodput.yaml``).
 With ``dense: allreduce`` (hybrid mode, apps/pytorch/allreduce.py) no table holds the model: every
 worker keeps it, its gradients are averaged by all-reduce and a local torch optimizer (``delta-sgd``,
 ``delta-adam``) takes the same step on every rank, in lockstep (one PS clock an iteration, for the
-agent's table). ``goodput`` there is Pollux's agent for Adam: φ from the gradients pre-conditioned by
-Adam's √v̂ + ε, the learning rate by the square-root rule (``configs/torch-cnn-adam-goodput.yaml``).
+agent's table). ``goodput`` there is Pollux's agent for Adam: the learning rate by the square-root rule
+and the efficiency of that rule, √((φ + M0)/(φ + M)) of the plain φ (``bosen.goodput.efficiency``;
+``configs/torch-cnn-adam-goodput.yaml``).
 """
 
 from __future__ import annotations
@@ -45,13 +46,11 @@ from bosen.apps.pytorch.examples.shards import STATE, Schedule, Shard
 from bosen.apps.state import restored
 from bosen.config import check, follows_workers, from_dict
 from bosen.errors import ConfigError
-from bosen.gradstats import adam_preconditioner
 
 ELASTIC = True  # workers may join and leave a running job (bosen scale): micro-tasks move to them
 SYNC_ELASTIC = True  # its synchronous path (a backup table) reads the task plan at every clock too
 
 SERVER = ("sgd", "adagrad", "adarevision")
-ADAM_WARMUP = 5  # Adam's steps before its √v̂ pre-conditions φ (AdaptDL's): fewer squared gradients are noise
 
 
 @dataclass(frozen=True)
@@ -390,26 +389,12 @@ def _set_grads(model: PSModule, flat: np.ndarray) -> None:
         p.grad = torch.from_numpy(flat[sl.offset:sl.offset + sl.numel]).to(p.dtype).view(p.shape).clone()
 
 
-def _adam_pinv(model: PSModule, opt: torch.optim.Optimizer) -> np.ndarray | None:
-    """Adam's √v̂ + ε of the step just taken over the flat layout (ones where no parameter lies), for
-    the pre-conditioned φ; None before its ``ADAM_WARMUP``-th step."""
-    group = opt.param_groups[0]
-    out = np.ones(model.flat.numel())
-    for sl, p in zip(model.layout.slots, model.params, strict=True):
-        st = opt.state.get(p)
-        if not st or int(st["step"]) < ADAM_WARMUP:
-            return None
-        out[sl.offset:sl.offset + sl.numel] = adam_preconditioner(
-            st["exp_avg_sq"].reshape(-1).numpy(), int(st["step"]), group["betas"][1], group["eps"])
-    return out
-
-
 def _train_hybrid(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) -> None:
     """Hybrid mode: every worker holds the model (rank 0's initial values, broadcast), each iteration
     computes its mean gradient of ``batch_size`` images drawn from the whole training set (with
     ``goodput``: the agent's m·(s + 1) in micro-batches, ``_accumulated``), the gradients are averaged
-    by all-reduce and the local optimizer steps at ``lr`` times the agent's gain (Adam: φ measured on
-    the gradients pre-conditioned by its √v̂ + ε; the gain is the square-root rule's). One PS clock an
+    by all-reduce and the local optimizer steps at ``lr`` times the agent's gain (Adam: the square-root
+    rule's, and its efficiency, of the plain φ: docs/design.md, "Pollux (goodput)"). One PS clock an
     iteration, so the agent's table read at staleness 0 waits for every worker's row. Reports as
     ``_train_sync`` does; rank 0 scores the model before the step of every ``eval_every``-th iteration
     and of the last."""
@@ -448,10 +433,8 @@ def _train_hybrid(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor
         opt.step()
         if agent is not None:
             agent.computed(compute_s)
-            # Adam: P of the step just taken, the same on every rank (its v̂ holds the averaged gradient)
-            pinv = _adam_pinv(model, opt) if a.optimizer == "delta-adam" else None
-            if pieces is not None and (pinv is not None or a.optimizer != "delta-adam"):
-                agent.rec.moments(pieces, each, pinv)
+            if pieces is not None:  # plain φ (P = I) for Adam too: the square-root rule's efficiency takes it
+                agent.rec.moments(pieces, each)
         client.report(objective=objective, samples=samples, iteration=it, compute_s=compute_s, **fields)
         if agent is not None:
             agent.before_clock(it)  # the interval's row goes out with this iteration's clock

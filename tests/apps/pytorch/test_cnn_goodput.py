@@ -1,6 +1,6 @@
 """Pollux's agent in the CNN example (apps/pytorch/examples/cnn.py with ``app.args.goodput``): launched
 2-worker jobs, on a synchronous table (the servers' SGD, AdaScale) and in hybrid mode (all-reduce, a
-local Adam, the square-root rule, φ pre-conditioned), where every worker runs the same (m, s, lr gain)
+local Adam, the square-root rule and its efficiency), where every worker runs the same (m, s, lr gain)
 in every iteration, switches only at interval boundaries, and reaches a stated held-out accuracy."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_launched_cnn_switches_every_worker_at_a_boundary_and_reaches_its_target
 @pytest.mark.timeout(150)
 def test_launched_hybrid_adam_job_scales_lr_by_the_square_root_and_learns(tmp_path: Path) -> None:
     """Hybrid mode with Adam: the workers agree through the PS table while the model is all-reduced;
-    φ (pre-conditioned by Adam's √v̂ + ε) is measured and the learning-rate gain of every interval is
+    φ is measured and the learning-rate gain of every interval is
     √(M/M0) of its batch."""
     if not images.FASHION_DIR.is_dir():
         pytest.skip(f"Debian package dataset-fashion-mnist not installed ({images.FASHION_DIR} missing): "
