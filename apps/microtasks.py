@@ -33,7 +33,7 @@ from bosen.apps.state import rng_state, set_rng_state
 from bosen.errors import BosenError, ConfigError
 
 __all__ = ["count", "assign", "owned", "key", "pack", "unpack", "saved_tasks", "give", "take",
-           "FilePlan", "MicroTasks", "TaskState", "drop_handoffs", "keep_plan", "drop_kept_plans", "answer",
+           "FilePlan", "MicroTasks", "TaskState", "drop_handoffs", "keep_plan", "drop_run_plans", "answer",
            "HANDOFF_TIMEOUT_S",
            "HANDOFF_DIR",
            "run_plan",
@@ -187,12 +187,18 @@ def drop_handoffs(folder: str | Path, below: int) -> int:
     return n
 
 
-def drop_kept_plans(folder: Path, above: int) -> None:
-    """Remove the kept plans (:func:`keep_plan`) of clocks above ``above``: a job resumed from the
-    checkpoint at ``above`` does not make the steps its first run committed after it."""
-    for p in folder.glob("plan-*.json"):
-        if (m := _PAST.match(p.name)) and int(m.group(1)) > above:
+def drop_run_plans(folder: Path) -> int:
+    """Remove what an earlier run left in the hand-off folder (``plan.json``, the kept plans, answers,
+    releases, join, ready and end notices, hand-off files): a job resumed from a checkpoint starts
+    there with its own assignment (``assign(T, range(K'))``, states from every part) and makes its own
+    steps; the first run's would move its tasks at that run's boundaries, to ranks it may not have.
+    Returns how many files went."""
+    n = 0
+    for p in Path(folder).glob("*"):
+        if p.is_file():
             p.unlink(missing_ok=True)
+            n += 1
+    return n
 
 
 def keep_plan(folder: Path, plan: Mapping[str, Any]) -> None:
@@ -522,8 +528,8 @@ def run_plan() -> tuple[FilePlan | None, Path | None]:
 def start_owners(T: int, workers: int, saved: Mapping[str, np.ndarray] | None, plan: FilePlan | None) -> np.ndarray:
     """Who owns which task when a worker process starts: ``assign(T, range(workers))``, or the plan's
     owners where a plan holds from the clock the process starts at (``saved["tick"]``, 0 when new):
-    a resumed worker of a job whose tasks moved runs them where they are now (a plan naming ranks
-    the job does not have, from before a resume with fewer workers, is ignored). A lost worker's
+    a worker runs tasks where a plan of this run put them (a launch empties ``tasks/``,
+    :func:`drop_run_plans`; a plan naming ranks the job does not have is ignored). A lost worker's
     replacement (``$BOSEN_REJOIN``) restarted from checkpoint C takes the owners C's worker parts
     record (:func:`bosen.checkpoint.task_owners`), or those of a step committed at C itself, and
     follows the later steps at their clocks (:meth:`FilePlan.at`), as the live workers did: with

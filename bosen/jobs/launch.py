@@ -172,14 +172,15 @@ class Launcher:
                 print(f"bosen launch: cannot resume: {e}", file=sys.stderr, flush=True)
                 return 1
             self._t0 = start - (earlier or 0.0)  # record times go on from where the kept ones stop
-            if resume_from is not None:  # steps the first run committed past the checkpoint: not this run's
-                at = int(resume_from.name.rpartition("-")[2])
-                microtasks.drop_kept_plans(self.run_dir / microtasks.HANDOFF_DIR, above=at)
-                self._resumed_at = at
+            if resume_from is not None:
+                self._resumed_at = int(resume_from.name.rpartition("-")[2])
         else:
             stale = self.run_dir / WORKER_RECORDS  # records of an earlier run in the same directory
             if stale.exists():
                 shutil.rmtree(stale)
+        # an earlier run's task plans and hand-offs: this run's workers start (from the checkpoint, resumed)
+        # with their own assignment, and would otherwise move tasks at that run's boundaries (docs/recovery.md)
+        microtasks.drop_run_plans(self.run_dir / microtasks.HANDOFF_DIR)
         cfg_path = self._cfg_path = self.run_dir / "config.yaml"
         config_mod.dump(self.config, cfg_path)
         n_servers, n_workers = len(self.config.cluster.servers), self.config.cluster.workers

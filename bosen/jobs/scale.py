@@ -695,7 +695,9 @@ class Scaler:
         if not (joined and left):
             for r in step.leavers:
                 code = self.launcher.workers[r].returncode
-                if code is not None and code != 0:
+                # killed (a signal): the launcher replaces it, and the replacement redoes its clocks up
+                # to B, hands off again and waits for this step's release (docs/recovery.md)
+                if code is not None and code > 0:
                     raise ScaleError(f"leaving worker {r} exited with status {code}")
             if any(isinstance(x, int) and x < step.clock for c in clocks for x in c):
                 step.deadline = time.monotonic() + SETTLE_TIMEOUT_S  # still on the way to B (a checkpoint boundary)

@@ -125,7 +125,7 @@ def test_a_replacement_takes_its_checkpoints_owners_and_redoes_the_steps_after_i
     restarted from the checkpoint at 20 takes the owners 20's worker parts record, not plan.json's
     nor the start's; one from 10 takes the start's and moves its tasks at 12 and at 32 as the live
     workers did; one from 12 (a step at its own clock) takes that step's. A process that is no
-    replacement never reads the kept plans; a resume drops those past its checkpoint, and a
+    replacement never reads the kept plans; a resume drops every plan, and a
     replacement restarted from the checkpoint a run resumed from owns what that run's workers did."""
     folder = tmp_path / "tasks"
     folder.mkdir()
@@ -162,9 +162,8 @@ def test_a_replacement_takes_its_checkpoints_owners_and_redoes_the_steps_after_i
     replay = M.FilePlan(folder / "plan.json", rank=1, replay=True)
     np.testing.assert_array_equal(M.start_owners(6, 2, {"tick": np.array([12])}, replay), first)
     assert M.FilePlan(folder / "plan.json", rank=1).at(12, 6) is None  # a live worker: plan.json only
-    M.drop_kept_plans(folder, above=12)
-    assert sorted(p.name for p in folder.glob("plan-*.json")) == ["plan-12.json"]
-    assert M.drop_handoffs(folder, 13) == 1 and not list(folder.glob("plan-*.json"))
+    assert M.drop_handoffs(folder, 13) == 1 and sorted(p.name for p in folder.glob("plan-*.json")) == ["plan-32.json"]
+    assert M.drop_run_plans(folder) == 2 and not list(folder.iterdir())  # a resume: plan.json and plan-32.json
 
 
 def test_a_joiner_started_ahead_is_ready_then_joins_at_the_clock_named_for_its_rank(tmp_path, monkeypatch):
@@ -458,11 +457,18 @@ def _resume(path: Path, run_dir: Path, workers: int) -> subprocess.CompletedProc
 @pytest.mark.parametrize("workers", [1, 3])
 def test_lda_job_checkpointed_by_two_workers_resumes_with_another_count(tmp_path, workers):
     """Stopped after its checkpoint at clock 6 and resumed with 1 or 3 workers: every micro-task goes
-    on from its saved chain on the worker that owns it now, and the job ends with the counts of the
+    on from its saved chain on the worker that owns it now (not where a step of the first run after
+    6 put it), and the job ends with the counts of the
     final assignments (each token counted once) and every task swept once per batch and iteration."""
     path, cfg = _lda_job(tmp_path, 8)
     run = tmp_path / "run"
     run_until_checkpoint(path, run, 6, 1, 2)
+    # as if the first run had scaled 2 -> 3 at clock 8, after its checkpoint, before it stopped: that
+    # step is not this run's (its workers start at 6 with their own assignment), so nothing moves at 8
+    step = {"id": 7, "clock": 8, "owners": M.assign(8, [0, 1, 2]).tolist(), "state": "committed", "leave": []}
+    for name in ("plan.json", "plan-8.json"):
+        (run / "tasks").mkdir(exist_ok=True)
+        (run / "tasks" / name).write_text(json.dumps(step))
     p = _resume(path, run, workers)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert f"made by 2 workers; its 8 micro-tasks go to {workers} workers" in p.stdout
@@ -503,6 +509,7 @@ def test_lda_job_checkpointed_by_two_workers_resumes_with_another_count(tmp_path
     # `before` ticks with 2 workers (after the opening clock, up to the checkpoint resumed from), the rest after
     for t in range(8):
         assert int(states[M.key(t, "sweeps")][0]) == before * 8 + (11 - before) * args.batches(workers)
+    assert not (run / "tasks" / "plan.json").exists()  # the first run's step went with the resume
 
 
 @pytest.mark.timeout(120)

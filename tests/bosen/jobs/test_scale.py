@@ -816,6 +816,39 @@ def test_a_server_killed_while_a_leaver_waits_for_its_release_is_replaced_and_th
     _every_checkpoint_and_the_end_exact(run, cfg, iterations)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_leaver_killed_while_it_waits_for_its_release_is_replaced_and_the_counts_stay_exact(tmp_path):
+    """Workers 3 -> 2 as above (worker 1 held before its CLOCK of B, so no release comes): the leaver,
+    worker 2, hands its tasks off at B, ends its clocks and waits for its release, and is SIGKILLed
+    there. Its replacement redoes from the newest complete checkpoint before B, adopts its own
+    hand-offs at B, leaves again, and the job ends with every checkpoint and the final table exactly
+    the counts of their assignments."""
+    iterations, every = 98, 10
+    cfg, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, iterations, every, 1, start=every + 1)
+    try:
+        _scale_while_held(p, run, tmp_path, step)
+        _until(p, run, lambda: _held_at(run, held) is not None, "worker 1 did not hold before a committed boundary")
+        b = _held_at(run, held)
+        addresses = config_mod.load(run / "config.yaml").cluster.servers
+        _until(p, run, lambda: all(status_mod.query(a, timeout=10.0)["final_clocks"][2] == b for a in addresses),
+               f"worker 2 did not end its clocks at {b} on every server")
+        assert not list((run / "tasks").glob("left-*.json"))  # not released: no server has a part of B
+        _worker(p, 2).kill()
+        _until(p, run, lambda: (run / "logs" / "worker-2.1.log").exists(), "worker 2 was not replaced")
+        release.write_text("go")  # worker 1 goes on to B
+        out = _output(p, run, 150)
+        step.join(timeout=30)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, (out[-3000:], lines)
+    assert f"committed: micro-tasks move at clock {b}" in "\n".join(lines), lines
+    assert any(f"every server's checkpoint part of clock {b} is on disk: worker(s) [2] leave" in x for x in lines)
+    assert "handed off at clock" in (run / "logs" / "worker-2.1.log").read_text()  # its own hand-offs, adopted
+    assert not failed, failed
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations)
+
+
 def _part_counts(cfg: dict, parts: dict) -> tuple[np.ndarray, np.ndarray]:
     """A checkpoint's word-topic table (its server parts) and the counts of its workers' assignments."""
     args = from_dict(LDAArgs, cfg["app"]["args"], "app.args")
