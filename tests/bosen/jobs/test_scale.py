@@ -360,13 +360,16 @@ def test_a_failed_servers_step_stops_its_joined_server_and_the_job_runs_on_exact
     saying ``fail``; worker 0 held before clock 31 meanwhile): the step's error names the joined
     server as stopped, and the launcher's status shows 2 servers again. A second step 2 -> 3 fails
     after every server took the new map (the file says ``fail-after-map``): the launcher keeps the
-    joined server and says the move took effect, its status shows 3 servers, and the job finishes on
-    those with every checkpoint and the end exact."""
+    joined server and says the move took effect, and its status shows 3 servers. Killed once a
+    checkpoint holds its part (worker 0 held before clock 37), the joined server is replaced under the
+    job's new servers and map, and the job finishes with every checkpoint and the end exact."""
     iterations = 40
     path, cfg = _lda_job(tmp_path, iterations)
     run = (tmp_path / "run").resolve()
     go, move = tmp_path / "go", tmp_path / "move"
-    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-clock:0:31:{go};hold-move:{move}"})
+    go2 = tmp_path / "go2"  # worker 0 holds again before clock 37, the joined server then killed
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-clock:0:31:{go};hold-before-clock:0:37:{go2};"
+                                               f"hold-move:{move}"})
     lines, failed, step = _scale_thread(run, servers=3)
     try:
         _wait_clock(p, run, 3)
@@ -389,6 +392,14 @@ def test_a_failed_servers_step_stops_its_joined_server_and_the_job_runs_on_exact
         said = launcher_status(run)
         assert said["servers"] == 3 and said["scaling"] is None, said
         go.write_text("go")
+        ck = run / "checkpoints"
+        _until(p, run, lambda: (checkpoint.clock_dir(ck, 36) / checkpoint.part_name("server", 2) / checkpoint.META)
+               .exists() and 36 in checkpoint.clocks(ck), "no checkpoint at clock 36 with the joined server's part")
+        joined = [c for c, cl in descendants(p.pid) if "bosen.server" in cl and "--join" in cl]
+        assert len(joined) == 1, joined
+        joined[0].kill()  # replaced with the job's 3 servers and new map (--shape-from), not the config's 2
+        _until(p, run, lambda: "replaces server-2" in _log(run).read_text(), "the joined server was not replaced")
+        go2.write_text("go")
         out = _output(p, run, 90)
     finally:
         _stop(p)
