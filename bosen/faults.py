@@ -36,7 +36,9 @@ arrange on a loaded machine. Four:
     exists (it writes ``PATH.held`` first): the step is under way, its joining servers started, and
     a test can ask the launcher for its status or finish a worker meanwhile. Where ``PATH`` then
     says ``fail``, the move fails there (BosenError), as one timed out or refused would, with no
-    plan made. Workers ignore it.
+    plan made; where it says ``fail-after-map``, the move goes on and fails once every server has
+    answered the new map (before any leaving server retires), as one whose connection broke then
+    would. Workers ignore it.
 
 Several faults are separated by ``;`` (``hold-before-clock:0:11:/a;hold-before-clock:2:16:/b``).
 """
@@ -72,6 +74,9 @@ class Fault:
     def before_plan(self, check: Callable[[], None] | None = None) -> None:
         """Called by whoever moves partitions before it tells the clients to pause (``check`` raises
         where the move is given up meanwhile)."""
+
+    def after_map(self) -> None:
+        """Called by whoever moves partitions once every server has taken the new map."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,11 @@ class HoldMove(Fault):
         if self.release.read_text().strip() == "fail":
             raise BosenError(f"the partition move failed on purpose (${ENV}: {self.release} says fail)")
 
+    def after_map(self) -> None:
+        if self.release.exists() and self.release.read_text().strip() == "fail-after-map":
+            raise BosenError(f"the partition move failed on purpose after its map (${ENV}: {self.release} says "
+                             "fail-after-map)")
+
 
 @dataclass(frozen=True)
 class Faults(Fault):
@@ -175,6 +185,10 @@ class Faults(Fault):
     def before_plan(self, check: Callable[[], None] | None = None) -> None:
         for f in self.each:
             f.before_plan(check)
+
+    def after_map(self) -> None:
+        for f in self.each:
+            f.after_map()
 
 
 def _ack(plan: Path, pid: int, rank: int, at: int) -> None:

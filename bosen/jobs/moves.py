@@ -146,12 +146,15 @@ def current_servers(config: Config, timeout: float = 5.0) -> list[str]:
 def current_map(config: Config, timeout: float = 5.0) -> tuple[int, np.ndarray]:
     """The partition map the job's servers follow now: (version, owner per partition)."""
     security = Security.load(config, "client")
-    stats = [status_mod.query(addr, timeout=timeout, security=security) for addr in current_servers(config, timeout)]
-    versions = {s["partitions"]["version"] for s in stats}
+    addrs = current_servers(config, timeout)
+    stats = [status_mod.query(addr, timeout=timeout, security=security) for addr in addrs]
+    versions: dict[int, list[str]] = {}
+    for addr, s in zip(addrs, stats, strict=True):
+        versions.setdefault(s["partitions"]["version"], []).append(addr)
     if len(versions) != 1:
-        raise BosenError(f"servers follow different partition maps (versions {sorted(versions)}): a move is "
-                         "under way or was cut off")
-    return versions.pop(), np.asarray(stats[0]["partitions"]["owner"], dtype=np.int32)
+        each = "; ".join(f"version {v}: {', '.join(a)}" for v, a in sorted(versions.items()))
+        raise BosenError(f"servers follow different partition maps ({each}): a move is under way or was cut off")
+    return next(iter(versions)), np.asarray(stats[0]["partitions"]["owner"], dtype=np.int32)
 
 
 def balanced(owner: np.ndarray, servers: int) -> np.ndarray:
@@ -270,6 +273,8 @@ def move_partitions(config: Config, owner: np.ndarray, timeout: float = 60.0,
         for j, seq in enumerate(seqs):  # every server lays its rows out at once
             part_s = max(part_s, float(mover.reply(j, seq)[0].get("ps", 0.0)))
         pause_s = time.perf_counter() - t0
+        if fault is not None:
+            fault.after_map()
         retiring = [mover.send(j, "retire", new) for j in range(n, len(everyone))]
         for j, seq in enumerate(retiring, start=n):  # each answers once every client said BYE to it
             mover.reply(j, seq)

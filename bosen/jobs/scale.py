@@ -54,8 +54,8 @@ from bosen.config import Config
 from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
 from bosen.jobs.cluster import LocalCluster
-from bosen.jobs.job import MetricsMerger
-from bosen.jobs.moves import MoveReport, current_servers, scale_servers
+from bosen.jobs.job import JobFailed, MetricsMerger
+from bosen.jobs.moves import MoveReport, current_map, current_servers, scale_servers
 from bosen.jobs.supervise import Process
 from bosen.security import Security
 
@@ -335,7 +335,14 @@ class Scaler:
         step.mover = None
         before, n = step.servers
         if step.failure is not None:
-            raise ScaleError(f"--servers {n}: {step.failure}{self._drop_joined(step)}")
+            if not self._took_effect(step):
+                raise ScaleError(f"--servers {n}: {step.failure}{self._drop_joined(step)}")
+            self.launcher.servers_changed = True  # as below: the job runs on its servers' new list and map
+            self._say(step, f"the move took effect: the job runs on {n} servers (every one follows the new map; "
+                            f"the move then failed: {step.failure})")
+            step.phase, step.kept = "propose", step.lines[-1]
+            self._next(step)
+            return
         cluster, ray, report = self.launcher.cluster, self.launcher.ray_job, step.report
         assert cluster is not None and report is not None
         self.launcher.servers_changed = True  # the job follows its servers' list and map from here on
@@ -348,6 +355,26 @@ class Scaler:
                         f"moved, sends paused {report.pause_s:.2f}s")
         step.phase, step.kept = "propose", step.lines[-1]
         self._next(step)
+
+    def _took_effect(self, step: _Step) -> bool:
+        """After a failed join: whether it failed once every server had taken the new map (server 0
+        lists the ``n`` servers, and they all follow one map, which gives each of them partitions).
+        JobFailed where the servers follow different maps: the clients cannot know whom to send to."""
+        before, n = step.servers
+        if n <= before:
+            return False
+        try:
+            listed = len(current_servers(self.launcher.config))
+            if listed != n:
+                return False
+            _, owner = current_map(self.launcher.config)
+        except BosenError as e:
+            if "different partition maps" not in str(e):
+                return False  # server 0 did not answer: _drop_joined says so
+            why = f"--servers {n}: {step.failure}; then {e}"
+            self._finish(step, why)
+            raise JobFailed(f"a servers scale step failed part-way: {why}; stopping the job") from None
+        return bool(owner.shape[0]) and int(owner.max()) == n - 1
 
     def _drop_joined(self, step: _Step) -> str:
         """After a failed move: the servers that joined for it stop and leave the launcher's list (their
@@ -524,6 +551,8 @@ class Scaler:
             return
         try:
             getattr(self, f"_{step.phase}")(step)
+        except JobFailed:  # the step left the job unable to run on (it says why)
+            raise
         except (BosenError, OSError) as e:
             self._fail(step, str(e))
 

@@ -116,7 +116,8 @@ def test_a_rank_holds_before_a_given_clock_until_released(monkeypatch, tmp_path)
 
 def test_the_mover_holds_before_its_plan_until_released_and_the_workers_ignore_it(monkeypatch, tmp_path):
     """``hold-move:PATH``: whoever moves partitions holds before its plan, saying so in PATH.held, until
-    PATH exists (a move given up meanwhile stops holding); read with ``only`` it leaves the other
+    PATH exists (a move given up meanwhile stops holding), failing after the map where PATH says
+    ``fail-after-map``; read with ``only`` it leaves the other
     processes' faults to them, and a worker's ``before_clock`` holds nothing for it."""
     monkeypatch.setenv(faults.ENV, "hold-move:")
     with pytest.raises(ConfigError, match="expected hold-move:PATH"):
@@ -138,6 +139,11 @@ def test_the_mover_holds_before_its_plan_until_released_and_the_workers_ignore_i
     release.write_text("")
     t.join(timeout=10)
     assert done.is_set()
+    fault.after_map()  # nothing to fail
+    release.write_text("fail-after-map")
+    fault.before_plan()  # the plan goes on; the move fails once the map is taken
+    with pytest.raises(BosenError, match="failed on purpose after its map"):
+        fault.after_map()
     release.unlink()
     cancelled = threading.Event()
     cancelled.set()

@@ -357,14 +357,19 @@ def test_a_server_joins_after_a_worker_finished_and_the_launcher_answers_while_t
 @pytest.mark.timeout(150)
 def test_a_failed_servers_step_stops_its_joined_server_and_the_job_runs_on_exact(tmp_path):
     """Servers 2 -> 3 whose partition move fails before its plan ($BOSEN_FAULT=hold-move, its file
-    saying ``fail``; both workers held before clock 31 meanwhile): the step's error names the joined
-    server as stopped, the launcher's status shows 2 servers again, and the job finishes on those with
-    every checkpoint and the end exact."""
+    saying ``fail``; worker 0 held before clock 31 meanwhile): the step's error names the joined
+    server as stopped, and the launcher's status shows 2 servers again. A second step 2 -> 3 fails
+    after every server took the new map (the file says ``fail-after-map``): the launcher keeps the
+    joined server and says the move took effect, and its status shows 3 servers. Killed once a
+    checkpoint holds its part (worker 0 held before clock 37), the joined server is replaced under the
+    job's new servers and map, and the job finishes with every checkpoint and the end exact."""
     iterations = 40
     path, cfg = _lda_job(tmp_path, iterations)
     run = (tmp_path / "run").resolve()
     go, move = tmp_path / "go", tmp_path / "move"
-    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-clock:0:31:{go};hold-move:{move}"})
+    go2 = tmp_path / "go2"  # worker 0 holds again before clock 37, the joined server then killed
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-before-clock:0:31:{go};hold-before-clock:0:37:{go2};"
+                                               f"hold-move:{move}"})
     lines, failed, step = _scale_thread(run, servers=3)
     try:
         _wait_clock(p, run, 3)
@@ -377,7 +382,24 @@ def test_a_failed_servers_step_stops_its_joined_server_and_the_job_runs_on_exact
         assert re.search(r"failed on purpose.*server-2 stopped, back to 2 servers", str(failed[0])), failed
         said = launcher_status(run)
         assert said["servers"] == 2 and said["scaling"] is None, said
+        move.write_text("fail-after-map")
+        lines, failed, step = _scale_thread(run, servers=3)
+        step.start()
+        step.join(timeout=90)
+        assert not step.is_alive() and not failed, (failed, lines)
+        assert re.search(r"the move took effect: the job runs on 3 servers .*failed on purpose after its map",
+                         lines[-1]), lines
+        said = launcher_status(run)
+        assert said["servers"] == 3 and said["scaling"] is None, said
         go.write_text("go")
+        ck = run / "checkpoints"
+        _until(p, run, lambda: (checkpoint.clock_dir(ck, 36) / checkpoint.part_name("server", 2) / checkpoint.META)
+               .exists() and 36 in checkpoint.clocks(ck), "no checkpoint at clock 36 with the joined server's part")
+        joined = [c for c, cl in descendants(p.pid) if "bosen.server" in cl and "--join" in cl]
+        assert len(joined) == 1, joined
+        joined[0].kill()  # replaced with the job's 3 servers and new map (--shape-from), not the config's 2
+        _until(p, run, lambda: "replaces server-2" in _log(run).read_text(), "the joined server was not replaced")
+        go2.write_text("go")
         out = _output(p, run, 90)
     finally:
         _stop(p)
