@@ -660,6 +660,29 @@ def _scale_while_held(p: subprocess.Popen, run: Path, tmp_path: Path, step: thre
         (tmp_path / f"start{r}").write_text("go")
 
 
+def _release_and_finish(p, run, release, step, timeout: float) -> str:
+    """Let worker 1 go on to B (the hold's file says go) and return the launcher's output once the job
+    ends, the scale step's thread joined."""
+    release.write_text("go")
+    out = _output(p, run, timeout)
+    step.join(timeout=30)
+    return out
+
+
+def _leaver_waiting_for_release(p, run, tmp_path, step, held) -> int:
+    """Scale 3 -> 2 while worker 1 holds before its CLOCK of the boundary B; once worker 2 (the leaver)
+    has ended its clocks at B on every server and waits for a release that no part of B allows yet,
+    return B."""
+    _scale_while_held(p, run, tmp_path, step)
+    _until(p, run, lambda: _held_at(run, held) is not None, "worker 1 did not hold before a committed boundary")
+    b = _held_at(run, held)
+    addresses = config_mod.load(run / "config.yaml").cluster.servers
+    _until(p, run, lambda: all(status_mod.query(a, timeout=10.0)["final_clocks"][2] == b for a in addresses),
+           f"worker 2 did not end its clocks at {b} on every server")
+    assert not list((run / "tasks").glob("left-*.json"))  # not released: no server has a part of B
+    return b
+
+
 def _held_at(run: Path, held: Path) -> int | None:
     """B where the fault's rank holds, once the scaler committed it (a proposal withdrawn because another
     worker was past it lets the rank go on, and it holds again at the next one)."""
@@ -811,21 +834,14 @@ def test_a_server_killed_while_a_leaver_waits_for_its_release_is_replaced_and_th
     iterations, every = 98, 10  # B mid-run (in the last clocks it is refused); last parts at the end
     cfg, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, iterations, every, 1, start=every + 1)
     try:
-        _scale_while_held(p, run, tmp_path, step)  # B past the first part: the replacement restores one before B
-        _until(p, run, lambda: _held_at(run, held) is not None, "worker 1 did not hold before a committed boundary")
-        b = _held_at(run, held)
-        addresses = config_mod.load(run / "config.yaml").cluster.servers
-        _until(p, run, lambda: all(status_mod.query(a, timeout=10.0)["final_clocks"][2] == b for a in addresses),
-               f"worker 2 did not end its clocks at {b} on every server")
-        assert not list((run / "tasks").glob("left-*.json"))  # not released: no server has a part of B
+        # B past the first part: a replacement restores one before B
+        b = _leaver_waiting_for_release(p, run, tmp_path, step, held)
         _server(p, 1).kill()
         replacement = run / "logs" / "server-1.1.log"
         heard = f"client rank 2 ends its clocks at {b}"
         _until(p, run, lambda: replacement.exists() and heard in replacement.read_text(),
                "server 1's replacement did not hear the leaver's fc")  # in its HELLO: the replacement serves
-        release.write_text("go")  # worker 1 goes on to B
-        out = _output(p, run, 120)
-        step.join(timeout=30)
+        out = _release_and_finish(p, run, release, step, 120)
     finally:
         _stop(p)
     assert p.returncode == 0, (out[-3000:], lines)
@@ -849,18 +865,10 @@ def test_a_leaver_killed_while_it_waits_for_its_release_is_replaced_and_the_coun
     iterations, every = 98, 10
     cfg, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, iterations, every, 1, start=every + 1)
     try:
-        _scale_while_held(p, run, tmp_path, step)
-        _until(p, run, lambda: _held_at(run, held) is not None, "worker 1 did not hold before a committed boundary")
-        b = _held_at(run, held)
-        addresses = config_mod.load(run / "config.yaml").cluster.servers
-        _until(p, run, lambda: all(status_mod.query(a, timeout=10.0)["final_clocks"][2] == b for a in addresses),
-               f"worker 2 did not end its clocks at {b} on every server")
-        assert not list((run / "tasks").glob("left-*.json"))  # not released: no server has a part of B
+        b = _leaver_waiting_for_release(p, run, tmp_path, step, held)
         _worker(p, 2).kill()
         _until(p, run, lambda: (run / "logs" / "worker-2.1.log").exists(), "worker 2 was not replaced")
-        release.write_text("go")  # worker 1 goes on to B
-        out = _output(p, run, 150)
-        step.join(timeout=30)
+        out = _release_and_finish(p, run, release, step, 150)
     finally:
         _stop(p)
     assert p.returncode == 0, (out[-3000:], lines)
