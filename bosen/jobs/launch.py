@@ -409,6 +409,8 @@ class Launcher:
         checkpoints); True when every worker has finished."""
         for i, p in enumerate(self.cluster.servers if self.cluster is not None else []):
             code = p.returncode
+            if code == 0 and self.scaler is not None and self.scaler.leaving(i):
+                continue  # it left the job: the scale step retires it
             if code is not None:
                 if self.config.checkpoint is None or self._in_a_row("server", i) >= MAX_REPLACEMENTS:
                     raise JobFailed(f"{p.name} {describe_exit(code)}; stopping the job. Last log lines:\n"

@@ -280,6 +280,15 @@ class Scaler:
         the joining ones too, about a rank that finishes meanwhile)."""
         return self.current is not None and self.current.phase == "move"
 
+    def leaving(self, server: int) -> bool:
+        """Whether ``server`` leaves in the servers part under way: it exits once its partitions moved
+        away, maybe before ``_move`` has retired it, and that exit is no loss to replace."""
+        if not self.moving_servers:
+            return False
+        assert self.current is not None
+        _, n = self.current.servers
+        return server >= n
+
     def finished(self) -> list[int]:
         """The job's ranks whose process has ended its training (exit status 0: its BYE answered)."""
         return [r for r in sorted(self.members) if self.launcher.workers[r].returncode == 0]
