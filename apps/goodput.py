@@ -33,10 +33,6 @@ from bosen.goodput import Throughput, best_config, efficiency, fit_throughput, l
 from bosen.gradstats import NoiseScale, moments
 
 EXPLORE = 4  # the search goes up to this times the largest batch measured (the paper's 2x the most GPUs, P:272)
-# an interval probes that bound where the model gives it at least this share of the best goodput: the
-# linear T_grad fitted on small m overprices a larger m's step where computation per example falls with m
-# (the CNN on CPU: 1.6x at m = 512 from m <= 128, docs/evaluation.md), and never-tried batches stay unmeasured
-PROBE = 2 / 3
 
 __all__ = ["GoodputArgs", "Setting", "Agent", "Recorder", "WorkerAgent", "COLS", "HANDED", "table_spec", "start"]
 
@@ -203,10 +199,7 @@ class Agent:
     def decide(self, interval: int, workers: int) -> Setting:
         """The setting of ``interval`` for ``workers`` workers from what was observed: the (m, s) of
         highest goodput and its learning-rate gain; the current (m, s) while φ or the step time is not
-        yet measured (or the agent does not adapt). The search stops at EXPLORE times the largest batch
-        measured; that bound, unmeasured, is run for an interval where the model puts its goodput within
-        PROBE of the best, once two batch sizes are measured (Pollux explores optimistically: the fit
-        there is an extrapolation)."""
+        yet measured (or the agent does not adapt)."""
         cur = self.setting
         phi = self.noise.phi
         if math.isnan(phi) or not self.obs:
@@ -223,15 +216,6 @@ class Agent:
             bound = max(self.m0, min(self.max_batch, EXPLORE * seen))
             c = best_config(self.model, phi, self.m0, workers, bound, self.args.max_local, rule=self.args.rule)
             new_m, new_s, eff, tput = c.m, c.s, c.efficiency, c.throughput
-            # the bound not yet measured: probe it where the model puts it close (with one batch size
-            # measured the fit's prior, half of T_grad fixed, is the optimistic one already)
-            if bound > seen and len({(m_, s_) for m_, s_, _, _ in self.obs}) > 1:
-                ps = max(-(-bound // (workers * self.args.max_local)) - 1, 0)
-                pm = -(-bound // (workers * (ps + 1)))
-                pt = float(self.model.throughput(pm, ps, workers))
-                pe = float(efficiency(phi, self.m0, float(workers * pm * (ps + 1)), self.args.rule))
-                if pt * pe >= PROBE * c.goodput:
-                    new_m, new_s, eff, tput = pm, ps, pe, pt
         else:
             new_m, new_s = cur.m, cur.s
             batch = workers * new_m * (new_s + 1)
