@@ -58,6 +58,10 @@ class MoveCancelled(BosenError):
     """Whoever moves partitions gave the move up (the launcher stopping) before any server took the map."""
 
 
+class SplitMaps(BosenError):
+    """The servers follow different partition maps: a move is under way or was cut off."""
+
+
 class _Mover:
     def __init__(self, servers: list[str], timeout: float, security: Security | None,
                  cancel: threading.Event | None = None) -> None:
@@ -153,7 +157,7 @@ def current_map(config: Config, timeout: float = 5.0) -> tuple[int, np.ndarray]:
         versions.setdefault(s["partitions"]["version"], []).append(addr)
     if len(versions) != 1:
         each = "; ".join(f"version {v}: {', '.join(a)}" for v, a in sorted(versions.items()))
-        raise BosenError(f"servers follow different partition maps ({each}): a move is under way or was cut off")
+        raise SplitMaps(f"servers follow different partition maps ({each}): a move is under way or was cut off")
     return next(iter(versions)), np.asarray(stats[0]["partitions"]["owner"], dtype=np.int32)
 
 

@@ -55,7 +55,7 @@ from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
 from bosen.jobs.cluster import LocalCluster
 from bosen.jobs.job import JobFailed, MetricsMerger
-from bosen.jobs.moves import MoveReport, current_map, current_servers, scale_servers
+from bosen.jobs.moves import MoveReport, SplitMaps, current_map, current_servers, scale_servers
 from bosen.jobs.supervise import Process
 from bosen.security import Security
 
@@ -377,12 +377,12 @@ class Scaler:
             if listed != n:
                 return False
             _, owner = current_map(self.launcher.config)
-        except BosenError as e:
-            if "different partition maps" not in str(e):
-                return False  # server 0 did not answer: _drop_joined says so
+        except SplitMaps as e:
             why = f"--servers {n}: {step.failure}; then {e}"
             self._finish(step, why)
             raise JobFailed(f"a servers scale step failed part-way: {why}; stopping the job") from None
+        except BosenError:
+            return False  # server 0 did not answer: _drop_joined says so
         return bool(owner.shape[0]) and int(owner.max()) == n - 1
 
     def _drop_joined(self, step: _Step) -> str:
