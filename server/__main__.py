@@ -97,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.shape_from is not None:
             if not args.recover or args.rank is None:
                 raise ValueError("--shape-from goes with --recover --rank N (replacing a lost server)")
-            shape = Joining.of_job(status_mod.query(args.shape_from, timeout=JOIN_TIMEOUT_S))
+            # as a client of the job (its keys): off loopback its servers run CURVE
+            shape = Joining.of_job(status_mod.query(args.shape_from, timeout=JOIN_TIMEOUT_S,
+                                                    security=Security.load(cfg, "client")))
         server = Server(cfg, args.rank if args.rank is not None else -1, bind=args.bind,
                         resume=Path(args.resume) if args.resume else None, recover=args.recover, gone=gone,
                         hold_lost=args.hold_lost, join=join, shape=shape)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bosen import faults
 from bosen.config import Config, RayConfig
 from bosen.errors import BosenError
 from bosen.jobs.supervise import STOP_GRACE_S, Env, Process, ProcessFailed, ProcessGroup, tail
@@ -474,8 +475,11 @@ class RayJob(ProcessGroup):
         for k, v in {**self.env, **(env or {})}.items():
             if v is not None:
                 merged[k] = os.fspath(v) if isinstance(v, os.PathLike) else str(v)
-        if os.environ.get("PYTHONPATH"):  # what the launcher imports, the children import (apps, tests)
-            merged.setdefault("PYTHONPATH", os.environ["PYTHONPATH"])
+        # what the launcher imports, the children import (apps, tests); a fault a test injects
+        # ($BOSEN_FAULT, bosen/faults.py) reaches them as it reaches a plain launch's children
+        for var in ("PYTHONPATH", faults.ENV):
+            if os.environ.get(var):
+                merged.setdefault(var, os.environ[var])
         log = (self.log_dir / f"{name}.log").resolve()
         ray = require_ray()
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -15,15 +16,15 @@ import numpy as np
 import psutil
 import pytest
 import yaml
-from conftest import PY, run_cmd, write_config
-from test_scale import _final_counts, _lda_job, _wait_clock
+from conftest import PY, child_env, run_cmd, write_config
+from test_scale import _final_counts, _lda_job, _log, _scale_thread, _until, _wait_clock
 
 import bosen
 from bosen import checkpoint, security
 from bosen.apps import microtasks as M
 from bosen.apps.lda.worker import LDAArgs
 from bosen.config import from_dict
-from bosen.jobs.scale import ScaleError
+from bosen.jobs.scale import ScaleError, launcher_status
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -45,10 +46,11 @@ def ray_cluster() -> Iterator[Cluster]:
         cluster.shutdown()
 
 
-def job(tmp_path: Path, app: dict, name: str, ray_section: dict | None = None, ckpt: bool = True) -> Path:
+def job(tmp_path: Path, app: dict, name: str, ray_section: dict | None = None, ckpt: bool = True, every: int = 2,
+        read_timeout_s: float = 30) -> Path:
     cfg: dict = {
         "cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
-        "consistency": {"staleness": 2, "read_timeout_s": 30},
+        "consistency": {"staleness": 2, "read_timeout_s": read_timeout_s},
         "tables": {"W": {"rows": 8, "cols": 2, "dtype": "int64"}},
         "app": app,
         # managed communication: budgeted sends and pushes mid-clock besides the end-of-tick flushes
@@ -56,7 +58,7 @@ def job(tmp_path: Path, app: dict, name: str, ray_section: dict | None = None, c
                  "server_push_rows": 2},
     }
     if ckpt:
-        cfg["checkpoint"] = {"every_clocks": 2, "keep": 100}
+        cfg["checkpoint"] = {"every_clocks": every, "keep": 100}
     if ray_section is not None:
         cfg["ray"] = ray_section
     return write_config(tmp_path / name, cfg)
@@ -203,4 +205,102 @@ def test_bosen_scale_asks_ray_for_actors_and_releases_them(tmp_path: Path, ray_c
     np.testing.assert_array_equal(final, counts)
     batches = from_dict(LDAArgs, cfg["app"]["args"], "app.args").batches(2)
     assert [int(states[M.key(t, "sweeps")][0]) for t in range(8)] == [iterations * batches] * 8
+    assert left_running(run) == []
+
+
+def alive(pid: int) -> bool:
+    return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+
+
+def placed(run: Path) -> dict:
+    return json.loads((run / "ray.json").read_text())  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_failed_servers_step_on_ray_releases_or_keeps_the_joined_actors_and_the_tables_stay_exact(
+        tmp_path: Path, ray_cluster: Cluster) -> None:
+    """Servers 2 -> 3 on the two Ray nodes whose partition move fails before its plan ($BOSEN_FAULT
+    hold-move, its file saying ``fail``; worker 0 held before clock 13 meanwhile): the joined server
+    stops, its actor is killed and its step's placement group removed, and the job runs on with its 2
+    servers. A second step 2 -> 3 fails after every server took the new map (``fail-after-map``): the
+    joined server's actor is kept and recorded, in a new group of its step on the ``ps`` node. Its
+    server process killed once a checkpoint holds its part (worker 0 held before clock 21), the
+    replacement starts in that same actor under the job's 3 servers and new map. Integer addition
+    under SSP and managed communication: every checkpoint's W, and the final one, is exactly the plain
+    launch's (B(B+1)/2 in every cell at clock B), and nothing is left running. Worker 0 holds just
+    past a checkpoint boundary (every 4 clocks), so worker 1, up to 2 clocks ahead, crosses none: a
+    move meeting clients on both sides of one is refused until they are not (server/moves.py)."""
+    ticks = 28
+    app = {"module": "checkpoint_worker", "args": {"ticks": ticks}}
+    # worker 1 waits in a read while worker 0 holds: longer than the default 30 s under load
+    path = job(tmp_path, app, "job.yaml", {**ROLES, "server_cpus": 0.5, "worker_cpus": 0.5}, every=4,
+               read_timeout_s=120)
+    run = (tmp_path / "run").resolve()
+    go, go2, move = tmp_path / "go", tmp_path / "go2", tmp_path / "move"
+    fault = f"hold-before-clock:0:13:{go};hold-before-clock:0:21:{go2};hold-move:{move}"
+    p = subprocess.Popen([PY, "-m", "bosen", "launch", str(path), "--run-dir", str(run), "--no-plot",
+                          "--ray", ray_cluster.address], stdout=_log(run).open("w"), stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True, env=child_env({"BOSEN_FAULT": fault}))
+    head = ray_cluster.head_node.node_id
+    try:
+        _until(p, run, (tmp_path / "go.held").exists, "worker 0 (in its Ray actor) did not hold before clock 13")
+        lines, failed, step = _scale_thread(run, servers=3)
+        step.start()
+        _until(p, run, (tmp_path / "move.held").exists, "the partition move did not hold before its plan")
+        joined = placed(run)["processes"]["server-2"]
+        assert joined["node_id"] == head and alive(joined["actor_pid"]) and alive(joined["pid"]), joined
+        assert len(placed(run)["placement_groups"]) == 2  # the launch's and the step's
+        move.write_text("fail")
+        step.join(timeout=60)
+        assert not step.is_alive() and len(failed) == 1, (failed, lines)
+        assert re.search(r"failed on purpose.*server-2 stopped and their Ray actors released, back to 2 servers",
+                         str(failed[0])), failed
+        assert launcher_status(run)["servers"] == 2
+        now = placed(run)
+        assert now["processes"]["server-2"].get("released") and len(now["placement_groups"]) == 1, now
+        _until(p, run, lambda: not alive(joined["actor_pid"]) and not alive(joined["pid"]),
+               "the dropped server's actor or process still runs", timeout=30)
+
+        move.write_text("fail-after-map")
+        lines, failed, step = _scale_thread(run, servers=3)
+        step.start()
+        step.join(timeout=90)
+        assert not step.is_alive() and not failed, (failed, lines)
+        assert re.search(r"the move took effect: the job runs on 3 servers .*failed on purpose after its map",
+                         lines[-1]), lines
+        assert launcher_status(run)["servers"] == 3
+        now = placed(run)
+        kept = now["processes"]["server-2.1"]
+        assert kept["node_id"] == head and not kept.get("released") and alive(kept["actor_pid"]), now
+        groups = now["placement_groups"]
+        assert len(groups) == 2 and list(groups[1]["members"].values()) == ["server-2"], groups
+
+        go.write_text("go")
+        ck = run / "checkpoints"
+        _until(p, run, lambda: (checkpoint.clock_dir(ck, 20) / checkpoint.part_name("server", 2) / checkpoint.META)
+               .exists() and 20 in checkpoint.clocks(ck), "no checkpoint at clock 20 with the joined server's part")
+        os.kill(kept["pid"], signal.SIGKILL)
+        _until(p, run, lambda: "replaces server-2.1" in _log(run).read_text(), "the joined server was not replaced")
+        new = placed(run)["processes"]["server-2.2"]  # in the joined server's actor, on the ps node
+        assert (new["actor_pid"], new["node_id"]) == (kept["actor_pid"], head) and alive(new["pid"]), new
+        go2.write_text("go")
+        p.wait(timeout=90)
+        out = _log(run).read_text()
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 0, out[-3000:]
+    clocks = checkpoint.clocks(ck)
+    assert clocks[0] == ticks, clocks
+    for b in clocks:
+        parts = checkpoint.check_complete(ck, b, 2, 2, None)
+        full = np.zeros((8, 2), dtype=np.int64)
+        for name, part in parts.items():
+            if name.startswith("server-"):
+                arrays = part.load()
+                full[arrays["t0.rows"]] = arrays["t0.values"]
+        np.testing.assert_array_equal(full, b * (b + 1) // 2, err_msg=f"checkpoint at clock {b}")
+    assert checkpoint.recorded_servers(checkpoint.clock_dir(ck, ticks)) == 3
     assert left_running(run) == []
