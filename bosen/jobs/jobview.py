@@ -27,6 +27,7 @@ from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
 from bosen.jobs.job import METRICS
 from bosen.metrics import HELDOUT_MEASURES
+from bosen.security import Security
 
 STATUS_TIMEOUT_S = 1.0
 MAX_POINTS = 2000  # a long job's curve is thinned to about this many points (every k-th clock, the last kept)
@@ -74,6 +75,8 @@ class JobView:
                              "run directory, whose config.yaml names the ports")
         self.title = str(self.run_dir.name if self.run_dir is not None else cfg_path)
         self.status_timeout = status_timeout
+        # a client of the job: where its servers run CURVE (off loopback), STATUS needs the job's keys
+        self._security = Security.load(self.config, "client")
         self._ctx = zmq.Context()
         self._lock = threading.Lock()
         self._offset = 0
@@ -204,7 +207,7 @@ class JobView:
             return [(self._final[r], False) for r in sorted(self._final)], []
         first: dict[str, Any] | None = None
         try:  # servers may have joined or left: server 0 knows which the job has now
-            first = status_mod.query(addresses[0], self._timeout(), self._ctx)
+            first = status_mod.query(addresses[0], self._timeout(), self._ctx, self._security)
             addresses = list(first.get("servers", addresses))
         except BosenError:
             pass
@@ -212,7 +215,7 @@ class JobView:
         for rank, addr in enumerate(addresses):
             try:
                 st = first if first is not None and first.get("address") == addr else \
-                    status_mod.query(addr, self._timeout(), self._ctx)
+                    status_mod.query(addr, self._timeout(), self._ctx, self._security)
                 out.append((st, True))
                 self._answered = True
             except BosenError as e:

@@ -29,6 +29,7 @@ from bosen.client import Client
 from bosen.errors import ConfigError
 from bosen.jobs import moves
 from bosen.jobs import status as status_mod
+from bosen.jobs.jobview import JobView
 from bosen.security import KeyFileError, Refused, Security
 from bosen.wire import Msg
 
@@ -314,6 +315,12 @@ def test_listed_clients_train_exactly_and_everyone_else_is_refused(bosen_cluster
         assert reader.stats()["direct_reads"] > 0  # the worker thread's own read sockets: CURVE clients too
         version, owner = moves.current_map(cfg)  # what a partition move asks first, with the job's keys
         assert version == 0 and sorted(set(owner.tolist())) == [0, 1]
+        view = JobView(c.path)  # the dashboard's view of the job asks every server's STATUS with its keys
+        try:
+            snap = view.snapshot()
+        finally:
+            view.close()
+        assert snap["down"] == [] and [s["live"] for s in snap["servers"]] == [True, True], snap["down"]
     finally:
         reader.close()
     assert all(s["errors"] == 0 for s in c.status())
