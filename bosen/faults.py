@@ -22,8 +22,9 @@ arrange on a loaded machine. Four:
     would at its next boundary, so a scale step can be agreed while it holds.
 
 ``BOSEN_FAULT=no-parts-from:RANK:CLOCK``
-    the first process of worker rank ``RANK`` (not a replacement: ``$BOSEN_REJOIN`` unset) writes no
-    checkpoint part of a clock at or past ``CLOCK``, as a process whose part writer fell behind would
+    the first process of worker rank ``RANK`` (not a replacement, ``$BOSEN_REJOIN`` unset, nor one of
+    a job resumed from a checkpoint, ``$BOSEN_RESUME`` unset) writes no checkpoint part of a clock at
+    or past ``CLOCK``, as a process whose part writer fell behind would
     not have before it died. The servers save their parts meanwhile, but no checkpoint at or past
     ``CLOCK`` completes while it runs: killed later, it is replaced from a checkpoint before
     ``CLOCK`` (with a scale-in's boundary B >= ``CLOCK``: after its hand-off at B, docs/recovery.md, "A
@@ -145,7 +146,8 @@ class NoPartsFrom(Fault):
 
     rank: int
     clock: int
-    replacement: bool  # this process replaces a lost one ($BOSEN_REJOIN): it writes its parts
+    # this process replaces a lost one ($BOSEN_REJOIN) or resumes the job ($BOSEN_RESUME): it writes its parts
+    replacement: bool
 
     def skips_part(self, rank: int, clock: int) -> bool:
         return rank == self.rank and not self.replacement and clock >= self.clock
@@ -266,5 +268,6 @@ def _one(spec: str) -> Fault:
     if not run_dir:
         raise ConfigError(f"${ENV}={spec!r}: a launched worker's fault ($BOSEN_RUN_DIR is not set)")
     if parts:
-        return NoPartsFrom(int(rank), int(path), bool(os.environ.get("BOSEN_REJOIN")))
+        later = os.environ.get("BOSEN_REJOIN") or os.environ.get("BOSEN_RESUME")
+        return NoPartsFrom(int(rank), int(path), bool(later))
     return HoldBeforeLeave(int(rank), Path(path), Path(run_dir, "tasks", "plan.json"))

@@ -85,6 +85,9 @@ def server_families(stats: Mapping[str, Any], labels: Mapping[str, str] | None =
     gauge("partitions", "partitions of the job", parts.get("count", 0))
     gauge("partition_map_version", "the version of the partition map the server follows", parts.get("version", 0))
     gauge("uptime_seconds", "since the server started", stats.get("uptime_s", 0.0))
+    if isinstance(stats.get("take_back_from"), int):  # a clock, not a count (None: no take-back)
+        gauge("take_back_from", "the oldest clock a lost worker's replacement is taken back whole from",
+              stats["take_back_from"])
     cpu = CounterMetricFamily("bosen_server_cpu_seconds", "CPU time of the process since it served", labels=names)
     cpu.add_metric(values, stats.get("cpu_s", 0.0))
     out.append(cpu)
@@ -97,8 +100,9 @@ def server_families(stats: Mapping[str, Any], labels: Mapping[str, str] | None =
         size.add_metric([*values, t], s.get("bytes", 0))
     out += [rows, size]
     for key, value in stats.items():  # the plain counters, whatever STATUS holds
-        if key in ("clock", "rank", "clients_joined", "read_connections") or isinstance(value, bool) \
-                or not isinstance(value, (int, float)) or key.endswith("_mbps") or key in ("uptime_s", "cpu_s"):
+        if key in ("clock", "rank", "clients_joined", "read_connections", "take_back_from") \
+                or isinstance(value, bool) or not isinstance(value, (int, float)) or key.endswith("_mbps") \
+                or key in ("uptime_s", "cpu_s"):
             continue
         c = CounterMetricFamily(f"bosen_server_{COUNTER_NAMES.get(key, key)}", f"STATUS {key}", labels=names)
         c.add_metric(values, value)

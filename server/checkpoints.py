@@ -407,8 +407,9 @@ def _complete_instead(base: Path, rank: int, own: checkpoint.Part, servers: int,
     replacement restarts from; the clients resend from C (they keep their logs from there, SCLOCK
     ``cp``). Its newest own part where C's cannot serve: a partition move or servers joined or left
     since C (C's part has another map), or a rank left the job after C (what it sent since is in no
-    resend log); there a worker lost later and restarted from before S counts its ticks below S
-    twice on this server (docs/recovery.md)."""
+    resend log); there a worker lost later and restarted from before S cannot be taken back on this
+    server (its updates of ticks below S are in the values, not in the take-back log; STATUS
+    ``take_back_from`` says S), and ``bosen launch`` restarts the whole job instead (docs/recovery.md)."""
     try:
         clock, parts, _ = checkpoint.newest_complete(base, servers, None, any_fp)
         older: checkpoint.Part | None = parts.get(checkpoint.part_name("server", rank))
@@ -436,8 +437,9 @@ def _complete_instead(base: Path, rank: int, own: checkpoint.Part, servers: int,
                     "updates since then; the clients resend from clock %d", rank, clock, s, clock)
         return older
     log.warning("server %d restores its newest part (clock %d), not its part of the newest complete checkpoint "
-                "(clock %d): %s; a worker lost later and restarted from before clock %d counts its ticks below it "
-                "twice here", rank, s, clock, why, s)
+                "(clock %d): %s; a worker lost later cannot be taken back here if it restarts from before clock %d "
+                "(STATUS take_back_from): bosen launch then restarts the whole job from its newest complete "
+                "checkpoint", rank, s, clock, why, s)
     return own
 
 

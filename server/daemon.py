@@ -712,10 +712,11 @@ class Server:
             log.warning("cannot take back lost worker rank %d's updates since clock %d (kept from clock %d on): "
                         "its replacement's redo counts them twice", rank, since, self.undo.floor)
             return
-        if since < self.undo.start:  # this server was restored from its part of that clock (a lost server's)
-            log.warning("lost worker rank %d's updates of ticks %d..%d are in the checkpoint part this server "
-                        "was restored from, not in its log: they cannot be taken back, and its replacement's redo "
-                        "of them counts twice here", rank, since, self.undo.start - 1)
+        if since < self.undo.start:  # restored from its part of that clock (a lost server's), or joined then
+            log.error("lost worker rank %d's updates of ticks %d..%d are in the values this server started from "
+                      "(clock %d), not in its log: they cannot be taken back, and its replacement's redo of them "
+                      "counts twice here (bosen launch restarts the whole job instead, STATUS take_back_from)",
+                      rank, since, self.undo.start - 1, self.undo.start)
         rows = 0
         for _, table, batch in back:
             rows += self.shards[table].apply(batch, rank)
@@ -1490,6 +1491,9 @@ class Server:
             "final_clocks": [self.final.get(r) for r in range(self.num_clients)],
             "clients_joined": len(self.by_rank),
             "awaiting_replacement": self._awaiting_replacement(),  # lost ranks whose replacement has not joined
+            # a lost worker's replacement restarted from an older clock is not taken back whole here (None:
+            # no take-back, not --hold-lost): the launcher restarts the whole job instead (server/undo.py)
+            "take_back_from": None if self.undo is None else self.undo.reach,
             "read_connections": len(self.readers),
             # CURVE: handshakes refused by ZAP (a client key not in security.allowed_clients)
             "security": {"curve": self.security is not None,

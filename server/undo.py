@@ -31,6 +31,14 @@ class UndoLog:
         # in those values and were never logged, so none of them can be taken back
         self.start = start
 
+    @property
+    def reach(self) -> int:
+        """The oldest clock a lost worker's replacement may restart from and have every update of its
+        predecessor since then taken back here (STATUS ``take_back_from``): ticks below ``start`` are
+        in the values this server started from, those below ``floor`` were dropped. ``bosen launch``
+        restarts the whole job from its newest complete checkpoint where that is older."""
+        return max(self.start, self.floor)
+
     def record(self, rank: int, clock: int, table: int, batch: UpdateBatch) -> None:
         self._entries.setdefault(rank, deque()).append((clock, table, batch))
 

@@ -45,9 +45,16 @@ SCALE_POLL_S = 0.02  # while a scale step is under way: its phases wait on files
 MAX_REPLACEMENTS = 3
 PRUNE_EVERY_S = 2.0  # how often old checkpoints are looked for and deleted while the job runs
 SERVER_READY_TIMEOUT_S = 60.0
+STATUS_TIMEOUT_S = 10.0  # a server answers STATUS within this, on a loaded machine too
 # after a worker is replaced, old checkpoints are kept this long: the replacement reads its part
 # while it starts, and a checkpoint that the lost worker had finished may complete meanwhile
 PRUNE_PAUSE_S = 60.0
+
+
+class RestartJob(Exception):
+    """A lost worker's replacement would not be taken back exactly (a server cannot take back its
+    predecessor's updates since the checkpoint it restarts from, STATUS ``take_back_from``): the
+    whole job restarts from its newest complete checkpoint instead (``Launcher._restart``)."""
 
 
 class Stopped(Exception):
@@ -104,10 +111,18 @@ class Launcher:
         self.quiet = quiet
         self.plot = plot
         self.ray = ray  # True: a local Ray for the job; an address: that cluster (bosen.jobs.ray)
+        self._t0 = time.time()
+        self._cfg_path: Path | None = None
+        # per clock of the checkpoint the whole job restarted from (a lost worker not taken back exactly)
+        self._restarts: dict[int, int] = {}
+        self._printed_below = 0  # after a whole-job restart from a checkpoint: its clock
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """The state of one start of the job's processes: a whole-job restart begins it again."""
         self.cluster: LocalCluster | None = None
         self.workers: list[Process] = []
         self._last_time: float | None = None
-        self._t0 = time.time()
         self._replaced: dict[int, int] = {}
         self._workers_replaced: dict[int, int] = {}
         # per ("server" | "worker", index): the newest complete checkpoint when it was last replaced, and
@@ -118,7 +133,6 @@ class Launcher:
         self.servers_changed = False  # `bosen scale --servers` added or removed servers
         # ranks killed after they had left the job (BYE): their work is done, nothing is redone
         self._left_then_killed: set[int] = set()
-        self._cfg_path: Path | None = None
         self._no_prune_until = 0.0
         self._merger: MetricsMerger | None = None
         self._resumed_from: tuple[int, int] | None = None  # (clock, workers) of a checkpoint made by other workers
@@ -178,9 +192,6 @@ class Launcher:
             stale = self.run_dir / WORKER_RECORDS  # records of an earlier run in the same directory
             if stale.exists():
                 shutil.rmtree(stale)
-        # an earlier run's task plans and hand-offs: this run's workers start (from the checkpoint, resumed)
-        # with their own assignment, and would otherwise move tasks at that run's boundaries (docs/recovery.md)
-        microtasks.drop_run_plans(self.run_dir / microtasks.HANDOFF_DIR)
         cfg_path = self._cfg_path = self.run_dir / "config.yaml"
         config_mod.dump(self.config, cfg_path)
         n_servers, n_workers = len(self.config.cluster.servers), self.config.cluster.workers
@@ -188,43 +199,16 @@ class Launcher:
             print(f"bosen launch: {n_workers} workers on {n_servers} server(s): under managed communication a "
                   f"server keeps up with about {WORKERS_PER_SERVER} workers; --servers {servers_for(n_workers)} "
                   "(README, 'How many servers')", file=sys.stderr, flush=True)
-        metrics_path = self.run_dir / METRICS
         # explicit handlers: SIGINT may arrive ignored (background jobs), SIGTERM has no default cleanup
         previous = {sig: signal.signal(sig, _stop_on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            with metrics_path.open("w", buffering=1) as metrics:
-                merger = self._merger = MetricsMerger(self.run_dir, self.config.cluster.workers, metrics,
-                                                      self._resumed_from)
-                # children get their own process groups, so Ctrl-C in a terminal reaches only the
-                # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
-                with exporter.serving(self.config.metrics.port, merger, self.config.cluster.workers,
-                                      self._servers, self._t0, self.security) as endpoint, \
-                        Zygote(self.run_dir / "logs" / "zygote.log", preload_for(self.config.app.module)) as zygote, \
-                        self._process_group(zygote) as group:
-                    if endpoint is not None:
-                        self.say(f"metrics on http://{exporter.HOST}:{endpoint.port}/metrics")
-                    if self.ray is not False:
-                        self._place_on_ray(group, cfg_path)
-                    self._start_servers(cfg_path, group, resume_from)
-                    self._start_workers(cfg_path, group, resume_from)
-                    self.scaler = Scaler(self)
-                    try:
-                        self._watch(merger, start)
-                    finally:  # a failed job's metrics keep every clock its workers recorded
-                        if self.scaler is not None:
-                            self.scaler.close()
-                            self.scaler = None
-                        for rec in merger.finish():
-                            self._progress(rec)
-                    for path in sorted((self.run_dir / WORKER_RECORDS).glob("*.stats.json")):
-                        metrics.write(json.dumps({"kind": "client", **json.loads(path.read_text())}) + "\n")
-                    stats = self._server_stats()
-                    for s in stats:
-                        metrics.write(json.dumps({"kind": "server", **s}) + "\n")
-                    summary = {"kind": "summary", "seconds": round(time.time() - start, 3),
-                               "clocks": len(merger.done), "workers": self.config.cluster.workers,
-                               "final": merger.done[-1] if merger.done else None}
-                    metrics.write(json.dumps(summary) + "\n")
+            while True:
+                try:
+                    merger = self._start_and_watch(cfg_path, resume_from, start)
+                    break
+                except RestartJob as e:  # every process has stopped (the process group's exit)
+                    self.say(str(e))
+                    resume_from = self._restart(e)
             # the servers have stopped, their part writers drained: the checkpoints the job leaves are
             # pruned to ``keep`` (at the workers' end, the servers' last parts may not be on disk yet)
             self._prune()
@@ -243,6 +227,83 @@ class Launcher:
             self._plot(merger.done)
         self.say(f"done in {time.time() - start:.1f}s: {len(merger.done)} clocks; run directory {self.run_dir}")
         return 0
+
+    def _start_and_watch(self, cfg_path: Path, resume_from: Path | None, start: float) -> MetricsMerger:
+        """One start of the job's processes (from checkpoint ``resume_from``, or from the beginning),
+        watched until the workers finish; every process is stopped before it returns or raises."""
+        # an earlier run's task plans and hand-offs: this run's workers start (from the checkpoint, resumed)
+        # with their own assignment, and would otherwise move tasks at that run's boundaries (docs/recovery.md)
+        microtasks.drop_run_plans(self.run_dir / microtasks.HANDOFF_DIR)
+        with (self.run_dir / METRICS).open("w", buffering=1) as metrics:
+            merger = self._merger = MetricsMerger(self.run_dir, self.config.cluster.workers, metrics,
+                                                  self._resumed_from)
+            # children get their own process groups, so Ctrl-C in a terminal reaches only the
+            # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
+            with exporter.serving(self.config.metrics.port, merger, self.config.cluster.workers,
+                                  self._servers, self._t0, self.security) as endpoint, \
+                    Zygote(self.run_dir / "logs" / "zygote.log", preload_for(self.config.app.module)) as zygote, \
+                    self._process_group(zygote) as group:
+                if endpoint is not None:
+                    self.say(f"metrics on http://{exporter.HOST}:{endpoint.port}/metrics")
+                if self.ray is not False:
+                    self._place_on_ray(group, cfg_path)
+                self._start_servers(cfg_path, group, resume_from)
+                self._start_workers(cfg_path, group, resume_from)
+                self.scaler = Scaler(self)
+                try:
+                    self._watch(merger, start)
+                finally:  # a failed job's metrics keep every clock its workers recorded
+                    if self.scaler is not None:
+                        self.scaler.close()
+                        self.scaler = None
+                    for rec in merger.finish():
+                        self._progress(rec)
+                for path in sorted((self.run_dir / WORKER_RECORDS).glob("*.stats.json")):
+                    metrics.write(json.dumps({"kind": "client", **json.loads(path.read_text())}) + "\n")
+                stats = self._server_stats()
+                for s in stats:
+                    metrics.write(json.dumps({"kind": "server", **s}) + "\n")
+                summary = {"kind": "summary", "seconds": round(time.time() - start, 3),
+                           "clocks": len(merger.done), "workers": self.config.cluster.workers,
+                           "final": merger.done[-1] if merger.done else None}
+                metrics.write(json.dumps(summary) + "\n")
+        return merger
+
+    def _restart(self, why: RestartJob) -> Path | None:
+        """A lost worker could not be taken back exactly and every process has stopped: the whole job
+        starts again from its newest complete checkpoint (the exact one ``bosen launch --resume``
+        takes; none yet: from the beginning), with the config's servers and workers, in this run
+        directory. Checkpoints newer than that are no point to resume from (else they would be
+        taken) and the processes write them again: they go, so none of their parts, corrections or
+        move parts mixes with the new ones. Returns the checkpoint to start from (None: the start)."""
+        ck = self.config.checkpoint
+        assert ck is not None
+        base = Path(ck.dir)
+        self._fresh()
+        resume_from = None  # none complete yet: from the beginning, as a first start
+        try:
+            checkpoint.newest_complete(base, len(self.config.cluster.servers), None,
+                                       checkpoint.fingerprint_for(self.config), exact=True)
+        except checkpoint.CheckpointError:
+            truncate_records(self.run_dir, 0)
+        else:
+            try:
+                resume_from, _ = self._find_checkpoint()
+            except checkpoint.CheckpointError as e:
+                raise JobFailed(f"{why}, but the job cannot resume: {e}") from None
+        clock = 0 if resume_from is None else int(resume_from.name.rpartition("-")[2])
+        n = self._restarts[clock] = self._restarts.get(clock, 0) + 1
+        if n > MAX_REPLACEMENTS:
+            raise JobFailed(f"{why}; the job was restarted from the checkpoint at clock {clock} {n - 1} times "
+                            "already: stopping it")
+        for c in checkpoint.clocks(base):
+            if c > clock:
+                shutil.rmtree(checkpoint.clock_dir(base, c), ignore_errors=True)
+        for c, v in checkpoint.moves(base):
+            shutil.rmtree(checkpoint.move_dir(base, c, v), ignore_errors=True)
+        self._resumed_at = None if resume_from is None else clock
+        self._printed_below = clock
+        return resume_from
 
     def _process_group(self, zygote: Zygote) -> ProcessGroup:
         """Local subprocesses (forked from ``zygote`` where they can be, bosen/jobs/zygote.py), or
@@ -281,7 +342,9 @@ class Launcher:
         self._replaced_at["server", i] = self._newest_complete()
         self._streak["server", i] = self._streak.get(("server", i), 0) + 1
         shape: list[str] = []
-        if self.servers_changed or len(self.workers) != self.config.cluster.workers:
+        # a rank that left by `bosen scale` keeps its place in ``workers``: the count alone does not say
+        scaled = set(members) != set(range(self.config.cluster.workers))
+        if self.servers_changed or len(self.workers) != self.config.cluster.workers or scaled:
             # the job's servers, map and worker ranks now, from a running server: not the config's
             live = [a for j, (a, q) in enumerate(zip(self.cluster.addresses, self.cluster.servers, strict=True))
                     if j != i and q.returncode is None]
@@ -331,6 +394,8 @@ class Launcher:
         module = self.config.app.module
         assert module is not None
         base = Path(self.config.checkpoint.dir)
+        # asked first: a server's answer only rises (a newer complete checkpoint trims its log)
+        reach = self._take_back_reach()
         try:
             clock, _, _ = checkpoint.newest_complete(base, len(self.config.cluster.servers), None,
                                                      checkpoint.fingerprint_for(self.config))
@@ -338,6 +403,12 @@ class Launcher:
             where = f"the checkpoint at clock {clock}"
         except checkpoint.CheckpointError:  # lost before the first checkpoint: its state at clock 0
             clock, resume, where = 0, None, "the start (no complete checkpoint yet)"
+        short = [f"server {i} cannot take back its updates of ticks {clock}..{r - 1} (its take-back log starts at "
+                 f"clock {r})" if isinstance(r, int) else f"server {i} did not say how far back it takes updates "
+                 f"back ({r})" for i, r in reach.items() if not isinstance(r, int) or r > clock]
+        if short:  # a replacement's redo would count those ticks twice there
+            raise RestartJob(f"{lost.name} {describe_exit(code)}: {'; '.join(short)}; restarting the whole job from "
+                             "its newest complete checkpoint")
         n = self._workers_replaced[rank] = self._workers_replaced.get(rank, 0) + 1
         self._replaced_at["worker", rank] = clock
         self._streak["worker", rank] = self._streak.get(("worker", rank), 0) + 1
@@ -350,6 +421,27 @@ class Launcher:
         self.workers[rank] = start_worker(self.cluster.group, module, self._cfg_path, rank, self.run_dir, self._t0,
                                           resume, rejoin=clock, name=f"worker-{rank}.{n}", resumed_at=self._resumed_at)
         self.say(f"worker-{rank}.{n} replaces {lost.name}: it redoes clocks from {clock} on")
+
+    def _take_back_reach(self) -> dict[int, int | str]:
+        """Per running server, the oldest clock a lost worker's replacement may restart from and be
+        taken back whole there (STATUS ``take_back_from``; the error where it did not answer). Only
+        a server that started later than the job (a lost one's replacement restored from its own
+        part, one joined by ``bosen scale``) can lack ticks of the newest complete checkpoint: none
+        asked otherwise."""
+        if self.cluster is None or not (self._replaced or self.servers_changed):
+            return {}
+        reach: dict[int, int | str] = {}
+        for i, (addr, p) in enumerate(zip(self.cluster.addresses, self.cluster.servers, strict=True)):
+            if p.returncode is not None:  # a server leaving the job (a scale step retires it)
+                continue
+            try:
+                r = status_mod.query(addr, timeout=STATUS_TIMEOUT_S, security=self.security).get("take_back_from")
+            except BosenError as e:
+                reach[i] = str(e)
+                continue
+            if isinstance(r, int):
+                reach[i] = r
+        return reach
 
     def _find_checkpoint(self) -> tuple[Path, float | None]:
         """The newest complete checkpoint of the run (newer unusable ones named), with the worker
@@ -528,7 +620,8 @@ class Launcher:
         if t is not None:
             parts.append(f"t={t:.1f}s")
             self._last_time = t
-        self.say(" | ".join(parts))
+        if rec["clock"] >= self._printed_below:  # a restarted job's kept clocks were printed before
+            self.say(" | ".join(parts))
 
     def _servers(self) -> list[str]:
         """The job's servers now (servers join and leave through ``bosen scale``)."""

@@ -61,6 +61,7 @@ def test_a_first_process_writes_no_part_from_the_clock_on_and_its_replacement_do
     monkeypatch.setenv("BOSEN_RUN_DIR", str(tmp_path))
     monkeypatch.setenv(faults.ENV, "no-parts-from:1:20")
     monkeypatch.delenv("BOSEN_REJOIN", raising=False)
+    monkeypatch.delenv("BOSEN_RESUME", raising=False)
     fault = faults.from_env()
     assert fault is not None
     assert [fault.skips_part(1, c) for c in (10, 20, 30)] == [False, True, True]
@@ -70,6 +71,10 @@ def test_a_first_process_writes_no_part_from_the_clock_on_and_its_replacement_do
     replacement = faults.from_env()
     assert replacement is not None and not replacement.skips_part(1, 20)  # a replacement writes its parts
     monkeypatch.delenv("BOSEN_REJOIN")
+    monkeypatch.setenv("BOSEN_RESUME", str(tmp_path / "clock-00000010"))
+    resumed = faults.from_env()
+    assert resumed is not None and not resumed.skips_part(1, 20)  # a resumed job's process writes its parts
+    monkeypatch.delenv("BOSEN_RESUME")
     monkeypatch.setenv(faults.ENV, f"hold-before-clock:0:5:{tmp_path / 'go'};no-parts-from:1:20")
     both = faults.from_env()  # with another fault: each is asked
     assert isinstance(both, faults.Faults) and both.skips_part(1, 20) and not both.skips_part(0, 20)

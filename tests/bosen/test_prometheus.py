@@ -101,3 +101,13 @@ def test_the_launcher_serves_the_job_and_every_server(bosen_cluster, tmp_path):
     assert one(got, "bosen_server_up", server="2", address="127.0.0.1:1") == 0
     with exporter.serving(0, merger, 1, lambda: addresses, 0.0) as off:
         assert off is None
+
+
+def test_take_back_from_is_a_gauge_where_the_server_takes_back_and_absent_where_it_does_not():
+    """STATUS ``take_back_from`` is a clock: a gauge, never a counter; a server without a take-back log
+    (None) exports none."""
+    names = {m.name: m for m in prometheus.server_families({"clock": 25, "take_back_from": 20})}
+    assert names["bosen_server_take_back_from"].type == "gauge"
+    assert names["bosen_server_take_back_from"].samples[0].value == 20
+    assert not [n for n in names if "take_back" in n and n != "bosen_server_take_back_from"]
+    assert not [n for n in prometheus.server_families({"clock": 25, "take_back_from": None}) if "take_back" in n.name]

@@ -193,6 +193,7 @@ def test_a_part_saved_before_a_take_back_is_corrected_and_a_worker_lost_after_th
     import signal
 
     from bosen import checkpoint
+    from bosen.jobs import status as status_mod
     from bosen.jobs.job import job_config
 
     data = job_config([], 2, tables={"W": {"rows": 2, "cols": 1, "dtype": "int64"}})
@@ -256,6 +257,8 @@ def test_a_part_saved_before_a_take_back_is_corrected_and_a_worker_lost_after_th
         ticks(b3, 1, 10, 4, 6)
         wait_part(6)
         np.testing.assert_array_equal(read(a2), [6, 60])
+        # restored from the newest complete checkpoint: a worker's replacement from 2 is taken back whole
+        assert status_mod.query(c.addresses[0], timeout=10.0)["take_back_from"] == 2
         # then rank 0 is lost and replaced from clock 2 (still the newest complete checkpoint): the take-back
         # makes this server's part of 6 stale and its predecessor's part of 4 too (a file it did not write,
         # found on disk, and kept: the replacement did not save 4 again)
@@ -271,7 +274,7 @@ def test_a_part_saved_before_a_take_back_is_corrected_and_a_worker_lost_after_th
         out = c.servers[0].output()
         assert "restores its part of the newest complete checkpoint (clock 2), not its newest part (clock 4)" \
             in out, out[-2000:]
-        assert "in the checkpoint part this server was restored from" not in out, out[-2000:]
+        assert "are in the values this server started from" not in out, out[-2000:]
         assert "Traceback" not in out
         # the workers' parts of 6 come: 6 is complete, and its server part holds rank 0's lost ticks 2..5
         # (corrected beside it). The server is lost again: its replacement restores 6, takes the correction

@@ -36,3 +36,15 @@ def test_a_log_trimmed_past_a_clock_cannot_take_back_from_it():
     back = log.take_since(0, 3)
     assert back is not None and [b.rows.tolist() for _, _, b in back] == [[3], [4], [5]]
     assert log.nbytes == 0
+
+
+def test_its_reach_is_the_clock_its_values_start_from_or_its_floor_if_newer():
+    """STATUS ``take_back_from``: a server restored from its part of clock 20 holds the ticks below 20
+    in its values, so a replacement from 10 is not taken back whole; trimmed past 20, from there."""
+    log = UndoLog(20)
+    assert log.reach == 20
+    log.trim(10)
+    assert log.reach == 20
+    log.trim(30)
+    assert log.reach == 30
+    assert UndoLog().reach == 0

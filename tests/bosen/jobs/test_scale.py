@@ -608,6 +608,51 @@ def test_a_server_killed_after_a_worker_left_is_replaced_and_the_counts_stay_exa
     np.testing.assert_array_equal(final, counts)
 
 
+
+@pytest.mark.timeout(150)
+def test_a_worker_lost_below_a_replaced_servers_take_back_floor_restarts_the_job_and_the_counts_stay_exact(tmp_path):
+    """Workers 3 -> 2 at B = 20 in a running LDA job (checkpoints every 10 clocks; integer counts,
+    managed communication), worker 0 writing no checkpoint part from 20 on ($BOSEN_FAULT=no-parts-from),
+    so the newest complete checkpoint stays at C = 10. SIGKILL of server 1 after the step: rank 2 left
+    after C, so its replacement restores its own part of B (S = 20), and the updates of ticks 10..19 are
+    in its values, not in its take-back log. Worker 0 is then SIGKILLed: a replacement restarted from C
+    would have its ticks 10..19 counted twice on server 1, so the launcher restarts the whole job from
+    C instead (every process stopped, all resumed from C, as ``bosen launch --resume`` does), and every
+    checkpoint and the final table are exactly the counts of their assignments. Held by
+    $BOSEN_FAULT=hold-before-clock: every worker before CLOCK(11) while the step is agreed, worker 1
+    before CLOCK(25) until worker 0 is killed (so the servers stay below 25 and no part past S exists)."""
+    iterations, every = 48, 10  # the last checkpoint at the end (+2)
+    path, cfg = _lda_job(tmp_path, iterations, every=every, workers=3)
+    run = (tmp_path / "run").resolve()
+    go = tmp_path / "go"
+    fault = ";".join([f"no-parts-from:0:{2 * every}", f"hold-before-clock:1:{2 * every + 5}:{go}",
+                      *(f"hold-before-clock:{r}:{every + 1}:{tmp_path / f'start{r}'}" for r in range(3))])
+    p = _launch(path, run, env={"BOSEN_FAULT": fault})
+    lines, failed, step = _scale_thread(run, workers=2)
+    try:
+        _scale_while_held(p, run, tmp_path, step)
+        step.join(timeout=120)
+        assert not failed and not step.is_alive(), (failed, lines)
+        assert any(f"checkpoint part of clock {2 * every} is on disk: worker(s) [2] leave" in x for x in lines), lines
+        _server(p, 1).kill()
+        _until(p, run, lambda: "server-1.1 replaces server-1" in _log(run).read_text(), "server 1 was not replaced")
+        _worker(p, 0).kill()
+        go.write_text("go")
+        out = _output(p, run, 120)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    replacement = (run / "logs" / "server-1.1.log").read_text()
+    assert f"server 1 restores its newest part (clock {2 * every})" in replacement, replacement[-3000:]
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations)
+    said = (f"worker-0 was killed by SIGKILL: server 1 cannot take back its updates of ticks {every}..{2 * every - 1}"
+            f" (its take-back log starts at clock {2 * every}); restarting the whole job from its newest complete "
+            "checkpoint")
+    assert said in out, out[-3000:]
+    assert f"resuming from the checkpoint at clock {every} " in out.split(said)[1], out[-3000:]
+    assert "worker-0.1" not in out, out[-3000:]  # no replacement: the whole job resumed
+
+
 def _scale_thread(run: Path, **shape: int) -> tuple[list[str], list[BaseException], threading.Thread]:
     """A thread (not started) that scales the job at ``run`` to ``shape`` (workers=, servers=): the
     scaler's lines, its exceptions (the test reports them), the thread."""
