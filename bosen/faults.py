@@ -39,7 +39,9 @@ arrange on a loaded machine. Four:
     says ``fail``, the move fails there (BosenError), as one timed out or refused would, with no
     plan made; where it says ``fail-after-map``, the move goes on and fails once every server has
     answered the new map (before any leaving server retires), as one whose connection broke then
-    would. Workers ignore it.
+    would; where it says ``fail-mid-map``, the move fails once server 0 has taken the new map and
+    before any other server is sent it, as one cut off part-way would (the servers follow different
+    maps, which the launcher cannot repair: it stops the job). Workers ignore it.
 
 Several faults are separated by ``;`` (``hold-before-clock:0:11:/a;hold-before-clock:2:16:/b``).
 """
@@ -75,6 +77,10 @@ class Fault:
     def before_plan(self, check: Callable[[], None] | None = None) -> None:
         """Called by whoever moves partitions before it tells the clients to pause (``check`` raises
         where the move is given up meanwhile)."""
+
+    def mid_map(self, took: Callable[[], None]) -> None:
+        """Called by whoever moves partitions once server 0 was sent the new map, before the others
+        are; a fault that fails the move here first calls ``took`` (server 0's answer: it took the map)."""
 
     def after_map(self) -> None:
         """Called by whoever moves partitions once every server has taken the new map."""
@@ -165,6 +171,12 @@ class HoldMove(Fault):
         if self.release.read_text().strip() == "fail":
             raise BosenError(f"the partition move failed on purpose (${ENV}: {self.release} says fail)")
 
+    def mid_map(self, took: Callable[[], None]) -> None:
+        if self.release.exists() and self.release.read_text().strip() == "fail-mid-map":
+            took()
+            raise BosenError(f"the partition move failed on purpose with server 0 alone on the new map (${ENV}: "
+                             f"{self.release} says fail-mid-map)")
+
     def after_map(self) -> None:
         if self.release.exists() and self.release.read_text().strip() == "fail-after-map":
             raise BosenError(f"the partition move failed on purpose after its map (${ENV}: {self.release} says "
@@ -187,6 +199,10 @@ class Faults(Fault):
     def before_plan(self, check: Callable[[], None] | None = None) -> None:
         for f in self.each:
             f.before_plan(check)
+
+    def mid_map(self, took: Callable[[], None]) -> None:
+        for f in self.each:
+            f.mid_map(took)
 
     def after_map(self) -> None:
         for f in self.each:

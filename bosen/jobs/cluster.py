@@ -212,8 +212,9 @@ class LocalCluster:
         return code
 
     def drop_joined(self, i: int) -> int:
-        """Server ``i``, the last, joined but took no partitions (its step failed): stop it and drop it
-        from ``servers`` and ``addresses``; its exit status."""
+        """Server ``i``, the last, joined but took no partitions (its step failed), or owns none any more
+        but did not leave (a scale-in whose move failed after its map): stop it and drop it from
+        ``servers`` and ``addresses``; its exit status."""
         if i != len(self.servers) - 1:
             raise ValueError(f"joined servers are dropped from the end: {i} is not the last of {len(self.servers)}")
         code = self.stop_server(i)

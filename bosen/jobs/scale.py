@@ -55,8 +55,8 @@ from bosen.errors import BosenError
 from bosen.jobs import status as status_mod
 from bosen.jobs.cluster import LocalCluster
 from bosen.jobs.job import JobFailed, MetricsMerger
-from bosen.jobs.moves import MoveReport, SplitMaps, current_map, current_servers, scale_servers
-from bosen.jobs.supervise import Process
+from bosen.jobs.moves import MoveReport, SplitMaps, current_servers, map_of, retire_servers, scale_servers
+from bosen.jobs.supervise import Process, ProcessFailed, describe_exit
 from bosen.security import Security
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ SETTLE_TIMEOUT_S = 120.0
 # asked, none deferred, no lost worker awaited), they leave after this anyway
 DURABLE_WAIT_S = 30.0
 MAX_PROPOSALS = 10  # a job of 300 clocks a second needed 4 (margins 2, 4, 8, 16)
+RETIRE_TIMEOUT_S = 10.0  # a leaving server answers ``retire`` (every client's BYE) and exits within this
 REQUEST_TIMEOUT_S = 90.0  # a scale request is answered within this (a servers step starts processes first)
 
 
@@ -344,11 +345,12 @@ class Scaler:
         step.mover = None
         before, n = step.servers
         if step.failure is not None:
-            if not self._took_effect(step):
+            version = self._took_effect(step)
+            if version is None:
                 raise ScaleError(f"--servers {n}: {step.failure}{self._drop_joined(step)}")
             self.launcher.servers_changed = True  # as below: the job runs on its servers' new list and map
             self._say(step, f"the move took effect: the job runs on {n} servers (every one follows the new map; "
-                            f"the move then failed: {step.failure})")
+                            f"the move then failed: {step.failure}){self._retire_left(step, version)}")
             step.phase, step.kept = "propose", step.lines[-1]
             self._next(step)
             return
@@ -365,25 +367,59 @@ class Scaler:
         step.phase, step.kept = "propose", step.lines[-1]
         self._next(step)
 
-    def _took_effect(self, step: _Step) -> bool:
-        """After a failed join: whether it failed once every server had taken the new map (server 0
-        lists the ``n`` servers, and they all follow one map, which gives each of them partitions).
-        JobFailed where the servers follow different maps: the clients cannot know whom to send to."""
-        before, n = step.servers
-        if n <= before:
-            return False
+    def _took_effect(self, step: _Step) -> int | None:
+        """After a failed move: the new map's version where it failed once every server had taken that
+        map (server 0 lists the ``n`` servers, and every server of the step, those joining or leaving
+        too, as far as they run, follows one map that gives partitions to the first ``n`` and to none
+        beyond), else None.
+        JobFailed where the servers follow different maps: a client takes a map only once every server
+        sent it, so the job's clients wait for ever and nobody can tell which map holds which rows."""
+        _, n = step.servers
+        cluster = self.launcher.cluster
+        assert cluster is not None
         try:
             listed = len(current_servers(self.launcher.config))
-            if listed != n:
-                return False
-            _, owner = current_map(self.launcher.config)
+            # a leaving server that has exited had taken the map (it exits once it retired)
+            version, owner = map_of(self.launcher.config, [a for i, (a, q) in enumerate(zip(
+                cluster.addresses, cluster.servers, strict=True)) if i < n or q.returncode is None])
         except SplitMaps as e:
             why = f"--servers {n}: {step.failure}; then {e}"
             self._finish(step, why)
             raise JobFailed(f"a servers scale step failed part-way: {why}; stopping the job") from None
         except BosenError:
-            return False  # server 0 did not answer: _drop_joined says so
-        return bool(owner.shape[0]) and int(owner.max()) == n - 1
+            return None  # a server did not answer: _drop_joined says what became of the joined ones
+        took = listed == n and bool(owner.shape[0]) and int(owner.max()) == n - 1
+        return version if took else None
+
+    def _retire_left(self, step: _Step, version: int) -> str:
+        """After a scale-in whose move failed once every server took the new map: the leaving servers
+        (they own nothing) are asked to leave as the move would have (``retire_servers``), those that
+        do not exit are stopped, and all leave the launcher's list (their Ray actors released), so
+        that it counts the ``n`` servers the job runs on; what became of them, for the step's line."""
+        before, n = step.servers
+        cluster, ray = self.launcher.cluster, self.launcher.ray_job
+        assert cluster is not None
+        if n >= before:
+            return ""
+        running = [cluster.addresses[i] for i in range(n, before) if cluster.servers[i].returncode is None]
+        refused = retire_servers(self.launcher.config, running, version, timeout=RETIRE_TIMEOUT_S)
+        said = []
+        for i in range(before - 1, n - 1, -1):
+            name, address = cluster.servers[i].name, cluster.addresses[i]
+            if address in refused:
+                code = cluster.drop_joined(i)
+                said.append(f"{name} did not leave ({refused[address]}): stopped, it {describe_exit(code)}")
+            else:
+                try:
+                    cluster.retired(i, timeout=RETIRE_TIMEOUT_S)
+                    said.append(f"{name} exited")
+                except ProcessFailed as e:  # it answered but did not exit cleanly: stopped by now
+                    cluster.drop_joined(i)
+                    said.append(f"{name} stopped ({e})")
+            if ray is not None:
+                ray.release(f"server-{i}")
+                said[-1] += ", its Ray actor released"
+        return "; " + "; ".join(reversed(said))
 
     def _drop_joined(self, step: _Step) -> str:
         """After a failed move: the servers that joined for it stop and leave the launcher's list (their

@@ -122,7 +122,8 @@ def test_a_rank_holds_before_a_given_clock_until_released(monkeypatch, tmp_path)
 def test_the_mover_holds_before_its_plan_until_released_and_the_workers_ignore_it(monkeypatch, tmp_path):
     """``hold-move:PATH``: whoever moves partitions holds before its plan, saying so in PATH.held, until
     PATH exists (a move given up meanwhile stops holding), failing after the map where PATH says
-    ``fail-after-map``; read with ``only`` it leaves the other
+    ``fail-after-map`` and once server 0 took it where it says ``fail-mid-map`` (after asking for
+    server 0's answer); read with ``only`` it leaves the other
     processes' faults to them, and a worker's ``before_clock`` holds nothing for it."""
     monkeypatch.setenv(faults.ENV, "hold-move:")
     with pytest.raises(ConfigError, match="expected hold-move:PATH"):
@@ -149,6 +150,14 @@ def test_the_mover_holds_before_its_plan_until_released_and_the_workers_ignore_i
     fault.before_plan()  # the plan goes on; the move fails once the map is taken
     with pytest.raises(BosenError, match="failed on purpose after its map"):
         fault.after_map()
+    answered: list[bool] = []
+    fault.mid_map(lambda: answered.append(True))  # not this fault's point
+    release.write_text("fail-mid-map")
+    fault.before_plan()
+    with pytest.raises(BosenError, match="failed on purpose with server 0 alone on the new map"):
+        fault.mid_map(lambda: answered.append(True))
+    assert answered == [True]  # server 0's answer was awaited first
+    fault.after_map()  # a move cut off mid-map never gets here; nothing to fail
     release.unlink()
     cancelled = threading.Event()
     cancelled.set()

@@ -362,7 +362,10 @@ def test_a_failed_servers_step_stops_its_joined_server_and_the_job_runs_on_exact
     after every server took the new map (the file says ``fail-after-map``): the launcher keeps the
     joined server and says the move took effect, and its status shows 3 servers. Killed once a
     checkpoint holds its part (worker 0 held before clock 37), the joined server is replaced under the
-    job's new servers and map, and the job finishes with every checkpoint and the end exact."""
+    job's new servers and map. Then servers 3 -> 2, failing after the map too: the step took effect as
+    well, the leaving server (the replacement, server-2.2) leaves and exits, status shows 2 servers; server 1,
+    killed at once, is replaced under the 2-server map of the move (not the config's), and the job
+    finishes with every checkpoint and the end exact."""
     iterations = 40
     path, cfg = _lda_job(tmp_path, iterations)
     run = (tmp_path / "run").resolve()
@@ -399,12 +402,67 @@ def test_a_failed_servers_step_stops_its_joined_server_and_the_job_runs_on_exact
         assert len(joined) == 1, joined
         joined[0].kill()  # replaced with the job's 3 servers and new map (--shape-from), not the config's 2
         _until(p, run, lambda: "replaces server-2" in _log(run).read_text(), "the joined server was not replaced")
+        lines, failed, step = _scale_thread(run, servers=2)  # the file still says fail-after-map
+        step.start()
+        step.join(timeout=90)
+        assert not step.is_alive() and not failed, (failed, lines)
+        assert re.search(r"the move took effect: the job runs on 2 servers .*failed on purpose after its map"
+                         r".*; server-2\.2 exited$", lines[-1]), lines  # the joined one's replacement
+        said = launcher_status(run)
+        assert said["servers"] == 2 and said["scaling"] is None, said
+        servers = [cl for _, cl in descendants(p.pid) if "bosen.server" in cl]
+        assert len(servers) == 2 and not any("--join" in cl or "--shape-from" in cl for cl in servers), servers
+        _server(p, 1).kill()  # its replacement takes the job's servers and map from server 0
+        _until(p, run, lambda: "server-1.1 replaces server-1" in _log(run).read_text(), "server 1 was not replaced")
         go2.write_text("go")
         out = _output(p, run, 90)
     finally:
         _stop(p)
     assert p.returncode == 0, out[-3000:]
     _every_checkpoint_and_the_end_exact(run, cfg, iterations)
+
+
+@pytest.mark.timeout(120)
+def test_a_servers_step_cut_off_mid_map_stops_the_job_naming_the_maps(tmp_path):
+    """Servers 2 -> 3 whose partition move fails once server 0 took the new map and before any other
+    server was sent it ($BOSEN_FAULT=hold-move, its file saying ``fail-mid-map``): the clients wait
+    for a MAP from every server, which the others never send, so the job cannot go on. The launcher
+    stops it (exit 1, no hang) with an error that says the step failed part-way and names each map
+    version's servers, and every process of the job has ended."""
+    path, _ = _lda_job(tmp_path, 100_000, checkpoints=False)  # runs until stopped
+    run = (tmp_path / "run").resolve()
+    move = tmp_path / "move"
+    move.write_text("fail-mid-map")  # no hold before the plan: the move fails in its map
+    p = _launch(path, run, env={"BOSEN_FAULT": f"hold-move:{move}"})
+    lines, failed, step = _scale_thread(run, servers=3)
+    try:
+        _wait_clock(p, run, 3)
+        seen: dict[int, tuple[psutil.Process, list[str]]] = {}
+        step.start()
+        deadline = time.monotonic() + 90
+        while p.poll() is None and time.monotonic() < deadline:  # every process of the job, the joined server too
+            seen.update((c.pid, (c, cl)) for c, cl in descendants(p.pid) if cl)  # [] while a fork starts
+            time.sleep(0.05)
+        out = _output(p, run, 1)
+        step.join(timeout=30)
+    finally:
+        _stop(p)
+    assert p.returncode == 1, out[-3000:]
+    a0, a1 = config_mod.load(run / "config.yaml").cluster.servers
+    found = re.search(r"job failed: a servers scale step failed part-way: --servers 3: the partition move failed on "
+                      r"purpose with server 0 alone on the new map .*; then servers follow different partition maps "
+                      rf"\(version (\d+): {re.escape(a1)}, (\S+); version (\d+): {re.escape(a0)}\)", out)
+    assert found and int(found[3]) == int(found[1]) + 1, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    assert not step.is_alive() and len(failed) == 1, (failed, lines)
+    assert re.search(r"different partition maps|the job ended", str(failed[0])), failed
+    assert any("bosen.server" in cl and "--join" in cl for _, cl in seen.values()), seen
+    alive = []
+    for c, cl in seen.values():
+        with contextlib.suppress(psutil.Error):
+            if c.is_running() and c.status() != psutil.STATUS_ZOMBIE:
+                alive.append(cl)
+    assert not alive, alive  # servers (the joined one too) and workers
 
 
 @pytest.mark.timeout(120)
