@@ -1226,7 +1226,11 @@ def test_a_giver_lost_after_its_hand_off_is_replaced_exactly_and_a_resume_skips_
     counts by the difference. The job ends with the final table exactly the counts of the final
     assignments, as every checkpoint the take-back left exact. The servers' parts of B were saved
     before the take-back (corrections beside them): a resume of the whole job skips those checkpoints,
-    naming why, starts from the older exact one and ends exact too."""
+    naming why, starts from the older exact one, sets the newer ones aside (checkpoints/superseded-*,
+    saying so) and ends exact too, with server 1 SIGKILLed once the resumed job has written B again: its
+    replacement restores its new part of B. (Before, the old correction stayed beside the new part, the
+    replacement took it out of a part that never held it, and the job failed: `server 1 came back from
+    its checkpoint at clock 10, but this client kept its updates only from clock 30 on`.)"""
     iterations, every = 148, 10  # the kill comes well before the end; the last checkpoint at the end (+2)
     path, cfg = _lda_job(tmp_path, iterations, every=every, workers=3)
     run = (tmp_path / "run").resolve()
@@ -1272,15 +1276,47 @@ def test_a_giver_lost_after_its_hand_off_is_replaced_exactly_and_a_resume_skips_
         if c > max(stale):
             shutil.rmtree(checkpoint.clock_dir(base, c))
     (run / "word_topic.npy").unlink()
-    r = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--resume", str(run), "--workers", "2",
-                        "--no-plot"], capture_output=True, text=True, timeout=150)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert (checkpoint.clock_dir(base, b) / "redo.server-1.rank-1.npz").exists()
+    # the resumed job writes B again; once its new parts of B are all on disk (both workers held before
+    # CLOCK(B + 1)), server 1 is SIGKILLed: its replacement restores its new part of B. Were the old
+    # correction of B still beside it, it would take the lost process's batches out of a part that
+    # never held them, and every count after would be off
+    held = [tmp_path / f"resumed{r}" for r in (0, 1)]
+    fault = ";".join(f"hold-before-clock:{r}:{b + 1}:{held[r]}" for r in (0, 1))
+    resumed = time.time()
+    q = subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(path), "--resume", str(run), "--workers", "2",
+                          "--no-plot"], stdout=_log(run).open("w"), stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True, env={**os.environ, "BOSEN_FAULT": fault})
+
+    def rewritten() -> bool:  # every part of B written by the resumed job
+        try:
+            parts = checkpoint.check_complete(base, b, 2, None, None, verify=False)
+        except checkpoint.CheckpointError:
+            return False
+        return all(part.meta["written"] > resumed for part in parts.values())
+
+    try:
+        _until(q, run, lambda: all(h.with_name(h.name + ".held").exists() for h in held), "the workers did not hold")
+        _until(q, run, rewritten, f"the resumed job did not write checkpoint {b} again")
+        _server(q, 1).kill()
+        _until(q, run, lambda: "server-1.1 replaces server-1" in _log(run).read_text(), "server 1 was not replaced")
+        for h in held:
+            h.write_text("go")
+        out = _output(q, run, 150)
+    finally:
+        _stop(q)
+    assert q.returncode == 0, out[-3000:]
     for c in stale:
-        assert f"skipping checkpoint clock {c}: its server parts hold a lost worker's updates" in r.stdout, r.stdout
-    used = int(re.findall(r"resuming from the checkpoint at clock (\d+)", r.stdout)[0])
-    assert used < min(stale) and not checkpoint.taken_back(checkpoint.clock_dir(base, used)), r.stdout
-    final, counts, _ = _final_counts(run, cfg, checkpoint.check_complete(base, iterations + 2, 2, 2, None))
-    np.testing.assert_array_equal(final, counts)
+        assert f"skipping checkpoint clock {c}: its server parts hold a lost worker's updates" in out, out
+    used = int(re.findall(r"resuming from the checkpoint at clock (\d+)", out)[0])
+    assert used < min(stale) and not checkpoint.taken_back(checkpoint.clock_dir(base, used)), out
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations)  # those the resumed job wrote again too
+    aside = re.findall(r"set aside (.*) \(the job starts again from clock (\d+) .* in (\S+)", out)
+    assert aside and int(aside[0][1]) == used, out[-3000:]
+    names = sorted(checkpoint.clock_dir(base, c).name for c in checkpoint.clocks(Path(aside[0][2])))
+    assert aside[0][0] == ", ".join(names) and b in checkpoint.clocks(Path(aside[0][2])), (aside, names)
+    assert (Path(aside[0][2]) / checkpoint.clock_dir(base, b).name / "redo.server-1.rank-1.npz").exists()
+    assert not checkpoint.taken_back(checkpoint.clock_dir(base, b))
 
 
 @pytest.mark.slow
