@@ -251,14 +251,21 @@ class Launcher:
                 self._start_servers(cfg_path, group, resume_from)
                 self._start_workers(cfg_path, group, resume_from)
                 self.scaler = Scaler(self)
+                restart = False
                 try:
                     self._watch(merger, start)
+                except RestartJob:
+                    restart = True
+                    raise
                 finally:  # a failed job's metrics keep every clock its workers recorded
                     if self.scaler is not None:
                         self.scaler.close()
                         self.scaler = None
-                    for rec in merger.finish():
-                        self._progress(rec)
+                    # but not a restarted one's: it redoes the clocks past its checkpoint, and a clock that not
+                    # every worker reported yet would be summed over some (LDA's objective a fraction of the job's)
+                    if not restart:
+                        for rec in merger.finish():
+                            self._progress(rec)
                 for path in sorted((self.run_dir / WORKER_RECORDS).glob("*.stats.json")):
                     metrics.write(json.dumps({"kind": "client", **json.loads(path.read_text())}) + "\n")
                 stats = self._server_stats()
