@@ -367,6 +367,34 @@ def newest_complete(base: Path, servers: int, workers: int | None, fingerprint: 
     raise CheckpointError(f"{base}: no complete checkpoint ({detail})")
 
 
+SUPERSEDED = "superseded-"  # a folder under the checkpoint directory: what a whole-job start set aside
+
+
+def set_aside(base: Path, clock: int) -> tuple[Path | None, list[str]]:
+    """Before the whole job starts again from checkpoint ``clock`` (``bosen launch --resume``, a
+    restart; 0: from the beginning): move every checkpoint newer than it (torn, corrupt, stale ones
+    the resume skipped) and every move parts' folder into ``base/superseded-<UTC time>/``. The new
+    processes write those boundaries again, and old files beside the new parts would mix with them:
+    a correction (``redo.*.npz``) applied to a part that never held its batches, an old part making
+    a boundary look complete. Moved, not deleted: the user's to look at or delete; nothing reads
+    them. Returns the folder (None: nothing moved) and the names moved."""
+    found = [clock_dir(base, c) for c in clocks(base) if c > clock]
+    found += [move_dir(base, c, v) for c, v in moves(base)]
+    if not found:
+        return None, []
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    into, n = base / f"{SUPERSEDED}{stamp}", 1
+    while into.exists():  # a second restart within the same second
+        n += 1
+        into = base / f"{SUPERSEDED}{stamp}.{n}"
+    into.mkdir()
+    for p in sorted(found):
+        os.rename(p, into / p.name)
+    _fsync_dir(into)
+    _fsync_dir(base)
+    return into, sorted(p.name for p in found)
+
+
 def prune(base: Path, keep: int, servers: int, workers: int) -> list[int]:
     """Delete all but the ``keep`` newest complete checkpoints, and unfinished ones older than the
     newest complete one (checked by sizes, not checksums: a cheap test that runs often). Complete

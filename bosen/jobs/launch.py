@@ -188,6 +188,7 @@ class Launcher:
             self._t0 = start - (earlier or 0.0)  # record times go on from where the kept ones stop
             if resume_from is not None:
                 self._resumed_at = int(resume_from.name.rpartition("-")[2])
+                self._set_aside(self._resumed_at)
         else:
             stale = self.run_dir / WORKER_RECORDS  # records of an earlier run in the same directory
             if stale.exists():
@@ -250,14 +251,21 @@ class Launcher:
                 self._start_servers(cfg_path, group, resume_from)
                 self._start_workers(cfg_path, group, resume_from)
                 self.scaler = Scaler(self)
+                restart = False
                 try:
                     self._watch(merger, start)
+                except RestartJob:
+                    restart = True
+                    raise
                 finally:  # a failed job's metrics keep every clock its workers recorded
                     if self.scaler is not None:
                         self.scaler.close()
                         self.scaler = None
-                    for rec in merger.finish():
-                        self._progress(rec)
+                    # but not a restarted one's: it redoes the clocks past its checkpoint, and a clock that not
+                    # every worker reported yet would be summed over some (LDA's objective a fraction of the job's)
+                    if not restart:
+                        for rec in merger.finish():
+                            self._progress(rec)
                 for path in sorted((self.run_dir / WORKER_RECORDS).glob("*.stats.json")):
                     metrics.write(json.dumps({"kind": "client", **json.loads(path.read_text())}) + "\n")
                 stats = self._server_stats()
@@ -274,8 +282,9 @@ class Launcher:
         starts again from its newest complete checkpoint (the exact one ``bosen launch --resume``
         takes; none yet: from the beginning), with the config's servers and workers, in this run
         directory. Checkpoints newer than that are no point to resume from (else they would be
-        taken) and the processes write them again: they go, so none of their parts, corrections or
-        move parts mixes with the new ones. Returns the checkpoint to start from (None: the start)."""
+        taken) and the processes write them again: they are set aside (``_set_aside``, as a resume
+        does), so none of their parts, corrections or move parts mixes with the new ones. Returns the
+        checkpoint to start from (None: the start)."""
         ck = self.config.checkpoint
         assert ck is not None
         base = Path(ck.dir)
@@ -296,14 +305,21 @@ class Launcher:
         if n > MAX_REPLACEMENTS:
             raise JobFailed(f"{why}; the job was restarted from the checkpoint at clock {clock} {n - 1} times "
                             "already: stopping it")
-        for c in checkpoint.clocks(base):
-            if c > clock:
-                shutil.rmtree(checkpoint.clock_dir(base, c), ignore_errors=True)
-        for c, v in checkpoint.moves(base):
-            shutil.rmtree(checkpoint.move_dir(base, c, v), ignore_errors=True)
+        self._set_aside(clock)
         self._resumed_at = None if resume_from is None else clock
         self._printed_below = clock
         return resume_from
+
+    def _set_aside(self, clock: int) -> None:
+        """The whole job starts from its checkpoint at ``clock`` (0: the beginning): the newer
+        checkpoints and every move parts' folder are moved out of its way (``checkpoint.set_aside``),
+        and the launcher says which and where."""
+        ck = self.config.checkpoint
+        assert ck is not None
+        into, moved = checkpoint.set_aside(Path(ck.dir), clock)
+        if into is not None:
+            self.say(f"set aside {', '.join(moved)} (the job starts again from clock {clock} and writes what comes "
+                     f"after again: old parts, corrections or move parts must not mix with the new ones) in {into}")
 
     def _process_group(self, zygote: Zygote) -> ProcessGroup:
         """Local subprocesses (forked from ``zygote`` where they can be, bosen/jobs/zygote.py), or

@@ -143,6 +143,29 @@ def test_a_checkpoint_a_take_back_made_stale_is_no_resume_point_and_does_not_cou
     assert checkpoint.clocks(tmp_path) == [10, 8, 6, 4]
 
 
+def test_a_whole_job_start_sets_the_newer_checkpoints_and_the_move_parts_aside(tmp_path: Path) -> None:
+    """Checkpoints 2-8 and a move part; the job starts again from 4 (``bosen launch --resume``, a
+    restart): 6 (with its correction) and 8 (torn) and the move part go into one superseded-<time>
+    folder, which no checkpoint lookup sees; 2 and 4 stay. Twice within a second: two folders."""
+    fp = "f" * 16
+    for c in (2, 4, 6, 8):
+        checkpoint.write_part(tmp_path, c, "server", 0, {"x": np.arange(3)}, {}, fp)
+    np.savez(checkpoint.clock_dir(tmp_path, 6) / "redo.server-0.rank-1.npz", since=np.array([4]))
+    checkpoint.write_part(tmp_path, 5, "server", 0, {"x": np.arange(3)}, {}, fp,
+                          directory=checkpoint.move_dir(tmp_path, 5, 1))
+    into, moved = checkpoint.set_aside(tmp_path, 4)
+    assert into is not None and into.parent == tmp_path and into.name.startswith(checkpoint.SUPERSEDED)
+    assert moved == ["clock-00000006", "clock-00000008", "move-00000005-00000001"]
+    assert sorted(p.name for p in into.iterdir()) == moved
+    assert (into / "clock-00000006" / "redo.server-0.rank-1.npz").exists()
+    assert checkpoint.clocks(tmp_path) == [4, 2] and checkpoint.moves(tmp_path) == []
+    assert checkpoint.set_aside(tmp_path, 4) == (None, [])
+    checkpoint.write_part(tmp_path, 6, "server", 0, {"x": np.arange(3)}, {}, fp)
+    again, moved = checkpoint.set_aside(tmp_path, 4)
+    assert again is not None and again != into and moved == ["clock-00000006"]
+    assert checkpoint.prune(tmp_path, 1, 1, 0) == [2] and into.is_dir() and again.is_dir()
+
+
 def test_a_checkpoint_found_by_the_workers_that_made_it(tmp_path: Path) -> None:
     """``workers=None``: a checkpoint is complete with the parts of as many workers as its server parts
     say made it (the fingerprint is that count's), so a job with micro-tasks can resume with another
