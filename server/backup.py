@@ -17,7 +17,10 @@ a worker, which computes on the iteration it has read, sends nothing ahead: any 
 of the table is a bug, refused with an error (:meth:`check_clock`) before it is held, which bounds what
 is held by what correct resends need. Workers
 whose gradient was dropped read w_{t+1} (or later) next and go on from there. Updates buffer per
-worker rank until their clock; gradients are accumulated, averaged and stepped in float64.
+worker rank until their clock; gradients are accumulated, averaged and stepped in float64. Each buffer,
+the accepted sum and the last mean keep a mask of the rows they may be non-zero at, so an embedding
+table's step (a batch's rows of a large table) clears, sums and steps those rows only; the buffers
+themselves are whole shares (8 bytes a value).
 
 The job's workers (n) change at an iteration (``bosen scale``): a worker that joins at clock B
 (``joined``) and one that leaves after its CLOCK(B) (``left`` with ``at``: its BYE, or before it the
@@ -72,6 +75,12 @@ class BackupStep(StoredProcedure):
         self.policy: BackupPolicy | None = None
         self.values: np.ndarray | None = None
         self.buffers: dict[int, np.ndarray] = {}  # rank -> its gradient of the tick in progress
+        # the rows each array below may be non-zero at (a bool mask per local row; None: any row), so that
+        # zeroing, summing and stepping cost the rows a gradient touched, not the shard (an embedding
+        # table's gradient is a batch's rows): a rank's buffer, the accepted sum (acc, sq), the last mean
+        self.touched: dict[int, np.ndarray | None] = {}
+        self.acc_rows: np.ndarray | None = None
+        self.prev_rows: np.ndarray | None = None
         self.has: set[int] = set()  # ranks with updates since their last clock
         self.alive: set[int] = set()  # members not lost
         self.members: set[int] = set()  # the job's workers (n): joined, not left by BYE
@@ -89,7 +98,7 @@ class BackupStep(StoredProcedure):
         # complete gradients of iterations the table has not reached, in arrival order: (tick, rank, gradient).
         # Only a resend brings them (workers read w_t before they compute on it): a lost server's
         # replacement, restored at C, gets each worker's gradients of C, C + 1, ... one after another
-        self.ahead: list[tuple[int, int, np.ndarray]] = []
+        self.ahead: list[tuple[int, int, np.ndarray, np.ndarray | None]] = []  # (.., its touched rows)
         # rank -> the last clock it sent this server's lost predecessor (HELLO "cs"): its resent
         # gradients of ticks before it, and its next one after (the tick in flight), may be ahead of
         # the table; none later (``check_clock``)
@@ -144,6 +153,7 @@ class BackupStep(StoredProcedure):
                         self.table.name, saved, self.iteration)
         self._take(a)
         self.prev_mean = a["prev_mean"].astype(np.float64) if a["prev_mean"].size else None
+        self.prev_rows = None
 
     def _take(self, a: dict[str, np.ndarray]) -> None:
         """The estimator, k_t, its history and the counters of a ``table_state`` (a checkpoint's or,
@@ -234,6 +244,8 @@ class BackupStep(StoredProcedure):
                                rows["buf"][:, r] if r in arriving and rows is not None else None)
                         for r in sorted(self.has | arriving)}
         self.has |= arriving
+        self.touched = dict.fromkeys(self.buffers)  # laid out anew: any row may be non-zero
+        self.acc_rows = self.prev_rows = None
         if self.accepted:
             self.acc = lay(self.acc, rows["acc"] if got and rows is not None else None)
             self.sq = lay(self.sq, rows["sq"] if got and rows is not None else None)
@@ -255,7 +267,9 @@ class BackupStep(StoredProcedure):
         self.accepted = whole["accepted"].astype(int).tolist()
         self.has.clear()
         self.buffers.clear()
+        self.touched.clear()
         self.acc = self.sq = self.prev_mean = None
+        self.acc_rows = self.prev_rows = None
         self.starts.clear()
         self.arrivals.clear()
         log.info("table %s: takes over the backup step of the server its rows came from, at iteration %d",
@@ -269,19 +283,30 @@ class BackupStep(StoredProcedure):
         buf = self.buffers.get(client)
         if buf is None or buf.shape != values.shape:
             buf = self.buffers[client] = np.zeros(values.shape, dtype=np.float64)
-        if client not in self.has:
-            buf[...] = 0.0
+            self.touched[client] = np.zeros(values.shape[0], dtype=bool)
+        mask = self.touched.get(client)
+        if client not in self.has:  # a new gradient: clear the rows the last one touched
+            if mask is None:
+                buf[...] = 0.0
+                mask = self.touched[client] = np.zeros(values.shape[0], dtype=bool)
+            else:
+                was = np.flatnonzero(mask)
+                buf[was] = 0.0
+                mask[was] = False
             self.has.add(client)
         upd = batch.values.astype(np.float64)
         if batch.sparse:
             rowmath.scatter_add_csr(buf, local_rows, batch.indptr, batch.cols, upd)
         else:
             rowmath.add_rows(buf, local_rows, upd)
+        if mask is not None:
+            mask[local_rows] = True
 
     def put(self, rank: int, gradient: np.ndarray) -> None:
         """``rank``'s whole gradient of the tick it is at, in one piece (what ``apply`` builds from
         batches; the virtual-clock bench hands it over directly)."""
         self.buffers[rank] = np.asarray(gradient, dtype=np.float64).reshape(-1, gradient.shape[-1])
+        self.touched[rank] = None  # any row
         self.has.add(rank)
 
     def resending(self, rank: int, until: int) -> None:
@@ -321,26 +346,34 @@ class BackupStep(StoredProcedure):
             self.counts["dropped_late"] += 1
             return False
         if tick > self.iteration:  # a resend to a restored server: taken when the table gets there
-            self.ahead.append((tick, rank, self.buffers.pop(rank)))
+            self.ahead.append((tick, rank, self.buffers.pop(rank), self.touched.pop(rank, None)))
             self.counts["held_ahead"] += 1
             return False
         if rank in self.accepted:
             self.counts["dropped_repeat"] += 1
             return False
-        self._add(rank, self.buffers[rank])
+        self._add(rank, self.buffers[rank], self.touched.get(rank))
         return self._advance(now)
 
-    def _add(self, rank: int, g: np.ndarray) -> None:
-        """Accept ``rank``'s gradient ``g`` of the current iteration."""
-        if self.acc is None or self.acc.shape != g.shape:
-            self.acc = np.zeros_like(g)
-        if self.sq is None or self.sq.shape != g.shape[:1]:
-            self.sq = np.zeros(g.shape[0])
-        if not self.accepted:
-            self.acc[...] = 0.0
-            self.sq[...] = 0.0
-        self.acc += g
-        self.sq += np.einsum("ij,ij->i", g, g)
+    def _add(self, rank: int, g: np.ndarray, mask: np.ndarray | None) -> None:
+        """Accept ``rank``'s gradient ``g`` of the current iteration, non-zero only at the rows of ``mask``
+        (None: any row)."""
+        if self.acc is None or self.acc.shape != g.shape or self.sq is None or self.sq.shape != g.shape[:1]:
+            self.acc, self.sq, self.acc_rows = np.zeros_like(g), np.zeros(g.shape[0]), None
+        if not self.accepted:  # the iteration's first: clear the rows the last sum touched
+            _clear(self.acc_rows, self.acc, self.sq)
+            self.acc_rows = np.zeros(g.shape[0], dtype=bool)
+        if mask is None:
+            self.acc += g
+            self.sq += np.einsum("ij,ij->i", g, g)
+            self.acc_rows = None
+        else:
+            at = np.flatnonzero(mask)
+            gr = g[at]
+            self.acc[at] += gr
+            self.sq[at] += np.einsum("ij,ij->i", gr, gr)
+            if self.acc_rows is not None:
+                self.acc_rows[at] = True
         self.accepted.append(rank)
         self.counts["accepted"] += 1
 
@@ -357,11 +390,11 @@ class BackupStep(StoredProcedure):
             now_ahead = [h for h in self.ahead if h[0] == self.iteration]
             self.counts["dropped_late"] += sum(h[0] < self.iteration for h in self.ahead)
             self.ahead = [h for h in self.ahead if h[0] > self.iteration]
-            for _, rank, g in now_ahead:
+            for _, rank, g, mask in now_ahead:
                 if rank in self.accepted:
                     self.counts["dropped_repeat"] += 1
                 else:
-                    self._add(rank, g)
+                    self._add(rank, g, mask)
         return stepped
 
     def forget(self, rank: int) -> None:
@@ -369,6 +402,7 @@ class BackupStep(StoredProcedure):
         of the rank starts a gradient afresh)."""
         self.has.discard(rank)
         self.buffers.pop(rank, None)
+        self.touched.pop(rank, None)
 
     def joined(self, rank: int, at: int) -> None:
         """Rank ``rank`` joins the job at clock ``at`` (``bosen scale``; at most one iteration ahead of
@@ -409,15 +443,21 @@ class BackupStep(StoredProcedure):
     def _step(self, now: float) -> None:
         assert self.acc is not None and self.sq is not None and self.values is not None and self.policy is not None
         k = len(self.accepted)
-        mean = self.acc / k
+        # only the rows some accepted gradient touched: elsewhere the mean is zero
+        at: Any = slice(None) if self.acc_rows is None else np.flatnonzero(self.acc_rows)
+        mean = self.acc[at] / k
         lr = self.policy.lr(k)
-        self.values -= (lr * mean).astype(self.values.dtype, copy=False)
+        self.values[at] -= (lr * mean).astype(self.values.dtype, copy=False)
         total = float(np.vdot(mean, mean))
         cross = math.nan
-        if self.prev_mean is not None and self.prev_mean.shape == mean.shape:
-            cross = float(np.vdot(mean, self.prev_mean))
-        self.prev_mean = mean
-        self.policy.observe(Moments(k, float(self.sq.sum()) / k, total), cross)
+        if self.prev_mean is not None and self.prev_mean.shape == self.acc.shape:
+            cross = float(np.vdot(mean, self.prev_mean[at]))  # zero outside the last step's rows
+            _clear(self.prev_rows, self.prev_mean)
+        else:
+            self.prev_mean = np.zeros_like(self.acc)
+        self.prev_mean[at] = mean
+        self.prev_rows = None if self.acc_rows is None else self.acc_rows.copy()
+        self.policy.observe(Moments(k, float(self.sq[at].sum()) / k, total), cross)
         self.applied.append(list(self.accepted))
         del self.applied[:-HISTORY]
         self.k_history.append(k)
@@ -431,8 +471,8 @@ class BackupStep(StoredProcedure):
         self.starts.pop(old, None)
         self.arrivals.pop(old, None)
         self.k = self.policy.choose(len(self.alive))
-        for at in sorted(a for a in self.changes if a <= self.iteration):
-            self._resize(*self.changes.pop(at))
+        for b in sorted(a for a in self.changes if a <= self.iteration):
+            self._resize(*self.changes.pop(b))
 
     def stats(self) -> dict[str, Any]:
         est = self.policy.state() if self.policy is not None else {}
@@ -440,3 +480,10 @@ class BackupStep(StoredProcedure):
                            "n": self.policy.n if self.policy is not None else None,
                            "k_history": list(self.k_history), "applied": [list(a) for a in self.applied],
                            **self.counts, **{k: (None if math.isnan(v) else v) for k, v in est.items()}}}
+
+
+def _clear(rows: np.ndarray | None, *arrays: np.ndarray) -> None:
+    """Zero ``arrays`` at the rows of the mask ``rows`` (None: everywhere)."""
+    at = slice(None) if rows is None else np.flatnonzero(rows)
+    for a in arrays:
+        a[at] = 0.0

@@ -29,6 +29,11 @@ passes each point; every worker reports then) and reports ``heldout_auc`` (exact
 held-out set) beside the teacher's, which is the ceiling (``teacher_auc``). AUC is not a sum, so only
 rank 0 reports it: the launcher's sum over workers of a field that one worker reports is that
 worker's value.
+
+``backup`` (e.g. ``{mode: static, k: 2}``, with ``optimizer: sgd``) makes every table synchronous with
+backup workers (docs/design.md, "Backup workers"): ``train_sync`` runs one mini-batch an iteration per
+worker, drawn from its own share of the samples by iteration (``sync_batch``), and the servers step
+from the first k_t gradients (the MLPs' and the embedding rows touched) at ``lr`` (static: lr·k/n).
 """
 
 from __future__ import annotations
