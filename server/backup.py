@@ -17,10 +17,10 @@ a worker, which computes on the iteration it has read, sends nothing ahead: any 
 of the table is a bug, refused with an error (:meth:`check_clock`) before it is held, which bounds what
 is held by what correct resends need. Workers
 whose gradient was dropped read w_{t+1} (or later) next and go on from there. Updates buffer per
-worker rank until their clock; gradients are accumulated, averaged and stepped in float64. Each buffer,
-the accepted sum and the last mean keep a mask of the rows they may be non-zero at, so an embedding
-table's step (a batch's rows of a large table) clears, sums and steps those rows only; the buffers
-themselves are whole shares (8 bytes a value).
+worker rank until their clock, as the rows they touched (``Gradient``); gradients are accumulated,
+averaged and stepped in float64. The accepted sum and the last mean are whole shares with a mask of the
+rows they may be non-zero at, so an embedding table's step (a batch's rows of a large table) costs
+those rows, and its memory per worker follows them too.
 
 The job's workers (n) change at an iteration (``bosen scale``): a worker that joins at clock B
 (``joined``) and one that leaves after its CLOCK(B) (``left`` with ``at``: its BYE, or before it the
@@ -74,11 +74,12 @@ class BackupStep(StoredProcedure):
         self.iteration = 0
         self.policy: BackupPolicy | None = None
         self.values: np.ndarray | None = None
-        self.buffers: dict[int, np.ndarray] = {}  # rank -> its gradient of the tick in progress
+        # rank -> its gradient of the tick in progress: the rows it touched, so memory and time follow
+        # them (an embedding table's gradient is a batch's rows of a large table)
+        self.buffers: dict[int, Gradient] = {}
         # the rows each array below may be non-zero at (a bool mask per local row; None: any row), so that
-        # zeroing, summing and stepping cost the rows a gradient touched, not the shard (an embedding
-        # table's gradient is a batch's rows): a rank's buffer, the accepted sum (acc, sq), the last mean
-        self.touched: dict[int, np.ndarray | None] = {}
+        # zeroing, summing and stepping cost the rows gradients touched, not the shard: the accepted sum
+        # (acc, sq), the last mean
         self.acc_rows: np.ndarray | None = None
         self.prev_rows: np.ndarray | None = None
         self.has: set[int] = set()  # ranks with updates since their last clock
@@ -98,7 +99,7 @@ class BackupStep(StoredProcedure):
         # complete gradients of iterations the table has not reached, in arrival order: (tick, rank, gradient).
         # Only a resend brings them (workers read w_t before they compute on it): a lost server's
         # replacement, restored at C, gets each worker's gradients of C, C + 1, ... one after another
-        self.ahead: list[tuple[int, int, np.ndarray, np.ndarray | None]] = []  # (.., its touched rows)
+        self.ahead: list[tuple[int, int, Gradient]] = []
         # rank -> the last clock it sent this server's lost predecessor (HELLO "cs"): its resent
         # gradients of ticks before it, and its next one after (the tick in flight), may be ahead of
         # the table; none later (``check_clock``)
@@ -190,7 +191,7 @@ class BackupStep(StoredProcedure):
         buf = np.zeros((m, n, cols))
         for r in sorted(self.has):
             has[:, r] = True
-            buf[:, r] = self.buffers[r][local_rows]
+            buf[:, r] = self.buffers[r].at(local_rows)
         summed = bool(self.accepted) and self.acc is not None and self.sq is not None
         rows = {"has": has, "buf": buf,
                 "acc": self.acc[local_rows] if summed and self.acc is not None else np.zeros((m, cols)),
@@ -240,12 +241,15 @@ class BackupStep(StoredProcedure):
         arriving = set(np.flatnonzero(rows["has"].any(axis=0)).tolist()) if got and rows is not None else set()
         # a rank's partial gradient: its rows here and those that came; a stale buffer (a rank not in
         # ``has``) is dropped, as its rank's next update would zero it
-        self.buffers = {r: lay(self.buffers[r] if r in self.has else None,
-                               rows["buf"][:, r] if r in arriving and rows is not None else None)
+        where = np.full(max(had, int(old.max()) + 1 if old.size else 0), -1, dtype=np.int64)
+        where[old] = kept  # a row that stays: its new local index (-1: it left)
+        self.buffers = {r: Gradient.laid_out(self.buffers[r] if r in self.has else None, where,
+                                             came if got else None,
+                                             rows["buf"][:, r] if r in arriving and rows is not None else None,
+                                             self.table.cols)
                         for r in sorted(self.has | arriving)}
         self.has |= arriving
-        self.touched = dict.fromkeys(self.buffers)  # laid out anew: any row may be non-zero
-        self.acc_rows = self.prev_rows = None
+        self.acc_rows = self.prev_rows = None  # laid out anew: any row may be non-zero
         if self.accepted:
             self.acc = lay(self.acc, rows["acc"] if got and rows is not None else None)
             self.sq = lay(self.sq, rows["sq"] if got and rows is not None else None)
@@ -267,7 +271,6 @@ class BackupStep(StoredProcedure):
         self.accepted = whole["accepted"].astype(int).tolist()
         self.has.clear()
         self.buffers.clear()
-        self.touched.clear()
         self.acc = self.sq = self.prev_mean = None
         self.acc_rows = self.prev_rows = None
         self.starts.clear()
@@ -280,33 +283,23 @@ class BackupStep(StoredProcedure):
         import bosen.rowmath as rowmath
 
         self.values = values  # the shard's array (it may be replaced, e.g. by a partition move)
-        buf = self.buffers.get(client)
-        if buf is None or buf.shape != values.shape:
-            buf = self.buffers[client] = np.zeros(values.shape, dtype=np.float64)
-            self.touched[client] = np.zeros(values.shape[0], dtype=bool)
-        mask = self.touched.get(client)
-        if client not in self.has:  # a new gradient: clear the rows the last one touched
-            if mask is None:
-                buf[...] = 0.0
-                mask = self.touched[client] = np.zeros(values.shape[0], dtype=bool)
-            else:
-                was = np.flatnonzero(mask)
-                buf[was] = 0.0
-                mask[was] = False
+        if client not in self.has or client not in self.buffers:  # a new gradient
+            self.buffers[client] = Gradient(values.shape[1])
             self.has.add(client)
-        upd = batch.values.astype(np.float64)
+        upd = batch.values.astype(np.float64)  # a copy: the batch's buffer is not kept
         if batch.sparse:
-            rowmath.scatter_add_csr(buf, local_rows, batch.indptr, batch.cols, upd)
-        else:
-            rowmath.add_rows(buf, local_rows, upd)
-        if mask is not None:
-            mask[local_rows] = True
+            block = np.zeros((local_rows.shape[0], values.shape[1]))
+            rowmath.scatter_add_csr(block, np.arange(local_rows.shape[0], dtype=np.int64), batch.indptr,
+                                    batch.cols, upd)
+            upd = block
+        self.buffers[client].add(local_rows, upd)
 
     def put(self, rank: int, gradient: np.ndarray) -> None:
         """``rank``'s whole gradient of the tick it is at, in one piece (what ``apply`` builds from
         batches; the virtual-clock bench hands it over directly)."""
-        self.buffers[rank] = np.asarray(gradient, dtype=np.float64).reshape(-1, gradient.shape[-1])
-        self.touched[rank] = None  # any row
+        g = np.asarray(gradient, dtype=np.float64).reshape(-1, gradient.shape[-1])
+        self.buffers[rank] = Gradient(g.shape[1])
+        self.buffers[rank].add(np.arange(g.shape[0], dtype=np.int64), g.copy())
         self.has.add(rank)
 
     def resending(self, rank: int, until: int) -> None:
@@ -346,34 +339,29 @@ class BackupStep(StoredProcedure):
             self.counts["dropped_late"] += 1
             return False
         if tick > self.iteration:  # a resend to a restored server: taken when the table gets there
-            self.ahead.append((tick, rank, self.buffers.pop(rank), self.touched.pop(rank, None)))
+            self.ahead.append((tick, rank, self.buffers.pop(rank)))
             self.counts["held_ahead"] += 1
             return False
         if rank in self.accepted:
             self.counts["dropped_repeat"] += 1
             return False
-        self._add(rank, self.buffers[rank], self.touched.get(rank))
+        self._add(rank, self.buffers[rank])
         return self._advance(now)
 
-    def _add(self, rank: int, g: np.ndarray, mask: np.ndarray | None) -> None:
-        """Accept ``rank``'s gradient ``g`` of the current iteration, non-zero only at the rows of ``mask``
-        (None: any row)."""
-        if self.acc is None or self.acc.shape != g.shape or self.sq is None or self.sq.shape != g.shape[:1]:
-            self.acc, self.sq, self.acc_rows = np.zeros_like(g), np.zeros(g.shape[0]), None
+    def _add(self, rank: int, g: Gradient) -> None:
+        """Accept ``rank``'s gradient ``g`` of the current iteration."""
+        assert self.values is not None
+        shape = (self.values.shape[0], self.table.cols)
+        if self.acc is None or self.acc.shape != shape or self.sq is None or self.sq.shape != shape[:1]:
+            self.acc, self.sq, self.acc_rows = np.zeros(shape), np.zeros(shape[0]), None
         if not self.accepted:  # the iteration's first: clear the rows the last sum touched
             _clear(self.acc_rows, self.acc, self.sq)
-            self.acc_rows = np.zeros(g.shape[0], dtype=bool)
-        if mask is None:
-            self.acc += g
-            self.sq += np.einsum("ij,ij->i", g, g)
-            self.acc_rows = None
-        else:
-            at = np.flatnonzero(mask)
-            gr = g[at]
-            self.acc[at] += gr
-            self.sq[at] += np.einsum("ij,ij->i", gr, gr)
-            if self.acc_rows is not None:
-                self.acc_rows[at] = True
+            self.acc_rows = np.zeros(shape[0], dtype=bool)
+        at, gr = g.summed()
+        self.acc[at] += gr
+        self.sq[at] += np.einsum("ij,ij->i", gr, gr)
+        if self.acc_rows is not None:
+            self.acc_rows[at] = True
         self.accepted.append(rank)
         self.counts["accepted"] += 1
 
@@ -390,11 +378,11 @@ class BackupStep(StoredProcedure):
             now_ahead = [h for h in self.ahead if h[0] == self.iteration]
             self.counts["dropped_late"] += sum(h[0] < self.iteration for h in self.ahead)
             self.ahead = [h for h in self.ahead if h[0] > self.iteration]
-            for _, rank, g, mask in now_ahead:
+            for _, rank, g in now_ahead:
                 if rank in self.accepted:
                     self.counts["dropped_repeat"] += 1
                 else:
-                    self._add(rank, g, mask)
+                    self._add(rank, g)
         return stepped
 
     def forget(self, rank: int) -> None:
@@ -402,7 +390,6 @@ class BackupStep(StoredProcedure):
         of the rank starts a gradient afresh)."""
         self.has.discard(rank)
         self.buffers.pop(rank, None)
-        self.touched.pop(rank, None)
 
     def joined(self, rank: int, at: int) -> None:
         """Rank ``rank`` joins the job at clock ``at`` (``bosen scale``; at most one iteration ahead of
@@ -487,3 +474,65 @@ def _clear(rows: np.ndarray | None, *arrays: np.ndarray) -> None:
     at = slice(None) if rows is None else np.flatnonzero(rows)
     for a in arrays:
         a[at] = 0.0
+
+
+class Gradient:
+    """One rank's gradient of the tick in progress: the local rows its updates touched and their float64
+    values, kept as the pieces they came in until a step (or a move) asks for them summed per row, so
+    its memory and time follow the rows touched (a batch's rows of an embedding table), not the shard."""
+
+    __slots__ = ("rows", "values", "pieces")
+
+    def __init__(self, cols: int) -> None:
+        self.rows = np.zeros(0, dtype=np.int64)  # sorted, distinct (once summed)
+        self.values = np.zeros((0, cols))
+        self.pieces: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def add(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """``values`` (float64, owned from now on) added at local ``rows`` (which may repeat)."""
+        self.pieces.append((np.array(rows, dtype=np.int64), values))
+
+    def summed(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows (sorted, distinct) and their values, each row's updates added in arrival order."""
+        import bosen.rowmath as rowmath
+
+        if len(self.pieces) == 1 and not self.rows.shape[0]:
+            rows, values = self.pieces[0]
+            if rows.shape[0] < 2 or bool((rows[1:] > rows[:-1]).all()):  # sorted, distinct: as it is
+                self.rows, self.values, self.pieces = rows, values, []
+        if self.pieces:
+            rows = np.concatenate([self.rows, *(p[0] for p in self.pieces)])
+            values = np.concatenate([self.values, *(p[1] for p in self.pieces)])
+            self.rows, inverse = np.unique(rows, return_inverse=True)
+            self.values = np.zeros((self.rows.shape[0], values.shape[1]))
+            rowmath.scatter_add(self.values, inverse.astype(np.int64, copy=False), values)
+            self.pieces = []
+        return self.rows, self.values
+
+    def at(self, local_rows: np.ndarray) -> np.ndarray:
+        """The values at ``local_rows`` (zeros where it touched none), one row each."""
+        rows, values = self.summed()
+        out = np.zeros((local_rows.shape[0], values.shape[1]))
+        if rows.shape[0]:
+            pos = np.minimum(np.searchsorted(rows, local_rows), rows.shape[0] - 1)
+            hit = rows[pos] == local_rows
+            out[hit] = values[pos[hit]]
+        return out
+
+    @classmethod
+    def laid_out(cls, mine: Gradient | None, where: np.ndarray, came: np.ndarray | None,
+                 arriving: np.ndarray | None, cols: int) -> Gradient:
+        """A partition move's new layout: ``mine``'s rows that stay at their new local index (``where``
+        of the old one, -1 for rows that left), and the rows that came (local ``came``) with the values
+        ``arriving`` (one row each, kept where non-zero)."""
+        out = cls(cols)
+        if mine is not None:
+            rows, values = mine.summed()
+            new = where[rows] if rows.shape[0] else rows
+            stay = new >= 0
+            out.add(new[stay], values[stay])
+        if came is not None and arriving is not None:
+            nz = np.flatnonzero(arriving.any(axis=1))
+            out.add(came[nz], np.array(arriving[nz], dtype=np.float64))
+        out.summed()
+        return out
