@@ -8,7 +8,7 @@ iteration than its tick: it first clocks, with no gradient, up to that iteration
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,10 +44,27 @@ def read_iteration(client: TickingClient, table: ClockedTable, rows: np.ndarray,
     table's rows may be at different iterations: t is the oldest (the others drop this gradient as late).
     ``on_clock`` is called after each of those clocks, as after any (a clock boundary where the job's
     workers change: ``bosen scale``); False from it (the worker left the job there) stops the clocks."""
-    values, clocks = table.get_rows_clocked(rows)
-    # a read that waited returns the bound it waited for; the rows are cached now: their own clocks
-    values, clocks = table.get_rows_clocked(rows)
-    it = int(clocks.min()) if clocks.shape[0] else client.tick
+    values, it = read_iterations(client, [(table, rows)], on_clock)
+    return values[0], it
+
+
+def read_iterations(client: TickingClient, reads: Sequence[tuple[ClockedTable, np.ndarray]],
+                    on_clock: Callable[[], bool] | None = None) -> tuple[list[np.ndarray], int]:
+    """``read_iteration`` over several synchronous tables at once (a model's dense table and one probe
+    row per partition of each embedding table, ``PSModule``): each read for this worker's tick or
+    later, t the oldest iteration of any row read, the tick moved up to t. Every server of every table
+    is then at t or later before the worker computes, so its gradient is never ahead of one, and it
+    skips an iteration only where every server has passed it (no server waits for it in vain)."""
+    values: list[np.ndarray] = []
+    oldest: int | None = None
+    for table, rows in reads:
+        table.get_rows_clocked(rows)
+        # a read that waited returns the bound it waited for; the rows are cached now: their own clocks
+        v, clocks = table.get_rows_clocked(rows)
+        values.append(v)
+        if clocks.shape[0]:
+            oldest = int(clocks.min()) if oldest is None else min(oldest, int(clocks.min()))
+    it = client.tick if oldest is None else oldest
     while client.tick < it:
         client.clock()
         if on_clock is not None and not on_clock():

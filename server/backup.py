@@ -17,7 +17,10 @@ a worker, which computes on the iteration it has read, sends nothing ahead: any 
 of the table is a bug, refused with an error (:meth:`check_clock`) before it is held, which bounds what
 is held by what correct resends need. Workers
 whose gradient was dropped read w_{t+1} (or later) next and go on from there. Updates buffer per
-worker rank until their clock; gradients are accumulated, averaged and stepped in float64.
+worker rank until their clock, as the rows they touched (``Gradient``); gradients are accumulated,
+averaged and stepped in float64. The accepted sum and the last mean are whole shares with a mask of the
+rows they may be non-zero at, so an embedding table's step (a batch's rows of a large table) costs
+those rows, and its memory per worker follows them too.
 
 The job's workers (n) change at an iteration (``bosen scale``): a worker that joins at clock B
 (``joined``) and one that leaves after its CLOCK(B) (``left`` with ``at``: its BYE, or before it the
@@ -71,7 +74,14 @@ class BackupStep(StoredProcedure):
         self.iteration = 0
         self.policy: BackupPolicy | None = None
         self.values: np.ndarray | None = None
-        self.buffers: dict[int, np.ndarray] = {}  # rank -> its gradient of the tick in progress
+        # rank -> its gradient of the tick in progress: the rows it touched, so memory and time follow
+        # them (an embedding table's gradient is a batch's rows of a large table)
+        self.buffers: dict[int, Gradient] = {}
+        # the rows each array below may be non-zero at (a bool mask per local row; None: any row), so that
+        # zeroing, summing and stepping cost the rows gradients touched, not the shard: the accepted sum
+        # (acc, sq), the last mean
+        self.acc_rows: np.ndarray | None = None
+        self.prev_rows: np.ndarray | None = None
         self.has: set[int] = set()  # ranks with updates since their last clock
         self.alive: set[int] = set()  # members not lost
         self.members: set[int] = set()  # the job's workers (n): joined, not left by BYE
@@ -89,7 +99,7 @@ class BackupStep(StoredProcedure):
         # complete gradients of iterations the table has not reached, in arrival order: (tick, rank, gradient).
         # Only a resend brings them (workers read w_t before they compute on it): a lost server's
         # replacement, restored at C, gets each worker's gradients of C, C + 1, ... one after another
-        self.ahead: list[tuple[int, int, np.ndarray]] = []
+        self.ahead: list[tuple[int, int, Gradient]] = []
         # rank -> the last clock it sent this server's lost predecessor (HELLO "cs"): its resent
         # gradients of ticks before it, and its next one after (the tick in flight), may be ahead of
         # the table; none later (``check_clock``)
@@ -144,6 +154,7 @@ class BackupStep(StoredProcedure):
                         self.table.name, saved, self.iteration)
         self._take(a)
         self.prev_mean = a["prev_mean"].astype(np.float64) if a["prev_mean"].size else None
+        self.prev_rows = None
 
     def _take(self, a: dict[str, np.ndarray]) -> None:
         """The estimator, k_t, its history and the counters of a ``table_state`` (a checkpoint's or,
@@ -180,7 +191,7 @@ class BackupStep(StoredProcedure):
         buf = np.zeros((m, n, cols))
         for r in sorted(self.has):
             has[:, r] = True
-            buf[:, r] = self.buffers[r][local_rows]
+            buf[:, r] = self.buffers[r].at(local_rows)
         summed = bool(self.accepted) and self.acc is not None and self.sq is not None
         rows = {"has": has, "buf": buf,
                 "acc": self.acc[local_rows] if summed and self.acc is not None else np.zeros((m, cols)),
@@ -230,10 +241,15 @@ class BackupStep(StoredProcedure):
         arriving = set(np.flatnonzero(rows["has"].any(axis=0)).tolist()) if got and rows is not None else set()
         # a rank's partial gradient: its rows here and those that came; a stale buffer (a rank not in
         # ``has``) is dropped, as its rank's next update would zero it
-        self.buffers = {r: lay(self.buffers[r] if r in self.has else None,
-                               rows["buf"][:, r] if r in arriving and rows is not None else None)
+        where = np.full(max(had, int(old.max()) + 1 if old.size else 0), -1, dtype=np.int64)
+        where[old] = kept  # a row that stays: its new local index (-1: it left)
+        self.buffers = {r: Gradient.laid_out(self.buffers[r] if r in self.has else None, where,
+                                             came if got else None,
+                                             rows["buf"][:, r] if r in arriving and rows is not None else None,
+                                             self.table.cols)
                         for r in sorted(self.has | arriving)}
         self.has |= arriving
+        self.acc_rows = self.prev_rows = None  # laid out anew: any row may be non-zero
         if self.accepted:
             self.acc = lay(self.acc, rows["acc"] if got and rows is not None else None)
             self.sq = lay(self.sq, rows["sq"] if got and rows is not None else None)
@@ -256,6 +272,7 @@ class BackupStep(StoredProcedure):
         self.has.clear()
         self.buffers.clear()
         self.acc = self.sq = self.prev_mean = None
+        self.acc_rows = self.prev_rows = None
         self.starts.clear()
         self.arrivals.clear()
         log.info("table %s: takes over the backup step of the server its rows came from, at iteration %d",
@@ -266,22 +283,23 @@ class BackupStep(StoredProcedure):
         import bosen.rowmath as rowmath
 
         self.values = values  # the shard's array (it may be replaced, e.g. by a partition move)
-        buf = self.buffers.get(client)
-        if buf is None or buf.shape != values.shape:
-            buf = self.buffers[client] = np.zeros(values.shape, dtype=np.float64)
-        if client not in self.has:
-            buf[...] = 0.0
+        if client not in self.has or client not in self.buffers:  # a new gradient
+            self.buffers[client] = Gradient(values.shape[1])
             self.has.add(client)
-        upd = batch.values.astype(np.float64)
+        upd = batch.values.astype(np.float64)  # a copy: the batch's buffer is not kept
         if batch.sparse:
-            rowmath.scatter_add_csr(buf, local_rows, batch.indptr, batch.cols, upd)
-        else:
-            rowmath.add_rows(buf, local_rows, upd)
+            block = np.zeros((local_rows.shape[0], values.shape[1]))
+            rowmath.scatter_add_csr(block, np.arange(local_rows.shape[0], dtype=np.int64), batch.indptr,
+                                    batch.cols, upd)
+            upd = block
+        self.buffers[client].add(local_rows, upd)
 
     def put(self, rank: int, gradient: np.ndarray) -> None:
         """``rank``'s whole gradient of the tick it is at, in one piece (what ``apply`` builds from
         batches; the virtual-clock bench hands it over directly)."""
-        self.buffers[rank] = np.asarray(gradient, dtype=np.float64).reshape(-1, gradient.shape[-1])
+        g = np.asarray(gradient, dtype=np.float64).reshape(-1, gradient.shape[-1])
+        self.buffers[rank] = Gradient(g.shape[1])
+        self.buffers[rank].add(np.arange(g.shape[0], dtype=np.int64), g.copy())
         self.has.add(rank)
 
     def resending(self, rank: int, until: int) -> None:
@@ -330,17 +348,20 @@ class BackupStep(StoredProcedure):
         self._add(rank, self.buffers[rank])
         return self._advance(now)
 
-    def _add(self, rank: int, g: np.ndarray) -> None:
+    def _add(self, rank: int, g: Gradient) -> None:
         """Accept ``rank``'s gradient ``g`` of the current iteration."""
-        if self.acc is None or self.acc.shape != g.shape:
-            self.acc = np.zeros_like(g)
-        if self.sq is None or self.sq.shape != g.shape[:1]:
-            self.sq = np.zeros(g.shape[0])
-        if not self.accepted:
-            self.acc[...] = 0.0
-            self.sq[...] = 0.0
-        self.acc += g
-        self.sq += np.einsum("ij,ij->i", g, g)
+        assert self.values is not None
+        shape = (self.values.shape[0], self.table.cols)
+        if self.acc is None or self.acc.shape != shape or self.sq is None or self.sq.shape != shape[:1]:
+            self.acc, self.sq, self.acc_rows = np.zeros(shape), np.zeros(shape[0]), None
+        if not self.accepted:  # the iteration's first: clear the rows the last sum touched
+            _clear(self.acc_rows, self.acc, self.sq)
+            self.acc_rows = np.zeros(shape[0], dtype=bool)
+        at, gr = g.summed()
+        self.acc[at] += gr
+        self.sq[at] += np.einsum("ij,ij->i", gr, gr)
+        if self.acc_rows is not None:
+            self.acc_rows[at] = True
         self.accepted.append(rank)
         self.counts["accepted"] += 1
 
@@ -409,15 +430,21 @@ class BackupStep(StoredProcedure):
     def _step(self, now: float) -> None:
         assert self.acc is not None and self.sq is not None and self.values is not None and self.policy is not None
         k = len(self.accepted)
-        mean = self.acc / k
+        # only the rows some accepted gradient touched: elsewhere the mean is zero
+        at: Any = slice(None) if self.acc_rows is None else np.flatnonzero(self.acc_rows)
+        mean = self.acc[at] / k
         lr = self.policy.lr(k)
-        self.values -= (lr * mean).astype(self.values.dtype, copy=False)
+        self.values[at] -= (lr * mean).astype(self.values.dtype, copy=False)
         total = float(np.vdot(mean, mean))
         cross = math.nan
-        if self.prev_mean is not None and self.prev_mean.shape == mean.shape:
-            cross = float(np.vdot(mean, self.prev_mean))
-        self.prev_mean = mean
-        self.policy.observe(Moments(k, float(self.sq.sum()) / k, total), cross)
+        if self.prev_mean is not None and self.prev_mean.shape == self.acc.shape:
+            cross = float(np.vdot(mean, self.prev_mean[at]))  # zero outside the last step's rows
+            _clear(self.prev_rows, self.prev_mean)
+        else:
+            self.prev_mean = np.zeros_like(self.acc)
+        self.prev_mean[at] = mean
+        self.prev_rows = None if self.acc_rows is None else self.acc_rows.copy()
+        self.policy.observe(Moments(k, float(self.sq[at].sum()) / k, total), cross)
         self.applied.append(list(self.accepted))
         del self.applied[:-HISTORY]
         self.k_history.append(k)
@@ -431,8 +458,8 @@ class BackupStep(StoredProcedure):
         self.starts.pop(old, None)
         self.arrivals.pop(old, None)
         self.k = self.policy.choose(len(self.alive))
-        for at in sorted(a for a in self.changes if a <= self.iteration):
-            self._resize(*self.changes.pop(at))
+        for b in sorted(a for a in self.changes if a <= self.iteration):
+            self._resize(*self.changes.pop(b))
 
     def stats(self) -> dict[str, Any]:
         est = self.policy.state() if self.policy is not None else {}
@@ -440,3 +467,72 @@ class BackupStep(StoredProcedure):
                            "n": self.policy.n if self.policy is not None else None,
                            "k_history": list(self.k_history), "applied": [list(a) for a in self.applied],
                            **self.counts, **{k: (None if math.isnan(v) else v) for k, v in est.items()}}}
+
+
+def _clear(rows: np.ndarray | None, *arrays: np.ndarray) -> None:
+    """Zero ``arrays`` at the rows of the mask ``rows`` (None: everywhere)."""
+    at = slice(None) if rows is None else np.flatnonzero(rows)
+    for a in arrays:
+        a[at] = 0.0
+
+
+class Gradient:
+    """One rank's gradient of the tick in progress: the local rows its updates touched and their float64
+    values, kept as the pieces they came in until a step (or a move) asks for them summed per row, so
+    its memory and time follow the rows touched (a batch's rows of an embedding table), not the shard."""
+
+    __slots__ = ("rows", "values", "pieces")
+
+    def __init__(self, cols: int) -> None:
+        self.rows = np.zeros(0, dtype=np.int64)  # sorted, distinct (once summed)
+        self.values = np.zeros((0, cols))
+        self.pieces: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def add(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """``values`` (float64, owned from now on) added at local ``rows`` (which may repeat)."""
+        self.pieces.append((np.array(rows, dtype=np.int64), values))
+
+    def summed(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rows (sorted, distinct) and their values, each row's updates added in arrival order."""
+        import bosen.rowmath as rowmath
+
+        if len(self.pieces) == 1 and not self.rows.shape[0]:
+            rows, values = self.pieces[0]
+            if rows.shape[0] < 2 or bool((rows[1:] > rows[:-1]).all()):  # sorted, distinct: as it is
+                self.rows, self.values, self.pieces = rows, values, []
+        if self.pieces:
+            rows = np.concatenate([self.rows, *(p[0] for p in self.pieces)])
+            values = np.concatenate([self.values, *(p[1] for p in self.pieces)])
+            self.rows, inverse = np.unique(rows, return_inverse=True)
+            self.values = np.zeros((self.rows.shape[0], values.shape[1]))
+            rowmath.scatter_add(self.values, inverse.astype(np.int64, copy=False), values)
+            self.pieces = []
+        return self.rows, self.values
+
+    def at(self, local_rows: np.ndarray) -> np.ndarray:
+        """The values at ``local_rows`` (zeros where it touched none), one row each."""
+        rows, values = self.summed()
+        out = np.zeros((local_rows.shape[0], values.shape[1]))
+        if rows.shape[0]:
+            pos = np.minimum(np.searchsorted(rows, local_rows), rows.shape[0] - 1)
+            hit = rows[pos] == local_rows
+            out[hit] = values[pos[hit]]
+        return out
+
+    @classmethod
+    def laid_out(cls, mine: Gradient | None, where: np.ndarray, came: np.ndarray | None,
+                 arriving: np.ndarray | None, cols: int) -> Gradient:
+        """A partition move's new layout: ``mine``'s rows that stay at their new local index (``where``
+        of the old one, -1 for rows that left), and the rows that came (local ``came``) with the values
+        ``arriving`` (one row each, kept where non-zero)."""
+        out = cls(cols)
+        if mine is not None:
+            rows, values = mine.summed()
+            new = where[rows] if rows.shape[0] else rows
+            stay = new >= 0
+            out.add(new[stay], values[stay])
+        if came is not None and arriving is not None:
+            nz = np.flatnonzero(arriving.any(axis=1))
+            out.add(came[nz], np.array(arriving[nz], dtype=np.float64))
+        out.summed()
+        return out

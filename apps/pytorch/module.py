@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from bosen.apps.backup import read_iteration
+from bosen.apps.backup import read_iterations
 from bosen.apps.protocol import PSClient, PSTable, PSView, require_table
 from bosen.apps.pytorch.allreduce import BUCKET_VALUES, DenseAllReduce, check_mode, process_group
 from bosen.apps.pytorch.buckets import Buckets
@@ -157,15 +157,20 @@ class PSModule(nn.Module):
         # a dense table with backup workers (docs/design.md, "Backup workers"): each pull reads an
         # iteration's value and moves the tick up to it; nothing is read ahead (the next value does not
         # exist before this worker's gradient, or another's, makes it)
-        entry = self.config_entry if self.table is not None else None
-        self.backup = getattr(entry, "backup", None)
-        self.iteration = -1  # the iteration of the dense values last pulled (backup tables)
+        self.backup = self._backup_config(dense)
+        self.iteration = -1  # the iteration of the values last pulled (backup tables)
+        # backup tables: per embedding, one row of each partition (row p is in partition p), read with the
+        # dense rows at each pull and pushed (zero where the batch did not touch it) with each gradient,
+        # so every server of the table hears every worker's gradient of every iteration it computes
+        self._probes: dict[int, np.ndarray] = {}
         if self.backup is not None:
-            if clock_every != 1 or overlap or layout.sparse:
-                raise ConfigError(f"{client.config.source}: table {layout.table} has backup workers: one step per "
+            if clock_every != 1 or overlap or device_cache_rows:
+                raise ConfigError(f"{client.config.source}: the model's tables have backup workers: one step per "
                                   "iteration (clock_every=1), the whole gradient at once (overlap=False), no "
-                                  "embeddings")
+                                  "device cache (device_cache_rows=0)")
             prefetch = False
+            parts = getattr(getattr(client.config, "cluster", None), "num_partitions", 1)
+            self._probes = {i: np.arange(min(parts, e.rows), dtype=np.int64) for i, e in enumerate(layout.sparse)}
         self.prefetch = prefetch
         # one background reader, owned here. Its reads run beside the forward's own row reads (the
         # client serves one worker's reads from several threads: a row asked for by one is waited for
@@ -211,15 +216,22 @@ class PSModule(nn.Module):
 
     def pull(self, on_clock: Callable[[], bool] | None = None) -> None:
         """Read the dense parameters, as fresh as the table's staleness bound requires, into the module
-        (what a prefetch read, else a read now). On a synchronous table ``on_clock`` is called after
-        each clock a worker whose gradient was dropped catches up with (``read_iteration``)."""
-        if self.table is None:
+        (what a prefetch read, else a read now). On synchronous tables ``on_clock`` is called after
+        each clock a worker whose gradient was dropped catches up with (``read_iterations``), and
+        ``iteration`` is the iteration the next gradient is of (the embeddings' probe rows included)."""
+        if self.table is None and self.backup is None:
             return
         t0 = time.perf_counter()
         ahead, self._next = self._next, None
         if self.backup is not None:
-            values, self.iteration = read_iteration(cast(Any, self.client), cast(Any, self.table), self._rows,
-                                                    on_clock)
+            reads = [(cast(Any, self.table), self._rows)] if self.table is not None else []
+            reads += [(cast(Any, self.sparse_tables[i]), rows) for i, rows in self._probes.items()]
+            got, self.iteration = read_iterations(cast(Any, self.client), reads, on_clock)
+            if self.table is None:
+                self.pulled = True
+                self.pull_s += time.perf_counter() - t0
+                return
+            values = got[0]
         else:
             values = ahead.result() if ahead is not None else self._fetch()
         with torch.no_grad():
@@ -248,8 +260,11 @@ class PSModule(nn.Module):
         the model, as in ``layout.sparse``), into the client's cache in the background. Call it for the
         next batch before the current one's forward, and the read overlaps the whole step: its forward
         reads through the cache, which serves what was read as far as the SSP bound allows; a row read
-        too early for the tick it is used in (or not announced) is read then."""
+        too early for the tick it is used in (or not announced) is read then. On backup tables it does
+        nothing: the next iteration's rows do not exist before this step's gradient (or another's)."""
         self._raise_failed()
+        if self.backup is not None:
+            return
         index = {e.module: i for i, e in enumerate(self.layout.sparse)}
         for name, x in ids.items():
             if name not in index:
@@ -437,7 +452,7 @@ class PSModule(nn.Module):
             self._dense.push()
         elif block is not None and self.table is not None:
             self.table.inc_rows(self._rows, block.reshape(self.layout.rows, self.layout.row_width))
-        for i, r, v in rows:
+        for i, r, v in self._with_probes(rows):
             self.sparse_tables[i].inc_rows(r.numpy(), v.numpy())
             self.rows_pushed += r.numel()
             cache = self.device_caches.get(i)
@@ -453,6 +468,31 @@ class PSModule(nn.Module):
         if self.prefetch and self.table is not None:
             # a read started before this push may miss it (read-my-writes): read again
             self._next = self._pool.submit(self._fetch)
+
+    def _with_probes(self, rows: Sequence[tuple[int, torch.Tensor, torch.Tensor]]
+                     ) -> list[tuple[int, torch.Tensor, torch.Tensor]]:
+        """Backup tables: each embedding's gradient rows with its probe rows (zeros where the batch did
+        not touch them), so every server of the table gets a gradient from this worker, even one
+        holding none of the rows touched (else it could not tell that gradient from a catch-up clock's
+        none, and would wait for it)."""
+        if not self._probes:
+            return list(rows)
+        out, seen = [], set()
+        for i, r, v in rows:
+            seen.add(i)
+            probes = self._probes.get(i)
+            if probes is not None:
+                extra = torch.from_numpy(np.setdiff1d(probes, r.numpy(), assume_unique=True))
+                if extra.numel():
+                    r = torch.cat([r, extra])
+                    v = torch.cat([v, v.new_zeros((extra.numel(), v.shape[1]))])
+            out.append((i, r, v))
+        for i, probes in self._probes.items():
+            if i not in seen:
+                e = self.layout.sparse[i]
+                dtype = getattr(torch, self.layout.dtype)
+                out.append((i, torch.from_numpy(probes), torch.zeros((probes.shape[0], e.cols), dtype=dtype)))
+        return out
 
     # -- overlap: dense gradients pushed per bucket from the backward pass ---------------------------
 
@@ -607,6 +647,27 @@ class PSModule(nn.Module):
         if len(ups) > 1:
             raise ConfigError(f"{source}: the model's tables apply different procedures ({', '.join(sorted(ups))}); "
                               "one optimizer steps them all")
+
+    def _backup_config(self, dense: str) -> Any:
+        """The ``backup`` entry of the model's tables (docs/design.md, "Backup workers"), the same on
+        every one of them, or None; a ConfigError where some tables have it and others do not."""
+        lookup = getattr(self.client.config, "table", None)
+        if not callable(lookup):
+            return None
+        names = ([self.layout.table] if self.table is not None else []) + [t.name for t in self.sparse_tables]
+        found = {n: getattr(lookup(n), "backup", None) for n in names}
+        have = {n for n, b in found.items() if b is not None}
+        if not have:
+            return None
+        source = self.client.config.source
+        if have != set(names) or len({found[n] for n in names}) > 1:
+            raise ConfigError(f"{source}: a synchronous model needs the same backup entry on every table of it; "
+                              + "; ".join(f"{n}: {found[n]}" for n in names)
+                              + " (declare(..., backup=...) gives it to all)")
+        if dense != "ps":
+            raise ConfigError(f"{source}: backup tables with dense='allreduce': hybrid mode steps the dense part "
+                              "by all-reduce, not on a synchronous table; use dense='ps'")
+        return found[names[0]]
 
     def _device(self, want: str | torch.device | None) -> torch.device:
         devices = sorted({str(p.device) for p in self.module.parameters() if p.requires_grad})

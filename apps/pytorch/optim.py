@@ -118,6 +118,9 @@ class DeltaOptimizer(_PSOptimizer):
             names = ", ".join(model.layout.sparse[i].module for i in model.remote)
             raise ConfigError(f"DeltaOptimizer steps a local torch optimizer over local weights; the PSEmbedding "
                               f"{names} has none (its rows stay in the parameter server): use ServerOptimizer")
+        if getattr(model, "backup", None) is not None:
+            raise ConfigError(f"DeltaOptimizer pushes parameter deltas; the model's tables have backup workers, whose "
+                              f"servers take gradients: use ServerOptimizer(model, 'sgd', lr={model.backup.lr})")
         if model.overlap:
             raise ConfigError("DeltaOptimizer pushes the change after its local step, which the backward's "
                               "per-bucket pushes cannot send: PSModule(..., overlap=True) is for ServerOptimizer")

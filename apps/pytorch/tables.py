@@ -83,7 +83,8 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
     ``backup``: the dense parameters' table with backup workers (a ``backup:`` entry, e.g.
     ``{"mode": "dynamic", "lr": 0.05}``; docs/design.md, "Backup workers"): synchronous SGD whose
     servers step from the first k_t of the workers' gradients; train it with
-    ``ServerOptimizer(model, "sgd", lr=backup["lr"])``. Not with embeddings.
+    ``ServerOptimizer(model, "sgd", lr=backup["lr"])``. The embeddings' tables get the same entry
+    (``storage="dense"``): each step's gradient is the dense one and the rows the batch touched.
     """
     check_mode(dense)
     if storage not in ("dense", "sparse"):
@@ -92,9 +93,12 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if backup is not None:
-        if layout.sparse or dense != "ps":
-            raise ValueError("backup: for a model whose parameters are all dense and in the PS (no embeddings, "
-                             "dense='ps')")
+        if dense != "ps":
+            raise ValueError("backup: the dense parameters in the PS (dense='ps'); hybrid mode's all-reduce is not "
+                             "a synchronous table")
+        if layout.sparse and storage != "dense":
+            raise ValueError("backup: the embeddings' tables must be storage='dense' (a backup table buffers each "
+                             "worker's gradient over the table's rows)")
         if update not in ("add", "sgd"):
             raise ValueError(f"backup: the servers take plain SGD steps (backup.lr), not {update!r}")
         update, lr, update_args = "add", None, None

@@ -545,3 +545,39 @@ def test_a_gradient_ahead_of_the_table_is_refused_unless_a_resend_brings_it():
         grad(1, 2, 1.0)
     assert step.counts["held_ahead"] == 41 and len(step.ahead) == 41 and step.iteration == 0
     assert grad(1, 0, 3.0) and step.iteration == 2 and W[0, 0] == -3.0  # the held ones go on as before
+
+
+def test_gradients_of_a_few_rows_step_as_the_whole_tables_would():
+    """An embedding table's gradients touch a few rows each (``apply`` of those rows, several updates a
+    tick, a rank whose rows change between iterations): the step and its estimates cost those rows only
+    (``touched``, ``acc_rows``, ``prev_rows``), and equal a step fed the same gradients as whole arrays
+    (``put``, zero elsewhere): the values, the k_t sequence and the estimator's state, over iterations
+    with drops (dynamic k_t of 3 workers: each round every worker sends a gradient of the iteration the
+    round began at, those past k_t are late)."""
+    rows, cols, n = 40, 3, 3
+    cfg = TableConfig(name="E", rows=rows, cols=cols, dtype="float64", backup=BackupConfig(mode="dynamic", lr=0.3))
+    W1, W2 = np.ones((rows, cols)), np.ones((rows, cols))
+    sparse, whole = BackupStep(cfg), BackupStep(cfg)
+    for s, W in ((sparse, W1), (whole, W2)):
+        s.create(np.arange(rows, dtype=np.int64), W)
+        s.start(n, 0, 0.0)
+    rng = np.random.default_rng(3)
+    for it in range(30):
+        order, tick = rng.permutation(n), sparse.iteration
+        for r in order:
+            full = np.zeros((rows, cols))
+            for _ in range(2):  # two updates in the tick, rows may repeat
+                at = np.unique(rng.integers(0, rows, 5)).astype(np.int64)
+                g = rng.normal(size=(at.size, cols)) * W1[at]
+                sparse.apply(W1, at, UpdateBatch(rows=at, values=g), int(r))
+                full[at] += g
+            whole.put(int(r), full)
+            a, b = sparse.clocked(int(r), tick + 1, it + 0.1 * r), whole.clocked(int(r), tick + 1, it + 0.1 * r)
+            assert a == b
+        assert sparse.iteration == whole.iteration
+    np.testing.assert_array_equal(W1, W2)
+    assert sparse.k_history == whole.k_history and len(set(sparse.k_history)) > 1 and sparse.counts == whole.counts
+    assert sparse.counts["dropped_late"] > 0
+    got, want = sparse.table_state(), whole.table_state()
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-12, atol=1e-15, err_msg=k)

@@ -29,6 +29,11 @@ passes each point; every worker reports then) and reports ``heldout_auc`` (exact
 held-out set) beside the teacher's, which is the ceiling (``teacher_auc``). AUC is not a sum, so only
 rank 0 reports it: the launcher's sum over workers of a field that one worker reports is that
 worker's value.
+
+``backup`` (e.g. ``{mode: static, k: 2}``, with ``optimizer: sgd``) makes every table synchronous with
+backup workers (docs/design.md, "Backup workers"): ``train_sync`` runs one mini-batch an iteration per
+worker, drawn from its own share of the samples by iteration (``sync_batch``), and the servers step
+from the first k_t gradients (the MLPs' and the embedding rows touched) at ``lr`` (static: lr·k/n).
 """
 
 from __future__ import annotations
@@ -118,8 +123,19 @@ class DLRMArgs:
     threads: int = 1  # torch intra-op threads per worker
     seed: int = 0  # the model's initialization and the sample order
     micro_tasks: int = 0  # training shards that can move between workers; 0 = one per worker
+    # synchronous SGD with backup workers on every table (a ``backup:`` entry, e.g. {mode: static, k: 2};
+    # its lr is ``lr``; docs/design.md, "Backup workers"): each iteration a gradient of the MLPs and of the
+    # embedding rows the batch touched per worker, the servers step from the first k_t of them
+    backup: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.backup is not None:
+            check(self.optimizer == "sgd", f"optimizer: with backup the servers take plain SGD steps on every table "
+                                           f"(no AdaGrad accumulators on a backup table): sgd, got {self.optimizer!r}")
+            check(self.storage == "dense" and self.dense == "ps" and not self.micro_tasks and not self.lapse
+                  and not self.device_cache_rows,
+                  "backup: needs storage: dense, dense: ps, micro_tasks: 0, lapse: 0, device_cache_rows: 0 (got "
+                  f"{self.storage}, {self.dense}, {self.micro_tasks}, {self.lapse}, {self.device_cache_rows})")
         check(self.lr > 0, "lr: must be > 0")
         check(self.batch_size >= 1, "batch_size: must be >= 1")
         check(self.epochs >= 1, "epochs: must be >= 1")
@@ -238,6 +254,8 @@ def tables(args: Mapping[str, Any], out_dir: Path) -> dict[str, dict[str, Any]]:
     kw: dict[str, Any] = {"storage": a.storage, "init": a.server_init, "cache_rows": a.cache_rows, "push": a.push,
                           "lapse": a.lapse if a.optimizer != "adarevision" else 0, "dense": a.dense,
                           "dense_staleness": a.dense_staleness}
+    if a.backup is not None:
+        return declare(model(a), out_dir, backup={"lr": a.lr, **a.backup}, **kw)
     if a.optimizer in SERVER:
         return declare(model(a), out_dir, update=a.optimizer, lr=a.lr, **kw)
     return declare(model(a), out_dir, **kw)
@@ -277,6 +295,9 @@ def eval_steps(steps: int, evals: int, clock_every: int) -> list[int]:
 
 def not_elastic(args: Mapping[str, Any]) -> str | None:
     """Why a job of these ``app.args`` cannot change its worker count (``bosen scale``), or None."""
+    if args.get("backup") is not None:
+        return ("its synchronous path (backup) draws each rank's mini-batches from its own share of the samples, "
+                "without micro-tasks: its workers cannot change while it runs")
     if args.get("dense") == "allreduce":
         return ("hybrid mode (dense: allreduce) steps every rank in lockstep, one micro-task each: its workers "
                 "cannot change while it runs")
@@ -286,6 +307,9 @@ def not_elastic(args: Mapping[str, Any]) -> str | None:
 def train(client: PSClient, args: Mapping[str, Any]) -> None:
     a: DLRMArgs = from_dict(DLRMArgs, args, "app.args")
     torch.set_num_threads(a.threads)
+    if a.backup is not None:
+        train_sync(client, a)[1].close()
+        return
     spec = a.spec
     saved = client.restored_state()
     T = microtasks.count(a.micro_tasks, client.num_workers, saved)
@@ -378,6 +402,66 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
             for t, st in got_states.items():
                 mine[t][0].load(st, t, sched.span(c)[0], source)
     m.close()  # the reads in flight end before the runner closes the client
+
+
+def sync_steps(a: DLRMArgs, workers: int) -> int:
+    """Iterations per epoch of the synchronous path: mini-batches in the smallest rank's share."""
+    return Schedule(a.train_samples, workers, a.batch_size, 1).steps
+
+
+def sync_batch(a: DLRMArgs, rank: int, size: int, steps: int, it: int) -> np.ndarray:
+    """The positions, in rank ``rank``'s share of ``size`` samples, of its mini-batch at iteration ``it``
+    of the synchronous path (``steps`` per epoch, each epoch a new order): a pure function, so a worker
+    that skips iterations (its gradient dropped) draws on in step, and a test can replay every batch."""
+    epoch, i = divmod(it, steps)
+    order = np.random.default_rng([a.seed, rank, epoch]).permutation(size)
+    return order[i * a.batch_size:(i + 1) * a.batch_size].astype(np.int64)
+
+
+def train_sync(client: PSClient, a: DLRMArgs) -> tuple[DLRM, PSModule]:
+    """Synchronous SGD on backup tables (docs/design.md, "Backup workers"): ``epochs`` x ``sync_steps``
+    iterations; at each the worker reads w_t (``PSModule.pull``: the dense values and the tick, moved up
+    past iterations its dropped gradients missed), computes the gradient of its mini-batch
+    (``sync_batch``) and pushes it with the embedding rows it touched (``ServerOptimizer.step``, which
+    clocks). It reports per iteration ``objective`` (the batch's summed log-loss at w_t), ``samples`` and
+    ``iteration``; rank 0 adds the held-out figures at the eval points it reaches. Returns the model
+    and module, at w_T (the dense values pulled; the embeddings read through the module)."""
+    rank, n = client.rank, client.num_workers
+    if client.restored_state() is not None:
+        raise ConfigError(f"{client.config.source}: the DLRM example's synchronous path (backup) does not resume "
+                          "from a checkpoint")
+    d = criteo.shard(a.spec, rank, n, a.train_samples)
+    dense, ids, labels = (torch.from_numpy(x) for x in (d.dense, a.keys(d.ids), d.labels))
+    steps = sync_steps(a, n)
+    total = a.epochs * steps
+    points = sorted({e * steps + p for e in range(a.epochs) for p in eval_steps(steps, a.evals_per_epoch, 1)})
+    test = criteo.generate(a.spec, 0, a.test_samples, criteo.HELDOUT) if rank == 0 else None
+    if test is not None:
+        test = dataclasses.replace(test, ids=a.keys(test.ids))
+    teacher = criteo.auc(test.prob, test.labels) if test is not None else None
+    net = model(a)
+    m = PSModule(net, client, clock_every=1)
+    opt = optimizer(a, m)
+    size = len(d)
+    while True:
+        m.pull()  # w_t, and t
+        it = m.iteration
+        fields: dict[str, Any] = {}
+        if test is not None and points and points[0] <= it:  # the eval points this worker reached
+            while points and points[0] <= it:
+                points.pop(0)
+            fields.update(heldout(net, test), teacher_auc=teacher)
+        if it >= total:
+            if fields:
+                client.report(iteration=it, **fields)
+            break
+        idx = torch.from_numpy(sync_batch(a, rank, size, steps, it))
+        loss = F.binary_cross_entropy_with_logits(net(dense[idx], ids[idx]), labels[idx])
+        opt.zero_grad()
+        loss.backward()
+        client.report(objective=float(loss.detach()) * idx.shape[0], samples=idx.shape[0], iteration=it, **fields)
+        opt.step()  # the gradient of iteration t, then the clock that completes it
+    return net, m
 
 
 def _state(tasks: Mapping[int, tuple[Shard, Any]], t: int) -> dict[str, np.ndarray]:

@@ -6,15 +6,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
 from conftest import REPO
 
 from bosen.apps.pytorch.examples import criteo, dlrm
+from bosen.apps.pytorch.layout import Layout
+from bosen.config import from_dict
 
 DLRM_CONFIG = REPO / "configs" / "torch-dlrm.yaml"
 
@@ -106,6 +110,13 @@ def test_eval_points_and_bad_arguments():
         dlrm.tables({"embedding": "one"}, Path("unused"))
     with pytest.raises(ValueError, match="app.args.dense_staleness: must be >= 0"):
         dlrm.tables({"dense_staleness": -1}, Path("unused"))
+    # the synchronous path: plain SGD on the servers, dense storage, no micro-tasks (it cannot scale)
+    sync = {"backup": {"mode": "static", "k": 2}}
+    with pytest.raises(ValueError, match="optimizer: with backup the servers take plain SGD steps"):
+        dlrm.DLRMArgs(**sync)
+    with pytest.raises(ValueError, match="backup: needs storage: dense"):
+        dlrm.DLRMArgs(**sync, optimizer="sgd", storage="sparse")
+    assert "its workers cannot change" in (dlrm.not_elastic(sync) or "")
 
 
 def test_hybrid_mode_keeps_one_micro_task_per_rank_and_says_why_it_cannot_scale():
@@ -113,3 +124,92 @@ def test_hybrid_mode_keeps_one_micro_task_per_rank_and_says_why_it_cannot_scale(
         dlrm.DLRMArgs(dense="allreduce", micro_tasks=4)
     assert dlrm.ELASTIC and dlrm.not_elastic({"micro_tasks": 8}) is None
     assert "its workers cannot change while it runs" in (dlrm.not_elastic({"dense": "allreduce"}) or "")
+
+
+# the synchronous path (backup tables with embeddings): a DLRM small enough for a few seconds
+SYNC = {"optimizer": "sgd", "lr": 0.5, "batch_size": 32, "train_samples": 384, "test_samples": 500, "dim": 4,
+        "bottom": 8, "top": 8, "max_rows": 50, "evals_per_epoch": 1, "epochs": 1}
+
+
+def _sync_job(bosen_cluster, bosen_procs, folder: Path, n: int, args: dict) -> Callable[[], tuple[list[dict], dict]]:
+    """Start a synchronous DLRM job of ``n`` workers (two servers); the function returned waits for it and
+    gives each worker's final values (``dlrm_sync_worker.py``) and per table each server's backup STATUS."""
+    from conftest import worker
+
+    from bosen.jobs.status import query
+
+    c = bosen_cluster(2, n, tables=dlrm.tables(args, folder / "t"), staleness=0, name=folder.name)
+    outs = [folder / f"w{r}.npz" for r in range(n)]
+    ps = [worker(bosen_procs, "dlrm_sync_worker.py", c.path, "--args", json.dumps(args), "--out", outs[r],
+                 env={"BOSEN_RANK": str(r)}) for r in range(n)]
+
+    def finish() -> tuple[list[dict], dict]:
+        assert bosen_procs.wait_all(ps, 90) == [0] * n
+        status = [query(s)["tables"] for s in c.config["cluster"]["servers"]]
+        return [dict(np.load(o)) for o in outs], {t: [s[t]["backup"] for s in status] for t in status[0]}
+    return finish
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.slow
+def test_sync_dlrm_is_sgd_on_the_mean_gradient_and_learns_with_backup_workers(bosen_cluster, bosen_procs, tmp_path):
+    """Two jobs at once (their start-up overlaps), every table a backup table over two servers.
+
+    Static k = n: the servers' steps equal a single-process replay of the same mini-batches, SGD on the
+    mean of the n gradients (the fused embedding's: the rows each batch touched, summed over the
+    workers, / n), to float32 rounding; rows no batch touched keep their first values.
+
+    Static k = 1 of 2: each iteration every table takes one worker's gradient (at lr * k / n) and drops
+    or never gets the other's; 64 iterations still lift the held-out AUC well above the initial
+    model's (single-process SGD on one worker's 64 batches at that rate: 0.58, the teacher's 0.84)."""
+    n = 2
+    exact = {**SYNC, "backup": {"mode": "static", "k": n}}
+    drops = {**SYNC, "lr": 2.0, "train_samples": 4096, "test_samples": 2000, "backup": {"mode": "static", "k": 1}}
+    jobs = [_sync_job(bosen_cluster, bosen_procs, tmp_path / name, n, args)
+            for name, args in (("exact", exact), ("drops", drops))]
+    # the replay, while the jobs run
+    a = from_dict(dlrm.DLRMArgs, exact, "app.args")
+    steps = dlrm.sync_steps(a, n)
+    ref = dlrm.model(a)
+    shards = [criteo.shard(a.spec, r, n, a.train_samples) for r in range(n)]
+    touched = np.zeros(ref.emb.weight.shape[0], dtype=bool)
+    for t in range(steps):
+        ref.zero_grad()
+        for r, d in enumerate(shards):
+            idx = dlrm.sync_batch(a, r, len(d), steps, t)
+            x, ids, y = (torch.from_numpy(v[idx]) for v in (d.dense, d.ids, d.labels))
+            touched[(ids + ref.offsets).view(-1).numpy()] = True
+            F.binary_cross_entropy_with_logits(ref(x, ids), y).backward()
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.add_(p.grad, alpha=-a.lr / n)
+    dense = Layout.of(ref).values(ref).reshape(-1)
+    b_ = from_dict(dlrm.DLRMArgs, drops, "app.args")
+    test = criteo.generate(b_.spec, 0, b_.test_samples, criteo.HELDOUT)
+    start = criteo.auc(dlrm.scores(dlrm.model(b_), test), test.labels)
+
+    out, backup = jobs[0]()
+    for o in out:
+        assert o["iteration"].tolist() == [steps, steps]
+        np.testing.assert_allclose(o["dense"][:dense.size], dense, rtol=1e-5, atol=2e-6)
+        np.testing.assert_allclose(o["emb0"], ref.emb.weight.detach().numpy(), rtol=1e-5, atol=2e-6)
+    init = dlrm.model(a).emb.weight.detach().numpy()
+    assert not np.allclose(out[0]["emb0"][touched], init[touched], atol=1e-4)  # the rows the batches touched moved
+    np.testing.assert_array_equal(out[0]["emb0"][~touched], init[~touched])  # and only those
+    assert sorted(backup) == ["emb", "params"]
+    for shards_of in backup.values():
+        for b in shards_of:
+            assert b["k_history"] == [n] * steps and b["dropped_late"] == 0 and b["dropped_repeat"] == 0
+
+    out, backup = jobs[1]()
+    steps = dlrm.sync_steps(b_, n)
+    auc = out[0]["auc"].tolist()
+    assert len(auc) == 1 and auc[0] > max(0.55, start + 0.03), (auc, start)
+    for o in out:
+        assert o["iteration"].tolist() == [steps, steps]
+    for shards_of in backup.values():
+        for b in shards_of:
+            assert b["k_history"] == [1] * steps and b["accepted"] == steps and all(len(x) == 1 for x in b["applied"])
+    # both workers' gradients were applied, each iteration one of them; the other's dropped (late) or not
+    # sent (its worker read past the iteration)
+    assert {r for b in backup["params"] for x in b["applied"] for r in x} == {0, 1}

@@ -69,10 +69,15 @@ def test_with_k_below_n_gradients_are_dropped_and_every_worker_finishes(bosen_cl
 
 
 def test_backup_needs_the_servers_sgd_at_its_rate(bosen_cluster, tmp_path):
-    from bosen.apps.pytorch import ServerOptimizer
+    from bosen.apps.pytorch import DeltaOptimizer, ServerOptimizer
     from bosen.client import Client
 
-    c = bosen_cluster(1, 1, tables=declare(_model(), tmp_path / "t", backup={"mode": "dynamic", "lr": LR}))
+    backup = {"mode": "dynamic", "lr": LR}
+    tables = declare(_model(), tmp_path / "t", backup=backup)
+    tables |= declare(_with_embedding(), tmp_path / "e", backup=backup, prefix="e.")
+    mixed = declare(_with_embedding(), tmp_path / "m", backup=backup, prefix="m.")
+    del mixed["m.emb"]["backup"]  # the embedding's table plain SSP, the dense one synchronous
+    c = bosen_cluster(1, 1, tables=tables | mixed)
     with Client.connect(c.path) as client:
         model = PSModule(_model(), client)
         assert model.backup is not None and model.backup.lr == LR
@@ -80,3 +85,41 @@ def test_backup_needs_the_servers_sgd_at_its_rate(bosen_cluster, tmp_path):
             ServerOptimizer(model, "sgd", lr=0.1)
         with pytest.raises(ConfigError, match="clock_every=1"):
             PSModule(_model(), client, clock_every=2)
+        # embeddings on backup tables: the servers' plain SGD only (no AdaGrad accumulators), every table alike
+        emb = PSModule(_with_embedding(), client, prefix="e.")
+        assert emb.backup is not None and emb._probes and emb.prefetch is False
+        with pytest.raises(ConfigError, match="servers take SGD steps of lr=0.05: use ServerOptimizer"):
+            ServerOptimizer(emb, "adagrad", lr=LR)
+        with pytest.raises(ConfigError, match="DeltaOptimizer pushes parameter deltas.*backup workers"):
+            DeltaOptimizer(emb, torch.optim.SGD(emb.parameters(), lr=LR))
+        with pytest.raises(ConfigError, match="device_cache_rows=0"):
+            PSModule(_with_embedding(), client, prefix="e.", device_cache_rows=8)
+        with pytest.raises(ConfigError, match="the same backup entry on every table"):
+            PSModule(_with_embedding(), client, prefix="m.")
+
+
+class _Emb(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 4, sparse=True)
+        self.out = nn.Linear(4, 1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.out(self.emb(ids))
+
+
+def _with_embedding() -> nn.Module:
+    torch.manual_seed(0)
+    return _Emb()
+
+
+def test_declare_refuses_backup_where_it_does_not_hold(tmp_path):
+    with pytest.raises(ValueError, match="storage='dense'"):
+        declare(_with_embedding(), tmp_path, backup={"mode": "static", "k": 2}, storage="sparse")
+    with pytest.raises(ValueError, match="dense='ps'"):
+        declare(_with_embedding(), tmp_path, backup={"mode": "static", "k": 2}, dense="allreduce")
+    with pytest.raises(ValueError, match="plain SGD steps"):
+        declare(_with_embedding(), tmp_path, backup={"mode": "static", "k": 2}, update="adagrad", lr=0.1)
+    got = declare(_with_embedding(), tmp_path, backup={"mode": "static", "k": 2, "lr": 0.1})
+    assert {n: e["backup"]["k"] for n, e in got.items()} == {"params": 2, "emb": 2}
+    assert {e["update"] for e in got.values()} == {"add"}
