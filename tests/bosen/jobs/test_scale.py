@@ -653,6 +653,80 @@ def test_a_worker_lost_below_a_replaced_servers_take_back_floor_restarts_the_job
     assert "worker-0.1" not in out, out[-3000:]  # no replacement: the whole job resumed
 
 
+@pytest.mark.timeout(150)
+def test_a_worker_lost_after_a_partition_move_restarts_the_job_and_the_counts_stay_exact(tmp_path):
+    """Servers 2 -> 3 in a running LDA job (checkpoints every 10 clocks; integer counts, managed
+    communication). The server joins at J = 12 (both workers held before CLOCK(13)): it holds none of
+    the job's updates before J, so it takes back none from an older checkpoint (STATUS take_back_from =
+    J, above the others'). Its partition move is held before the plan ($BOSEN_FAULT=hold-move) until
+    the checkpoint at C = 20 is complete and worker 1 holds before CLOCK(25); the move then happens at
+    a server clock X >= C. Worker 0 is SIGKILLed after it, before a newer complete checkpoint. Its
+    updates of ticks C..X went to the partitions' old owners, whose take-back logs hold rows they no
+    longer own, and the new owner's log has none of them: no server can take them back from C, each
+    says a clock past the move (take_back_from), and the launcher restarts the whole job from C. Every
+    checkpoint and the final table are exactly the counts of their assignments. (Before, worker 0 was
+    replaced from 20 and the take-back was wrong: docs/recovery.md, "A worker lost after a partition
+    move".)"""
+    iterations, every = 48, 10  # the last checkpoint at the end (+2)
+    path, cfg = _lda_job(tmp_path, iterations, every=every)
+    # 12 partitions: the move gives the joined server rows (of 256, the ones above the share hold none)
+    cfg["cluster"]["partitions"] = 12
+    path.write_text(json.dumps(cfg))
+    run = (tmp_path / "run").resolve()
+    go, move = tmp_path / "go", tmp_path / "move"
+    fault = ";".join([f"hold-move:{move}", f"hold-before-clock:1:{2 * every + 5}:{go}",
+                      *(f"hold-before-clock:{r}:13:{tmp_path / f'start{r}'}" for r in range(2))])
+    p = _launch(path, run, env={"BOSEN_FAULT": fault})
+    lines, failed, step = _scale_thread(run, servers=3)
+    try:
+        _until(p, run, lambda: all((tmp_path / f"start{r}.held").exists() for r in range(2)),
+               "the workers did not hold before CLOCK(13)")
+        step.start()
+        _until(p, run, (tmp_path / "move.held").exists, "the partition move did not hold before its plan")
+        addresses = config_mod.load(run / "config.yaml").cluster.servers
+        joined = [cl[cl.index("--join") + 1] for _, cl in descendants(p.pid) if "bosen.server" in cl and "--join" in cl]
+        assert len(joined) == 1, joined
+        addresses = [*addresses, joined[0]]
+
+        def reach() -> list[int]:
+            return [status_mod.query(a, timeout=10.0)["take_back_from"] for a in addresses]
+
+        before = reach()
+        assert before[2] == 12 and max(before[:2]) < 12, before  # the joined server's clock at its start
+        for r in range(2):
+            (tmp_path / f"start{r}").write_text("go")
+        _until(p, run, (tmp_path / "go.held").exists, "worker 1 did not hold before CLOCK(25)")
+
+        def complete() -> int:
+            try:
+                return checkpoint.newest_complete(run / "checkpoints", 2, None, None, verify=False)[0]
+            except checkpoint.CheckpointError:
+                return 0
+
+        # C = 20 complete; with worker 1 below 25 no newer one can be
+        _until(p, run, lambda: complete() == 2 * every, f"the checkpoint at {2 * every} did not complete")
+        move.write_text("go")
+        step.join(timeout=120)
+        assert not failed and not step.is_alive(), (failed, lines)
+        assert "the job runs on 3 servers" in lines[-1], lines
+        after = reach()
+        assert all(r > 2 * every for r in after), after  # past the move: none takes back from C
+        _worker(p, 0).kill()
+        go.write_text("go")
+        out = _output(p, run, 120)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations)
+    said = re.search(r"worker-0 was killed by SIGKILL: (.*); restarting the whole job from its newest complete "
+                     "checkpoint", out)
+    assert said, out[-3000:]
+    for i in range(3):  # the joined server among them
+        assert f"server {i} cannot take back its updates of ticks {2 * every}.." in said.group(1), said.group(1)
+    assert f"resuming from the checkpoint at clock {2 * every} " in out[said.end():], out[-3000:]
+    assert "worker-0.1" not in out, out[-3000:]  # no replacement: the whole job resumed
+
+
 def _scale_thread(run: Path, **shape: int) -> tuple[list[str], list[BaseException], threading.Thread]:
     """A thread (not started) that scales the job at ``run`` to ``shape`` (workers=, servers=): the
     scaler's lines, its exceptions (the test reports them), the thread."""
