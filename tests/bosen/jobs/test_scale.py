@@ -668,10 +668,7 @@ def test_a_worker_lost_after_a_partition_move_restarts_the_job_and_the_counts_st
     replaced from 20 and the take-back was wrong: docs/recovery.md, "A worker lost after a partition
     move".)"""
     iterations, every = 48, 10  # the last checkpoint at the end (+2)
-    path, cfg = _lda_job(tmp_path, iterations, every=every)
-    # 12 partitions: the move gives the joined server rows (of 256, the ones above the share hold none)
-    cfg["cluster"]["partitions"] = 12
-    path.write_text(json.dumps(cfg))
+    path, cfg = _lda_job_on_12_partitions(tmp_path, iterations, every)
     run = (tmp_path / "run").resolve()
     go, move = tmp_path / "go", tmp_path / "move"
     fault = ";".join([f"hold-move:{move}", f"hold-before-clock:1:{2 * every + 5}:{go}",
@@ -696,15 +693,8 @@ def test_a_worker_lost_after_a_partition_move_restarts_the_job_and_the_counts_st
         for r in range(2):
             (tmp_path / f"start{r}").write_text("go")
         _until(p, run, (tmp_path / "go.held").exists, "worker 1 did not hold before CLOCK(25)")
-
-        def complete() -> int:
-            try:
-                return checkpoint.newest_complete(run / "checkpoints", 2, None, None, verify=False)[0]
-            except checkpoint.CheckpointError:
-                return 0
-
         # C = 20 complete; with worker 1 below 25 no newer one can be
-        _until(p, run, lambda: complete() == 2 * every, f"the checkpoint at {2 * every} did not complete")
+        _until(p, run, lambda: _newest_complete(run) == 2 * every, f"the checkpoint at {2 * every} did not complete")
         move.write_text("go")
         step.join(timeout=120)
         assert not failed and not step.is_alive(), (failed, lines)
@@ -725,6 +715,66 @@ def test_a_worker_lost_after_a_partition_move_restarts_the_job_and_the_counts_st
         assert f"server {i} cannot take back its updates of ticks {2 * every}.." in said.group(1), said.group(1)
     assert f"resuming from the checkpoint at clock {2 * every} " in out[said.end():], out[-3000:]
     assert "worker-0.1" not in out, out[-3000:]  # no replacement: the whole job resumed
+
+
+@pytest.mark.timeout(150)
+def test_a_worker_lost_after_a_partition_move_and_a_newer_checkpoint_is_replaced_under_the_new_map(tmp_path):
+    """Servers 2 -> 3 in a running LDA job (12 partitions, checkpoints every 10 clocks) while both
+    workers hold before CLOCK(13): the partitions move at clock 12, so every server takes back from
+    13 on. Worker 1 then holds before CLOCK(25), and once the checkpoint at 20 is complete worker 0 is
+    SIGKILLed: it is replaced from 20 (no restart: every update since 20 went under the new map to
+    the server that owns its row), its replacement follows the servers' map (before, it refused it:
+    `WELCOME: partition map version 1, but this client follows 0`, and the job failed), and every
+    checkpoint and the final table are exactly the counts of their assignments."""
+    iterations, every = 38, 10  # the last checkpoint at the end (+2)
+    path, cfg = _lda_job_on_12_partitions(tmp_path, iterations, every)
+    run = (tmp_path / "run").resolve()
+    go = tmp_path / "go"
+    fault = ";".join([f"hold-before-clock:1:{2 * every + 5}:{go}",
+                      *(f"hold-before-clock:{r}:13:{tmp_path / f'start{r}'}" for r in range(2))])
+    p = _launch(path, run, env={"BOSEN_FAULT": fault})
+    lines, failed, step = _scale_thread(run, servers=3)
+    try:
+        _until(p, run, lambda: all((tmp_path / f"start{r}.held").exists() for r in range(2)),
+               "the workers did not hold before CLOCK(13)")
+        step.start()
+        step.join(timeout=120)
+        assert not failed and not step.is_alive(), (failed, lines)
+        assert "the job runs on 3 servers" in lines[-1], lines
+        for r in range(2):
+            (tmp_path / f"start{r}").write_text("go")
+        _until(p, run, (tmp_path / "go.held").exists, "worker 1 did not hold before CLOCK(25)")
+        _until(p, run, lambda: _newest_complete(run) == 2 * every, f"the checkpoint at {2 * every} did not complete")
+        _worker(p, 0).kill()
+        go.write_text("go")
+        out = _output(p, run, 120)
+    finally:
+        _stop(p)
+    assert p.returncode == 0, out[-3000:]
+    assert f"worker-0.1 replaces worker-0: it redoes clocks from {2 * every} on" in out, out[-3000:]
+    assert "restarting the whole job" not in out, out[-3000:]
+    _every_checkpoint_and_the_end_exact(run, cfg, iterations)
+    for i in range(3):  # taken back whole on each server, the joined one too
+        log = (run / "logs" / f"server-{i}.log").read_text()
+        assert f"row updates of lost worker rank 0 since clock {2 * every}" in log, log[-3000:]
+        assert "cannot take back" not in log and "not in its log" not in log, log[-3000:]
+
+
+def _lda_job_on_12_partitions(tmp_path: Path, iterations: int, every: int) -> tuple[Path, dict]:
+    """``_lda_job`` on 12 partitions: a move to 3 servers gives the joined one rows (of the default 256,
+    the partitions above each server's share, which move, hold none of the 150 rows)."""
+    path, cfg = _lda_job(tmp_path, iterations, every=every)
+    cfg["cluster"]["partitions"] = 12
+    path.write_text(json.dumps(cfg))
+    return path, cfg
+
+
+def _newest_complete(run: Path) -> int:
+    """The clock of the job's newest complete checkpoint (0: none yet)."""
+    try:
+        return checkpoint.newest_complete(run / "checkpoints", 2, None, None, verify=False)[0]
+    except checkpoint.CheckpointError:
+        return 0
 
 
 def _scale_thread(run: Path, **shape: int) -> tuple[list[str], list[BaseException], threading.Thread]:
