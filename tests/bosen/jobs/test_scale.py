@@ -678,9 +678,11 @@ def test_a_worker_lost_after_a_partition_move_restarts_the_job_and_the_counts_st
     try:
         _until(p, run, lambda: all((tmp_path / f"start{r}.held").exists() for r in range(2)),
                "the workers did not hold before CLOCK(13)")
+        addresses = config_mod.load(run / "config.yaml").cluster.servers
+        # their CLOCK(12) applied (sent before they held, it may still be on its way): the join is at 12
+        _until(p, run, lambda: status_mod.query(addresses[0], timeout=10.0)["clock"] == 12, "server 0 is not at 12")
         step.start()
         _until(p, run, (tmp_path / "move.held").exists, "the partition move did not hold before its plan")
-        addresses = config_mod.load(run / "config.yaml").cluster.servers
         joined = [cl[cl.index("--join") + 1] for _, cl in descendants(p.pid) if "bosen.server" in cl and "--join" in cl]
         assert len(joined) == 1, joined
         addresses = [*addresses, joined[0]]
