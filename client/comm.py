@@ -317,7 +317,7 @@ class CommThread:
         welcomes = await asyncio.gather(*(self._request(link, dict(hello), timeout) for link in rest))
         for link in rest:
             link.state = LinkState.JOINED
-        self._follow_map((h, *welcomes), rejoin is not None)
+        self._follow_map((h, *welcomes))
         if rejoin is not None or joining is not None:
             for link, w in zip(self.links, (h, *welcomes), strict=True):
                 link.server_clock = w["c"]
@@ -335,9 +335,12 @@ class CommThread:
             link.window.clock_sent = h["c"]  # the start: what it sends now is of ticks >= it
         return rank, h["c"]
 
-    def _follow_map(self, welcomes: Sequence[dict[str, Any]], rejoin: bool) -> None:
+    def _follow_map(self, welcomes: Sequence[dict[str, Any]]) -> None:
         """The partition map the servers follow (WELCOME ``mv``: partitions moved, or the job resumed
-        from a checkpoint saved after they did); every server must follow the same one."""
+        from a checkpoint saved after they did); every server must follow the same one. A lost
+        worker's replacement follows it too: ``bosen launch`` replaces one only from a checkpoint
+        past the move (before it, no server takes it back and the whole job restarts,
+        docs/recovery.md), so its redo is all under the new map."""
         versions = {w.get("mv", 0) for w in welcomes}
         if len(versions) != 1:
             raise ProtocolError(f"WELCOME: the servers follow different partition maps (versions {sorted(versions)}): "
@@ -346,7 +349,7 @@ class CommThread:
         version = versions.pop()
         if version == self.partition.version:
             return
-        if rejoin or not isinstance(version, int) or "pm" not in welcomes[0]:
+        if not isinstance(version, int) or "pm" not in welcomes[0]:
             raise ProtocolError(f"WELCOME: partition map version {version!r}, but this client follows "
                                 f"{self.partition.version}")
         self.moves.follow(Partition(len(self.links), self.partition.partitions, welcomes[0]["pm"], version,

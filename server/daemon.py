@@ -225,8 +225,10 @@ class Server:
             if resume is not None:  # priority checkpoints: parts before a restart are never chained with later ones
                 self.checkpoints.base_next(self.shards)
         # a lost worker's updates since the checkpoint its replacement restarts from, taken back when
-        # the replacement joins (plain-addition tables; server/undo.py)
-        self.undo = UndoLog(self.clock) if hold_lost and self.checkpoints is not None else None
+        # the replacement joins (plain-addition tables; server/undo.py). Restored from a move part: its
+        # values hold every update of ticks up to each client's clock at the move, none of them logged
+        start = max([self.clock, *(c + 1 for c in self._move_clocks.values())])
+        self.undo = UndoLog(start) if hold_lost and self.checkpoints is not None else None
         self._undoable = [type(s.procedure) is StoredProcedure for s in self.shards]
         self._redoing: dict[int, int] = {}  # rank -> the clock its replacement restarted from, while it redoes
         # rank -> the last clock it sends (BYE or HELLO "fc": a scale-in's leaver at its boundary, connected
@@ -712,11 +714,13 @@ class Server:
             log.warning("cannot take back lost worker rank %d's updates since clock %d (kept from clock %d on): "
                         "its replacement's redo counts them twice", rank, since, self.undo.floor)
             return
-        if since < self.undo.start:  # restored from its part of that clock (a lost server's), or joined then
+        if since < self.undo.start:  # restored from its part of that clock (a lost server's), joined then, or
+            # its partitions moved (server/moves.py)
             log.error("lost worker rank %d's updates of ticks %d..%d are in the values this server started from "
-                      "(clock %d), not in its log: they cannot be taken back, and its replacement's redo of them "
-                      "counts twice here (bosen launch restarts the whole job instead, STATUS take_back_from)",
-                      rank, since, self.undo.start - 1, self.undo.start)
+                      "or took at a partition move (its log starts at clock %d), not in its log: they cannot be "
+                      "taken back, and its replacement's redo of them counts twice here (bosen launch restarts "
+                      "the whole job instead, STATUS take_back_from)", rank, since, self.undo.start - 1,
+                      self.undo.start)
         rows = 0
         for _, table, batch in back:
             rows += self.shards[table].apply(batch, rank)

@@ -14,9 +14,11 @@ answers them for one server, beside the daemon that owns it:
    table's gradients in progress too, and its step, ``BackupStep.hand_over``).
 4. ``map``: the new map and the rows of the partitions this server gains: every shard laid out anew;
    with checkpoints, this server's part of the move is written (what a replacement restores until its
-   next checkpoint part, docs/recovery.md); reads parked here (for a clock or a backup table's
-   iteration) are answered "moved" (the client asks again under the new map); then MAP to every
-   client, after everything this server sent under the old map.
+   next checkpoint part, docs/recovery.md); a server whose partitions changed starts its take-back
+   log again past the clients' clocks (``UndoLog.moved``: it cannot take back from before); reads
+   parked here (for a clock or a backup table's iteration) are answered "moved" (the client asks
+   again under the new map); then MAP to every client, after everything this server sent under the
+   old map.
 ``abort``: a plan given up before any ``map`` (clients resume as they were).
 
 Servers join and leave through the same steps. A server added to a running job (``bosen-server
@@ -41,6 +43,7 @@ from bosen.partition import Partition
 from bosen.server.backup import BackupStep
 from bosen.server.checkpoints import ServerCheckpoints
 from bosen.server.shard import TableShard
+from bosen.server.undo import UndoLog
 from bosen.wire import Msg
 
 log = logging.getLogger("bosen.server")
@@ -103,6 +106,7 @@ class Host(Protocol):
     parked: dict[int, list[Any]]  # clock -> reads waiting for it (peer, number, connection, shard, rows)
     backup_parked: dict[int, list[Any]]  # backup table -> reads waiting for an iteration (peer, number, ...)
     checkpoints: ServerCheckpoints | None
+    undo: UndoLog | None  # a lost worker's take-back log (server/undo.py)
 
     @property
     def pushing(self) -> bool: ...
@@ -245,6 +249,10 @@ class PartitionMoves:
         for shard in s.shards:
             shard.relayout(new, gains[shard.index])
         s.partition = new
+        gained = int(np.count_nonzero((new.owner_of == s.rank) & (old.owner_of != s.rank)))
+        lost = int(np.count_nonzero((old.owner_of == s.rank) & (new.owner_of != s.rank)))
+        if s.undo is not None and (gained or lost):  # clients paused: none sent past its clock now
+            s.undo.moved(1 + max([s.clock, *(int(s.client_clock[r]) for r in s.live_ranks())]))
         if s.rank < len(servers):
             s.addresses = list(servers)
         took = 0.0
@@ -262,10 +270,9 @@ class PartitionMoves:
                 s.send_frames(p.ident, wire.encode_arrays({"t": Msg.MAP, "mv": new.version},
                                                            {"owner": new.owner_of}), Msg.MAP)
         self.paused.pop(h["mv"], None)
-        gained = int(np.count_nonzero((new.owner_of == s.rank) & (old.owner_of != s.rank)))
-        lost = int(np.count_nonzero((old.owner_of == s.rank) & (new.owner_of != s.rank)))
-        log.info("partition map %d: server %d gained %d partitions and gave %d away", new.version, s.rank,
-                 gained, lost)
+        log.info("partition map %d: server %d gained %d partitions and gave %d away%s", new.version, s.rank,
+                 gained, lost, "" if s.undo is None or not (gained or lost) else
+                 f"; a lost worker is taken back here from clock {s.undo.reach} on")
         self._reply(ident, h["s"], {"ps": round(took, 6)})
 
     def _retire(self, ident: bytes, h: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:

@@ -27,17 +27,28 @@ class UndoLog:
     def __init__(self, start: int = 0) -> None:
         self._entries: dict[int, deque[tuple[int, int, UpdateBatch]]] = {}
         self.floor = 0  # entries tagged below this clock are dropped (no checkpoint kept that old)
-        # the clock this server's values start from (a restored part's): updates of earlier ticks are
-        # in those values and were never logged, so none of them can be taken back
+        # the clock this server's values start from (a restored part's, or the first after a partition
+        # move): updates of earlier ticks are in those values and not in this log (never logged, or
+        # dropped at the move), so none of them can be taken back
         self.start = start
 
     @property
     def reach(self) -> int:
         """The oldest clock a lost worker's replacement may restart from and have every update of its
         predecessor since then taken back here (STATUS ``take_back_from``): ticks below ``start`` are
-        in the values this server started from, those below ``floor`` were dropped. ``bosen launch``
-        restarts the whole job from its newest complete checkpoint where that is older."""
+        in the values this server started from or took at a partition move, those below ``floor``
+        were dropped. ``bosen launch`` restarts the whole job from its newest complete checkpoint where
+        that is older."""
         return max(self.start, self.floor)
+
+    def moved(self, first: int) -> None:
+        """This server's partitions moved (gained or given away) while every client was paused, none
+        of them past clock ``first - 1`` (server/moves.py): what it logged before holds rows it may no
+        longer own, and the rows it gained come with updates logged by their old owner. Neither can be
+        taken back exactly, so the log starts again at ``first``: a lost worker's replacement from an
+        older checkpoint is not taken back here (``reach``; ``bosen launch`` restarts the whole job)."""
+        self.start = max(self.start, first)
+        self._entries.clear()
 
     def record(self, rank: int, clock: int, table: int, batch: UpdateBatch) -> None:
         self._entries.setdefault(rank, deque()).append((clock, table, batch))

@@ -577,6 +577,7 @@ def test_a_server_lost_after_a_partition_move_is_replaced_from_its_move_part(bos
 
     from bosen.client import Client
     from bosen.config import load
+    from bosen.jobs import status as status_mod
     from bosen.jobs.job import job_config
     from bosen.jobs.moves import move_partitions
 
@@ -623,7 +624,11 @@ def test_a_server_lost_after_a_partition_move_is_replaced_from_its_move_part(bos
         assert r.returncode == 2 and "--shape-from goes with --recover --rank N" in r.stderr, r.stderr
         c.stop_server(1, signal.SIGKILL)
         caplog.set_level(logging.WARNING, logger="bosen.client")
-        new = c.replace_server(1, ["--resume", str(base), "--recover", "--shape-from", c.addresses[0]])
+        new = c.replace_server(1, ["--resume", str(base), "--recover", "--shape-from", c.addresses[0],
+                                   "--hold-lost"])
+        # its values hold every update of ticks up to each client's clock at the move (5 and 4), none in
+        # its take-back log: a lost worker is taken back whole here only from 6 on (server/undo.py)
+        assert status_mod.query(c.addresses[1], timeout=10.0)["take_back_from"] == 6
         ticks(a, 4)  # to clock 9 each, through the replacement's part of clock 6 (under map 1)
         ticks(b, 4)
         extra = np.isin(rows % 8, [1, 7])[:, None] * ones  # client 0's tick 4

@@ -48,3 +48,17 @@ def test_its_reach_is_the_clock_its_values_start_from_or_its_floor_if_newer():
     log.trim(30)
     assert log.reach == 30
     assert UndoLog().reach == 0
+
+
+def test_after_a_partition_move_it_takes_back_only_from_past_the_clients_clocks_then():
+    """A move gave rows away and brought others logged elsewhere: what was logged before goes, and a
+    replacement from before the move's clocks is not taken back whole here (reach)."""
+    log = UndoLog(0)
+    log.record(0, 20, 0, batch([3], 1.0))
+    log.moved(27)
+    assert log.reach == 27 and log.nbytes == 0
+    log.record(0, 27, 0, batch([4], 1.0))
+    back = log.take_since(0, 20)
+    assert back is not None and [b.rows.tolist() for _, _, b in back] == [[4]]  # the move's updates stay
+    log.moved(5)
+    assert log.reach == 27  # never falls
