@@ -156,15 +156,18 @@ def _sigmoid(x: float, lo: float, hi: float) -> float:
 
 
 def fit_throughput(m: Sequence[float], s: Sequence[float], workers: Sequence[float], seconds: Sequence[float],
-                   prior: Throughput | None = None, iterations: int = 100, curved: bool = True) -> Throughput:
+                   prior: Throughput | None = None, iterations: int = 100, curved: bool = False) -> Throughput:
     """θ_sys minimising the RMSLE of T_iter against measured steps (Levenberg-Marquardt on α, β > 0
     through their logs, γ in [1, 10] through a logit: the paper's bounds). Like Pollux's priors
     (P:268-272), what the data cannot show is held at ``prior`` (default: the data's mean step split
     evenly between computation and sync, no retrogression, γ = 1): α_s and β_s while all steps had
     one worker count (on a PS, unlike eq. 9's all-reduce, two counts show β_s: sync is there at K = 1),
     γ until both the batch and the worker count varied, the split of T_grad while one batch size was
-    seen (β_g is then fitted, α_g kept), T_grad's p while fewer than ``CURVE_SIZES`` batch sizes were
-    (linear there: two sizes fix a line, not a curve). ``curved=False`` keeps p at the prior's always."""
+    seen (β_g is then fitted, α_g kept). ``curved``: T_grad's p fitted too, once ``CURVE_SIZES`` batch
+    sizes were seen (two sizes fix a line, not a curve). Off by default: on whole step times, whose load
+    swings dwarf the curvature, a free p fits the noise (on MLR it went to its bound with β_g at its
+    floor, a step flat in m, and a scheduler then saw no gain in a second worker; docs/evaluation.md);
+    the curve is fitted where computation is timed apart (``fit_grad``)."""
     ms, ss, ks, ts = (np.asarray(x, np.float64) for x in (m, s, workers, seconds))
     if not (ms.shape == ss.shape == ks.shape == ts.shape and ms.ndim == 1 and ms.size >= 1):
         raise ValueError("goodput.fit_throughput: m, s, workers and seconds must be equal-length sequences")

@@ -21,9 +21,9 @@ held-out error; one JSON line per result.
   on all but one and predicting the one left out (``inside``: the mean over those whose m lies inside
   the range, where the fit interpolates), each fitted on the configurations' medians over rounds and
   on their fastest rounds; and the noise floor, each round's step time predicted by the median of the
-  configuration's other rounds. Each fit twice on the same measurements: T_grad curved (α + β·m^p, p
-  fitted, ``bosen.goodput.fit_grad``'s form) and linear (p = 1). Not in ``--quick``: a job takes seconds
-  to start.
+  configuration's other rounds. Each fit twice on the same measurements: T_grad linear (eq. 8) and
+  curved (α + β·m^p, p fitted: ``fit_throughput(curved=True)``). Not in ``--quick``: a job takes
+  seconds to start.
 
 - ``adaptive``: Pollux's agent (``apps/goodput.py``) on real synchronous MLR jobs (``--adaptive-data``,
   2 workers, M0 = 64, lr ``--adaptive-lr`` at M0): the adaptive batch against a fixed M0 and a fixed
@@ -147,20 +147,20 @@ def throughput(a: argparse.Namespace) -> None:
          predictor="a round's step time from the median of the configuration's other rounds", reps=a.reps)
     # the samples a fit takes: each configuration's median over rounds, or its fastest round (the load
     # of other processes only ever adds to a step: the minimum is the machine's own step, less noisy)
-    # T_grad curved (α + β·m^p, p fitted from three batch sizes on) and linear (p = 1, the form before), on
-    # the same measurements: the comparison is paired, the machine's drift the same for both
+    # T_grad linear (eq. 8, fit_throughput's default) and curved (α + β·m^p, p fitted from three batch sizes
+    # on), on the same measurements: the comparison is paired, the machine's drift the same for both
     for samples, pick in (("median", statistics.median), ("min", min)):
         secs = [pick(times[c]) for c in configs]
-        for curved in (True, False):
+        for curved in (False, True):
             errs = held_out_errors(ms, ks, secs, curved)
             form = "curved" if curved else "linear"
-            if samples == "median" and curved:
+            if samples == "median" and not curved:
                 for (m, k), e in zip(configs, errs, strict=True):
                     emit(bench="pollux", case=f"held out m={m} K={k}", metric="throughput_error",
                          unit="|predicted/measured - 1|", ours=e, experiment="throughput", m=m, workers=k)
             within = [e for e, i in zip(errs, inside, strict=True) if i]
             name = ("throughput model held out" + ("" if samples == "median" else " (fit on each configuration's min)")
-                    + ("" if curved else " (linear T_grad)"))
+                    + (" (curved T_grad)" if curved else ""))
             emit(bench="pollux", case=name, metric="throughput_error", unit="|predicted/measured - 1|",
                  ours=statistics.mean(errs), spread=_spread(errs), inside=statistics.mean(within) if within else None,
                  errors=errs, summary=True, experiment="throughput", samples=samples, form=form,

@@ -98,7 +98,7 @@ def test_fit_grad_recovers_a_curve_from_three_sizes_and_a_line_from_two() -> Non
         fit_grad([32.0, 64.0], [0.1, -0.2])
 
 
-def test_the_curved_form_predicts_and_fit_throughput_finds_it_from_three_sizes() -> None:
+def test_the_curved_form_predicts_and_fit_throughput_finds_it_from_three_sizes_when_asked() -> None:
     curve = Throughput(alpha_grad=0.01, beta_grad=0.004, alpha_sync=0.02, power=0.5)
     assert float(curve.t_iter(400, 0, 1)) == pytest.approx(0.01 + 0.004 * 20 + 0.02)
     with pytest.raises(ValueError, match="power"):
@@ -107,13 +107,13 @@ def test_the_curved_form_predicts_and_fit_throughput_finds_it_from_three_sizes()
     k = np.array([1.0] * 4 + [2.0] * 4)
     true = Throughput(alpha_grad=0.005, beta_grad=0.002, alpha_sync=0.01, beta_sync=0.004, gamma=1.0, power=0.6)
     t = true.t_iter(m, 0, k)
-    fit = fit_throughput(m, np.zeros(m.size), k, t)
+    fit = fit_throughput(m, np.zeros(m.size), k, t, curved=True)
     assert fit.power == pytest.approx(0.6, abs=0.02)
     assert np.allclose(fit.t_iter(4096.0, 0, 1), true.t_iter(4096.0, 0, 1), rtol=0.02)
-    line = fit_throughput(m, np.zeros(m.size), k, t, curved=False)
-    assert line.power == 1.0  # the linear form, as before: it misses the large batch's time
+    line = fit_throughput(m, np.zeros(m.size), k, t)
+    assert line.power == 1.0  # eq. 8's line, the default: it misses the large batch's time
     assert abs(float(line.t_iter(4096.0, 0, 1) / true.t_iter(4096.0, 0, 1)) - 1) > 0.1
-    two = fit_throughput(m[m <= 64], np.zeros(4), k[m <= 64], t[m <= 64])
+    two = fit_throughput(m[m <= 64], np.zeros(4), k[m <= 64], t[m <= 64], curved=True)
     assert two.power == 1.0  # two sizes: linear
 
 
