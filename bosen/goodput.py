@@ -33,8 +33,8 @@ __all__ = ["efficiency", "lr_gain", "Throughput", "sync_seed", "fit_throughput",
 
 GAMMA_MAX = 10.0  # the paper's bound on γ (P:266)
 # T_grad's exponent p is fitted in [POWER_MIN, 1]: at 1/4 a 4x batch costs 1.4x the time, beyond any batching
-# economy measured here (the CNN's computation is p ≈ 0.5-0.6 over m = 32-512); it bounds what noise in three
-# points can claim, since the agent extrapolates the form up to 4x past the largest batch it measured
+# economy measured here (the CNN's computation in a job fits p ≈ 0.7 over m = 32-512, about 0.9 in one process);
+# it bounds what noise in three points can claim, since the agent extrapolates up to 4x past its largest batch
 POWER_MIN = 0.25
 CURVE_SIZES = 3  # p is fitted from this many distinct batch sizes on (two sizes fix a line, three a curve)
 _FLOOR = 1e-8  # the paper's lower bound on α and β
