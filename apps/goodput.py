@@ -29,7 +29,7 @@ import numpy as np
 
 from bosen.config import check, from_dict
 from bosen.errors import ConfigError
-from bosen.goodput import Throughput, best_config, efficiency, fit_throughput, lr_gain, sync_seed
+from bosen.goodput import Throughput, best_config, efficiency, fit_grad, fit_throughput, lr_gain, sync_seed
 from bosen.gradstats import NoiseScale, moments
 
 EXPLORE = 4  # the search goes up to this times the largest batch measured (the paper's 2x the most GPUs, P:272)
@@ -165,9 +165,11 @@ class Agent:
 
     def _fit(self) -> Throughput:
         """θ_sys from the observations. With one worker count and every step's computation timed, the
-        parts are measured apart: T_grad(m) = α_g + β_g·m by least squares on the computation per
-        micro-batch, T_sync the mean of (step − computation), γ = 1 (a synchronous worker computes,
-        then pushes and waits: nothing overlaps). Step times alone swing with the machine's load, and a
+        parts are measured apart: T_grad(m) = α_g + β_g·m^p by least squares on the computation per
+        micro-batch (``fit_grad``: p = 1, a line, until three batch sizes were measured; a CNN's time
+        per example falls as m grows, and a line through its small batches overprices the large ones),
+        T_sync the mean of (step − computation), γ = 1 (a synchronous worker computes, then pushes and
+        waits: nothing overlaps). Step times alone swing with the machine's load, and a
         slope fitted to them swung the choice 3x between runs (docs/evaluation.md); the computation
         timed alone does not. Otherwise ``fit_throughput`` on the step times (eq. 11, RMSLE). Either fit
         takes one sample per configuration (m, s, K): the median of its intervals, so that an interval
@@ -187,11 +189,9 @@ class Agent:
         per = c / (s + 1)  # one micro-batch's computation
         sync = max(float(np.mean(t - c)), 1e-8)
         if len(np.unique(m)) > 1:
-            beta, alpha = np.polyfit(m, per, 1)
-            if beta > 0 and alpha < 0:  # noise: the line through the origin
-                alpha, beta = 0.0, float(m @ per / (m @ m))
+            alpha, beta, power = fit_grad(m, per)
             if beta > 0:
-                return Throughput(float(alpha), float(beta), sync)
+                return Throughput(alpha, beta, sync, power=power)
         # one batch size (or a fit without sense): the computation split evenly, as the prior does
         half = float(np.mean(per)) / 2
         return Throughput(half, half / float(np.mean(m)), sync)

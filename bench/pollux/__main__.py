@@ -21,21 +21,23 @@ held-out error; one JSON line per result.
   on all but one and predicting the one left out (``inside``: the mean over those whose m lies inside
   the range, where the fit interpolates), each fitted on the configurations' medians over rounds and
   on their fastest rounds; and the noise floor, each round's step time predicted by the median of the
-  configuration's other rounds. Not in ``--quick``: a job takes seconds to start.
+  configuration's other rounds. Each fit twice on the same measurements: T_grad linear (eq. 8) and
+  curved (α + β·m^p, p fitted: ``fit_throughput(curved=True)``). Not in ``--quick``: a job takes
+  seconds to start.
 
 - ``adaptive``: Pollux's agent (``apps/goodput.py``) on real synchronous MLR jobs (``--adaptive-data``,
   2 workers, M0 = 64, lr ``--adaptive-lr`` at M0): the adaptive batch against a fixed M0 and a fixed
   16·M0 (both through the same agent: φ measured, AdaScale's learning rate), ``--adaptive-reps``
   rounds alternating the modes: seconds from the first iteration to the first held-out loss at or
-  below ``--target``, the best held-out loss and accuracy, the chosen M over training; then the
-  adaptive job under each ``--bandwidths`` budget (managed communication) and each ``--delays``
-  injected round trip (a slower link, on one machine) and each ``--links`` rate (the job's processes
-  in a network namespace whose loopback is shaped to it, the budget at that rate): the chosen M. A plot,
-  ``--plot``. Not in ``--quick`` (a job takes seconds to start) unless named. ``--adaptive-app cnn``:
-  the same comparison on the PyTorch CNN example (Fashion-MNIST images, the servers' SGD,
-  ``--adaptive-large`` for the fixed large M), without budgets or delays; ``--adaptive-app cnn-adam``: the
-CNN in hybrid mode (all-reduce, a local Adam at ``--adaptive-lr`` 0.002, the square-root rule and its
-efficiency, √((φ + M0)/(φ + M))).
+  below each ``--target`` (several: each reported on the same runs), the best held-out loss and
+  accuracy, the chosen M over training; then the adaptive job under each ``--bandwidths`` budget
+  (managed communication) and each ``--delays`` injected round trip (a slower link, on one machine)
+  and each ``--links`` rate (the job's processes in a network namespace whose loopback is shaped to
+  it, the budget at that rate): the chosen M. A plot, ``--plot``. Not in ``--quick`` (a job takes
+  seconds to start) unless named. ``--adaptive-app cnn``: the same comparison on the PyTorch CNN
+  example (Fashion-MNIST images, the servers' SGD, ``--adaptive-large`` for the fixed large M),
+  without budgets or delays; ``--adaptive-app cnn-adam``: the CNN in hybrid mode (all-reduce, a
+  local Adam at ``--adaptive-lr`` 0.002, the square-root rule and its efficiency, √((φ + M0)/(φ + M))).
 
 - ``adam-efficiency``: statistical efficiency under Adam (``bench/pollux/adamstat.py``): the CNN at
   fixed batches ``--adam-batches`` (the first is M0) with Adam at ``--adam-lr`` (0.002) times
@@ -145,23 +147,29 @@ def throughput(a: argparse.Namespace) -> None:
          predictor="a round's step time from the median of the configuration's other rounds", reps=a.reps)
     # the samples a fit takes: each configuration's median over rounds, or its fastest round (the load
     # of other processes only ever adds to a step: the minimum is the machine's own step, less noisy)
+    # T_grad linear (eq. 8, fit_throughput's default) and curved (α + β·m^p, p fitted from three batch sizes
+    # on), on the same measurements: the comparison is paired, the machine's drift the same for both
     for samples, pick in (("median", statistics.median), ("min", min)):
         secs = [pick(times[c]) for c in configs]
-        errs = held_out_errors(ms, ks, secs)
-        if samples == "median":
-            for (m, k), e in zip(configs, errs, strict=True):
-                emit(bench="pollux", case=f"held out m={m} K={k}", metric="throughput_error",
-                     unit="|predicted/measured - 1|", ours=e, experiment="throughput", m=m, workers=k)
-        within = [e for e, i in zip(errs, inside, strict=True) if i]
-        name = "throughput model held out" + ("" if samples == "median" else " (fit on each configuration's min)")
-        emit(bench="pollux", case=name, metric="throughput_error", unit="|predicted/measured - 1|",
-             ours=statistics.mean(errs), spread=_spread(errs), inside=statistics.mean(within) if within else None,
-             errors=errs, summary=True, experiment="throughput", samples=samples, configurations=len(errs),
-             ms=a.ms, ks=a.ks, reps=a.reps)
-        fitted = in_sample_errors(ms, ks, secs)
-        emit(bench="pollux", case=name.replace("held out", "fitted on all"), metric="throughput_error",
-             unit="|predicted/measured - 1|", ours=statistics.mean(fitted), spread=_spread(fitted), summary=True,
-             experiment="throughput", samples=samples, configurations=len(fitted), ms=a.ms, ks=a.ks, reps=a.reps)
+        for curved in (False, True):
+            errs = held_out_errors(ms, ks, secs, curved)
+            form = "curved" if curved else "linear"
+            if samples == "median" and not curved:
+                for (m, k), e in zip(configs, errs, strict=True):
+                    emit(bench="pollux", case=f"held out m={m} K={k}", metric="throughput_error",
+                         unit="|predicted/measured - 1|", ours=e, experiment="throughput", m=m, workers=k)
+            within = [e for e, i in zip(errs, inside, strict=True) if i]
+            name = ("throughput model held out" + ("" if samples == "median" else " (fit on each configuration's min)")
+                    + (" (curved T_grad)" if curved else ""))
+            emit(bench="pollux", case=name, metric="throughput_error", unit="|predicted/measured - 1|",
+                 ours=statistics.mean(errs), spread=_spread(errs), inside=statistics.mean(within) if within else None,
+                 errors=errs, summary=True, experiment="throughput", samples=samples, form=form,
+                 configurations=len(errs), ms=a.ms, ks=a.ks, reps=a.reps)
+            fitted = in_sample_errors(ms, ks, secs, curved)
+            emit(bench="pollux", case=name.replace("held out", "fitted on all"), metric="throughput_error",
+                 unit="|predicted/measured - 1|", ours=statistics.mean(fitted), spread=_spread(fitted), summary=True,
+                 experiment="throughput", samples=samples, form=form, configurations=len(fitted), ms=a.ms, ks=a.ks,
+                 reps=a.reps)
 
 
 def sim_run(a: argparse.Namespace) -> None:
@@ -211,29 +219,33 @@ def adaptive(a: argparse.Namespace) -> None:
             runs[mode].append(r)
             ms = [c["goodput_batch"] for c in r.choices]
             emit(bench="pollux", case=f"adaptive {mode} rep={rep}", metric="seconds_to_target", unit="s",
-                 ours=_none_if_inf(r.time_to(a.target)), experiment="adaptive", mode=mode, rep=rep, target=a.target,
+                 ours=_none_if_inf(r.time_to(a.target[0])), experiment="adaptive", mode=mode, rep=rep,
+                 target=a.target[0],
+                 seconds_to={str(x): _none_if_inf(r.time_to(x)) for x in a.target},
                  best_loss=r.best_loss, best_acc=r.best_acc, job_seconds=r.job_seconds, startup=r.startup,
                  trained_seconds=r.evals[-1][0], iterations=iters[mode], batches=ms,
                  phis=[c["goodput_phi"] for c in r.choices], m_over_training=grows(ms), data=a.adaptive_data,
                  app=a.adaptive_app, large=a.adaptive_large, curve=[[t, loss] for t, _, loss, _ in r.evals])
     ref = runs.get("adaptive")
-    for mode, rs in runs.items():
-        tt = [r.time_to(a.target) for r in rs]
-        fields: dict[str, object] = {}
-        if ref and mode != "adaptive":
-            pairs = list(zip([r.time_to(a.target) for r in ref], tt, strict=True))
-            ratios = [b / x for x, b in pairs if math.isfinite(x) and math.isfinite(b)]  # rounds where both hit it
-            fields.update(speedup_of_adaptive=_spread(ratios) if ratios else None,
-                          missed={"adaptive": sum(not math.isfinite(x) for x, _ in pairs),
-                                  mode: sum(not math.isfinite(b) for _, b in pairs)},
-                          best_acc_gap=_spread([x.best_acc - r.best_acc for x, r in zip(ref, rs, strict=True)]),
-                          best_loss_gap=_spread([x.best_loss / r.best_loss - 1 for x, r in zip(ref, rs, strict=True)]))
-        emit(bench="pollux", case=f"adaptive {mode}", metric="seconds_to_target", unit="s",
-             ours=_none_if_inf(statistics.median(tt)),
-             spread=_spread(tt), best_acc=_spread([r.best_acc for r in rs]),
-             best_loss=_spread([r.best_loss for r in rs]), summary=True, experiment="adaptive", mode=mode,
-             target=a.target, reps=len(rs), data=a.adaptive_data, lr=a.adaptive_lr, smoothing=a.agent_smoothing,
-             app=a.adaptive_app, large=a.adaptive_large, **fields)
+    for target in a.target:  # each held-out loss target, on the same runs
+        for mode, rs in runs.items():
+            tt = [r.time_to(target) for r in rs]
+            fields: dict[str, object] = {}
+            if ref and mode != "adaptive":
+                pairs = list(zip([r.time_to(target) for r in ref], tt, strict=True))
+                ratios = [b / x for x, b in pairs if math.isfinite(x) and math.isfinite(b)]  # rounds where both hit it
+                fields.update(speedup_of_adaptive=_spread(ratios) if ratios else None,
+                              missed={"adaptive": sum(not math.isfinite(x) for x, _ in pairs),
+                                      mode: sum(not math.isfinite(b) for _, b in pairs)},
+                              best_acc_gap=_spread([x.best_acc - r.best_acc for x, r in zip(ref, rs, strict=True)]),
+                              best_loss_gap=_spread([x.best_loss / r.best_loss - 1
+                                                     for x, r in zip(ref, rs, strict=True)]))
+            emit(bench="pollux", case=f"adaptive {mode} target={target:g}", metric="seconds_to_target", unit="s",
+                 ours=_none_if_inf(statistics.median(tt)),
+                 spread=_spread(tt), best_acc=_spread([r.best_acc for r in rs]),
+                 best_loss=_spread([r.best_loss for r in rs]), summary=True, experiment="adaptive", mode=mode,
+                 target=target, reps=len(rs), data=a.adaptive_data, lr=a.adaptive_lr, smoothing=a.agent_smoothing,
+                 app=a.adaptive_app, large=a.adaptive_large, **fields)
     if ref:
         g = [grows([c["goodput_batch"] for c in r.choices])["ratio"] for r in ref]
         emit(bench="pollux", case="adaptive M over training", metric="m_growth", unit="second-half / first-half M",
@@ -262,7 +274,8 @@ def adaptive(a: argparse.Namespace) -> None:
                  condition=label, iterations=a.bandwidth_iterations, trained_seconds=_spread(secs) if secs else None)
     if a.adaptive_plot or not a.quick:
         name = "pollux-adaptive.png" if a.adaptive_app == "mlr" else f"pollux-adaptive-{a.adaptive_app}.png"
-        path = plot(runs, budgets, a.target, Path(a.adaptive_plot) if a.adaptive_plot else REPO / "docs" / "img" / name)
+        out = Path(a.adaptive_plot) if a.adaptive_plot else REPO / "docs" / "img" / name
+        path = plot(runs, budgets, a.target[0], out)
         emit(bench="pollux", case="adaptive plot", plot=str(path), experiment="adaptive")
 
 
@@ -361,7 +374,8 @@ def main(argv: list[str] | None = None) -> None:
                    choices=["adaptive", "fixed-m0", "fixed-large"], help="adaptive: the jobs of a round")
     p.add_argument("--adaptive-iterations", dest="adaptive_iters", type=int, nargs=3, default=None,
                    metavar=("ADAPTIVE", "M0", "LARGE"), help="adaptive: iterations of each mode's job")
-    p.add_argument("--target", type=float, default=None, help="adaptive: held-out loss target (default 0.50)")
+    p.add_argument("--target", type=float, nargs="+", default=None,
+                   help="adaptive: held-out loss targets, each reported on the same runs (default 0.50; the CNN 0.70)")
     p.add_argument("--bandwidths", type=float, nargs="*", default=None,
                    help="adaptive: client budgets (Mbps) the adaptive job runs under (default none: a synchronous "
                         "step's flush is not budgeted, docs/evaluation.md; e.g. 1000 2)")
@@ -386,7 +400,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a.adaptive_app in ("cnn", "cnn-adam"):  # the CNN's own defaults: no injected delays, its loss scale
         lr = 0.1 if a.adaptive_app == "cnn" else 0.002
-        for key, value in (("delays", []), ("target", 0.70), ("adaptive_iters", [400, 400, 150]),
+        for key, value in (("delays", []), ("target", [0.70]), ("adaptive_iters", [400, 400, 150]),
                            ("adaptive_lr", lr), ("bandwidth_iterations", 0)):
             if getattr(a, key) is None:
                 setattr(a, key, value)
@@ -398,7 +412,7 @@ def main(argv: list[str] | None = None) -> None:
                              ("adaptive_reps", 3, 1),
                              ("adaptive_iters", [1500, 2000, 1000], [60, 60, 60]), ("bandwidths", [], []),
                              ("delays", [0.0, 0.05], []),
-                             ("bandwidth_iterations", 300, 60), ("target", 0.50, 1.0),
+                             ("bandwidth_iterations", 300, 60), ("target", [0.50], [1.0]),
                              ("experiments", ["fixed", "along", "throughput", "sim", "adaptive"], ["fixed", "along"])):
         if getattr(a, key) is None:
             setattr(a, key, quick if a.quick else full)

@@ -51,20 +51,20 @@ def noise_floor(reps: list[list[float]]) -> list[float]:
     return out
 
 
-def in_sample_errors(ms: list[int], ks: list[int], secs: list[float]) -> list[float]:
+def in_sample_errors(ms: list[int], ks: list[int], secs: list[float], curved: bool = False) -> list[float]:
     """Fit on every configuration: |predicted / measured − 1| of each (the paper's "average error of
-    the fitted model", P:239, is the mean of these)."""
+    the fitted model", P:239, is the mean of these); ``curved``: T_grad's exponent fitted too (default a line)."""
     m, k, t = (np.asarray(x, np.float64) for x in (ms, ks, secs))
-    fit = fit_throughput(m, np.zeros(m.size), k, t)
+    fit = fit_throughput(m, np.zeros(m.size), k, t, curved=curved)
     return [float(x) for x in np.abs(fit.t_iter(m, 0, k) / t - 1)]
 
 
-def held_out_errors(ms: list[int], ks: list[int], secs: list[float]) -> list[float]:
+def held_out_errors(ms: list[int], ks: list[int], secs: list[float], curved: bool = False) -> list[float]:
     """Leave one configuration out: fit on the others, |predicted / measured − 1| for the one left."""
     m, k, t = (np.asarray(x, np.float64) for x in (ms, ks, secs))
     errs = []
     for i in range(m.size):
         keep = np.arange(m.size) != i
-        fit = fit_throughput(m[keep], np.zeros(keep.sum()), k[keep], t[keep])
+        fit = fit_throughput(m[keep], np.zeros(keep.sum()), k[keep], t[keep], curved=curved)
         errs.append(abs(float(fit.t_iter(m[i], 0, k[i])) / t[i] - 1))
     return errs

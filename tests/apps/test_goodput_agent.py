@@ -29,7 +29,7 @@ def _row(st: gp.Setting, phi: float, model: Throughput, workers_reporting: int |
     row[gp.C_SECONDS] = k * steps * float(model.t_iter(st.m, st.s, st.workers))
     row[gp.C_TIMED] = k * steps
     row[gp.C_K] = k * steps * st.workers
-    row[gp.C_COMPUTE] = k * steps * (st.s + 1) * (model.alpha_grad + model.beta_grad * st.m)
+    row[gp.C_COMPUTE] = k * steps * (st.s + 1) * (model.alpha_grad + model.beta_grad * st.m**model.power)
     row[gp.C_M], row[gp.C_S], row[gp.C_WORKERS] = k * st.m, k * st.s, k
     return row
 
@@ -90,6 +90,25 @@ def test_a_costlier_sync_makes_the_first_choice_larger() -> None:
     assert priors[0] is not None and priors[1] is not None and priors[0].alpha_sync == 1e-4
     assert priors[1].alpha_sync == pytest.approx(0.9 * float(dear.t_iter(32, 0, 2)))  # capped: 90% of the step
     assert tight.batch > loose.batch
+
+
+def test_a_computation_that_batches_well_is_fitted_as_a_curve_once_three_sizes_are_measured() -> None:
+    # a CNN-like job: time per example falls as m grows (p = 0.6); a line through the first two sizes
+    # overprices the large batches, the curve fitted from three does not, and the choice becomes the true one
+    curve = Throughput(alpha_grad=1e-3, beta_grad=1e-3, alpha_sync=2e-3, power=0.6)
+    agent = _agent(rule="sqrt")
+    out = []
+    for _ in range(2):
+        (st,) = _run(agent, [100.0], curve)
+        out.append((st.batch, agent.model.power))
+    assert [p for _, p in out] == [1.0, 1.0]  # one size measured, then two: linear
+    sizes = {64, out[0][0], out[1][0]}
+    assert len(sizes) == 3
+    later = _run(agent, [100.0] * 3, curve)
+    assert agent.model.power == pytest.approx(0.6, abs=1e-3)
+    want = best_config(curve, later[-1].phi, 64, 2, 32 * 64, 4096, rule="sqrt")
+    assert later[-1].batch == pytest.approx(want.batch, rel=0.05), (later[-1], want)
+    assert later[-1].batch > 2 * out[1][0]  # the line's choice was well short of it
 
 
 def test_no_statistics_keeps_the_setting_and_a_fixed_agent_scales_only_the_lr() -> None:

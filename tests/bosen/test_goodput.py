@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from bosen.goodput import Throughput, best_config, efficiency, fit_throughput, lr_gain, sync_seed
+from bosen.goodput import POWER_MIN, Throughput, best_config, efficiency, fit_grad, fit_throughput, lr_gain, sync_seed
 
 
 def test_efficiency_is_one_at_m0_and_follows_eq_6() -> None:
@@ -77,6 +77,44 @@ def test_fit_holds_what_the_data_cannot_show_at_the_prior() -> None:
     assert float(fit.t_iter(64, 0, 1)) == pytest.approx(0.3, rel=0.02)
     with pytest.raises(ValueError, match="seconds > 0"):
         fit_throughput([32], [0], [1], [0.0])
+
+
+def test_fit_grad_recovers_a_curve_from_three_sizes_and_a_line_from_two() -> None:
+    m = np.array([32.0, 128.0, 512.0])
+    t = 0.004 + 0.003 * m**0.6  # exact points of a known curve: α, β and p come back
+    alpha, beta, p = fit_grad(m, t)
+    assert (alpha, beta, p) == pytest.approx((0.004, 0.003, 0.6), rel=1e-5)
+    # two sizes fix a line: p = 1, the line through both
+    assert fit_grad([32.0, 128.0], [0.1, 0.25]) == pytest.approx((0.05, 0.0015625, 1.0))
+    # a line measured at three sizes stays a line
+    assert fit_grad([16.0, 64.0, 256.0], [0.01 + 1e-3 * x for x in (16, 64, 256)]) == pytest.approx((0.01, 1e-3, 1.0))
+    # a curve that wants α < 0 is held at α = 0, and p at POWER_MIN where the data would go below it
+    a0, b0, p0 = fit_grad(m, [0.038, 0.116, 0.280])
+    assert a0 == 0.0 and b0 > 0 and 0.6 < p0 < 0.8
+    assert fit_grad([10.0, 1000.0, 100000.0], [1.0, 1.01, 1.02])[2] == pytest.approx(POWER_MIN)
+    with pytest.raises(ValueError, match="two distinct batch sizes"):
+        fit_grad([64.0, 64.0], [0.1, 0.2])
+    with pytest.raises(ValueError, match="seconds > 0"):
+        fit_grad([32.0, 64.0], [0.1, -0.2])
+
+
+def test_the_curved_form_predicts_and_fit_throughput_finds_it_from_three_sizes_when_asked() -> None:
+    curve = Throughput(alpha_grad=0.01, beta_grad=0.004, alpha_sync=0.02, power=0.5)
+    assert float(curve.t_iter(400, 0, 1)) == pytest.approx(0.01 + 0.004 * 20 + 0.02)
+    with pytest.raises(ValueError, match="power"):
+        Throughput(0.1, 0.01, 0.5, power=1.5)
+    m = np.array([16.0, 64.0, 256.0, 1024.0, 16.0, 64.0, 256.0, 1024.0])
+    k = np.array([1.0] * 4 + [2.0] * 4)
+    true = Throughput(alpha_grad=0.005, beta_grad=0.002, alpha_sync=0.01, beta_sync=0.004, gamma=1.0, power=0.6)
+    t = true.t_iter(m, 0, k)
+    fit = fit_throughput(m, np.zeros(m.size), k, t, curved=True)
+    assert fit.power == pytest.approx(0.6, abs=0.02)
+    assert np.allclose(fit.t_iter(4096.0, 0, 1), true.t_iter(4096.0, 0, 1), rtol=0.02)
+    line = fit_throughput(m, np.zeros(m.size), k, t)
+    assert line.power == 1.0  # eq. 8's line, the default: it misses the large batch's time
+    assert abs(float(line.t_iter(4096.0, 0, 1) / true.t_iter(4096.0, 0, 1)) - 1) > 0.1
+    two = fit_throughput(m[m <= 64], np.zeros(4), k[m <= 64], t[m <= 64], curved=True)
+    assert two.power == 1.0  # two sizes: linear
 
 
 def test_the_choice_grows_the_batch_with_phi_and_with_the_sync_cost() -> None:
