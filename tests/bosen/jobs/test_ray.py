@@ -17,7 +17,7 @@ import psutil
 import pytest
 import yaml
 from conftest import PY, child_env, run_cmd, write_config
-from test_scale import _final_counts, _lda_job, _log, _scale_thread, _until, _wait_clock
+from test_scale import _final_counts, _lda_job, _log, _scale_thread, _took_effect_after_failing, _until, _wait_clock
 
 import bosen
 from bosen import checkpoint, security
@@ -262,13 +262,7 @@ def test_a_failed_servers_step_on_ray_releases_or_keeps_the_joined_actors_and_th
         _until(p, run, lambda: not alive(joined["actor_pid"]) and not alive(joined["pid"]),
                "the dropped server's actor or process still runs", timeout=30)
 
-        move.write_text("fail-after-map")
-        lines, failed, step = _scale_thread(run, servers=3)
-        step.start()
-        step.join(timeout=90)
-        assert not step.is_alive() and not failed, (failed, lines)
-        assert re.search(r"the move took effect: the job runs on 3 servers .*failed on purpose after its map",
-                         lines[-1]), lines
+        _took_effect_after_failing(run, move, 3)
         assert launcher_status(run)["servers"] == 3
         now = placed(run)
         kept = now["processes"]["server-2.1"]

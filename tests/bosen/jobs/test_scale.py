@@ -386,13 +386,7 @@ def test_a_failed_servers_step_stops_its_joined_server_and_the_job_runs_on_exact
         assert re.search(r"failed on purpose.*server-2 stopped, back to 2 servers", str(failed[0])), failed
         said = launcher_status(run)
         assert said["servers"] == 2 and said["scaling"] is None, said
-        move.write_text("fail-after-map")
-        lines, failed, step = _scale_thread(run, servers=3)
-        step.start()
-        step.join(timeout=90)
-        assert not step.is_alive() and not failed, (failed, lines)
-        assert re.search(r"the move took effect: the job runs on 3 servers .*failed on purpose after its map",
-                         lines[-1]), lines
+        _took_effect_after_failing(run, move, 3)
         said = launcher_status(run)
         assert said["servers"] == 3 and said["scaling"] is None, said
         go.write_text("go")
@@ -413,8 +407,7 @@ def test_a_failed_servers_step_stops_its_joined_server_and_the_job_runs_on_exact
         assert said["servers"] == 2 and said["scaling"] is None, said
         servers = [cl for _, cl in descendants(p.pid) if "bosen.server" in cl]
         assert len(servers) == 2 and not any("--join" in cl or "--shape-from" in cl for cl in servers), servers
-        _server(p, 1).kill()  # its replacement takes the job's servers and map from server 0
-        _until(p, run, lambda: "server-1.1 replaces server-1" in _log(run).read_text(), "server 1 was not replaced")
+        _kill_server_1(p, run)  # its replacement takes the job's servers and map from server 0
         go2.write_text("go")
         out = _output(p, run, 90)
     finally:
@@ -697,8 +690,7 @@ def test_a_worker_lost_below_a_replaced_servers_take_back_floor_restarts_the_job
         step.join(timeout=120)
         assert not failed and not step.is_alive(), (failed, lines)
         assert any(f"checkpoint part of clock {2 * every} is on disk: worker(s) [2] leave" in x for x in lines), lines
-        _server(p, 1).kill()
-        _until(p, run, lambda: "server-1.1 replaces server-1" in _log(run).read_text(), "server 1 was not replaced")
+        _kill_server_1(p, run)
         # worker 0 has reported a clock that worker 1, held, has not (and will not before the restart): the
         # restart redoes it, and a record of it summed over worker 0 alone would carry part of the objective
         _until(p, run, lambda: go.with_name("go.held").exists() and _newest_record(run, 0) > _newest_record(run, 1),
@@ -865,6 +857,25 @@ def _newest_complete(run: Path) -> int:
         return checkpoint.newest_complete(run / "checkpoints", 2, None, None, verify=False)[0]
     except checkpoint.CheckpointError:
         return 0
+
+
+def _took_effect_after_failing(run: Path, move: Path, servers: int) -> list[str]:
+    """A servers step to ``servers`` whose move fails once every server took the new map (``move``, the
+    hold-move fault's file, says ``fail-after-map``): the step says it took effect. Its lines."""
+    move.write_text("fail-after-map")
+    lines, failed, step = _scale_thread(run, servers=servers)
+    step.start()
+    step.join(timeout=90)
+    assert not step.is_alive() and not failed, (failed, lines)
+    assert re.search(rf"the move took effect: the job runs on {servers} servers .*failed on purpose after its map",
+                     lines[-1]), lines
+    return lines
+
+
+def _kill_server_1(p: subprocess.Popen, run: Path) -> None:
+    """SIGKILL server 1 of the launched job and wait until the launcher has started its replacement."""
+    _server(p, 1).kill()
+    _until(p, run, lambda: "server-1.1 replaces server-1" in _log(run).read_text(), "server 1 was not replaced")
 
 
 def _scale_thread(run: Path, **shape: int) -> tuple[list[str], list[BaseException], threading.Thread]:
