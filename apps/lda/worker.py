@@ -284,6 +284,7 @@ def train(client: PSClient, args: Mapping[str, Any], corpus: Corpus | None = Non
             st = _minibatch(lay, views.batch(c % m, j, U), views.summary, ranges, tables, amap)
             for key, v in st.items():
                 rec[key] = rec.get(key, 0.0) + v
+            rec["batches"] = rec.get("batches", 0.0) + 1  # mini-batches run this tick
         if do_ll:
             t0 = time.perf_counter()
             # the rows this worker scores, as its cache has them now (its own updates included)
@@ -330,7 +331,8 @@ def train(client: PSClient, args: Mapping[str, Any], corpus: Corpus | None = Non
             received = tasks.handoff(tick, new, handoff_dir, lay.state)
             if plan.leaving(end=client.end_clocks):  # its tasks are given away: it leaves here (BYE on close)
                 return
-            lay = _Layout(corpus, a, cuts, tasks.mine, wt, ts, P)
+            # mini-batches for the workers the job has now (a lone worker's tick is one batch: LDAArgs.batches)
+            lay = _Layout(corpus, a, cuts, tasks.mine, wt, ts, int(np.unique(new).size))
             lay.load({**kept, **received}, client.config.source)
 
     # closing barrier: after `staleness` more ticks every training update is readable

@@ -395,6 +395,23 @@ def test_lda_tasks_moved_mid_run_end_with_the_assignments_of_a_run_that_never_mo
         assert ticks[3]["tokens"] > 0 and ticks[4]["tokens"] == ticks[9]["tokens"] == 0
 
 
+def test_an_lda_worker_left_alone_by_a_plan_samples_a_tick_in_one_mini_batch(tmp_path, monkeypatch):
+    """Mini-batches per tick follow the workers the job has now (``LDAArgs.batches``: 8 beside other
+    workers, whose counts arrive mid-tick; 1 alone, where more only cost): a worker that takes every
+    task at a boundary goes on with one, as a job started with one worker does."""
+    args = {"data": "synthetic", "K": 6, "synth_docs": 120, "synth_vocab": 80, "synth_doc_len": 30.0, "seed": 3,
+            "iterations": 10, "micro_tasks": 8, "sampler": "dense", "save_model": False}
+
+    def tables(turns: _Turns) -> list[InProcessTable]:
+        return [_Table(turns, "word_topic", 80, 6, "int32", staleness=0),
+                _Table(turns, "topic_summary", 1, 6, "int32", staleness=0)]
+
+    clients, states = _lockstep(lda_train, tables, args, tmp_path / "leave", PLANS["leave"], monkeypatch)
+    ticks = [r for r in clients[0].reports if "tokens" in r]
+    assert [r["batches"] for r in ticks] == [8.0] * 4 + [1.0] * 6, ticks
+    assert clients[0].tables["word_topic"].data.sum() == sum(v.size for k, v in states.items() if k.endswith(".z"))
+
+
 @pytest.mark.parametrize("app", ["mf", "mlr"])
 def test_sgd_tasks_moved_mid_run_make_the_same_updates(tmp_path, monkeypatch, app):
     if app == "mf":
