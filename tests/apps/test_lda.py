@@ -16,11 +16,11 @@ import gzip
 import json
 import math
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PY, run_cmd
 from inprocess import InProcessClient, InProcessTable
 from resume import whole_and_resumed
 
@@ -662,8 +662,8 @@ def _launch(tmp_path: Path, V: int, K: int, args: dict, timeout: float = 60,
     path = tmp_path / f"{name}.yaml"
     path.write_text(json.dumps(cfg))  # JSON is YAML
     run_dir = tmp_path / name
-    p = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--workers", str(workers),
-                        "--run-dir", str(run_dir), "--no-plot"], capture_output=True, text=True, timeout=timeout)
+    p = run_cmd([PY, "-m", "bosen", "launch", str(path), "--workers", str(workers),
+                "--run-dir", str(run_dir), "--no-plot"], timeout=timeout)
     return p, run_dir
 
 

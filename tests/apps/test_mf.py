@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PY, run_cmd
 from inprocess import InProcessClient, InProcessTable
 
 from bosen.apps.mf.data import load_csv, partition, synthetic, user_owner
@@ -296,8 +295,8 @@ def _launch(tmp_path: Path, users: int, items: int, rank: int, args: dict) -> li
     cfg = tmp_path / "mf.yaml"
     cfg.write_text(E2E_CONFIG.format(users=users, items=items, rank=rank, args=json.dumps(args)))
     run_dir = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "bosen", "launch", str(cfg), "--workers", "2",
-                        "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=120)
+    p = run_cmd([PY, "-m", "bosen", "launch", str(cfg), "--workers", "2",
+                "--run-dir", str(run_dir)], timeout=120)
     assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     clocks = sorted((x for x in lines if x.get("kind") == "clock"), key=lambda x: x["clock"])

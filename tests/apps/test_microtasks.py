@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import PY, run_cmd
 from inprocess import InProcessClient, InProcessTable, InProcessView
 from resume import run_until_checkpoint
 
@@ -466,8 +467,8 @@ def _lda_job(tmp_path: Path, micro_tasks: int) -> tuple[Path, dict]:
 
 
 def _resume(path: Path, run_dir: Path, workers: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--resume", str(run_dir),
-                           "--workers", str(workers), "--no-plot"], capture_output=True, text=True, timeout=120)
+    return run_cmd([PY, "-m", "bosen", "launch", str(path), "--resume", str(run_dir),
+                   "--workers", str(workers), "--no-plot"], timeout=120)
 
 
 @pytest.mark.timeout(200)
@@ -503,8 +504,7 @@ def test_lda_job_checkpointed_by_two_workers_resumes_with_another_count(tmp_path
     # bosen status RUN_DIR: the servers are gone, the micro-tasks each worker held are on disk
     by = checkpoint.tasks_by_worker(parts)
     assert len(by) == workers and sorted(t for ts in by.values() for t in ts) == list(range(8))
-    r = subprocess.run([sys.executable, "-m", "bosen", "status", str(run), "--timeout", "0.5"], capture_output=True,
-                       text=True, timeout=60)
+    r = run_cmd([PY, "-m", "bosen", "status", str(run), "--timeout", "0.5"], timeout=60)
     assert r.returncode == 1 and "DOWN" in r.stdout, r.stdout + r.stderr
     want = "; ".join(f"worker {k}: {ts[0]}-{ts[-1]}" if len(ts) > 1 else f"worker {k}: {ts[0]}" for k, ts in by.items())
     assert f"micro-tasks at the checkpoint of clock {last}: {want}" in r.stdout, r.stdout

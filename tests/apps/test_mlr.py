@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_cmd
 from inprocess import InProcessClient, InProcessTable
 
 from bosen.apps.mlr import data as D
@@ -401,7 +402,7 @@ def _launch(tmp_path: Path, *sets: str, workers: int = 2, timeout: float = 60) -
            "--run-dir", str(run_dir), "--quiet", "--no-plot"]
     for s in sets:
         cmd += ["--set", s]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return run_cmd(cmd, timeout=timeout)
 
 
 def _clocks(tmp_path: Path) -> list[dict]:
@@ -483,7 +484,7 @@ def test_a_resumed_dynamic_k_job_draws_on_from_each_workers_saved_sampler(tmp_pa
         return out
 
     launch = [sys.executable, "-m", "bosen", "launch", str(path), "--no-plot", "--quiet"]
-    p = subprocess.run([*launch, "--run-dir", str(run)], capture_output=True, text=True, timeout=180)
+    p = run_cmd([*launch, "--run-dir", str(run)], timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     at40, whole = samplers(40), samplers(44)
     for c in checkpoint.clocks(run / "checkpoints"):

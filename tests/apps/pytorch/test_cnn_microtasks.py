@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PY, run_cmd
 
 import bosen
 from bosen import checkpoint
@@ -131,8 +132,8 @@ def test_cnn_checkpointed_by_two_workers_resumes_with_three(fashion, tmp_path):
         p.wait(30)
     finally:
         _stop(p)
-    r = subprocess.run([sys.executable, "-m", "bosen", "launch", str(path), "--resume", str(run), "--workers", "3",
-                        "--no-plot"], capture_output=True, text=True, timeout=150)
+    r = run_cmd([PY, "-m", "bosen", "launch", str(path), "--resume", str(run), "--workers", "3",
+                "--no-plot"], timeout=150)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert f"made by 2 workers; its {T} micro-tasks go to 3 workers" in r.stdout, r.stdout[-3000:]
     clocks = _check_tasks(run, [0, 1, 2])

@@ -4,14 +4,13 @@ worker processes, staleness 0 and > 0, a stated held-out accuracy; ``bosen table
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from conftest import REPO
+from conftest import PY, REPO, run_cmd
 
 from bosen.apps.datasets import images
 from bosen.apps.pytorch.tables import layout_file
@@ -23,7 +22,7 @@ def launch(config: Path, run_dir: Path, *sets: str, timeout: float = 150) -> lis
     cmd = [sys.executable, "-m", "bosen", "launch", str(config), "--run-dir", str(run_dir), "--quiet", "--no-plot"]
     for s in sets:
         cmd += ["--set", s]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    p = run_cmd(cmd, timeout=timeout)
     assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return sorted((x for x in lines if x.get("kind") == "clock"), key=lambda x: x["clock"])
@@ -59,8 +58,8 @@ def test_cnn_on_fashion_mnist_learns_through_the_launcher(fashion, tmp_path, sta
 
 @pytest.mark.slow
 def test_bosen_tables_writes_a_config_servers_can_start_from(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "bosen", "tables", str(CNN), "--out", str(tmp_path / "job"),
-                        "--set", "app.args.optimizer=sgd"], capture_output=True, text=True, timeout=60)
+    p = run_cmd([PY, "-m", "bosen", "tables", str(CNN), "--out", str(tmp_path / "job"),
+                "--set", "app.args.optimizer=sgd"], timeout=60)
     assert p.returncode == 0, p.stderr
     assert "tables params 18x1024" in p.stdout
     cfg = yaml.safe_load((tmp_path / "job" / "config.yaml").read_text())
@@ -68,10 +67,9 @@ def test_bosen_tables_writes_a_config_servers_can_start_from(tmp_path):
     assert table["update"] == "sgd" and table["update_args"] == {"lr": 0.1}
     assert np.load(table["init"]["file"]).shape == (18, 1024)
     # without app.tables, or with a broken one, one clear line
-    p = subprocess.run([sys.executable, "-m", "bosen", "tables", str(REPO / "configs" / "mf.yaml"), "--out",
-                        str(tmp_path / "x")], capture_output=True, text=True, timeout=60)
+    p = run_cmd([PY, "-m", "bosen", "tables", str(REPO / "configs" / "mf.yaml"), "--out",
+                str(tmp_path / "x")], timeout=60)
     assert p.returncode == 2 and "app.tables is not set" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "bosen", "tables", str(CNN), "--out", str(tmp_path / "y"), "--set",
-                        "app.tables=bosen.apps.pytorch.examples.cnn:nothing"], capture_output=True, text=True,
-                       timeout=60)
+    p = run_cmd([PY, "-m", "bosen", "tables", str(CNN), "--out", str(tmp_path / "y"), "--set",
+                "app.tables=bosen.apps.pytorch.examples.cnn:nothing"], timeout=60)
     assert p.returncode == 2 and "app.tables: cannot load 'bosen.apps.pytorch.examples.cnn:nothing'" in p.stderr
