@@ -207,10 +207,15 @@ def test_the_scheduler_scales_an_agent_driven_job_and_its_agent_re_picks_for_the
         while not any(r.get("goodput_phi", -1) >= 0 for r in records(0)):  # the agent measures φ and picks
             assert p.poll() is None and time.monotonic() < deadline, "the job ended or stalled"
             time.sleep(0.1)
-        s = Scheduler([track(run)], 2, delay=1.0)
+        # no re-allocation penalty (δ = 0): the move follows from the model alone. With δ > 0 it waits until
+        # the job's age outweighs the gain the model sees in a second worker, and on 2 cores this job's
+        # steps are mostly overhead: its fit may give a second worker a gain of 0.1% (T_grad's slope in m at
+        # its floor; measured 0.90-0.9997 for SPEEDUP(1)), which δ = 1 s outweighs for an hour of age (the
+        # test failed so, 2 of 5 clean runs). The penalty's aging is tested in tests/bosen/test_scheduling.py.
+        s = Scheduler([track(run)], 2, delay=0.0)
         assert s.jobs[0].workers == 1 and s.jobs[0].agent is not None
         moves = s.step()
-        while not moves:  # the loop's intervals: the job ages, the fit learns (a young job pays the move)
+        while not moves:  # the loop's intervals: the fit learns (a job measured at one worker only so far)
             assert p.poll() is None and time.monotonic() < deadline and not s.refused, s.refused
             time.sleep(0.5)
             moves = s.step()
