@@ -97,8 +97,8 @@ def declare(model: nn.Module, out_dir: str | Path, *, update: str = "add", lr: f
             raise ValueError("backup: the dense parameters in the PS (dense='ps'); hybrid mode's all-reduce is not "
                              "a synchronous table")
         if layout.sparse and storage != "dense":
-            raise ValueError("backup: the embeddings' tables must be storage='dense' (a backup table buffers each "
-                             "worker's gradient over the table's rows)")
+            raise ValueError("backup: the embeddings' tables must be storage='dense' (a backup table's accepted sum "
+                             "and last mean gradient are indexed by the share's rows)")
         if update not in ("add", "sgd"):
             raise ValueError(f"backup: the servers take plain SGD steps (backup.lr), not {update!r}")
         update, lr, update_args = "add", None, None
