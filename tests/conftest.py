@@ -27,9 +27,11 @@ import psutil
 import pytest
 
 from bosen.jobs.cluster import (
+    PORTS_ENV,
     PORTS_FROM,
     ephemeral_low,
     free_ports,  # noqa: F401  (tests import it from here)
+    port_range,
 )
 from bosen.jobs.job import job_config, write_config  # noqa: F401  (tests import them from here)
 from bosen.jobs.supervise import Forked, Process, ProcessGroup, tail  # noqa: F401
@@ -41,6 +43,17 @@ TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 WORKERS = TESTS / "workers"
 PY = sys.executable
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test`` runs the suite in 2 processes) each process draws free ports
+    from a slice of its own (``$BOSEN_PORTS``, which the servers, workers and launchers it starts
+    inherit), so two tests never take one port between its draw and its bind."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker and count and PORTS_ENV not in os.environ:
+        i, n = int(worker.removeprefix("gw")), int(count)
+        width = (ephemeral_low() - PORTS_FROM) // n
+        os.environ[PORTS_ENV] = f"{PORTS_FROM + i * width}-{PORTS_FROM + (i + 1) * width}"
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -202,7 +215,8 @@ def free_port_run(n: int) -> int:
     """A port P with P .. P + n - 1 all free on loopback now (what ``metrics.port`` P takes for the
     launcher and n - 1 servers)."""
     for _ in range(200):
-        base = random.randrange(PORTS_FROM, ephemeral_low() - n)  # where connections never take them
+        first, end = port_range()
+        base = random.randrange(first, end - n)  # where connections never take them
         socks = []
         try:
             for p in range(base, base + n):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import os
 import random
 import signal
 import socket
@@ -31,25 +32,44 @@ from bosen.security import Refused, Security
 READY_TIMEOUT_S = 60.0
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")
 PORTS_FROM = 10000  # free_ports draws from here up to the ephemeral range
+PORTS_ENV = "BOSEN_PORTS"  # "LOW-HIGH": draw free ports from [LOW, HIGH) instead
+
+
+def port_range() -> tuple[int, int]:
+    """Where ``free_ports`` draws: ``$BOSEN_PORTS`` ("LOW-HIGH", HIGH excluded) where set, so that
+    several suites or jobs started side by side on one machine draw from ranges of their own (two
+    drawing from one range may both take a port in the moment between one's draw and its server's
+    bind); otherwise from ``PORTS_FROM`` up to the kernel's ephemeral range."""
+    text = os.environ.get(PORTS_ENV)
+    if not text:
+        return PORTS_FROM, ephemeral_low()
+    try:
+        low, high = (int(x) for x in text.split("-"))
+    except ValueError:
+        raise BosenError(f"${PORTS_ENV}: {text!r} is not LOW-HIGH (two port numbers)") from None
+    if not 1024 <= low < high <= 65536:
+        raise BosenError(f"${PORTS_ENV}: {text!r} must have 1024 <= LOW < HIGH <= 65536")
+    return low, high
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """``n`` distinct free TCP ports on ``host`` (all held open together, so no duplicates).
 
-    They are drawn below the kernel's ephemeral range where it leaves room: a port the kernel hands
-    out for ``bind(0)`` is also where it puts the local end of outgoing connections, so on a busy
-    machine one freed here could be taken by a connection before the server binds it."""
+    They are drawn below the kernel's ephemeral range where it leaves room (or from ``port_range``):
+    a port the kernel hands out for ``bind(0)`` is also where it puts the local end of outgoing
+    connections, so on a busy machine one freed here could be taken by a connection before the
+    server binds it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    low = ephemeral_low()
+    first, end = port_range()
     draw = random.SystemRandom()
     socks: list[socket.socket] = []
     try:
         for _ in range(20 * n + 100):
-            if len(socks) == n or low - PORTS_FROM < 1000:
+            if len(socks) == n or end - first < 1000:
                 break
             s = socket.socket(family)
             try:
-                s.bind((host, draw.randrange(PORTS_FROM, low)))
+                s.bind((host, draw.randrange(first, end)))
             except OSError:
                 s.close()
                 continue

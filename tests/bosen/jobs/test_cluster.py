@@ -12,7 +12,15 @@ import pytest
 
 from bosen import config as config_mod
 from bosen.errors import BosenError, ConfigError
-from bosen.jobs.cluster import PORTS_FROM, free_ports, local_addresses, resolve_ports, start_cluster
+from bosen.jobs.cluster import (
+    PORTS_ENV,
+    PORTS_FROM,
+    free_ports,
+    local_addresses,
+    port_range,
+    resolve_ports,
+    start_cluster,
+)
 from bosen.jobs.job import job_config
 from bosen.jobs.supervise import ProcessFailed, ProcessGroup
 
@@ -33,8 +41,19 @@ def test_free_ports_are_distinct_and_bindable() -> None:
     # below the kernel's ephemeral range, where outgoing connections never take them (a test's server
     # once lost its port that way under load)
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    first, end = port_range()
     if low >= 11000:
-        assert all(PORTS_FROM <= p < low for p in ports), ports
+        assert all(PORTS_FROM <= first <= p < end <= low for p in ports), ports
+
+
+def test_bosen_ports_sets_where_free_ports_are_drawn_and_a_bad_range_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PORTS_ENV, "23000-24500")
+    assert port_range() == (23000, 24500)
+    assert all(23000 <= p < 24500 for p in free_ports(30))
+    for bad in ("23000", "24500-23000", "a-b", "80-2000"):
+        monkeypatch.setenv(PORTS_ENV, bad)
+        with pytest.raises(BosenError, match=r"\$BOSEN_PORTS: .*" + bad):
+            free_ports(1)
 
 
 def test_port_zero_becomes_free_local_ports_and_only_for_local_hosts() -> None:

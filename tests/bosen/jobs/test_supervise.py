@@ -22,11 +22,14 @@ SLEEP = "import time; print('ready', flush=True); time.sleep(120)"
 
 
 def wait_for_line(p: Process, text: str, timeout: float = 20.0) -> str:
-    """The log once it has a line containing ``text`` (the child has reached that point)."""
+    """The log once it has a whole line containing ``text`` (the child has reached that point). Whole:
+    an unbuffered child's ``print(a, b)`` writes its pieces one by one, so ``text`` alone may be there
+    before the rest of its line."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         out = p.output()
-        if text in out:
+        at = out.find(text)
+        if at >= 0 and "\n" in out[at:]:
             return out
         assert p.alive(), f"{p.name} {describe_exit(p.returncode or 0)}:\n{p.tail()}"
         time.sleep(0.01)
