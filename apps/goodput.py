@@ -309,6 +309,16 @@ class WorkerAgent:
             self.decided = True
         return self.agent.setting
 
+    def skipped(self, it: int, workers: int) -> Setting:
+        """The setting of iteration ``it``, which this worker clocks past without a gradient (a
+        replacement catching up to the servers' iteration: its lost process ran it): the rows of the
+        intervals that ended are read and decided on as in ``at``, but no step is timed, neither this
+        one nor the next (its time would span the catch-up)."""
+        self.last_read = None
+        setting = self.at(it, 0.0, workers)
+        self.last_read = None
+        return setting
+
     def computed(self, seconds: float) -> None:
         """This iteration's seconds computing its gradient (timed with its step at the next read)."""
         self.compute = seconds

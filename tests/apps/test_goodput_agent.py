@@ -199,6 +199,30 @@ def test_a_new_worker_count_re_picks_at_once_and_a_joiner_replays_the_same_agent
         ws[0].take_over(np.zeros(3))
 
 
+def test_a_replacement_catching_up_gets_each_skipped_iterations_setting_and_times_no_step() -> None:
+    """Worker 1 is lost after iteration 11 and replaced from a checkpoint at 5: its fresh agent, told of
+    iterations 5-11 it clocks past without a gradient (``skipped``), gives the settings its lost agent
+    had there (what the synchronous path draws and drops), then runs as the other from 12; neither
+    the catch-up nor the step across it is timed (interval 2 times 12-14 of worker 0, 13-14 of it)."""
+    table = InProcessTable("goodput", 4, gp.COLS, "float64", staleness=0)
+    args = from_dict(gp.GoodputArgs, {"interval_clocks": 5, "smoothing": 0.5}, "goodput")
+    ws = [gp.WorkerAgent(table, args, gp.Agent(args, 64, 2, 32)) for _ in range(2)]
+    rng = np.random.default_rng(0)
+    seen: list[list[tuple[int, int, float]]] = [[], []]
+    for it in range(15):
+        if it == 12:
+            ws[1] = gp.WorkerAgent(table, args, gp.Agent(args, 64, 2, 32))
+            skipped = [ws[1].skipped(i, 2) for i in range(5, 12)]
+            assert [(st.m, st.s, st.gain) for st in skipped] == seen[1][5:12]
+        for r, w in enumerate(ws):
+            st = w.at(it, it * 0.01 + r * 1e-4, 2)
+            seen[r].append((st.m, st.s, st.gain))
+            w.rec.moments(rng.normal(1.0, 3.0, (2, 10)), st.m // 2)
+            w.before_clock(it)
+    assert seen[0] == seen[1] and seen[0][5] != seen[0][0]  # one setting a step; switched at 5
+    assert table.data[2, gp.C_TIMED] == 3 + 2
+
+
 @pytest.mark.parametrize(("args", "match"), [
     ({"goodput": {"intervals": 5}}, "app.args.goodput.intervals: unknown key"),
     ({"goodput": {"interval_clocks": 2}}, "app.args.goodput.interval_clocks: must be an integer >= 3"),

@@ -1280,7 +1280,7 @@ def _sync_matches(parts: dict, W: np.ndarray, samplers: dict, want_k: list[int],
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
     """Synchronous MLR (static k = the workers, 6 micro-tasks, 2 servers) scaled 2 -> 3 workers, server 1
     killed and replaced (SCAR: restored from its newest part, every worker resends its gradients since,
@@ -1311,12 +1311,24 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
         _wait_clock(p, run, killed_at + 20)  # a synchronous job goes on only once the replacement serves
         bosen.scale(run, workers=2, out=lines.append)
         b1, b2 = (int(m) for m in re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines)))
-        deadline = time.monotonic() + 60
+        c1 = b2 + 50 - b2 % 50  # the first checkpoint past B2; worker 1 is lost a few clocks after it
+        c = c1 + 50
+
+        def lost_after_c1() -> bool:
+            with contextlib.suppress(OSError, ValueError, IndexError, checkpoint.CheckpointError):
+                if json.loads((run / "workers" / "1.jsonl").read_text().splitlines()[-1])["clock"] >= c1 + 3:
+                    checkpoint.check_complete(base, c1, 2, None, None)
+                    return True
+            return False
+
+        _until(p, run, lost_after_c1, f"worker 1 did not pass the complete checkpoint {c1}")
+        _worker(p, 1).kill()  # its replacement restores c1 and clocks up to the servers' T > c1 without a gradient
+        lost_at = json.loads((run / "workers" / "1.jsonl").read_text().splitlines()[-1])["clock"]
+        deadline = time.monotonic() + 120
         parts = None
-        while parts is None:  # a checkpoint well past B2, complete
+        while parts is None:  # a checkpoint past the replacement, complete
             assert p.poll() is None and time.monotonic() < deadline, lines
             time.sleep(0.05)
-            c = b2 + 100 - b2 % 50
             try:
                 parts = checkpoint.check_complete(base, c, 2, None, None)
             except checkpoint.CheckpointError:
@@ -1325,6 +1337,7 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
         _stop(p)
     out = _log(run).read_text()
     assert "server-1.1 replaces server-1" in out, out[-3000:]
+    assert f"worker-1.1 replaces worker-1: it redoes clocks from {c1} on" in out and lost_at > c1, out[-3000:]
     for name in ("server-0", "server-1.1"):  # the leaver ended its clocks at B2: nobody's step waited on it
         log = (run / "logs" / f"{name}.log").read_text()
         assert f"client rank 2 ends its clocks at {b2}:" in log, log[-2000:]
