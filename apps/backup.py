@@ -38,18 +38,23 @@ def is_backup(client: PSClient, table: str) -> bool:
 
 
 def read_iteration(client: TickingClient, table: ClockedTable, rows: np.ndarray,
-                   on_clock: Callable[[], bool] | None = None) -> tuple[np.ndarray, int]:
+                   on_clock: Callable[[], bool] | None = None,
+                   skipping: Callable[[int], None] | None = None) -> tuple[np.ndarray, int]:
     """Rows of w_t for this worker's tick or later, and t; the tick is moved up to t (clocks with no
     gradient), so what the worker sends next is a gradient of iteration t. With several servers a
     table's rows may be at different iterations: t is the oldest (the others drop this gradient as late).
     ``on_clock`` is called after each of those clocks, as after any (a clock boundary where the job's
-    workers change: ``bosen scale``); False from it (the worker left the job there) stops the clocks."""
-    values, it = read_iterations(client, [(table, rows)], on_clock)
+    workers change: ``bosen scale``); False from it (the worker left the job there) stops the clocks.
+    ``skipping(i)`` is called before the clock that passes iteration i, where a step would have done
+    its work before its clock (a replacement drawing the mini-batch its lost process drew, so that a
+    checkpoint part it writes at that clock holds the state after the draw)."""
+    values, it = read_iterations(client, [(table, rows)], on_clock, skipping)
     return values[0], it
 
 
 def read_iterations(client: TickingClient, reads: Sequence[tuple[ClockedTable, np.ndarray]],
-                    on_clock: Callable[[], bool] | None = None) -> tuple[list[np.ndarray], int]:
+                    on_clock: Callable[[], bool] | None = None,
+                    skipping: Callable[[int], None] | None = None) -> tuple[list[np.ndarray], int]:
     """``read_iteration`` over several synchronous tables at once (a model's dense table and one probe
     row per partition of each embedding table, ``PSModule``): each read for this worker's tick or
     later, t the oldest iteration of any row read, the tick moved up to t. Every server of every table
@@ -66,6 +71,8 @@ def read_iterations(client: TickingClient, reads: Sequence[tuple[ClockedTable, n
             oldest = int(clocks.min()) if oldest is None else min(oldest, int(clocks.min()))
     it = client.tick if oldest is None else oldest
     while client.tick < it:
+        if skipping is not None:
+            skipping(client.tick)
         client.clock()
         if on_clock is not None and not on_clock():
             break

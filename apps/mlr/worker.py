@@ -383,21 +383,17 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
             draws.load({**kept, **got_states}, client.config.source)
         return True
 
-    def caught_up() -> bool:
-        """After a clock with no gradient: where every gradient is applied only a replacement clocks so
-        (up to the servers' iteration), and its lost process drew that iteration's mini-batch from the
-        tasks: drawn and dropped here, so this worker's batches stay the lost one's."""
+    def skipping(it: int) -> None:
+        """Before the clock of an iteration passed without a gradient: where every gradient is applied
+        only a replacement clocks so (up to the servers' iteration), and its lost process drew that
+        iteration's mini-batch from the tasks: drawn and dropped here (before the clock, as a step
+        draws, so a checkpoint part of that clock holds the draw), so this worker's batches stay the
+        lost one's."""
         if draws is not None:
-            it = client.tick - 1  # the iteration just clocked past
-            if agent is None:
-                draws.draw(a.batch_size)
-            else:
-                st = agent.skipped(it, job_workers())
-                draws.draw(st.m * (st.s + 1))
-        return boundary()
+            draws.draw(a.batch_size if agent is None else (st := agent.skipped(it, job_workers())).m * (st.s + 1))
 
     while True:
-        W, it = read_iteration(client, T, rows, caught_up)  # a dropped gradient's worker clocks up to w_t's
+        W, it = read_iteration(client, T, rows, boundary, skipping)  # a dropped gradient's worker clocks up to w_t's
         if left or it >= total:
             break
         t0 = time.perf_counter()

@@ -214,10 +214,11 @@ class PSModule(nn.Module):
         self.pull()
         return self.module(*args, **kwargs)
 
-    def pull(self, on_clock: Callable[[], bool] | None = None) -> None:
+    def pull(self, on_clock: Callable[[], bool] | None = None, skipping: Callable[[int], None] | None = None) -> None:
         """Read the dense parameters, as fresh as the table's staleness bound requires, into the module
         (what a prefetch read, else a read now). On synchronous tables ``on_clock`` is called after
-        each clock a worker whose gradient was dropped catches up with (``read_iterations``), and
+        each clock a worker whose gradient was dropped catches up with (``read_iterations``), ``skipping``
+        with the iteration before it, and
         ``iteration`` is the iteration the next gradient is of (the embeddings' probe rows included)."""
         if self.table is None and self.backup is None:
             return
@@ -226,7 +227,7 @@ class PSModule(nn.Module):
         if self.backup is not None:
             reads = [(cast(Any, self.table), self._rows)] if self.table is not None else []
             reads += [(cast(Any, self.sparse_tables[i]), rows) for i, rows in self._probes.items()]
-            got, self.iteration = read_iterations(cast(Any, self.client), reads, on_clock)
+            got, self.iteration = read_iterations(cast(Any, self.client), reads, on_clock, skipping)
             if self.table is None:
                 self.pulled = True
                 self.pull_s += time.perf_counter() - t0

@@ -317,20 +317,17 @@ def _train_sync(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) 
             draws.load({**kept, **got_states}, client.config.source)
         return True
 
-    def caught_up() -> bool:
-        """After a clock with no gradient: where every gradient is applied only a replacement clocks so,
-        and its lost process drew that iteration's images from the tasks: drawn and dropped here (the
-        agent's m·(s + 1) with goodput), so this worker's batches stay the lost one's (as MLR's)."""
+    def skipping(it: int) -> None:
+        """Before the clock of an iteration passed without a gradient: where every gradient is applied
+        only a replacement clocks so, and its lost process drew that iteration's images from the
+        tasks: drawn and dropped here (the agent's m·(s + 1) with goodput; before the clock, as a step
+        draws), so this worker's batches stay the lost one's (as MLR's)."""
         if draws is not None:
-            if agent is None:
-                draws.draw(a.batch_size)
-            else:
-                st = agent.skipped(cast(Any, client).tick - 1, int(np.unique(tasks.owners).size))
-                draws.draw(st.m * (st.s + 1))
-        return boundary()
+            workers = int(np.unique(tasks.owners).size)
+            draws.draw(a.batch_size if agent is None else (st := agent.skipped(it, workers)).m * (st.s + 1))
 
     while True:
-        model.pull(caught_up)  # w_t, and t (a dropped gradient's worker clocks up to it, through boundaries)
+        model.pull(boundary, skipping)  # w_t, and t (a dropped gradient's worker clocks up to it, through boundaries)
         it = model.iteration
         if left or it >= total:
             break
