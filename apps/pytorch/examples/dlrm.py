@@ -413,7 +413,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
 
 def sync_steps(a: DLRMArgs, workers: int) -> int:
     """Iterations per epoch of the synchronous path: mini-batches in the smallest of ``workers`` shares
-    (with micro-tasks, ``workers`` is their count T, fixed for the job's life)."""
+    (``cluster.workers``, the same in every process of a job, a joiner's too)."""
     return Schedule(a.train_samples, workers, a.batch_size, 1).steps
 
 
@@ -464,7 +464,7 @@ def train_sync(client: PSClient, a: DLRMArgs) -> tuple[DLRM, PSModule]:
 
     Where every gradient is applied (static k = the workers, ``follows_workers``) the mini-batches come
     from the micro-tasks the worker runs (``microtasks.Draws`` over ``TaskSamples``: each task's samples
-    once per its pass, whichever worker runs it; ``sync_steps`` of the T tasks an epoch), whose states
+    once per its pass, whichever worker runs it), whose states
     are the worker's checkpoint state and move at a ``bosen scale`` boundary, as MLR's and the CNN's: a
     resumed job (any worker count) draws on where its checkpoint left each task, and a lost worker's
     replacement, restored at C, draws and drops one mini-batch for each iteration it clocks past
@@ -497,7 +497,6 @@ def train_sync(client: PSClient, a: DLRMArgs) -> tuple[DLRM, PSModule]:
         samples = TaskSamples(a, draws.tasks, T)
         client.checkpoint_state(lambda: microtasks.pack({t: draws.state(t) for t in draws.tasks})
                                 if draws is not None else {})
-        steps = sync_steps(a, T)
     else:
         if a.micro_tasks:
             raise ConfigError(f"{source}: app.args.micro_tasks: the synchronous path runs micro-tasks only where "
@@ -505,7 +504,7 @@ def train_sync(client: PSClient, a: DLRMArgs) -> tuple[DLRM, PSModule]:
                               "backup workers proper each rank draws from its own share: leave micro_tasks at 0")
         d = criteo.shard(a.spec, rank, n, a.train_samples)
         share = tuple(torch.from_numpy(x) for x in (d.dense, a.keys(d.ids), d.labels))
-        steps = sync_steps(a, n)
+    steps = sync_steps(a, n)  # an epoch: a pass of the workers the job was launched (or resumed) with
     total = a.epochs * steps
     if plan is not None:  # no boundary at or past the last iteration's end: nothing would run on a moved task
         plan.ends_at(total)

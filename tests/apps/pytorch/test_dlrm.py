@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,8 +20,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import PY, REPO, run_cmd
+from conftest import REPO
 
+import bosen
 from bosen import checkpoint
 from bosen.apps import microtasks as M
 from bosen.apps.pytorch.examples import criteo, dlrm
@@ -244,27 +246,28 @@ def _saved(run: Path, clock: int, tables: dict, workers: int | None = 2) -> tupl
     return values, backup, tasks
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 @pytest.mark.slow
-def test_a_synchronous_dlrm_job_survives_a_lost_worker_and_a_resume_with_the_values_of_an_uninterrupted_run(tmp_path):
-    """Static k = n (every gradient applied), 2 workers drawing from their micro-tasks, 2 servers,
-    checkpoints every 4 iterations, 24 iterations. Worker 1 is held before its CLOCK(10) (its gradient
-    of 9 sent, not completed) and SIGKILLed there: the launcher replaces it from the checkpoint at 8,
-    the servers keep w_9 and wait for rank 1's gradient of 9, and the replacement, its tasks' samplers
-    restored at 8, draws and drops iteration 8's mini-batch as it clocks up to 9, so it computes the
-    lost one's gradient. Then worker 0 holds before CLOCK(18), the job is stopped (SIGKILL) once the
-    checkpoint at 16 is complete and resumed from it (``bosen launch --resume``). The checkpoint at 24
-    equals a single-process replay of SGD on the mean of the 2 gradients to float32 rounding (rows no
-    batch touched keep their first values), every step took both gradients, nothing was dropped, and
-    every task's sampler is where the replay's is."""
-    args = {**SYNC, "epochs": 4, "backup": {"mode": "static", "k": 2}}  # 6 iterations an epoch
-    total, tables = 24, dlrm.tables(args, tmp_path / "t")
+def test_a_synchronous_dlrm_job_survives_a_lost_worker_a_resume_and_a_scale_out_with_the_values_of_a_replay(tmp_path):
+    """Static k = n (every gradient applied), 3 micro-tasks, 2 servers, checkpoints every 4 iterations.
+    Worker 1 is held before its CLOCK(10) (its gradient of 9 sent, not completed) and SIGKILLed there:
+    the launcher replaces it from the checkpoint at 8, the servers keep w_9 and wait for rank 1's
+    gradient of 9, and the replacement, its task's sampler restored at 8, draws and drops iteration 8's
+    mini-batch as it clocks up to 9, so it computes the lost one's gradient. Then worker 0 holds before
+    CLOCK(18), the job is stopped (SIGKILL) once the checkpoint at 16 is complete and resumed from it
+    (``bosen launch --resume``), and the resumed job is scaled 2 -> 3 workers (``bosen scale``: the tasks
+    move at B). A checkpoint past B equals a single-process replay of SGD on the mean of the job's
+    workers' gradients (2 before B, 3 from B) to float32 rounding (rows no batch touched keep their
+    first values), every step took all the workers' gradients (nothing dropped), and every task's
+    sampler is where the replay's is."""
+    args = {**SYNC, "epochs": 500, "micro_tasks": 3, "backup": {"mode": "static", "k": 2}}  # 6 iterations an epoch
+    tables = dlrm.tables(args, tmp_path / "t")
     path, run = _sync_launch(tmp_path, args, every=4), (tmp_path / "run").resolve()
     go, go2 = tmp_path / "go", tmp_path / "go2"
     env = {**os.environ, "BOSEN_FAULT": f"hold-before-clock:1:10:{go};hold-before-clock:0:18:{go2}"}
+    launch = [sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(run), "--no-plot"]
     with (tmp_path / "launch.out").open("w") as log:
-        p = subprocess.Popen([sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(run), "--no-plot"],
-                             stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
+        p = subprocess.Popen(launch, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
     try:
         _until(p, lambda: Path(f"{go}.held").exists() and _complete(run, 8), "worker 1 held at 10, checkpoint 8")
         _first_worker(p, 1).kill()
@@ -277,12 +280,24 @@ def test_a_synchronous_dlrm_job_survives_a_lost_worker_and_a_resume_with_the_val
     out = (tmp_path / "launch.out").read_text()
     assert "worker-1 was killed by SIGKILL: replacing it from the checkpoint at clock 8" in out, out[-3000:]
     assert not _complete(run, 20)
-    r = run_cmd([PY, "-m", "bosen", "launch", str(path), "--resume", str(run), "--no-plot"], timeout=150)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "clock 16" in r.stdout, r.stdout[-3000:]
+    with (tmp_path / "resume.out").open("w") as log:
+        p = subprocess.Popen([*launch[:5], "--resume", str(run), "--no-plot"], stdout=log, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+    try:
+        _until(p, lambda: _complete(run, 20), "the resumed job's checkpoint at 20")
+        lines: list[str] = []
+        bosen.scale(run, workers=3, out=lines.append)
+        [b] = (int(m) for m in re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines)))
+        c = b + 8 - b % 4  # a checkpoint with an iteration of 3 workers before it
+        _until(p, lambda: _complete(run, c, 3), f"a checkpoint at {c}", timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert "resuming from the checkpoint at clock 16" in (tmp_path / "resume.out").read_text()
     a = from_dict(dlrm.DLRMArgs, args, "app.args")
-    ref, touched, samplers = _replay(a, total, 2, lambda it: [0, 1])
-    values, backup, tasks = _saved(run, total, tables)
+    ref, touched, samplers = _replay(a, c, 3, lambda it: [0, 1] if it < b else [0, 1, 2])
+    values, backup, tasks = _saved(run, c, tables, 3)
     dense = Layout.of(ref).values(ref).reshape(-1)
     np.testing.assert_allclose(values["params"].reshape(-1)[:dense.size], dense, rtol=1e-5, atol=2e-6)
     np.testing.assert_allclose(values["emb"], ref.emb.weight.detach().numpy(), rtol=1e-5, atol=2e-6)
@@ -291,11 +306,13 @@ def test_a_synchronous_dlrm_job_survives_a_lost_worker_and_a_resume_with_the_val
     np.testing.assert_array_equal(values["emb"][~touched], init[~touched])  # and only those
     for shards_of in backup.values():
         assert len(shards_of) == 2
-        for b in shards_of:
-            assert b["k_history"].tolist() == [2] * total and b["counts"][1:3].tolist() == [0, 0]
+        for k in shards_of:
+            assert k["k_history"].tolist() == [2] * b + [3] * (c - b) and k["counts"][1:3].tolist() == [0, 0], b
     for t, d in samplers.items():
         for name, want in d.state(t).items():
             np.testing.assert_array_equal(tasks[M.key(t, name)], want, err_msg=f"task {t} {name}")
+    print(f"B {b}, checkpoint {c}: dense off by {np.abs(values['params'].reshape(-1)[:dense.size] - dense).max():.2g}, "
+          f"embeddings by {np.abs(values['emb'] - ref.emb.weight.detach().numpy()).max():.2g}")
 
 
 @pytest.mark.timeout(150)
