@@ -440,8 +440,8 @@ class TaskSamples:
             if have is not None and t in have:
                 self.parts[t] = have[t]
                 continue
-            ids = microtasks.share(a.train_samples, t, T)
-            lo = int(ids[0]) if ids.size else 0
+            ids = microtasks.share(a.train_samples, t, T)  # not empty: train_sync refuses fewer samples than tasks
+            lo = int(ids[0])
             d = criteo.generate(a.spec, lo, lo + ids.size, criteo.TRAIN)
             self.parts[t] = (lo, dataclasses.replace(d, ids=a.keys(d.ids)))
         self.starts = np.array([lo for lo, _ in self.parts.values()], dtype=np.int64)
@@ -488,6 +488,9 @@ def train_sync(client: PSClient, a: DLRMArgs) -> tuple[DLRM, PSModule]:
     plan = folder = None
     if spec is not None and follows_workers(spec, n):
         T = microtasks.count(a.micro_tasks, n, saved)
+        if a.train_samples < T:
+            raise ConfigError(f"{source}: app.args.train_samples={a.train_samples} for {T} micro-tasks: every task "
+                              "needs a sample at least")
         tasks, received, plan, folder = microtasks.start(T, rank, n, saved)
         draws = microtasks.Draws(a.train_samples, tasks.mine, T, a.seed)
         if saved is not None:

@@ -129,6 +129,21 @@ def test_eval_points_and_bad_arguments():
     assert dlrm.not_elastic(sync, 2) is None  # every gradient applied: the micro-tasks move
 
 
+def test_a_workers_task_samples_are_the_training_sets_by_id():
+    """``TaskSamples`` holds the shares of the tasks it is given (generated apart, kept ones reused) and
+    gathers drawn ids, in their order, as the whole training set has them."""
+    a = from_dict(dlrm.DLRMArgs, {**SYNC, "train_samples": 100}, "app.args")
+    full = criteo.generate(a.spec, 0, 100)
+    mine = dlrm.TaskSamples(a, [3, 1], 4)
+    ids = np.concatenate([M.share(100, 3, 4)[[4, 0, 20]], M.share(100, 1, 4)[[0, 24, 3]]])
+    got = mine.batch(ids)
+    for x, want in zip(got, (full.dense, full.ids, full.labels), strict=True):
+        np.testing.assert_array_equal(x.numpy(), want[ids])
+    moved = dlrm.TaskSamples(a, [1, 2], 4, mine.parts)
+    assert moved.parts[1] is mine.parts[1]
+    np.testing.assert_array_equal(moved.batch(M.share(100, 2, 4))[1].numpy(), full.ids[M.share(100, 2, 4)])
+
+
 def test_hybrid_mode_keeps_one_micro_task_per_rank_and_says_why_it_cannot_scale():
     with pytest.raises(ValueError, match="micro_tasks: hybrid mode .* one task each: leave micro_tasks at 0"):
         dlrm.DLRMArgs(dense="allreduce", micro_tasks=4)
