@@ -22,17 +22,17 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/bosen launch configs/mf.yaml
 
-## make test: fresh virtual environment, install, lint (ruff) and type-check (mypy), run the whole test suite in 2 processes (pytest-xdist, a test file to a process; its 40 slowest tests listed at the end: the suite is kept under 15 minutes on 2 cores)
+## make test: fresh virtual environment, install, lint (ruff) and type-check (mypy), run the whole test suite in 2 processes (pytest-xdist; the Ray file's tests in one of them; its 40 slowest tests listed at the end: the suite is kept under 15 minutes on 2 cores)
 test:
 	rm -rf $(VENV)
 	$(MAKE) $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) tests/typecheck.py
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=40
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=40
 
 ## make test-fast: the edit-test loop in the existing .venv: every test module, tests marked slow left out
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow"
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
 
 ## make typecheck: mypy on every module under its import name (bosen.server.daemon, ...), see tests/typecheck.py
 typecheck: $(STAMP)

@@ -481,8 +481,10 @@ class Scaler:
             if not getattr(app, "SYNC_ELASTIC", False):
                 raise ScaleError(f"app {module}: its synchronous path (tables.{t.name} has backup) does not follow "
                                  "micro-tasks, so its workers cannot change while it runs")
-        why = getattr(app, "not_elastic", None)  # an app elastic in some configs only says why not this one
-        if callable(why) and (reason := why(cfg.app.args)):
+        # an app elastic in some configs only says why not this one (of the workers its processes count:
+        # cluster.workers, as each worker's client.num_workers)
+        why = getattr(app, "not_elastic", None)
+        if callable(why) and (reason := why(cfg.app.args, cfg.cluster.workers)):
             raise ScaleError(f"app {module}: {reason}")
         T = self.tasks()
         if m > T:

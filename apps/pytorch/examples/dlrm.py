@@ -32,19 +32,23 @@ worker's value.
 
 ``backup`` (e.g. ``{mode: static, k: 2}``, with ``optimizer: sgd``) makes every table synchronous with
 backup workers (docs/design.md, "Backup workers"): ``train_sync`` runs one mini-batch an iteration per
-worker, drawn from its own share of the samples by iteration (``sync_batch``), and the servers step
-from the first k_t gradients (the MLPs' and the embedding rows touched) at ``lr`` (static: lr·k/n).
+worker and the servers step from the first k_t gradients (the MLPs' and the embedding rows touched) at
+``lr`` (static: lr·k/n). Where every gradient is applied (static k = the workers) the mini-batches come
+from the worker's micro-tasks (``microtasks.Draws``), whose samplers are its checkpoint state and move
+at a ``bosen scale`` boundary: such a job resumes, survives a lost worker exactly and scales; with
+backup workers proper (k < n) each rank draws from its own share of the samples by iteration
+(``sync_batch``): it resumes with the same workers, and does not scale.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import torch
@@ -57,10 +61,11 @@ from bosen.apps.pytorch import DeltaOptimizer, PSEmbedding, PSModule, ServerOpti
 from bosen.apps.pytorch.examples import criteo
 from bosen.apps.pytorch.examples.shards import STATE, Schedule, Shard
 from bosen.apps.state import restored
-from bosen.config import UNBOUNDED, check, from_dict
+from bosen.config import UNBOUNDED, check, follows_workers, from_dict
 from bosen.errors import ConfigError
 
 ELASTIC = True  # workers may join and leave a running job (bosen scale): micro-tasks move to them
+SYNC_ELASTIC = True  # its synchronous path (static k = the workers) reads the task plan at every clock too
 
 SERVER = ("sgd", "adagrad", "adarevision")
 
@@ -132,10 +137,9 @@ class DLRMArgs:
         if self.backup is not None:
             check(self.optimizer == "sgd", f"optimizer: with backup the servers take plain SGD steps on every table "
                                            f"(no AdaGrad accumulators on a backup table): sgd, got {self.optimizer!r}")
-            check(self.storage == "dense" and self.dense == "ps" and not self.micro_tasks and not self.lapse
-                  and not self.device_cache_rows,
-                  "backup: needs storage: dense, dense: ps, micro_tasks: 0, lapse: 0, device_cache_rows: 0 (got "
-                  f"{self.storage}, {self.dense}, {self.micro_tasks}, {self.lapse}, {self.device_cache_rows})")
+            check(self.storage == "dense" and self.dense == "ps" and not self.lapse and not self.device_cache_rows,
+                  "backup: needs storage: dense, dense: ps, lapse: 0, device_cache_rows: 0 (got "
+                  f"{self.storage}, {self.dense}, {self.lapse}, {self.device_cache_rows})")
         check(self.lr > 0, "lr: must be > 0")
         check(self.batch_size >= 1, "batch_size: must be >= 1")
         check(self.epochs >= 1, "epochs: must be >= 1")
@@ -293,11 +297,14 @@ def eval_steps(steps: int, evals: int, clock_every: int) -> list[int]:
     return sorted({min(p, steps) for p in pts} | {steps})
 
 
-def not_elastic(args: Mapping[str, Any]) -> str | None:
-    """Why a job of these ``app.args`` cannot change its worker count (``bosen scale``), or None."""
-    if args.get("backup") is not None:
-        return ("its synchronous path (backup) draws each rank's mini-batches from its own share of the samples, "
-                "without micro-tasks: its workers cannot change while it runs")
+def not_elastic(args: Mapping[str, Any], workers: int) -> str | None:
+    """Why a job of these ``app.args`` and ``workers`` worker processes (``cluster.workers``) cannot change
+    its worker count (``bosen scale``), or None."""
+    backup = args.get("backup")
+    if backup is not None and not (backup.get("mode") == "static" and backup.get("k") == workers):
+        return (f"its synchronous path with backup workers proper ({backup}, {workers} workers: not static k = "
+                "the workers) draws each rank's mini-batches from its own share of the samples, without "
+                "micro-tasks: its workers cannot change while it runs")
     if args.get("dense") == "allreduce":
         return ("hybrid mode (dense: allreduce) steps every rank in lockstep, one micro-task each: its workers "
                 "cannot change while it runs")
@@ -394,7 +401,7 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
         if plan is not None and folder is not None and (new := plan.at(c, T)) is not None:
             # a new assignment from this clock on: hand tasks off, take the received ones
             if a.dense == "allreduce":
-                raise ConfigError(f"{source}: {not_elastic(args)}")
+                raise ConfigError(f"{source}: {not_elastic(args, client.num_workers)}")
             got_states = tasks.handoff(c, new, folder, partial(_state, mine))
             if plan.leaving(end=client.end_clocks):  # its tasks are given away: it leaves here (BYE on close)
                 break
@@ -405,62 +412,160 @@ def train(client: PSClient, args: Mapping[str, Any]) -> None:
 
 
 def sync_steps(a: DLRMArgs, workers: int) -> int:
-    """Iterations per epoch of the synchronous path: mini-batches in the smallest rank's share."""
+    """Iterations per epoch of the synchronous path: mini-batches in the smallest of ``workers`` shares
+    (``cluster.workers``, the same in every process of a job, a joiner's too)."""
     return Schedule(a.train_samples, workers, a.batch_size, 1).steps
 
 
 def sync_batch(a: DLRMArgs, rank: int, size: int, steps: int, it: int) -> np.ndarray:
     """The positions, in rank ``rank``'s share of ``size`` samples, of its mini-batch at iteration ``it``
-    of the synchronous path (``steps`` per epoch, each epoch a new order): a pure function, so a worker
-    that skips iterations (its gradient dropped) draws on in step, and a test can replay every batch."""
+    of the synchronous path with backup workers proper (k < n; ``steps`` per epoch, each epoch a new
+    order): a pure function, so a worker that skips iterations (its gradient dropped) draws on in step,
+    a resumed or replaced worker draws from the iteration it reads, and a test can replay every batch."""
     epoch, i = divmod(it, steps)
     order = np.random.default_rng([a.seed, rank, epoch]).permutation(size)
     return order[i * a.batch_size:(i + 1) * a.batch_size].astype(np.int64)
 
 
+class TaskSamples:
+    """The training samples of the micro-tasks a worker runs (task t: ``microtasks.share`` of the
+    ``train_samples``, generated here), gathered by their ids in the whole training set (what
+    ``microtasks.Draws`` draws)."""
+
+    def __init__(self, a: DLRMArgs, tasks: Sequence[int], T: int,
+                 have: Mapping[int, tuple[int, criteo.Samples]] | None = None) -> None:
+        """``have``: task -> (first id, samples) already generated (the kept tasks at a boundary)."""
+        self.parts: dict[int, tuple[int, criteo.Samples]] = {}
+        for t in sorted(int(x) for x in tasks):
+            if have is not None and t in have:
+                self.parts[t] = have[t]
+                continue
+            ids = microtasks.share(a.train_samples, t, T)  # not empty: train_sync refuses fewer samples than tasks
+            lo = int(ids[0])
+            d = criteo.generate(a.spec, lo, lo + ids.size, criteo.TRAIN)
+            self.parts[t] = (lo, dataclasses.replace(d, ids=a.keys(d.ids)))
+        self.starts = np.array([lo for lo, _ in self.parts.values()], dtype=np.int64)
+        self.offsets = np.cumsum([0, *(len(d) for _, d in self.parts.values())])[:-1].astype(np.int64)
+        self.data = tuple(torch.from_numpy(np.concatenate([getattr(d, f) for _, d in self.parts.values()]))
+                          for f in ("dense", "ids", "labels"))
+
+    def batch(self, ids: np.ndarray) -> tuple[torch.Tensor, ...]:
+        """The samples ``ids`` (ids in the whole training set, each of a task held here), in that order."""
+        j = np.searchsorted(self.starts, ids, side="right") - 1
+        idx = torch.from_numpy(self.offsets[j] + ids - self.starts[j])
+        return tuple(x[idx] for x in self.data)
+
+
 def train_sync(client: PSClient, a: DLRMArgs) -> tuple[DLRM, PSModule]:
     """Synchronous SGD on backup tables (docs/design.md, "Backup workers"): ``epochs`` x ``sync_steps``
     iterations; at each the worker reads w_t (``PSModule.pull``: the dense values and the tick, moved up
-    past iterations its dropped gradients missed), computes the gradient of its mini-batch
-    (``sync_batch``) and pushes it with the embedding rows it touched (``ServerOptimizer.step``, which
-    clocks). It reports per iteration ``objective`` (the batch's summed log-loss at w_t), ``samples`` and
+    past iterations its dropped gradients missed), computes the gradient of its mini-batch and pushes
+    it with the embedding rows it touched (``ServerOptimizer.step``, which clocks).
+
+    Where every gradient is applied (static k = the workers, ``follows_workers``) the mini-batches come
+    from the micro-tasks the worker runs (``microtasks.Draws`` over ``TaskSamples``: each task's samples
+    once per its pass, whichever worker runs it), whose states
+    are the worker's checkpoint state and move at a ``bosen scale`` boundary, as MLR's and the CNN's: a
+    resumed job (any worker count) draws on where its checkpoint left each task, and a lost worker's
+    replacement, restored at C, draws and drops one mini-batch for each iteration it clocks past
+    without a gradient (with k = n only a replacement does: its lost process drew those), so its
+    batches are the lost one's. With backup workers proper (k < n) each rank draws from its own share
+    of the samples by iteration (``sync_batch``, a pure function: nothing to save).
+
+    It reports per iteration ``objective`` (the batch's summed log-loss at w_t), ``samples`` and
     ``iteration``; rank 0 adds the held-out figures at the eval points it reaches. Returns the model
     and module, at w_T (the dense values pulled; the embeddings read through the module)."""
     rank, n = client.rank, client.num_workers
-    if client.restored_state() is not None:
-        raise ConfigError(f"{client.config.source}: the DLRM example's synchronous path (backup) does not resume "
-                          "from a checkpoint")
-    d = criteo.shard(a.spec, rank, n, a.train_samples)
-    dense, ids, labels = (torch.from_numpy(x) for x in (d.dense, a.keys(d.ids), d.labels))
-    steps = sync_steps(a, n)
+    source = client.config.source
+    net = model(a)
+    m = PSModule(net, client, clock_every=1)
+    opt = optimizer(a, m)
+    spec = cast(Any, client.config).table(m.table.name).backup if m.table is not None else None
+    saved = client.restored_state()
+    left = False
+    draws: microtasks.Draws | None = None
+    samples: TaskSamples | None = None
+    plan = folder = None
+    if spec is not None and follows_workers(spec, n):
+        T = microtasks.count(a.micro_tasks, n, saved)
+        if a.train_samples < T:
+            raise ConfigError(f"{source}: app.args.train_samples={a.train_samples} for {T} micro-tasks: every task "
+                              "needs a sample at least")
+        tasks, received, plan, folder = microtasks.start(T, rank, n, saved)
+        draws = microtasks.Draws(a.train_samples, tasks.mine, T, a.seed)
+        if saved is not None:
+            draws.load(microtasks.unpack(saved, draws.tasks, microtasks.Draws.NAMES), source)
+        if microtasks.join_clock() is not None:  # its tasks as their givers left them
+            draws.load(received, source)
+        samples = TaskSamples(a, draws.tasks, T)
+        client.checkpoint_state(lambda: microtasks.pack({t: draws.state(t) for t in draws.tasks})
+                                if draws is not None else {})
+    else:
+        if a.micro_tasks:
+            raise ConfigError(f"{source}: app.args.micro_tasks: the synchronous path runs micro-tasks only where "
+                              f"every gradient is applied (backup {{mode: static, k: {n}}} for {n} workers); with "
+                              "backup workers proper each rank draws from its own share: leave micro_tasks at 0")
+        d = criteo.shard(a.spec, rank, n, a.train_samples)
+        share = tuple(torch.from_numpy(x) for x in (d.dense, a.keys(d.ids), d.labels))
+    steps = sync_steps(a, n)  # an epoch: a pass of the workers the job was launched (or resumed) with
     total = a.epochs * steps
+    if plan is not None:  # no boundary at or past the last iteration's end: nothing would run on a moved task
+        plan.ends_at(total)
     points = sorted({e * steps + p for e in range(a.epochs) for p in eval_steps(steps, a.evals_per_epoch, 1)})
     test = criteo.generate(a.spec, 0, a.test_samples, criteo.HELDOUT) if rank == 0 else None
     if test is not None:
         test = dataclasses.replace(test, ids=a.keys(test.ids))
     teacher = criteo.auc(test.prob, test.labels) if test is not None else None
-    net = model(a)
-    m = PSModule(net, client, clock_every=1)
-    opt = optimizer(a, m)
-    size = len(d)
+
+    def boundary() -> bool:
+        """After a clock: where the job's workers change from this clock on, hand tasks off and draw from
+        ours; False: this worker left the job here (as MLR's and the CNN's ``_train_sync``)."""
+        nonlocal draws, samples, left
+        tick = cast(Any, client).tick  # bosen.client.Client's
+        if plan is None or folder is None or draws is None or samples is None or (new := plan.at(tick, T)) is None:
+            return True
+        kept = {t: draws.state(t) for t in draws.tasks if new[t] == rank}
+        got = tasks.handoff(tick, new, folder, draws.state)
+        if plan.leaving(end=client.end_clocks):  # its clocks end here: nobody's step waits on it meanwhile
+            left = True
+            return False
+        draws = microtasks.Draws(a.train_samples, tasks.mine, T, a.seed)
+        draws.load({**kept, **got}, source)
+        samples = TaskSamples(a, draws.tasks, T, samples.parts)
+        return True
+
+    def skipping(it: int) -> None:
+        """Before a clock with no gradient: with every gradient applied only a replacement clocks so (up to
+        the iteration its lost process reached), and that process drew a mini-batch for the iteration
+        before its clock (so a checkpoint part written at that clock holds the draw)."""
+        if draws is not None:
+            draws.draw(a.batch_size)
+
     while True:
-        m.pull()  # w_t, and t
+        m.pull(boundary, skipping)  # w_t, and t
         it = m.iteration
         fields: dict[str, Any] = {}
         if test is not None and points and points[0] <= it:  # the eval points this worker reached
             while points and points[0] <= it:
                 points.pop(0)
             fields.update(heldout(net, test), teacher_auc=teacher)
-        if it >= total:
+        if left or it >= total:
             if fields:
                 client.report(iteration=it, **fields)
             break
-        idx = torch.from_numpy(sync_batch(a, rank, size, steps, it))
-        loss = F.binary_cross_entropy_with_logits(net(dense[idx], ids[idx]), labels[idx])
+        if draws is not None and samples is not None:
+            dense, ids, labels = samples.batch(draws.draw(a.batch_size))
+        else:
+            idx = torch.from_numpy(sync_batch(a, rank, len(share[2]), steps, it))
+            dense, ids, labels = (x[idx] for x in share)
+        loss = F.binary_cross_entropy_with_logits(net(dense, ids), labels)
         opt.zero_grad()
         loss.backward()
-        client.report(objective=float(loss.detach()) * idx.shape[0], samples=idx.shape[0], iteration=it, **fields)
+        client.report(objective=float(loss.detach()) * labels.shape[0], samples=labels.shape[0], iteration=it,
+                      **fields)
         opt.step()  # the gradient of iteration t, then the clock that completes it
+        if not boundary():
+            break
     return net, m
 
 

@@ -3,19 +3,28 @@ AUC stated against the teacher's, the Bayes-optimal ranking), and the model's tw
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
 from conftest import REPO
 
+import bosen
+from bosen import checkpoint
+from bosen.apps import microtasks as M
 from bosen.apps.pytorch.examples import criteo, dlrm
 from bosen.apps.pytorch.layout import Layout
 from bosen.config import from_dict
@@ -110,20 +119,36 @@ def test_eval_points_and_bad_arguments():
         dlrm.tables({"embedding": "one"}, Path("unused"))
     with pytest.raises(ValueError, match="app.args.dense_staleness: must be >= 0"):
         dlrm.tables({"dense_staleness": -1}, Path("unused"))
-    # the synchronous path: plain SGD on the servers, dense storage, no micro-tasks (it cannot scale)
+    # the synchronous path: plain SGD on the servers, dense storage
     sync = {"backup": {"mode": "static", "k": 2}}
     with pytest.raises(ValueError, match="optimizer: with backup the servers take plain SGD steps"):
         dlrm.DLRMArgs(**sync)
     with pytest.raises(ValueError, match="backup: needs storage: dense"):
         dlrm.DLRMArgs(**sync, optimizer="sgd", storage="sparse")
-    assert "its workers cannot change" in (dlrm.not_elastic(sync) or "")
+    assert "its workers cannot change" in (dlrm.not_elastic(sync, 3) or "")  # backup workers proper: k < n
+    assert dlrm.not_elastic(sync, 2) is None  # every gradient applied: the micro-tasks move
+
+
+def test_a_workers_task_samples_are_the_training_sets_by_id():
+    """``TaskSamples`` holds the shares of the tasks it is given (generated apart, kept ones reused) and
+    gathers drawn ids, in their order, as the whole training set has them."""
+    a = from_dict(dlrm.DLRMArgs, {**SYNC, "train_samples": 100}, "app.args")
+    full = criteo.generate(a.spec, 0, 100)
+    mine = dlrm.TaskSamples(a, [3, 1], 4)
+    ids = np.concatenate([M.share(100, 3, 4)[[4, 0, 20]], M.share(100, 1, 4)[[0, 24, 3]]])
+    got = mine.batch(ids)
+    for x, want in zip(got, (full.dense, full.ids, full.labels), strict=True):
+        np.testing.assert_array_equal(x.numpy(), want[ids])
+    moved = dlrm.TaskSamples(a, [1, 2], 4, mine.parts)
+    assert moved.parts[1] is mine.parts[1]
+    np.testing.assert_array_equal(moved.batch(M.share(100, 2, 4))[1].numpy(), full.ids[M.share(100, 2, 4)])
 
 
 def test_hybrid_mode_keeps_one_micro_task_per_rank_and_says_why_it_cannot_scale():
     with pytest.raises(ValueError, match="micro_tasks: hybrid mode .* one task each: leave micro_tasks at 0"):
         dlrm.DLRMArgs(dense="allreduce", micro_tasks=4)
-    assert dlrm.ELASTIC and dlrm.not_elastic({"micro_tasks": 8}) is None
-    assert "its workers cannot change while it runs" in (dlrm.not_elastic({"dense": "allreduce"}) or "")
+    assert dlrm.ELASTIC and dlrm.not_elastic({"micro_tasks": 8}, 2) is None
+    assert "its workers cannot change while it runs" in (dlrm.not_elastic({"dense": "allreduce"}, 2) or "")
 
 
 # the synchronous path (backup tables with embeddings): a DLRM small enough for a few seconds
@@ -150,58 +175,177 @@ def _sync_job(bosen_cluster, bosen_procs, folder: Path, n: int, args: dict) -> C
     return finish
 
 
-@pytest.mark.timeout(150)
-@pytest.mark.slow
-def test_sync_dlrm_is_sgd_on_the_mean_gradient_and_learns_with_backup_workers(bosen_cluster, bosen_procs, tmp_path):
-    """Two jobs at once (their start-up overlaps), every table a backup table over two servers.
-
-    Static k = n: the servers' steps equal a single-process replay of the same mini-batches, SGD on the
-    mean of the n gradients (the fused embedding's: the rows each batch touched, summed over the
-    workers, / n), to float32 rounding; rows no batch touched keep their first values.
-
-    Static k = 1 of 2: each iteration every table takes one worker's gradient (at lr * k / n) and drops
-    or never gets the other's; 64 iterations still lift the held-out AUC well above the initial
-    model's (single-process SGD on one worker's 64 batches at that rate: 0.58, the teacher's 0.84)."""
-    n = 2
-    exact = {**SYNC, "backup": {"mode": "static", "k": n}}
-    drops = {**SYNC, "lr": 2.0, "train_samples": 4096, "test_samples": 2000, "backup": {"mode": "static", "k": 1}}
-    jobs = [_sync_job(bosen_cluster, bosen_procs, tmp_path / name, n, args)
-            for name, args in (("exact", exact), ("drops", drops))]
-    # the replay, while the jobs run
-    a = from_dict(dlrm.DLRMArgs, exact, "app.args")
-    steps = dlrm.sync_steps(a, n)
+def _replay(a: dlrm.DLRMArgs, iterations: int, T: int, ranks_at: Callable[[int], list[int]]
+            ) -> tuple[dlrm.DLRM, np.ndarray, dict[int, M.Draws]]:
+    """The synchronous path with every gradient applied, in one process: each iteration every rank of
+    ``ranks_at(it)`` draws its mini-batch from the micro-tasks it owns then (``M.assign``), and SGD steps
+    on the mean of their gradients at ``lr`` (static k = n). Returns the model, the embedding rows some
+    batch touched, and each task's sampler (``Draws``) after the last iteration."""
     ref = dlrm.model(a)
-    shards = [criteo.shard(a.spec, r, n, a.train_samples) for r in range(n)]
+    full = criteo.generate(a.spec, 0, a.train_samples)
+    data = [torch.from_numpy(x) for x in (full.dense, full.ids, full.labels)]
+    tasks = {t: M.Draws(a.train_samples, [t], T, a.seed) for t in range(T)}
     touched = np.zeros(ref.emb.weight.shape[0], dtype=bool)
-    for t in range(steps):
+    for it in range(iterations):
+        ranks = ranks_at(it)
+        owners = M.assign(T, ranks)
         ref.zero_grad()
-        for r, d in enumerate(shards):
-            idx = dlrm.sync_batch(a, r, len(d), steps, t)
-            x, ids, y = (torch.from_numpy(v[idx]) for v in (d.dense, d.ids, d.labels))
+        for r in ranks:
+            mine = M.owned(owners, r).tolist()
+            cuts = np.diff(np.linspace(0, a.batch_size, len(mine) + 1).round().astype(np.int64)).tolist()
+            idx = torch.from_numpy(np.concatenate([tasks[t].draw(k) for t, k in zip(mine, cuts, strict=True)]))
+            x, ids, y = (v[idx] for v in data)
             touched[(ids + ref.offsets).view(-1).numpy()] = True
             F.binary_cross_entropy_with_logits(ref(x, ids), y).backward()
         with torch.no_grad():
             for p in ref.parameters():
-                p.add_(p.grad, alpha=-a.lr / n)
+                p.add_(p.grad, alpha=-a.lr / len(ranks))
+    return ref, touched, tasks
+
+
+def _sync_launch(tmp_path: Path, args: dict, every: int) -> Path:
+    """The config of a launched synchronous DLRM job: two servers, two workers, checkpoints."""
+    cfg = {"cluster": {"servers": ["127.0.0.1:0", "127.0.0.1:0"], "workers": 2},
+           "checkpoint": {"every_clocks": every, "keep": 100},
+           "app": {"module": "bosen.apps.pytorch.examples.dlrm", "tables": "bosen.apps.pytorch.examples.dlrm:tables",
+                   "args": args}}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(cfg))  # JSON is YAML
+    return path
+
+
+def _until(p: subprocess.Popen, done: Callable[[], bool], what: str, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert p.poll() is None, f"the job ended before {what}:\n{p.stdout.read() if p.stdout else ''}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g}s"
+        time.sleep(0.02)
+
+
+def _complete(run: Path, clock: int, workers: int | None = 2) -> bool:
+    try:
+        checkpoint.check_complete(run / "checkpoints", clock, 2, workers, None)
+        return True
+    except checkpoint.CheckpointError:
+        return False
+
+
+def _first_worker(p: subprocess.Popen, rank: int) -> psutil.Process:
+    """The launcher's first process of worker ``rank`` (not a replacement)."""
+    found = []
+    for c in psutil.Process(p.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            env = c.environ()
+            if env.get("BOSEN_RANK") == str(rank) and "BOSEN_REJOIN" not in env and "bosen.server" not in c.cmdline():
+                found.append(c)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def _saved(run: Path, clock: int, tables: dict, workers: int | None = 2) -> tuple[dict, dict, dict]:
+    """Checkpoint ``clock``: each of ``tables``' values (both servers' rows), each server's backup arrays
+    of each table (``p<i>.*``), and the workers' ``task.*`` arrays."""
+    parts = checkpoint.check_complete(run / "checkpoints", clock, 2, workers, None)
+    values = {n: np.full((t["rows"], t["cols"]), np.nan, np.float32) for n, t in tables.items()}
+    backup: dict[str, list[dict]] = {n: [] for n in tables}
+    tasks: dict[str, np.ndarray] = {}
+    for name, part in parts.items():
+        arrays = part.load()
+        if name.startswith("worker-"):
+            tasks.update({k: v for k, v in arrays.items() if k.startswith("task.")})
+            continue
+        for i, n in enumerate(tables):
+            values[n][arrays[f"t{i}.rows"]] = arrays[f"t{i}.values"]
+            backup[n].append({k.split(".", 1)[1]: v for k, v in arrays.items() if k.startswith(f"p{i}.")})
+    assert not any(np.isnan(v).any() for v in values.values())
+    return values, backup, tasks
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_a_synchronous_dlrm_job_survives_a_lost_worker_a_resume_and_a_scale_out_with_the_values_of_a_replay(tmp_path):
+    """Static k = n (every gradient applied), 3 micro-tasks, 2 servers, checkpoints every 4 iterations.
+    Worker 1 is held before its CLOCK(10) (its gradient of 9 sent, not completed) and SIGKILLed there:
+    the launcher replaces it from the checkpoint at 8, the servers keep w_9 and wait for rank 1's
+    gradient of 9, and the replacement, its task's sampler restored at 8, draws and drops iteration 8's
+    mini-batch as it clocks up to 9, so it computes the lost one's gradient. Then worker 0 holds before
+    CLOCK(18), the job is stopped (SIGKILL) once the checkpoint at 16 is complete and resumed from it
+    (``bosen launch --resume``), and the resumed job is scaled 2 -> 3 workers (``bosen scale``: the tasks
+    move at B). A checkpoint past B equals a single-process replay of SGD on the mean of the job's
+    workers' gradients (2 before B, 3 from B) to float32 rounding (rows no batch touched keep their
+    first values), every step took all the workers' gradients (nothing dropped), and every task's
+    sampler is where the replay's is."""
+    args = {**SYNC, "epochs": 500, "micro_tasks": 3, "backup": {"mode": "static", "k": 2}}  # 6 iterations an epoch
+    tables = dlrm.tables(args, tmp_path / "t")
+    path, run = _sync_launch(tmp_path, args, every=4), (tmp_path / "run").resolve()
+    go, go2 = tmp_path / "go", tmp_path / "go2"
+    env = {**os.environ, "BOSEN_FAULT": f"hold-before-clock:1:10:{go};hold-before-clock:0:18:{go2}"}
+    launch = [sys.executable, "-m", "bosen", "launch", str(path), "--run-dir", str(run), "--no-plot"]
+    with (tmp_path / "launch.out").open("w") as log:
+        p = subprocess.Popen(launch, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
+    try:
+        _until(p, lambda: Path(f"{go}.held").exists() and _complete(run, 8), "worker 1 held at 10, checkpoint 8")
+        _first_worker(p, 1).kill()
+        go.touch()  # the replacement goes on past 10
+        _until(p, lambda: Path(f"{go2}.held").exists() and _complete(run, 16), "worker 0 held at 18, checkpoint 16")
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    out = (tmp_path / "launch.out").read_text()
+    assert "worker-1 was killed by SIGKILL: replacing it from the checkpoint at clock 8" in out, out[-3000:]
+    assert not _complete(run, 20)
+    with (tmp_path / "resume.out").open("w") as log:
+        p = subprocess.Popen([*launch[:5], "--resume", str(run), "--no-plot"], stdout=log, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+    try:
+        _until(p, lambda: _complete(run, 20), "the resumed job's checkpoint at 20")
+        lines: list[str] = []
+        bosen.scale(run, workers=3, out=lines.append)
+        [b] = (int(m) for m in re.findall(r"committed: micro-tasks move at clock (\d+)", "\n".join(lines)))
+        c = b + 8 - b % 4  # a checkpoint with an iteration of 3 workers before it
+        _until(p, lambda: _complete(run, c, 3), f"a checkpoint at {c}", timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert "resuming from the checkpoint at clock 16" in (tmp_path / "resume.out").read_text()
+    a = from_dict(dlrm.DLRMArgs, args, "app.args")
+    ref, touched, samplers = _replay(a, c, 3, lambda it: [0, 1] if it < b else [0, 1, 2])
+    values, backup, tasks = _saved(run, c, tables, 3)
     dense = Layout.of(ref).values(ref).reshape(-1)
+    np.testing.assert_allclose(values["params"].reshape(-1)[:dense.size], dense, rtol=1e-5, atol=2e-6)
+    np.testing.assert_allclose(values["emb"], ref.emb.weight.detach().numpy(), rtol=1e-5, atol=2e-6)
+    init = dlrm.model(a).emb.weight.detach().numpy()
+    assert not np.allclose(values["emb"][touched], init[touched], atol=1e-4)  # the rows the batches touched moved
+    np.testing.assert_array_equal(values["emb"][~touched], init[~touched])  # and only those
+    for shards_of in backup.values():
+        assert len(shards_of) == 2
+        for k in shards_of:
+            assert k["k_history"].tolist() == [2] * b + [3] * (c - b) and k["counts"][1:3].tolist() == [0, 0], b
+    for t, d in samplers.items():
+        for name, want in d.state(t).items():
+            np.testing.assert_array_equal(tasks[M.key(t, name)], want, err_msg=f"task {t} {name}")
+    print(f"B {b}, checkpoint {c}: dense off by {np.abs(values['params'].reshape(-1)[:dense.size] - dense).max():.2g}, "
+          f"embeddings by {np.abs(values['emb'] - ref.emb.weight.detach().numpy()).max():.2g}")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.slow
+def test_sync_dlrm_learns_with_backup_workers(bosen_cluster, bosen_procs, tmp_path):
+    """Static k = 1 of 2, every table a backup table over two servers: each iteration every table takes
+    one worker's gradient (at lr * k / n) and drops or never gets the other's; 64 iterations still lift
+    the held-out AUC well above the initial model's (single-process SGD on one worker's 64 batches at
+    that rate: 0.58, the teacher's 0.84). (Static k = n, where every gradient is applied:
+    ``test_a_synchronous_dlrm_job_survives_...`` below, against a replay.)"""
+    n = 2
+    drops = {**SYNC, "lr": 2.0, "train_samples": 4096, "test_samples": 2000, "backup": {"mode": "static", "k": 1}}
+    job = _sync_job(bosen_cluster, bosen_procs, tmp_path / "drops", n, drops)
     b_ = from_dict(dlrm.DLRMArgs, drops, "app.args")
     test = criteo.generate(b_.spec, 0, b_.test_samples, criteo.HELDOUT)
     start = criteo.auc(dlrm.scores(dlrm.model(b_), test), test.labels)
 
-    out, backup = jobs[0]()
-    for o in out:
-        assert o["iteration"].tolist() == [steps, steps]
-        np.testing.assert_allclose(o["dense"][:dense.size], dense, rtol=1e-5, atol=2e-6)
-        np.testing.assert_allclose(o["emb0"], ref.emb.weight.detach().numpy(), rtol=1e-5, atol=2e-6)
-    init = dlrm.model(a).emb.weight.detach().numpy()
-    assert not np.allclose(out[0]["emb0"][touched], init[touched], atol=1e-4)  # the rows the batches touched moved
-    np.testing.assert_array_equal(out[0]["emb0"][~touched], init[~touched])  # and only those
-    assert sorted(backup) == ["emb", "params"]
-    for shards_of in backup.values():
-        for b in shards_of:
-            assert b["k_history"] == [n] * steps and b["dropped_late"] == 0 and b["dropped_repeat"] == 0
-
-    out, backup = jobs[1]()
+    out, backup = job()
     steps = dlrm.sync_steps(b_, n)
     auc = out[0]["auc"].tolist()
     assert len(auc) == 1 and auc[0] > max(0.55, start + 0.03), (auc, start)

@@ -29,6 +29,9 @@ from bosen.jobs.scale import ScaleError, launcher_status
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[ray]'")
 from ray.cluster_utils import Cluster  # noqa: E402
 
+# one Ray cluster for the file (``ray_cluster``): pytest-xdist runs all of its tests in one process
+pytestmark = pytest.mark.xdist_group("ray")
+
 TICKS = 6
 ROLES = {"server_resources": {"ps": 1}, "worker_resources": {"trainer": 1}}  # servers and workers apart
 
