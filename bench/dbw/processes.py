@@ -200,9 +200,22 @@ def load(paths: list[str]) -> dict[tuple[str, int, float, str], dict[str, Any]]:
     return out
 
 
+SETTINGS = ("workers", "unit_s", "lr", "batch", "target", "cap")  # what a job line of --from must share
+
+
+def check_same(done: dict[tuple[str, int, float, str], dict[str, Any]], a: argparse.Namespace) -> None:
+    """Refuse earlier job lines run with other settings than this run's: they would not compare."""
+    for key, rec in done.items():
+        for name in SETTINGS:
+            if not math.isclose(float(rec[name]), float(getattr(a, name)), rel_tol=1e-4):
+                raise ValueError(f"--from: the job {key} ran with {name} = {rec[name]}, this run has "
+                                 f"{getattr(a, name)}")
+
+
 def run(a: argparse.Namespace, methods: list[tuple[str, BackupConfig]]) -> list[dict[str, Any]]:
     """Every planned job not in ``--from``, one line each as it ends; all job lines, old and new."""
     done = load(a.from_files or [])
+    check_same(done, a)
     cfgs = dict(methods)
     cfgs["dynamic"] = BackupConfig(mode="dynamic")
     todo = [j for j in plan(a, methods) if j.key not in done]

@@ -43,7 +43,7 @@ def test_the_processes_run_is_seed_major_and_skips_the_jobs_of_an_earlier_run(tm
     from argparse import Namespace
 
     from bench.dbw.__main__ import methods
-    from bench.dbw.processes import load, plan
+    from bench.dbw.processes import check_same, load, plan
 
     a = Namespace(seeds=3, alphas=[0.0, 1.0], experiments=["alpha", "slowdown"], slow_seeds=2)
     jobs = plan(a, methods(2, ["static2", "dynamic"]))
@@ -54,6 +54,11 @@ def test_the_processes_run_is_seed_major_and_skips_the_jobs_of_an_earlier_run(tm
     earlier = tmp_path / "run.jsonl"
     earlier.write_text("not json\n" + json.dumps({"bench": "dbw", "case": "alpha=0 static2"}) + "\n" +
                        json.dumps({"job": True, "experiment": "alpha", "seed": 0, "alpha": 1, "method": "dynamic",
-                                   "time_to_target": None}) + "\n")
+                                   "time_to_target": None, "workers": 2, "unit_s": 0.05, "lr": 1.0, "batch": 16,
+                                   "target": 0.4, "cap": 150.0}) + "\n")
     done = load([str(earlier)])
     assert list(done) == [jobs[4].key] and done[jobs[4].key]["time_to_target"] is None
+    same = Namespace(workers=2, unit_s=0.05, lr=1.0, batch=16, target=0.4, cap=150)
+    check_same(done, same)
+    with pytest.raises(ValueError, match="unit_s = 0.05, this run has 0.1"):
+        check_same(done, Namespace(**{**vars(same), "unit_s": 0.1}))
