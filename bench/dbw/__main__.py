@@ -16,9 +16,10 @@ summary lines, ``baseline``, ``baseline_name`` and ``ratio`` (baseline / DBW: ab
   for 10 iterations (how long DBW takes to notice), and k_t's mean 20-40 iterations after.
 
 Default: the virtual-clock simulation (``bench/dbw/sim.py``: the servers' own ``BackupStep``), the
-only way to repeat a run over many seeds on a small machine. ``--processes`` runs the ``alpha``
-experiment as real jobs instead (servers and n MLR worker processes over loopback, round trips
-injected as sleeps of ``--unit-s`` per time unit; a machine with a core per worker): wall seconds.
+only way to repeat a run over many seeds on a small machine. ``--processes`` runs both as real jobs
+instead (``bench/dbw/processes.py``: a server and n MLR worker processes over loopback per job,
+round trips injected as sleeps of ``--unit-s`` per time unit, a job stopped at its target or after
+``--cap`` time units; one JSON line per job as it ends, ``--from`` to resume): wall seconds.
 ``--quick``: 4 workers, 3 seeds, fewer alphas, for CI.
 """
 
@@ -27,10 +28,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import tempfile
 import time
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -82,10 +80,10 @@ def alpha_sim(a: argparse.Namespace, ds: D.Dataset) -> None:
                  ours=s["median"], experiment="alpha", clock="virtual", workers=a.workers, alpha=alpha, method=name,
                  lr=cfg.lr if cfg.mode != "static" else a.lr * (cfg.k or 1) / a.workers, batch=a.batch,
                  target=a.target, seeds=a.seeds, time_to_target=s, mean_k=statistics.mean(ks))
-        _summary(a, alpha, medians, VIRTUAL)
+        _summary(a, alpha, medians, VIRTUAL, a.seeds)
 
 
-def _summary(a: argparse.Namespace, alpha: float, medians: dict[str, float], unit: str) -> None:
+def _summary(a: argparse.Namespace, alpha: float, medians: dict[str, float], unit: str, seeds: int) -> None:
     """Two lines: DBW against the best static k, and against B-DBW (median times; ratio = baseline /
     DBW, above 1 when DBW is faster)."""
     if not ("dynamic" in medians and "blind" in medians and any(k.startswith("static") for k in medians)):
@@ -96,70 +94,65 @@ def _summary(a: argparse.Namespace, alpha: float, medians: dict[str, float], uni
     for vs, base in (("best static", best), ("B-DBW", "blind")):
         emit(bench="dbw", case=f"alpha={alpha:g} DBW vs {vs}", metric="time_to_target", unit=unit, ours=dbw,
              baseline=medians[base], baseline_name=base, ratio=medians[base] / dbw, experiment="alpha",
-             summary=True, workers=a.workers, alpha=alpha, seeds=a.seeds,
+             summary=True, workers=a.workers, alpha=alpha, seeds=seeds,
              **({"within_10pct": bool(dbw <= 1.1 * medians[base])} if base == best else {}))
 
 
 def slowdown_sim(a: argparse.Namespace, ds: D.Dataset) -> None:
+    from bench.dbw.processes import slowdown_stats
     from bench.dbw.sim import simulate
 
-    n, half = a.workers, a.workers // 2
+    n = a.workers
     detect, after = [], []
     for seed in range(a.seeds):
         cfg = BackupConfig(mode="dynamic", lr=a.lr, window=a.window, memory=a.memory)
         r = simulate(ds, cfg, n, a.batch, DelayArgs(mean_s=1.0, alpha=0.0, seed=seed, slow_from=a.slow_from),
                      0.0, math.inf, max_steps=a.slow_from + 40)
-        k = r.k
-        first = next((t for t in range(a.slow_from, len(k) - 9) if max(k[t:t + 10]) <= half), None)
-        detect.append(math.inf if first is None else first - a.slow_from)
-        after.append(float(np.mean(k[a.slow_from + 20:a.slow_from + 40])))
+        st = slowdown_stats(r.k, a.slow_from, n // 2)
+        detect.append(st["iterations_to_half"])
+        after.append(st["k_after"])
         emit(bench="dbw", case=f"slowdown seed={seed}", metric="iterations_to_half", unit="iterations",
              ours=detect[-1], experiment="slowdown", clock="virtual", workers=n, seed=seed, slow_from=a.slow_from,
-             k_before=float(np.mean(k[max(0, a.slow_from - 10):a.slow_from])), k_after=after[-1], k=k)
+             k_before=st["k_before"], k_after=after[-1], k=r.k)
+    _slowdown_summary(a, detect, after, clock="virtual")
+
+
+def _slowdown_summary(a: argparse.Namespace, detect: list[float], after: list[float], clock: str) -> None:
     emit(bench="dbw", case="slowdown", metric="k_after", unit="gradients per step", ours=_spread(after)["median"],
-         experiment="slowdown", summary=True, workers=n, seeds=a.seeds, slow_from=a.slow_from,
-         iterations_to_half=_spread(detect), k_after=_spread(after), half=half,
+         experiment="slowdown", summary=True, clock=clock, workers=a.workers, seeds=len(detect),
+         slow_from=a.slow_from, iterations_to_half=_spread(detect), k_after=_spread(after), half=a.workers // 2,
          within_20=bool(all(d <= 20 for d in detect)))
 
 
-def alpha_processes(a: argparse.Namespace) -> None:
-    """Real jobs (``bosen launch``): servers and MLR worker processes; wall seconds to the target from
-    the first iteration (rank 0 evaluates the training loss of every iteration's value)."""
-    from bosen.jobs.job import job_config, run_job, write_config
+def processes(a: argparse.Namespace) -> None:
+    """Real jobs (``bench/dbw/processes.py``), one line each, then the summary of every job line."""
+    from bench.dbw import processes as P
 
+    recs = P.run(a, methods(a.workers, a.methods))
+    unit = "s"
     for alpha in a.alphas:
+        mine = [r for r in recs if r["experiment"] == "alpha" and float(r["alpha"]) == alpha]
+        names = [m for m, _ in methods(a.workers, a.methods)]
+        seeds = sorted(set.intersection(*({r["seed"] for r in mine if r["method"] == m} for m in names)))
+        if not seeds:
+            continue
         medians: dict[str, float] = {}
-        for name, cfg in methods(a.workers, a.methods):
-            times = []
-            for seed in range(a.seeds):
-                bk: dict[str, Any] = {"mode": cfg.mode, "lr": a.lr, "window": a.window, "memory": a.memory}
-                if cfg.k is not None:
-                    bk["k"] = cfg.k
-                app = {"module": "bosen.apps.mlr", "args": {
-                    "data": "digits", "holdout": 0.0, "batch_size": a.batch, "epochs": a.iterations,
-                    "eval_every": 1, "seed": seed, "delay": {"mean_s": a.unit_s, "alpha": alpha, "seed": seed}}}
-                tables = {"W": {"rows": 10, "cols": 65, "dtype": "float64", "init": {"zeros": True}, "backup": bk}}
-                with tempfile.TemporaryDirectory() as tmp:
-                    path = write_config(Path(tmp) / "job.yaml", job_config(["127.0.0.1:0"], a.workers, tables=tables,
-                                                                          app=app))
-                    run = run_job(path, Path(tmp) / "run", timeout=a.timeout, cwd=REPO).check()
-                    times.append(_reached(run.kind("worker"), a.target))
+        for name in names:
+            got = {r["seed"]: r for r in mine if r["method"] == name and r["seed"] in seeds}
+            times = [math.inf if got[s]["time_to_target"] is None else float(got[s]["time_to_target"]) for s in seeds]
             s = _spread(times)
             medians[name] = s["median"]
-            emit(bench="dbw", case=f"alpha={alpha:g} {name}", metric="time_to_target", unit="s", ours=s["median"],
+            emit(bench="dbw", case=f"alpha={alpha:g} {name}", metric="time_to_target", unit=unit, ours=s["median"],
                  experiment="alpha", clock="wall", workers=a.workers, alpha=alpha, method=name, unit_s=a.unit_s,
-                 lr=a.lr, batch=a.batch, target=a.target, seeds=a.seeds, time_to_target=s)
-        _summary(a, alpha, medians, "s")
-
-
-def _reached(records: list[dict[str, Any]], target: float) -> float:
-    """Seconds from rank 0's first report (its first gradient: process start-up left out) to its
-    first report of a training loss at most ``target``."""
-    mine = [r for r in records if r.get("rank") == 0 and "train_loss" in r]
-    for rec in mine:
-        if rec["train_loss"] <= target:
-            return float(rec["time"]) - float(mine[0]["time"])
-    return math.inf
+                 lr=a.lr, batch=a.batch, target=a.target, cap=a.cap, seeds=len(seeds), time_to_target=s,
+                 mean_k=statistics.mean(float(got[s]["mean_k"]) for s in seeds),
+                 cpu_cores=statistics.median(float(got[s]["cpu_cores"]) for s in seeds),
+                 load=[min(got[s]["loadavg"][0] for s in seeds), max(got[s]["loadavg"][0] for s in seeds)])
+        _summary(a, alpha, medians, unit, len(seeds))
+    slow = [r for r in recs if r["experiment"] == "slowdown"]
+    if slow:
+        _slowdown_summary(a, [float(r["iterations_to_half"]) for r in slow], [float(r["k_after"]) for r in slow],
+                          clock="wall")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -179,18 +172,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--memory", type=float, default=BackupConfig.memory, help="backup.memory")
     p.add_argument("--methods", nargs="+", default=None, help="only these (static1.., dynamic, blind)")
     p.add_argument("--experiments", nargs="+", default=["alpha", "slowdown"], choices=["alpha", "slowdown"])
-    p.add_argument("--processes", action="store_true", help="real jobs (one core per worker wanted), wall time")
+    p.add_argument("--processes", action="store_true", help="real jobs (bench/dbw/processes.py), wall time")
     p.add_argument("--unit-s", type=float, default=0.05, help="--processes: seconds per time unit")
     p.add_argument("--iterations", type=int, default=400, help="--processes: most iterations of a job")
-    p.add_argument("--timeout", type=float, default=300.0, help="--processes: seconds one job may take")
+    p.add_argument("--cap", type=float, default=250.0, help="--processes: time units a job may take to the target")
+    p.add_argument("--parallel", type=int, default=1, help="--processes: jobs at a time (each its own processes)")
+    p.add_argument("--slow-seeds", type=int, default=None, help="--processes: slowdown seeds (default 5, --quick 1)")
+    p.add_argument("--from", dest="from_files", nargs="+", default=None,
+                   help="--processes: JSONL of earlier runs; their jobs are not run again and count in the summary")
     a = p.parse_args(argv)
     for key, full, quick in (("workers", 8, 4), ("seeds", 10, 3), ("alphas", [0.0, 0.2, 1.0], [0.0, 1.0]),
-                             ("slow_from", 40, 20)):
+                             ("slow_from", 40, 20), ("slow_seeds", 5, 1)):
         if getattr(a, key) is None:
             setattr(a, key, quick if a.quick else full)
     t0 = time.perf_counter()
     if a.processes:
-        alpha_processes(a)
+        processes(a)
+        emit(bench="dbw", done=True, seconds=time.perf_counter() - t0, data="digits", processes=True)
         return
     ds = dataset(a.data, a.samples)
     if "alpha" in a.experiments:

@@ -37,3 +37,28 @@ def test_quick_run_reports_each_method_and_the_summaries(capsys: pytest.CaptureF
     (slow,) = [r for r in lines if r.get("experiment") == "slowdown" and r.get("summary")]
     assert slow["ours"] <= 2.5, slow  # k_t 20-40 iterations after: n/2 = 2 for 4 workers
     assert lines[-1]["done"] is True
+
+
+def test_the_processes_run_is_seed_major_and_skips_the_jobs_of_an_earlier_run(tmp_path):
+    from argparse import Namespace
+
+    from bench.dbw.__main__ import methods
+    from bench.dbw.processes import check_same, load, plan
+
+    a = Namespace(seeds=3, alphas=[0.0, 1.0], experiments=["alpha", "slowdown"], slow_seeds=2)
+    jobs = plan(a, methods(2, ["static2", "dynamic"]))
+    assert [(j.experiment, j.seed, j.alpha, j.method) for j in jobs[:6]] == [
+        ("slowdown", 0, 0.0, "dynamic"), ("alpha", 0, 0.0, "static2"), ("alpha", 0, 0.0, "dynamic"),
+        ("alpha", 0, 1.0, "static2"), ("alpha", 0, 1.0, "dynamic"), ("slowdown", 1, 0.0, "dynamic")]
+    assert len(jobs) == 3 * 4 + 2
+    earlier = tmp_path / "run.jsonl"
+    earlier.write_text("not json\n" + json.dumps({"bench": "dbw", "case": "alpha=0 static2"}) + "\n" +
+                       json.dumps({"job": True, "experiment": "alpha", "seed": 0, "alpha": 1, "method": "dynamic",
+                                   "time_to_target": None, "workers": 2, "unit_s": 0.05, "lr": 1.0, "batch": 16,
+                                   "target": 0.4, "cap": 150.0}) + "\n")
+    done = load([str(earlier)])
+    assert list(done) == [jobs[4].key] and done[jobs[4].key]["time_to_target"] is None
+    same = Namespace(workers=2, unit_s=0.05, lr=1.0, batch=16, target=0.4, cap=150)
+    check_same(done, same)
+    with pytest.raises(ValueError, match="unit_s = 0.05, this run has 0.1"):
+        check_same(done, Namespace(**{**vars(same), "unit_s": 0.1}))

@@ -66,14 +66,18 @@ def test_static_k_applies_the_first_k_gradients_of_each_iteration_once(bosen_clu
 
 
 @pytest.mark.slow
-def test_dynamic_k_falls_to_half_after_half_the_workers_slow_down(bosen_cluster, bosen_procs):
+def test_dynamic_k_falls_to_half_after_half_the_workers_slow_down(bosen_cluster, bosen_procs, tmp_path):
     n, slow, iters = 4, 6, 34
+    start = tmp_path / "start"  # workers forked one after another begin together (else k_t < n before the slowdown)
     app = {"module": "bosen.apps.mlr", "args": {"data": "digits", "holdout": 0.0, "batch_size": 16,
                                                 "epochs": iters, "eval_every": 0,
-                                                "delay": {"mean_s": 0.05, "alpha": 0.0, "slow_from": slow}}}
+                                                "delay": {"mean_s": 0.05, "alpha": 0.0, "slow_from": slow,
+                                                          "start_file": str(start)}}}
     c = bosen_cluster(1, n, tables={"W": {"rows": 10, "cols": 65, "dtype": "float64",
                                           "backup": {"mode": "dynamic", "lr": 1.0}}}, app=app)
     ps = [bosen_procs.python(f"mlr{r}", "-m", "bosen.apps.mlr", "--config", c.path, "--rank", r) for r in range(n)]
+    assert wait_until(lambda: query(c.config["cluster"]["servers"][0])["clients_joined"] == n, 60, step=0.05)
+    start.touch()
     assert bosen_procs.wait_all(ps, 90) == [0] * n
     b = query(c.config["cluster"]["servers"][0])["tables"]["W"]["backup"]
     k = b["k_history"]
