@@ -242,7 +242,8 @@ class Launcher:
             # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
             with exporter.serving(self.config.metrics.port, merger, self.config.cluster.workers,
                                   self._servers, self._t0, self.security) as endpoint, \
-                    Zygote(self.run_dir / "logs" / "zygote.log", preload_for(self.config.app.module)) as zygote, \
+                    Zygote(self.run_dir / "logs" / "zygote.log", preload_for(self.config.app.module),
+                           fork_self=True) as zygote, \
                     self._process_group(zygote) as group:
                 if endpoint is not None:
                     self.say(f"metrics on http://{exporter.HOST}:{endpoint.port}/metrics")
