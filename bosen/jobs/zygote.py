@@ -271,6 +271,23 @@ class Zygote:
         os.close(out)
         return pid
 
+    def start(self) -> None:
+        """Start the zygote now rather than at the first ``spawn`` (a launcher's: before it runs the job's
+        own code, so that a fork of it is what an exec'd zygote would be). A failure leaves spawns to exec."""
+        with self._lock:
+            self._started()
+
+    def _started(self) -> bool:
+        if self.failed is not None:
+            return False
+        try:
+            if self.how is None:
+                self._start()
+        except OSError as e:
+            self.failed = f"could not start: {e}"
+            return False
+        return True
+
     def spawn(self, cmd: Sequence[str], env: Mapping[str, str], cwd: str | Path | None, out: int,
               err: int | None = None) -> int | None:
         """Fork ``cmd`` with ``env`` (the whole environment) in ``cwd``, stdout to fd ``out`` and
@@ -282,13 +299,7 @@ class Zygote:
             return None  # Popen raises the error that names it
         where = os.path.abspath(os.getcwd() if cwd is None else cwd)  # the zygote's own cwd may be another
         with self._lock:
-            if self.failed is not None:
-                return None
-            try:
-                if self.how is None:
-                    self._start()
-            except OSError as e:
-                self.failed = f"could not start: {e}"
+            if not self._started():
                 return None
             assert self._sock is not None
             if startup_difference(self._env, env) is not None:
@@ -317,6 +328,11 @@ class Zygote:
         if self._sock is not None:
             self._sock.close()  # the zygote exits at EOF
             self._sock = None
+        if self.forked == 0 and self.pid is not None:  # none of its work is wasted: no wait for its imports
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if self.popen is not None and self.popen.returncode is None:
             try:
                 self.popen.wait(10.0)
