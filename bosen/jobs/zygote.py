@@ -29,9 +29,10 @@ initializes CUDA, so a forked worker can, and the zygote
 refuses to serve if a Python thread is running when it would fork. numpy's OpenBLAS pool (native
 threads) is stopped around fork by OpenBLAS's own ``pthread_atfork`` handlers.
 
-A launcher's zygote (``fork_self``) is a fork of the launcher itself where that is what an exec'd one
-would be (``fork_unsafe``): it has most modules imported already (all of them, numba set up, where the
-launcher was itself forked from the test session's zygote), so it imports only what is left. The fork
+A launcher's zygote (``fork_self``, started by ``start`` before the launcher runs the app's code) is a
+fork of the launcher itself where that is what an exec'd one would be (``fork_unsafe``): it has most
+modules imported already (all of them, numba set up, where the launcher was itself forked from the test
+session's zygote), so it imports only what is left. The fork
 closes every other fd, resets signal handlers, shows an exec'd zygote's command line and never returns
 into the launcher's code; it is the launcher's child in its own process group, as the exec'd one is.
 

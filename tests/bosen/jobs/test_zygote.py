@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import wait_until
 from test_supervise import IGNORE_TERM, gone, wait_for_line, wait_gone
 
 from bosen.jobs.supervise import Forked, ProcessGroup
@@ -127,12 +128,19 @@ if how == "close":  # what makes a fork of this process unsafe, and that nothing
     print("unsafe thread:", fork_unsafe(env), flush=True)
     done.set()
     t.join()
+    deadline = time.monotonic() + 10.0  # a joined thread's OS thread may take a moment to leave /proc
+    while fork_unsafe(env) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert fork_unsafe(env) is None, fork_unsafe(env)
 if how == "thread":  # running while the zygote starts: it is exec'd
     threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
 zygote = Zygote(sys.argv[1] + "/zygote.log", fork_self=True)
+zygote.start()  # as a launcher does, before it runs the job's own code
+here = os.path.dirname(sys.argv[1])
+sys.path.insert(0, here)
+import lingers  # after the fork: the child below runs it as __main__ without finding it imported
 group = ProcessGroup(sys.argv[1], zygote=zygote)
-child = group.python("child", "-m", "http.server", "--bind", "127.0.0.1", "0")
+child = group.python("child", "-m", "lingers", env={"PYTHONPATH": here})
 assert zygote.forked == 1
 with open(f"/proc/{zygote.pid}/cmdline", "rb") as f:
     cmdline = f.read().replace(b"\\0", b" ").decode()
@@ -151,6 +159,9 @@ def test_no_zygote_outlives_its_owner(tmp_path: Path) -> None:
     thread runs); either way an owner that closes it leaves none, and one killed by SIGKILL takes its
     zygote and children with it."""
     (tmp_path / "owner.py").write_text(OWNER)
+    (tmp_path / "lingers.py").write_text("import sys, time\nif __name__ == '__main__':\n"
+                                         "    print('imported already:', 'lingers' in sys.modules, flush=True)\n"
+                                         "    time.sleep(120)\n")
     with ProcessGroup(tmp_path) as group:
         for how in ("close", "kill", "thread"):
             o = group.python(f"owner-{how}", tmp_path / "owner.py", tmp_path / how, how)
@@ -167,6 +178,10 @@ def test_no_zygote_outlives_its_owner(tmp_path: Path) -> None:
                 assert started.startswith("exec'd: ") and "threads are running" in started, started
             else:
                 assert started == "a fork of its supervisor", started
+            if how == "kill":  # its child lives until the owner dies
+                log = tmp_path / how / "child.log"
+                assert wait_until(lambda log=log: "imported already:" in log.read_text(), 60.0), log.read_text()
+                assert "imported already: False" in log.read_text()  # as in a fresh interpreter
             if how == "close":
                 assert "unsafe env: NUMBA_OPT differs from this interpreter's start" in out, out
                 assert re.search(r"unsafe zmq: \d+ threads are running \(native", out), out
