@@ -9,6 +9,7 @@ group), and a failing test's report carries the processes' logs.
 from __future__ import annotations
 
 import compileall
+import importlib.util
 import os
 import random
 import resource
@@ -35,7 +36,7 @@ from bosen.jobs.cluster import (
 )
 from bosen.jobs.job import job_config, write_config  # noqa: F401  (tests import them from here)
 from bosen.jobs.supervise import Forked, Process, ProcessGroup, tail  # noqa: F401
-from bosen.jobs.zygote import Zygote
+from bosen.jobs.zygote import PRELOAD, Zygote
 
 pytest_plugins = ("pytester",)  # tests/bosen/jobs/test_pytest_plugin.py runs pytest on small test files
 
@@ -99,6 +100,17 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     if extra:
         env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+@pytest.fixture(scope="session")
+def bosen_zygote(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The plugin's (bosen/jobs/pytest_plugin.py), with torch imported too where it is installed: a
+    launcher forked from it (``run_cmd``) and its own zygote, a fork of it (bosen/jobs/zygote.py), then
+    import torch no more; ~30 s of CPU less over 22 PyTorch tests, ~2.5 s more (the import, larger
+    forks) over 25 tests without torch (docs/design.md, the zygote)."""
+    preload = (*PRELOAD, "torch") if importlib.util.find_spec("torch") else PRELOAD
+    with Zygote(tmp_path_factory.mktemp("zygote") / "zygote.log", preload) as zygote:
+        yield zygote
 
 
 _ZYGOTE: list[Zygote] = []  # the session's (bosen_zygote), for run_cmd

@@ -172,6 +172,15 @@ class Launcher:
     def run(self) -> int:
         """Run the job to completion; 0 on success, 1 on failure (with the reason printed)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        with Zygote(self.run_dir / "logs" / "zygote.log", preload_for(self.config.app.module),
+                    fork_self=True) as zygote:
+            if self.ray is False:
+                # now, before any of the job's own code runs here (app_tables: the app's module, its model):
+                # a fork of this process is then what an exec'd zygote would be (bosen/jobs/zygote.py)
+                zygote.start()
+            return self._run(zygote)
+
+    def _run(self, zygote: Zygote) -> int:
         self.config = app_tables.resolve(self.config, self.run_dir / "tables")
         ck = self.config.checkpoint
         if ck is not None and not Path(ck.dir).is_absolute():  # every process finds it, whatever its cwd
@@ -205,7 +214,7 @@ class Launcher:
         try:
             while True:
                 try:
-                    merger = self._start_and_watch(cfg_path, resume_from, start)
+                    merger = self._start_and_watch(cfg_path, resume_from, start, zygote)
                     break
                 except RestartJob as e:  # every process has stopped (the process group's exit)
                     self.say(str(e))
@@ -229,7 +238,8 @@ class Launcher:
         self.say(f"done in {time.time() - start:.1f}s: {len(merger.done)} clocks; run directory {self.run_dir}")
         return 0
 
-    def _start_and_watch(self, cfg_path: Path, resume_from: Path | None, start: float) -> MetricsMerger:
+    def _start_and_watch(self, cfg_path: Path, resume_from: Path | None, start: float,
+                         zygote: Zygote) -> MetricsMerger:
         """One start of the job's processes (from checkpoint ``resume_from``, or from the beginning),
         watched until the workers finish; every process is stopped before it returns or raises."""
         # an earlier run's task plans and hand-offs: this run's workers start (from the checkpoint, resumed)
@@ -242,7 +252,6 @@ class Launcher:
             # launcher, which then stops them all here (SIGTERM, grace, SIGKILL)
             with exporter.serving(self.config.metrics.port, merger, self.config.cluster.workers,
                                   self._servers, self._t0, self.security) as endpoint, \
-                    Zygote(self.run_dir / "logs" / "zygote.log", preload_for(self.config.app.module)) as zygote, \
                     self._process_group(zygote) as group:
                 if endpoint is not None:
                     self.say(f"metrics on http://{exporter.HOST}:{endpoint.port}/metrics")

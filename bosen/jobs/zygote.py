@@ -29,6 +29,13 @@ initializes CUDA, so a forked worker can, and the zygote
 refuses to serve if a Python thread is running when it would fork. numpy's OpenBLAS pool (native
 threads) is stopped around fork by OpenBLAS's own ``pthread_atfork`` handlers.
 
+A launcher's zygote (``fork_self``, started by ``start`` before the launcher runs the app's code) is a
+fork of the launcher itself where that is what an exec'd one would be (``fork_unsafe``): it has most
+modules imported already (all of them, numba set up, where the launcher was itself forked from the test
+session's zygote), so it imports only what is left. The fork
+closes every other fd, resets signal handlers, shows an exec'd zygote's command line and never returns
+into the launcher's code; it is the launcher's child in its own process group, as the exec'd one is.
+
 Children share the zygote's hash seed (``PYTHONHASHSEED``), which a fresh interpreter would draw anew.
 ``BOSEN_FORK=0`` turns the zygote off (every child exec'd).
 """
@@ -106,6 +113,68 @@ def startup_difference(a: Mapping[str, str], b: Mapping[str, str]) -> str | None
     return None
 
 
+def _openblas_threads() -> int:
+    """The native threads of the OpenBLAS pools loaded here (numpy's, scipy's): they are the ones
+    that run while no Python thread does, and OpenBLAS stops them around fork itself."""
+    n = 0
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {line.split()[-1] for line in f if "openblas" in line.rsplit("/", 1)[-1]}
+    except OSError:
+        return 0
+    for path in libs:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in ("openblas_get_num_threads", "openblas_get_num_threads64_", "scipy_openblas_get_num_threads64_",
+                     "scipy_openblas_get_num_threads"):
+            if hasattr(lib, name):
+                n += max(0, int(getattr(lib, name)()) - 1)
+                break
+    return n
+
+
+def fork_unsafe(env: Mapping[str, str]) -> str | None:
+    """Why a zygote started with ``env`` may not be a fork of this process (None: it may). A fork is what an
+    exec'd zygote would be when this process runs no thread but OpenBLAS's pool (a thread running at
+    fork could hold a lock forever, in the fork), this interpreter had no
+    options (``-X``, ``-O``, ``-c``...) and its start-up environment (``/proc/self/environ``) equals
+    ``env`` in every variable read at start-up (``startup_difference``)."""
+    if threading.active_count() != 1:
+        return f"{threading.active_count()} Python threads are running"
+    try:
+        tasks = len(os.listdir("/proc/self/task"))
+        with open("/proc/self/environ", "rb") as f:
+            started = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    except OSError as e:
+        return f"cannot read /proc: {e}"
+    if tasks > 1 + _openblas_threads():
+        return f"{tasks} threads are running (native ones: ZeroMQ's, a thread pool's)"
+    argv = sys.orig_argv
+    if len(argv) < 2 or os.path.realpath(argv[0]) != os.path.realpath(sys.executable) or \
+            (argv[1].startswith("-") and argv[1] != "-m"):
+        return f"this interpreter ran with options: {argv[:2]}"
+    diff = startup_difference({os.fsdecode(k): os.fsdecode(v) for k, v in started.items()}, env)
+    if diff is not None:
+        return f"{diff} differs from this interpreter's start"
+    return None
+
+
+def _fresh_signals() -> None:
+    """Signal handlers as a fresh interpreter has them: Python handlers the default (exec resets
+    them), SIGINT KeyboardInterrupt; what is ignored stays ignored, as exec keeps it."""
+    signal.set_wakeup_fd(-1)
+    for sig in signal.valid_signals():
+        try:
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    if signal.getsignal(signal.SIGINT) == signal.SIG_DFL:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def _prctl() -> Any:
     return ctypes.CDLL(None, use_errno=True).prctl
 
@@ -117,13 +186,16 @@ class Zygote:
     leave behind, are reparented to it. ``log`` takes the zygote's own output (its errors).
     """
 
-    def __init__(self, log: str | Path, preload: Sequence[str] = PRELOAD) -> None:
+    def __init__(self, log: str | Path, preload: Sequence[str] = PRELOAD, fork_self: bool = False) -> None:
         self.log = Path(log)
         self.preload = tuple(preload)
+        self.fork_self = fork_self
         self.supervisor = os.getpid()
         self.failed: str | None = None  # why this zygote serves no more requests
         self.forked = 0  # children served
-        self.popen: subprocess.Popen[bytes] | None = None
+        self.popen: subprocess.Popen[bytes] | None = None  # the exec'd zygote
+        self.pid: int | None = None  # the zygote's pid, exec'd or forked
+        self.how: str | None = None  # "forked" (a fork of this process) or why it was exec'd
         self._sock: socket.socket | None = None
         self._env: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -133,6 +205,22 @@ class Zygote:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._env = dict(os.environ)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        unsafe = fork_unsafe(self._env) if self.fork_self else "not asked to (fork_self)"
+        with theirs:
+            if unsafe is None:
+                self.how = "a fork of its supervisor"
+                self.pid = self._fork_self(mine, theirs)
+            else:
+                self.how = f"exec'd: {unsafe}"
+                self.pid = self._exec(theirs)
+        # the modules go over the socket, not on the command line: whoever looks for a server by
+        # "bosen.server" in command lines must not find the zygote's "bosen.server.daemon"
+        mine.sendall(msgpack.packb({"preload": list(self.preload)}))
+        self._sock = mine
+
+    def _exec(self, theirs: socket.socket) -> int:
+        """A fresh interpreter running ``main``."""
         parent = os.getpid()
         prctl = _prctl()
 
@@ -141,16 +229,65 @@ class Zygote:
             if os.getppid() != parent:
                 os._exit(1)
 
-        self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("w") as out, theirs:
+        with self.log.open("w") as out:
+            print(f"zygote: {self.how}", file=out, flush=True)
             self.popen = subprocess.Popen(
                 [sys.executable, "-m", "bosen.jobs.zygote", "--fd", str(theirs.fileno()), "--supervisor", str(parent)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, pass_fds=(theirs.fileno(),),
                 env=self._env, process_group=0, preexec_fn=die_with_parent)
-        # the modules go over the socket, not on the command line: whoever looks for a server by
-        # "bosen.server" in command lines must not find the zygote's "bosen.server.daemon"
-        mine.sendall(msgpack.packb({"preload": list(self.preload)}))
-        self._sock = mine
+        return self.popen.pid
+
+    def _fork_self(self, mine: socket.socket, theirs: socket.socket) -> int:
+        """A fork of this process running ``_serve`` (it has most of ``preload`` imported already): what
+        an exec'd zygote would be, with its fds, signal handlers and command line, so it never returns."""
+        parent = os.getpid()
+        for f in (sys.stdout, sys.stderr):
+            f.flush()  # else both processes would write what is buffered
+        out = os.open(self.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the zygote
+            code = 1
+            try:
+                os.setpgid(0, 0)
+                _prctl()(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+                if os.getppid() != parent:
+                    os._exit(1)
+                mine.close()
+                null = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(out, 1)
+                os.dup2(out, 2)
+                keep = theirs.fileno()  # every other fd closes, as Popen's close_fds does
+                os.closerange(3, keep)
+                os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
+                _fresh_signals()
+                print(f"zygote: {self.how}", file=sys.stderr, flush=True)
+                _show_in_proc([sys.executable, "-m", "bosen.jobs.zygote", "--fd", str(keep), "--supervisor",
+                               str(parent)], self._env)
+                code = _serve(theirs, parent)
+            except BaseException:  # noqa: BLE001 - never back into the supervisor's code
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        os.close(out)
+        return pid
+
+    def start(self) -> None:
+        """Start the zygote now rather than at the first ``spawn`` (a launcher's: before it runs the job's
+        own code, so that a fork of it is what an exec'd zygote would be). A failure leaves spawns to exec."""
+        with self._lock:
+            self._started()
+
+    def _started(self) -> bool:
+        if self.failed is not None:
+            return False
+        try:
+            if self.how is None:
+                self._start()
+        except OSError as e:
+            self.failed = f"could not start: {e}"
+            return False
+        return True
 
     def spawn(self, cmd: Sequence[str], env: Mapping[str, str], cwd: str | Path | None, out: int,
               err: int | None = None) -> int | None:
@@ -163,13 +300,7 @@ class Zygote:
             return None  # Popen raises the error that names it
         where = os.path.abspath(os.getcwd() if cwd is None else cwd)  # the zygote's own cwd may be another
         with self._lock:
-            if self.failed is not None:
-                return None
-            try:
-                if self.popen is None:
-                    self._start()
-            except OSError as e:
-                self.failed = f"could not start: {e}"
+            if not self._started():
                 return None
             assert self._sock is not None
             if startup_difference(self._env, env) is not None:
@@ -198,12 +329,29 @@ class Zygote:
         if self._sock is not None:
             self._sock.close()  # the zygote exits at EOF
             self._sock = None
+        if self.forked == 0 and self.pid is not None:  # none of its work is wasted: no wait for its imports
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if self.popen is not None and self.popen.returncode is None:
             try:
                 self.popen.wait(10.0)
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
+        elif self.popen is None and self.pid is not None:  # forked
+            deadline = time.monotonic() + 10.0
+            try:
+                while os.waitpid(self.pid, os.WNOHANG) == (0, 0):
+                    if time.monotonic() > deadline:
+                        os.kill(self.pid, signal.SIGKILL)
+                        os.waitpid(self.pid, 0)
+                        break
+                    time.sleep(0.005)
+            except ChildProcessError:
+                pass  # reaped already
+            self.pid = None
 
     def close(self) -> None:
         """Stop the zygote (its children are the supervisor's and live on); later spawns exec."""
@@ -412,12 +560,9 @@ def _warm_up() -> None:
         print(f"zygote: warm-up skipped: {e!r}", file=sys.stderr, flush=True)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bosen.jobs.zygote", description="fork server of bosen.jobs.supervise")
-    ap.add_argument("--fd", type=int, required=True, help="the socket to the supervisor")
-    ap.add_argument("--supervisor", type=int, required=True, help="the pid children are reparented to")
-    args = ap.parse_args(argv)
-    sock = socket.socket(fileno=args.fd)
+def _serve(sock: socket.socket, supervisor: int) -> int:
+    """The zygote's loop: import the modules the supervisor names, set numba up, then fork a child per
+    request until the supervisor closes its end. Returns the exit status."""
     first = sock.recv(1 << 16)  # the modules to import before serving
     if not first:
         return 0
@@ -439,7 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             if threading.active_count() != 1:
                 raise RuntimeError(f"{threading.active_count()} threads are running; forking is unsafe")
-            pid = _fork(msgpack.unpackb(msg), fds, sock, args.supervisor, rest)
+            pid = _fork(msgpack.unpackb(msg), fds, sock, supervisor, rest)
             reply: dict[str, Any] = {"pid": pid}
         except Exception as e:  # noqa: BLE001 - reported to the supervisor, which execs instead
             print(f"zygote: {e!r}", file=sys.stderr, flush=True)
@@ -448,6 +593,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for fd in fds:
                 os.close(fd)
         sock.sendall(msgpack.packb(reply))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bosen.jobs.zygote", description="fork server of bosen.jobs.supervise")
+    ap.add_argument("--fd", type=int, required=True, help="the socket to the supervisor")
+    ap.add_argument("--supervisor", type=int, required=True, help="the pid children are reparented to")
+    args = ap.parse_args(argv)
+    return _serve(socket.socket(fileno=args.fd), args.supervisor)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import REPO
+from conftest import REPO, run_cmd
 
 import bosen
 from bosen import checkpoint
@@ -37,7 +37,7 @@ def launch(run_dir: Path, *sets: str, timeout: float = 120) -> list[dict]:
            "--no-plot"]
     for s in sets:
         cmd += ["--set", s]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    p = run_cmd(cmd, timeout=timeout)  # forked from the session's zygote: the launcher's imports are paid once
     assert p.returncode == 0, f"launch failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     return lines

@@ -5,15 +5,16 @@ start the same way is exec'd; and no zygote outlives its owner."""
 from __future__ import annotations
 
 import os
+import re
 import resource
 import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import psutil
 import pytest
+from conftest import wait_until
 from test_supervise import IGNORE_TERM, gone, wait_for_line, wait_gone
 
 from bosen.jobs.supervise import Forked, ProcessGroup
@@ -106,30 +107,86 @@ def test_what_the_zygote_cannot_start_the_same_way_is_execd(tmp_path: Path, bose
             assert p.wait(60) == 0, p.tail()
 
 
+OWNER = """
+import os, sys, threading, time
+import psutil
+import zmq
+from bosen.jobs.supervise import ProcessGroup
+from bosen.jobs.zygote import Zygote, fork_unsafe
+how = sys.argv[2]
+env = dict(os.environ)
+if how == "close":  # what makes a fork of this process unsafe, and that nothing does now
+    print("unsafe env:", fork_unsafe({**env, "NUMBA_OPT": "1"}), flush=True)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PAIR)
+    print("unsafe zmq:", fork_unsafe(env), flush=True)
+    sock.close()
+    ctx.term()
+    done = threading.Event()
+    t = threading.Thread(target=done.wait)
+    t.start()
+    print("unsafe thread:", fork_unsafe(env), flush=True)
+    done.set()
+    t.join()
+    deadline = time.monotonic() + 10.0  # a joined thread's OS thread may take a moment to leave /proc
+    while fork_unsafe(env) is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fork_unsafe(env) is None, fork_unsafe(env)
+if how == "thread":  # running while the zygote starts: it is exec'd
+    threading.Thread(target=time.sleep, args=(120,), daemon=True).start()
+zygote = Zygote(sys.argv[1] + "/zygote.log", fork_self=True)
+zygote.start()  # as a launcher does, before it runs the job's own code
+here = os.path.dirname(sys.argv[1])
+sys.path.insert(0, here)
+import lingers  # after the fork: the child below runs it as __main__ without finding it imported
+group = ProcessGroup(sys.argv[1], zygote=zygote)
+child = group.python("child", "-m", "lingers", env={"PYTHONPATH": here})
+assert zygote.forked == 1
+with open(f"/proc/{zygote.pid}/cmdline", "rb") as f:
+    cmdline = f.read().replace(b"\\0", b" ").decode()
+print("pids", zygote.pid, child.pid, psutil.Process(child.pid).ppid() == os.getpid(), "how:", zygote.how, flush=True)
+print("zygote cmdline:", cmdline, flush=True)
+if how == "close":
+    group.stop_all()
+    zygote.close()
+    print("closed", flush=True)
+time.sleep(120)
+"""
+
+
 def test_no_zygote_outlives_its_owner(tmp_path: Path) -> None:
-    """An owner that closes its zygote leaves none; one killed by SIGKILL takes its zygote and children with it."""
-    owner = textwrap.dedent("""
-        import sys, time
-        from bosen.jobs.supervise import ProcessGroup
-        from bosen.jobs.zygote import Zygote
-        zygote = Zygote(sys.argv[1] + "/zygote.log")
-        group = ProcessGroup(sys.argv[1], zygote=zygote)
-        child = group.python("child", "-m", "http.server", "--bind", "127.0.0.1", "0")
-        print("pids", zygote.popen.pid, child.pid, flush=True)
-        if sys.argv[2] == "close":
-            group.stop_all()
-            zygote.close()
-            print("closed", flush=True)
-        time.sleep(120)
-    """)
+    """A launcher's zygote is a fork of it (``fork_self``) where that is safe, exec'd where not (here: a
+    thread runs); either way an owner that closes it leaves none, and one killed by SIGKILL takes its
+    zygote and children with it."""
+    (tmp_path / "owner.py").write_text(OWNER)
+    (tmp_path / "lingers.py").write_text("import sys, time\nif __name__ == '__main__':\n"
+                                         "    print('imported already:', 'lingers' in sys.modules, flush=True)\n"
+                                         "    time.sleep(120)\n")
     with ProcessGroup(tmp_path) as group:
-        for how in ("close", "kill"):
-            o = group.python(f"owner-{how}", "-c", owner, tmp_path / how, how)
-            zygote, child = map(int, wait_for_line(o, "pids").split()[1:3])
-            # nobody looking for a server by "bosen.server" in command lines finds the zygote
-            assert "bosen.server" not in " ".join(psutil.Process(zygote).cmdline()), psutil.Process(zygote).cmdline()
+        for how in ("close", "kill", "thread"):
+            o = group.python(f"owner-{how}", tmp_path / "owner.py", tmp_path / how, how)
+            out = wait_for_line(o, "zygote cmdline", timeout=120.0)
+            line = out[out.index("pids"):].splitlines()[0]
+            zygote, child = map(int, line.split()[1:3])
+            started = line.split("how: ")[1]
+            assert line.split()[3] == "True", "the child is not its supervisor's"
+            # nobody looking for a server by "bosen.server" in command lines finds the zygote, nor a
+            # second launcher in a forked one: it shows the command line an exec'd zygote has
+            cmdline = out[out.index("zygote cmdline:"):].splitlines()[0]
+            assert "bosen.server" not in cmdline and "-m bosen.jobs.zygote --fd" in cmdline, cmdline
+            if how == "thread":
+                assert started.startswith("exec'd: ") and "threads are running" in started, started
+            else:
+                assert started == "a fork of its supervisor", started
+            if how == "kill":  # its child lives until the owner dies
+                log = tmp_path / how / "child.log"
+                assert wait_until(lambda log=log: "imported already:" in log.read_text(), 60.0), log.read_text()
+                assert "imported already: False" in log.read_text()  # as in a fresh interpreter
             if how == "close":
-                wait_for_line(o, "closed")
+                assert "unsafe env: NUMBA_OPT differs from this interpreter's start" in out, out
+                assert re.search(r"unsafe zmq: \d+ threads are running \(native", out), out
+                assert "unsafe thread: 2 Python threads are running" in out, out
+                wait_for_line(o, "closed", timeout=60.0)
                 assert gone(zygote) and gone(child)
             else:
                 assert not gone(zygote) and not gone(child)
