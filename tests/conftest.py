@@ -257,6 +257,20 @@ def scrape(port: int) -> dict[str, dict[tuple, float]]:
     return out
 
 
+def first_worker(launcher_pid: int, rank: int) -> psutil.Process:
+    """A launcher's first process of worker ``rank`` (not a replacement: no ``BOSEN_REJOIN``)."""
+    found = []
+    for c in psutil.Process(launcher_pid).children(recursive=True):
+        try:
+            env = c.environ()
+            if env.get("BOSEN_RANK") == str(rank) and "BOSEN_REJOIN" not in env and "bosen.server" not in c.cmdline():
+                found.append(c)
+        except psutil.Error:
+            continue
+    assert len(found) == 1, found
+    return found[0]
+
+
 def descendants(pid: int) -> list[tuple[psutil.Process, list[str]]]:
     """The live processes under ``pid`` with their command lines; one that ends (or is a zombie not yet
     reaped) while they are read is left out, not an error."""

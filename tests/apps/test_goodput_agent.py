@@ -145,10 +145,15 @@ def test_workers_that_ran_another_setting_are_an_error() -> None:
         a.observe(wrong)
 
 
-def test_two_workers_through_one_table_switch_at_the_same_iteration() -> None:
+def _two_agents() -> tuple[InProcessTable, gp.GoodputArgs, list[gp.WorkerAgent]]:
+    """Two workers' agents through one goodput table (5 clocks an interval)."""
     table = InProcessTable("goodput", 4, gp.COLS, "float64", staleness=0)
     args = from_dict(gp.GoodputArgs, {"interval_clocks": 5, "smoothing": 0.5}, "goodput")
-    ws = [gp.WorkerAgent(table, args, gp.Agent(args, 64, 2, 32)) for _ in range(2)]
+    return table, args, [gp.WorkerAgent(table, args, gp.Agent(args, 64, 2, 32)) for _ in range(2)]
+
+
+def test_two_workers_through_one_table_switch_at_the_same_iteration() -> None:
+    table, args, ws = _two_agents()
     rng = np.random.default_rng(0)
     seen: list[list[tuple[int, int, float]]] = [[], []]
     for it in range(15):
@@ -204,9 +209,7 @@ def test_a_replacement_catching_up_gets_each_skipped_iterations_setting_and_time
     iterations 5-11 it clocks past without a gradient (``skipped``), gives the settings its lost agent
     had there (what the synchronous path draws and drops), then runs as the other from 12; neither
     the catch-up nor the step across it is timed (interval 2 times 12-14 of worker 0, 13-14 of it)."""
-    table = InProcessTable("goodput", 4, gp.COLS, "float64", staleness=0)
-    args = from_dict(gp.GoodputArgs, {"interval_clocks": 5, "smoothing": 0.5}, "goodput")
-    ws = [gp.WorkerAgent(table, args, gp.Agent(args, 64, 2, 32)) for _ in range(2)]
+    table, args, ws = _two_agents()
     rng = np.random.default_rng(0)
     seen: list[list[tuple[int, int, float]]] = [[], []]
     for it in range(15):

@@ -3,7 +3,6 @@ AUC stated against the teacher's, the Bayes-optimal ranking), and the model's tw
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -15,12 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from conftest import REPO, run_cmd
+from conftest import REPO, first_worker, run_cmd
 
 import bosen
 from bosen import checkpoint
@@ -230,18 +228,6 @@ def _complete(run: Path, clock: int, workers: int | None = 2) -> bool:
         return False
 
 
-def _first_worker(p: subprocess.Popen, rank: int) -> psutil.Process:
-    """The launcher's first process of worker ``rank`` (not a replacement)."""
-    found = []
-    for c in psutil.Process(p.pid).children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            env = c.environ()
-            if env.get("BOSEN_RANK") == str(rank) and "BOSEN_REJOIN" not in env and "bosen.server" not in c.cmdline():
-                found.append(c)
-    assert len(found) == 1, found
-    return found[0]
-
-
 def _saved(run: Path, clock: int, tables: dict, workers: int | None = 2) -> tuple[dict, dict, dict]:
     """Checkpoint ``clock``: each of ``tables``' values (both servers' rows), each server's backup arrays
     of each table (``p<i>.*``), and the workers' ``task.*`` arrays."""
@@ -285,7 +271,7 @@ def test_a_synchronous_dlrm_job_survives_a_lost_worker_a_resume_and_a_scale_out_
         p = subprocess.Popen(launch, stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
     try:
         _until(p, lambda: Path(f"{go}.held").exists() and _complete(run, 8), "worker 1 held at 10, checkpoint 8")
-        _first_worker(p, 1).kill()
+        first_worker(p.pid, 1).kill()
         go.touch()  # the replacement goes on past 10
         _until(p, lambda: Path(f"{go2}.held").exists() and _complete(run, 16), "worker 0 held at 18, checkpoint 16")
     finally:

@@ -19,7 +19,7 @@ import numpy as np
 import psutil
 import pytest
 import zmq
-from conftest import descendants
+from conftest import descendants, first_worker
 
 import bosen
 from bosen import checkpoint
@@ -696,7 +696,7 @@ def test_a_worker_lost_below_a_replaced_servers_take_back_floor_restarts_the_job
         _until(p, run, lambda: go.with_name("go.held").exists() and _newest_record(run, 0) > _newest_record(run, 1),
                "worker 0 did not get ahead of held worker 1")
         complete = _newest_record(run, 1)
-        _worker(p, 0).kill()
+        first_worker(p.pid, 0).kill()
         _until(p, run, lambda: "restarting the whole job" in _log(run).read_text(), "the job was not restarted")
         go.write_text("go")
         out = _output(p, run, 120)
@@ -783,7 +783,7 @@ def test_a_worker_lost_after_a_partition_move_restarts_the_job_and_the_counts_st
         assert "the job runs on 3 servers" in lines[-1], lines
         after = reach()
         assert all(r > 2 * every for r in after), after  # past the move: none takes back from C
-        _worker(p, 0).kill()
+        first_worker(p.pid, 0).kill()
         go.write_text("go")
         out = _output(p, run, 120)
     finally:
@@ -827,7 +827,7 @@ def test_a_worker_lost_after_a_partition_move_and_a_newer_checkpoint_is_replaced
             (tmp_path / f"start{r}").write_text("go")
         _until(p, run, (tmp_path / "go.held").exists, "worker 1 did not hold before CLOCK(25)")
         _until(p, run, lambda: _newest_complete(run) == 2 * every, f"the checkpoint at {2 * every} did not complete")
-        _worker(p, 0).kill()
+        first_worker(p.pid, 0).kill()
         go.write_text("go")
         out = _output(p, run, 120)
     finally:
@@ -973,18 +973,6 @@ def _until(p: subprocess.Popen, run: Path, what, why: str, timeout: float = 90) 
         time.sleep(0.02)
 
 
-def _worker(p: subprocess.Popen, rank: int) -> psutil.Process:
-    """The launcher's first process of worker ``rank`` (not a replacement)."""
-    found = []
-    for c in psutil.Process(p.pid).children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            env = c.environ()
-            if env.get("BOSEN_RANK") == str(rank) and "BOSEN_REJOIN" not in env and "bosen.server" not in c.cmdline():
-                found.append(c)
-    assert len(found) == 1, found
-    return found[0]
-
-
 @pytest.mark.timeout(150)
 def test_a_worker_lost_at_a_scale_in_boundary_is_replaced_and_the_deferred_part_is_exact(tmp_path):
     """Workers 3 -> 2 in a running LDA job (integer counts, managed communication): the leaver, worker 2,
@@ -1014,7 +1002,7 @@ def test_a_worker_lost_at_a_scale_in_boundary_is_replaced_and_the_deferred_part_
         _until(p, run, lambda: all(isinstance(c := st["client_clocks"][0], int) and c >= b for st in stats()),
                f"worker 0's CLOCK({b}) did not reach every server")
         assert all(st["clock"] < b for st in stats())
-        _worker(p, 0).kill()
+        first_worker(p.pid, 0).kill()
 
         def known_lost() -> bool:
             logs = [(run / "logs" / f"server-{i}.log").read_text() for i in range(2)]
@@ -1078,7 +1066,7 @@ def test_a_joiner_lost_after_its_boundary_is_replaced_from_before_it_joined_and_
         go0.write_text("go")
         _until(p, run, (tmp_path / "go2.held").exists, "worker 2 did not hold before its CLOCK(16)")
         assert checkpoint.clocks(run / "checkpoints")[0] == 10  # nothing at or past B on disk
-        _worker(p, 2).kill()
+        first_worker(p.pid, 2).kill()
         go2.write_text("go")  # for its replacement, which passes 16 again
         out = _output(p, run, 120)
         step.join(timeout=30)
@@ -1136,7 +1124,7 @@ def test_a_leaver_killed_while_it_waits_for_its_release_is_replaced_and_the_coun
     cfg, run, release, held, p, lines, failed, step = _held_scale_in(tmp_path, iterations, every, 1, start=every + 1)
     try:
         b = _leaver_waiting_for_release(p, run, tmp_path, step, held)
-        _worker(p, 2).kill()
+        first_worker(p.pid, 2).kill()
         _until(p, run, lambda: (run / "logs" / "worker-2.1.log").exists(), "worker 2 was not replaced")
         out = _release_and_finish(p, run, release, step, 150)
     finally:
@@ -1323,7 +1311,7 @@ def test_a_synchronous_mlr_job_scaled_2_3_2_equals_its_replay(tmp_path):
                     return True
             return False
 
-        lost = _worker(p, 1)
+        lost = first_worker(p.pid, 1)
         _until(p, run, lost_after_c1, f"worker 1 did not pass the complete checkpoint {c1}")
         lost.kill()  # its replacement restores C and clocks up to the servers' T > C without a gradient
         lost_at = json.loads((run / "workers" / "1.jsonl").read_text().splitlines()[-1])["clock"]
@@ -1500,7 +1488,7 @@ def test_a_giver_lost_after_its_hand_off_is_replaced_exactly_and_a_resume_skips_
         _until(p, run, lambda: all((checkpoint.clock_dir(base, b) / checkpoint.part_name("server", i)
                                     / checkpoint.META).exists() for i in (0, 1)), f"no server parts of {b}")
         assert not (checkpoint.clock_dir(base, b) / checkpoint.part_name("worker", 1)).exists()
-        _worker(p, 1).kill()
+        first_worker(p.pid, 1).kill()
         out = _output(p, run, 150)
         step.join(timeout=30)
     finally:
@@ -1614,7 +1602,7 @@ def test_a_scale_out_giver_lost_after_a_second_step_takes_its_checkpoints_tasks_
             lines += got
         _until(p, run, (tmp_path / "go3.held").exists, "worker 3 did not hold before its CLOCK(34)")
         assert checkpoint.clocks(run / "checkpoints")[0] >= 30  # the servers' parts of 30: incomplete
-        _worker(p, 2).kill()
+        first_worker(p.pid, 2).kill()
         go["go3"].write_text("go")
         out = _output(p, run, 150)
     finally:
