@@ -104,9 +104,12 @@ def log_inflight(st: TableState, server: int, seq: int, rows: np.ndarray, index:
     only for rows the cache holds or has asked for: any later read of another row reaches the server
     after this message (one FIFO socket), so the value it gets back already contains these updates.
     A direct read travels on another socket and may overtake it, so then every update is logged.
+    So it is where the cache is bounded (``cache_rows``): an evicted row stays subscribed, so a push
+    the server sent before this message may reach the row made again (by an increment) as unknown;
+    logged, the update goes back on top, and the row is not evicted until it is acknowledged.
     ``index``: ``rows`` as an index (a slice for a run). ``deltas`` is never written again: the log
     may keep it as it is."""
-    if st.direct_reads:
+    if st.direct_reads or st.slot_limit is not None:
         st.inflight[server].add(seq, rows, deltas)
         return
     known = st.cache.known(rows)

@@ -71,3 +71,36 @@ def test_apply_rows_says_whether_the_cache_took_the_values_as_they_came():
     assert st.cache.values[6].tolist() == [1, 2]
     assert not apply_rows(st, 0, {"c": 1, "a": 4, "ss": 1}, np.arange(2), vals[:2])  # older than what it has
     assert apply_rows(st, 0, {"c": 1, "a": 4, "ss": 4}, np.array([1, 3]), vals[:2]) is False  # not a run
+
+
+def test_a_push_of_a_row_evicted_and_touched_again_keeps_the_updates_sent_meanwhile():
+    """A bounded cache (``cache_rows``) evicts a row the server still pushes (subscriptions stay). An
+    increment makes the row again (not cached, not asked for) and goes out; a push the server sent
+    before that update arrived, applied now, must get it back on top: the in-flight log keeps it."""
+    from bosen import config as config_mod
+    from bosen.client import encode
+    from bosen.client.receive import apply_rows
+    from bosen.client.state import TableState
+
+    # managed communication: reads go on the main connection, behind the updates sent before them
+    cfg = config_mod.load({"cluster": {"workers": 1, "servers": ["127.0.0.1:9000"]}, "comm": {"enabled": True},
+                           "tables": {"W": {"rows": 12, "cols": 2, "dtype": "int64", "storage": "sparse",
+                                            "cache_rows": 4}}})
+    st = TableState(0, cfg.tables[0], 0, 1, cfg.comm)
+    assert not st.direct_reads
+    # rows 0-3 read (subscribed) and cached; row 3, the least recently used, evicted for row 4
+    slots = st.to_slots(np.arange(4))
+    apply_rows(st, 0, {"c": 1, "a": -1, "ss": 1}, slots, np.full((4, 2), 10, np.int64))
+    st.to_slots(np.arange(3))
+    st.to_slots(np.array([4]))
+    assert st.evicted > 0 and st.lookup(np.array([3]))[0] < 0
+    # an increment of row 3 makes it again, as never received; the flush sends it as message 7
+    s3 = st.to_slots(np.array([3]))
+    st.oplog.add_dense(s3, np.full((1, 2), 5, np.int64), st.cache.values, st.cache.clock)
+    update, _ = encode.take_chunk(st, s3, 0, 0, 7)
+    assert update is not None and not st.oplog.dirty[s3].any()
+    # a push of row 3 that the server sent before it applied message 7 (a = 6): own update on top
+    apply_rows(st, 0, {"c": 2, "a": 6, "ss": 2}, s3, np.full((1, 2), 10, np.int64))
+    assert st.cache.values[s3[0]].tolist() == [15, 15]
+    # and the row is not evicted while the update is in flight
+    assert st._referenced()[s3[0]]
