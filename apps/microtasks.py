@@ -570,6 +570,11 @@ class MicroTasks:
         """This worker's task ids, sorted."""
         return owned(self.owners, self.rank)
 
+    @property
+    def workers(self) -> int:
+        """The job's workers now: the ranks that run its tasks (what the goodput agent's K counts)."""
+        return int(np.unique(self.owners).size)
+
     def handoff(self, clock: int, new_owners: np.ndarray, folder: str | Path,
                 states: Callable[[int], Mapping[str, np.ndarray]], timeout: float = HANDOFF_TIMEOUT_S,
                 check: Callable[[], None] | None = None) -> dict[int, TaskState]:

@@ -352,9 +352,6 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
         drawn[1] += b
         return rng.integers(0, train_ds.n, b).astype(np.int64)
 
-    def job_workers() -> int:  # the job's workers now: the ranks that run its tasks
-        return int(np.unique(tasks.owners).size)
-
     agent = None
     if a.goodput is not None:  # a push of the table a step: what the client's bandwidth budget paces
         agent = gp.start(client, a.goodput, a.batch_size, float(T.rows * T.cols * np.dtype(T.dtype).itemsize))
@@ -390,7 +387,7 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
         draws, so a checkpoint part of that clock holds the draw), so this worker's batches stay the
         lost one's."""
         if draws is not None:
-            draws.draw(a.batch_size if agent is None else (st := agent.skipped(it, job_workers())).m * (st.s + 1))
+            draws.draw(a.batch_size if agent is None else (st := agent.skipped(it, tasks.workers)).m * (st.s + 1))
 
     while True:
         W, it = read_iteration(client, T, rows, boundary, skipping)  # a dropped gradient's worker clocks up to w_t's
@@ -405,7 +402,7 @@ def _train_sync(client: Any, T: Any, a: MLRArgs, train_ds: D.Dataset, held: D.Da
             G /= a.batch_size
             samples = a.batch_size
         else:
-            st = agent.at(it, t0, job_workers())
+            st = agent.at(it, t0, tasks.workers)
             loss, G = _accumulated(train_ds, W64, draw(st.m * (st.s + 1)), st.s, a.reg, agent.rec)
             G *= st.gain  # the learning-rate gain: the servers step with backup.lr times the mean pushed
             samples = st.m * (st.s + 1)

@@ -323,8 +323,7 @@ def _train_sync(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) 
         tasks: drawn and dropped here (the agent's m·(s + 1) with goodput; before the clock, as a step
         draws), so this worker's batches stay the lost one's (as MLR's)."""
         if draws is not None:
-            workers = int(np.unique(tasks.owners).size)
-            draws.draw(a.batch_size if agent is None else (st := agent.skipped(it, workers)).m * (st.s + 1))
+            draws.draw(a.batch_size if agent is None else (st := agent.skipped(it, tasks.workers)).m * (st.s + 1))
 
     while True:
         model.pull(boundary, skipping)  # w_t, and t (a dropped gradient's worker clocks up to it, through boundaries)
@@ -341,7 +340,7 @@ def _train_sync(client: PSClient, a: CNNArgs, x: torch.Tensor, y: torch.Tensor) 
             model.gradients(flat)
             objective, samples, block = float(loss) * a.batch_size, a.batch_size, flat.numpy()
         else:
-            st = agent.at(it, t0, int(np.unique(tasks.owners).size))
+            st = agent.at(it, t0, tasks.workers)
             objective, block, pieces, each = _accumulated(model, x, y, gen, st.m, st.s, idx=draw(st.m * (st.s + 1)))
             if pieces is not None:
                 agent.rec.moments(pieces, each)

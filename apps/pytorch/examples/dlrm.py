@@ -61,7 +61,7 @@ from bosen.apps.pytorch import DeltaOptimizer, PSEmbedding, PSModule, ServerOpti
 from bosen.apps.pytorch.examples import criteo
 from bosen.apps.pytorch.examples.shards import STATE, Schedule, Shard
 from bosen.apps.state import restored
-from bosen.config import UNBOUNDED, check, follows_workers, from_dict
+from bosen.config import UNBOUNDED, BackupConfig, check, follows_workers, from_dict
 from bosen.errors import ConfigError
 
 ELASTIC = True  # workers may join and leave a running job (bosen scale): micro-tasks move to them
@@ -301,7 +301,7 @@ def not_elastic(args: Mapping[str, Any], workers: int) -> str | None:
     """Why a job of these ``app.args`` and ``workers`` worker processes (``cluster.workers``) cannot change
     its worker count (``bosen scale``), or None."""
     backup = args.get("backup")
-    if backup is not None and not (backup.get("mode") == "static" and backup.get("k") == workers):
+    if backup is not None and not follows_workers(from_dict(BackupConfig, backup, "app.args.backup"), workers):
         return (f"its synchronous path with backup workers proper ({backup}, {workers} workers: not static k = "
                 "the workers) draws each rank's mini-batches from its own share of the samples, without "
                 "micro-tasks: its workers cannot change while it runs")
